@@ -1,0 +1,192 @@
+//! The GGUF writer, for tests and tools: builds a GGUF v2/v3 image in the layout the reader
+//! (and llama.cpp) expects, tensors packed in order at `general.alignment`.
+
+use std::path::Path;
+
+use crate::error::{GgufError, Result};
+use crate::reader::DEFAULT_ALIGNMENT;
+use crate::types::GgmlType;
+use crate::value::{MetaArray, MetaValue};
+
+/// A tensor queued for writing.
+struct PendingTensor {
+    name: String,
+    ggml_type: GgmlType,
+    shape: Vec<u64>,
+    data: Vec<u8>,
+}
+
+/// Builds a GGUF file in memory.
+///
+/// ```
+/// use frink_gguf::{GgmlType, GgufFile, GgufWriter, MetaValue};
+/// let mut w = GgufWriter::new();
+/// w.add_metadata("general.architecture", MetaValue::String("llama".into()));
+/// w.add_tensor("x", GgmlType::F32, &[2], 1f32.to_le_bytes().iter().chain(&2f32.to_le_bytes()).copied().collect()).unwrap();
+/// let f = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
+/// assert_eq!(f.tensor("x").unwrap().data.len(), 8);
+/// ```
+pub struct GgufWriter {
+    version: u32,
+    metadata: Vec<(String, MetaValue)>,
+    tensors: Vec<PendingTensor>,
+}
+
+impl Default for GgufWriter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl GgufWriter {
+    /// An empty GGUF v3 image.
+    pub fn new() -> Self {
+        GgufWriter {
+            version: 3,
+            metadata: Vec::new(),
+            tensors: Vec::new(),
+        }
+    }
+
+    /// Sets the version written in the header (2 and 3 share one layout).
+    pub fn set_version(&mut self, version: u32) -> &mut Self {
+        self.version = version;
+        self
+    }
+
+    /// Appends a metadata pair (a second pair with the same key replaces the first).
+    /// `general.alignment` (u32) also sets the data alignment.
+    pub fn add_metadata(&mut self, key: impl Into<String>, value: MetaValue) -> &mut Self {
+        let key = key.into();
+        match self.metadata.iter_mut().find(|(k, _)| *k == key) {
+            Some(slot) => slot.1 = value,
+            None => self.metadata.push((key, value)),
+        }
+        self
+    }
+
+    /// Appends a tensor. `shape` is ne0 first; `data` must be exactly the stored size.
+    ///
+    /// Errors: [`GgufError::Write`] if the shape is empty, has a zero dimension, is not a
+    /// whole number of blocks, or `data` has the wrong length.
+    pub fn add_tensor(
+        &mut self,
+        name: impl Into<String>,
+        ggml_type: GgmlType,
+        shape: &[u64],
+        data: Vec<u8>,
+    ) -> Result<&mut Self> {
+        let name = name.into();
+        let n_elements: u64 = shape.iter().product();
+        if shape.is_empty() || n_elements == 0 {
+            return Err(GgufError::Write(format!("tensor {name:?}: empty shape {shape:?}")));
+        }
+        let expected = ggml_type
+            .row_bytes(shape[0])
+            .map(|r| r * (n_elements / shape[0]))
+            .ok_or_else(|| {
+                GgufError::Write(format!(
+                    "tensor {name:?}: row length {} is not a multiple of {ggml_type}'s block size",
+                    shape[0]
+                ))
+            })?;
+        if data.len() as u64 != expected {
+            return Err(GgufError::Write(format!(
+                "tensor {name:?}: {} bytes of data, {ggml_type} {shape:?} needs {expected}",
+                data.len()
+            )));
+        }
+        self.tensors.push(PendingTensor {
+            name,
+            ggml_type,
+            shape: shape.to_vec(),
+            data,
+        });
+        Ok(self)
+    }
+
+    fn alignment(&self) -> u64 {
+        match self.metadata.iter().find(|(k, _)| k == "general.alignment") {
+            Some((_, MetaValue::U32(a))) if *a != 0 => *a as u64,
+            _ => DEFAULT_ALIGNMENT,
+        }
+    }
+
+    /// The complete file image.
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let alignment = self.alignment();
+        let mut out = Vec::new();
+        out.extend_from_slice(b"GGUF");
+        out.extend_from_slice(&self.version.to_le_bytes());
+        out.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
+        out.extend_from_slice(&(self.metadata.len() as u64).to_le_bytes());
+        for (key, value) in &self.metadata {
+            write_string(&mut out, key);
+            out.extend_from_slice(&(value.value_type() as u32).to_le_bytes());
+            write_value(&mut out, value);
+        }
+        let mut offset = 0u64;
+        for t in &self.tensors {
+            write_string(&mut out, &t.name);
+            out.extend_from_slice(&(t.shape.len() as u32).to_le_bytes());
+            for d in &t.shape {
+                out.extend_from_slice(&d.to_le_bytes());
+            }
+            out.extend_from_slice(&t.ggml_type.id().to_le_bytes());
+            out.extend_from_slice(&offset.to_le_bytes());
+            offset = (offset + t.data.len() as u64).div_ceil(alignment) * alignment;
+        }
+        pad(&mut out, alignment);
+        for t in &self.tensors {
+            out.extend_from_slice(&t.data);
+            pad(&mut out, alignment);
+        }
+        Ok(out)
+    }
+
+    /// Writes the image to `path`.
+    pub fn write_to_file(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        std::fs::write(path, self.to_bytes()?).map_err(|source| GgufError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+}
+
+fn pad(out: &mut Vec<u8>, alignment: u64) {
+    let len = (out.len() as u64).div_ceil(alignment) * alignment;
+    out.resize(len as usize, 0);
+}
+
+fn write_string(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+fn write_value(out: &mut Vec<u8>, value: &MetaValue) {
+    match value {
+        MetaValue::U8(v) => out.push(*v),
+        MetaValue::I8(v) => out.push(*v as u8),
+        MetaValue::U16(v) => out.extend_from_slice(&v.to_le_bytes()),
+        MetaValue::I16(v) => out.extend_from_slice(&v.to_le_bytes()),
+        MetaValue::U32(v) => out.extend_from_slice(&v.to_le_bytes()),
+        MetaValue::I32(v) => out.extend_from_slice(&v.to_le_bytes()),
+        MetaValue::F32(v) => out.extend_from_slice(&v.to_le_bytes()),
+        MetaValue::Bool(v) => out.push(*v as u8),
+        MetaValue::String(s) => write_string(out, s),
+        MetaValue::Array(a) => write_array(out, a),
+        MetaValue::U64(v) => out.extend_from_slice(&v.to_le_bytes()),
+        MetaValue::I64(v) => out.extend_from_slice(&v.to_le_bytes()),
+        MetaValue::F64(v) => out.extend_from_slice(&v.to_le_bytes()),
+    }
+}
+
+fn write_array(out: &mut Vec<u8>, a: &MetaArray) {
+    out.extend_from_slice(&(a.elem_type() as u32).to_le_bytes());
+    out.extend_from_slice(&(a.len() as u64).to_le_bytes());
+    match a {
+        MetaArray::Array(inner) => inner.iter().for_each(|x| write_array(out, x)),
+        _ => (0..a.len()).for_each(|i| write_value(out, &a.get(i).expect("index below len"))),
+    }
+}
