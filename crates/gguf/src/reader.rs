@@ -494,7 +494,9 @@ fn read_tensor_info(c: &mut Cursor<'_>, i: usize, alignment: u64) -> Result<Tens
     };
     let n_dims = c.u32(&|| format!("n_dims of tensor {name:?}"))?;
     if n_dims == 0 || n_dims as usize > MAX_DIMS {
-        return Err(invalid(format!("{n_dims} dimensions (must be 1..={MAX_DIMS})")));
+        return Err(invalid(format!(
+            "{n_dims} dimensions (must be 1..={MAX_DIMS})"
+        )));
     }
     let mut shape = Vec::with_capacity(n_dims as usize);
     for d in 0..n_dims {
@@ -528,7 +530,7 @@ fn read_tensor_info(c: &mut Cursor<'_>, i: usize, alignment: u64) -> Result<Tens
     let n_bytes = row_bytes
         .checked_mul(n_elements / shape[0])
         .ok_or_else(|| invalid(format!("byte size of shape {shape:?} overflows")))?;
-    if offset % alignment != 0 {
+    if !offset.is_multiple_of(alignment) {
         return Err(invalid(format!(
             "data offset {offset} is not a multiple of the alignment {alignment}"
         )));
@@ -554,7 +556,10 @@ fn check_tensor_data(tensors: &[TensorInfo], data_offset: u64, file_len: u64) ->
     let mut names: HashMap<&str, u64> = HashMap::with_capacity(tensors.len());
     for t in tensors {
         if let Some(first) = names.insert(&t.name, t.info_offset) {
-            return Err(invalid(t, format!("duplicate tensor name (first at byte {first})")));
+            return Err(invalid(
+                t,
+                format!("duplicate tensor name (first at byte {first})"),
+            ));
         }
         let end = data_offset
             .checked_add(t.offset)

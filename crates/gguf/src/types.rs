@@ -94,7 +94,10 @@ impl GgmlType {
 
     fn row(self) -> &'static (GgmlType, u32, &'static str, usize, usize) {
         // The table lists every variant exactly once (checked by a unit test).
-        TABLE.iter().find(|row| row.0 == self).expect("every GgmlType is in TABLE")
+        TABLE
+            .iter()
+            .find(|row| row.0 == self)
+            .expect("every GgmlType is in TABLE")
     }
 
     /// The type for a ggml type id, or `None` for an id ggml never had or has retired.
@@ -104,7 +107,10 @@ impl GgmlType {
 
     /// The type named as ggml spells it (`"Q4_K"`), case-insensitive.
     pub fn from_name(name: &str) -> Option<GgmlType> {
-        TABLE.iter().find(|row| row.2.eq_ignore_ascii_case(name)).map(|row| row.0)
+        TABLE
+            .iter()
+            .find(|row| row.2.eq_ignore_ascii_case(name))
+            .map(|row| row.0)
     }
 
     /// The ggml type id (`enum ggml_type` in ggml.h).
@@ -136,7 +142,7 @@ impl GgmlType {
     /// the size overflows.
     pub fn row_bytes(self, n: u64) -> Option<u64> {
         let bs = self.block_size() as u64;
-        if n % bs != 0 {
+        if !n.is_multiple_of(bs) {
             return None;
         }
         (n / bs).checked_mul(self.type_size() as u64)

@@ -79,7 +79,9 @@ impl GgufWriter {
         let name = name.into();
         let n_elements: u64 = shape.iter().product();
         if shape.is_empty() || n_elements == 0 {
-            return Err(GgufError::Write(format!("tensor {name:?}: empty shape {shape:?}")));
+            return Err(GgufError::Write(format!(
+                "tensor {name:?}: empty shape {shape:?}"
+            )));
         }
         let expected = ggml_type
             .row_bytes(shape[0])
