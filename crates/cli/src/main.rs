@@ -1,1 +1,112 @@
-fn main() {}
+//! The `frink` command line: thin layers over the library crates.
+//!
+//! Spellings, defaults and output shapes follow shared/CONTRACT.md: `--json` prints exactly
+//! one JSON value as the last line of stdout, progress goes to stderr, exit status is 0 on
+//! success, 1 on failure (with one `error: …` line on stderr) and 2 on bad usage.
+
+mod inspect;
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{ArgAction, Parser, Subcommand};
+use frink_store::Store;
+
+#[derive(Parser)]
+#[command(name = "frink", version, about = "Local LLM inference over GGUF files")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show a GGUF file's metadata, tensor counts by type, and (with --tensors) its tensor table.
+    Inspect {
+        /// Catalog name (fetched on first use) or path to a .gguf file.
+        model: String,
+        /// List every tensor (name, type, shape, file offset, bytes).
+        #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = ArgAction::Set, default_value_t = false)]
+        tensors: bool,
+        /// Print one JSON object instead of text.
+        #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = ArgAction::Set, default_value_t = false)]
+        json: bool,
+    },
+    /// Fetch a catalog model into the store (a no-op when it is already there); prints its path.
+    Pull {
+        /// Catalog name, e.g. smollm2-135m.
+        name: String,
+    },
+    /// List the catalog and which models are in the store.
+    List {
+        /// Print one JSON array of the stored models instead of text.
+        #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = ArgAction::Set, default_value_t = false)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,frink=info,frink_store=info".into()),
+        )
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .without_time()
+        .with_target(false)
+        .init();
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line: the error and its causes joined.
+            let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
+            eprintln!("error: {}", chain.join(": ").replace('\n', " "));
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let store = Store::from_env()?;
+    match cli.command {
+        Command::Inspect {
+            model,
+            tensors,
+            json,
+        } => {
+            let path = store.resolve(&model)?;
+            inspect::inspect(&path, tensors, json)
+        }
+        Command::Pull { name } => {
+            let path = store.pull(&name)?;
+            println!("{}", path.display());
+            Ok(())
+        }
+        Command::List { json } => {
+            let models = store.list();
+            if json {
+                println!("{}", serde_json::to_string(&models)?);
+            } else {
+                println!("store: {}", store.root().display());
+                for entry in store.catalog() {
+                    let present = models.iter().find(|m| m.name == entry.name);
+                    match present {
+                        Some(m) => println!(
+                            "  {:<22} {:>12} bytes  {}",
+                            m.name,
+                            m.bytes,
+                            m.path.display()
+                        ),
+                        None => println!(
+                            "  {:<22} {:>12}        (not pulled: frink pull {})",
+                            entry.name, "-", entry.name
+                        ),
+                    }
+                }
+            }
+            Ok(())
+        }
+    }
+}

@@ -178,7 +178,7 @@ impl Store {
         let entry = self.entry(name)?;
         let dest = self.root.join(&entry.file);
         if dest.is_file() {
-            info!("{name} is already present at {}", dest.display());
+            debug!("{name} is already present at {}", dest.display());
             return Ok(dest);
         }
         fs::create_dir_all(&self.root)

