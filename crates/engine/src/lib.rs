@@ -1,0 +1,3 @@
+//! frink's engine: sessions over a loaded model, KV caches, sampling, stop conditions.
+
+pub mod sampling;
