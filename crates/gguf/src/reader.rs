@@ -218,12 +218,20 @@ impl GgufFile {
         self.tensor_index.get(name).map(|&i| self.tensor_at(i))
     }
 
+    /// Index of the tensor called `name` in [`GgufFile::tensor_infos`].
+    pub fn tensor_index(&self, name: &str) -> Option<usize> {
+        self.tensor_index.get(name).copied()
+    }
+
     /// Every tensor with its data, in file order.
     pub fn tensors(&self) -> impl Iterator<Item = Tensor<'_>> + '_ {
         (0..self.tensors.len()).map(|i| self.tensor_at(i))
     }
 
-    fn tensor_at(&self, i: usize) -> Tensor<'_> {
+    /// The tensor at index `i` of [`GgufFile::tensor_infos`] with its data.
+    ///
+    /// Panics if `i` is out of range (indices come from `tensor_infos`).
+    pub fn tensor_at(&self, i: usize) -> Tensor<'_> {
         let info = &self.tensors[i];
         // Bounds were checked in parse_tensor_infos: data_offset + offset + n_bytes <= len.
         let start = (self.data_offset + info.offset) as usize;

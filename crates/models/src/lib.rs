@@ -1,1 +1,17 @@
-//! Models.
+//! frink's models: [`ModelConfig`] from GGUF metadata, the architecture table
+//! ([`arch::ARCHS`]), weight loading with tensor accounting ([`Model::load`]), the KV cache
+//! and the decoder forward pass ([`Model::forward`]).
+
+pub mod arch;
+pub mod config;
+mod error;
+mod forward;
+pub mod kernels;
+pub mod kv;
+mod model;
+
+pub use config::{ModelConfig, RopeParams};
+pub use error::{ModelError, Result};
+pub use forward::Logits;
+pub use kv::{KvCache, KvType};
+pub use model::{LayerWeights, Model, Weights};

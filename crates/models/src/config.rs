@@ -1,0 +1,312 @@
+//! [`ModelConfig`]: hyperparameters read once from GGUF metadata.
+//!
+//! Keys, defaults and derivations follow llama.cpp `src/llama-model.cpp`
+//! (`llama_model::load_hparams`) and `src/llama-hparams.{h,cpp}`.
+
+use frink_gguf::{GgufFile, MetaValue};
+
+use crate::arch::{arch_spec, ArchSpec, AttnScale, SwaPattern, ARCHS};
+use crate::error::{ModelError, Result};
+
+/// RoPE parameters of one class of layers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeParams {
+    /// `rope.freq_base`: θ base.
+    pub freq_base: f32,
+    /// Position multiplier: 1 / `rope.scaling.factor` for linear scaling, else 1.
+    pub freq_scale: f32,
+}
+
+/// Hyperparameters of a decoder model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    /// The architecture's table row.
+    pub arch: &'static ArchSpec,
+    /// `{arch}.block_count`.
+    pub n_layer: usize,
+    /// `{arch}.embedding_length` (hidden size).
+    pub n_embd: usize,
+    /// `{arch}.feed_forward_length`.
+    pub n_ff: usize,
+    /// `{arch}.attention.head_count`.
+    pub n_head: usize,
+    /// `{arch}.attention.head_count_kv` (default: `n_head`).
+    pub n_head_kv: usize,
+    /// `{arch}.attention.key_length` (default: `n_embd / n_head`).
+    pub head_dim_k: usize,
+    /// `{arch}.attention.value_length` (default: `head_dim_k`).
+    pub head_dim_v: usize,
+    /// Rows of `token_embd.weight`.
+    pub n_vocab: usize,
+    /// `{arch}.context_length`: the context the model was trained for.
+    pub n_ctx_train: usize,
+    /// `{arch}.attention.layer_norm_rms_epsilon`.
+    pub rms_eps: f32,
+    /// `{arch}.rope.dimension_count` (default: `head_dim_k`): dimensions rotated per head.
+    pub n_rot: usize,
+    /// RoPE of global-attention layers.
+    pub rope_global: RopeParams,
+    /// RoPE of sliding-window layers (`rope.freq_base_swa`; unscaled).
+    pub rope_swa: RopeParams,
+    /// `{arch}.attention.sliding_window` (0 when the architecture has none).
+    pub n_swa: usize,
+    /// Per layer: whether it uses the sliding window.
+    pub swa_layers: Vec<bool>,
+    /// Factor applied to Q·K (llama.cpp `kq_scale` / `f_attention_scale`).
+    pub attn_scale: f32,
+    /// Factor applied to token embeddings (`sqrt(n_embd)` for gemma, else 1).
+    pub embed_scale: f32,
+}
+
+/// Typed access to `{arch}.*` keys with the error naming the key.
+struct Keys<'a> {
+    f: &'a GgufFile,
+    arch: &'a str,
+}
+
+impl Keys<'_> {
+    fn key(&self, suffix: &str) -> String {
+        format!("{}.{suffix}", self.arch)
+    }
+
+    fn get(&self, suffix: &str) -> Option<&MetaValue> {
+        self.f.get(&self.key(suffix))
+    }
+
+    fn err(&self, suffix: &str, detail: impl Into<String>) -> ModelError {
+        ModelError::Metadata {
+            key: self.key(suffix),
+            detail: detail.into(),
+        }
+    }
+
+    /// A positive count. Per-layer arrays (llama.cpp `get_key_or_arr`) are accepted when
+    /// every layer has the same value; differing values are refused, not averaged.
+    fn usize_opt(&self, suffix: &str) -> Result<Option<usize>> {
+        let Some(v) = self.get(suffix) else {
+            return Ok(None);
+        };
+        if let Some(a) = v.as_array() {
+            let vals = a
+                .to_i64_vec()
+                .ok_or_else(|| self.err(suffix, "array is not of integers"))?;
+            return match vals.first() {
+                Some(&first) if vals.iter().all(|&x| x == first) && first >= 0 => {
+                    Ok(Some(first as usize))
+                }
+                _ => Err(ModelError::Unsupported(format!(
+                    "{} differs per layer ({vals:?})",
+                    self.key(suffix)
+                ))),
+            };
+        }
+        let n = v
+            .as_u64()
+            .ok_or_else(|| self.err(suffix, format!("expected an unsigned integer, found {v}")))?;
+        Ok(Some(n as usize))
+    }
+
+    fn usize(&self, suffix: &str) -> Result<usize> {
+        self.usize_opt(suffix)?
+            .ok_or_else(|| self.err(suffix, "missing"))
+    }
+
+    fn f32_opt(&self, suffix: &str) -> Result<Option<f32>> {
+        match self.get(suffix) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f32()
+                .map(Some)
+                .ok_or_else(|| self.err(suffix, format!("expected a number, found {v}"))),
+        }
+    }
+}
+
+impl ModelConfig {
+    /// Reads the hyperparameters of `f`.
+    ///
+    /// Errors: [`ModelError::UnsupportedArchitecture`] naming `general.architecture`;
+    /// [`ModelError::Metadata`] naming a missing or mistyped key;
+    /// [`ModelError::Unsupported`] for features the metadata asks for that frink does not
+    /// implement (RoPE scaling other than linear, a sliding window on an architecture
+    /// without one, experts, per-layer head counts that differ).
+    pub fn from_gguf(f: &GgufFile) -> Result<ModelConfig> {
+        let arch_name = f
+            .get("general.architecture")
+            .and_then(|v| v.as_str())
+            .ok_or_else(|| ModelError::Metadata {
+                key: "general.architecture".into(),
+                detail: "missing".into(),
+            })?;
+        let arch = arch_spec(arch_name).ok_or_else(|| {
+            ModelError::UnsupportedArchitecture(
+                arch_name.to_string(),
+                ARCHS.iter().map(|a| a.name).collect::<Vec<_>>().join(", "),
+            )
+        })?;
+        let k = Keys { f, arch: arch_name };
+
+        if let Some(n) = k.usize_opt("expert_count")?.filter(|&n| n > 0) {
+            return Err(ModelError::Unsupported(format!(
+                "mixture of experts ({arch_name}.expert_count = {n})"
+            )));
+        }
+        let n_layer = k.usize("block_count")?;
+        let n_embd = k.usize("embedding_length")?;
+        let n_ff = k.usize("feed_forward_length")?;
+        let n_head = k.usize("attention.head_count")?;
+        let n_head_kv = k.usize_opt("attention.head_count_kv")?.unwrap_or(n_head);
+        if n_layer == 0 || n_embd == 0 || n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 {
+            return Err(k.err(
+                "attention.head_count",
+                format!("inconsistent shape: {n_layer} layers, hidden {n_embd}, {n_head} heads, {n_head_kv} KV heads"),
+            ));
+        }
+        let head_dim_k = k
+            .usize_opt("attention.key_length")?
+            .unwrap_or(n_embd / n_head);
+        let head_dim_v = k.usize_opt("attention.value_length")?.unwrap_or(head_dim_k);
+        let n_rot = k.usize_opt("rope.dimension_count")?.unwrap_or(head_dim_k);
+        if n_rot > head_dim_k || n_rot % 2 != 0 {
+            return Err(k.err(
+                "rope.dimension_count",
+                format!("{n_rot} with head size {head_dim_k}"),
+            ));
+        }
+        let rms_eps = k
+            .f32_opt("attention.layer_norm_rms_epsilon")?
+            .ok_or_else(|| k.err("attention.layer_norm_rms_epsilon", "missing"))?;
+        let n_ctx_train = k.usize_opt("context_length")?.unwrap_or(2048);
+
+        // RoPE scaling: none or linear (llama.cpp LLAMA_ROPE_SCALING_TYPE_LINEAR).
+        let mut freq_scale = 1.0f32;
+        match k.get("rope.scaling.type").map(|v| v.as_str()) {
+            None | Some(Some("none")) => {}
+            Some(Some("linear")) => {
+                let factor = k.f32_opt("rope.scaling.factor")?.unwrap_or(1.0);
+                if factor > 0.0 {
+                    freq_scale = 1.0 / factor;
+                }
+            }
+            Some(other) => {
+                return Err(ModelError::Unsupported(format!(
+                    "RoPE scaling {:?} ({}.rope.scaling.type)",
+                    other.unwrap_or("(not a string)"),
+                    arch_name
+                )))
+            }
+        }
+        if let Some(f) = k.f32_opt("rope.scale_linear")? {
+            // Older converters wrote the linear factor under this key.
+            if f > 0.0 {
+                freq_scale = 1.0 / f;
+            }
+        }
+        let freq_base = k.f32_opt("rope.freq_base")?.unwrap_or(10000.0);
+        let rope_global = RopeParams {
+            freq_base,
+            freq_scale,
+        };
+        let rope_swa = RopeParams {
+            freq_base: k
+                .f32_opt("rope.freq_base_swa")?
+                .or(arch.rope_base_swa_default)
+                .unwrap_or(freq_base),
+            freq_scale: 1.0,
+        };
+
+        let n_swa_key = k.usize_opt("attention.sliding_window")?.unwrap_or(0);
+        let (n_swa, swa_layers) = match arch.swa {
+            SwaPattern::None => {
+                if n_swa_key > 0 {
+                    return Err(ModelError::Unsupported(format!(
+                        "sliding-window attention ({arch_name}.attention.sliding_window = {n_swa_key}) on architecture {arch_name}"
+                    )));
+                }
+                (0, vec![false; n_layer])
+            }
+            SwaPattern::LastOfPeriodGlobal(period) => {
+                if n_swa_key == 0 {
+                    (0, vec![false; n_layer])
+                } else {
+                    let layers = (0..n_layer).map(|il| il % period < period - 1).collect();
+                    (n_swa_key, layers)
+                }
+            }
+        };
+
+        let attn_scale = match arch.attn_scale {
+            AttnScale::InvSqrtHeadDim => 1.0 / (head_dim_k as f32).sqrt(),
+            AttnScale::Gemma => {
+                // llama.cpp: the 27B gemma models (46 layers for gemma2, 62 for gemma3)
+                // scale by the hidden size per head, the others by the head size.
+                let is_27b = match arch.name {
+                    "gemma2" => n_layer == 46,
+                    _ => n_layer == 62,
+                };
+                if is_27b {
+                    1.0 / ((n_embd / n_head) as f32).sqrt()
+                } else {
+                    1.0 / (head_dim_k as f32).sqrt()
+                }
+            }
+        };
+        let embed_scale = if arch.embed_scale {
+            (n_embd as f32).sqrt()
+        } else {
+            1.0
+        };
+        let n_vocab = f
+            .tensor("token_embd.weight")
+            .map(|t| t.info.n_rows() as usize)
+            .ok_or_else(|| ModelError::Tensor {
+                name: "token_embd.weight".into(),
+                detail: "missing".into(),
+            })?;
+
+        Ok(ModelConfig {
+            arch,
+            n_layer,
+            n_embd,
+            n_ff,
+            n_head,
+            n_head_kv,
+            head_dim_k,
+            head_dim_v,
+            n_vocab,
+            n_ctx_train,
+            rms_eps,
+            n_rot,
+            rope_global,
+            rope_swa,
+            n_swa,
+            swa_layers,
+            attn_scale,
+            embed_scale,
+        })
+    }
+
+    /// RoPE parameters of layer `il`.
+    pub fn rope(&self, il: usize) -> RopeParams {
+        if self.swa_layers[il] {
+            self.rope_swa
+        } else {
+            self.rope_global
+        }
+    }
+
+    /// Width of the Q projection (`n_head * head_dim_k`).
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim_k
+    }
+
+    /// Width of the K projection (`n_head_kv * head_dim_k`).
+    pub fn k_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim_k
+    }
+
+    /// Width of the V projection (`n_head_kv * head_dim_v`).
+    pub fn v_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim_v
+    }
+}

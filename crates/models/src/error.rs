@@ -1,0 +1,35 @@
+//! Errors of model loading and evaluation.
+
+/// Everything that can go wrong loading or running a model.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// `general.architecture` names an architecture frink does not implement.
+    #[error("unsupported architecture {0:?} (supported: {1})")]
+    UnsupportedArchitecture(String, String),
+    /// A metadata key the architecture needs is missing or has the wrong type.
+    #[error("metadata {key}: {detail}")]
+    Metadata { key: String, detail: String },
+    /// The file asks for a feature frink does not implement (named), so running it would
+    /// answer wrongly.
+    #[error("unsupported feature: {0}")]
+    Unsupported(String),
+    /// A tensor the graph needs is missing or has the wrong shape.
+    #[error("tensor {name}: {detail}")]
+    Tensor { name: String, detail: String },
+    /// Tensors in the file that the architecture's graph does not read.
+    #[error("{arch} graph does not read {} tensor(s) of the file: {}", .names.len(), .names.join(", "))]
+    UnusedTensors { arch: String, names: Vec<String> },
+    /// A token id outside the vocabulary.
+    #[error("token id {id} is outside the vocabulary of {n_vocab}")]
+    TokenOutOfRange { id: u32, n_vocab: usize },
+    /// Positions past the KV cache.
+    #[error("context full: {needed} positions needed, the KV cache holds {n_ctx}")]
+    ContextFull { needed: usize, n_ctx: usize },
+    #[error(transparent)]
+    Gguf(#[from] frink_gguf::GgufError),
+    #[error(transparent)]
+    Quant(#[from] frink_quant::QuantError),
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = ModelError> = std::result::Result<T, E>;

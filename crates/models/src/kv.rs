@@ -1,0 +1,122 @@
+//! The KV cache: per layer, the keys and values of every position of one sequence.
+
+use half::f16;
+
+use crate::config::ModelConfig;
+
+/// Element type of the KV cache (`--kv-type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum KvType {
+    /// IEEE half precision, llama.cpp's default (`type_k = type_v = GGML_TYPE_F16`).
+    #[default]
+    F16,
+    /// Single precision (what the tiny fixtures' references used).
+    F32,
+}
+
+impl std::str::FromStr for KvType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f16" => Ok(KvType::F16),
+            "f32" => Ok(KvType::F32),
+            _ => Err(format!("unknown KV cache type {s:?} (expected f16 or f32)")),
+        }
+    }
+}
+
+/// Storage of one layer's keys or values: `n_ctx` rows of `dim` elements.
+#[derive(Clone, Debug, PartialEq)]
+pub enum KvStore {
+    F16(Vec<f16>),
+    F32(Vec<f32>),
+}
+
+impl KvStore {
+    fn new(kv_type: KvType, len: usize) -> KvStore {
+        match kv_type {
+            KvType::F16 => KvStore::F16(vec![f16::ZERO; len]),
+            KvType::F32 => KvStore::F32(vec![0.0; len]),
+        }
+    }
+
+    /// Stores `src` at element offset `at` (rounded to f16 for an f16 cache).
+    pub fn write(&mut self, at: usize, src: &[f32]) {
+        match self {
+            KvStore::F16(v) => {
+                for (d, s) in v[at..at + src.len()].iter_mut().zip(src) {
+                    *d = f16::from_f32(*s);
+                }
+            }
+            KvStore::F32(v) => v[at..at + src.len()].copy_from_slice(src),
+        }
+    }
+
+    /// Reads `out.len()` elements from offset `at` as f32.
+    pub fn read(&self, at: usize, out: &mut [f32]) {
+        match self {
+            KvStore::F16(v) => {
+                let len = out.len();
+                for (d, s) in out.iter_mut().zip(&v[at..at + len]) {
+                    *d = s.to_f32();
+                }
+            }
+            KvStore::F32(v) => out.copy_from_slice(&v[at..at + out.len()]),
+        }
+    }
+}
+
+/// Keys and values of one layer; row `p` holds position `p` (`k_dim`/`v_dim` wide).
+#[derive(Clone, Debug, PartialEq)]
+pub struct KvLayer {
+    pub k: KvStore,
+    pub v: KvStore,
+}
+
+/// The KV cache of one sequence, sized for `n_ctx` positions.
+///
+/// Memory: `n_layer · n_ctx · (k_dim + v_dim)` elements of 2 (f16) or 4 (f32) bytes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KvCache {
+    pub kv_type: KvType,
+    pub n_ctx: usize,
+    pub k_dim: usize,
+    pub v_dim: usize,
+    pub layers: Vec<KvLayer>,
+    /// Positions `0..n_past` hold valid entries.
+    pub n_past: usize,
+}
+
+impl KvCache {
+    /// An empty cache for `n_ctx` positions of the model described by `config`.
+    pub fn new(config: &ModelConfig, n_ctx: usize, kv_type: KvType) -> KvCache {
+        let (k_dim, v_dim) = (config.k_dim(), config.v_dim());
+        KvCache {
+            kv_type,
+            n_ctx,
+            k_dim,
+            v_dim,
+            layers: (0..config.n_layer)
+                .map(|_| KvLayer {
+                    k: KvStore::new(kv_type, n_ctx * k_dim),
+                    v: KvStore::new(kv_type, n_ctx * v_dim),
+                })
+                .collect(),
+            n_past: 0,
+        }
+    }
+
+    /// Forgets everything after position `n` (keeps `0..n`).
+    pub fn truncate(&mut self, n: usize) {
+        self.n_past = self.n_past.min(n);
+    }
+
+    /// Bytes held by the cache.
+    pub fn bytes(&self) -> usize {
+        let el = match self.kv_type {
+            KvType::F16 => 2,
+            KvType::F32 => 4,
+        };
+        self.layers.len() * self.n_ctx * (self.k_dim + self.v_dim) * el
+    }
+}
