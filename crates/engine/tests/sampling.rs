@@ -1,0 +1,605 @@
+//! Tests of the sampling chain (`frink_engine::sampling`): greedy, seeding, each filter
+//! on small hand-made distributions, the penalties, the order of the chain, disabled
+//! filters and a 262,144-token vocabulary.
+
+use frink_engine::sampling::{argmax, Candidate, Sampler, SamplingParams, DEFAULT_SEED};
+
+/// Every filter off, temperature `temp`, no penalties.
+fn neutral(temp: f32) -> SamplingParams {
+    SamplingParams {
+        temperature: temp,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        ..SamplingParams::default()
+    }
+}
+
+/// The ids of the candidates, sorted.
+fn ids(c: &[Candidate]) -> Vec<u32> {
+    let mut v: Vec<u32> = c.iter().map(|c| c.id).collect();
+    v.sort_unstable();
+    v
+}
+
+/// Reference softmax in f64.
+fn softmax(logits: &[f64]) -> Vec<f64> {
+    let max = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = logits.iter().map(|l| (l - max).exp()).collect();
+    let s: f64 = e.iter().sum();
+    e.iter().map(|x| x / s).collect()
+}
+
+/// Deterministic pseudo-random logits in [-scale, scale) (xorshift64*).
+fn pseudo_logits(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s >> 12;
+            s ^= s << 25;
+            s ^= s >> 27;
+            let x = s.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40; // 24 bits
+            (x as f32 / (1u32 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+/// Counts of each token over `n` draws.
+fn histogram(s: &mut Sampler, logits: &[f32], n: usize) -> Vec<usize> {
+    let mut h = vec![0usize; logits.len()];
+    for _ in 0..n {
+        h[s.sample(logits) as usize] += 1;
+    }
+    h
+}
+
+#[test]
+fn defaults_are_llama_cpp_defaults() {
+    let d = SamplingParams::default();
+    assert_eq!(d.temperature, 0.8);
+    assert_eq!(d.top_k, 40);
+    assert_eq!(d.top_p, 0.95);
+    assert_eq!(d.min_p, 0.05);
+    assert_eq!(d.repeat_penalty, 1.0);
+    assert_eq!(d.repeat_last_n, 64);
+    assert_eq!(d.frequency_penalty, 0.0);
+    assert_eq!(d.presence_penalty, 0.0);
+    assert_eq!(d.seed, DEFAULT_SEED);
+    assert_eq!(DEFAULT_SEED, 0xFFFF_FFFF);
+    assert!(!d.is_greedy());
+    let g = SamplingParams::greedy();
+    assert!(g.is_greedy());
+    assert_eq!(g.temperature, 0.0);
+    assert!(SamplingParams {
+        temperature: -1.0,
+        ..d.clone()
+    }
+    .is_greedy());
+    assert!(SamplingParams {
+        temperature: f32::NAN,
+        ..d
+    }
+    .is_greedy());
+}
+
+#[test]
+fn argmax_ties_to_lowest_and_nan_never_wins() {
+    assert_eq!(argmax(&[1.0, 3.0, 3.0, 2.0]), 1);
+    assert_eq!(argmax(&[-5.0]), 0);
+    assert_eq!(argmax(&[f32::NAN, 0.0, f32::NAN]), 1);
+    assert_eq!(argmax(&[f32::NAN, f32::NEG_INFINITY]), 1);
+    assert_eq!(argmax(&[f32::NEG_INFINITY, f32::NEG_INFINITY]), 0);
+    assert_eq!(argmax(&[0.0, f32::NAN, 1.0, f32::NAN, 1.0]), 2);
+    assert_eq!(argmax(&[f32::NAN, f32::NAN]), 0);
+    assert_eq!(argmax(&[1.0, f32::INFINITY, f32::INFINITY]), 1);
+}
+
+#[test]
+fn greedy_is_argmax_with_ties_to_lowest() {
+    let mut logits = pseudo_logits(1000, 7, 4.0);
+    logits[700] = 9.0;
+    logits[300] = 9.0;
+    logits[500] = f32::NAN;
+    for params in [
+        SamplingParams::greedy(),
+        SamplingParams {
+            temperature: -0.5,
+            ..SamplingParams::default()
+        },
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 1000,
+            top_p: 0.1,
+            min_p: 0.9,
+            ..SamplingParams::default()
+        },
+    ] {
+        let mut s = Sampler::new(params);
+        for _ in 0..5 {
+            assert_eq!(s.sample(&logits), 300);
+        }
+        let c = s.candidates(&logits);
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].id, 300);
+        assert_eq!(c[0].p, 1.0);
+    }
+    assert_eq!(argmax(&logits), 300);
+}
+
+#[test]
+fn same_seed_same_tokens_different_seed_different_tokens() {
+    // 100 equally likely tokens: every draw has 100 outcomes.
+    let logits = vec![0.0f32; 100];
+    let run = |seed: u64| {
+        let mut s = Sampler::new(SamplingParams {
+            seed,
+            ..neutral(1.0)
+        });
+        (0..200).map(|_| s.sample(&logits)).collect::<Vec<u32>>()
+    };
+    let a = run(42);
+    assert_eq!(a, run(42));
+    assert_ne!(a, run(43));
+    // Not stuck on one token.
+    let distinct: std::collections::BTreeSet<u32> = a.iter().cloned().collect();
+    assert!(distinct.len() > 50, "{} distinct tokens", distinct.len());
+
+    // The default chain with accepted tokens (penalties on) is as reproducible, and
+    // reset() starts the same sequence again.
+    let logits = pseudo_logits(5000, 3, 3.0);
+    let params = SamplingParams {
+        seed: 9,
+        repeat_penalty: 1.3,
+        frequency_penalty: 0.1,
+        presence_penalty: 0.1,
+        ..SamplingParams::default()
+    };
+    let mut s = Sampler::new(params.clone());
+    let gen = |s: &mut Sampler| {
+        (0..100)
+            .map(|_| {
+                let t = s.sample(&logits);
+                s.accept(t);
+                t
+            })
+            .collect::<Vec<u32>>()
+    };
+    let first = gen(&mut s);
+    s.reset();
+    assert_eq!(first, gen(&mut s));
+    assert_eq!(first, gen(&mut Sampler::new(params.clone())));
+    assert_ne!(
+        first,
+        gen(&mut Sampler::new(SamplingParams { seed: 10, ..params }))
+    );
+}
+
+#[test]
+fn top_k_keeps_k_highest() {
+    let logits = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0];
+    let mut s = Sampler::new(SamplingParams {
+        top_k: 3,
+        ..neutral(1.0)
+    });
+    let c = s.candidates(&logits);
+    assert_eq!(c.iter().map(|c| c.id).collect::<Vec<_>>(), vec![7, 6, 5]);
+    let p = softmax(&[7.0, 6.0, 5.0]);
+    for (c, p) in c.iter().zip(&p) {
+        assert!((c.p as f64 - p).abs() < 1e-6, "{c:?} vs {p}");
+    }
+    let h = histogram(&mut s, &logits, 3000);
+    assert_eq!(h[..5].iter().sum::<usize>(), 0, "{h:?}");
+    assert!(h[5..].iter().all(|&n| n > 0), "{h:?}");
+
+    // k = 1 is greedy; ties at the cut go to the lowest id.
+    let mut s = Sampler::new(SamplingParams {
+        top_k: 2,
+        ..neutral(1.0)
+    });
+    assert_eq!(ids(s.candidates(&[1.0, 3.0, 3.0, 3.0, 0.0])), vec![1, 2]);
+    let mut s = Sampler::new(SamplingParams {
+        top_k: 1,
+        ..neutral(1.0)
+    });
+    for _ in 0..20 {
+        assert_eq!(s.sample(&[1.0, 3.0, 3.0, 3.0, 0.0]), 1);
+    }
+}
+
+#[test]
+fn top_p_boundary_and_softmax_over_top_k_survivors() {
+    // Four equally likely tokens: probabilities are exactly 0.25 in f32, so the
+    // cumulative sums 0.25, 0.5, 0.75, 1.0 are exact.
+    let flat = [0.0f32; 4];
+    let kept = |top_p: f32, top_k: i32, logits: &[f32]| {
+        Sampler::new(SamplingParams {
+            top_p,
+            top_k,
+            ..neutral(1.0)
+        })
+        .candidates(logits)
+        .len()
+    };
+    assert_eq!(
+        kept(0.5, 0, &flat),
+        2,
+        "cumulative exactly at p stops there"
+    );
+    assert_eq!(kept(0.25, 0, &flat), 1);
+    assert_eq!(kept(0.49, 0, &flat), 2);
+    let just_above = f32::from_bits(0.5f32.to_bits() + 1);
+    assert_eq!(kept(just_above, 0, &flat), 3, "just above p takes one more");
+    assert_eq!(kept(0.0, 0, &flat), 1, "min_keep = 1");
+    // Ties keep the lowest ids.
+    let mut s = Sampler::new(SamplingParams {
+        top_p: 0.5,
+        ..neutral(1.0)
+    });
+    assert_eq!(ids(s.candidates(&flat)), vec![0, 1]);
+
+    // Four tokens at logit 1, four at 0: over the whole vocabulary each of the top four
+    // has e/(4e+4) = 0.183, so p = 0.5 needs three of them; after top-k = 4 the softmax
+    // is over the four survivors (0.25 each) and p = 0.5 needs two.
+    let logits = [1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0];
+    assert_eq!(kept(0.5, 0, &logits), 3);
+    assert_eq!(kept(0.5, 4, &logits), 2);
+
+    // Probabilities of what is kept are renormalized.
+    let mut s = Sampler::new(SamplingParams {
+        top_p: 0.5,
+        ..neutral(1.0)
+    });
+    let c = s.candidates(&logits);
+    assert_eq!(ids(c), vec![0, 2, 4]);
+    for c in c {
+        assert!((c.p - 1.0 / 3.0).abs() < 1e-6, "{c:?}");
+    }
+}
+
+#[test]
+fn min_p_is_relative_to_the_max_probability() {
+    // p_i / p_max = e^0, e^-1 (0.368), e^-2 (0.135), e^-3 (0.050).
+    let logits = [0.0, -1.0, -2.0, -3.0];
+    let kept = |min_p: f32, top_k: i32| {
+        ids(Sampler::new(SamplingParams {
+            min_p,
+            top_k,
+            ..neutral(1.0)
+        })
+        .candidates(&logits))
+    };
+    // top_k = 0 exercises the unsorted path, top_k = 4 the sorted one.
+    for top_k in [0, 4] {
+        assert_eq!(kept(0.5, top_k), vec![0]);
+        assert_eq!(kept(0.3, top_k), vec![0, 1]);
+        assert_eq!(kept(0.1, top_k), vec![0, 1, 2]);
+        assert_eq!(kept(0.04, top_k), vec![0, 1, 2, 3]);
+        assert_eq!(kept(2.0, top_k), vec![0], "min_keep = 1");
+    }
+
+    // Relative, not absolute: token 0 has p = 0.029 and token 1 ratio 0.368, the 100
+    // tail tokens ratio 0.333. min_p = 0.35 keeps exactly tokens 0 and 1 (an absolute
+    // threshold of 0.35 would keep only the forced one).
+    let mut logits = vec![-1.1f32; 102];
+    logits[0] = 0.0;
+    logits[1] = -1.0;
+    for top_k in [0, 102] {
+        let mut s = Sampler::new(SamplingParams {
+            min_p: 0.35,
+            top_k,
+            ..neutral(1.0)
+        });
+        assert_eq!(ids(s.candidates(&logits)), vec![0, 1]);
+    }
+    // Shifting all logits changes nothing.
+    let shifted: Vec<f32> = [0.0, -1.0, -2.0, -3.0].iter().map(|l| l + 50.0).collect();
+    let mut s = Sampler::new(SamplingParams {
+        min_p: 0.3,
+        ..neutral(1.0)
+    });
+    assert_eq!(ids(s.candidates(&shifted)), vec![0, 1]);
+}
+
+/// Temperature sharpens (T < 1) or flattens (T > 1): the empirical frequencies of
+/// N = 100,000 draws match softmax(logits / T).
+///
+/// Tolerance: each frequency is a binomial proportion with standard deviation
+/// sqrt(p (1 - p) / N), at most 0.0016 here; the bound is 5 standard deviations
+/// (≤ 0.0079). Ignoring the temperature would move token 0's frequency from 0.657 to
+/// 0.474 (T = 0.5) or from 0.333 to 0.474 (T = 2): 25 and 19 times the bound.
+#[test]
+fn temperature_frequencies_match_softmax() {
+    let logits = [1.0f32, 0.5, 0.0, -1.0];
+    const N: usize = 100_000;
+    for (t, seed) in [(0.5f32, 1u64), (2.0, 2), (1.0, 3)] {
+        let mut s = Sampler::new(SamplingParams { seed, ..neutral(t) });
+        let expect = softmax(&logits.map(|l| l as f64 / t as f64));
+        // The reported probabilities are the tempered softmax.
+        let c = s.candidates(&logits).to_vec();
+        for c in &c {
+            assert!(
+                (c.p as f64 - expect[c.id as usize]).abs() < 1e-6,
+                "T={t}: {c:?} vs {}",
+                expect[c.id as usize]
+            );
+            assert!((c.logit - logits[c.id as usize] / t).abs() < 1e-6);
+        }
+        let h = histogram(&mut s, &logits, N);
+        for (i, &n) in h.iter().enumerate() {
+            let f = n as f64 / N as f64;
+            let p = expect[i];
+            let tol = 5.0 * (p * (1.0 - p) / N as f64).sqrt();
+            assert!(
+                (f - p).abs() <= tol,
+                "T={t}, token {i}: frequency {f:.4}, expected {p:.4} ± {tol:.4}"
+            );
+        }
+    }
+    // Sharpening: lower temperature, more mass on the top token.
+    let p = |t: f32| {
+        Sampler::new(neutral(t))
+            .candidates(&logits)
+            .iter()
+            .find(|c| c.id == 0)
+            .unwrap()
+            .p
+    };
+    assert!(p(0.25) > p(0.5) && p(0.5) > p(1.0) && p(1.0) > p(2.0));
+}
+
+/// Logit of token `id` after the chain, with every filter off and T = 1 (so the
+/// penalties alone act).
+fn penalized(s: &mut Sampler, logits: &[f32], id: u32) -> f32 {
+    s.candidates(logits)
+        .iter()
+        .find(|c| c.id == id)
+        .unwrap()
+        .logit
+}
+
+#[test]
+fn repeat_penalty_divides_positive_and_multiplies_negative_logits() {
+    let logits = [2.0f32, -2.0, 0.0, 1.0, 3.0];
+    let mut s = Sampler::new(SamplingParams {
+        repeat_penalty: 2.0,
+        ..neutral(1.0)
+    });
+    for t in [0, 1, 2, 0] {
+        s.accept(t);
+    }
+    assert_eq!(
+        penalized(&mut s, &logits, 0),
+        1.0,
+        "positive: divided (once, whatever the count)"
+    );
+    assert_eq!(penalized(&mut s, &logits, 1), -4.0, "negative: multiplied");
+    assert_eq!(penalized(&mut s, &logits, 2), 0.0, "zero stays zero");
+    assert_eq!(penalized(&mut s, &logits, 3), 1.0, "unseen: untouched");
+    assert_eq!(penalized(&mut s, &logits, 4), 3.0, "unseen: untouched");
+    // A penalty above 1 makes seen tokens less likely whatever their sign: 1 (unseen,
+    // logit 1.0) now beats 0 (seen, logit 2.0 → 1.0) only by id order.
+    let mut g = Sampler::new(SamplingParams {
+        repeat_penalty: 2.0,
+        ..SamplingParams::greedy()
+    });
+    g.accept(4);
+    assert_eq!(g.sample(&logits), 0, "4: 3.0 / 2 = 1.5 < 2.0");
+    g.accept(0);
+    assert_eq!(g.sample(&logits), 4, "4: 1.5 > 0: 1.0 > 3: 1.0");
+}
+
+#[test]
+fn frequency_and_presence_penalties_count_occurrences() {
+    let logits = [2.0f32, -2.0, 0.0, 1.0];
+    let mut s = Sampler::new(SamplingParams {
+        frequency_penalty: 0.5,
+        presence_penalty: 0.25,
+        ..neutral(1.0)
+    });
+    for t in [3, 3, 3, 1] {
+        s.accept(t);
+    }
+    assert_eq!(penalized(&mut s, &logits, 3), 1.0 - (3.0 * 0.5 + 0.25));
+    assert_eq!(penalized(&mut s, &logits, 1), -2.0 - (0.5 + 0.25));
+    assert_eq!(penalized(&mut s, &logits, 0), 2.0);
+
+    // Repeat penalty first, then the subtraction: (1 / 2) - 2 * 1 = -1.5 (the other
+    // order would give (1 - 2) * 2 = -2).
+    let mut s = Sampler::new(SamplingParams {
+        repeat_penalty: 2.0,
+        frequency_penalty: 1.0,
+        ..neutral(1.0)
+    });
+    s.accept(3);
+    s.accept(3);
+    assert_eq!(penalized(&mut s, &logits, 3), -1.5);
+}
+
+#[test]
+fn penalty_window_is_the_last_n_accepted_tokens() {
+    let logits = [1.0f32; 6];
+    let mut s = Sampler::new(SamplingParams {
+        repeat_last_n: 3,
+        frequency_penalty: 1.0,
+        ..neutral(1.0)
+    });
+    for t in [0, 0, 1, 2, 2] {
+        s.accept(t);
+    }
+    // Window = [1, 2, 2].
+    assert_eq!(penalized(&mut s, &logits, 0), 1.0);
+    assert_eq!(penalized(&mut s, &logits, 1), 0.0);
+    assert_eq!(penalized(&mut s, &logits, 2), -1.0);
+    // A token outside the vocabulary is remembered but touches nothing.
+    s.accept(1_000_000);
+    assert_eq!(penalized(&mut s, &logits, 1), 1.0, "1 left the window");
+    assert_eq!(penalized(&mut s, &logits, 2), -1.0);
+    s.reset();
+    assert_eq!(
+        penalized(&mut s, &logits, 2),
+        1.0,
+        "reset forgets the history"
+    );
+
+    // repeat_last_n = 0 disables the penalties.
+    let mut s = Sampler::new(SamplingParams {
+        repeat_last_n: 0,
+        repeat_penalty: 2.0,
+        frequency_penalty: 1.0,
+        presence_penalty: 1.0,
+        ..neutral(1.0)
+    });
+    s.accept(0);
+    assert_eq!(penalized(&mut s, &logits, 0), 1.0);
+}
+
+#[test]
+fn penalties_apply_before_top_k() {
+    // Penalizing token 0 (5 → 2.5) before top-k = 2 keeps {1, 2}; top-k first would
+    // have kept {0, 1}.
+    let logits = [5.0f32, 4.0, 3.0, 0.0];
+    let mut s = Sampler::new(SamplingParams {
+        repeat_penalty: 2.0,
+        top_k: 2,
+        ..neutral(1.0)
+    });
+    s.accept(0);
+    assert_eq!(ids(s.candidates(&logits)), vec![1, 2]);
+    let h = histogram(&mut s, &logits, 2000);
+    assert_eq!(h[0] + h[3], 0, "{h:?}");
+    assert!(h[2] > 0, "{h:?}");
+}
+
+#[test]
+fn disabled_filters_are_no_ops() {
+    let logits = pseudo_logits(300, 11, 5.0);
+    let reference = softmax(&logits.iter().map(|&l| l as f64).collect::<Vec<_>>());
+    let check = |params: SamplingParams| {
+        let label = format!("{params:?}");
+        let mut s = Sampler::new(params);
+        s.accept(3);
+        s.accept(4);
+        let c = s.candidates(&logits);
+        assert_eq!(c.len(), logits.len(), "{label}");
+        for c in c {
+            assert_eq!(c.logit, logits[c.id as usize], "{label}");
+            assert!(
+                (c.p as f64 - reference[c.id as usize]).abs() < 1e-6,
+                "{label}"
+            );
+        }
+    };
+    check(neutral(1.0));
+    check(SamplingParams {
+        top_k: -3,
+        top_p: 1.5,
+        min_p: -0.5,
+        ..neutral(1.0)
+    });
+    check(SamplingParams {
+        top_k: 300,
+        ..neutral(1.0)
+    });
+    check(SamplingParams {
+        top_k: 100_000,
+        ..neutral(1.0)
+    });
+    check(SamplingParams {
+        top_p: f32::NAN,
+        min_p: f32::NAN,
+        ..neutral(1.0)
+    });
+    check(SamplingParams {
+        repeat_penalty: 1.0,
+        frequency_penalty: 0.0,
+        presence_penalty: 0.0,
+        repeat_last_n: 64,
+        ..neutral(1.0)
+    });
+    // The same draws whether a disabled filter is 0 or negative, 1.0 or above.
+    let draws = |params: SamplingParams| {
+        let mut s = Sampler::new(params);
+        (0..200).map(|_| s.sample(&logits)).collect::<Vec<_>>()
+    };
+    assert_eq!(
+        draws(neutral(0.7)),
+        draws(SamplingParams {
+            top_k: -1,
+            top_p: 2.0,
+            min_p: -1.0,
+            ..neutral(0.7)
+        })
+    );
+}
+
+#[test]
+fn nan_and_infinite_logits() {
+    let logits = [f32::NAN, 1.0, f32::NEG_INFINITY, 0.5, f32::NAN];
+    let mut s = Sampler::new(neutral(1.0));
+    for _ in 0..500 {
+        let t = s.sample(&logits);
+        assert!(t == 1 || t == 3, "drew {t}");
+    }
+    let mut s = Sampler::new(SamplingParams::default());
+    assert_eq!(s.sample(&[0.0, f32::INFINITY, 3.0]), 1);
+    let mut s = Sampler::new(neutral(1.0));
+    let t = s.sample(&[f32::NEG_INFINITY; 3]);
+    assert!(t < 3);
+}
+
+#[test]
+fn large_vocabulary() {
+    const N: usize = 262_144;
+    let logits = pseudo_logits(N, 5, 8.0);
+    let mut order: Vec<u32> = (0..N as u32).collect();
+    order.sort_by(|&a, &b| {
+        logits[b as usize]
+            .total_cmp(&logits[a as usize])
+            .then(a.cmp(&b))
+    });
+    let top40: std::collections::HashSet<u32> = order[..40].iter().cloned().collect();
+
+    // Default chain: every draw among the top 40.
+    let mut s = Sampler::new(SamplingParams::default());
+    let start = std::time::Instant::now();
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..100 {
+        let t = s.sample(&logits);
+        assert!(top40.contains(&t), "{t} not in the top 40");
+        seen.insert(t);
+    }
+    eprintln!(
+        "default chain, n_vocab {N}: {:.3} ms per token",
+        start.elapsed().as_secs_f64() * 10.0
+    );
+    assert!(seen.len() > 1);
+
+    // Greedy.
+    let mut g = Sampler::new(SamplingParams::greedy());
+    assert_eq!(g.sample(&logits), order[0]);
+    assert_eq!(argmax(&logits), order[0]);
+
+    // Top-p without top-k over a flat distribution: the partial sort of the best 256 is
+    // not enough and the rest must be sorted. Each probability is exactly 2^-18, so the
+    // kept count is ceil(0.95 * 2^18) with 0.95 as f32.
+    let flat = vec![0.0f32; N];
+    let mut s = Sampler::new(SamplingParams {
+        top_k: 0,
+        min_p: 0.0,
+        ..SamplingParams::default()
+    });
+    let expect = (0.95f32 as f64 * N as f64).ceil() as usize;
+    let c = s.candidates(&flat);
+    assert_eq!(c.len(), expect);
+    assert_eq!(
+        ids(c),
+        (0..expect as u32).collect::<Vec<_>>(),
+        "ties to the lowest ids"
+    );
+    // And over the pseudo-random logits the kept prefix is the true descending prefix.
+    let c = s.candidates(&logits).to_vec();
+    assert!(c.len() > 256, "{} kept", c.len());
+    assert_eq!(c.iter().map(|c| c.id).collect::<Vec<_>>(), order[..c.len()]);
+    let t = s.sample(&logits);
+    assert!(order[..c.len()].contains(&t));
+}
