@@ -4,7 +4,9 @@
 //! one JSON value as the last line of stdout, progress goes to stderr, exit status is 0 on
 //! success, 1 on failure (with one `error: …` line on stderr) and 2 on bad usage.
 
+mod common;
 mod inspect;
+mod logits;
 
 use std::process::ExitCode;
 
@@ -36,6 +38,17 @@ enum Command {
     Pull {
         /// Catalog name, e.g. smollm2-135m.
         name: String,
+    },
+    /// Write the logits of every position of a token id sequence, evaluated in one batch.
+    Logits {
+        #[command(flatten)]
+        model: common::ModelArgs,
+        /// Token ids, comma-separated.
+        #[arg(long)]
+        ids: String,
+        /// Output file: little-endian float32 [n_ids][n_vocab].
+        #[arg(short = 'o', long = "output")]
+        output: std::path::PathBuf,
     },
     /// List the catalog and which models are in the store.
     List {
@@ -78,6 +91,9 @@ fn run(cli: Cli) -> Result<()> {
         } => {
             let path = store.resolve(&model)?;
             inspect::inspect(&path, tensors, json)
+        }
+        Command::Logits { model, ids, output } => {
+            logits::run(&model, &common::parse_ids(&ids)?, &output)
         }
         Command::Pull { name } => {
             let path = store.pull(&name)?;

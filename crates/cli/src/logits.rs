@@ -1,0 +1,31 @@
+//! `frink logits`: all-position logits of an id sequence, evaluated in one batch.
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use frink_engine::Session;
+use frink_models::Logits;
+
+use crate::common::ModelArgs;
+
+/// Evaluates `ids` from an empty cache (one chunk) and writes little-endian f32
+/// `[n_ids][n_vocab]` to `out`; prints `{"n", "n_vocab"}`.
+pub fn run(args: &ModelArgs, ids: &[u32], out: &Path) -> Result<()> {
+    anyhow::ensure!(!ids.is_empty(), "--ids is empty");
+    let model = args.load()?;
+    let mut session = Session::new(&model, ids.len(), args.kv_type).with_batch(ids.len());
+    let logits = session.eval(ids, Logits::All)?;
+    let mut bytes = Vec::with_capacity(logits.len() * 4);
+    for v in &logits {
+        bytes.extend_from_slice(&v.to_le_bytes());
+    }
+    std::fs::File::create(out)
+        .and_then(|mut f| f.write_all(&bytes))
+        .with_context(|| format!("cannot write {}", out.display()))?;
+    println!(
+        "{}",
+        serde_json::json!({"n": ids.len(), "n_vocab": model.config.n_vocab})
+    );
+    Ok(())
+}

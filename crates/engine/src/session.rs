@@ -1,0 +1,88 @@
+//! [`Session`]: one sequence over a loaded model, with its KV cache.
+
+use frink_models::{KvCache, KvType, Logits, Model, ModelError};
+
+/// Default prefill chunk: prompt rows evaluated per forward call (llama.cpp's default
+/// `n_ubatch` is 512).
+pub const DEFAULT_BATCH: usize = 512;
+
+/// One sequence: the model, a KV cache sized for `n_ctx` positions, and the prefill chunk.
+pub struct Session<'m> {
+    model: &'m Model,
+    cache: KvCache,
+    n_batch: usize,
+}
+
+impl<'m> Session<'m> {
+    /// A session with an empty cache of `n_ctx` positions of `kv_type`.
+    pub fn new(model: &'m Model, n_ctx: usize, kv_type: KvType) -> Session<'m> {
+        Session {
+            model,
+            cache: KvCache::new(&model.config, n_ctx, kv_type),
+            n_batch: DEFAULT_BATCH,
+        }
+    }
+
+    /// Sets the prefill chunk size (rows per forward call; at least 1).
+    pub fn with_batch(mut self, n_batch: usize) -> Self {
+        self.n_batch = n_batch.max(1);
+        self
+    }
+
+    /// The model.
+    pub fn model(&self) -> &'m Model {
+        self.model
+    }
+
+    /// Positions already in the cache.
+    pub fn n_past(&self) -> usize {
+        self.cache.n_past
+    }
+
+    /// Size of the cache in positions.
+    pub fn n_ctx(&self) -> usize {
+        self.cache.n_ctx
+    }
+
+    /// The KV cache (read-only, for tests and statistics).
+    pub fn cache(&self) -> &KvCache {
+        &self.cache
+    }
+
+    /// Forgets the cache after position `n`.
+    pub fn truncate(&mut self, n: usize) {
+        self.cache.truncate(n);
+    }
+
+    /// Evaluates `tokens` after what the cache holds, in chunks of at most `n_batch` rows,
+    /// and returns the requested logits (`Last`: `n_vocab` values of the final token;
+    /// `All`: one row per token).
+    ///
+    /// Errors: [`ModelError::ContextFull`] before anything is written when the tokens do
+    /// not fit; [`ModelError::TokenOutOfRange`].
+    pub fn eval(&mut self, tokens: &[u32], logits: Logits) -> Result<Vec<f32>, ModelError> {
+        let needed = self.cache.n_past + tokens.len();
+        if needed > self.cache.n_ctx {
+            return Err(ModelError::ContextFull {
+                needed,
+                n_ctx: self.cache.n_ctx,
+            });
+        }
+        let n_vocab = self.model.config.n_vocab;
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(ModelError::TokenOutOfRange { id, n_vocab });
+        }
+        let mut out = Vec::new();
+        let n_chunks = tokens.len().div_ceil(self.n_batch);
+        for (ci, chunk) in tokens.chunks(self.n_batch).enumerate() {
+            let want = match logits {
+                Logits::All => Logits::All,
+                Logits::Last if ci + 1 == n_chunks => Logits::Last,
+                _ => Logits::None,
+            };
+            let rows = self.model.forward(&mut self.cache, chunk, want)?;
+            out.extend_from_slice(&rows);
+        }
+        Ok(out)
+    }
+}
