@@ -56,7 +56,7 @@ impl<'m> Session<'m> {
 
     /// Evaluates `tokens` after what the cache holds, in chunks of at most `n_batch` rows,
     /// and returns the requested logits (`Last`: `n_vocab` values of the final token;
-    /// `All`: one row per token).
+    /// `All`: one row per token; `From(i)`: rows of tokens `i..`).
     ///
     /// Errors: [`ModelError::ContextFull`] before anything is written when the tokens do
     /// not fit; [`ModelError::TokenOutOfRange`].
@@ -75,9 +75,13 @@ impl<'m> Session<'m> {
         let mut out = Vec::new();
         let n_chunks = tokens.len().div_ceil(self.n_batch);
         for (ci, chunk) in tokens.chunks(self.n_batch).enumerate() {
+            let offset = ci * self.n_batch;
             let want = match logits {
                 Logits::All => Logits::All,
                 Logits::Last if ci + 1 == n_chunks => Logits::Last,
+                Logits::From(i) if i < offset + chunk.len() => {
+                    Logits::From(i.saturating_sub(offset))
+                }
                 _ => Logits::None,
             };
             let rows = self.model.forward(&mut self.cache, chunk, want)?;

@@ -25,6 +25,8 @@ pub enum Logits {
     Last,
     /// Every row: `n_tokens × n_vocab` values, row `i` = logits after `tokens[0..=i]`.
     All,
+    /// Rows `i..n_tokens` of this call (perplexity scores the second half of a chunk).
+    From(usize),
 }
 
 impl Model {
@@ -147,8 +149,12 @@ impl Model {
             Logits::None => return Ok(Vec::new()),
             Logits::Last => &mut x[(n - 1) * d..],
             Logits::All => &mut x[..],
+            Logits::From(i) => &mut x[i.min(n) * d..],
         };
         let n_rows = rows.len() / d;
+        if n_rows == 0 {
+            return Ok(Vec::new());
+        }
         rms_norm(rows, &w.output_norm, c.rms_eps);
         let mut out = vec![0f32; n_rows * c.n_vocab];
         matmul(&w.output, self.data(&w.output), rows, n_rows, &mut out)?;

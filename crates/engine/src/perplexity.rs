@@ -1,0 +1,91 @@
+//! Perplexity exactly as llama.cpp's `llama-perplexity` computes it by default
+//! (tools/perplexity/perplexity.cpp, `perplexity()`; rules restated in
+//! shared/golden/README.md, "perplexity.json").
+
+use frink_models::{KvCache, KvType, Logits, Model, ModelError};
+
+/// The result of [`perplexity`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Perplexity {
+    /// `exp(mean NLL)` over every scored token.
+    pub ppl: f64,
+    /// `ppl · sqrt((mean(NLL²) − mean(NLL)²) / (count − 1))`.
+    pub ppl_plus_minus: f64,
+    pub n_chunks: usize,
+    pub ctx: usize,
+    /// Tokens scored per chunk: `ctx − ctx/2 − 1`.
+    pub scored_per_chunk: usize,
+    /// The running perplexity after each chunk (what llama-perplexity prints as `[j]`).
+    pub running: Vec<f64>,
+}
+
+/// Perplexity of `tokens` (the whole corpus, tokenized once) in chunks of `ctx`.
+///
+/// `floor(n / ctx)` non-overlapping chunks, each from an empty cache at positions
+/// `0..ctx`; with `bos` (models that add BOS) the first token of every chunk is replaced by
+/// it. Only the second half is scored: logits at positions `ctx/2 .. ctx−2` predict the
+/// tokens at `ctx/2+1 .. ctx−1`; NLL = −log softmax over the full vocabulary, in f64.
+///
+/// Errors: `ctx < 4` or fewer than `ctx` tokens (as [`ModelError::ContextFull`] naming the
+/// sizes), evaluation errors.
+pub fn perplexity(
+    model: &Model,
+    tokens: &[u32],
+    ctx: usize,
+    bos: Option<u32>,
+    kv_type: KvType,
+    mut on_chunk: impl FnMut(usize, f64),
+) -> Result<Perplexity, ModelError> {
+    let n_chunks = tokens.len() / ctx.max(1);
+    if ctx < 4 || n_chunks == 0 {
+        return Err(ModelError::ContextFull {
+            needed: ctx.max(4),
+            n_ctx: tokens.len(),
+        });
+    }
+    let n_vocab = model.config.n_vocab;
+    let first = ctx / 2;
+    let (mut sum, mut sum2, mut count) = (0f64, 0f64, 0usize);
+    let mut running = Vec::with_capacity(n_chunks);
+    let mut cache = KvCache::new(&model.config, ctx, kv_type);
+    for ci in 0..n_chunks {
+        let mut chunk = tokens[ci * ctx..(ci + 1) * ctx].to_vec();
+        if let Some(b) = bos {
+            chunk[0] = b;
+        }
+        cache.truncate(0);
+        let logits = model.forward(&mut cache, &chunk, Logits::From(first))?;
+        // Row r of `logits` is position first + r; it predicts chunk[first + r + 1].
+        for (r, row) in logits
+            .chunks_exact(n_vocab)
+            .take(ctx - first - 1)
+            .enumerate()
+        {
+            let target = chunk[first + r + 1] as usize;
+            let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+            let log_sum: f64 = row
+                .iter()
+                .map(|&v| (v as f64 - max).exp())
+                .sum::<f64>()
+                .ln();
+            let nll = -(row[target] as f64 - max - log_sum);
+            sum += nll;
+            sum2 += nll * nll;
+            count += 1;
+        }
+        let ppl = (sum / count as f64).exp();
+        running.push(ppl);
+        on_chunk(ci, ppl);
+    }
+    let mean = sum / count as f64;
+    let var = (sum2 / count as f64 - mean * mean).max(0.0);
+    let ppl = mean.exp();
+    Ok(Perplexity {
+        ppl,
+        ppl_plus_minus: ppl * (var / (count as f64 - 1.0).max(1.0)).sqrt(),
+        n_chunks,
+        ctx,
+        scored_per_chunk: ctx - first - 1,
+        running,
+    })
+}
