@@ -376,8 +376,7 @@ fn repeat_penalty_divides_positive_and_multiplies_negative_logits() {
     assert_eq!(penalized(&mut s, &logits, 2), 0.0, "zero stays zero");
     assert_eq!(penalized(&mut s, &logits, 3), 1.0, "unseen: untouched");
     assert_eq!(penalized(&mut s, &logits, 4), 3.0, "unseen: untouched");
-    // A penalty above 1 makes seen tokens less likely whatever their sign: 1 (unseen,
-    // logit 1.0) now beats 0 (seen, logit 2.0 → 1.0) only by id order.
+    // Greedy decoding sees the penalized logits.
     let mut g = Sampler::new(SamplingParams {
         repeat_penalty: 2.0,
         ..SamplingParams::greedy()
@@ -545,6 +544,32 @@ fn nan_and_infinite_logits() {
     let mut s = Sampler::new(neutral(1.0));
     let t = s.sample(&[f32::NEG_INFINITY; 3]);
     assert!(t < 3);
+    // Greedy agrees with `argmax` on rows with nothing above -inf.
+    let mut g = Sampler::new(SamplingParams::greedy());
+    for row in [
+        [f32::NAN, f32::NEG_INFINITY, f32::NEG_INFINITY],
+        [f32::NEG_INFINITY, f32::NAN, f32::NEG_INFINITY],
+        [f32::NAN; 3],
+    ] {
+        assert_eq!(g.sample(&row), argmax(&row), "{row:?}");
+    }
+    assert_eq!(
+        g.sample(&[f32::NAN, f32::NEG_INFINITY, f32::NEG_INFINITY]),
+        1
+    );
+    // ... and a penalized token that is the only finite one still wins.
+    let mut g = Sampler::new(SamplingParams {
+        repeat_penalty: 2.0,
+        ..SamplingParams::greedy()
+    });
+    g.accept(2);
+    assert_eq!(g.sample(&[f32::NAN, f32::NEG_INFINITY, -3.0]), 2);
+    // A penalized token still at -inf (here NaN) does not displace argmax's choice.
+    g.accept(0);
+    assert_eq!(
+        g.sample(&[f32::NAN, f32::NEG_INFINITY, f32::NEG_INFINITY]),
+        1
+    );
 }
 
 #[test]
@@ -576,7 +601,14 @@ fn large_vocabulary() {
 
     // Greedy.
     let mut g = Sampler::new(SamplingParams::greedy());
-    assert_eq!(g.sample(&logits), order[0]);
+    let start = std::time::Instant::now();
+    for _ in 0..100 {
+        assert_eq!(g.sample(&logits), order[0]);
+    }
+    eprintln!(
+        "greedy, n_vocab {N}: {:.3} ms per token",
+        start.elapsed().as_secs_f64() * 10.0
+    );
     assert_eq!(argmax(&logits), order[0]);
 
     // Top-p without top-k over a flat distribution: the partial sort of the best 256 is
@@ -602,4 +634,68 @@ fn large_vocabulary() {
     assert_eq!(c.iter().map(|c| c.id).collect::<Vec<_>>(), order[..c.len()]);
     let t = s.sample(&logits);
     assert!(order[..c.len()].contains(&t));
+}
+
+/// Top-k and greedy scan the row without copying it (penalized tokens handled apart);
+/// they must pick exactly what the full-row path (every filter off, then sorting)
+/// picks, ties included, with penalties that lower and that raise logits.
+#[test]
+fn top_k_and_greedy_scans_agree_with_the_full_row() {
+    let fine = pseudo_logits(20_000, 21, 6.0);
+    // Coarse logits: many exact ties.
+    let coarse: Vec<f32> = fine.iter().map(|l| l.round()).collect();
+    // Penalties that lower (1.5, 0.5) and that raise (0.2, -4.0) logits.
+    let penalties = [(1.5f32, 0.5f32, 0.0f32), (0.2, 0.0, -4.0), (1.0, 0.0, 0.0)];
+    let history: Vec<u32> = pseudo_logits(60, 5, 1.0)
+        .iter()
+        .map(|x| ((x + 1.0) * 10_000.0) as u32 % 20_000)
+        .chain([0, 1, 2, 3, 19_999, 25_000])
+        .collect();
+    for logits in [&fine, &coarse] {
+        for &(repeat_penalty, frequency_penalty, presence_penalty) in &penalties {
+            let base = SamplingParams {
+                repeat_penalty,
+                frequency_penalty,
+                presence_penalty,
+                ..neutral(1.0)
+            };
+            let with = |params: SamplingParams| {
+                let mut s = Sampler::new(params);
+                for &t in &history {
+                    s.accept(t);
+                }
+                s
+            };
+            // Reference: the whole penalized row, sorted by (logit desc, id asc).
+            let mut full = with(base.clone()).candidates(logits).to_vec();
+            // (`partial_cmp`: -0.0 and 0.0, which rounding produces, are equal logits.)
+            full.sort_by(|a, b| b.logit.partial_cmp(&a.logit).unwrap().then(a.id.cmp(&b.id)));
+            for k in [1, 5, 40, 200, 19_999] {
+                let mut s = with(SamplingParams {
+                    top_k: k,
+                    ..base.clone()
+                });
+                let got: Vec<(u32, f32)> = s
+                    .candidates(logits)
+                    .iter()
+                    .map(|c| (c.id, c.logit))
+                    .collect();
+                let want: Vec<(u32, f32)> =
+                    full[..k as usize].iter().map(|c| (c.id, c.logit)).collect();
+                let first_diff = got.iter().zip(&want).position(|(a, b)| a != b);
+                assert!(
+                    got.len() == want.len() && first_diff.is_none(),
+                    "k = {k}, penalties {repeat_penalty} {frequency_penalty} {presence_penalty}: \
+                     {} vs {} kept, first difference at {first_diff:?}",
+                    got.len(),
+                    want.len()
+                );
+            }
+            let mut g = with(SamplingParams {
+                temperature: 0.0,
+                ..base.clone()
+            });
+            assert_eq!(g.sample(logits), full[0].id);
+        }
+    }
 }
