@@ -7,6 +7,7 @@
 mod common;
 mod inspect;
 mod logits;
+mod verify;
 
 use std::process::ExitCode;
 
@@ -49,6 +50,22 @@ enum Command {
         /// Output file: little-endian float32 [n_ids][n_vocab].
         #[arg(short = 'o', long = "output")]
         output: std::path::PathBuf,
+    },
+    /// Run every check of a reference directory (shared/golden/<model>,
+    /// shared/fixtures/tiny/<name>, shared/fixtures/quant/<TYPE>); exit 1 on any mismatch.
+    Verify {
+        /// Model (default: the directory's own: golden model name or tiny model.gguf).
+        #[arg(short = 'm', long = "model", env = "FRINK_MODEL")]
+        model: Option<String>,
+        /// The reference directory.
+        #[arg(long)]
+        golden: std::path::PathBuf,
+        /// KV cache type (default: the reference's: f16 for golden, f32 for fixtures).
+        #[arg(long = "kv-type")]
+        kv_type: Option<frink_models::KvType>,
+        /// Compute threads.
+        #[arg(short = 't', long = "threads", env = "FRINK_THREADS")]
+        threads: Option<usize>,
     },
     /// List the catalog and which models are in the store.
     List {
@@ -94,6 +111,21 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Logits { model, ids, output } => {
             logits::run(&model, &common::parse_ids(&ids)?, &output)
+        }
+        Command::Verify {
+            model,
+            golden,
+            kv_type,
+            threads,
+        } => {
+            let args = common::ModelArgs {
+                model: model
+                    .clone()
+                    .unwrap_or_else(|| frink_store::default_model_name().into()),
+                threads,
+                kv_type: kv_type.unwrap_or_default(),
+            };
+            verify::run(&args, model.is_some(), &golden, kv_type)
         }
         Command::Pull { name } => {
             let path = store.pull(&name)?;
