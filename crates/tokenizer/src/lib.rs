@@ -1,0 +1,356 @@
+//! frink's tokenizer: a GGUF file's `tokenizer.*` metadata turned into a tokenizer that
+//! gives the ids llama.cpp gives, streaming detokenization, and chat prompts rendered from
+//! the file's own template.
+//!
+//! * [`Tokenizer::from_gguf`] reads the vocabulary ([`TokenAttr`], [`SpecialTokens`], the
+//!   end-of-generation set) and builds a `tokenizers` pipeline: byte-level BPE with the
+//!   pre-tokenizer named by `tokenizer.ggml.pre` (`gpt2`), or SentencePiece-style BPE over
+//!   scores with byte fallback (`llama`). Other families and pre-tokenizers are refused with
+//!   an error naming them.
+//! * [`Tokenizer::encode`] cuts special tokens out first (control tokens only with
+//!   `parse_special`, user-defined tokens always) and adds BOS/EOS as the model says.
+//! * [`Tokenizer::decode`] and [`StreamDecoder`] render ids back to text.
+//! * [`Tokenizer::apply_chat_template`] renders a conversation with minijinja and
+//!   [`Tokenizer::encode_chat`] tokenizes it with the scaffolding's special tokens parsed and
+//!   every message's content literal.
+//!
+//! Every rule cites the llama.cpp source it follows (src/llama-vocab.cpp, src/unicode.cpp,
+//! src/llama-chat.cpp, common/chat.cpp of the snapshot the golden data was made with).
+
+mod chat;
+mod decode;
+mod error;
+mod model;
+mod partition;
+mod pretok;
+mod vocab;
+
+use std::ops::Range;
+use std::path::Path;
+
+use frink_gguf::GgufFile;
+
+pub use chat::{ChatMessage, ChatPrompt, TemplateSource};
+pub use error::{Result, TokenizerError};
+pub use pretok::{PreTokenizer, SUPPORTED as SUPPORTED_PRE_TOKENIZERS};
+pub use vocab::{SpecialTokens, TokenAttr, VocabKind};
+
+use decode::{drain_utf8, Pieces, SpaceCleaner};
+use partition::{Fragment, Partitioner};
+use vocab::Vocab;
+
+/// A model's tokenizer, built from its GGUF metadata.
+///
+/// Cheap to share by reference across threads (`Send + Sync`); building it is the costly
+/// part (for a 262k-token SentencePiece vocabulary, deriving the merges takes about a second).
+pub struct Tokenizer {
+    vocab: Vocab,
+    hf: tokenizers::Tokenizer,
+    partitioner: Partitioner,
+    pieces: Pieces,
+    architecture: String,
+    chat_template: Option<String>,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("kind", &self.vocab.kind)
+            .field("pre", &self.vocab.pre)
+            .field("n_vocab", &self.vocab.n_tokens())
+            .field("special", &self.vocab.special)
+            .field("add_bos", &self.vocab.add_bos)
+            .field("add_eos", &self.vocab.add_eos)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tokenizer {
+    /// Builds the tokenizer of the GGUF file at `path` (metadata only; tensors are not read).
+    ///
+    /// Errors: the file cannot be opened or parsed, or any error of [`Tokenizer::from_gguf`].
+    pub fn from_path(path: impl AsRef<Path>) -> Result<Tokenizer> {
+        Tokenizer::from_gguf(&GgufFile::open(path)?)
+    }
+
+    /// Builds the tokenizer described by `file`'s `tokenizer.*` metadata.
+    ///
+    /// Errors: [`TokenizerError::UnsupportedModel`] / [`TokenizerError::UnsupportedPreTokenizer`]
+    /// naming an unimplemented `tokenizer.ggml.model` / `pre`; [`TokenizerError::MissingKey`],
+    /// [`TokenizerError::BadValue`], [`TokenizerError::DuplicateToken`],
+    /// [`TokenizerError::BadMerge`], [`TokenizerError::MissingSpecialToken`] for a malformed
+    /// vocabulary.
+    pub fn from_gguf(file: &GgufFile) -> Result<Tokenizer> {
+        let vocab = Vocab::load(file)?;
+        let hf = model::build(&vocab)?;
+        let partitioner = Partitioner::new(&vocab)?;
+        let pieces = Pieces::new(&vocab);
+        let chat_template = match file.get("tokenizer.chat_template") {
+            None => None,
+            Some(v) => Some(
+                v.as_str()
+                    .ok_or(TokenizerError::BadValue {
+                        key: "tokenizer.chat_template",
+                        what: format!("expected a string, found {v}"),
+                    })?
+                    .to_string(),
+            ),
+        };
+        Ok(Tokenizer {
+            vocab,
+            hf,
+            partitioner,
+            pieces,
+            architecture: file.architecture().unwrap_or("").to_string(),
+            chat_template,
+        })
+    }
+
+    /// Tokenizes `text` as `llama_tokenize(text, add_special, parse_special)` does.
+    ///
+    /// `add_special` adds BOS (and EOS) where the model's `add_bos_token` (`add_eos_token`)
+    /// says so; `parse_special` lets the text of control tokens (e.g. `<|im_start|>`) become
+    /// those tokens, otherwise it is ordinary text. User-defined tokens are matched either
+    /// way. The empty text gives just the added tokens.
+    pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>> {
+        let all = 0..text.len();
+        let special = if parse_special {
+            std::slice::from_ref(&all)
+        } else {
+            &[]
+        };
+        self.encode_ranges(text, special, add_special)
+    }
+
+    /// Tokenizes `text` with special-token parsing on exactly inside the byte ranges
+    /// `special` (sorted, disjoint, on character boundaries) and off elsewhere. Raw text is
+    /// tokenized in maximal runs between special tokens, so a literal range does not change
+    /// how the text around it is split.
+    pub fn encode_ranges(
+        &self,
+        text: &str,
+        special: &[Range<usize>],
+        add_special: bool,
+    ) -> Result<Vec<u32>> {
+        let v = &self.vocab;
+        let mut out = Vec::new();
+        if add_special && v.add_bos {
+            out.extend(v.special.bos);
+        }
+        for frag in self.partitioner.partition(v, text, special) {
+            match frag {
+                Fragment::Token(id) => out.push(id),
+                Fragment::Text(r) => {
+                    let enc = self
+                        .hf
+                        .encode_fast(&text[r], false)
+                        .map_err(|e| TokenizerError::Hf(e.to_string()))?;
+                    out.extend_from_slice(enc.get_ids());
+                }
+            }
+        }
+        if add_special && v.add_eos {
+            out.extend(v.special.eos);
+        }
+        Ok(out)
+    }
+
+    fn check_id(&self, id: u32) -> Result<()> {
+        if (id as usize) < self.vocab.n_tokens() {
+            Ok(())
+        } else {
+            Err(TokenizerError::IdOutOfRange {
+                id,
+                n_vocab: self.vocab.n_tokens(),
+            })
+        }
+    }
+
+    /// The bytes token `id` renders as (`llama_token_to_piece` with no stripping): control
+    /// tokens are empty unless `render_special`. Not necessarily UTF-8 (byte tokens, or a
+    /// byte-level token holding part of a character).
+    ///
+    /// Errors: [`TokenizerError::IdOutOfRange`].
+    pub fn token_to_piece(&self, id: u32, render_special: bool) -> Result<&[u8]> {
+        self.check_id(id)?;
+        Ok(self.pieces.get(id, render_special))
+    }
+
+    /// The exact bytes `ids` detokenize to, as `llama_detokenize(ids, remove_special = false,
+    /// unparse_special = render_special)`.
+    ///
+    /// Errors: [`TokenizerError::IdOutOfRange`].
+    pub fn decode_bytes(&self, ids: &[u32], render_special: bool) -> Result<Vec<u8>> {
+        let mut d = self.stream_decoder(render_special);
+        let mut out = Vec::new();
+        for &id in ids {
+            d.push_bytes(id, &mut out)?;
+        }
+        d.finish_bytes(&mut out);
+        Ok(out)
+    }
+
+    /// The text `ids` detokenize to ([`Tokenizer::decode_bytes`], with each invalid UTF-8
+    /// sequence replaced by U+FFFD as `String::from_utf8_lossy` does).
+    ///
+    /// Errors: [`TokenizerError::IdOutOfRange`].
+    pub fn decode(&self, ids: &[u32], render_special: bool) -> Result<String> {
+        Ok(String::from_utf8_lossy(&self.decode_bytes(ids, render_special)?).into_owned())
+    }
+
+    /// A decoder for ids arriving one at a time; see [`StreamDecoder`].
+    pub fn stream_decoder(&self, render_special: bool) -> StreamDecoder<'_> {
+        StreamDecoder {
+            tok: self,
+            render_special,
+            first: true,
+            cleaner: self.vocab.clean_spaces.then(SpaceCleaner::default),
+            pending: Vec::new(),
+        }
+    }
+
+    /// Whether `id` ends generation (`llama_vocab_is_eog`).
+    pub fn is_eog(&self, id: u32) -> bool {
+        self.vocab.eog.binary_search(&id).is_ok()
+    }
+
+    /// The end-of-generation ids, ascending: EOS, EOT, EOM, the FIM pad/repo/separator tokens
+    /// and every token llama.cpp recognises by name (`<|im_end|>`, `<end_of_turn>`,
+    /// `<|endoftext|>`, `</s>`, …).
+    pub fn eog_ids(&self) -> &[u32] {
+        &self.vocab.eog
+    }
+
+    /// The special token ids.
+    pub fn special_tokens(&self) -> &SpecialTokens {
+        &self.vocab.special
+    }
+
+    /// BOS id, if any.
+    pub fn bos_id(&self) -> Option<u32> {
+        self.vocab.special.bos
+    }
+
+    /// EOS id, if any.
+    pub fn eos_id(&self) -> Option<u32> {
+        self.vocab.special.eos
+    }
+
+    /// Whether `encode(.., add_special = true, ..)` prepends BOS.
+    pub fn add_bos(&self) -> bool {
+        self.vocab.add_bos
+    }
+
+    /// Whether `encode(.., add_special = true, ..)` appends EOS.
+    pub fn add_eos(&self) -> bool {
+        self.vocab.add_eos
+    }
+
+    /// Whether SentencePiece text gets a leading `▁` (and the first decoded piece loses one
+    /// leading space).
+    pub fn add_space_prefix(&self) -> bool {
+        self.vocab.add_space_prefix
+    }
+
+    /// Number of tokens in the vocabulary.
+    pub fn n_vocab(&self) -> usize {
+        self.vocab.n_tokens()
+    }
+
+    /// The tokenizer family.
+    pub fn kind(&self) -> VocabKind {
+        self.vocab.kind
+    }
+
+    /// The BPE pre-tokenizer (`None` for SentencePiece).
+    pub fn pre_tokenizer(&self) -> Option<PreTokenizer> {
+        self.vocab.pre
+    }
+
+    /// The stored text of token `id` (byte-level or `▁`-escaped as in the vocabulary).
+    pub fn token_text(&self, id: u32) -> Option<&str> {
+        self.vocab.tokens.get(id as usize).map(String::as_str)
+    }
+
+    /// The attributes of token `id`, after llama.cpp's load-time adjustments.
+    pub fn token_attr(&self, id: u32) -> Option<TokenAttr> {
+        self.vocab.attrs.get(id as usize).copied()
+    }
+
+    /// The id of the token whose stored text is `text`.
+    pub fn token_id(&self, text: &str) -> Option<u32> {
+        self.vocab.text_to_id.get(text).copied()
+    }
+
+    /// The underlying `tokenizers` pipeline for one raw fragment (no special-token handling,
+    /// no BOS/EOS): what [`Tokenizer::encode`] runs between special tokens.
+    pub fn hf(&self) -> &tokenizers::Tokenizer {
+        &self.hf
+    }
+
+    /// `general.architecture` of the file.
+    pub fn architecture(&self) -> &str {
+        &self.architecture
+    }
+
+    /// `tokenizer.chat_template`, if the file has one.
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+}
+
+/// Detokenizes ids as they arrive, returning text only in complete UTF-8 characters.
+///
+/// The concatenation of everything [`StreamDecoder::push`] returns and what
+/// [`StreamDecoder::finish`] returns equals [`Tokenizer::decode`] of all the ids: pieces are
+/// joined as bytes, an incomplete character is held until its last byte arrives (or becomes
+/// U+FFFD if the sequence turns out invalid or the stream ends), and for vocabularies that
+/// clean up spaces a space is held until the next character shows whether it stays.
+pub struct StreamDecoder<'a> {
+    tok: &'a Tokenizer,
+    render_special: bool,
+    first: bool,
+    cleaner: Option<SpaceCleaner>,
+    pending: Vec<u8>,
+}
+
+impl StreamDecoder<'_> {
+    fn push_bytes(&mut self, id: u32, out: &mut Vec<u8>) -> Result<()> {
+        let mut piece = self.tok.token_to_piece(id, self.render_special)?;
+        if std::mem::take(&mut self.first) && self.tok.vocab.add_space_prefix {
+            piece = piece.strip_prefix(b" ").unwrap_or(piece);
+        }
+        match &mut self.cleaner {
+            Some(c) => c.push(piece, out),
+            None => out.extend_from_slice(piece),
+        }
+        Ok(())
+    }
+
+    fn finish_bytes(&mut self, out: &mut Vec<u8>) {
+        if let Some(c) = &mut self.cleaner {
+            c.finish(out);
+        }
+    }
+
+    /// Adds one id; returns the text that is now final (possibly empty).
+    ///
+    /// Errors: [`TokenizerError::IdOutOfRange`] (the decoder is unchanged).
+    pub fn push(&mut self, id: u32) -> Result<String> {
+        let mut bytes = std::mem::take(&mut self.pending);
+        let res = self.push_bytes(id, &mut bytes);
+        let mut out = String::new();
+        drain_utf8(&mut bytes, &mut out, false);
+        self.pending = bytes;
+        res.map(|()| out)
+    }
+
+    /// Ends the stream; returns the text still held back.
+    pub fn finish(mut self) -> String {
+        let mut bytes = std::mem::take(&mut self.pending);
+        self.finish_bytes(&mut bytes);
+        let mut out = String::new();
+        drain_utf8(&mut bytes, &mut out, true);
+        out
+    }
+}
