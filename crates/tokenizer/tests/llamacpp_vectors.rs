@@ -1,0 +1,96 @@
+//! Random strings and id sequences checked against llama.cpp itself
+//! (tests/data/llamacpp_vectors.json, made by tests/data/oracle/gen_vectors.py with the same
+//! llama.cpp snapshot as the golden files): tokenization with both special-parsing modes,
+//! detokenization with and without special tokens, and the EOG set, for the three catalog
+//! models and six tiny fixture vocabularies (SentencePiece with and without a space prefix,
+//! byte-level BPE, a user-defined token, Phi-3's right-stripping special tokens).
+
+mod common;
+
+use std::path::Path;
+
+use common::{ids, read_json, tokenizer};
+use frink_tokenizer::Tokenizer;
+use serde_json::Value;
+
+fn vectors() -> Value {
+    read_json(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/llamacpp_vectors.json"))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn check(name: &str, tok: &Tokenizer, v: &Value) {
+    let mut fails = Vec::new();
+    let mut bad_tok = 0;
+    let cases = v["tokenize"].as_array().unwrap();
+    for c in cases {
+        let text = c["text"].as_str().unwrap();
+        let (add, parse) = (c["add_special"].as_bool().unwrap(), c["parse_special"].as_bool().unwrap());
+        let want = ids(&c["ids"]);
+        let got = tok.encode(text, add, parse).unwrap();
+        if got != want {
+            bad_tok += 1;
+            fails.push(format!("tokenize {text:?} add={add} parse={parse}\n  want {want:?}\n  got  {got:?}"));
+        }
+    }
+    let detok = v["detokenize"].as_array().unwrap();
+    for c in detok {
+        let seq = ids(&c["ids"]);
+        let special = c["special"].as_bool().unwrap();
+        let want = c["bytes_hex"].as_str().unwrap();
+        let got = hex(&tok.decode_bytes(&seq, special).unwrap());
+        if got != want {
+            fails.push(format!("detokenize {seq:?} special={special}\n  want {want}\n  got  {got}"));
+        }
+        // Streaming gives the lossy text of the same bytes.
+        let mut d = tok.stream_decoder(special);
+        let mut s = String::new();
+        for &id in &seq {
+            s.push_str(&d.push(id).unwrap());
+        }
+        s.push_str(&d.finish());
+        assert_eq!(s, tok.decode(&seq, special).unwrap(), "{name} {seq:?}");
+    }
+    assert_eq!(tok.eog_ids(), ids(&v["eog_ids"]).as_slice(), "{name}: EOG ids");
+    eprintln!(
+        "{name}: {}/{} tokenizations and {}/{} detokenizations equal llama.cpp's",
+        cases.len() - bad_tok,
+        cases.len(),
+        detok.len() - (fails.len() - bad_tok),
+        detok.len()
+    );
+    assert!(fails.is_empty(), "{name}: {} mismatches:\n{}", fails.len(), fails.join("\n"));
+}
+
+#[test]
+fn catalog_models_match_llama_cpp_on_random_inputs() {
+    let v = vectors();
+    for model in common::MODELS {
+        check(model, tokenizer(model), &v["models"][model]);
+    }
+}
+
+#[test]
+fn tiny_fixture_vocabularies_match_llama_cpp_on_random_inputs() {
+    let v = vectors();
+    let fixtures = common::tiny_fixtures("tiny_fixture_vocabularies_match_llama_cpp");
+    if fixtures.is_empty() {
+        return;
+    }
+    let mut n = 0;
+    for (name, entry) in v["models"].as_object().unwrap() {
+        let Some(fixture) = name.strip_prefix("tiny/") else {
+            continue;
+        };
+        let (_, path) = fixtures
+            .iter()
+            .find(|(f, _)| f == fixture)
+            .unwrap_or_else(|| panic!("fixture {fixture} missing"));
+        let tok = Tokenizer::from_path(path).unwrap();
+        check(name, &tok, entry);
+        n += 1;
+    }
+    assert_eq!(n, 6);
+}
