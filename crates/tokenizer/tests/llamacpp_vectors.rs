@@ -27,12 +27,17 @@ fn check(name: &str, tok: &Tokenizer, v: &Value) {
     let cases = v["tokenize"].as_array().unwrap();
     for c in cases {
         let text = c["text"].as_str().unwrap();
-        let (add, parse) = (c["add_special"].as_bool().unwrap(), c["parse_special"].as_bool().unwrap());
+        let (add, parse) = (
+            c["add_special"].as_bool().unwrap(),
+            c["parse_special"].as_bool().unwrap(),
+        );
         let want = ids(&c["ids"]);
         let got = tok.encode(text, add, parse).unwrap();
         if got != want {
             bad_tok += 1;
-            fails.push(format!("tokenize {text:?} add={add} parse={parse}\n  want {want:?}\n  got  {got:?}"));
+            fails.push(format!(
+                "tokenize {text:?} add={add} parse={parse}\n  want {want:?}\n  got  {got:?}"
+            ));
         }
     }
     let detok = v["detokenize"].as_array().unwrap();
@@ -42,7 +47,9 @@ fn check(name: &str, tok: &Tokenizer, v: &Value) {
         let want = c["bytes_hex"].as_str().unwrap();
         let got = hex(&tok.decode_bytes(&seq, special).unwrap());
         if got != want {
-            fails.push(format!("detokenize {seq:?} special={special}\n  want {want}\n  got  {got}"));
+            fails.push(format!(
+                "detokenize {seq:?} special={special}\n  want {want}\n  got  {got}"
+            ));
         }
         // Streaming gives the lossy text of the same bytes.
         let mut d = tok.stream_decoder(special);
@@ -53,7 +60,11 @@ fn check(name: &str, tok: &Tokenizer, v: &Value) {
         s.push_str(&d.finish());
         assert_eq!(s, tok.decode(&seq, special).unwrap(), "{name} {seq:?}");
     }
-    assert_eq!(tok.eog_ids(), ids(&v["eog_ids"]).as_slice(), "{name}: EOG ids");
+    assert_eq!(
+        tok.eog_ids(),
+        ids(&v["eog_ids"]).as_slice(),
+        "{name}: EOG ids"
+    );
     eprintln!(
         "{name}: {}/{} tokenizations and {}/{} detokenizations equal llama.cpp's",
         cases.len() - bad_tok,
@@ -61,7 +72,12 @@ fn check(name: &str, tok: &Tokenizer, v: &Value) {
         detok.len() - (fails.len() - bad_tok),
         detok.len()
     );
-    assert!(fails.is_empty(), "{name}: {} mismatches:\n{}", fails.len(), fails.join("\n"));
+    assert!(
+        fails.is_empty(),
+        "{name}: {} mismatches:\n{}",
+        fails.len(),
+        fails.join("\n")
+    );
 }
 
 #[test]
