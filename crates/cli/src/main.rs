@@ -7,6 +7,7 @@
 mod common;
 mod inspect;
 mod logits;
+mod tokenize;
 mod verify;
 
 use std::process::ExitCode;
@@ -24,6 +25,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Print the token ids of a text, as llama.cpp's tokenizer gives them.
+    Tokenize(tokenize::TokenizeArgs),
+    /// Print the text of token ids (special tokens rendered).
+    Detokenize(tokenize::DetokenizeArgs),
     /// Show a GGUF file's metadata, tensor counts by type, and (with --tensors) its tensor table.
     Inspect {
         /// Catalog name (fetched on first use) or path to a .gguf file.
@@ -101,6 +106,8 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<()> {
     let store = Store::from_env()?;
     match cli.command {
+        Command::Tokenize(args) => tokenize::tokenize(&args),
+        Command::Detokenize(args) => tokenize::detokenize(&args),
         Command::Inspect {
             model,
             tensors,

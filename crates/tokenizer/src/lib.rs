@@ -299,6 +299,40 @@ impl Tokenizer {
     }
 }
 
+/// Text from raw input bytes the way llama.cpp's BPE path decodes them
+/// (`unicode_cpts_from_utf8` in src/unicode.cpp): valid UTF-8 unchanged; where a character
+/// does not decode, one U+FFFD for its first byte and decoding resumes at the next byte (so a
+/// truncated 3-byte sequence gives three U+FFFD, where `String::from_utf8_lossy` gives one).
+/// llama.cpp accepts some sequences Rust rejects (overlong forms, surrogates); those become
+/// U+FFFD per byte here.
+pub fn text_from_bytes(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
+    if let Ok(s) = std::str::from_utf8(bytes) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(bytes.len() + 8);
+    let mut i = 0;
+    while i < bytes.len() {
+        let len = match bytes[i] {
+            0x00..=0x7f => 1,
+            0xc0..=0xdf => 2,
+            0xe0..=0xef => 3,
+            0xf0..=0xf7 => 4,
+            _ => 0,
+        };
+        match bytes.get(i..i + len).filter(|_| len > 0).map(std::str::from_utf8) {
+            Some(Ok(s)) => {
+                out.push_str(s);
+                i += len;
+            }
+            _ => {
+                out.push('\u{FFFD}');
+                i += 1;
+            }
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// Detokenizes ids as they arrive, returning text only in complete UTF-8 characters.
 ///
 /// The concatenation of everything [`StreamDecoder::push`] returns and what
@@ -352,5 +386,18 @@ impl StreamDecoder<'_> {
         let mut out = String::new();
         drain_utf8(&mut bytes, &mut out, true);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::text_from_bytes;
+
+    #[test]
+    fn invalid_utf8_becomes_one_replacement_per_undecodable_byte() {
+        assert_eq!(text_from_bytes(b"ok \xc3\xa9"), "ok é");
+        assert_eq!(text_from_bytes(b"\xf0\x9f\x98A"), "\u{FFFD}\u{FFFD}\u{FFFD}A");
+        assert_eq!(text_from_bytes(b"\x80\xff\xe2\x82\xac"), "\u{FFFD}\u{FFFD}€");
+        assert_eq!(text_from_bytes(b"\xe2\x82"), "\u{FFFD}\u{FFFD}");
     }
 }
