@@ -319,7 +319,11 @@ pub fn text_from_bytes(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
             0xf0..=0xf7 => 4,
             _ => 0,
         };
-        match bytes.get(i..i + len).filter(|_| len > 0).map(std::str::from_utf8) {
+        match bytes
+            .get(i..i + len)
+            .filter(|_| len > 0)
+            .map(std::str::from_utf8)
+        {
             Some(Ok(s)) => {
                 out.push_str(s);
                 i += len;
@@ -396,8 +400,14 @@ mod tests {
     #[test]
     fn invalid_utf8_becomes_one_replacement_per_undecodable_byte() {
         assert_eq!(text_from_bytes(b"ok \xc3\xa9"), "ok é");
-        assert_eq!(text_from_bytes(b"\xf0\x9f\x98A"), "\u{FFFD}\u{FFFD}\u{FFFD}A");
-        assert_eq!(text_from_bytes(b"\x80\xff\xe2\x82\xac"), "\u{FFFD}\u{FFFD}€");
+        assert_eq!(
+            text_from_bytes(b"\xf0\x9f\x98A"),
+            "\u{FFFD}\u{FFFD}\u{FFFD}A"
+        );
+        assert_eq!(
+            text_from_bytes(b"\x80\xff\xe2\x82\xac"),
+            "\u{FFFD}\u{FFFD}€"
+        );
         assert_eq!(text_from_bytes(b"\xe2\x82"), "\u{FFFD}\u{FFFD}");
     }
 }
