@@ -58,3 +58,78 @@ pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
         })
         .collect()
 }
+
+/// Sampling flags of `run` and `chat` (CONTRACT.md), defaults as llama.cpp's.
+#[derive(Args, Clone, Debug)]
+pub struct SamplingArgs {
+    /// Greedy decoding (argmax), the same as --temp 0.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
+    pub greedy: bool,
+    /// Temperature (≤ 0 means greedy).
+    #[arg(long, default_value_t = 0.8)]
+    pub temp: f32,
+    /// Keep the K most likely tokens (≤ 0: all).
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: i32,
+    /// Keep the smallest set of tokens whose probability reaches P (1: off).
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Drop tokens below P × the top token's probability (0: off).
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Penalty for tokens among the last 64 (1: off).
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Subtracted once from each token already present.
+    #[arg(long = "presence-penalty", default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence.
+    #[arg(long = "frequency-penalty", default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// Random seed (default: a new one each run).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Stop when the text contains S (repeatable); S is not printed.
+    #[arg(long = "stop")]
+    pub stop: Vec<String>,
+}
+
+impl SamplingArgs {
+    /// The sampler parameters these flags describe.
+    pub fn params(&self) -> frink_engine::sampling::SamplingParams {
+        let seed = self.seed.unwrap_or_else(|| {
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u128(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos()),
+            );
+            h.finish()
+        });
+        frink_engine::sampling::SamplingParams {
+            temperature: if self.greedy { 0.0 } else { self.temp },
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: 64,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            seed,
+        }
+    }
+}
+
+/// Reads a text input byte for byte (CONTRACT.md: no trailing newline is stripped);
+/// `-` is standard input.
+pub fn read_text(path: &std::path::Path) -> Result<String> {
+    let bytes = if path.as_os_str() == "-" {
+        let mut b = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut b).context("reading stdin")?;
+        b
+    } else {
+        std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?
+    };
+    String::from_utf8(bytes).with_context(|| format!("{} is not UTF-8 text", path.display()))
+}

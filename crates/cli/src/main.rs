@@ -4,9 +4,12 @@
 //! one JSON value as the last line of stdout, progress goes to stderr, exit status is 0 on
 //! success, 1 on failure (with one `error: …` line on stderr) and 2 on bad usage.
 
+mod chat;
 mod common;
 mod inspect;
 mod logits;
+mod perplexity;
+mod run;
 mod tokenize;
 mod verify;
 
@@ -25,6 +28,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Generate text from a prompt (chat template applied unless --raw), streamed to stdout.
+    Run(run::RunArgs),
+    /// Chat with a model in the terminal, turn by turn.
+    Chat(chat::ChatArgs),
+    /// Perplexity of a text file, computed the way llama-perplexity does.
+    Perplexity(perplexity::PerplexityArgs),
     /// Print the token ids of a text, as llama.cpp's tokenizer gives them.
     Tokenize(tokenize::TokenizeArgs),
     /// Print the text of token ids (special tokens rendered).
@@ -116,6 +125,9 @@ fn run(cli: Cli) -> Result<()> {
             let path = store.resolve(&model)?;
             inspect::inspect(&path, tensors, json)
         }
+        Command::Run(args) => run::run(&args),
+        Command::Chat(args) => chat::run(&args),
+        Command::Perplexity(args) => perplexity::run(&args),
         Command::Logits { model, ids, output } => {
             logits::run(&model, &common::parse_ids(&ids)?, &output)
         }

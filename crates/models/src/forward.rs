@@ -179,9 +179,16 @@ fn attention(
 ) {
     let (hd_k, hd_v) = (c.head_dim_k, c.head_dim_v);
     let group = c.n_head / c.n_head_kv;
-    out.par_chunks_mut(hd_v).enumerate().for_each_init(
-        || (Vec::<f32>::new(), vec![0f32; hd_k.max(hd_v)]),
-        |(scores, kbuf), (idx, o)| {
+    // The cached keys and values of positions 0..p0+n as f32, read once per layer rather
+    // than once per (row, head): the conversion is exact, so this changes no result.
+    let n_pos = p0 + q.len() / c.q_dim();
+    let mut keys = vec![0f32; n_pos * c.k_dim()];
+    let mut values = vec![0f32; n_pos * c.v_dim()];
+    layer.k.read(0, &mut keys);
+    layer.v.read(0, &mut values);
+    out.par_chunks_mut(hd_v)
+        .enumerate()
+        .for_each_init(Vec::<f32>::new, |scores, (idx, o)| {
             let (i, h) = (idx / c.n_head, idx % c.n_head);
             let pos = p0 + i;
             let g = h / group;
@@ -193,17 +200,16 @@ fn attention(
             };
             scores.clear();
             for t in start..=pos {
-                layer.k.read(t * c.k_dim() + g * hd_k, &mut kbuf[..hd_k]);
-                scores.push(dot(qh, &kbuf[..hd_k]) * c.attn_scale);
+                let kt = &keys[t * c.k_dim() + g * hd_k..][..hd_k];
+                scores.push(dot(qh, kt) * c.attn_scale);
             }
             softmax(scores);
             o.fill(0.0);
             for (t, &p) in (start..=pos).zip(scores.iter()) {
-                layer.v.read(t * c.v_dim() + g * hd_v, &mut kbuf[..hd_v]);
-                for (a, b) in o.iter_mut().zip(&kbuf[..hd_v]) {
+                let vt = &values[t * c.v_dim() + g * hd_v..][..hd_v];
+                for (a, b) in o.iter_mut().zip(vt) {
                     *a += p * b;
                 }
             }
-        },
-    );
+        });
 }

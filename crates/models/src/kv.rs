@@ -52,14 +52,12 @@ impl KvStore {
         }
     }
 
-    /// Reads `out.len()` elements from offset `at` as f32.
+    /// Reads `out.len()` elements from offset `at` as f32 (exact: every f16 is an f32).
     pub fn read(&self, at: usize, out: &mut [f32]) {
         match self {
             KvStore::F16(v) => {
-                let len = out.len();
-                for (d, s) in out.iter_mut().zip(&v[at..at + len]) {
-                    *d = s.to_f32();
-                }
+                use half::slice::HalfFloatSliceExt;
+                v[at..at + out.len()].convert_to_f32_slice(out);
             }
             KvStore::F32(v) => out.copy_from_slice(&v[at..at + out.len()]),
         }

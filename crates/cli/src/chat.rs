@@ -1,0 +1,112 @@
+//! `frink chat`: multi-turn chat in the terminal. Each turn re-renders the conversation
+//! with the model's template and evaluates only what the KV cache does not already hold.
+
+use std::io::{BufRead, Write};
+
+use anyhow::{Context, Result};
+use clap::Args;
+use frink_engine::sampling::Sampler;
+use frink_engine::{generate, Flow, GenerateParams, Session, StopMatcher};
+use frink_tokenizer::{ChatMessage, Tokenizer};
+
+use crate::common::{ModelArgs, SamplingArgs};
+
+/// Flags of `frink chat`.
+#[derive(Args, Debug)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// System message.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Most tokens per answer (-1: until an end-of-generation token or the context is full).
+    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
+    pub n_predict: i64,
+    /// Context size in tokens.
+    #[arg(long, default_value_t = 4096)]
+    pub ctx: usize,
+}
+
+/// Length of the common prefix of two id sequences.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+pub fn run(args: &ChatArgs) -> Result<()> {
+    let model = args.model.load()?;
+    let tok = Tokenizer::from_gguf(&model.file).context("cannot build the tokenizer")?;
+    let mut session = Session::new(&model, args.ctx, args.model.kv_type);
+    let mut sampler = Sampler::new(args.sampling.params());
+    let params = GenerateParams {
+        max_tokens: if args.n_predict < 0 {
+            usize::MAX
+        } else {
+            args.n_predict as usize
+        },
+        eog: tok.eog_ids().iter().copied().collect(),
+    };
+    let mut messages = Vec::new();
+    if let Some(s) = &args.system {
+        messages.push(ChatMessage::new("system", s.as_str()));
+    }
+    // Token ids whose keys and values the cache holds, in order.
+    let mut cached: Vec<u32> = Vec::new();
+    eprintln!("frink chat: type a message and press Enter; an empty line or end of input quits.");
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    loop {
+        eprint!("> ");
+        let Some(line) = lines.next() else { break };
+        let line = line.context("reading standard input")?;
+        if line.trim().is_empty() {
+            break;
+        }
+        messages.push(ChatMessage::new("user", line));
+        let prompt = tok.apply_chat_template(&messages, true)?;
+        let ids = tok.encode_chat(&prompt)?;
+        // Reuse the cached prefix; always evaluate at least one token for fresh logits.
+        let keep = common_prefix(&cached, &ids).min(ids.len() - 1);
+        if ids.len() >= args.ctx {
+            anyhow::bail!(
+                "the conversation is {} tokens, the context holds {} (raise --ctx)",
+                ids.len(),
+                args.ctx
+            );
+        }
+        session.truncate(keep);
+        sampler.reset();
+        let mut decoder = tok.stream_decoder(false);
+        let mut stops = StopMatcher::new(&args.sampling.stop);
+        let mut answer = String::new();
+        let mut out = std::io::stdout().lock();
+        let gen = generate(&mut session, &ids[keep..], &mut sampler, &params, |id| {
+            if tok.is_eog(id) {
+                return Flow::Continue;
+            }
+            let piece = decoder.push(id).unwrap_or_default();
+            let shown = stops.push(&piece);
+            answer.push_str(&shown);
+            let _ = out.write_all(shown.as_bytes());
+            let _ = out.flush();
+            if stops.stopped() {
+                Flow::Stop
+            } else {
+                Flow::Continue
+            }
+        })?;
+        let tail = stops.push(&decoder.finish()) + &stops.finish();
+        answer.push_str(&tail);
+        let _ = writeln!(out, "{tail}");
+        if gen.context_full {
+            eprintln!("[the context of {} tokens is full]", args.ctx);
+        }
+        // The cache now holds the prompt and every generated token but the last.
+        cached = ids;
+        cached.extend_from_slice(&gen.ids[..gen.ids.len().saturating_sub(1)]);
+        cached.truncate(session.n_past());
+        messages.push(ChatMessage::new("assistant", answer));
+    }
+    Ok(())
+}

@@ -1,0 +1,174 @@
+//! `frink run`: one prompt, a streamed continuation.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::{ArgAction, Args};
+use frink_engine::sampling::Sampler;
+use frink_engine::{generate, Flow, GenerateParams, Session, StopMatcher};
+use frink_tokenizer::{ChatMessage, Tokenizer};
+
+use crate::common::{parse_ids, read_text, ModelArgs, SamplingArgs};
+
+/// Flags of `frink run` (CONTRACT.md).
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Use the prompt as is, without the chat template.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = ArgAction::Set, default_value_t = false)]
+    pub raw: bool,
+    /// Turn special-token text in a raw prompt into those tokens.
+    #[arg(long = "parse-special", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = ArgAction::Set, default_value_t = false)]
+    pub parse_special: bool,
+    /// System message (chat mode).
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Tokens to generate (-1: until an end-of-generation token or the context is full).
+    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
+    pub n_predict: i64,
+    /// Context size in tokens (the KV cache).
+    #[arg(long, default_value_t = 4096)]
+    pub ctx: usize,
+    /// Read the prompt from a file (`-`: standard input), byte for byte.
+    #[arg(long = "prompt-file", conflicts_with_all = ["prompt", "prompt_ids"])]
+    pub prompt_file: Option<PathBuf>,
+    /// The prompt as token ids, comma-separated (no template, no BOS added).
+    #[arg(long = "prompt-ids", conflicts_with = "prompt")]
+    pub prompt_ids: Option<String>,
+    /// Print one JSON object (prompt_ids, ids, text, finish_reason, timings) instead of
+    /// streaming the text.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = ArgAction::Set, default_value_t = false)]
+    pub json: bool,
+    /// The prompt.
+    pub prompt: Option<String>,
+}
+
+/// Prompt ids for `args`: token ids as given, the raw text tokenized with the model's BOS
+/// rule, or the chat template applied to [system,] user.
+fn prompt_ids(args: &RunArgs, tok: &Tokenizer) -> Result<Vec<u32>> {
+    if let Some(ids) = &args.prompt_ids {
+        return parse_ids(ids);
+    }
+    let text = match (&args.prompt, &args.prompt_file) {
+        (Some(p), _) => p.clone(),
+        (None, Some(f)) => read_text(f)?,
+        (None, None) => bail!("no prompt: give PROMPT, --prompt-file F or --prompt-ids 1,2,3"),
+    };
+    if args.raw {
+        return Ok(tok.encode(&text, true, args.parse_special)?);
+    }
+    let mut messages = Vec::new();
+    if let Some(s) = &args.system {
+        messages.push(ChatMessage::new("system", s.as_str()));
+    }
+    messages.push(ChatMessage::new("user", text));
+    let prompt = tok.apply_chat_template(&messages, true)?;
+    Ok(tok.encode_chat(&prompt)?)
+}
+
+pub fn run(args: &RunArgs) -> Result<()> {
+    let t0 = Instant::now();
+    let model = args.model.load()?;
+    let tok = Tokenizer::from_gguf(&model.file).context("cannot build the tokenizer")?;
+    let load_ms = t0.elapsed().as_secs_f64() * 1e3;
+
+    let prompt = prompt_ids(args, &tok)?;
+    anyhow::ensure!(!prompt.is_empty(), "the prompt is empty");
+    if prompt.len() >= args.ctx {
+        bail!(
+            "the prompt is {} tokens, the context holds {} (raise --ctx)",
+            prompt.len(),
+            args.ctx
+        );
+    }
+    let max_tokens = if args.n_predict < 0 {
+        usize::MAX
+    } else {
+        args.n_predict as usize
+    };
+    let mut session = Session::new(&model, args.ctx, args.model.kv_type);
+    let mut sampler = Sampler::new(args.sampling.params());
+    let params = GenerateParams {
+        max_tokens,
+        eog: tok.eog_ids().iter().copied().collect(),
+    };
+    let mut decoder = tok.stream_decoder(false);
+    let mut stops = StopMatcher::new(&args.sampling.stop);
+    let mut text = String::new();
+    let mut stdout = std::io::stdout().lock();
+    let mut emit = |s: &str, text: &mut String| {
+        text.push_str(s);
+        if !args.json && !s.is_empty() {
+            let _ = stdout.write_all(s.as_bytes());
+            let _ = stdout.flush();
+        }
+    };
+    let mut decode_error = None;
+    let gen = generate(&mut session, &prompt, &mut sampler, &params, |id| {
+        if tok.is_eog(id) {
+            return Flow::Continue;
+        }
+        match decoder.push(id) {
+            Ok(piece) => {
+                let shown = stops.push(&piece);
+                emit(&shown, &mut text);
+            }
+            Err(e) => decode_error = Some(e),
+        }
+        if stops.stopped() || decode_error.is_some() {
+            Flow::Stop
+        } else {
+            Flow::Continue
+        }
+    })?;
+    if let Some(e) = decode_error {
+        return Err(e.into());
+    }
+    let tail = stops.push(&decoder.finish());
+    emit(&tail, &mut text);
+    let tail = stops.finish();
+    emit(&tail, &mut text);
+    if gen.context_full {
+        eprintln!(
+            "\n[generation stopped: the context of {} tokens is full]",
+            args.ctx
+        );
+    }
+    let t = gen.timings;
+    if args.json {
+        let out = serde_json::json!({
+            "prompt_ids": prompt,
+            "ids": gen.ids,
+            "text": text,
+            "finish_reason": gen.finish_reason.as_str(),
+            "timings": {
+                "load_ms": load_ms,
+                "prompt_tokens": t.prompt_tokens,
+                "prompt_ms": t.prompt_ms,
+                "first_token_ms": t.first_token_ms,
+                "gen_tokens": t.gen_tokens,
+                "gen_ms": t.gen_ms,
+            },
+        });
+        println!("{out}");
+    } else {
+        println!();
+        let rate = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
+        eprintln!(
+            "[load {load_ms:.0} ms | prompt {} tokens in {:.0} ms ({:.1} t/s) | first token {:.0} ms | {} more tokens in {:.0} ms ({:.1} t/s)]",
+            t.prompt_tokens,
+            t.prompt_ms,
+            rate(t.prompt_tokens, t.prompt_ms),
+            t.first_token_ms,
+            t.gen_tokens,
+            t.gen_ms,
+            rate(t.gen_tokens, t.gen_ms)
+        );
+    }
+    Ok(())
+}
