@@ -10,11 +10,16 @@ mod common;
 use std::path::Path;
 
 use common::{ids, read_json, tokenizer};
+use frink_gguf::{GgufFile, GgufWriter, MetaArray, MetaValue};
 use frink_tokenizer::Tokenizer;
 use serde_json::Value;
 
-fn vectors() -> Value {
-    read_json(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/llamacpp_vectors.json"))
+fn vectors(file: &str) -> Value {
+    read_json(
+        &Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data")
+            .join(file),
+    )
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -82,7 +87,7 @@ fn check(name: &str, tok: &Tokenizer, v: &Value) {
 
 #[test]
 fn catalog_models_match_llama_cpp_on_random_inputs() {
-    let v = vectors();
+    let v = vectors("llamacpp_vectors.json");
     for model in common::MODELS {
         check(model, tokenizer(model), &v["models"][model]);
     }
@@ -90,7 +95,7 @@ fn catalog_models_match_llama_cpp_on_random_inputs() {
 
 #[test]
 fn tiny_fixture_vocabularies_match_llama_cpp_on_random_inputs() {
-    let v = vectors();
+    let v = vectors("llamacpp_vectors.json");
     let fixtures = common::tiny_fixtures("tiny_fixture_vocabularies_match_llama_cpp");
     if fixtures.is_empty() {
         return;
@@ -109,4 +114,95 @@ fn tiny_fixture_vocabularies_match_llama_cpp_on_random_inputs() {
         n += 1;
     }
     assert_eq!(n, 6);
+}
+
+/// The tokenizer of catalog model `base` with `tokenizer.ggml.pre` replaced by `pre` and the
+/// two- and three-digit tokens gen_vectors.py adds (so digit grouping shows in the ids):
+/// the vocabulary llama.cpp tokenized for llamacpp_pre_vectors.json.
+fn with_pre(base: &str, pre: &str) -> Tokenizer {
+    let path = frink_store::Store::from_env().unwrap().pull(base).unwrap();
+    let file = GgufFile::open(&path).unwrap();
+    let strings = |key: &str| match file.get(key) {
+        Some(MetaValue::Array(MetaArray::String(v))) => v.clone(),
+        other => panic!("{key}: {other:?}"),
+    };
+    let mut tokens = strings("tokenizer.ggml.tokens");
+    let mut merges = strings("tokenizer.ggml.merges");
+    let mut types = match file.get("tokenizer.ggml.token_type") {
+        Some(MetaValue::Array(MetaArray::I32(v))) => v.clone(),
+        other => panic!("token_type: {other:?}"),
+    };
+    let known: std::collections::HashSet<String> = tokens.iter().cloned().collect();
+    let digits = (0..100)
+        .map(|i| format!("{i:02}"))
+        .chain((0..1000).map(|i| format!("{i:03}")));
+    for t in digits.filter(|t| !known.contains(t)) {
+        merges.push(format!("{} {}", &t[..t.len() - 1], &t[t.len() - 1..]));
+        tokens.push(t);
+        types.push(1);
+    }
+    let mut w = GgufWriter::new();
+    for (k, v) in file.metadata() {
+        w.add_metadata(k.clone(), v.clone());
+    }
+    w.add_metadata("tokenizer.ggml.pre", MetaValue::String(pre.to_string()))
+        .add_metadata(
+            "tokenizer.ggml.tokens",
+            MetaValue::Array(MetaArray::String(tokens)),
+        )
+        .add_metadata(
+            "tokenizer.ggml.token_type",
+            MetaValue::Array(MetaArray::I32(types)),
+        )
+        .add_metadata(
+            "tokenizer.ggml.merges",
+            MetaValue::Array(MetaArray::String(merges)),
+        );
+    Tokenizer::from_gguf(&GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap()).unwrap()
+}
+
+#[test]
+fn other_pre_tokenizers_match_llama_cpp_on_random_inputs() {
+    let v = vectors("llamacpp_pre_vectors.json");
+    let mut n = 0;
+    for (name, entry) in v["models"].as_object().unwrap() {
+        let base = entry["base"].as_str().unwrap();
+        let tok = with_pre(base, entry["pre"].as_str().unwrap());
+        check(&format!("{name} (on {base})"), &tok, entry);
+        // The vectors tell this pre-tokenizer from the base model's own: the same vocabulary
+        // with the base's pre-tokenizer disagrees with llama.cpp somewhere.
+        let own = tokenizer(base).pre_tokenizer().unwrap();
+        if tok.pre_tokenizer().unwrap().regexes() != own.regexes() {
+            let other = with_pre(
+                base,
+                if base.starts_with("qwen") {
+                    "qwen2"
+                } else {
+                    "smollm"
+                },
+            );
+            let differ = entry["tokenize"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|c| {
+                    let ids_other = other
+                        .encode(
+                            c["text"].as_str().unwrap(),
+                            c["add_special"].as_bool().unwrap(),
+                            c["parse_special"].as_bool().unwrap(),
+                        )
+                        .unwrap();
+                    ids_other != ids(&c["ids"])
+                })
+                .count();
+            eprintln!("  {name}: {differ} cases would fail with {base}'s own pre-tokenizer");
+            assert!(
+                differ > 0,
+                "{name}: the vectors do not exercise the pre-tokenizer"
+            );
+        }
+        n += 1;
+    }
+    assert_eq!(n, 8);
 }

@@ -16,12 +16,18 @@ Build (CPU only):
   g++ -O2 -std=c++17 -I<llama.cpp>/include -I<llama.cpp>/ggml/include oracle.cpp \
       build/src/libllama.a build/ggml/src/libggml.a build/ggml/src/libggml-cpu.a \
       build/ggml/src/libggml-base.a -lpthread -lm -o oracle
-Run: gen_vectors.py ORACLE SHARED_DIR MODELS_DIR OUT.json
+Run: gen_vectors.py ORACLE SHARED_DIR MODELS_DIR OUT.json [PRE_OUT.json]
+
+PRE_OUT.json holds vectors for pre-tokenizers no catalog model uses: a catalog model's
+vocabulary and merges with `tokenizer.ggml.pre` replaced (a metadata-only GGUF written by
+`write_vocab_only`; the Rust test builds the same vocabulary in memory).
 """
 
 import json
 import random
+import struct
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -34,9 +40,25 @@ CATALOG = {
 }
 # One fixture per distinct tiny vocabulary (gpt2/gpt-2, SPM with and without a space
 # prefix, a 512-token SPM, Phi-3's with a user-defined token, a 320-token gpt2).
+# (name, base catalog model, replacement tokenizer.ggml.pre). The catalog vocabularies have
+# no multi-digit tokens, which would hide how a pre-tokenizer groups digits, so every base
+# also gets DIGIT_TOKENS: "00".."99" and "000".."999" appended as normal tokens, with merges
+# "a b" and "ab c" appended after the existing ones.
+PRE_SWAPS = [
+    ("default", "smollm2-135m", "default"),
+    ("llama-bpe", "qwen2.5-coder-0.5b", "llama-bpe"),
+    ("starcoder", "smollm2-135m", "starcoder"),
+    ("command-r", "smollm2-135m", "command-r"),
+    ("deepseek-llm", "qwen2.5-coder-0.5b", "deepseek-llm"),
+    ("deepseek-coder", "qwen2.5-coder-0.5b", "deepseek-coder"),
+    ("gpt-4o", "qwen2.5-coder-0.5b", "gpt-4o"),
+    ("tekken", "qwen2.5-coder-0.5b", "tekken"),
+]
+DIGIT_TOKENS = ["%02d" % i for i in range(100)] + ["%03d" % i for i in range(1000)]
 TINY = ["qwen2", "qwen2_moe_q256", "llama", "llama_q256", "gemma", "phi3"]
 
-WORDS = ["the", "The", "HELLO", "world", "don", "we", "it", "can", "Straße", "naïve", "café",
+WORDS = ["the", "The", "HELLO", "world", "iPhone", "McDonald", "HTTPServer", "camelCaseWord",
+         "ABCdef", "ÉCOLEécole", "xXx", "ĲsselMeer", "don", "we", "it", "can", "Straße", "naïve", "café",
          "über", "hello_world", "fn", "main", "def", "return", "x", "I", "a", "ABC", "DEF",
          "iPhone", "JSON", "ß", "ǅ", "İstanbul", "ﬁle"]
 CONTRACTIONS = ["'s", "'S", "'t", "'T", "'re", "'RE", "'ve", "'VE", "'m", "'M", "'ll", "'LL",
@@ -47,7 +69,7 @@ SPACES = [" ", "  ", "   ", "    ", " " * 9, " " * 33, "\t", "\t\t", "\t\t\t", "
 PUNCT = list(".,!?;:-_()[]{}<>/\\|@#$%^&*+=~`\"'") + [
     "...", "!!!", "?!", "--", "—", "–", "…", "«", "»", "“", "”", "‘", "’", "·", "•", "©", "€",
     "¿", "¡", "、", "。", "，", "！", "）", "％"]
-NUMBERS = ["0", "7", "42", "123", "2024", "3.14", "1,000,000", "٣٤٥", "３２", "²", "½", "Ⅻ",
+NUMBERS = ["0", "7", "42", "123", "2024", "3.14", "1,000,000", "1234567", "00042", "99999", "٣٤٥", "３２", "²", "½", "Ⅻ",
            "𝟙𝟚", "๑๒", "१२३"]
 SCRIPTS = ["你好世界", "中文", "こんにちは", "カタカナ", "ｶﾀｶﾅ", "안녕하세요", "한국어", "مرحبا", "العربية",
            "नमस्ते", "हिन्दी", "สวัสดี", "ภาษาไทย", "שלום", "Ελληνικά", "Привет", "Ўзбек", "ሰላም",
@@ -150,6 +172,60 @@ def check_golden(o, shared, name):
         assert got == c["generated_text"], (name, c["name"])
 
 
+def gguf_string(s):
+    b = s.encode()
+    return struct.pack("<Q", len(b)) + b
+
+
+def gguf_kv_array(key, elem_type, items):
+    """A GGUF array key-value pair; elem_type 8 = string (items: str), 5 = int32."""
+    body = b"".join(gguf_string(x) if elem_type == 8 else struct.pack("<i", x) for x in items)
+    return gguf_string(key) + struct.pack("<IIQ", 9, elem_type, len(items)) + body
+
+
+def write_vocab_only(src, dst, pre):
+    """`src`'s metadata without tensors, `tokenizer.ggml.pre` set to `pre` and DIGIT_TOKENS
+    added (tokens, token types and merges), as GGUF v3."""
+    import gguf
+    r = gguf.GGUFReader(str(src))
+    tokens = list(r.fields["tokenizer.ggml.tokens"].contents())
+    types = list(r.fields["tokenizer.ggml.token_type"].contents())
+    merges = list(r.fields["tokenizer.ggml.merges"].contents())
+    new = [t for t in DIGIT_TOKENS if t not in set(tokens)]
+    tokens += new
+    types += [1] * len(new)
+    merges += [t[0] + " " + t[1] if len(t) == 2 else t[:2] + " " + t[2] for t in new]
+    replaced = {"tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
+                "tokenizer.ggml.merges"}
+    kvs = [b"".join(bytes(p.tobytes()) for p in f.parts) for name, f in r.fields.items()
+           if not name.startswith("GGUF.") and name not in replaced]
+    kvs.append(gguf_string("tokenizer.ggml.pre") + struct.pack("<I", 8) + gguf_string(pre))
+    kvs.append(gguf_kv_array("tokenizer.ggml.tokens", 8, tokens))
+    kvs.append(gguf_kv_array("tokenizer.ggml.token_type", 5, types))
+    kvs.append(gguf_kv_array("tokenizer.ggml.merges", 8, merges))
+    with open(dst, "wb") as out:
+        out.write(b"GGUF" + struct.pack("<IQQ", 3, 0, len(kvs)) + b"".join(kvs))
+
+
+def vectors_for(exe, path, rng, n_text, n_detok, tokens):
+    o = Oracle(exe, path)
+    entry = {"tokenize": [], "detokenize": [], "eog_ids": o.eog()}
+    for _ in range(n_text):
+        text = random_text(rng)
+        for parse in (False, True):
+            add = rng.random() < 0.5
+            entry["tokenize"].append({"text": text, "add_special": add, "parse_special": parse,
+                                      "ids": o.tokenize(text, add, parse)})
+    pool = interesting_ids(lambda i: tokens[i], len(tokens))
+    for _ in range(n_detok):
+        k = rng.randint(1, 10)
+        ids = [rng.choice(pool) if rng.random() < 0.7 else rng.randrange(len(tokens)) for _ in range(k)]
+        special = rng.random() < 0.5
+        entry["detokenize"].append({"ids": ids, "special": special, "bytes_hex": o.detokenize(ids, special)})
+    o.close()
+    return entry
+
+
 def main():
     exe, shared, models, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
     import gguf  # gguf-py, only to list each vocabulary's token texts
@@ -161,27 +237,27 @@ def main():
     targets = [(name, models / f, 300, 120) for name, f in CATALOG.items()]
     targets += [("tiny/" + t, shared / "fixtures" / "tiny" / t / "model.gguf", 100, 60) for t in TINY]
     for name, path, n_text, n_detok in targets:
-        o = Oracle(exe, path)
         if not name.startswith("tiny/"):
+            o = Oracle(exe, path)
             check_golden(o, shared, name)
+            o.close()
         tokens = gguf.GGUFReader(str(path)).fields["tokenizer.ggml.tokens"].contents()
-        entry = {"tokenize": [], "detokenize": [], "eog_ids": o.eog()}
-        for _ in range(n_text):
-            text = random_text(rng)
-            for parse in (False, True):
-                add = rng.random() < 0.5
-                entry["tokenize"].append({"text": text, "add_special": add, "parse_special": parse,
-                                          "ids": o.tokenize(text, add, parse)})
-        pool = interesting_ids(lambda i: tokens[i], len(tokens))
-        for _ in range(n_detok):
-            k = rng.randint(1, 10)
-            ids = [rng.choice(pool) if rng.random() < 0.7 else rng.randrange(len(tokens)) for _ in range(k)]
-            special = rng.random() < 0.5
-            entry["detokenize"].append({"ids": ids, "special": special, "bytes_hex": o.detokenize(ids, special)})
-        o.close()
-        result["models"][name] = entry
-        print(name, len(entry["tokenize"]), len(entry["detokenize"]), file=sys.stderr)
+        result["models"][name] = vectors_for(exe, path, rng, n_text, n_detok, tokens)
+        print(name, file=sys.stderr)
     out.write_text(json.dumps(result, ensure_ascii=False, separators=(",", ":"), indent=None) + "\n")
+    if len(sys.argv) > 5:
+        pre_result = dict(result, models={})
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, base, pre in PRE_SWAPS:
+                path = Path(tmp) / f"{name}.gguf"
+                write_vocab_only(models / CATALOG[base], path, pre)
+                tokens = gguf.GGUFReader(str(path)).fields["tokenizer.ggml.tokens"].contents()
+                entry = vectors_for(exe, path, rng, 100, 30, tokens)
+                entry["base"], entry["pre"], entry["digit_tokens"] = base, pre, True
+                pre_result["models"][name] = entry
+                print(name, file=sys.stderr)
+        Path(sys.argv[5]).write_text(
+            json.dumps(pre_result, ensure_ascii=False, separators=(",", ":")) + "\n")
 
 
 if __name__ == "__main__":
