@@ -1,0 +1,140 @@
+//! `frink run` end to end on the default model (smollm2-135m, fetched through the store):
+//! the `--json` contract, seeds, stop strings, the token budget and the context limit.
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn frink(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_frink"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run frink")
+}
+
+fn json_run(args: &[&str]) -> Value {
+    let mut all = vec!["run", "--json", "-t", "2"];
+    all.extend_from_slice(args);
+    let out = frink(&all);
+    assert!(
+        out.status.success(),
+        "{all:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
+}
+
+#[test]
+fn json_output_has_the_contract_fields() {
+    let v = json_run(&["--greedy", "--raw", "-n", "8", "The capital of France is"]);
+    // Token ids of the golden capital_fr case (golden/smollm2-135m/generate.json); the
+    // first generated token is llama.cpp's " Paris" (7042).
+    assert_eq!(
+        v["prompt_ids"],
+        serde_json::json!([504, 3575, 282, 4649, 314])
+    );
+    assert_eq!(v["ids"][0], 7042);
+    assert_eq!(v["ids"].as_array().unwrap().len(), 8);
+    assert_eq!(v["finish_reason"], "length");
+    assert!(v["text"].as_str().unwrap().starts_with(" Paris"), "{v}");
+    let t = &v["timings"];
+    for k in ["load_ms", "prompt_ms", "first_token_ms", "gen_ms"] {
+        assert!(t[k].as_f64().is_some_and(|x| x >= 0.0), "{k}: {t}");
+    }
+    assert_eq!(t["prompt_tokens"], 5);
+    // The first token is reported apart from the steady state.
+    assert_eq!(t["gen_tokens"], 7);
+}
+
+#[test]
+fn chat_answers_and_stops_at_end_of_turn() {
+    let v = json_run(&["--greedy", "-n", "64", "What is the capital of France?"]);
+    assert_eq!(v["finish_reason"], "stop", "{v}");
+    // The end-of-turn token (<|im_end|> = 2) ends the ids and is not in the text.
+    assert_eq!(v["ids"].as_array().unwrap().last().unwrap(), 2);
+    let text = v["text"].as_str().unwrap();
+    assert!(
+        text.contains("Paris") && !text.contains("<|im_end|>"),
+        "{text}"
+    );
+    // The chat template was applied: the prompt starts with <|im_start|> (id 1).
+    assert_eq!(v["prompt_ids"][0], 1);
+}
+
+#[test]
+fn same_seed_same_tokens_and_different_seed_differs() {
+    let args = [
+        "--seed",
+        "42",
+        "--temp",
+        "1.5",
+        "--top-k",
+        "0",
+        "--top-p",
+        "1",
+        "--min-p",
+        "0",
+        "-n",
+        "24",
+        "--raw",
+        "Once upon a time",
+    ];
+    let a = json_run(&args);
+    let b = json_run(&args);
+    assert_eq!(a["ids"], b["ids"]);
+    let mut other = args;
+    other[1] = "43";
+    let c = json_run(&other);
+    assert_ne!(
+        a["ids"], c["ids"],
+        "seeds 42 and 43 gave the same 24 tokens at temperature 1.5"
+    );
+}
+
+#[test]
+fn stop_string_ends_generation_and_is_not_shown() {
+    let free = json_run(&["--greedy", "--raw", "-n", "12", "The capital of France is"]);
+    let text = free["text"].as_str().unwrap();
+    // Greedy text starts " Paris.\n\n…"; stop at the period.
+    assert!(text.starts_with(" Paris."), "{text}");
+    let stopped = json_run(&[
+        "--greedy",
+        "--raw",
+        "-n",
+        "12",
+        "--stop",
+        ".",
+        "The capital of France is",
+    ]);
+    assert_eq!(stopped["text"], " Paris");
+    assert_eq!(stopped["finish_reason"], "stop");
+}
+
+#[test]
+fn prompt_longer_than_the_context_is_refused() {
+    let out = frink(&[
+        "run",
+        "--raw",
+        "--ctx",
+        "4",
+        "-t",
+        "2",
+        "one two three four five six seven",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("the context holds 4"), "{err}");
+    assert!(out.stdout.is_empty());
+    // Generation that reaches the context stops there with finish_reason "length".
+    let v = json_run(&[
+        "--greedy",
+        "--raw",
+        "--ctx",
+        "12",
+        "The capital of France is",
+    ]);
+    assert_eq!(v["finish_reason"], "length");
+    assert_eq!(v["ids"].as_array().unwrap().len(), 12 - 5 + 1);
+}
