@@ -17,6 +17,9 @@
 //! Every rule cites the llama.cpp source it follows (src/llama-vocab.cpp, src/unicode.cpp,
 //! src/llama-chat.cpp, common/chat.cpp of the snapshot the golden data was made with).
 
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+
 mod chat;
 mod decode;
 mod error;

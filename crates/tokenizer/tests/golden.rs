@@ -255,3 +255,58 @@ fn message_contents_with_control_token_text_stay_literal() {
         eprintln!("{model}: {n} forged-turn messages stay literal");
     }
 }
+
+/// FNV-1a (64-bit) over the ids as little-endian u32s.
+fn fnv1a(ids: &[u32]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in ids.iter().flat_map(|i| i.to_le_bytes()) {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// The whole perplexity corpus (35 kB of English prose) as llama-perplexity tokenizes it: the
+/// count is perplexity.json's `corpus_n_tokens`; the checksum is of the ids llama.cpp's
+/// `llama_tokenize` gives (the oracle of tests/data/oracle, same snapshot as the golden files).
+#[test]
+fn the_perplexity_corpus_tokenizes_as_llama_cpp_does() {
+    let checksums = [
+        ("smollm2-135m", 0xc840_8003_babe_0d68u64),
+        ("gemma3-270m", 0xbc08_9cc4_5e04_744a),
+        ("qwen2.5-coder-0.5b", 0xf8fe_17f2_1827_701d),
+    ];
+    for (model, checksum) in checksums {
+        let Some(g) = golden(model, "perplexity.json", "the_perplexity_corpus_tokenizes") else {
+            return;
+        };
+        let Some(corpus) = frink_testdata::require("golden/corpus/gpl3.txt", "perplexity corpus")
+        else {
+            return;
+        };
+        let text = std::fs::read_to_string(corpus).unwrap();
+        let tok = tokenizer(model);
+        let t = std::time::Instant::now();
+        let ids = tok.encode(&text, true, false).unwrap();
+        let secs = t.elapsed().as_secs_f64();
+        assert_eq!(
+            ids.len() as u64,
+            g["corpus_n_tokens"].as_u64().unwrap(),
+            "{model}"
+        );
+        assert_eq!(fnv1a(&ids), checksum, "{model}");
+        let bos_text = tok
+            .bos_id()
+            .filter(|_| tok.add_bos())
+            .and_then(|b| tok.token_text(b));
+        assert_eq!(
+            tok.decode(&ids, true).unwrap(),
+            format!("{}{text}", bos_text.unwrap_or("")),
+            "{model}"
+        );
+        eprintln!(
+            "{model}: {} corpus bytes -> {} tokens in {secs:.3} s, ids equal llama.cpp's",
+            text.len(),
+            ids.len()
+        );
+    }
+}
