@@ -401,6 +401,13 @@ mod tests {
     use super::text_from_bytes;
 
     #[test]
+    fn tokenizers_are_shareable_across_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<super::Tokenizer>();
+        send_sync::<super::StreamDecoder<'static>>();
+    }
+
+    #[test]
     fn invalid_utf8_becomes_one_replacement_per_undecodable_byte() {
         assert_eq!(text_from_bytes(b"ok \xc3\xa9"), "ok é");
         assert_eq!(

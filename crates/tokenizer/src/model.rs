@@ -118,6 +118,24 @@ pub(crate) fn spm_merges(vocab: &Vocab) -> Vec<(String, String)> {
             }
         }
     }
+    // llama.cpp breaks ties between equal-scoring tokens by position (leftmost first), which
+    // BPE ranks cannot express; say so when a vocabulary has such ties among its normal
+    // tokens (Gemma's control and user-defined tokens share -1000, the lowest priority, and
+    // are cut out before SentencePiece runs).
+    let mut results: Vec<(f32, u32)> = found
+        .iter()
+        .filter(|m| vocab.attrs[m.1 as usize] == crate::vocab::TokenAttr::NORMAL)
+        .map(|m| (m.0, m.1))
+        .collect();
+    results.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    results.dedup_by_key(|r| r.1);
+    let ties = results.windows(2).filter(|w| w[0].0 == w[1].0).count();
+    if ties > 0 {
+        tracing::warn!(
+            "{ties} pairs of mergeable SentencePiece tokens share a score; texts where two of them \
+             compete may tokenize differently from llama.cpp"
+        );
+    }
     found.sort_by(|a, b| {
         b.0.total_cmp(&a.0)
             .then(a.1.cmp(&b.1))

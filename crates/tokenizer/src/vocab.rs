@@ -326,6 +326,8 @@ impl Vocab {
         }
 
         let scores: Vec<f32> = match file.get(KEY_SCORES) {
+            // SentencePiece merges follow the scores: without them every merge would tie.
+            None if kind == VocabKind::Spm => return Err(TokenizerError::MissingKey(KEY_SCORES)),
             None => vec![0.0; n],
             Some(MetaValue::Array(a)) if a.len() >= n => {
                 a.to_f32_vec().ok_or(TokenizerError::BadValue {
