@@ -138,3 +138,32 @@ fn prompt_longer_than_the_context_is_refused() {
     assert_eq!(v["finish_reason"], "length");
     assert_eq!(v["ids"].as_array().unwrap().len(), 12 - 5 + 1);
 }
+
+/// `frink chat`: two turns from standard input; the second answer knows the first turn.
+#[test]
+fn chat_keeps_the_conversation() {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_frink"))
+        .args(["chat", "--greedy", "-n", "48", "-t", "2"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"What is the capital of France?\nAnd of Germany?\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    // Greedy answers of smollm2-135m: "The capital of France is Paris." then, only if the
+    // first turn is in context, "The capital of Germany is Berlin."
+    assert!(text.contains("Paris") && text.contains("Berlin"), "{text}");
+}
