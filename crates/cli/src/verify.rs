@@ -12,6 +12,7 @@ use anyhow::{bail, Context, Result};
 use frink_engine::sampling::{Sampler, SamplingParams};
 use frink_engine::{generate, Flow, GenerateParams, Session};
 use frink_models::{KvType, Logits, Model};
+use frink_tokenizer::{ChatMessage, Tokenizer};
 use serde_json::Value;
 
 use crate::common::{init_threads, ModelArgs};
@@ -353,7 +354,38 @@ fn golden(
         );
     }
 
-    // generate.json: greedy generation from the recorded prompt ids.
+    // tokenize.json: exact ids with the recorded flags.
+    let tok = Tokenizer::from_gguf(&model.file).context("cannot build the tokenizer")?;
+    let tok_json = read_json(&dir.join("tokenize.json"))?;
+    let cases = tok_json["cases"]
+        .as_array()
+        .context("tokenize.json: cases")?;
+    let mut wrong = Vec::new();
+    for (i, case) in cases.iter().enumerate() {
+        let text = case["text"].as_str().unwrap_or_default();
+        let add = case["add_special"].as_bool().unwrap_or(false);
+        let parse = case["parse_special"].as_bool().unwrap_or(false);
+        if tok.encode(text, add, parse)? != ids(&case["ids"]) {
+            wrong.push(i);
+        }
+    }
+    report.check(
+        "tokenize.json",
+        wrong.is_empty(),
+        format!(
+            "{}/{} cases give the recorded ids{}",
+            cases.len() - wrong.len(),
+            cases.len(),
+            if wrong.is_empty() {
+                String::new()
+            } else {
+                format!("; wrong: {wrong:?}")
+            }
+        ),
+    );
+
+    // generate.json: prompts rendered and tokenized as recorded, generated ids detokenized
+    // to the recorded text, then greedy generation from the prompt.
     let gen_json = read_json(&dir.join("generate.json"))?;
     let eog = ids(&gen_json["eog_ids"]);
     let (mut to_end, mut n_cases) = (0, 0);
@@ -364,6 +396,61 @@ fn golden(
         let cname = case["name"].as_str().unwrap_or("?");
         let prompt = ids(&case["prompt_ids"]);
         let want = ids(&case["generated_ids"]);
+        let prompt_text = case["prompt_text"].as_str().unwrap_or_default();
+        let ours_prompt = if case["kind"] == "chat" {
+            let messages: Vec<ChatMessage> = case["messages"]
+                .as_array()
+                .context("messages")?
+                .iter()
+                .map(|m| {
+                    ChatMessage::new(
+                        m["role"].as_str().unwrap_or_default(),
+                        m["content"].as_str().unwrap_or_default(),
+                    )
+                })
+                .collect();
+            let rendered = tok.apply_chat_template(&messages, true)?;
+            report.check(
+                &format!("generate.{cname} chat template"),
+                rendered.text == prompt_text,
+                format!(
+                    "rendered prompt {} the recorded prompt_text",
+                    if rendered.text == prompt_text {
+                        "equals"
+                    } else {
+                        "differs from"
+                    }
+                ),
+            );
+            tok.encode_chat(&rendered)?
+        } else {
+            let add = case["add_special"].as_bool().unwrap_or(true);
+            let parse = case["parse_special"].as_bool().unwrap_or(true);
+            tok.encode(prompt_text, add, parse)?
+        };
+        report.check(
+            &format!("generate.{cname} prompt_ids"),
+            ours_prompt == prompt,
+            format!(
+                "{} prompt tokens, {}",
+                prompt.len(),
+                if ours_prompt == prompt {
+                    "equal"
+                } else {
+                    "DIFFERENT"
+                }
+            ),
+        );
+        let text = tok.decode(&want, true)?;
+        let want_text = case["generated_text"].as_str().unwrap_or_default();
+        report.check(
+            &format!("generate.{cname} detokenize"),
+            text == want_text,
+            format!(
+                "generated_ids decode to the recorded generated_text: {}",
+                text == want_text
+            ),
+        );
         let got = greedy(&model, &prompt, want.len(), kv_type, &eog)?;
         let steps = case["steps"].as_array().context("steps")?;
         // Compare up to the first step whose reference margin is below the guard.
@@ -401,6 +488,40 @@ fn golden(
         );
     }
     println!("INFO generate: {to_end}/{n_cases} prompts match llama.cpp to their recorded end");
+
+    // perplexity.json: the corpus (beside the golden directories) at each recorded ctx;
+    // an independent engine following the same rules lands within 1-1.5% (README).
+    let ppl_json = read_json(&dir.join("perplexity.json"))?;
+    let corpus = dir.join("../corpus/gpl3.txt");
+    let text = std::fs::read_to_string(&corpus)
+        .with_context(|| format!("cannot read {}", corpus.display()))?;
+    let tokens = tok.encode(&text, true, false)?;
+    let want_n = ppl_json["corpus_n_tokens"].as_u64().unwrap_or(0) as usize;
+    report.check(
+        "perplexity corpus tokens",
+        tokens.len() == want_n,
+        format!("{} tokens (llama.cpp: {want_n})", tokens.len()),
+    );
+    let bos = if tok.add_bos() { tok.bos_id() } else { None };
+    for run in ppl_json["runs"]
+        .as_array()
+        .context("perplexity.json: runs")?
+    {
+        let ctx = run["ctx"].as_u64().unwrap_or(0) as usize;
+        let want = run["ppl"].as_f64().unwrap_or(0.0);
+        let r = frink_engine::perplexity(&model, &tokens, ctx, bos, kv_type, |_, _| {})?;
+        let rel = (r.ppl - want).abs() / want;
+        report.check(
+            &format!("perplexity c={ctx}"),
+            rel <= 0.015 && r.n_chunks as u64 == run["n_chunks"].as_u64().unwrap_or(0),
+            format!(
+                "{:.4} vs llama.cpp {want:.4}: {:.3}% apart (bound 1.5%), {} chunks",
+                r.ppl,
+                rel * 100.0,
+                r.n_chunks
+            ),
+        );
+    }
     Ok(())
 }
 
