@@ -9,7 +9,7 @@ use frink_engine::sampling::Sampler;
 use frink_engine::{generate, Flow, GenerateParams, Session, StopMatcher};
 use frink_tokenizer::{ChatMessage, Tokenizer};
 
-use crate::common::{ModelArgs, SamplingArgs};
+use crate::common::{GenArgs, ModelArgs, SamplingArgs};
 
 /// Flags of `frink chat`.
 #[derive(Args, Debug)]
@@ -18,15 +18,8 @@ pub struct ChatArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
-    /// System message.
-    #[arg(long)]
-    pub system: Option<String>,
-    /// Most tokens per answer (-1: until an end-of-generation token or the context is full).
-    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
-    pub n_predict: i64,
-    /// Context size in tokens.
-    #[arg(long, default_value_t = 4096)]
-    pub ctx: usize,
+    #[command(flatten)]
+    pub gen: GenArgs,
 }
 
 /// Length of the common prefix of two id sequences.
@@ -37,18 +30,14 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 pub fn run(args: &ChatArgs) -> Result<()> {
     let model = args.model.load()?;
     let tok = Tokenizer::from_gguf(&model.file).context("cannot build the tokenizer")?;
-    let mut session = Session::new(&model, args.ctx, args.model.kv_type);
+    let mut session = Session::new(&model, args.gen.ctx, args.model.kv_type);
     let mut sampler = Sampler::new(args.sampling.params());
     let params = GenerateParams {
-        max_tokens: if args.n_predict < 0 {
-            usize::MAX
-        } else {
-            args.n_predict as usize
-        },
+        max_tokens: args.gen.max_tokens(),
         eog: tok.eog_ids().iter().copied().collect(),
     };
     let mut messages = Vec::new();
-    if let Some(s) = &args.system {
+    if let Some(s) = &args.gen.system {
         messages.push(ChatMessage::new("system", s.as_str()));
     }
     // Token ids whose keys and values the cache holds, in order.
@@ -68,13 +57,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
         let ids = tok.encode_chat(&prompt)?;
         // Reuse the cached prefix; always evaluate at least one token for fresh logits.
         let keep = common_prefix(&cached, &ids).min(ids.len() - 1);
-        if ids.len() >= args.ctx {
-            anyhow::bail!(
-                "the conversation is {} tokens, the context holds {} (raise --ctx)",
-                ids.len(),
-                args.ctx
-            );
-        }
+        args.gen.check_fits(ids.len())?;
         session.truncate(keep);
         sampler.reset();
         let mut decoder = tok.stream_decoder(false);
@@ -100,7 +83,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
         answer.push_str(&tail);
         let _ = writeln!(out, "{tail}");
         if gen.context_full {
-            eprintln!("[the context of {} tokens is full]", args.ctx);
+            eprintln!("[the context of {} tokens is full]", args.gen.ctx);
         }
         // The cache now holds the prompt and every generated token but the last.
         cached = ids;

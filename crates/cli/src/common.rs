@@ -133,3 +133,34 @@ pub fn read_text(path: &std::path::Path) -> Result<String> {
     };
     String::from_utf8(bytes).with_context(|| format!("{} is not UTF-8 text", path.display()))
 }
+
+/// Generation limits shared by `run` and `chat`: system message, token budget, context.
+#[derive(Args, Clone, Debug)]
+pub struct GenArgs {
+    /// System message (chat template).
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Tokens to generate (-1: until an end-of-generation token or the context is full).
+    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
+    pub n_predict: i64,
+    /// Context size in tokens (the KV cache).
+    #[arg(long, default_value_t = 4096)]
+    pub ctx: usize,
+}
+
+impl GenArgs {
+    /// The token budget of one answer.
+    pub fn max_tokens(&self) -> usize {
+        usize::try_from(self.n_predict).unwrap_or(usize::MAX)
+    }
+
+    /// Refuses a prompt that leaves no room in the context, naming both lengths.
+    pub fn check_fits(&self, n_prompt: usize) -> Result<()> {
+        anyhow::ensure!(
+            n_prompt < self.ctx,
+            "the prompt is {n_prompt} tokens, the context holds {} (raise --ctx)",
+            self.ctx
+        );
+        Ok(())
+    }
+}

@@ -10,7 +10,7 @@ use frink_engine::sampling::Sampler;
 use frink_engine::{generate, Flow, GenerateParams, Session, StopMatcher};
 use frink_tokenizer::{ChatMessage, Tokenizer};
 
-use crate::common::{parse_ids, read_text, ModelArgs, SamplingArgs};
+use crate::common::{parse_ids, read_text, GenArgs, ModelArgs, SamplingArgs};
 
 /// Flags of `frink run` (CONTRACT.md).
 #[derive(Args, Debug)]
@@ -25,15 +25,8 @@ pub struct RunArgs {
     /// Turn special-token text in a raw prompt into those tokens.
     #[arg(long = "parse-special", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = ArgAction::Set, default_value_t = false)]
     pub parse_special: bool,
-    /// System message (chat mode).
-    #[arg(long)]
-    pub system: Option<String>,
-    /// Tokens to generate (-1: until an end-of-generation token or the context is full).
-    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
-    pub n_predict: i64,
-    /// Context size in tokens (the KV cache).
-    #[arg(long, default_value_t = 4096)]
-    pub ctx: usize,
+    #[command(flatten)]
+    pub gen: GenArgs,
     /// Read the prompt from a file (`-`: standard input), byte for byte.
     #[arg(long = "prompt-file", conflicts_with_all = ["prompt", "prompt_ids"])]
     pub prompt_file: Option<PathBuf>,
@@ -63,7 +56,7 @@ fn prompt_ids(args: &RunArgs, tok: &Tokenizer) -> Result<Vec<u32>> {
         return Ok(tok.encode(&text, true, args.parse_special)?);
     }
     let mut messages = Vec::new();
-    if let Some(s) = &args.system {
+    if let Some(s) = &args.gen.system {
         messages.push(ChatMessage::new("system", s.as_str()));
     }
     messages.push(ChatMessage::new("user", text));
@@ -79,19 +72,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
 
     let prompt = prompt_ids(args, &tok)?;
     anyhow::ensure!(!prompt.is_empty(), "the prompt is empty");
-    if prompt.len() >= args.ctx {
-        bail!(
-            "the prompt is {} tokens, the context holds {} (raise --ctx)",
-            prompt.len(),
-            args.ctx
-        );
-    }
-    let max_tokens = if args.n_predict < 0 {
-        usize::MAX
-    } else {
-        args.n_predict as usize
-    };
-    let mut session = Session::new(&model, args.ctx, args.model.kv_type);
+    args.gen.check_fits(prompt.len())?;
+    let max_tokens = args.gen.max_tokens();
+    let mut session = Session::new(&model, args.gen.ctx, args.model.kv_type);
     let mut sampler = Sampler::new(args.sampling.params());
     let params = GenerateParams {
         max_tokens,
@@ -136,7 +119,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     if gen.context_full {
         eprintln!(
             "\n[generation stopped: the context of {} tokens is full]",
-            args.ctx
+            args.gen.ctx
         );
     }
     let t = gen.timings;

@@ -3,28 +3,9 @@
 //! independent reader, and the error contract (exit 1 with one `error:` line, exit 2 on bad
 //! usage).
 
-use std::process::{Command, Output};
+mod common;
 
-use serde_json::Value;
-
-fn frink(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_frink"))
-        .args(args)
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run frink")
-}
-
-fn last_json_line(out: &Output) -> Value {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let last = stdout.lines().last().unwrap_or_default();
-    serde_json::from_str(last)
-        .unwrap_or_else(|e| panic!("last stdout line is not JSON ({e}): {last:?}"))
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
+use common::{frink, last_json_line, stderr};
 
 /// Tensor counts per type of the three catalog files, read with gguf-py 0.19.0
 /// (`gguf.GGUFReader(path).tensors`, counting `tensor_type.name`), an implementation

@@ -1,29 +1,17 @@
 //! `frink run` end to end on the default model (smollm2-135m, fetched through the store):
 //! the `--json` contract, seeds, stop strings, the token budget and the context limit.
 
-use std::process::{Command, Output};
+mod common;
 
+use common::{frink, frink_with_stdin, last_json_line, stderr};
 use serde_json::Value;
-
-fn frink(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_frink"))
-        .args(args)
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run frink")
-}
 
 fn json_run(args: &[&str]) -> Value {
     let mut all = vec!["run", "--json", "-t", "2"];
     all.extend_from_slice(args);
     let out = frink(&all);
-    assert!(
-        out.status.success(),
-        "{all:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
+    assert!(out.status.success(), "{all:?}: {}", stderr(&out));
+    last_json_line(&out)
 }
 
 #[test]
@@ -124,7 +112,7 @@ fn prompt_longer_than_the_context_is_refused() {
         "one two three four five six seven",
     ]);
     assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = stderr(&out);
     assert!(err.contains("the context holds 4"), "{err}");
     assert!(out.stdout.is_empty());
     // Generation that reaches the context stops there with finish_reason "length".
@@ -142,26 +130,11 @@ fn prompt_longer_than_the_context_is_refused() {
 /// `frink chat`: two turns from standard input; the second answer knows the first turn.
 #[test]
 fn chat_keeps_the_conversation() {
-    use std::io::Write;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_frink"))
-        .args(["chat", "--greedy", "-n", "48", "-t", "2"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"What is the capital of France?\nAnd of Germany?\n")
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = frink_with_stdin(
+        &["chat", "--greedy", "-n", "48", "-t", "2"],
+        b"What is the capital of France?\nAnd of Germany?\n",
     );
+    assert!(out.status.success(), "{}", stderr(&out));
     let text = String::from_utf8_lossy(&out.stdout);
     // Greedy answers of smollm2-135m: "The capital of France is Paris." then, only if the
     // first turn is in context, "The capital of Germany is Berlin."
