@@ -7,7 +7,7 @@ use std::io::{IsTerminal, Read, Write};
 use anyhow::{Context, Result};
 use clap::{ArgAction, Args};
 use frink_store::Store;
-use frink_tokenizer::{text_from_bytes, Tokenizer};
+use frink_tokenizer::Tokenizer;
 
 /// Flags of `frink tokenize`.
 #[derive(Args, Debug)]
@@ -70,12 +70,11 @@ fn input_bytes(text: &OsString) -> Result<Vec<u8>> {
 }
 
 /// `frink tokenize`: prints the ids of the text (llama.cpp's `llama_tokenize` with the given
-/// flags). Input that is not UTF-8 is decoded as llama.cpp's BPE path decodes it.
+/// flags), from the bytes as given (UTF-8 or not, see `Tokenizer::encode_bytes`).
 pub fn tokenize(args: &TokenizeArgs) -> Result<()> {
     let bytes = input_bytes(&args.text)?;
     let tok = load(&args.model)?;
-    let text = text_from_bytes(&bytes);
-    let ids = tok.encode(&text, args.add_special, args.parse_special)?;
+    let ids = tok.encode_bytes(&bytes, args.add_special, args.parse_special)?;
     let mut out = std::io::stdout().lock();
     if args.json {
         writeln!(out, "{}", serde_json::to_string(&ids)?)?;

@@ -141,6 +141,15 @@ fn tokenize_flags_follow_the_contract() {
     );
     let dash = last_json(&frink(&["tokenize", "--json", "-5"], None));
     assert_eq!(dash.as_array().unwrap().len(), 2);
+    // Bytes that are not UTF-8 are tokenized as llama.cpp tokenizes them (ids from
+    // llama_tokenize: SentencePiece keeps the bytes, byte-level BPE reads U+FFFD per bad byte).
+    let spm = last_json(&frink(
+        &["tokenize", "-m", "gemma3-270m", "--json", "-"],
+        Some(b"\xf0\x9f\x98A"),
+    ));
+    assert_eq!(spm, serde_json::json!([2, 478, 397, 390, 303]));
+    let bpe = last_json(&frink(&["tokenize", "--json", "-"], Some(b"\xf0\x9f\x98A")));
+    assert_eq!(bpe, serde_json::json!([24211, 24211, 24211, 49]));
     // Without --json: one `id "piece"` line per token.
     let out = frink(&["tokenize", "Hello world"], None);
     assert!(out.status.success());
@@ -151,7 +160,7 @@ fn tokenize_flags_follow_the_contract() {
     // `--parse-special true` is two positionals: bad usage, exit 2.
     let bad = frink(&["tokenize", "--parse-special", "true", "x"], None);
     assert_eq!(bad.status.code(), Some(2));
-    eprintln!("tokenize: 9 flag and input checks");
+    eprintln!("tokenize: 11 flag and input checks");
 }
 
 #[test]

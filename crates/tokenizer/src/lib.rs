@@ -140,7 +140,7 @@ impl Tokenizer {
         if add_special && v.add_bos {
             out.extend(v.special.bos);
         }
-        for frag in self.partitioner.partition(v, text, special) {
+        for frag in self.partitioner.partition(v, text.as_bytes(), special) {
             match frag {
                 Fragment::Token(id) => out.push(id),
                 Fragment::Text(r) => {
@@ -156,6 +156,106 @@ impl Tokenizer {
             out.extend(v.special.eos);
         }
         Ok(out)
+    }
+
+    /// Tokenizes raw bytes, UTF-8 or not, as `llama_tokenize` does. Valid UTF-8 is
+    /// [`Tokenizer::encode`]. Otherwise special tokens are cut out of the bytes first; then
+    /// byte-level BPE reads each raw fragment as llama.cpp's BPE path does
+    /// ([`text_from_bytes`]), and SentencePiece works on its bytes as llama.cpp's
+    /// `llm_tokenizer_spm_session` does: each symbol is as long as its first byte says, a
+    /// symbol that is not a character never merges and becomes byte tokens, and the runs of
+    /// characters between such symbols are tokenized as usual.
+    ///
+    /// Errors: [`TokenizerError::Hf`] if the SentencePiece vocabulary lacks a byte token.
+    pub fn encode_bytes(
+        &self,
+        bytes: &[u8],
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<u32>> {
+        if let Ok(text) = std::str::from_utf8(bytes) {
+            return self.encode(text, add_special, parse_special);
+        }
+        let v = &self.vocab;
+        let all = 0..bytes.len();
+        let special = if parse_special {
+            std::slice::from_ref(&all)
+        } else {
+            &[]
+        };
+        let mut out = Vec::new();
+        if add_special && v.add_bos {
+            out.extend(v.special.bos);
+        }
+        for frag in self.partitioner.partition(v, bytes, special) {
+            match frag {
+                Fragment::Token(id) => out.push(id),
+                Fragment::Text(r) => match v.kind {
+                    VocabKind::Spm => self.spm_bytes(&bytes[r], &mut out)?,
+                    VocabKind::Bpe => {
+                        let enc = self
+                            .hf
+                            .encode_fast(text_from_bytes(&bytes[r]).as_ref(), false)
+                            .map_err(|e| TokenizerError::Hf(e.to_string()))?;
+                        out.extend_from_slice(enc.get_ids());
+                    }
+                },
+            }
+        }
+        if add_special && v.add_eos {
+            out.extend(v.special.eos);
+        }
+        Ok(out)
+    }
+
+    /// One raw SentencePiece fragment that is not UTF-8 (see [`Tokenizer::encode_bytes`]).
+    fn spm_bytes(&self, raw: &[u8], out: &mut Vec<u32>) -> Result<()> {
+        use tokenizers::Model;
+        const SPACE: &[u8] = "\u{2581}".as_bytes();
+        let mut text = Vec::with_capacity(raw.len() + 8);
+        if self.vocab.add_space_prefix {
+            text.extend_from_slice(SPACE);
+        }
+        for &b in raw {
+            if b == b' ' {
+                text.extend_from_slice(SPACE);
+            } else {
+                text.push(b);
+            }
+        }
+        let hf = |e: tokenizers::Error| TokenizerError::Hf(e.to_string());
+        let model = self.hf.get_model();
+        let flush = |run: &[u8], out: &mut Vec<u32>| -> Result<()> {
+            if let Ok(s) = std::str::from_utf8(run) {
+                if !s.is_empty() {
+                    out.extend(model.tokenize(s).map_err(hf)?.iter().map(|t| t.id));
+                }
+            }
+            Ok(())
+        };
+        let (mut run, mut i) = (0, 0);
+        while i < text.len() {
+            let len = match text[i] >> 4 {
+                0xc | 0xd => 2,
+                0xe => 3,
+                0xf => 4,
+                _ => 1,
+            }
+            .min(text.len() - i);
+            let sym = &text[i..i + len];
+            if std::str::from_utf8(sym).is_err() {
+                flush(&text[run..i], out)?;
+                for &b in sym {
+                    let id = self
+                        .token_id(&format!("<0x{b:02X}>"))
+                        .ok_or_else(|| TokenizerError::Hf(format!("no byte token <0x{b:02X}>")))?;
+                    out.push(id);
+                }
+                run = i + len;
+            }
+            i += len;
+        }
+        flush(&text[run..], out)
     }
 
     fn check_id(&self, id: u32) -> Result<()> {
@@ -303,11 +403,12 @@ impl Tokenizer {
 }
 
 /// Text from raw input bytes the way llama.cpp's BPE path decodes them
-/// (`unicode_cpts_from_utf8` in src/unicode.cpp): valid UTF-8 unchanged; where a character
-/// does not decode, one U+FFFD for its first byte and decoding resumes at the next byte (so a
-/// truncated 3-byte sequence gives three U+FFFD, where `String::from_utf8_lossy` gives one).
-/// llama.cpp accepts some sequences Rust rejects (overlong forms, surrogates); those become
-/// U+FFFD per byte here.
+/// (`unicode_cpt_from_utf8` in src/unicode.cpp): a lead byte followed by enough continuation
+/// bytes gives the code point its bits spell, overlong forms included (`C0 BC` is `<`);
+/// anything else gives one U+FFFD for its first byte and decoding resumes at the next byte
+/// (so a truncated 3-byte sequence gives three U+FFFD, where `String::from_utf8_lossy` gives
+/// one). Where the bits spell a surrogate or a value above U+10FFFF, which llama.cpp carries
+/// on with (or fails on) but a Rust string cannot hold, the first byte becomes U+FFFD too.
 pub fn text_from_bytes(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
     if let Ok(s) = std::str::from_utf8(bytes) {
         return std::borrow::Cow::Borrowed(s);
@@ -315,23 +416,27 @@ pub fn text_from_bytes(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
     let mut out = String::with_capacity(bytes.len() + 8);
     let mut i = 0;
     while i < bytes.len() {
-        let len = match bytes[i] {
-            0x00..=0x7f => 1,
-            0xc0..=0xdf => 2,
-            0xe0..=0xef => 3,
-            0xf0..=0xf7 => 4,
-            _ => 0,
+        let b0 = u32::from(bytes[i]);
+        let (len, lead_bits) = match bytes[i] {
+            0x00..=0x7f => (1, b0),
+            0xc0..=0xdf => (2, b0 & 0x1f),
+            0xe0..=0xef => (3, b0 & 0x0f),
+            0xf0..=0xf7 => (4, b0 & 0x07),
+            _ => (0, 0),
         };
-        match bytes
-            .get(i..i + len)
-            .filter(|_| len > 0)
-            .map(std::str::from_utf8)
-        {
-            Some(Ok(s)) => {
-                out.push_str(s);
+        let tail = bytes.get(i + 1..i + len.max(1)).filter(|_| len > 0);
+        let cp = tail
+            .filter(|t| t.iter().all(|&b| b & 0xc0 == 0x80))
+            .map(|t| {
+                t.iter()
+                    .fold(lead_bits, |cp, &b| (cp << 6) | u32::from(b & 0x3f))
+            });
+        match cp.and_then(char::from_u32) {
+            Some(c) => {
+                out.push(c);
                 i += len;
             }
-            _ => {
+            None => {
                 out.push('\u{FFFD}');
                 i += 1;
             }
@@ -419,5 +524,8 @@ mod tests {
             "\u{FFFD}\u{FFFD}€"
         );
         assert_eq!(text_from_bytes(b"\xe2\x82"), "\u{FFFD}\u{FFFD}");
+        // Overlong forms decode (llama.cpp does not check); surrogates cannot.
+        assert_eq!(text_from_bytes(b"\xc0\xbc|\xe0\x80\x80"), "<|\0");
+        assert_eq!(text_from_bytes(b"\xed\xa0\x80"), "\u{FFFD}\u{FFFD}\u{FFFD}");
     }
 }

@@ -59,9 +59,11 @@ impl Partitioner {
         Ok(Partitioner { order, prefilter })
     }
 
-    /// Partitions `text`. `special` lists the byte ranges (sorted, disjoint) where control
-    /// and unknown tokens may be matched.
-    pub fn partition(&self, vocab: &Vocab, text: &str, special: &[Range<usize>]) -> Vec<Fragment> {
+    /// Partitions `text` (bytes, as llama.cpp searches them; UTF-8 or not). `special` lists
+    /// the byte ranges (sorted, disjoint) where control and unknown tokens may be matched.
+    /// In valid UTF-8, every fragment boundary is a character boundary (token texts are
+    /// valid UTF-8, so they only match at character boundaries).
+    pub fn partition(&self, vocab: &Vocab, text: &[u8], special: &[Range<usize>]) -> Vec<Fragment> {
         if text.is_empty() {
             return Vec::new();
         }
@@ -78,7 +80,7 @@ impl Partitioner {
             let i = special.partition_point(|s| s.start <= r.start);
             i > 0 && special[i - 1].end >= r.end
         };
-        let bytes = text.as_bytes();
+        let bytes = text;
         for (k, &id) in self.order.iter().enumerate() {
             if !present[k] {
                 continue;
@@ -88,7 +90,8 @@ impl Partitioner {
             if needs_special && special.is_empty() {
                 continue;
             }
-            let tok = vocab.tokens[id as usize].as_str();
+            let tok = vocab.tokens[id as usize].as_bytes();
+            let finder = memchr::memmem::Finder::new(tok);
             let mut out = Vec::with_capacity(frags.len() + 2);
             for f in frags {
                 let Fragment::Text(r) = f else {
@@ -96,12 +99,12 @@ impl Partitioner {
                     continue;
                 };
                 let (mut start, mut from) = (r.start, r.start);
-                while let Some(off) = text[from..r.end].find(tok) {
+                while let Some(off) = finder.find(&text[from..r.end]) {
                     let m = from + off;
                     let span = m..m + tok.len();
                     if needs_special && !allowed(&span) {
-                        // Not a match here: search on from the next character.
-                        from = m + text[m..].chars().next().map_or(1, char::len_utf8);
+                        // Not a match here: search on from the next byte.
+                        from = m + 1;
                         continue;
                     }
                     let mut left_end = m;

@@ -124,12 +124,28 @@ def random_text(rng):
     return "".join(random_piece(rng) + (" " if rng.random() < 0.3 else "") for _ in range(n))
 
 
+def corrupt(rng, text):
+    """`text` as UTF-8 with a few bytes replaced, dropped or inserted (invalid UTF-8)."""
+    b = bytearray(text.encode("utf-8"))
+    for _ in range(rng.randint(1, 4)):
+        pos = rng.randrange(len(b) + 1)
+        op = rng.random()
+        junk = rng.choice([0x80, 0xbf, 0xc0, 0xc3, 0xe2, 0xed, 0xf0, 0xf4, 0xf8, 0xfe, 0xff])
+        if op < 0.4 or not b:
+            b.insert(pos, junk)
+        elif op < 0.7:
+            b[min(pos, len(b) - 1)] = junk
+        else:
+            del b[min(pos, len(b) - 1)]
+    return bytes(b)
+
+
 class Oracle:
     def __init__(self, exe, model):
         self.p = subprocess.Popen([exe, str(model)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
     def tokenize(self, text, add, parse):
-        b = text.encode("utf-8")
+        b = text if isinstance(text, bytes) else text.encode("utf-8")
         self.p.stdin.write(f"T {int(add)} {int(parse)} {len(b)}\n".encode() + b)
         self.p.stdin.flush()
         return [int(x) for x in self.p.stdout.readline().split()]
@@ -244,6 +260,19 @@ def main():
         tokens = gguf.GGUFReader(str(path)).fields["tokenizer.ggml.tokens"].contents()
         result["models"][name] = vectors_for(exe, path, rng, n_text, n_detok, tokens)
         print(name, file=sys.stderr)
+    # Input that is not UTF-8 (what `frink tokenize -` may read), from a separate generator so
+    # the vectors above stay as they were.
+    brng = random.Random(SEED + 1)
+    for name, path, n_text, _ in targets:
+        o = Oracle(exe, path)
+        cases = []
+        for _ in range(n_text // 5):
+            raw = corrupt(brng, random_text(brng))
+            add, parse = brng.random() < 0.5, brng.random() < 0.5
+            cases.append({"hex": raw.hex(), "add_special": add, "parse_special": parse,
+                          "ids": o.tokenize(raw, add, parse)})
+        o.close()
+        result["models"][name]["tokenize_bytes"] = cases
     out.write_text(json.dumps(result, ensure_ascii=False, separators=(",", ":"), indent=None) + "\n")
     if len(sys.argv) > 5:
         pre_result = dict(result, models={})
