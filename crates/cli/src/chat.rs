@@ -42,6 +42,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
     }
     // Token ids whose keys and values the cache holds, in order.
     let mut cached: Vec<u32> = Vec::new();
+    crate::run::warn_builtin_template(&tok);
     eprintln!("frink chat: type a message and press Enter; an empty line or end of input quits.");
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();

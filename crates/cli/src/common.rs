@@ -29,9 +29,13 @@ impl ModelArgs {
 
     /// Sizes the compute thread pool, resolves and loads the model.
     pub fn load(&self) -> Result<Model> {
+        self.load_path(&self.path()?)
+    }
+
+    /// Sizes the compute thread pool and loads the model at `path` (already resolved).
+    pub fn load_path(&self, path: &std::path::Path) -> Result<Model> {
         init_threads(self.threads)?;
-        let path = self.path()?;
-        Model::load(&path).with_context(|| format!("cannot load {}", path.display()))
+        Model::load(path).with_context(|| format!("cannot load {}", path.display()))
     }
 }
 

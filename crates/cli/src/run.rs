@@ -38,6 +38,7 @@ pub struct RunArgs {
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = ArgAction::Set, default_value_t = false)]
     pub json: bool,
     /// The prompt.
+    #[arg(required_unless_present_any = ["prompt_file", "prompt_ids"])]
     pub prompt: Option<String>,
 }
 
@@ -61,12 +62,15 @@ fn prompt_ids(args: &RunArgs, tok: &Tokenizer) -> Result<Vec<u32>> {
     }
     messages.push(ChatMessage::new("user", text));
     let prompt = tok.apply_chat_template(&messages, true)?;
+    warn_builtin_template(tok);
     Ok(tok.encode_chat(&prompt)?)
 }
 
 pub fn run(args: &RunArgs) -> Result<()> {
+    // The first use of a catalog model fetches it; that is not part of load_ms.
+    let path = args.model.path()?;
     let t0 = Instant::now();
-    let model = args.model.load()?;
+    let model = args.model.load_path(&path)?;
     let tok = Tokenizer::from_gguf(&model.file).context("cannot build the tokenizer")?;
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
 
@@ -154,4 +158,15 @@ pub fn run(args: &RunArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Says on stderr when the file has no chat template of its own, so a base model answering
+/// oddly in chat mode is not a mystery (gemma3-270m in the catalog is one).
+pub fn warn_builtin_template(tok: &Tokenizer) {
+    if tok.chat_template().is_none() {
+        eprintln!(
+            "note: this model file has no chat template; using the built-in {} turn format (for a base model, try --raw)",
+            tok.architecture()
+        );
+    }
 }
