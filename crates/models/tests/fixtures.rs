@@ -98,3 +98,79 @@ fn other_architectures_are_refused_by_name() {
     eprintln!("{refused} fixtures refused");
     assert!(refused >= 18);
 }
+
+/// Rewrites the llama fixture with `edit` applied to a writer holding all its metadata and
+/// tensors, and loads the result.
+fn load_edited(
+    edit: impl FnOnce(&mut frink_gguf::GgufWriter),
+) -> Option<Result<Model, ModelError>> {
+    let path = frink_testdata::require("fixtures/tiny/llama/model.gguf", "load_edited")?;
+    let f = frink_gguf::GgufFile::open(path).unwrap();
+    let mut w = frink_gguf::GgufWriter::new();
+    for (k, v) in f.metadata() {
+        w.add_metadata(k.clone(), v.clone());
+    }
+    for t in f.tensors() {
+        w.add_tensor(
+            t.info.name.clone(),
+            t.info.ggml_type,
+            &t.info.shape,
+            t.data.to_vec(),
+        )
+        .unwrap();
+    }
+    edit(&mut w);
+    let file = frink_gguf::GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
+    Some(Model::from_gguf(file))
+}
+
+#[test]
+fn a_tensor_the_graph_does_not_read_is_refused() {
+    let Some(r) = load_edited(|w| {
+        w.add_tensor(
+            "blk.0.rope_freqs.weight",
+            frink_gguf::GgmlType::F32,
+            &[8],
+            vec![0; 32],
+        )
+        .unwrap();
+    }) else {
+        return;
+    };
+    let err = r.unwrap_err().to_string();
+    assert!(
+        err.contains("does not read 1 tensor") && err.contains("blk.0.rope_freqs.weight"),
+        "{err}"
+    );
+    // The unedited file loads.
+    assert!(load_edited(|_| {}).unwrap().is_ok());
+}
+
+#[test]
+fn unknown_architectures_and_features_are_named() {
+    use frink_gguf::MetaValue;
+    let Some(r) = load_edited(|w| {
+        w.add_metadata("general.architecture", MetaValue::String("rwkv9".into()));
+    }) else {
+        return;
+    };
+    let err = r.unwrap_err().to_string();
+    assert!(err.contains("unsupported architecture \"rwkv9\""), "{err}");
+    let err = load_edited(|w| {
+        w.add_metadata("llama.rope.scaling.type", MetaValue::String("yarn".into()));
+    })
+    .unwrap()
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("RoPE scaling") && err.contains("yarn"),
+        "{err}"
+    );
+    let err = load_edited(|w| {
+        w.add_metadata("llama.attention.head_count", MetaValue::U32(5));
+    })
+    .unwrap()
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("head_count"), "{err}");
+}
