@@ -4,6 +4,7 @@
 //! one JSON value as the last line of stdout, progress goes to stderr, exit status is 0 on
 //! success, 1 on failure (with one `error: …` line on stderr) and 2 on bad usage.
 
+mod bench;
 mod chat;
 mod common;
 mod inspect;
@@ -32,6 +33,8 @@ enum Command {
     Run(run::RunArgs),
     /// Chat with a model in the terminal, turn by turn.
     Chat(chat::ChatArgs),
+    /// Prompt-processing and generation throughput (llama-bench compatible).
+    Bench(bench::BenchArgs),
     /// Perplexity of a text file, computed the way llama-perplexity does.
     Perplexity(perplexity::PerplexityArgs),
     /// Print the token ids of a text, as llama.cpp's tokenizer gives them.
@@ -126,6 +129,7 @@ fn run(cli: Cli) -> Result<()> {
             inspect::inspect(&path, tensors, json)
         }
         Command::Run(args) => run::run(&args),
+        Command::Bench(args) => bench::run(&args),
         Command::Chat(args) => chat::run(&args),
         Command::Perplexity(args) => perplexity::run(&args),
         Command::Logits { model, ids, output } => {

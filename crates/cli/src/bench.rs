@@ -1,0 +1,167 @@
+//! `frink bench`: prompt-processing and generation throughput, measured the way
+//! llama.cpp's llama-bench measures it (tools/llama-bench/llama-bench.cpp): `pp N` evaluates
+//! N prompt tokens in one batch from an empty cache, `tg N` generates N tokens one per
+//! step from an empty cache; one warm-up run, then `-r` timed repetitions; t/s reported as
+//! mean ± sample standard deviation over the repetitions.
+
+use std::time::Instant;
+
+use anyhow::Result;
+use clap::{ArgAction, Args};
+use frink_engine::Session;
+use frink_models::{Logits, Model};
+use serde_json::json;
+
+use crate::common::ModelArgs;
+
+/// Flags of `frink bench` (CONTRACT.md; llama-bench's spellings).
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt tokens of the pp test (0: skip).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    pub n_prompt: usize,
+    /// Generated tokens of the tg test (0: skip).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    pub n_gen: usize,
+    /// Timed repetitions per test.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
+    pub repetitions: usize,
+    /// Print llama-bench's `-o json` array (plus `peak_rss_bytes`) instead of a table.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = ArgAction::Set, default_value_t = false)]
+    pub json: bool,
+}
+
+/// Deterministic pseudo-random token ids (llama-bench uses random ids too).
+fn tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 33) % n_vocab as u64) as u32
+        })
+        .collect()
+}
+
+/// One run of a test: seconds spent evaluating.
+fn run_once(
+    model: &Model,
+    args: &BenchArgs,
+    n_prompt: usize,
+    n_gen: usize,
+    rep: u64,
+) -> Result<f64> {
+    let n_vocab = model.config.n_vocab;
+    let ids = tokens(n_prompt + n_gen, n_vocab, rep);
+    let mut session =
+        Session::new(model, n_prompt + n_gen + 1, args.model.kv_type).with_batch(n_prompt.max(1));
+    let start = Instant::now();
+    if n_prompt > 0 {
+        session.eval(&ids[..n_prompt], Logits::Last)?;
+    }
+    for &t in &ids[n_prompt..] {
+        session.eval(&[t], Logits::Last)?;
+    }
+    Ok(start.elapsed().as_secs_f64())
+}
+
+/// Peak resident set size of this process in bytes (`VmHWM` in /proc/self/status).
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+pub fn run(args: &BenchArgs) -> Result<()> {
+    let path = args.model.path()?;
+    let model = args.model.load_path(&path)?;
+    let threads = rayon::current_num_threads();
+    let n_params: u64 = model
+        .file
+        .tensor_infos()
+        .iter()
+        .map(|t| t.n_elements())
+        .sum();
+    let model_size: u64 = model.file.tensor_infos().iter().map(|t| t.n_bytes).sum();
+    let filename = path.display().to_string();
+    let arch = model.config.arch.name;
+    let mut results = Vec::new();
+    let tests = [(args.n_prompt, 0usize), (0, args.n_gen)];
+    for (n_prompt, n_gen) in tests {
+        if n_prompt + n_gen == 0 {
+            continue;
+        }
+        run_once(&model, args, n_prompt, n_gen, 0)?; // warm-up
+        let mut samples_ns = Vec::new();
+        for rep in 0..args.repetitions.max(1) {
+            samples_ns.push(run_once(&model, args, n_prompt, n_gen, rep as u64 + 1)? * 1e9);
+        }
+        let n = (n_prompt + n_gen) as f64;
+        let samples_ts: Vec<f64> = samples_ns.iter().map(|ns| n * 1e9 / ns).collect();
+        let (avg_ns, stddev_ns) = mean_std(&samples_ns);
+        let (avg_ts, stddev_ts) = mean_std(&samples_ts);
+        let name = if n_prompt > 0 {
+            format!("pp{n_prompt}")
+        } else {
+            format!("tg{n_gen}")
+        };
+        if !args.json {
+            if results.is_empty() {
+                println!("| model | size | params | backend | threads | test | t/s |");
+                println!("| --- | ---: | ---: | --- | ---: | ---: | ---: |");
+            }
+            println!(
+                "| {arch} | {:.2} MiB | {:.2} M | CPU | {threads} | {name} | {avg_ts:.2} ± {stddev_ts:.2} |",
+                model_size as f64 / (1 << 20) as f64,
+                n_params as f64 / 1e6
+            );
+        }
+        results.push(json!({
+            "model_filename": filename,
+            "model_type": arch,
+            "model_size": model_size,
+            "model_n_params": n_params,
+            "n_batch": n_prompt.max(1),
+            "n_threads": threads,
+            "type_k": format!("{:?}", args.model.kv_type).to_lowercase(),
+            "n_prompt": n_prompt,
+            "n_gen": n_gen,
+            "avg_ns": avg_ns.round() as u64,
+            "stddev_ns": stddev_ns.round() as u64,
+            "avg_ts": avg_ts,
+            "stddev_ts": stddev_ts,
+            "samples_ns": samples_ns.iter().map(|v| v.round() as u64).collect::<Vec<_>>(),
+            "samples_ts": samples_ts,
+        }));
+    }
+    let peak = peak_rss_bytes();
+    for r in &mut results {
+        r["peak_rss_bytes"] = json!(peak);
+    }
+    if args.json {
+        println!("{}", serde_json::Value::Array(results));
+    } else if let Some(p) = peak {
+        println!(
+            "\npeak resident memory: {:.1} MiB",
+            p as f64 / (1 << 20) as f64
+        );
+    }
+    Ok(())
+}
+
+/// Mean and sample standard deviation (llama-bench's `stdev`: n − 1 in the denominator).
+fn mean_std(v: &[f64]) -> (f64, f64) {
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    if v.len() < 2 {
+        return (mean, 0.0);
+    }
+    let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    (mean, var.sqrt())
+}
