@@ -147,3 +147,32 @@ fn errors_are_one_line_with_exit_1_and_usage_is_exit_2() {
         assert_eq!(frink(bad).status.code(), Some(2), "{bad:?}");
     }
 }
+
+/// `frink bench --json`: llama-bench's `-o json` fields for a pp and a tg test, plus the
+/// peak resident memory.
+#[test]
+fn bench_json_has_llama_bench_fields() {
+    let out = frink(&[
+        "bench", "-p", "8", "-n", "4", "-r", "2", "-t", "2", "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v = last_json_line(&out);
+    let tests = v.as_array().unwrap();
+    assert_eq!(tests.len(), 2);
+    assert_eq!(
+        (tests[0]["n_prompt"].as_u64(), tests[0]["n_gen"].as_u64()),
+        (Some(8), Some(0))
+    );
+    assert_eq!(
+        (tests[1]["n_prompt"].as_u64(), tests[1]["n_gen"].as_u64()),
+        (Some(0), Some(4))
+    );
+    for t in tests {
+        assert_eq!(t["n_threads"], 2);
+        assert_eq!(t["samples_ts"].as_array().unwrap().len(), 2);
+        assert!(t["avg_ts"].as_f64().unwrap() > 0.0);
+        assert!(t["stddev_ts"].as_f64().unwrap() >= 0.0);
+        // The model's mapped pages count: at least the 92 MiB of tensors touched.
+        assert!(t["peak_rss_bytes"].as_u64().unwrap() > 50 << 20, "{t}");
+    }
+}
