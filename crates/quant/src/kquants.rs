@@ -68,7 +68,7 @@ pub(crate) fn q2_k(b: &[u8; 84], y: &mut [f32; QK_K]) {
 /// The 16 6-bit scales of Q3_K, unpacked: scale `i` has its low nibble in byte `i`
 /// (low nibble, `i < 8`) or byte `i - 8` (high nibble), and its top two bits at bit
 /// `2 * (i / 4)` of byte `8 + i % 4` (ggml-quants.c `dequantize_row_q3_K`).
-fn q3_k_scales(s: &[u8]) -> [u8; 16] {
+pub(crate) fn q3_k_scales(s: &[u8]) -> [u8; 16] {
     let mut out = [0u8; 16];
     for (i, out) in out.iter_mut().enumerate() {
         let low = if i < 8 { s[i] & 0x0F } else { s[i - 8] >> 4 };

@@ -21,10 +21,17 @@
 //!
 //! Types for which ggml defines no conversion to `f32` (Q8_1, an activation-only format,
 //! and the integer and F64 types) are refused with [`QuantError::Unsupported`].
+//!
+//! [`dot`] holds activation quantization (Q8_0, Q8_1, Q8_K, bit-exact with ggml's
+//! reference quantizers) and integer dot products of weight rows with quantized activation
+//! rows: a scalar reference and run-time selected SIMD kernels that give the same bits.
+//! `unsafe` is denied crate-wide and allowed only in its architecture modules
+//! (`dot::x86`, `dot::aarch64`), for intrinsics behind run-time feature detection.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod dot;
 mod float;
 #[rustfmt::skip]
 pub mod grids;

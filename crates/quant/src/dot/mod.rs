@@ -1,0 +1,394 @@
+//! Activation quantization and quantized dot products (one weight row · one activation row).
+//!
+//! # Use
+//! ```
+//! use frink_quant::dot::{best_kernel, quantize_activation, vec_dot_type};
+//! use frink_quant::GgmlType;
+//! let w = vec![0u8; 2 * 18]; // two Q4_0 blocks = one 64-wide weight row
+//! let x = vec![0.5f32; 64];
+//! let act_ty = vec_dot_type(GgmlType::Q4_0).unwrap(); // Q8_0
+//! let mut act = vec![0u8; act_ty.row_bytes(64).unwrap() as usize];
+//! quantize_activation(act_ty, &x, &mut act).unwrap(); // once per activation row
+//! let k = best_kernel(GgmlType::Q4_0).unwrap(); // once per weight matrix
+//! let y: f32 = k.dot(&w, &act); // per output element
+//! assert_eq!(y, 0.0);
+//! ```
+//!
+//! # Pairing (ggml's `vec_dot_type`, ggml-cpu/ggml-cpu.c `type_traits_cpu`, except Q4_1/Q5_1)
+//! | weight | activation |
+//! |---|---|
+//! | Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 | Q8_0 |
+//! | Q2_K, Q3_K, Q4_K, Q5_K, Q6_K | Q8_K (its `bsums` are used, so it must come from [`quantize_row_q8_k`]) |
+//!
+//! ggml pairs Q4_1/Q5_1 with Q8_1, whose block sum `s = f16(d * sum(qs))` carries the
+//! min term; that sum overflows f16 (giving inf) once activations exceed about 2000 in
+//! magnitude and is rounded to 11 bits. Here they use Q8_0 and the exact integer sum of
+//! the activation quants instead, so every legacy format shares one activation row.
+//! [`quantize_row_q8_1`] is still provided, bit-exact with ggml.
+//!
+//! Other types have no kernel here ([`has_dot`] is false): dequantize them instead.
+//!
+//! # Reduction order (the same bits on every ISA)
+//! Each block (32 values for the legacy formats, a 256-value super-block for the
+//! K-quants) yields exact integer sums; every kernel, scalar or SIMD, computes these same
+//! integers. Each block then gives one `f32` value by a fixed formula (see the `block_*`
+//! functions below: one product of the two f16/f32 scales, then products and one
+//! difference or sum, no fused multiply-add). Block `b` is added into lane `b % 8` of
+//! eight `f32` accumulators, in block order, and the lanes are combined as
+//! `((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))`. The result therefore depends only
+//! on the two rows, never on the ISA, thread count or the other rows of a batch; tests
+//! compare every SIMD kernel with [`dot_scalar`] bit for bit.
+//!
+//! This differs from ggml's own (ISA-dependent) summation order, so results agree with
+//! llama.cpp to rounding, not bit for bit; the quantizers do agree bit for bit.
+//!
+//! Integer sums are exact for every input byte pattern (including `-128` quants), except
+//! that the Q8_K kernels trust the activation's `bsums` (as ggml does).
+
+#[cfg(target_arch = "aarch64")]
+#[allow(unsafe_code)]
+mod aarch64;
+mod quantize;
+mod scalar;
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod x86;
+
+pub use quantize::{quantize_activation, quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k};
+
+use crate::GgmlType;
+
+/// Why a quantization or a dot product was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DotError {
+    /// No integer dot product for this weight type (or not an activation type).
+    #[error("no quantized dot product for type {0}")]
+    NoDot(GgmlType),
+    /// The requested instruction set is not available on this machine or build.
+    #[error("instruction set {0:?} is not available here")]
+    IsaUnavailable(Isa),
+    /// The activation input and output lengths do not match whole blocks.
+    #[error(
+        "quantizing to {ty}: {x_len} values and {out_len} bytes are not whole matching blocks"
+    )]
+    Quantize {
+        /// The activation type.
+        ty: GgmlType,
+        /// Number of input values.
+        x_len: usize,
+        /// Output length in bytes.
+        out_len: usize,
+    },
+    /// The weight row and activation row do not describe the same number of values.
+    #[error("dot {ty}: a weight row of {w_len} bytes and an activation row of {act_len} bytes do not match")]
+    Length {
+        /// The weight type.
+        ty: GgmlType,
+        /// Weight row bytes.
+        w_len: usize,
+        /// Activation row bytes.
+        act_len: usize,
+    },
+}
+
+/// An instruction set a kernel is written for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// Portable Rust: the reference every other kernel is tested against.
+    Scalar,
+    /// x86-64 AVX2 (with F16C for the scale conversions).
+    Avx2,
+    /// x86-64 AVX-512 VNNI + VL (256-bit `vpdpbusd`); not implemented yet.
+    Avx512Vnni,
+    /// aarch64 NEON.
+    Neon,
+}
+
+impl Isa {
+    /// Whether kernels for this ISA exist in this build and the CPU supports them.
+    pub fn is_available(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => std::arch::is_aarch64_feature_detected!("neon"),
+            _ => false,
+        }
+    }
+
+    /// Every available ISA, the scalar one first.
+    pub fn available() -> Vec<Isa> {
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni, Isa::Neon]
+            .into_iter()
+            .filter(|i| i.is_available())
+            .collect()
+    }
+
+    /// The fastest available ISA (detected once).
+    pub fn best() -> Isa {
+        static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| {
+            [Isa::Avx2, Isa::Neon]
+                .into_iter()
+                .find(|i| i.is_available())
+                .unwrap_or(Isa::Scalar)
+        })
+    }
+}
+
+/// The activation type ggml pairs with weight type `ty` for its integer dot product
+/// (see the module table), or `None` if there is no kernel for `ty` here.
+pub fn vec_dot_type(ty: GgmlType) -> Option<GgmlType> {
+    use GgmlType as T;
+    match ty {
+        T::Q4_0 | T::Q4_1 | T::Q5_0 | T::Q5_1 | T::Q8_0 => Some(T::Q8_0),
+        T::Q2_K | T::Q3_K | T::Q4_K | T::Q5_K | T::Q6_K => Some(T::Q8_K),
+        _ => None,
+    }
+}
+
+/// Whether weight type `ty` has an integer dot kernel here (on every ISA: a type without
+/// a SIMD version uses the scalar one).
+pub fn has_dot(ty: GgmlType) -> bool {
+    vec_dot_type(ty).is_some()
+}
+
+/// A safe row kernel: `fn(weight_row, activation_row) -> f32`, lengths already checked.
+type RowFn = fn(&[u8], &[u8]) -> f32;
+
+/// A dot-product kernel for one weight type on one ISA, chosen once and called per row.
+#[derive(Clone, Copy)]
+pub struct DotKernel {
+    ty: GgmlType,
+    act: GgmlType,
+    isa: Isa,
+    f: RowFn,
+}
+
+impl std::fmt::Debug for DotKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DotKernel")
+            .field("ty", &self.ty)
+            .field("act", &self.act)
+            .field("isa", &self.isa)
+            .finish()
+    }
+}
+
+impl DotKernel {
+    /// The weight type.
+    pub fn weight_type(&self) -> GgmlType {
+        self.ty
+    }
+
+    /// The activation type its rows must be quantized to.
+    pub fn act_type(&self) -> GgmlType {
+        self.act
+    }
+
+    /// The ISA whose code runs.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// Checks that `w` (weight blocks) and `act` (activation blocks) are rows of the same
+    /// length.
+    ///
+    /// # Errors
+    /// [`DotError::Length`] otherwise.
+    pub fn check(&self, w: &[u8], act: &[u8]) -> Result<(), DotError> {
+        let (wb, ab) = (self.ty.type_size(), self.act.type_size());
+        let ok = w.len().is_multiple_of(wb) && {
+            let n = w.len() / wb * self.ty.block_size();
+            n.is_multiple_of(self.act.block_size()) && act.len() == n / self.act.block_size() * ab
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(DotError::Length {
+                ty: self.ty,
+                w_len: w.len(),
+                act_len: act.len(),
+            })
+        }
+    }
+
+    /// The dot product of weight row `w` with activation row `act` (quantized to
+    /// [`Self::act_type`]), in the crate's fixed reduction order.
+    ///
+    /// # Panics
+    /// If the lengths do not match (see [`Self::check`]).
+    #[inline]
+    pub fn dot(&self, w: &[u8], act: &[u8]) -> f32 {
+        if let Err(e) = self.check(w, act) {
+            panic!("{e}");
+        }
+        (self.f)(w, act)
+    }
+
+    /// As [`Self::dot`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`DotError::Length`] if the rows do not match.
+    pub fn try_dot(&self, w: &[u8], act: &[u8]) -> Result<f32, DotError> {
+        self.check(w, act)?;
+        Ok((self.f)(w, act))
+    }
+}
+
+/// The kernel for weight type `ty` on `isa`. A type with no SIMD version on an available
+/// `isa` gets the scalar code (same bits), reported as [`Isa::Scalar`].
+///
+/// # Errors
+/// [`DotError::NoDot`] if `ty` has no kernel; [`DotError::IsaUnavailable`] if `isa` is not
+/// available here.
+pub fn kernel(ty: GgmlType, isa: Isa) -> Result<DotKernel, DotError> {
+    let act = vec_dot_type(ty).ok_or(DotError::NoDot(ty))?;
+    if !isa.is_available() {
+        return Err(DotError::IsaUnavailable(isa));
+    }
+    let simd: Option<RowFn> = match isa {
+        Isa::Scalar => None,
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => x86::avx2_kernel(ty),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => aarch64::neon_kernel(ty),
+        _ => None,
+    };
+    Ok(match simd {
+        Some(f) => DotKernel { ty, act, isa, f },
+        None => DotKernel {
+            ty,
+            act,
+            isa: Isa::Scalar,
+            f: scalar::kernel(ty).ok_or(DotError::NoDot(ty))?,
+        },
+    })
+}
+
+/// The fastest kernel for `ty` on this machine.
+///
+/// # Errors
+/// [`DotError::NoDot`] if `ty` has no kernel.
+pub fn best_kernel(ty: GgmlType) -> Result<DotKernel, DotError> {
+    kernel(ty, Isa::best())
+}
+
+/// `dot(w, act)` with the fastest kernel (chooses the kernel on every call: prefer
+/// [`best_kernel`] in loops).
+///
+/// # Errors
+/// As [`kernel`] and [`DotKernel::try_dot`].
+pub fn dot(ty: GgmlType, w: &[u8], act: &[u8]) -> Result<f32, DotError> {
+    best_kernel(ty)?.try_dot(w, act)
+}
+
+/// `dot(w, act)` with the scalar reference kernel.
+///
+/// # Errors
+/// As [`kernel`] and [`DotKernel::try_dot`].
+pub fn dot_scalar(ty: GgmlType, w: &[u8], act: &[u8]) -> Result<f32, DotError> {
+    kernel(ty, Isa::Scalar)?.try_dot(w, act)
+}
+
+// ---------------------------------------------------------------------------------------
+// The shared floating-point tail: every kernel ends in these, so every ISA gets the same
+// bits from the same integers.
+
+/// Eight `f32` lanes: block `b` goes to lane `b % 8`.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Lanes(pub(crate) [f32; 8]);
+
+impl Lanes {
+    #[inline(always)]
+    pub(crate) fn add(&mut self, b: usize, v: f32) {
+        self.0[b % 8] += v;
+    }
+
+    #[inline(always)]
+    pub(crate) fn finish(&self) -> f32 {
+        let l = &self.0;
+        ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))
+    }
+}
+
+/// The f16 at byte `at` of `b`, widened exactly.
+#[inline(always)]
+pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
+}
+
+/// The f32 at byte `at` of `b`.
+#[inline(always)]
+pub(crate) fn f32_at(b: &[u8], at: usize) -> f32 {
+    f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// Q4_0 / Q5_0 / Q8_0 block value: `(d_w * d_x) * isum`.
+#[inline(always)]
+pub(crate) fn block_sym(dw: f32, dx: f32, isum: i32) -> f32 {
+    (dw * dx) * isum as f32
+}
+
+/// Q4_1 / Q5_1 block value: `(d_w * d_x) * isum + (m_w * d_x) * ysum`, with `ysum` the
+/// sum of the block's activation quants.
+#[inline(always)]
+pub(crate) fn block_min(dw: f32, dx: f32, isum: i32, mw: f32, ysum: i32) -> f32 {
+    (dw * dx) * isum as f32 + (mw * dx) * ysum as f32
+}
+
+/// Q2_K / Q4_K / Q5_K super-block value: `(d_x * d_w) * sumi - (d_x * dmin_w) * summ`.
+#[inline(always)]
+pub(crate) fn block_k_min(dx: f32, dw: f32, dmin: f32, sumi: i32, summ: i32) -> f32 {
+    (dx * dw) * sumi as f32 - (dx * dmin) * summ as f32
+}
+
+/// Q3_K / Q6_K super-block value: `(d_x * d_w) * sumi`.
+#[inline(always)]
+pub(crate) fn block_k(dx: f32, dw: f32, sumi: i32) -> f32 {
+    (dx * dw) * sumi as f32
+}
+
+/// `sum_j m_j * (bsums[2j] + bsums[2j+1])` for the eight Q4_K/Q5_K mins, from the Q8_K
+/// block `a` (bsums at byte 260).
+#[inline(always)]
+pub(crate) fn k4_min_sum(mins: &[u8; 8], a: &[u8]) -> i32 {
+    let mut s = 0i32;
+    for (j, &m) in mins.iter().enumerate() {
+        let b0 = i16::from_le_bytes([a[260 + 4 * j], a[261 + 4 * j]]);
+        let b1 = i16::from_le_bytes([a[262 + 4 * j], a[263 + 4 * j]]);
+        s += i32::from(m) * (i32::from(b0) + i32::from(b1));
+    }
+    s
+}
+
+/// `sum_i c_i * bsums[i]` over the 16 Q8_K bsums of block `a`.
+#[inline(always)]
+pub(crate) fn bsum_dot(c: &[i32; 16], a: &[u8]) -> i32 {
+    let mut s = 0i32;
+    for (i, &c) in c.iter().enumerate() {
+        s += c * i32::from(i16::from_le_bytes([a[260 + 2 * i], a[261 + 2 * i]]));
+    }
+    s
+}
+
+/// The eight 6-bit scales and mins of a Q4_K/Q5_K block (`scales` = its 12 bytes).
+#[inline(always)]
+pub(crate) fn k4_scales_mins(scales: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let mut sc = [0u8; 8];
+    let mut m = [0u8; 8];
+    for j in 0..8 {
+        (sc[j], m[j]) = crate::kquants::scale_min_k4(j, scales);
+    }
+    (sc, m)
+}
+
+/// The 16 signed Q3_K scales (`scale - 32`).
+#[inline(always)]
+pub(crate) fn q3k_scales(scales: &[u8]) -> [i32; 16] {
+    crate::kquants::q3_k_scales(scales).map(|s| i32::from(s) - 32)
+}

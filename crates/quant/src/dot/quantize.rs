@@ -1,0 +1,178 @@
+//! Activation quantizers, bit-exact with ggml's reference quantizers.
+//!
+//! | output | bytes per block | layout | ggml source (ggml/src/ggml-quants.c) |
+//! |---|---|---|---|
+//! | Q8_0 | 34 per 32 values | `d: f16` @0, `qs: [i8; 32]` @2 | `quantize_row_q8_0_ref` |
+//! | Q8_1 | 36 per 32 values | `d: f16` @0, `s: f16` @2, `qs: [i8; 32]` @4 | `quantize_row_q8_1_ref` |
+//! | Q8_K | 292 per 256 values | `d: f32` @0, `qs: [i8; 256]` @4, `bsums: [i16; 16]` @260 | `quantize_row_q8_K_ref` |
+//!
+//! The rules, with every operation in `f32` in ggml's order:
+//! - Q8_0 / Q8_1: `amax = max |x|` over the block, `d = amax / 127`, `id = d != 0 ? 1 / d : 0`
+//!   (from the *unrounded* `d`), `qs = roundf(x * id)` (round half away from zero: Rust's
+//!   `f32::round`), stored `d` is `d` rounded to f16 (round to nearest even). Q8_1 also
+//!   stores `s = f16(d * sum(qs))`.
+//! - Q8_K: `max` is the signed value of largest magnitude (the first one on ties); an
+//!   all-zero block stores `d = 0` and zero quants; otherwise `iscale = -127 / max`,
+//!   `qs = min(127, nearest_int(iscale * x))` where `nearest_int` rounds half to even
+//!   (ggml's `+ 12582912.f` trick), `bsums[j] = sum(qs[16 j..16 j + 16])`, `d = 1 / iscale`.
+//!
+//! Inputs are expected to be finite; NaN or infinite activations give unspecified (but
+//! memory-safe) quants, as in ggml.
+
+use half::f16;
+
+use super::DotError;
+use crate::{GgmlType, QK_K};
+
+/// ggml's `nearest_int` (ggml-quants.c): round to nearest, ties to even, for
+/// `|v| <= 4194303`; computed with the same float trick so the bits agree.
+#[inline(always)]
+fn nearest_int(v: f32) -> i32 {
+    let t = v + 12_582_912.0;
+    (t.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
+}
+
+/// The scale `d`, its reciprocal `id` and the 32 quants of one Q8_0/Q8_1 block.
+#[inline(always)]
+fn q8_block(x: &[f32]) -> (f32, [i8; 32]) {
+    let mut amax = 0.0f32;
+    for &v in x {
+        // ggml: MAX(amax, fabsf(v)), i.e. `amax > |v| ? amax : |v|`.
+        let a = v.abs();
+        amax = if amax > a { amax } else { a };
+    }
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut qs = [0i8; 32];
+    for (q, &v) in qs.iter_mut().zip(x) {
+        *q = (v * id).round() as i8;
+    }
+    (d, qs)
+}
+
+fn check(x: &[f32], out: &[u8], ty: GgmlType) -> Result<usize, DotError> {
+    let (n, bytes) = (ty.block_size(), ty.type_size());
+    if !x.len().is_multiple_of(n) || out.len() != x.len() / n * bytes {
+        return Err(DotError::Quantize {
+            ty,
+            x_len: x.len(),
+            out_len: out.len(),
+        });
+    }
+    Ok(x.len() / n)
+}
+
+/// Quantizes `x` to Q8_0 blocks (34 bytes per 32 values) in `out`, bit-exact with ggml's
+/// `quantize_row_q8_0_ref`.
+///
+/// # Errors
+/// [`DotError::Quantize`] unless `x.len()` is a multiple of 32 and `out.len()` is
+/// `x.len() / 32 * 34`.
+pub fn quantize_row_q8_0(x: &[f32], out: &mut [u8]) -> Result<(), DotError> {
+    check(x, out, GgmlType::Q8_0)?;
+    for (x, b) in x.chunks_exact(32).zip(out.chunks_exact_mut(34)) {
+        let (d, qs) = q8_block(x);
+        b[0..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+        for (o, q) in b[2..].iter_mut().zip(qs) {
+            *o = q as u8;
+        }
+    }
+    Ok(())
+}
+
+/// Quantizes `x` to Q8_1 blocks (36 bytes per 32 values) in `out`, bit-exact with ggml's
+/// `quantize_row_q8_1_ref`. Its `d` and `qs` equal Q8_0's for the same input.
+///
+/// # Errors
+/// [`DotError::Quantize`] unless `x.len()` is a multiple of 32 and `out.len()` is
+/// `x.len() / 32 * 36`.
+pub fn quantize_row_q8_1(x: &[f32], out: &mut [u8]) -> Result<(), DotError> {
+    check(x, out, GgmlType::Q8_1)?;
+    for (x, b) in x.chunks_exact(32).zip(out.chunks_exact_mut(36)) {
+        let (d, qs) = q8_block(x);
+        let sum: i32 = qs.iter().map(|&q| i32::from(q)).sum();
+        b[0..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+        b[2..4].copy_from_slice(&f16::from_f32(sum as f32 * d).to_le_bytes());
+        for (o, q) in b[4..].iter_mut().zip(qs) {
+            *o = q as u8;
+        }
+    }
+    Ok(())
+}
+
+/// Quantizes `x` to Q8_K blocks (292 bytes per 256 values) in `out`, bit-exact with
+/// ggml's `quantize_row_q8_K_ref` (including `bsums`; an all-zero block gets zero bsums,
+/// which ggml leaves unwritten).
+///
+/// # Errors
+/// [`DotError::Quantize`] unless `x.len()` is a multiple of 256 and `out.len()` is
+/// `x.len() / 256 * 292`.
+pub fn quantize_row_q8_k(x: &[f32], out: &mut [u8]) -> Result<(), DotError> {
+    check(x, out, GgmlType::Q8_K)?;
+    for (x, b) in x.chunks_exact(QK_K).zip(out.chunks_exact_mut(292)) {
+        let mut max = 0.0f32;
+        let mut amax = 0.0f32;
+        for &v in x {
+            let a = v.abs();
+            if a > amax {
+                amax = a;
+                max = v;
+            }
+        }
+        b.fill(0);
+        if amax == 0.0 {
+            continue;
+        }
+        let iscale = -127.0 / max;
+        for (o, &v) in b[4..260].iter_mut().zip(x) {
+            *o = nearest_int(iscale * v).min(127) as i8 as u8;
+        }
+        for j in 0..16 {
+            let s: i32 = b[4 + 16 * j..][..16]
+                .iter()
+                .map(|&q| i32::from(q as i8))
+                .sum();
+            b[260 + 2 * j..][..2].copy_from_slice(&(s as i16).to_le_bytes());
+        }
+        b[0..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
+    }
+    Ok(())
+}
+
+/// Quantizes `x` into `out` as activation type `act` (Q8_0, Q8_1 or Q8_K): the type
+/// [`super::vec_dot_type`] names for a weight type.
+///
+/// # Errors
+/// [`DotError::NoDot`] for any other `act`; otherwise as the quantizer for `act`.
+pub fn quantize_activation(act: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), DotError> {
+    match act {
+        GgmlType::Q8_0 => quantize_row_q8_0(x, out),
+        GgmlType::Q8_1 => quantize_row_q8_1(x, out),
+        GgmlType::Q8_K => quantize_row_q8_k(x, out),
+        _ => Err(DotError::NoDot(act)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_int_is_round_half_even() {
+        for (v, want) in [
+            (0.5f32, 0),
+            (1.5, 2),
+            (2.5, 2),
+            (-0.5, 0),
+            (-1.5, -2),
+            (-2.5, -2),
+            (126.5, 126),
+            (-127.0, -127),
+            (0.49999997, 0),
+            (3.7, 4),
+        ] {
+            assert_eq!(nearest_int(v), want, "{v}");
+            assert_eq!(v.round_ties_even() as i32, want, "{v}");
+        }
+    }
+}

@@ -1,0 +1,398 @@
+//! AVX2 dot kernels (x86-64). Each computes exactly the integers the scalar twin defines
+//! (`super::scalar`) and then the same floating-point tail, so results match bit for bit.
+//!
+//! Techniques follow ggml-cpu/arch/x86/quants.c (`bytes_from_nibbles_32`,
+//! `bytes_from_bits_32`, `_mm256_maddubs_epi16` of unsigned weights by signed
+//! activations), with two differences for exactness and batch invariance: the offset of
+//! Q4_0/Q5_0 is subtracted as a second `maddubs` by the constant instead of ggml's sign
+//! trick (which mis-handles a `-128` activation), Q8_0 · Q8_0 widens to i16 before
+//! multiplying, and block values are formed in `f32` only after the whole block's integer
+//! sum is known.
+//!
+//! Safety: every `#[target_feature]` function here is reached only through
+//! [`avx2_kernel`], which `super::kernel` calls only after `Isa::Avx2.is_available()`
+//! (AVX2 and F16C detected at run time). Every memory load reads a fixed-size array
+//! reference (`&[u8; 32]` or `&[u8; 16]`), obtained by bounds-checked slicing.
+
+use std::arch::x86_64::*;
+
+use super::{
+    block_k, block_k_min, block_min, block_sym, bsum_dot, f16_at, f32_at, k4_min_sum,
+    k4_scales_mins, q3k_scales, Lanes, RowFn,
+};
+use crate::GgmlType;
+
+/// The AVX2 kernel for `ty`, if there is one. Callers must have checked
+/// `Isa::Avx2.is_available()`.
+pub(super) fn avx2_kernel(ty: GgmlType) -> Option<RowFn> {
+    use GgmlType as T;
+    Some(match ty {
+        T::Q4_0 => |w, a| {
+            // SAFETY: handed out only after AVX2+F16C detection (module doc).
+            unsafe { q4_0(w, a) }
+        },
+        T::Q4_1 => |w, a| {
+            // SAFETY: handed out only after AVX2+F16C detection (module doc).
+            unsafe { q4_1(w, a) }
+        },
+        T::Q5_0 => |w, a| {
+            // SAFETY: handed out only after AVX2+F16C detection (module doc).
+            unsafe { q5_0(w, a) }
+        },
+        T::Q5_1 => |w, a| {
+            // SAFETY: handed out only after AVX2+F16C detection (module doc).
+            unsafe { q5_1(w, a) }
+        },
+        T::Q8_0 => |w, a| {
+            // SAFETY: handed out only after AVX2+F16C detection (module doc).
+            unsafe { q8_0(w, a) }
+        },
+        T::Q2_K => |w, a| {
+            // SAFETY: handed out only after AVX2+F16C detection (module doc).
+            unsafe { q2_k(w, a) }
+        },
+        T::Q3_K => |w, a| {
+            // SAFETY: handed out only after AVX2+F16C detection (module doc).
+            unsafe { q3_k(w, a) }
+        },
+        T::Q4_K => |w, a| {
+            // SAFETY: handed out only after AVX2+F16C detection (module doc).
+            unsafe { q4_k(w, a) }
+        },
+        T::Q5_K => |w, a| {
+            // SAFETY: handed out only after AVX2+F16C detection (module doc).
+            unsafe { q5_k(w, a) }
+        },
+        T::Q6_K => |w, a| {
+            // SAFETY: handed out only after AVX2+F16C detection (module doc).
+            unsafe { q6_k(w, a) }
+        },
+        _ => return None,
+    })
+}
+
+/// `N` bytes of `s` from `at`, as an array reference (bounds-checked).
+#[inline(always)]
+fn arr<const N: usize>(s: &[u8], at: usize) -> &[u8; N] {
+    s[at..at + N].try_into().expect("length N")
+}
+
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+fn load32(b: &[u8; 32]) -> __m256i {
+    // SAFETY: `b` is 32 readable bytes; loadu has no alignment requirement; AVX2 detected.
+    unsafe { _mm256_loadu_si256(b.as_ptr().cast()) }
+}
+
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+fn load16(b: &[u8; 16]) -> __m128i {
+    // SAFETY: `b` is 16 readable bytes; loadu has no alignment requirement.
+    unsafe { _mm_loadu_si128(b.as_ptr().cast()) }
+}
+
+/// The 32 4-bit values of a legacy block (low nibbles = elements 0..16 in the low lane,
+/// high nibbles = elements 16..32 in the high lane), as bytes.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+fn nibbles32(qs: &[u8; 16]) -> __m256i {
+    let t = load16(qs);
+    let v = _mm256_set_m128i(_mm_srli_epi16::<4>(t), t);
+    _mm256_and_si256(v, _mm256_set1_epi8(0x0F))
+}
+
+/// Byte `i` is 0xFF where bit `i` of `qh` is set, else 0 (ggml's `bytes_from_bits_32`).
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+fn bits32(qh: u32) -> __m256i {
+    let x = _mm256_set1_epi32(qh as i32);
+    let shuf = _mm256_setr_epi64x(
+        0x0000_0000_0000_0000,
+        0x0101_0101_0101_0101,
+        0x0202_0202_0202_0202,
+        0x0303_0303_0303_0303,
+    );
+    let x = _mm256_shuffle_epi8(x, shuf);
+    let others = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe_u64 as i64);
+    _mm256_cmpeq_epi8(_mm256_or_si256(x, others), _mm256_set1_epi64x(-1))
+}
+
+/// `sum u * y` of unsigned bytes `u` (each < 64) by signed bytes `y`, in eight i32 lanes.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+fn dot_u8i8(u: __m256i, y: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(u, y), _mm256_set1_epi16(1))
+}
+
+/// `sum (u - c) * y` in eight i32 lanes, `u < 32`, `c` in 8 or 16: both `maddubs` pair
+/// sums stay far inside i16, so their difference is exact.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+fn dot_u8i8_off(u: __m256i, c: i8, y: __m256i) -> __m256i {
+    let p = _mm256_sub_epi16(
+        _mm256_maddubs_epi16(u, y),
+        _mm256_maddubs_epi16(_mm256_set1_epi8(c), y),
+    );
+    _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+}
+
+/// The sum of the eight i32 lanes.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+fn hsum(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// Lane `i` of the result is the sum of the eight lanes of `v[i]` (exact in i32).
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+fn hsum8x8(v: &[__m256i; 8]) -> __m256i {
+    let s01 = _mm256_hadd_epi32(v[0], v[1]);
+    let s23 = _mm256_hadd_epi32(v[2], v[3]);
+    let s45 = _mm256_hadd_epi32(v[4], v[5]);
+    let s67 = _mm256_hadd_epi32(v[6], v[7]);
+    // Per 128-bit half: [v0, v1, v2, v3] partial sums (low half: elements 0..4 of each,
+    // high half: elements 4..8).
+    let s0123 = _mm256_hadd_epi32(s01, s23);
+    let s4567 = _mm256_hadd_epi32(s45, s67);
+    let lo = _mm256_permute2x128_si256::<0x20>(s0123, s4567);
+    let hi = _mm256_permute2x128_si256::<0x31>(s0123, s4567);
+    _mm256_add_epi32(lo, hi)
+}
+
+/// Eight f16 values at byte `at` of eight consecutive `stride`-byte blocks from `s`.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+fn f16x8(s: &[u8], stride: usize, at: usize) -> __m256 {
+    let h = |i: usize| i16::from_le_bytes([s[i * stride + at], s[i * stride + at + 1]]);
+    _mm256_cvtph_ps(_mm_setr_epi16(
+        h(0),
+        h(1),
+        h(2),
+        h(3),
+        h(4),
+        h(5),
+        h(6),
+        h(7),
+    ))
+}
+
+/// The legacy-format driver: groups of eight blocks go through one vector of integer
+/// sums and one vector of lanes; the remaining blocks through the scalar tail. `$ivec`
+/// gives the block's integer sum in eight i32 lanes; `MIN` formats also sum the
+/// activation quants for the `block_min` formula (weight min at byte 2).
+macro_rules! legacy_kernel {
+    ($name:ident, $wb:expr, $min:expr, |$w:ident, $a:ident| $ivec:expr) => {
+        #[target_feature(enable = "avx2,f16c")]
+        fn $name(w: &[u8], a: &[u8]) -> f32 {
+            let ivec = |$w: &[u8], $a: &[u8]| -> __m256i { $ivec };
+            let ysum = |a: &[u8]| dot_u8i8(_mm256_set1_epi8(1), load32(arr(a, 2)));
+            let nb = (w.len() / $wb).min(a.len() / 34);
+            let groups = nb / 8;
+            let mut acc = _mm256_setzero_ps();
+            for g in 0..groups {
+                let (w, a) = (&w[g * 8 * $wb..][..8 * $wb], &a[g * 8 * 34..][..8 * 34]);
+                let v: [__m256i; 8] =
+                    std::array::from_fn(|i| ivec(&w[i * $wb..][..$wb], &a[i * 34..][..34]));
+                let isum = _mm256_cvtepi32_ps(hsum8x8(&v));
+                let dx = f16x8(a, 34, 0);
+                let mut val = _mm256_mul_ps(_mm256_mul_ps(f16x8(w, $wb, 0), dx), isum);
+                if $min {
+                    let ys: [__m256i; 8] = std::array::from_fn(|i| ysum(&a[i * 34..][..34]));
+                    let ys = _mm256_cvtepi32_ps(hsum8x8(&ys));
+                    let m = _mm256_mul_ps(_mm256_mul_ps(f16x8(w, $wb, 2), dx), ys);
+                    val = _mm256_add_ps(val, m);
+                }
+                acc = _mm256_add_ps(acc, val);
+            }
+            let mut lanes = Lanes::default();
+            // SAFETY: `lanes.0` is 8 f32s; storeu has no alignment requirement.
+            unsafe { _mm256_storeu_ps(lanes.0.as_mut_ptr(), acc) };
+            for b in groups * 8..nb {
+                let (w, a) = (&w[b * $wb..][..$wb], &a[b * 34..][..34]);
+                let isum = hsum(ivec(w, a));
+                let v = if $min {
+                    let ys = hsum(ysum(a));
+                    block_min(f16_at(w, 0), f16_at(a, 0), isum, f16_at(w, 2), ys)
+                } else {
+                    block_sym(f16_at(w, 0), f16_at(a, 0), isum)
+                };
+                lanes.add(b, v);
+            }
+            lanes.finish()
+        }
+    };
+}
+
+legacy_kernel!(q4_0, 18, false, |w, a| {
+    dot_u8i8_off(nibbles32(arr(w, 2)), 8, load32(arr(a, 2)))
+});
+
+legacy_kernel!(q4_1, 20, true, |w, a| {
+    dot_u8i8(nibbles32(arr(w, 4)), load32(arr(a, 2)))
+});
+
+legacy_kernel!(q5_0, 22, false, |w, a| {
+    let qh = u32::from_le_bytes(*arr(w, 2));
+    let high = _mm256_and_si256(bits32(qh), _mm256_set1_epi8(0x10));
+    let u = _mm256_or_si256(nibbles32(arr(w, 6)), high);
+    dot_u8i8_off(u, 16, load32(arr(a, 2)))
+});
+
+legacy_kernel!(q5_1, 24, true, |w, a| {
+    let qh = u32::from_le_bytes(*arr(w, 4));
+    let high = _mm256_and_si256(bits32(qh), _mm256_set1_epi8(0x10));
+    let u = _mm256_or_si256(nibbles32(arr(w, 8)), high);
+    dot_u8i8(u, load32(arr(a, 2)))
+});
+
+legacy_kernel!(q8_0, 34, false, |w, a| {
+    let (x, y) = (load32(arr(w, 2)), load32(arr(a, 2)));
+    let xl = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(x));
+    let xh = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(x));
+    let yl = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(y));
+    let yh = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(y));
+    _mm256_add_epi32(_mm256_madd_epi16(xl, yl), _mm256_madd_epi16(xh, yh))
+});
+
+/// Shift each 16-bit lane right by `n` (a run-time count).
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+fn srl16(v: __m256i, n: usize) -> __m256i {
+    _mm256_srl_epi16(v, _mm_cvtsi32_si128(n as i32))
+}
+
+/// `(u · y) * scale` where the low 16 bytes (values `l < 16`) use `s_lo`, the high use
+/// `s_hi`; i16 pair sums times i16 scales are exact in i32.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+fn scaled2(u: __m256i, y: __m256i, s_lo: i32, s_hi: i32) -> __m256i {
+    let sc = _mm256_set_m128i(_mm_set1_epi16(s_hi as i16), _mm_set1_epi16(s_lo as i16));
+    _mm256_madd_epi16(_mm256_maddubs_epi16(u, y), sc)
+}
+
+/// The super-block driver of the K-quants: `f` returns the block's value from its
+/// weight and activation bytes.
+#[inline(always)]
+fn k_blocks(w: &[u8], wb: usize, a: &[u8], f: impl Fn(&[u8], &[u8]) -> f32) -> f32 {
+    let mut lanes = Lanes::default();
+    for (b, (w, a)) in w.chunks_exact(wb).zip(a.chunks_exact(292)).enumerate() {
+        lanes.add(b, f(w, a));
+    }
+    lanes.finish()
+}
+
+#[target_feature(enable = "avx2,f16c")]
+fn q4_k(w: &[u8], a: &[u8]) -> f32 {
+    k_blocks(w, 144, a, |w, a| {
+        let (sc, m) = k4_scales_mins(&w[4..16]);
+        let mut acc = _mm256_setzero_si256();
+        for j in 0..4 {
+            let q = load32(arr(w, 16 + 32 * j));
+            let lo = _mm256_and_si256(q, _mm256_set1_epi8(0x0F));
+            let hi = _mm256_and_si256(srl16(q, 4), _mm256_set1_epi8(0x0F));
+            let (s0, s1) = (i32::from(sc[2 * j]), i32::from(sc[2 * j + 1]));
+            acc = _mm256_add_epi32(acc, scaled2(lo, load32(arr(a, 4 + 64 * j)), s0, s0));
+            acc = _mm256_add_epi32(acc, scaled2(hi, load32(arr(a, 36 + 64 * j)), s1, s1));
+        }
+        let summ = k4_min_sum(&m, a);
+        block_k_min(f32_at(a, 0), f16_at(w, 0), f16_at(w, 2), hsum(acc), summ)
+    })
+}
+
+#[target_feature(enable = "avx2,f16c")]
+fn q5_k(w: &[u8], a: &[u8]) -> f32 {
+    k_blocks(w, 176, a, |w, a| {
+        let (sc, m) = k4_scales_mins(&w[4..16]);
+        let qh = load32(arr(w, 16));
+        let one = _mm256_set1_epi8(1);
+        let mut acc = _mm256_setzero_si256();
+        for j in 0..4 {
+            let q = load32(arr(w, 48 + 32 * j));
+            let hb0 = _mm256_slli_epi16::<4>(_mm256_and_si256(srl16(qh, 2 * j), one));
+            let hb1 = _mm256_slli_epi16::<4>(_mm256_and_si256(srl16(qh, 2 * j + 1), one));
+            let lo = _mm256_or_si256(_mm256_and_si256(q, _mm256_set1_epi8(0x0F)), hb0);
+            let hi = _mm256_or_si256(_mm256_and_si256(srl16(q, 4), _mm256_set1_epi8(0x0F)), hb1);
+            let (s0, s1) = (i32::from(sc[2 * j]), i32::from(sc[2 * j + 1]));
+            acc = _mm256_add_epi32(acc, scaled2(lo, load32(arr(a, 4 + 64 * j)), s0, s0));
+            acc = _mm256_add_epi32(acc, scaled2(hi, load32(arr(a, 36 + 64 * j)), s1, s1));
+        }
+        let summ = k4_min_sum(&m, a);
+        block_k_min(f32_at(a, 0), f16_at(w, 0), f16_at(w, 2), hsum(acc), summ)
+    })
+}
+
+#[target_feature(enable = "avx2,f16c")]
+fn q6_k(w: &[u8], a: &[u8]) -> f32 {
+    k_blocks(w, 210, a, |w, a| {
+        let sc: [i32; 16] = std::array::from_fn(|i| i32::from(w[192 + i] as i8));
+        let m4 = _mm256_set1_epi8(0x0F);
+        let m2 = _mm256_set1_epi8(3);
+        let mut acc = _mm256_setzero_si256();
+        for n in 0..2 {
+            let qh = load32(arr(w, 128 + 32 * n));
+            let ql0 = load32(arr(w, 64 * n));
+            let ql1 = load32(arr(w, 64 * n + 32));
+            for k in 0..4 {
+                let src = if k % 2 == 0 { ql0 } else { ql1 };
+                let low = _mm256_and_si256(srl16(src, 4 * (k / 2)), m4);
+                let high = _mm256_slli_epi16::<4>(_mm256_and_si256(srl16(qh, 2 * k), m2));
+                let u = _mm256_or_si256(low, high);
+                let y = load32(arr(a, 4 + 128 * n + 32 * k));
+                let g = 8 * n + 2 * k;
+                acc = _mm256_add_epi32(acc, scaled2(u, y, sc[g], sc[g + 1]));
+            }
+        }
+        let sumi = hsum(acc) - 32 * bsum_dot(&sc, a);
+        block_k(f32_at(a, 0), f16_at(w, 208), sumi)
+    })
+}
+
+#[target_feature(enable = "avx2,f16c")]
+fn q2_k(w: &[u8], a: &[u8]) -> f32 {
+    k_blocks(w, 84, a, |w, a| {
+        let scales = &w[0..16];
+        let m2 = _mm256_set1_epi8(3);
+        let mut acc = _mm256_setzero_si256();
+        for n in 0..2 {
+            let q = load32(arr(w, 16 + 32 * n));
+            for k in 0..4 {
+                let u = _mm256_and_si256(srl16(q, 2 * k), m2);
+                let y = load32(arr(a, 4 + 128 * n + 32 * k));
+                let g = 8 * n + 2 * k;
+                let (s0, s1) = (i32::from(scales[g] & 15), i32::from(scales[g + 1] & 15));
+                acc = _mm256_add_epi32(acc, scaled2(u, y, s0, s1));
+            }
+        }
+        let mins: [i32; 16] = std::array::from_fn(|i| i32::from(scales[i] >> 4));
+        let summ = bsum_dot(&mins, a);
+        block_k_min(f32_at(a, 0), f16_at(w, 80), f16_at(w, 82), hsum(acc), summ)
+    })
+}
+
+#[target_feature(enable = "avx2,f16c")]
+fn q3_k(w: &[u8], a: &[u8]) -> f32 {
+    k_blocks(w, 110, a, |w, a| {
+        let s = q3k_scales(&w[96..108]);
+        let hm = load32(arr(w, 0));
+        let m2 = _mm256_set1_epi8(3);
+        let one = _mm256_set1_epi8(1);
+        let mut acc = _mm256_setzero_si256();
+        for n in 0..2 {
+            let q = load32(arr(w, 32 + 32 * n));
+            for k in 0..4 {
+                let low = _mm256_and_si256(srl16(q, 2 * k), m2);
+                let hb = _mm256_slli_epi16::<2>(_mm256_and_si256(srl16(hm, 4 * n + k), one));
+                let u = _mm256_or_si256(low, hb);
+                let y = load32(arr(a, 4 + 128 * n + 32 * k));
+                let g = 8 * n + 2 * k;
+                acc = _mm256_add_epi32(acc, scaled2(u, y, s[g], s[g + 1]));
+            }
+        }
+        let sumi = hsum(acc) - 4 * bsum_dot(&s, a);
+        block_k(f32_at(a, 0), f16_at(w, 108), sumi)
+    })
+}
