@@ -100,7 +100,7 @@ pub enum Isa {
     Avx2,
     /// x86-64 AVX-512 VNNI + VL (256-bit `vpdpbusd`); not implemented yet.
     Avx512Vnni,
-    /// aarch64 NEON.
+    /// aarch64 NEON (baseline, no `dotprod`); compile-checked only so far.
     Neon,
 }
 
