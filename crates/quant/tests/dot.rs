@@ -222,6 +222,50 @@ fn simd_kernels_match_scalar_bit_for_bit() {
     }
 }
 
+/// `dot_rows` gives every row exactly the bits of `dot` on that row alone, whatever the
+/// number of rows (crossing the 4- and 8-row chunks of the multi-row kernels).
+#[test]
+fn dot_rows_equals_dot_per_row() {
+    let mut rng = Rng(0x4242_0000_0000_0006);
+    let mut multi = BTreeSet::new();
+    for ty in DOT_TYPES {
+        let act_ty = vec_dot_type(ty).unwrap();
+        for &nb in counts(ty) {
+            let n = nb * ty.block_size();
+            let w = weight_row(&mut rng, ty, nb, Scales::Normal);
+            for nrows in [1usize, 2, 3, 4, 5, 8, 9, 13] {
+                let mut acts = Vec::new();
+                for r in 0..nrows {
+                    let scale = [1.0f32, 1e3, 1e-3][r % 3];
+                    acts.extend(quantized(act_ty, &act_values(&mut rng, n, scale)));
+                }
+                let ab = acts.len() / nrows;
+                for isa in Isa::available() {
+                    let k = kernel(ty, isa).unwrap();
+                    let mut out = vec![f32::NAN; nrows];
+                    k.dot_rows(&w, &acts, &mut out);
+                    for (r, got) in out.iter().enumerate() {
+                        let want = k.dot(&w, &acts[r * ab..][..ab]);
+                        assert!(
+                            same_bits(*got, want),
+                            "{ty} {isa:?} {nb} blocks, row {r} of {nrows}: {got:e} vs {want:e}"
+                        );
+                    }
+                    multi.insert(ty);
+                }
+            }
+        }
+    }
+    assert_eq!(multi.len(), DOT_TYPES.len());
+}
+
+#[test]
+#[should_panic(expected = "activation bytes are not 3 rows")]
+fn dot_rows_checks_lengths() {
+    let k = kernel(GgmlType::Q4_0, Isa::best()).unwrap();
+    k.dot_rows(&[0u8; 18], &[0u8; 34 * 2], &mut [0.0; 3]);
+}
+
 /// `sum w_i * x_i` in f64 over the dequantized rows, and `sum |w_i x_i|` (plus, for the
 /// formats with a min, `sum_b |m_b| sum |x_i|`, since the min term is a separate
 /// product) as the error scale.

@@ -59,6 +59,23 @@ fn bench(ty: GgmlType, width: usize) {
             line += &format!(" | {isa:?} {ns:7.1} ns/row ({:.1}x)", scalar_ns / ns);
         }
     }
+    // One weight row against 8 activation rows at once (the prefill shape).
+    let k = kernel(ty, Isa::best()).unwrap();
+    let mut acts = Vec::new();
+    for _ in 0..8 {
+        acts.extend_from_slice(&a);
+    }
+    let mut out = [0f32; 8];
+    let reps = 50;
+    let t = Instant::now();
+    for _ in 0..reps {
+        for r in w.chunks_exact(row_bytes) {
+            k.dot_rows(black_box(r), black_box(&acts), &mut out);
+            black_box(&out);
+        }
+    }
+    let ns = t.elapsed().as_nanos() as f64 / (reps * rows * 8) as f64;
+    line += &format!(" | {:?} dot_rows x8 {ns:6.1} ns/row", k.isa());
     eprintln!("{line}");
 }
 

@@ -160,6 +160,10 @@ pub fn has_dot(ty: GgmlType) -> bool {
 /// A safe row kernel: `fn(weight_row, activation_row) -> f32`, lengths already checked.
 type RowFn = fn(&[u8], &[u8]) -> f32;
 
+/// A safe multi-row kernel: `fn(weight_row, activation_rows, activation_row_bytes, out)`,
+/// lengths already checked; `out[r]` has the bits of `RowFn(w, row r)`.
+type RowsFn = fn(&[u8], &[u8], usize, &mut [f32]);
+
 /// A dot-product kernel for one weight type on one ISA, chosen once and called per row.
 #[derive(Clone, Copy)]
 pub struct DotKernel {
@@ -167,6 +171,7 @@ pub struct DotKernel {
     act: GgmlType,
     isa: Isa,
     f: RowFn,
+    rows: Option<RowsFn>,
 }
 
 impl std::fmt::Debug for DotKernel {
@@ -230,6 +235,47 @@ impl DotKernel {
         (self.f)(w, act)
     }
 
+    /// Dots weight row `w` with each of the `out.len()` activation rows stored back to back
+    /// in `acts`, writing `out[r]`. Every `out[r]` has exactly the bits of
+    /// `self.dot(w, row r)`: the multi-row kernels (AVX2: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+    /// Q4_K, Q6_K) only share the decoding of each weight block between rows.
+    ///
+    /// # Panics
+    /// If `acts.len()` is not `out.len()` activation rows matching `w` (see
+    /// [`Self::check`]).
+    pub fn dot_rows(&self, w: &[u8], acts: &[u8], out: &mut [f32]) {
+        let n = w.len() / self.ty.type_size() * self.ty.block_size();
+        let ab = n / self.act.block_size() * self.act.type_size();
+        let whole = if ab == 0 {
+            acts.is_empty()
+        } else {
+            acts.len() == out.len() * ab
+        };
+        if !whole {
+            panic!(
+                "dot_rows {}: {} activation bytes are not {} rows of {ab}",
+                self.ty,
+                acts.len(),
+                out.len()
+            );
+        }
+        if let Err(e) = self.check(w, &acts[..ab.min(acts.len())]) {
+            panic!("{e}");
+        }
+        if ab == 0 {
+            out.fill(0.0);
+            return;
+        }
+        match self.rows {
+            Some(rows) => rows(w, acts, ab, out),
+            None => {
+                for (o, a) in out.iter_mut().zip(acts.chunks_exact(ab)) {
+                    *o = (self.f)(w, a);
+                }
+            }
+        }
+    }
+
     /// As [`Self::dot`], returning an error instead of panicking.
     ///
     /// # Errors
@@ -251,21 +297,28 @@ pub fn kernel(ty: GgmlType, isa: Isa) -> Result<DotKernel, DotError> {
     if !isa.is_available() {
         return Err(DotError::IsaUnavailable(isa));
     }
-    let simd: Option<RowFn> = match isa {
+    let simd: Option<(RowFn, Option<RowsFn>)> = match isa {
         Isa::Scalar => None,
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => x86::avx2_kernel(ty),
+        Isa::Avx2 => x86::avx2_kernel(ty).map(|f| (f, x86::avx2_rows_kernel(ty))),
         #[cfg(target_arch = "aarch64")]
-        Isa::Neon => aarch64::neon_kernel(ty),
+        Isa::Neon => aarch64::neon_kernel(ty).map(|f| (f, None)),
         _ => None,
     };
     Ok(match simd {
-        Some(f) => DotKernel { ty, act, isa, f },
+        Some((f, rows)) => DotKernel {
+            ty,
+            act,
+            isa,
+            f,
+            rows,
+        },
         None => DotKernel {
             ty,
             act,
             isa: Isa::Scalar,
             f: scalar::kernel(ty).ok_or(DotError::NoDot(ty))?,
+            rows: None,
         },
     })
 }

@@ -18,7 +18,7 @@ use std::arch::x86_64::*;
 
 use super::{
     block_k, block_k_min, block_min, block_sym, bsum_dot, f16_at, f32_at, k4_min_sum,
-    k4_scales_mins, q3k_scales, Lanes, RowFn,
+    k4_scales_mins, q3k_scales, Lanes, RowFn, RowsFn,
 };
 use crate::GgmlType;
 
@@ -66,6 +66,43 @@ pub(super) fn avx2_kernel(ty: GgmlType) -> Option<RowFn> {
         T::Q6_K => |w, a| {
             // SAFETY: handed out only after AVX2+F16C detection (module doc).
             unsafe { q6_k(w, a) }
+        },
+        _ => return None,
+    })
+}
+
+/// The AVX2 multi-row kernel for `ty` (one weight row against several activation rows),
+/// if there is one. Callers must have checked `Isa::Avx2.is_available()`.
+pub(super) fn avx2_rows_kernel(ty: GgmlType) -> Option<RowsFn> {
+    use GgmlType as T;
+    Some(match ty {
+        T::Q4_0 => |w, a, ab, out| {
+            // SAFETY: handed out only after AVX2+F16C detection (module doc).
+            unsafe { q4_0_rows(w, a, ab, out) }
+        },
+        T::Q4_1 => |w, a, ab, out| {
+            // SAFETY: handed out only after AVX2+F16C detection (module doc).
+            unsafe { q4_1_rows(w, a, ab, out) }
+        },
+        T::Q5_0 => |w, a, ab, out| {
+            // SAFETY: handed out only after AVX2+F16C detection (module doc).
+            unsafe { q5_0_rows(w, a, ab, out) }
+        },
+        T::Q5_1 => |w, a, ab, out| {
+            // SAFETY: handed out only after AVX2+F16C detection (module doc).
+            unsafe { q5_1_rows(w, a, ab, out) }
+        },
+        T::Q8_0 => |w, a, ab, out| {
+            // SAFETY: handed out only after AVX2+F16C detection (module doc).
+            unsafe { q8_0_rows(w, a, ab, out) }
+        },
+        T::Q4_K => |w, a, ab, out| {
+            // SAFETY: handed out only after AVX2+F16C detection (module doc).
+            unsafe { q4_k_rows(w, a, ab, out) }
+        },
+        T::Q6_K => |w, a, ab, out| {
+            // SAFETY: handed out only after AVX2+F16C detection (module doc).
+            unsafe { q6_k_rows(w, a, ab, out) }
         },
         _ => return None,
     })
@@ -180,83 +217,140 @@ fn f16x8(s: &[u8], stride: usize, at: usize) -> __m256 {
     ))
 }
 
-/// The legacy-format driver: groups of eight blocks go through one vector of integer
-/// sums and one vector of lanes; the remaining blocks through the scalar tail. `$ivec`
-/// gives the block's integer sum in eight i32 lanes; `MIN` formats also sum the
-/// activation quants for the `block_min` formula (weight min at byte 2).
+/// The legacy-format driver, for one weight row and up to four activation rows at a time
+/// (`acts` holds `out.len()` rows of `ab` bytes back to back). Groups of eight blocks are
+/// decoded once (`$decode`: the 32 weight values as bytes), multiplied with each row
+/// (`$prod`: the block's integer sum in eight i32 lanes) and reduced to one vector of
+/// eight block sums and one vector of eight lanes per row; the remaining blocks go
+/// through the scalar tail. `$min` formats also sum the activation quants for the
+/// `block_min` formula (weight min at byte 2). The single-row kernel is the one-row case.
 macro_rules! legacy_kernel {
-    ($name:ident, $wb:expr, $min:expr, |$w:ident, $a:ident| $ivec:expr) => {
+    ($name:ident, $rows:ident, $wb:expr, $min:expr,
+     decode |$w:ident| $decode:expr, prod |$u:ident, $y:ident| $prod:expr) => {
+        #[target_feature(enable = "avx2,f16c")]
+        fn $rows(w: &[u8], acts: &[u8], ab: usize, out: &mut [f32]) {
+            let decode = |$w: &[u8]| -> __m256i { $decode };
+            let prod = |$u: __m256i, $y: __m256i| -> __m256i { $prod };
+            let ysum = |y: __m256i| dot_u8i8(_mm256_set1_epi8(1), y);
+            let nb = (w.len() / $wb).min(ab / 34);
+            let groups = nb / 8;
+            for (acts, out) in acts.chunks(4 * ab).zip(out.chunks_mut(4)) {
+                let nr = out.len().min(acts.len() / ab.max(1));
+                let mut acc = [_mm256_setzero_ps(); 4];
+                for g in 0..groups {
+                    let wg = &w[g * 8 * $wb..][..8 * $wb];
+                    let u: [__m256i; 8] = std::array::from_fn(|i| decode(&wg[i * $wb..][..$wb]));
+                    let dw = f16x8(wg, $wb, 0);
+                    for (r, acc) in acc.iter_mut().enumerate().take(nr) {
+                        let a = &acts[r * ab + g * 8 * 34..][..8 * 34];
+                        let v: [__m256i; 8] =
+                            std::array::from_fn(|i| prod(u[i], load32(arr(a, i * 34 + 2))));
+                        let isum = _mm256_cvtepi32_ps(hsum8x8(&v));
+                        let dx = f16x8(a, 34, 0);
+                        let mut val = _mm256_mul_ps(_mm256_mul_ps(dw, dx), isum);
+                        if $min {
+                            let ys: [__m256i; 8] =
+                                std::array::from_fn(|i| ysum(load32(arr(a, i * 34 + 2))));
+                            let ys = _mm256_cvtepi32_ps(hsum8x8(&ys));
+                            let m = _mm256_mul_ps(_mm256_mul_ps(f16x8(wg, $wb, 2), dx), ys);
+                            val = _mm256_add_ps(val, m);
+                        }
+                        *acc = _mm256_add_ps(*acc, val);
+                    }
+                }
+                for (r, out) in out.iter_mut().enumerate().take(nr) {
+                    let mut lanes = Lanes::default();
+                    // SAFETY: `lanes.0` is 8 f32s; storeu has no alignment requirement.
+                    unsafe { _mm256_storeu_ps(lanes.0.as_mut_ptr(), acc[r]) };
+                    for b in groups * 8..nb {
+                        let (w, a) = (&w[b * $wb..][..$wb], &acts[r * ab + b * 34..][..34]);
+                        let y = load32(arr(a, 2));
+                        let isum = hsum(prod(decode(w), y));
+                        let v = if $min {
+                            let ys = hsum(ysum(y));
+                            block_min(f16_at(w, 0), f16_at(a, 0), isum, f16_at(w, 2), ys)
+                        } else {
+                            block_sym(f16_at(w, 0), f16_at(a, 0), isum)
+                        };
+                        lanes.add(b, v);
+                    }
+                    *out = lanes.finish();
+                }
+            }
+        }
+
         #[target_feature(enable = "avx2,f16c")]
         fn $name(w: &[u8], a: &[u8]) -> f32 {
-            let ivec = |$w: &[u8], $a: &[u8]| -> __m256i { $ivec };
-            let ysum = |a: &[u8]| dot_u8i8(_mm256_set1_epi8(1), load32(arr(a, 2)));
-            let nb = (w.len() / $wb).min(a.len() / 34);
-            let groups = nb / 8;
-            let mut acc = _mm256_setzero_ps();
-            for g in 0..groups {
-                let (w, a) = (&w[g * 8 * $wb..][..8 * $wb], &a[g * 8 * 34..][..8 * 34]);
-                let v: [__m256i; 8] =
-                    std::array::from_fn(|i| ivec(&w[i * $wb..][..$wb], &a[i * 34..][..34]));
-                let isum = _mm256_cvtepi32_ps(hsum8x8(&v));
-                let dx = f16x8(a, 34, 0);
-                let mut val = _mm256_mul_ps(_mm256_mul_ps(f16x8(w, $wb, 0), dx), isum);
-                if $min {
-                    let ys: [__m256i; 8] = std::array::from_fn(|i| ysum(&a[i * 34..][..34]));
-                    let ys = _mm256_cvtepi32_ps(hsum8x8(&ys));
-                    let m = _mm256_mul_ps(_mm256_mul_ps(f16x8(w, $wb, 2), dx), ys);
-                    val = _mm256_add_ps(val, m);
-                }
-                acc = _mm256_add_ps(acc, val);
-            }
-            let mut lanes = Lanes::default();
-            // SAFETY: `lanes.0` is 8 f32s; storeu has no alignment requirement.
-            unsafe { _mm256_storeu_ps(lanes.0.as_mut_ptr(), acc) };
-            for b in groups * 8..nb {
-                let (w, a) = (&w[b * $wb..][..$wb], &a[b * 34..][..34]);
-                let isum = hsum(ivec(w, a));
-                let v = if $min {
-                    let ys = hsum(ysum(a));
-                    block_min(f16_at(w, 0), f16_at(a, 0), isum, f16_at(w, 2), ys)
-                } else {
-                    block_sym(f16_at(w, 0), f16_at(a, 0), isum)
-                };
-                lanes.add(b, v);
-            }
-            lanes.finish()
+            let mut out = [0f32];
+            $rows(w, a, a.len(), &mut out);
+            out[0]
         }
     };
 }
 
-legacy_kernel!(q4_0, 18, false, |w, a| {
-    dot_u8i8_off(nibbles32(arr(w, 2)), 8, load32(arr(a, 2)))
-});
+legacy_kernel!(
+    q4_0,
+    q4_0_rows,
+    18,
+    false,
+    decode | w | nibbles32(arr(w, 2)),
+    prod | u,
+    y | dot_u8i8_off(u, 8, y)
+);
 
-legacy_kernel!(q4_1, 20, true, |w, a| {
-    dot_u8i8(nibbles32(arr(w, 4)), load32(arr(a, 2)))
-});
+legacy_kernel!(
+    q4_1,
+    q4_1_rows,
+    20,
+    true,
+    decode | w | nibbles32(arr(w, 4)),
+    prod | u,
+    y | dot_u8i8(u, y)
+);
 
-legacy_kernel!(q5_0, 22, false, |w, a| {
-    let qh = u32::from_le_bytes(*arr(w, 2));
-    let high = _mm256_and_si256(bits32(qh), _mm256_set1_epi8(0x10));
-    let u = _mm256_or_si256(nibbles32(arr(w, 6)), high);
-    dot_u8i8_off(u, 16, load32(arr(a, 2)))
-});
+legacy_kernel!(
+    q5_0,
+    q5_0_rows,
+    22,
+    false,
+    decode | w | {
+        let qh = u32::from_le_bytes(*arr(w, 2));
+        let high = _mm256_and_si256(bits32(qh), _mm256_set1_epi8(0x10));
+        _mm256_or_si256(nibbles32(arr(w, 6)), high)
+    },
+    prod | u,
+    y | dot_u8i8_off(u, 16, y)
+);
 
-legacy_kernel!(q5_1, 24, true, |w, a| {
-    let qh = u32::from_le_bytes(*arr(w, 4));
-    let high = _mm256_and_si256(bits32(qh), _mm256_set1_epi8(0x10));
-    let u = _mm256_or_si256(nibbles32(arr(w, 8)), high);
-    dot_u8i8(u, load32(arr(a, 2)))
-});
+legacy_kernel!(
+    q5_1,
+    q5_1_rows,
+    24,
+    true,
+    decode | w | {
+        let qh = u32::from_le_bytes(*arr(w, 4));
+        let high = _mm256_and_si256(bits32(qh), _mm256_set1_epi8(0x10));
+        _mm256_or_si256(nibbles32(arr(w, 8)), high)
+    },
+    prod | u,
+    y | dot_u8i8(u, y)
+);
 
-legacy_kernel!(q8_0, 34, false, |w, a| {
-    let (x, y) = (load32(arr(w, 2)), load32(arr(a, 2)));
-    let xl = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(x));
-    let xh = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(x));
-    let yl = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(y));
-    let yh = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(y));
-    _mm256_add_epi32(_mm256_madd_epi16(xl, yl), _mm256_madd_epi16(xh, yh))
-});
+legacy_kernel!(
+    q8_0,
+    q8_0_rows,
+    34,
+    false,
+    decode | w | load32(arr(w, 2)),
+    prod | x,
+    y | {
+        let xl = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(x));
+        let xh = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(x));
+        let yl = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(y));
+        let yh = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(y));
+        _mm256_add_epi32(_mm256_madd_epi16(xl, yl), _mm256_madd_epi16(xh, yh))
+    }
+);
 
 /// Shift each 16-bit lane right by `n` (a run-time count).
 #[target_feature(enable = "avx2,f16c")]
@@ -396,3 +490,101 @@ fn q3_k(w: &[u8], a: &[u8]) -> f32 {
         block_k(f32_at(a, 0), f16_at(w, 108), sumi)
     })
 }
+
+/// The K-quant multi-row driver: each super-block is decoded once (`$decode`: eight
+/// 32-value chunks as unsigned bytes, and for each chunk an i16 scale vector whose low
+/// half applies to values 0..16 and high half to 16..32), then for each activation row
+/// the scaled integer sum is formed and `$finish` turns it (with the row's bsums) into
+/// the block value, exactly as the single-row kernel does.
+macro_rules! k_rows_kernel {
+    ($rows:ident, $wb:expr,
+     decode |$w:ident| $decode:expr, finish |$fw:ident, $fa:ident, $isum:ident| $finish:expr) => {
+        #[target_feature(enable = "avx2,f16c")]
+        fn $rows(w: &[u8], acts: &[u8], ab: usize, out: &mut [f32]) {
+            let decode = |$w: &[u8]| -> ([__m256i; 8], [__m256i; 8]) { $decode };
+            let finish = |$fw: &[u8], $fa: &[u8], $isum: i32| -> f32 { $finish };
+            let nb = (w.len() / $wb).min(ab / 292);
+            for (acts, out) in acts.chunks(8 * ab).zip(out.chunks_mut(8)) {
+                let nr = out.len().min(acts.len() / ab.max(1));
+                let mut lanes = [Lanes::default(); 8];
+                for b in 0..nb {
+                    let wb = &w[b * $wb..][..$wb];
+                    let (u, sc) = decode(wb);
+                    for (r, lanes) in lanes.iter_mut().enumerate().take(nr) {
+                        let a = &acts[r * ab + b * 292..][..292];
+                        let mut acc = _mm256_setzero_si256();
+                        for c in 0..8 {
+                            let y = load32(arr(a, 4 + 32 * c));
+                            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u[c], y), sc[c]);
+                            acc = _mm256_add_epi32(acc, p);
+                        }
+                        lanes.add(b, finish(wb, a, hsum(acc)));
+                    }
+                }
+                for (o, l) in out.iter_mut().zip(&lanes).take(nr) {
+                    *o = l.finish();
+                }
+            }
+        }
+    };
+}
+
+/// An i16 scale vector: `lo` for the low 16 values of a chunk, `hi` for the high 16.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+fn scale2(lo: i32, hi: i32) -> __m256i {
+    _mm256_set_m128i(_mm_set1_epi16(hi as i16), _mm_set1_epi16(lo as i16))
+}
+
+k_rows_kernel!(
+    q4_k_rows,
+    144,
+    decode | w | {
+        let (sc, _) = k4_scales_mins(&w[4..16]);
+        let mut u = [_mm256_setzero_si256(); 8];
+        for j in 0..4 {
+            let q = load32(arr(w, 16 + 32 * j));
+            u[2 * j] = _mm256_and_si256(q, _mm256_set1_epi8(0x0F));
+            u[2 * j + 1] = _mm256_and_si256(srl16(q, 4), _mm256_set1_epi8(0x0F));
+        }
+        (
+            u,
+            std::array::from_fn(|c| scale2(i32::from(sc[c]), i32::from(sc[c]))),
+        )
+    },
+    finish | w,
+    a,
+    sumi | {
+        let (_, m) = k4_scales_mins(&w[4..16]);
+        let summ = k4_min_sum(&m, a);
+        block_k_min(f32_at(a, 0), f16_at(w, 0), f16_at(w, 2), sumi, summ)
+    }
+);
+
+k_rows_kernel!(
+    q6_k_rows,
+    210,
+    decode | w | {
+        let sc: [i32; 16] = std::array::from_fn(|i| i32::from(w[192 + i] as i8));
+        let mut u = [_mm256_setzero_si256(); 8];
+        for n in 0..2 {
+            let qh = load32(arr(w, 128 + 32 * n));
+            let ql0 = load32(arr(w, 64 * n));
+            let ql1 = load32(arr(w, 64 * n + 32));
+            for k in 0..4 {
+                let src = if k % 2 == 0 { ql0 } else { ql1 };
+                let low = _mm256_and_si256(srl16(src, 4 * (k / 2)), _mm256_set1_epi8(0x0F));
+                let high =
+                    _mm256_slli_epi16::<4>(_mm256_and_si256(srl16(qh, 2 * k), _mm256_set1_epi8(3)));
+                u[4 * n + k] = _mm256_or_si256(low, high);
+            }
+        }
+        (u, std::array::from_fn(|c| scale2(sc[2 * c], sc[2 * c + 1])))
+    },
+    finish | w,
+    a,
+    isum | {
+        let sc: [i32; 16] = std::array::from_fn(|i| i32::from(w[192 + i] as i8));
+        block_k(f32_at(a, 0), f16_at(w, 208), isum - 32 * bsum_dot(&sc, a))
+    }
+);
