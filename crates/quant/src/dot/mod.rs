@@ -237,8 +237,7 @@ impl DotKernel {
 
     /// Dots weight row `w` with each of the `out.len()` activation rows stored back to back
     /// in `acts`, writing `out[r]`. Every `out[r]` has exactly the bits of
-    /// `self.dot(w, row r)`: the multi-row kernels (AVX2: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-    /// Q4_K, Q6_K) only share the decoding of each weight block between rows.
+    /// `self.dot(w, row r)`: the multi-row kernels (AVX2: every format) only share the decoding of each weight block between rows.
     ///
     /// # Panics
     /// If `acts.len()` is not `out.len()` activation rows matching `w` (see

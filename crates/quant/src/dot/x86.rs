@@ -96,9 +96,21 @@ pub(super) fn avx2_rows_kernel(ty: GgmlType) -> Option<RowsFn> {
             // SAFETY: handed out only after AVX2+F16C detection (module doc).
             unsafe { q8_0_rows(w, a, ab, out) }
         },
+        T::Q2_K => |w, a, ab, out| {
+            // SAFETY: handed out only after AVX2+F16C detection (module doc).
+            unsafe { q2_k_rows(w, a, ab, out) }
+        },
+        T::Q3_K => |w, a, ab, out| {
+            // SAFETY: handed out only after AVX2+F16C detection (module doc).
+            unsafe { q3_k_rows(w, a, ab, out) }
+        },
         T::Q4_K => |w, a, ab, out| {
             // SAFETY: handed out only after AVX2+F16C detection (module doc).
             unsafe { q4_k_rows(w, a, ab, out) }
+        },
+        T::Q5_K => |w, a, ab, out| {
+            // SAFETY: handed out only after AVX2+F16C detection (module doc).
+            unsafe { q5_k_rows(w, a, ab, out) }
         },
         T::Q6_K => |w, a, ab, out| {
             // SAFETY: handed out only after AVX2+F16C detection (module doc).
@@ -368,6 +380,210 @@ fn scaled2(u: __m256i, y: __m256i, s_lo: i32, s_hi: i32) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(u, y), sc)
 }
 
+/// A decoded K-quant super-block: eight 32-value chunks as unsigned bytes `u`, an i16
+/// scale vector per chunk (`sc`: low half for values 0..16, high half for 16..32), the
+/// i16 coefficients `corr` of the 16 activation bsums (the mins, or the offset times the
+/// scale), and the two f16 scales widened.
+struct KBlock {
+    u: [__m256i; 8],
+    sc: [__m256i; 8],
+    corr: __m256i,
+    d: f32,
+    dmin: f32,
+}
+
+/// An i16 scale vector: `lo` for the low 16 values of a chunk, `hi` for the high 16.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+fn scale2(lo: i32, hi: i32) -> __m256i {
+    _mm256_set_m128i(_mm_set1_epi16(hi as i16), _mm_set1_epi16(lo as i16))
+}
+
+/// Sixteen i32 coefficients as an i16 vector (every caller's values fit in i16).
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+fn coeffs(c: &[i32; 16]) -> __m256i {
+    let c: [i16; 16] = c.map(|v| v as i16);
+    // SAFETY: `c` is 32 readable bytes; loadu has no alignment requirement.
+    unsafe { _mm256_loadu_si256(c.as_ptr().cast()) }
+}
+
+/// The K-quant driver, for one weight row and up to eight activation rows at a time
+/// (`acts` holds `out.len()` rows of `ab` bytes back to back). Each super-block is
+/// decoded once (`$decode` gives a [`KBlock`]); for each row, `sumi` = the scaled
+/// integer sum over the eight chunks and `c` = `sum_i corr_i * bsums_i` (both exact),
+/// and the block value is `block_k_min(dx, d, dmin, sumi, c)` for the formats with mins
+/// (`$min`), else `block_k(dx, d, sumi - c)`: the scalar twin's integers and formula.
+/// The single-row kernels below fuse decoding and multiplying instead (faster for one
+/// row) but compute the same integers and formula.
+macro_rules! k_kernel {
+    ($rows:ident, $wb:expr, $min:expr, decode |$w:ident| $decode:expr) => {
+        #[target_feature(enable = "avx2,f16c")]
+        fn $rows(w: &[u8], acts: &[u8], ab: usize, out: &mut [f32]) {
+            let decode = |$w: &[u8]| -> KBlock { $decode };
+            let nb = (w.len() / $wb).min(ab / 292);
+            for (acts, out) in acts.chunks(8 * ab).zip(out.chunks_mut(8)) {
+                let nr = out.len().min(acts.len() / ab.max(1));
+                let mut lanes = [Lanes::default(); 8];
+                for b in 0..nb {
+                    let k = decode(&w[b * $wb..][..$wb]);
+                    for (r, lanes) in lanes.iter_mut().enumerate().take(nr) {
+                        let a = &acts[r * ab + b * 292..][..292];
+                        let mut acc = _mm256_setzero_si256();
+                        for c in 0..8 {
+                            let y = load32(arr(a, 4 + 32 * c));
+                            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(k.u[c], y), k.sc[c]);
+                            acc = _mm256_add_epi32(acc, p);
+                        }
+                        let sumi = hsum(acc);
+                        let c = hsum(_mm256_madd_epi16(load32(arr(a, 260)), k.corr));
+                        let v = if $min {
+                            block_k_min(f32_at(a, 0), k.d, k.dmin, sumi, c)
+                        } else {
+                            block_k(f32_at(a, 0), k.d, sumi - c)
+                        };
+                        lanes.add(b, v);
+                    }
+                }
+                for (o, l) in out.iter_mut().zip(&lanes).take(nr) {
+                    *o = l.finish();
+                }
+            }
+        }
+    };
+}
+
+k_kernel!(
+    q4_k_rows,
+    144,
+    true,
+    decode | w | {
+        let (sc, m) = k4_scales_mins(&w[4..16]);
+        let mut u = [_mm256_setzero_si256(); 8];
+        for j in 0..4 {
+            let q = load32(arr(w, 16 + 32 * j));
+            u[2 * j] = _mm256_and_si256(q, _mm256_set1_epi8(0x0F));
+            u[2 * j + 1] = _mm256_and_si256(srl16(q, 4), _mm256_set1_epi8(0x0F));
+        }
+        KBlock {
+            u,
+            sc: std::array::from_fn(|c| scale2(i32::from(sc[c]), i32::from(sc[c]))),
+            corr: coeffs(&std::array::from_fn(|i| i32::from(m[i / 2]))),
+            d: f16_at(w, 0),
+            dmin: f16_at(w, 2),
+        }
+    }
+);
+
+k_kernel!(
+    q5_k_rows,
+    176,
+    true,
+    decode | w | {
+        let (sc, m) = k4_scales_mins(&w[4..16]);
+        let qh = load32(arr(w, 16));
+        let one = _mm256_set1_epi8(1);
+        let mut u = [_mm256_setzero_si256(); 8];
+        for j in 0..4 {
+            let q = load32(arr(w, 48 + 32 * j));
+            let hb0 = _mm256_slli_epi16::<4>(_mm256_and_si256(srl16(qh, 2 * j), one));
+            let hb1 = _mm256_slli_epi16::<4>(_mm256_and_si256(srl16(qh, 2 * j + 1), one));
+            u[2 * j] = _mm256_or_si256(_mm256_and_si256(q, _mm256_set1_epi8(0x0F)), hb0);
+            u[2 * j + 1] =
+                _mm256_or_si256(_mm256_and_si256(srl16(q, 4), _mm256_set1_epi8(0x0F)), hb1);
+        }
+        KBlock {
+            u,
+            sc: std::array::from_fn(|c| scale2(i32::from(sc[c]), i32::from(sc[c]))),
+            corr: coeffs(&std::array::from_fn(|i| i32::from(m[i / 2]))),
+            d: f16_at(w, 0),
+            dmin: f16_at(w, 2),
+        }
+    }
+);
+
+k_kernel!(
+    q6_k_rows,
+    210,
+    false,
+    decode | w | {
+        let sc: [i32; 16] = std::array::from_fn(|i| i32::from(w[192 + i] as i8));
+        let mut u = [_mm256_setzero_si256(); 8];
+        for n in 0..2 {
+            let qh = load32(arr(w, 128 + 32 * n));
+            let ql0 = load32(arr(w, 64 * n));
+            let ql1 = load32(arr(w, 64 * n + 32));
+            for k in 0..4 {
+                let src = if k % 2 == 0 { ql0 } else { ql1 };
+                let low = _mm256_and_si256(srl16(src, 4 * (k / 2)), _mm256_set1_epi8(0x0F));
+                let high =
+                    _mm256_slli_epi16::<4>(_mm256_and_si256(srl16(qh, 2 * k), _mm256_set1_epi8(3)));
+                u[4 * n + k] = _mm256_or_si256(low, high);
+            }
+        }
+        KBlock {
+            u,
+            sc: std::array::from_fn(|c| scale2(sc[2 * c], sc[2 * c + 1])),
+            corr: coeffs(&sc.map(|s| 32 * s)),
+            d: f16_at(w, 208),
+            dmin: 0.0,
+        }
+    }
+);
+
+k_kernel!(
+    q2_k_rows,
+    84,
+    true,
+    decode | w | {
+        let scales = &w[0..16];
+        let mut u = [_mm256_setzero_si256(); 8];
+        for n in 0..2 {
+            let q = load32(arr(w, 16 + 32 * n));
+            for k in 0..4 {
+                u[4 * n + k] = _mm256_and_si256(srl16(q, 2 * k), _mm256_set1_epi8(3));
+            }
+        }
+        let sc = |g: usize| i32::from(scales[g] & 15);
+        KBlock {
+            u,
+            sc: std::array::from_fn(|c| scale2(sc(2 * c), sc(2 * c + 1))),
+            corr: coeffs(&std::array::from_fn(|i| i32::from(scales[i] >> 4))),
+            d: f16_at(w, 80),
+            dmin: f16_at(w, 82),
+        }
+    }
+);
+
+k_kernel!(
+    q3_k_rows,
+    110,
+    false,
+    decode | w | {
+        let s = q3k_scales(&w[96..108]);
+        let hm = load32(arr(w, 0));
+        let mut u = [_mm256_setzero_si256(); 8];
+        for n in 0..2 {
+            let q = load32(arr(w, 32 + 32 * n));
+            for k in 0..4 {
+                let low = _mm256_and_si256(srl16(q, 2 * k), _mm256_set1_epi8(3));
+                let hb = _mm256_slli_epi16::<2>(_mm256_and_si256(
+                    srl16(hm, 4 * n + k),
+                    _mm256_set1_epi8(1),
+                ));
+                u[4 * n + k] = _mm256_or_si256(low, hb);
+            }
+        }
+        KBlock {
+            u,
+            sc: std::array::from_fn(|c| scale2(s[2 * c], s[2 * c + 1])),
+            corr: coeffs(&s.map(|s| 4 * s)),
+            d: f16_at(w, 108),
+            dmin: 0.0,
+        }
+    }
+);
+
 /// The super-block driver of the K-quants: `f` returns the block's value from its
 /// weight and activation bytes.
 #[inline(always)]
@@ -490,101 +706,3 @@ fn q3_k(w: &[u8], a: &[u8]) -> f32 {
         block_k(f32_at(a, 0), f16_at(w, 108), sumi)
     })
 }
-
-/// The K-quant multi-row driver: each super-block is decoded once (`$decode`: eight
-/// 32-value chunks as unsigned bytes, and for each chunk an i16 scale vector whose low
-/// half applies to values 0..16 and high half to 16..32), then for each activation row
-/// the scaled integer sum is formed and `$finish` turns it (with the row's bsums) into
-/// the block value, exactly as the single-row kernel does.
-macro_rules! k_rows_kernel {
-    ($rows:ident, $wb:expr,
-     decode |$w:ident| $decode:expr, finish |$fw:ident, $fa:ident, $isum:ident| $finish:expr) => {
-        #[target_feature(enable = "avx2,f16c")]
-        fn $rows(w: &[u8], acts: &[u8], ab: usize, out: &mut [f32]) {
-            let decode = |$w: &[u8]| -> ([__m256i; 8], [__m256i; 8]) { $decode };
-            let finish = |$fw: &[u8], $fa: &[u8], $isum: i32| -> f32 { $finish };
-            let nb = (w.len() / $wb).min(ab / 292);
-            for (acts, out) in acts.chunks(8 * ab).zip(out.chunks_mut(8)) {
-                let nr = out.len().min(acts.len() / ab.max(1));
-                let mut lanes = [Lanes::default(); 8];
-                for b in 0..nb {
-                    let wb = &w[b * $wb..][..$wb];
-                    let (u, sc) = decode(wb);
-                    for (r, lanes) in lanes.iter_mut().enumerate().take(nr) {
-                        let a = &acts[r * ab + b * 292..][..292];
-                        let mut acc = _mm256_setzero_si256();
-                        for c in 0..8 {
-                            let y = load32(arr(a, 4 + 32 * c));
-                            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u[c], y), sc[c]);
-                            acc = _mm256_add_epi32(acc, p);
-                        }
-                        lanes.add(b, finish(wb, a, hsum(acc)));
-                    }
-                }
-                for (o, l) in out.iter_mut().zip(&lanes).take(nr) {
-                    *o = l.finish();
-                }
-            }
-        }
-    };
-}
-
-/// An i16 scale vector: `lo` for the low 16 values of a chunk, `hi` for the high 16.
-#[target_feature(enable = "avx2,f16c")]
-#[inline]
-fn scale2(lo: i32, hi: i32) -> __m256i {
-    _mm256_set_m128i(_mm_set1_epi16(hi as i16), _mm_set1_epi16(lo as i16))
-}
-
-k_rows_kernel!(
-    q4_k_rows,
-    144,
-    decode | w | {
-        let (sc, _) = k4_scales_mins(&w[4..16]);
-        let mut u = [_mm256_setzero_si256(); 8];
-        for j in 0..4 {
-            let q = load32(arr(w, 16 + 32 * j));
-            u[2 * j] = _mm256_and_si256(q, _mm256_set1_epi8(0x0F));
-            u[2 * j + 1] = _mm256_and_si256(srl16(q, 4), _mm256_set1_epi8(0x0F));
-        }
-        (
-            u,
-            std::array::from_fn(|c| scale2(i32::from(sc[c]), i32::from(sc[c]))),
-        )
-    },
-    finish | w,
-    a,
-    sumi | {
-        let (_, m) = k4_scales_mins(&w[4..16]);
-        let summ = k4_min_sum(&m, a);
-        block_k_min(f32_at(a, 0), f16_at(w, 0), f16_at(w, 2), sumi, summ)
-    }
-);
-
-k_rows_kernel!(
-    q6_k_rows,
-    210,
-    decode | w | {
-        let sc: [i32; 16] = std::array::from_fn(|i| i32::from(w[192 + i] as i8));
-        let mut u = [_mm256_setzero_si256(); 8];
-        for n in 0..2 {
-            let qh = load32(arr(w, 128 + 32 * n));
-            let ql0 = load32(arr(w, 64 * n));
-            let ql1 = load32(arr(w, 64 * n + 32));
-            for k in 0..4 {
-                let src = if k % 2 == 0 { ql0 } else { ql1 };
-                let low = _mm256_and_si256(srl16(src, 4 * (k / 2)), _mm256_set1_epi8(0x0F));
-                let high =
-                    _mm256_slli_epi16::<4>(_mm256_and_si256(srl16(qh, 2 * k), _mm256_set1_epi8(3)));
-                u[4 * n + k] = _mm256_or_si256(low, high);
-            }
-        }
-        (u, std::array::from_fn(|c| scale2(sc[2 * c], sc[2 * c + 1])))
-    },
-    finish | w,
-    a,
-    isum | {
-        let sc: [i32; 16] = std::array::from_fn(|i| i32::from(w[192 + i] as i8));
-        block_k(f32_at(a, 0), f16_at(w, 208), isum - 32 * bsum_dot(&sc, a))
-    }
-);
