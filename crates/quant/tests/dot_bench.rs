@@ -81,6 +81,31 @@ fn bench(ty: GgmlType, width: usize) {
 
 #[test]
 #[ignore = "micro-benchmark; run with --ignored --nocapture"]
+fn quantize_ns_per_row() {
+    for (act_ty, width) in [
+        (GgmlType::Q8_0, 576),
+        (GgmlType::Q8_0, 896),
+        (GgmlType::Q8_K, 2304),
+        (GgmlType::Q8_K, 4864),
+    ] {
+        let x: Vec<f32> = bytes(width, 7)
+            .iter()
+            .map(|&b| f32::from(b) - 128.0)
+            .collect();
+        let mut a = vec![0u8; act_ty.row_bytes(width as u64).unwrap() as usize];
+        let reps = 20_000;
+        let t = Instant::now();
+        for _ in 0..reps {
+            quantize_activation(act_ty, black_box(&x), &mut a).unwrap();
+            black_box(&a);
+        }
+        let ns = t.elapsed().as_nanos() as f64 / reps as f64;
+        eprintln!("quantize {act_ty} x {width}: {ns:8.1} ns/row");
+    }
+}
+
+#[test]
+#[ignore = "micro-benchmark; run with --ignored --nocapture"]
 fn dot_ns_per_row() {
     for ty in [
         GgmlType::Q4_0,

@@ -32,20 +32,47 @@ fn nearest_int(v: f32) -> i32 {
     (t.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
 }
 
+/// `roundf(v)` (round half away from zero) as an integer, for `|v| < 2^31`, without a
+/// libm call: truncate, then step away from zero when the exact remainder is at least
+/// one half (the remainder `v - trunc(v)` is exact for every f32 in range).
+#[inline(always)]
+fn round_away(v: f32) -> i32 {
+    let t = v as i32;
+    let r = v - t as f32;
+    t + i32::from(r >= 0.5) - i32::from(r <= -0.5)
+}
+
+/// `max |x|`, as ggml's sequential `amax = MAX(amax, fabsf(v))` from 0 gives it for
+/// finite inputs (the maximum of a set does not depend on the order, so eight
+/// independent running maxima, which the compiler vectorizes, give the same value).
+#[inline(always)]
+fn abs_max(x: &[f32]) -> f32 {
+    let mut m = [0.0f32; 8];
+    let chunks = x.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (m, &v) in m.iter_mut().zip(c) {
+            let a = v.abs();
+            *m = if *m > a { *m } else { a };
+        }
+    }
+    for (m, &v) in m.iter_mut().zip(rest) {
+        let a = v.abs();
+        *m = if *m > a { *m } else { a };
+    }
+    m.into_iter()
+        .fold(0.0, |acc, v| if acc > v { acc } else { v })
+}
+
 /// The scale `d`, its reciprocal `id` and the 32 quants of one Q8_0/Q8_1 block.
 #[inline(always)]
 fn q8_block(x: &[f32]) -> (f32, [i8; 32]) {
-    let mut amax = 0.0f32;
-    for &v in x {
-        // ggml: MAX(amax, fabsf(v)), i.e. `amax > |v| ? amax : |v|`.
-        let a = v.abs();
-        amax = if amax > a { amax } else { a };
-    }
+    let amax = abs_max(x);
     let d = amax / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     let mut qs = [0i8; 32];
     for (q, &v) in qs.iter_mut().zip(x) {
-        *q = (v * id).round() as i8;
+        *q = round_away(v * id) as i8;
     }
     (d, qs)
 }
@@ -110,15 +137,9 @@ pub fn quantize_row_q8_1(x: &[f32], out: &mut [u8]) -> Result<(), DotError> {
 pub fn quantize_row_q8_k(x: &[f32], out: &mut [u8]) -> Result<(), DotError> {
     check(x, out, GgmlType::Q8_K)?;
     for (x, b) in x.chunks_exact(QK_K).zip(out.chunks_exact_mut(292)) {
-        let mut max = 0.0f32;
-        let mut amax = 0.0f32;
-        for &v in x {
-            let a = v.abs();
-            if a > amax {
-                amax = a;
-                max = v;
-            }
-        }
+        // ggml keeps the first value of the largest magnitude (`if (ax > amax)`).
+        let amax = abs_max(x);
+        let max = x.iter().copied().find(|v| v.abs() == amax).unwrap_or(0.0);
         b.fill(0);
         if amax == 0.0 {
             continue;
@@ -156,6 +177,35 @@ pub fn quantize_activation(act: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `round_away` equals `f32::round` (C's `roundf`) on a dense sample of every f32
+    /// with magnitude up to 2^20, and on the halfway cases.
+    #[test]
+    fn round_away_is_roundf() {
+        let limit = (1u32 << 20) as f32;
+        let mut n = 0;
+        for bits in (0..0x7f80_0000u32).step_by(61) {
+            for v in [f32::from_bits(bits), -f32::from_bits(bits)] {
+                if v.abs() > limit {
+                    continue;
+                }
+                assert_eq!(
+                    round_away(v),
+                    v.round() as i32,
+                    "{v:e} ({:#x})",
+                    v.to_bits()
+                );
+                n += 1;
+            }
+        }
+        assert!(n > 10_000_000);
+        for k in -300..300 {
+            let v = k as f32 + 0.5;
+            assert_eq!(round_away(v), v.round() as i32, "{v}");
+            let below = f32::from_bits(v.to_bits() - 1);
+            assert_eq!(round_away(below), below.round() as i32, "{below}");
+        }
+    }
 
     #[test]
     fn nearest_int_is_round_half_even() {
