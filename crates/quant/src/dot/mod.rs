@@ -1,4 +1,5 @@
-//! Activation quantization and quantized dot products (one weight row · one activation row).
+//! Activation quantization and quantized dot products (one weight row · one activation
+//! row, or one weight row · several activation rows).
 //!
 //! # Use
 //! ```
@@ -12,7 +13,23 @@
 //! let k = best_kernel(GgmlType::Q4_0).unwrap(); // once per weight matrix
 //! let y: f32 = k.dot(&w, &act); // per output element
 //! assert_eq!(y, 0.0);
+//! // Prefill: one weight row against several activation rows stored back to back;
+//! // every result has exactly the bits `dot` gives for that row alone.
+//! let acts = [act.clone(), act.clone(), act].concat();
+//! let mut out = [f32::NAN; 3];
+//! k.dot_rows(&w, &acts, &mut out);
+//! assert_eq!(out, [y; 3]);
 //! ```
+//!
+//! # Kernels
+//! | ISA | formats | selected when |
+//! |---|---|---|
+//! | scalar ([`dot_scalar`]) | all ten | always available; the reference |
+//! | AVX2 + F16C | all ten, single-row and multi-row | `is_x86_feature_detected!` |
+//! | NEON (baseline) | all ten, single-row (multi-row loops over rows) | `is_aarch64_feature_detected!`; compile-checked only |
+//! | AVX-512 VNNI | none: `vpdpbusd` in place of `maddubs + madd` measured no faster for these kernels | never |
+//!
+//! AMX is never used.
 //!
 //! # Pairing (ggml's `vec_dot_type`, ggml-cpu/ggml-cpu.c `type_traits_cpu`, except Q4_1/Q5_1)
 //! | weight | activation |
@@ -98,7 +115,8 @@ pub enum Isa {
     Scalar,
     /// x86-64 AVX2 (with F16C for the scale conversions).
     Avx2,
-    /// x86-64 AVX-512 VNNI + VL (256-bit `vpdpbusd`); not implemented yet.
+    /// x86-64 AVX-512 VNNI + VL (256-bit `vpdpbusd`): no kernels (measured no faster than
+    /// AVX2 here), so never available.
     Avx512Vnni,
     /// aarch64 NEON (baseline, no `dotprod`); compile-checked only so far.
     Neon,
