@@ -16,6 +16,11 @@
 //!   `qs = min(127, nearest_int(iscale * x))` where `nearest_int` rounds half to even
 //!   (ggml's `+ 12582912.f` trick), `bsums[j] = sum(qs[16 j..16 j + 16])`, `d = 1 / iscale`.
 //!
+//! ggml's own run-time x86 quantizer (ggml-cpu/arch/x86/quants.c `quantize_row_q8_0`,
+//! AVX2 path) is not the reference one: it multiplies by `127 / amax` and rounds ties to
+//! even (`_mm256_round_ps(.., _MM_ROUND_NEAREST)`), so llama.cpp's activations can differ
+//! from these (and from `_ref`) in the last quant on rare ties.
+//!
 //! Inputs are expected to be finite; NaN or infinite activations give unspecified (but
 //! memory-safe) quants, as in ggml.
 
