@@ -259,6 +259,53 @@ fn dot_rows_equals_dot_per_row() {
     assert_eq!(multi.len(), DOT_TYPES.len());
 }
 
+/// `dot_tile` gives every (weight row, activation row) pair exactly the bits of `dot`.
+#[test]
+fn dot_tile_equals_dot_per_pair() {
+    let mut rng = Rng(0x7171_0000_0000_0007);
+    for ty in DOT_TYPES {
+        let act_ty = vec_dot_type(ty).unwrap();
+        for &nb in counts(ty).iter().step_by(2) {
+            let n = nb * ty.block_size();
+            let wrb = nb * ty.type_size();
+            for (n_w, n_a) in [(1usize, 1usize), (3, 2), (2, 8), (5, 9), (1, 13), (4, 0)] {
+                let mut ws = Vec::new();
+                for _ in 0..n_w {
+                    ws.extend(weight_row(&mut rng, ty, nb, Scales::Normal));
+                }
+                let mut acts = Vec::new();
+                for r in 0..n_a {
+                    let scale = [1.0f32, 1e3, 1e-3][r % 3];
+                    acts.extend(quantized(act_ty, &act_values(&mut rng, n, scale)));
+                }
+                let ab = acts.len().checked_div(n_a).unwrap_or(0);
+                for isa in Isa::available() {
+                    let k = kernel(ty, isa).unwrap();
+                    let mut out = vec![f32::NAN; n_w * n_a];
+                    k.dot_tile(&ws, n_w, &acts, n_a, &mut out);
+                    for r in 0..n_a {
+                        for i in 0..n_w {
+                            let want = k.dot(&ws[i * wrb..][..wrb], &acts[r * ab..][..ab]);
+                            let got = out[r * n_w + i];
+                            assert!(
+                                same_bits(got, want),
+                                "{ty} {isa:?} {nb} blocks, tile {n_w}x{n_a}, ({i}, {r}): {got:e} vs {want:e}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "output length")]
+fn dot_tile_checks_lengths() {
+    let k = kernel(GgmlType::Q4_0, Isa::best()).unwrap();
+    k.dot_tile(&[0u8; 36], 2, &[0u8; 34], 1, &mut [0.0; 3]);
+}
+
 #[test]
 #[should_panic(expected = "activation bytes are not 3 rows")]
 fn dot_rows_checks_lengths() {

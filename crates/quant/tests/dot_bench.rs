@@ -76,6 +76,18 @@ fn bench(ty: GgmlType, width: usize) {
     }
     let ns = t.elapsed().as_nanos() as f64 / (reps * rows * 8) as f64;
     line += &format!(" | {:?} dot_rows x8 {ns:6.1} ns/row", k.isa());
+    // A tile of 64 weight rows x 8 activation rows per call.
+    let mut tile = vec![0f32; 64 * 8];
+    let reps = 50;
+    let t = Instant::now();
+    for _ in 0..reps {
+        for ws in w.chunks_exact(64 * row_bytes) {
+            k.dot_tile(black_box(ws), 64, black_box(&acts), 8, &mut tile);
+            black_box(&tile);
+        }
+    }
+    let ns = t.elapsed().as_nanos() as f64 / (reps * rows * 8) as f64;
+    line += &format!(" | dot_tile 64x8 {ns:6.1} ns/pair");
     eprintln!("{line}");
 }
 

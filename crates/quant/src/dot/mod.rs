@@ -19,13 +19,18 @@
 //! let mut out = [f32::NAN; 3];
 //! k.dot_rows(&w, &acts, &mut out);
 //! assert_eq!(out, [y; 3]);
+//! // A tile of weight rows x activation rows: out[r * n_w + i].
+//! let ws = [w.clone(), w].concat();
+//! let mut tile = [f32::NAN; 6];
+//! k.dot_tile(&ws, 2, &acts, 3, &mut tile);
+//! assert_eq!(tile, [y; 6]);
 //! ```
 //!
 //! # Kernels
 //! | ISA | formats | selected when |
 //! |---|---|---|
 //! | scalar ([`dot_scalar`]) | all ten | always available; the reference |
-//! | AVX2 + F16C | all ten, single-row and multi-row | `is_x86_feature_detected!` |
+//! | AVX2 + F16C | all ten, single-row ([`DotKernel::dot`]) and multi-row ([`DotKernel::dot_rows`]); tiles ([`DotKernel::dot_tile`]) for the five legacy formats | `is_x86_feature_detected!` |
 //! | NEON (baseline) | all ten, single-row (multi-row loops over rows) | `is_aarch64_feature_detected!`; compile-checked only |
 //! | AVX-512 VNNI | none: `vpdpbusd` in place of `maddubs + madd` measured no faster for these kernels | never |
 //!
@@ -182,6 +187,10 @@ type RowFn = fn(&[u8], &[u8]) -> f32;
 /// lengths already checked; `out[r]` has the bits of `RowFn(w, row r)`.
 type RowsFn = fn(&[u8], &[u8], usize, &mut [f32]);
 
+/// A safe tile kernel: `fn(weight_rows, n_w, activation_rows, n_a, out)` with
+/// `out[r * n_w + i]`, lengths already checked; each element has the bits of `RowFn`.
+type TileFn = fn(&[u8], usize, &[u8], usize, &mut [f32]);
+
 /// A dot-product kernel for one weight type on one ISA, chosen once and called per row.
 #[derive(Clone, Copy)]
 pub struct DotKernel {
@@ -190,6 +199,7 @@ pub struct DotKernel {
     isa: Isa,
     f: RowFn,
     rows: Option<RowsFn>,
+    tile: Option<TileFn>,
 }
 
 impl std::fmt::Debug for DotKernel {
@@ -293,6 +303,46 @@ impl DotKernel {
         }
     }
 
+    /// The tile product for prefill: `ws` holds `n_w` weight rows and `acts` holds `n_a`
+    /// activation rows, each back to back; `out[r * n_w + i]` (activation row `r`, weight
+    /// row `i`) gets exactly the bits of `self.dot(weight row i, activation row r)`. The
+    /// tile kernels (AVX2: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) decode each weight block once per
+    /// eight activation rows and prepare the activation-only terms once per activation
+    /// row; other types run [`Self::dot_rows`] per weight row.
+    ///
+    /// # Panics
+    /// If `ws` is not `n_w` rows and `acts` not `n_a` rows of matching lengths, or
+    /// `out.len() != n_a * n_w`.
+    pub fn dot_tile(&self, ws: &[u8], n_w: usize, acts: &[u8], n_a: usize, out: &mut [f32]) {
+        assert_eq!(out.len(), n_a * n_w, "dot_tile {}: output length", self.ty);
+        if n_w == 0 || n_a == 0 {
+            return;
+        }
+        let (wrb, ab) = (ws.len() / n_w, acts.len() / n_a);
+        assert!(
+            wrb * n_w == ws.len() && ab * n_a == acts.len(),
+            "dot_tile {}: {} weight bytes are not {n_w} rows or {} activation bytes not {n_a} rows",
+            self.ty,
+            ws.len(),
+            acts.len()
+        );
+        if let Err(e) = self.check(&ws[..wrb], &acts[..ab]) {
+            panic!("{e}");
+        }
+        match self.tile {
+            Some(tile) => tile(ws, n_w, acts, n_a, out),
+            None => {
+                let mut col = vec![0f32; n_a];
+                for (i, w) in ws.chunks_exact(wrb.max(1)).enumerate().take(n_w) {
+                    self.dot_rows(w, acts, &mut col);
+                    for (r, v) in col.iter().enumerate() {
+                        out[r * n_w + i] = *v;
+                    }
+                }
+            }
+        }
+    }
+
     /// As [`Self::dot`], returning an error instead of panicking.
     ///
     /// # Errors
@@ -314,21 +364,25 @@ pub fn kernel(ty: GgmlType, isa: Isa) -> Result<DotKernel, DotError> {
     if !isa.is_available() {
         return Err(DotError::IsaUnavailable(isa));
     }
-    let simd: Option<(RowFn, Option<RowsFn>)> = match isa {
+    type Simd = (RowFn, Option<RowsFn>, Option<TileFn>);
+    let simd: Option<Simd> = match isa {
         Isa::Scalar => None,
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => x86::avx2_kernel(ty).map(|f| (f, x86::avx2_rows_kernel(ty))),
+        Isa::Avx2 => {
+            x86::avx2_kernel(ty).map(|f| (f, x86::avx2_rows_kernel(ty), x86::avx2_tile_kernel(ty)))
+        }
         #[cfg(target_arch = "aarch64")]
-        Isa::Neon => aarch64::neon_kernel(ty).map(|f| (f, None)),
+        Isa::Neon => aarch64::neon_kernel(ty).map(|f| (f, None, None)),
         _ => None,
     };
     Ok(match simd {
-        Some((f, rows)) => DotKernel {
+        Some((f, rows, tile)) => DotKernel {
             ty,
             act,
             isa,
             f,
             rows,
+            tile,
         },
         None => DotKernel {
             ty,
@@ -336,6 +390,7 @@ pub fn kernel(ty: GgmlType, isa: Isa) -> Result<DotKernel, DotError> {
             isa: Isa::Scalar,
             f: scalar::kernel(ty).ok_or(DotError::NoDot(ty))?,
             rows: None,
+            tile: None,
         },
     })
 }

@@ -18,7 +18,7 @@ use std::arch::x86_64::*;
 
 use super::{
     block_k, block_k_min, block_min, block_sym, bsum_dot, f16_at, f32_at, k4_min_sum,
-    k4_scales_mins, q3k_scales, Lanes, RowFn, RowsFn,
+    k4_scales_mins, q3k_scales, Lanes, RowFn, RowsFn, TileFn,
 };
 use crate::GgmlType;
 
@@ -115,6 +115,35 @@ pub(super) fn avx2_rows_kernel(ty: GgmlType) -> Option<RowsFn> {
         T::Q6_K => |w, a, ab, out| {
             // SAFETY: handed out only after AVX2+F16C detection (module doc).
             unsafe { q6_k_rows(w, a, ab, out) }
+        },
+        _ => return None,
+    })
+}
+
+/// The AVX2 tile kernel for `ty` (several weight rows against several activation rows),
+/// if there is one. Callers must have checked `Isa::Avx2.is_available()`.
+pub(super) fn avx2_tile_kernel(ty: GgmlType) -> Option<TileFn> {
+    use GgmlType as T;
+    Some(match ty {
+        T::Q4_0 => |w, nw, a, na, out| {
+            // SAFETY: handed out only after AVX2+F16C detection (module doc).
+            unsafe { q4_0_tile(w, nw, a, na, out) }
+        },
+        T::Q4_1 => |w, nw, a, na, out| {
+            // SAFETY: handed out only after AVX2+F16C detection (module doc).
+            unsafe { q4_1_tile(w, nw, a, na, out) }
+        },
+        T::Q5_0 => |w, nw, a, na, out| {
+            // SAFETY: handed out only after AVX2+F16C detection (module doc).
+            unsafe { q5_0_tile(w, nw, a, na, out) }
+        },
+        T::Q5_1 => |w, nw, a, na, out| {
+            // SAFETY: handed out only after AVX2+F16C detection (module doc).
+            unsafe { q5_1_tile(w, nw, a, na, out) }
+        },
+        T::Q8_0 => |w, nw, a, na, out| {
+            // SAFETY: handed out only after AVX2+F16C detection (module doc).
+            unsafe { q8_0_tile(w, nw, a, na, out) }
         },
         _ => return None,
     })
@@ -237,8 +266,90 @@ fn f16x8(s: &[u8], stride: usize, at: usize) -> __m256 {
 /// through the scalar tail. `$min` formats also sum the activation quants for the
 /// `block_min` formula (weight min at byte 2). The single-row kernel is the one-row case.
 macro_rules! legacy_kernel {
-    ($name:ident, $rows:ident, $wb:expr, $min:expr,
+    ($name:ident, $rows:ident, $tile:ident, $wb:expr, $min:expr,
      decode |$w:ident| $decode:expr, prod |$u:ident, $y:ident| $prod:expr) => {
+        /// The tile kernel: `n_w` weight rows (`ws`) by `n_a` activation rows (`acts`),
+        /// `out[r * n_w + i]`. The activation-only parts of the block values (the
+        /// widened scales, and for `$min` the block sums of the quants) are computed once
+        /// per activation row instead of once per pair; the values are the same.
+        #[target_feature(enable = "avx2,f16c")]
+        fn $tile(ws: &[u8], n_w: usize, acts: &[u8], n_a: usize, out: &mut [f32]) {
+            let decode = |$w: &[u8]| -> __m256i { $decode };
+            let prod = |$u: __m256i, $y: __m256i| -> __m256i { $prod };
+            let ysum = |y: __m256i| dot_u8i8(_mm256_set1_epi8(1), y);
+            let (wrb, ab) = (ws.len() / n_w.max(1), acts.len() / n_a.max(1));
+            let nb = (wrb / $wb).min(ab / 34);
+            let groups = nb / 8;
+            let tail = nb - 8 * groups;
+            // Per activation row: per group the eight scales and (for `$min`) the eight
+            // block sums as f32; per tail block the block sum.
+            let mut dxs = Vec::with_capacity(n_a * groups);
+            let mut yss = Vec::with_capacity(if $min { n_a * groups } else { 0 });
+            let mut ys_tail = Vec::with_capacity(if $min { n_a * tail } else { 0 });
+            for a in acts.chunks_exact(ab.max(1)).take(n_a) {
+                for g in 0..groups {
+                    let a = &a[g * 8 * 34..][..8 * 34];
+                    dxs.push(f16x8(a, 34, 0));
+                    if $min {
+                        let ys: [__m256i; 8] =
+                            std::array::from_fn(|i| ysum(load32(arr(a, i * 34 + 2))));
+                        yss.push(_mm256_cvtepi32_ps(hsum8x8(&ys)));
+                    }
+                }
+                if $min {
+                    for b in groups * 8..nb {
+                        ys_tail.push(hsum(ysum(load32(arr(a, b * 34 + 2)))));
+                    }
+                }
+            }
+            for r0 in (0..n_a).step_by(8) {
+                let nr = (n_a - r0).min(8);
+                for i in 0..n_w {
+                    let w = &ws[i * wrb..][..wrb];
+                    let mut acc = [_mm256_setzero_ps(); 8];
+                    for g in 0..groups {
+                        let wg = &w[g * 8 * $wb..][..8 * $wb];
+                        let u: [__m256i; 8] =
+                            std::array::from_fn(|k| decode(&wg[k * $wb..][..$wb]));
+                        let dw = f16x8(wg, $wb, 0);
+                        let mw = if $min { f16x8(wg, $wb, 2) } else { dw };
+                        for (j, acc) in acc.iter_mut().enumerate().take(nr) {
+                            let r = r0 + j;
+                            let a = &acts[r * ab + g * 8 * 34..][..8 * 34];
+                            let v: [__m256i; 8] =
+                                std::array::from_fn(|k| prod(u[k], load32(arr(a, k * 34 + 2))));
+                            let isum = _mm256_cvtepi32_ps(hsum8x8(&v));
+                            let dx = dxs[r * groups + g];
+                            let mut val = _mm256_mul_ps(_mm256_mul_ps(dw, dx), isum);
+                            if $min {
+                                let m = _mm256_mul_ps(_mm256_mul_ps(mw, dx), yss[r * groups + g]);
+                                val = _mm256_add_ps(val, m);
+                            }
+                            *acc = _mm256_add_ps(*acc, val);
+                        }
+                    }
+                    for (j, acc) in acc.iter().enumerate().take(nr) {
+                        let r = r0 + j;
+                        let mut lanes = Lanes::default();
+                        // SAFETY: `lanes.0` is 8 f32s; storeu has no alignment requirement.
+                        unsafe { _mm256_storeu_ps(lanes.0.as_mut_ptr(), *acc) };
+                        for (t, b) in (groups * 8..nb).enumerate() {
+                            let (wb, a) = (&w[b * $wb..][..$wb], &acts[r * ab + b * 34..][..34]);
+                            let isum = hsum(prod(decode(wb), load32(arr(a, 2))));
+                            let v = if $min {
+                                let ys = ys_tail[r * tail + t];
+                                block_min(f16_at(wb, 0), f16_at(a, 0), isum, f16_at(wb, 2), ys)
+                            } else {
+                                block_sym(f16_at(wb, 0), f16_at(a, 0), isum)
+                            };
+                            lanes.add(b, v);
+                        }
+                        out[r * n_w + i] = lanes.finish();
+                    }
+                }
+            }
+        }
+
         #[target_feature(enable = "avx2,f16c")]
         fn $rows(w: &[u8], acts: &[u8], ab: usize, out: &mut [f32]) {
             let decode = |$w: &[u8]| -> __m256i { $decode };
@@ -303,6 +414,7 @@ macro_rules! legacy_kernel {
 legacy_kernel!(
     q4_0,
     q4_0_rows,
+    q4_0_tile,
     18,
     false,
     decode | w | nibbles32(arr(w, 2)),
@@ -313,6 +425,7 @@ legacy_kernel!(
 legacy_kernel!(
     q4_1,
     q4_1_rows,
+    q4_1_tile,
     20,
     true,
     decode | w | nibbles32(arr(w, 4)),
@@ -323,6 +436,7 @@ legacy_kernel!(
 legacy_kernel!(
     q5_0,
     q5_0_rows,
+    q5_0_tile,
     22,
     false,
     decode | w | {
@@ -337,6 +451,7 @@ legacy_kernel!(
 legacy_kernel!(
     q5_1,
     q5_1_rows,
+    q5_1_tile,
     24,
     true,
     decode | w | {
@@ -351,6 +466,7 @@ legacy_kernel!(
 legacy_kernel!(
     q8_0,
     q8_0_rows,
+    q8_0_tile,
     34,
     false,
     decode | w | load32(arr(w, 2)),
