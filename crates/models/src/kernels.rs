@@ -49,9 +49,13 @@ const ROWS_PER_TASK: usize = 16;
 /// `out[i][j] = Σ_c x[i][c] · W[j][c]`: `x` is `n × w.cols`, `out` is `n × w.rows`, both
 /// row-major; `wdata` is the matrix's stored bytes.
 ///
-/// Each weight row is dequantized once per call (bit-exact with ggml, frink-quant) and
-/// dotted with all `n` input rows, so prefill reads each weight once per chunk. Work is
-/// split over weight rows on the current rayon pool.
+/// Formats with an integer dot kernel (frink-quant `dot`: Q4_0..Q8_0, Q2_K..Q6_K) quantize
+/// each input row once to the kernel's activation type (Q8_0 or Q8_K, as ggml pairs them)
+/// and dot it with the stored blocks; the other formats (F32, F16, BF16, IQ*) dequantize
+/// each weight row once per call (bit-exact with ggml) and use an f32 [`dot`]. Either way
+/// each weight row is read once per call, so prefill reads each weight once per chunk,
+/// and an output element depends only on its weight row and its input row: the same bits
+/// whatever `n` is and however the work is split over the current rayon pool.
 ///
 /// Errors: the weight type has no dequantization ([`frink_quant::QuantError`]).
 pub fn matmul(w: &Matrix, wdata: &[u8], x: &[f32], n: usize, out: &mut [f32]) -> Result<()> {
@@ -60,24 +64,54 @@ pub fn matmul(w: &Matrix, wdata: &[u8], x: &[f32], n: usize, out: &mut [f32]) ->
     assert_eq!(wdata.len(), w.rows * w.row_bytes, "matmul weight bytes");
     // Results land transposed (weight row major) so each task owns a contiguous slice.
     let mut out_t = vec![0f32; n * w.rows];
-    out_t
-        .par_chunks_mut(ROWS_PER_TASK * n)
-        .enumerate()
-        .try_for_each_init(
-            || vec![0f32; w.cols],
-            |row, (task, chunk)| -> Result<()> {
-                let j0 = task * ROWS_PER_TASK;
+    let kernel = if frink_quant::dot::has_dot(w.ty) {
+        frink_quant::dot::best_kernel(w.ty).ok()
+    } else {
+        None
+    };
+    if let Some(k) = kernel {
+        let act = k.act_type();
+        let ab = act
+            .row_bytes(w.cols as u64)
+            .ok_or_else(|| crate::ModelError::Tensor {
+                name: format!("tensor #{}", w.tensor),
+                detail: format!("{} columns are not whole {act} blocks", w.cols),
+            })? as usize;
+        let mut acts = vec![0u8; n * ab];
+        for (xi, ai) in x.chunks_exact(w.cols).zip(acts.chunks_exact_mut(ab)) {
+            frink_quant::dot::quantize_activation(act, xi, ai).map_err(|e| {
+                crate::ModelError::Unsupported(format!("activation quantization: {e}"))
+            })?;
+        }
+        out_t
+            .par_chunks_mut(ROWS_PER_TASK * n)
+            .enumerate()
+            .for_each(|(task, chunk)| {
                 for (jj, dst) in chunk.chunks_mut(n).enumerate() {
-                    let j = j0 + jj;
-                    let bytes = &wdata[j * w.row_bytes..(j + 1) * w.row_bytes];
-                    frink_quant::dequantize(w.ty, bytes, row)?;
-                    for (i, d) in dst.iter_mut().enumerate() {
-                        *d = dot(&x[i * w.cols..(i + 1) * w.cols], row);
-                    }
+                    let j = task * ROWS_PER_TASK + jj;
+                    k.dot_rows(&wdata[j * w.row_bytes..(j + 1) * w.row_bytes], &acts, dst);
                 }
-                Ok(())
-            },
-        )?;
+            });
+    } else {
+        out_t
+            .par_chunks_mut(ROWS_PER_TASK * n)
+            .enumerate()
+            .try_for_each_init(
+                || vec![0f32; w.cols],
+                |row, (task, chunk)| -> Result<()> {
+                    let j0 = task * ROWS_PER_TASK;
+                    for (jj, dst) in chunk.chunks_mut(n).enumerate() {
+                        let j = j0 + jj;
+                        let bytes = &wdata[j * w.row_bytes..(j + 1) * w.row_bytes];
+                        frink_quant::dequantize(w.ty, bytes, row)?;
+                        for (i, d) in dst.iter_mut().enumerate() {
+                            *d = dot(&x[i * w.cols..(i + 1) * w.cols], row);
+                        }
+                    }
+                    Ok(())
+                },
+            )?;
+    }
     if n == 1 {
         out.copy_from_slice(&out_t);
     } else {

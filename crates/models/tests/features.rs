@@ -7,7 +7,10 @@ use std::path::PathBuf;
 use frink_models::arch::{Activation, ArchSpec};
 use frink_models::{KvCache, KvType, Logits, Model};
 
-fn fixture(name: &str) -> Option<(Model, Vec<u32>)> {
+/// A loaded model and its fixture's input ids.
+type Fixture = (Model, Vec<u32>);
+
+fn fixture(name: &str) -> Option<Fixture> {
     let dir: PathBuf = frink_testdata::require(&format!("fixtures/tiny/{name}"), name)?;
     let meta: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).unwrap()).unwrap();
@@ -128,11 +131,25 @@ fn rope_layout_matters() {
 
 /// One batch of 24 rows vs 24 single-row steps: the per-row computation does not depend on
 /// the rows beside it, so the logits and the cache are bit-identical (measured difference:
-/// exactly 0 on every architecture; any change of reduction order would show here).
+/// exactly 0 on every architecture and on both matmul paths, f32 and integer dot with
+/// quantized activations; any change of reduction order would show here).
 #[test]
 fn batched_prefill_equals_token_by_token_decode() {
-    for name in ["llama", "qwen2", "gemma3"] {
-        let Some((model, ids)) = fixture(name) else {
+    let quant = |t: &str| -> Option<Fixture> {
+        let dir = frink_testdata::require(&format!("fixtures/quant/{t}"), t)?;
+        let (_, ids) = fixture("llama_q256")?;
+        Some((Model::load(dir.join("llama.gguf")).unwrap(), ids))
+    };
+    let cases: Vec<(&str, Option<Fixture>)> = vec![
+        ("llama", fixture("llama")),
+        ("qwen2", fixture("qwen2")),
+        ("gemma3", fixture("gemma3")),
+        ("Q4_1", quant("Q4_1")),
+        ("Q4_K_M", quant("Q4_K_M")),
+        ("IQ3_XXS", quant("IQ3_XXS")),
+    ];
+    for (name, case) in cases {
+        let Some((model, ids)) = case else {
             return;
         };
         for kv_type in [KvType::F32, KvType::F16] {
