@@ -86,10 +86,25 @@ pub fn matmul(w: &Matrix, wdata: &[u8], x: &[f32], n: usize, out: &mut [f32]) ->
         out_t
             .par_chunks_mut(ROWS_PER_TASK * n)
             .enumerate()
-            .for_each(|(task, chunk)| {
+            .for_each_init(Vec::new, |tile, (task, chunk)| {
+                let j0 = task * ROWS_PER_TASK;
+                let n_w = chunk.len() / n;
+                if n == 1 {
+                    for (jj, dst) in chunk.chunks_mut(1).enumerate() {
+                        let j = j0 + jj;
+                        k.dot_rows(&wdata[j * w.row_bytes..(j + 1) * w.row_bytes], &acts, dst);
+                    }
+                    return;
+                }
+                // A tile of n_w weight rows × n input rows; every element has the bits of
+                // the single dot (frink-quant's DotKernel::dot_tile contract).
+                tile.resize(n * n_w, 0f32);
+                let ws = &wdata[j0 * w.row_bytes..(j0 + n_w) * w.row_bytes];
+                k.dot_tile(ws, n_w, &acts, n, tile);
                 for (jj, dst) in chunk.chunks_mut(n).enumerate() {
-                    let j = task * ROWS_PER_TASK + jj;
-                    k.dot_rows(&wdata[j * w.row_bytes..(j + 1) * w.row_bytes], &acts, dst);
+                    for (i, d) in dst.iter_mut().enumerate() {
+                        *d = tile[i * n_w + jj];
+                    }
                 }
             });
     } else {
