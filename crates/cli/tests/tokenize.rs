@@ -2,30 +2,17 @@
 //! as llama.cpp recorded them, standard input read byte for byte, CONTRACT.md's boolean flag
 //! spellings, and the error contract.
 
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
+mod common;
+
+use std::process::Output;
 
 use serde_json::Value;
 
 const MODELS: [&str; 3] = ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"];
 
+/// Runs frink with `stdin` piped in (or an empty standard input).
 fn frink(args: &[&str], stdin: Option<&[u8]>) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_frink"))
-        .args(args)
-        .env_remove("RUST_LOG")
-        .env_remove("FRINK_MODEL")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run frink");
-    {
-        let mut pipe = child.stdin.take().unwrap();
-        if let Some(bytes) = stdin {
-            pipe.write_all(bytes).unwrap();
-        }
-    }
-    child.wait_with_output().unwrap()
+    common::frink_with_stdin(args, stdin.unwrap_or(b""))
 }
 
 fn last_json(out: &Output) -> Value {

@@ -48,6 +48,26 @@ impl GgufWriter {
         }
     }
 
+    /// A writer holding everything `file` holds (version, metadata in order, tensors in
+    /// order): `to_bytes` gives the same image for files laid out as llama.cpp's tools lay
+    /// them out, and tests edit the copy to make variants of a real file.
+    pub fn from_file(file: &crate::GgufFile) -> Result<GgufWriter> {
+        let mut w = GgufWriter::new();
+        w.set_version(file.version());
+        for (k, v) in file.metadata() {
+            w.add_metadata(k.clone(), v.clone());
+        }
+        for t in file.tensors() {
+            w.add_tensor(
+                t.info.name.clone(),
+                t.info.ggml_type,
+                &t.info.shape,
+                t.data.to_vec(),
+            )?;
+        }
+        Ok(w)
+    }
+
     /// Sets the version written in the header (2 and 3 share one layout).
     pub fn set_version(&mut self, version: u32) -> &mut Self {
         self.version = version;

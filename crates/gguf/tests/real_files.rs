@@ -87,20 +87,7 @@ fn writer_reproduces_fixture_files_byte_for_byte() {
     for path in gguf_files(&root) {
         let original = std::fs::read(&path).unwrap();
         let f = GgufFile::from_bytes(original.clone()).unwrap();
-        let mut w = GgufWriter::new();
-        w.set_version(f.version());
-        for (k, v) in f.metadata() {
-            w.add_metadata(k.clone(), v.clone());
-        }
-        for t in f.tensors() {
-            w.add_tensor(
-                t.info.name.clone(),
-                t.info.ggml_type,
-                &t.info.shape,
-                t.data.to_vec(),
-            )
-            .unwrap();
-        }
+        let w = GgufWriter::from_file(&f).unwrap();
         let rewritten = w.to_bytes().unwrap();
         assert!(rewritten == original, "{}: rewrite differs", path.display());
     }

@@ -106,19 +106,7 @@ fn load_edited(
 ) -> Option<Result<Model, ModelError>> {
     let path = frink_testdata::require("fixtures/tiny/llama/model.gguf", "load_edited")?;
     let f = frink_gguf::GgufFile::open(path).unwrap();
-    let mut w = frink_gguf::GgufWriter::new();
-    for (k, v) in f.metadata() {
-        w.add_metadata(k.clone(), v.clone());
-    }
-    for t in f.tensors() {
-        w.add_tensor(
-            t.info.name.clone(),
-            t.info.ggml_type,
-            &t.info.shape,
-            t.data.to_vec(),
-        )
-        .unwrap();
-    }
+    let mut w = frink_gguf::GgufWriter::from_file(&f).unwrap();
     edit(&mut w);
     let file = frink_gguf::GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
     Some(Model::from_gguf(file))
