@@ -61,17 +61,8 @@ impl<'m> Session<'m> {
     /// Errors: [`ModelError::ContextFull`] before anything is written when the tokens do
     /// not fit; [`ModelError::TokenOutOfRange`].
     pub fn eval(&mut self, tokens: &[u32], logits: Logits) -> Result<Vec<f32>, ModelError> {
-        let needed = self.cache.n_past + tokens.len();
-        if needed > self.cache.n_ctx {
-            return Err(ModelError::ContextFull {
-                needed,
-                n_ctx: self.cache.n_ctx,
-            });
-        }
-        let n_vocab = self.model.config.n_vocab;
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
-            return Err(ModelError::TokenOutOfRange { id, n_vocab });
-        }
+        // Checked for the whole call before the first chunk writes to the cache.
+        self.model.check_input(&self.cache, tokens)?;
         let mut out = Vec::new();
         let n_chunks = tokens.len().div_ceil(self.n_batch);
         for (ci, chunk) in tokens.chunks(self.n_batch).enumerate() {

@@ -30,6 +30,25 @@ pub enum Logits {
 }
 
 impl Model {
+    /// Checks that `tokens` fit after what `cache` holds and are all in the vocabulary: the
+    /// one predicate behind every evaluation, run before anything is written.
+    ///
+    /// Errors: [`ModelError::ContextFull`], [`ModelError::TokenOutOfRange`].
+    pub fn check_input(&self, cache: &KvCache, tokens: &[u32]) -> Result<()> {
+        let needed = cache.n_past + tokens.len();
+        if needed > cache.n_ctx {
+            return Err(ModelError::ContextFull {
+                needed,
+                n_ctx: cache.n_ctx,
+            });
+        }
+        let n_vocab = self.config.n_vocab;
+        match tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            Some(&id) => Err(ModelError::TokenOutOfRange { id, n_vocab }),
+            None => Ok(()),
+        }
+    }
+
     /// Evaluates `tokens` at positions `cache.n_past ..`, appends their keys and values to
     /// `cache`, and returns the requested logits (row-major `[rows][n_vocab]`).
     ///
@@ -41,22 +60,11 @@ impl Model {
     /// [`ModelError::TokenOutOfRange`] for an id outside the vocabulary; both are checked
     /// before anything is written to the cache.
     pub fn forward(&self, cache: &mut KvCache, tokens: &[u32], logits: Logits) -> Result<Vec<f32>> {
+        self.check_input(cache, tokens)?;
         let c = &self.config;
         let w = &self.weights;
         let n = tokens.len();
         let p0 = cache.n_past;
-        if p0 + n > cache.n_ctx {
-            return Err(ModelError::ContextFull {
-                needed: p0 + n,
-                n_ctx: cache.n_ctx,
-            });
-        }
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= c.n_vocab) {
-            return Err(ModelError::TokenOutOfRange {
-                id,
-                n_vocab: c.n_vocab,
-            });
-        }
         if n == 0 {
             return Ok(Vec::new());
         }
