@@ -6,14 +6,7 @@ use frink_models::{KvType, Logits, Model};
 
 fn llama() -> Option<(Model, Vec<u32>)> {
     let dir = frink_testdata::require("fixtures/tiny/llama", "session tests")?;
-    let meta: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).unwrap()).unwrap();
-    let ids = meta["input_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect();
+    let ids = frink_testdata::fixture_input_ids(&dir);
     Some((Model::load(dir.join("model.gguf")).unwrap(), ids))
 }
 

@@ -12,14 +12,7 @@ type Fixture = (Model, Vec<u32>);
 
 fn fixture(name: &str) -> Option<Fixture> {
     let dir: PathBuf = frink_testdata::require(&format!("fixtures/tiny/{name}"), name)?;
-    let meta: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).unwrap()).unwrap();
-    let ids = meta["input_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect();
+    let ids = frink_testdata::fixture_input_ids(&dir);
     Some((Model::load(dir.join("model.gguf")).unwrap(), ids))
 }
 
@@ -28,11 +21,7 @@ fn batch_logits(model: &Model, ids: &[u32]) -> Vec<f32> {
     model.forward(&mut cache, ids, Logits::All).unwrap()
 }
 
-/// max |a − b| / max |b|.
-fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
-    let max_b = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / max_b
-}
+use frink_testdata::rel_max_diff;
 
 /// Relative change when a feature is removed must be far above the 1e-6 level at which the
 /// full model matches transformers (tests/fixtures.rs). The smallest change measured here
@@ -47,7 +36,7 @@ fn ablate(name: &str, what: &str, change: impl FnOnce(&mut Model)) {
     let full = batch_logits(&model, &ids);
     change(&mut model);
     let ablated = batch_logits(&model, &ids);
-    let effect = rel_diff(&ablated, &full);
+    let effect = rel_max_diff(&ablated, &full);
     eprintln!("{name}: removing {what} changes the logits by {effect:.3} relative");
     assert!(
         effect > MIN_EFFECT,

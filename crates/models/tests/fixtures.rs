@@ -5,36 +5,11 @@
 use std::path::Path;
 
 use frink_models::{KvCache, KvType, Logits, Model, ModelError};
-
-fn read_f32(path: &Path) -> Vec<f32> {
-    std::fs::read(path)
-        .unwrap()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-        .collect()
-}
-
-/// max |ours − ref| / max |ref| over all positions and the whole vocabulary.
-fn rel_max_err(ours: &[f32], reference: &[f32]) -> f32 {
-    assert_eq!(ours.len(), reference.len());
-    let max_ref = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let max_diff = ours
-        .iter()
-        .zip(reference)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-    max_diff / max_ref
-}
+use frink_testdata::{fixture_input_ids, read_f32, rel_max_diff};
 
 /// Logits of the fixture's 24 input ids, evaluated in one batch with an f32 cache.
 fn fixture_logits(dir: &Path) -> (Vec<f32>, Vec<f32>) {
-    let meta: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).unwrap()).unwrap();
-    let ids: Vec<u32> = meta["input_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect();
+    let ids = fixture_input_ids(dir);
     let model = Model::load(dir.join("model.gguf")).unwrap();
     let mut cache = KvCache::new(&model.config, 64, KvType::F32);
     let logits = model.forward(&mut cache, &ids, Logits::All).unwrap();
@@ -61,7 +36,7 @@ fn tiny_fixtures_match_transformers() {
     };
     for (name, bound) in IMPLEMENTED {
         let (ours, reference) = fixture_logits(&root.join(name));
-        let err = rel_max_err(&ours, &reference);
+        let err = rel_max_diff(&ours, &reference);
         eprintln!("{name}: max|Δ|/max|ref| vs transformers = {err:.2e} (bound {bound:.0e})");
         assert!(err <= *bound, "{name}: {err}");
     }

@@ -37,3 +37,34 @@ pub fn require(rel: &str, test: &str) -> Option<PathBuf> {
     }
     found
 }
+
+/// The 24 `input_ids` of a tiny fixture directory's `meta.json` (fixtures README: random
+/// ids, fed as they are at positions 0..23).
+///
+/// Panics if the file is missing or malformed (the directory came from [`require`]).
+pub fn fixture_input_ids(dir: &Path) -> Vec<u32> {
+    let text = std::fs::read_to_string(dir.join("meta.json")).expect("meta.json");
+    let meta: serde_json::Value = serde_json::from_str(&text).expect("meta.json is JSON");
+    meta["input_ids"]
+        .as_array()
+        .expect("input_ids")
+        .iter()
+        .map(|v| v.as_u64().expect("an id") as u32)
+        .collect()
+}
+
+/// Little-endian f32 values of a reference logits file.
+pub fn read_f32(path: &Path) -> Vec<f32> {
+    std::fs::read(path)
+        .expect("logits file")
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+/// `max |a − b| / max |b|`: the agreement metric of the fixtures README.
+pub fn rel_max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let max_b = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / max_b
+}
