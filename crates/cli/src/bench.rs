@@ -81,7 +81,7 @@ pub fn peak_rss_bytes() -> Option<u64> {
 pub fn run(args: &BenchArgs) -> Result<()> {
     let path = args.model.path()?;
     let model = args.model.load_path(&path)?;
-    let threads = rayon::current_num_threads();
+    let threads = frink_models::pool::threads();
     let n_params: u64 = model
         .file
         .tensor_infos()

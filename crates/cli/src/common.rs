@@ -39,15 +39,10 @@ impl ModelArgs {
     }
 }
 
-/// Sizes rayon's global pool once: `threads`, or the available parallelism.
+/// Sizes the forward pass's compute pool (frink-models `pool`): `threads`, or the
+/// available parallelism.
 pub fn init_threads(threads: Option<usize>) -> Result<()> {
-    let n = threads
-        .filter(|&t| t > 0)
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    // A second call (tests running commands in-process) keeps the first pool.
-    let _ = rayon::ThreadPoolBuilder::new()
-        .num_threads(n)
-        .build_global();
+    frink_models::pool::set_threads(threads.unwrap_or(0));
     Ok(())
 }
 

@@ -8,13 +8,15 @@
 //! → gate/up → activation(gate)·up → down (→ post-FFN norm) → residual. Then the output
 //! norm and the LM head on the rows whose logits are wanted.
 
-use rayon::prelude::*;
-
 use crate::arch::{Activation, RopeLayout};
 use crate::error::{ModelError, Result};
-use crate::kernels::{add_bias, dot, gelu_tanh, matmul, matrix_row, rms_norm, rope, silu, softmax};
+use crate::kernels::{
+    add_bias, dot, gelu_tanh, matmul, matmul_many, matrix_row, rms_norm, rope, silu, softmax,
+    Matrix, Projection,
+};
 use crate::kv::{KvCache, KvLayer};
 use crate::model::Model;
+use crate::pool::Disjoint;
 
 /// Which rows' logits [`Model::forward`] returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,6 +32,15 @@ pub enum Logits {
 }
 
 impl Model {
+    /// Matrix `w` of this model with its stored bytes, writing into `out`.
+    fn projection<'a>(&'a self, w: &'a Matrix, out: &'a mut [f32]) -> Projection<'a> {
+        Projection {
+            w,
+            data: self.data(w),
+            out,
+        }
+    }
+
     /// Checks that `tokens` fit after what `cache` holds and are all in the vocabulary: the
     /// one predicate behind every evaluation, run before anything is written.
     ///
@@ -93,9 +104,15 @@ impl Model {
             cur.copy_from_slice(&x);
             rms_norm(&mut cur, &lw.attn_norm, c.rms_eps);
             // Qcur, Kcur, Vcur
-            matmul(&lw.wq, self.data(&lw.wq), &cur, n, &mut q)?;
-            matmul(&lw.wk, self.data(&lw.wk), &cur, n, &mut k)?;
-            matmul(&lw.wv, self.data(&lw.wv), &cur, n, &mut v)?;
+            matmul_many(
+                &mut [
+                    self.projection(&lw.wq, &mut q),
+                    self.projection(&lw.wk, &mut k),
+                    self.projection(&lw.wv, &mut v),
+                ],
+                &cur,
+                n,
+            )?;
             for (t, b) in [(&mut q, &lw.bq), (&mut k, &lw.bk), (&mut v, &lw.bv)] {
                 if let Some(b) = b {
                     add_bias(t, b);
@@ -132,8 +149,14 @@ impl Model {
 
             cur.copy_from_slice(&x);
             rms_norm(&mut cur, &lw.ffn_norm, c.rms_eps);
-            matmul(&lw.w_gate, self.data(&lw.w_gate), &cur, n, &mut gate)?;
-            matmul(&lw.w_up, self.data(&lw.w_up), &cur, n, &mut up)?;
+            matmul_many(
+                &mut [
+                    self.projection(&lw.w_gate, &mut gate),
+                    self.projection(&lw.w_up, &mut up),
+                ],
+                &cur,
+                n,
+            )?;
             match c.arch.activation {
                 Activation::Silu => gate
                     .iter_mut()
@@ -170,13 +193,23 @@ impl Model {
     }
 }
 
+/// Query rows per attention task: each cached key and value row is widened to f32 once
+/// per block of this many query rows (prefill), instead of once per row.
+const ATTN_ROWS_PER_TASK: usize = 16;
+
 /// Attention of the query rows at positions `p0..p0+n` over the cached keys and values of
 /// one layer, writing `n × (n_head · head_dim_v)` values to `out`.
 ///
 /// Query head `h` reads KV head `h / (n_head / n_head_kv)` (GQA). Row at position `p` sees
 /// keys `0..=p` (causal), and with a `window` > 0 only keys `t` with `p - t < window`
 /// (llama.cpp `LLAMA_SWA_TYPE_STANDARD`). Scores are scaled by `attn_scale`, softmaxed,
-/// and the values summed in position order. Work is split over (row, head) pairs.
+/// and the values summed in position order.
+///
+/// Work is split over (head, block of [`ATTN_ROWS_PER_TASK`] query rows); a task reads each
+/// key and value row it needs once, widened exactly from the cache's type, and applies it
+/// to every row of its block. Each output element is the same sequence of operations
+/// whatever the block, the chunk or the thread: scores in key order, one softmax, values
+/// accumulated in key order.
 fn attention(
     c: &crate::config::ModelConfig,
     layer: &KvLayer,
@@ -187,37 +220,85 @@ fn attention(
 ) {
     let (hd_k, hd_v) = (c.head_dim_k, c.head_dim_v);
     let group = c.n_head / c.n_head_kv;
-    // The cached keys and values of positions 0..p0+n as f32, read once per layer rather
-    // than once per (row, head): the conversion is exact, so this changes no result.
-    let n_pos = p0 + q.len() / c.q_dim();
-    let mut keys = vec![0f32; n_pos * c.k_dim()];
-    let mut values = vec![0f32; n_pos * c.v_dim()];
-    layer.k.read(0, &mut keys);
-    layer.v.read(0, &mut values);
-    out.par_chunks_mut(hd_v)
-        .enumerate()
-        .for_each_init(Vec::<f32>::new, |scores, (idx, o)| {
-            let (i, h) = (idx / c.n_head, idx % c.n_head);
-            let pos = p0 + i;
-            let g = h / group;
-            let qh = &q[i * c.q_dim() + h * hd_k..][..hd_k];
-            let start = if window > 0 {
-                (pos + 1).saturating_sub(window)
-            } else {
-                0
-            };
+    let n = q.len() / c.q_dim();
+    let row_out = c.n_head * hd_v;
+    let n_blocks = n.div_ceil(ATTN_ROWS_PER_TASK);
+    // Keys visible from position `pos`.
+    let first_key = |pos: usize| {
+        if window > 0 {
+            (pos + 1).saturating_sub(window)
+        } else {
+            0
+        }
+    };
+    let outs = Disjoint::new(out);
+    crate::pool::run(c.n_head * n_blocks, &|task| {
+        let (h, blk) = (task % c.n_head, task / c.n_head);
+        let i0 = blk * ATTN_ROWS_PER_TASK;
+        let i1 = (i0 + ATTN_ROWS_PER_TASK).min(n);
+        let g = h / group;
+        ATTN_SCRATCH.with_borrow_mut(|s| {
+            let AttnScratch { scores, kv } = s;
+            let (t0, t1) = (first_key(p0 + i0), p0 + i1); // keys t0..t1 are read
+            let span = t1 - t0;
             scores.clear();
-            for t in start..=pos {
-                let kt = &keys[t * c.k_dim() + g * hd_k..][..hd_k];
-                scores.push(dot(qh, kt) * c.attn_scale);
+            scores.resize((i1 - i0) * span, 0.0);
+            kv.resize(hd_k.max(hd_v), 0.0);
+            // Scores: row i's keys first_key(p0+i)..=p0+i sit at the start of its span.
+            for t in t0..t1 {
+                let kt = &mut kv[..hd_k];
+                layer.k.read(t * c.k_dim() + g * hd_k, kt);
+                for i in i0..i1 {
+                    let pos = p0 + i;
+                    let f = first_key(pos);
+                    if t < f || t > pos {
+                        continue;
+                    }
+                    let qh = &q[i * c.q_dim() + h * hd_k..][..hd_k];
+                    scores[(i - i0) * span + (t - f)] = dot(qh, kt) * c.attn_scale;
+                }
             }
-            softmax(scores);
-            o.fill(0.0);
-            for (t, &p) in (start..=pos).zip(scores.iter()) {
-                let vt = &values[t * c.v_dim() + g * hd_v..][..hd_v];
-                for (a, b) in o.iter_mut().zip(vt) {
-                    *a += p * b;
+            for i in i0..i1 {
+                let pos = p0 + i;
+                let len = pos + 1 - first_key(pos);
+                softmax(&mut scores[(i - i0) * span..][..len]);
+                // SAFETY: task (h, blk) alone writes head h of rows i0..i1.
+                #[allow(unsafe_code)]
+                let o = unsafe { outs.range(i * row_out + h * hd_v, hd_v) };
+                o.fill(0.0);
+            }
+            for t in t0..t1 {
+                let vt = &mut kv[..hd_v];
+                layer.v.read(t * c.v_dim() + g * hd_v, vt);
+                for i in i0..i1 {
+                    let pos = p0 + i;
+                    let f = first_key(pos);
+                    if t < f || t > pos {
+                        continue;
+                    }
+                    let p = scores[(i - i0) * span + (t - f)];
+                    // SAFETY: as above (the earlier reference to this range is dead).
+                    #[allow(unsafe_code)]
+                    let o = unsafe { outs.range(i * row_out + h * hd_v, hd_v) };
+                    for (a, b) in o.iter_mut().zip(vt.iter()) {
+                        *a += p * b;
+                    }
                 }
             }
         });
+    });
+}
+
+/// Per-thread scratch of an attention task.
+#[derive(Default)]
+struct AttnScratch {
+    /// Scores of the block's rows, `span` per row.
+    scores: Vec<f32>,
+    /// One key or value row widened to f32.
+    kv: Vec<f32>,
+}
+
+thread_local! {
+    static ATTN_SCRATCH: std::cell::RefCell<AttnScratch> =
+        std::cell::RefCell::new(AttnScratch::default());
 }

@@ -9,6 +9,7 @@ mod forward;
 pub mod kernels;
 pub mod kv;
 mod model;
+pub mod pool;
 
 pub use config::{ModelConfig, RopeParams};
 pub use error::{ModelError, Result};
