@@ -11,7 +11,7 @@
 use crate::arch::{Activation, RopeLayout};
 use crate::error::{ModelError, Result};
 use crate::kernels::{
-    add_bias, dot, gelu_tanh, matmul, matmul_many, matrix_row, rms_norm, rope, silu, softmax,
+    add_bias, axpy, dot, gelu_tanh, matmul, matmul_many, matrix_row, rms_norm, rope, silu, softmax,
     Matrix, Projection,
 };
 use crate::kv::{KvCache, KvLayer};
@@ -280,9 +280,7 @@ fn attention(
                     // SAFETY: as above (the earlier reference to this range is dead).
                     #[allow(unsafe_code)]
                     let o = unsafe { outs.range(i * row_out + h * hd_v, hd_v) };
-                    for (a, b) in o.iter_mut().zip(vt.iter()) {
-                        *a += p * b;
-                    }
+                    axpy(o, p, vt);
                 }
             }
         });
