@@ -63,26 +63,57 @@ impl Model {
     /// Evaluates `tokens` at positions `cache.n_past ..`, appends their keys and values to
     /// `cache`, and returns the requested logits (row-major `[rows][n_vocab]`).
     ///
-    /// All rows are processed together: each projection is one matrix product over the
-    /// chunk. A row's result depends only on its token, its position and the cache, never
-    /// on the other rows of the call.
+    /// The one-sequence case of [`Model::forward_batch`].
     ///
     /// Errors: [`ModelError::ContextFull`] if the tokens would pass the cache's size,
     /// [`ModelError::TokenOutOfRange`] for an id outside the vocabulary; both are checked
     /// before anything is written to the cache.
     pub fn forward(&self, cache: &mut KvCache, tokens: &[u32], logits: Logits) -> Result<Vec<f32>> {
-        self.check_input(cache, tokens)?;
+        let mut seqs = [Sequence {
+            cache,
+            tokens,
+            logits,
+        }];
+        Ok(self.forward_batch(&mut seqs)?.pop().unwrap_or_default())
+    }
+
+    /// Evaluates several sequences in one pass: each sequence's `tokens` at positions
+    /// `cache.n_past ..` of its own cache, appending their keys and values there. Returns
+    /// each sequence's requested logits (row-major `[rows][n_vocab]`), in order.
+    ///
+    /// The rows of all sequences share each projection (one matrix product per weight per
+    /// call, reading each weight once: continuous batching), while attention reads each
+    /// sequence's own cache. A row's result depends only on its token, its position and
+    /// its sequence's cache, never on the other rows or sequences of the call, nor on the
+    /// thread count: the same bits alone, in a batch, in a prefill chunk of any size or as
+    /// a single decode step (tests/batch_invariance.rs).
+    ///
+    /// Errors: [`ModelError::ContextFull`] if a sequence's tokens would pass its cache's
+    /// size, [`ModelError::TokenOutOfRange`] for an id outside the vocabulary; both are
+    /// checked for every sequence before anything is written to any cache.
+    pub fn forward_batch(&self, seqs: &mut [Sequence<'_>]) -> Result<Vec<Vec<f32>>> {
+        for s in seqs.iter() {
+            self.check_input(s.cache, s.tokens)?;
+        }
         let c = &self.config;
         let w = &self.weights;
-        let n = tokens.len();
-        let p0 = cache.n_past;
-        if n == 0 {
-            return Ok(Vec::new());
-        }
         let d = c.n_embd;
+        // Row ranges of the sequences in the batch, and each row's position.
+        let mut starts = Vec::with_capacity(seqs.len() + 1);
+        let mut pos = Vec::new();
+        starts.push(0);
+        for s in seqs.iter() {
+            pos.extend((0..s.tokens.len()).map(|i| s.cache.n_past + i));
+            starts.push(pos.len());
+        }
+        let n = pos.len();
+        if n == 0 {
+            return Ok(vec![Vec::new(); seqs.len()]);
+        }
 
         // inp_embd (× sqrt(n_embd) for gemma).
         let mut x = vec![0f32; n * d];
+        let tokens = seqs.iter().flat_map(|s| s.tokens.iter());
         for (row, &t) in x.chunks_exact_mut(d).zip(tokens) {
             matrix_row(&w.token_embd, self.data(&w.token_embd), t as usize, row)?;
             if c.embed_scale != 1.0 {
@@ -126,20 +157,37 @@ impl Model {
                 rms_norm(&mut k, kn, c.rms_eps);
             }
             let rp = c.rope(il);
-            for i in 0..n {
-                let pos = p0 + i;
+            for (i, &p) in pos.iter().enumerate() {
                 for head in q[i * c.q_dim()..(i + 1) * c.q_dim()].chunks_exact_mut(c.head_dim_k) {
-                    rope(head, pos, c.n_rot, rp.freq_base, rp.freq_scale, neox);
+                    rope(head, p, c.n_rot, rp.freq_base, rp.freq_scale, neox);
                 }
                 for head in k[i * c.k_dim()..(i + 1) * c.k_dim()].chunks_exact_mut(c.head_dim_k) {
-                    rope(head, pos, c.n_rot, rp.freq_base, rp.freq_scale, neox);
+                    rope(head, p, c.n_rot, rp.freq_base, rp.freq_scale, neox);
                 }
             }
-            let layer = &mut cache.layers[il];
-            layer.k.write(p0 * c.k_dim(), &k);
-            layer.v.write(p0 * c.v_dim(), &v);
+            for (si, s) in seqs.iter_mut().enumerate() {
+                let (r0, r1) = (starts[si], starts[si + 1]);
+                let layer = &mut s.cache.layers[il];
+                let p0 = s.cache.n_past;
+                layer
+                    .k
+                    .write(p0 * c.k_dim(), &k[r0 * c.k_dim()..r1 * c.k_dim()]);
+                layer
+                    .v
+                    .write(p0 * c.v_dim(), &v[r0 * c.v_dim()..r1 * c.v_dim()]);
+            }
             let window = if c.swa_layers[il] { c.n_swa } else { 0 };
-            attention(c, layer, &q, p0, window, &mut attn);
+            let parts: Vec<AttnSeq<'_>> = seqs
+                .iter()
+                .enumerate()
+                .map(|(si, s)| AttnSeq {
+                    layer: &s.cache.layers[il],
+                    p0: s.cache.n_past,
+                    r0: starts[si],
+                    n: starts[si + 1] - starts[si],
+                })
+                .collect();
+            attention(c, &parts, &q, window, &mut attn);
             matmul(&lw.wo, self.data(&lw.wo), &attn, n, &mut cur)?;
             if let Some(pn) = &lw.post_attn_norm {
                 rms_norm(&mut cur, pn, c.rms_eps);
@@ -174,55 +222,92 @@ impl Model {
             // l_out
             x.iter_mut().zip(&cur).for_each(|(a, b)| *a += b);
         }
-        cache.n_past = p0 + n;
-
-        let rows: &mut [f32] = match logits {
-            Logits::None => return Ok(Vec::new()),
-            Logits::Last => &mut x[(n - 1) * d..],
-            Logits::All => &mut x[..],
-            Logits::From(i) => &mut x[i.min(n) * d..],
-        };
-        let n_rows = rows.len() / d;
-        if n_rows == 0 {
-            return Ok(Vec::new());
+        for s in seqs.iter_mut() {
+            s.cache.n_past += s.tokens.len();
         }
-        rms_norm(rows, &w.output_norm, c.rms_eps);
+
+        // The rows whose logits are wanted, gathered for one LM-head product.
+        let mut wanted: Vec<(usize, usize)> = Vec::with_capacity(seqs.len()); // (first, count)
+        let mut rows = Vec::new();
+        for (si, s) in seqs.iter().enumerate() {
+            let (r0, r1) = (starts[si], starts[si + 1]);
+            let from = match s.logits {
+                Logits::None => r1,
+                Logits::Last => r1.saturating_sub(1).max(r0),
+                Logits::All => r0,
+                Logits::From(i) => (r0 + i).min(r1),
+            };
+            wanted.push((rows.len() / d, r1 - from));
+            rows.extend_from_slice(&x[from * d..r1 * d]);
+        }
+        let n_rows = rows.len() / d;
         let mut out = vec![0f32; n_rows * c.n_vocab];
-        matmul(&w.output, self.data(&w.output), rows, n_rows, &mut out)?;
-        Ok(out)
+        if n_rows > 0 {
+            rms_norm(&mut rows, &w.output_norm, c.rms_eps);
+            matmul(&w.output, self.data(&w.output), &rows, n_rows, &mut out)?;
+        }
+        Ok(wanted
+            .into_iter()
+            .map(|(first, count)| out[first * c.n_vocab..(first + count) * c.n_vocab].to_vec())
+            .collect())
     }
+}
+
+/// One sequence of a [`Model::forward_batch`] call.
+pub struct Sequence<'a> {
+    /// Its KV cache: the tokens go at positions `cache.n_past ..`.
+    pub cache: &'a mut KvCache,
+    /// The tokens to evaluate (may be empty).
+    pub tokens: &'a [u32],
+    /// Which of its rows' logits to return.
+    pub logits: Logits,
 }
 
 /// Query rows per attention task: each cached key and value row is widened to f32 once
 /// per block of this many query rows (prefill), instead of once per row.
 const ATTN_ROWS_PER_TASK: usize = 16;
 
-/// Attention of the query rows at positions `p0..p0+n` over the cached keys and values of
-/// one layer, writing `n × (n_head · head_dim_v)` values to `out`.
+/// One sequence's part of an attention step: its layer cache (keys and values already
+/// written for the new rows), its first new position, and its rows `r0..r0+n` of the
+/// batch.
+struct AttnSeq<'a> {
+    layer: &'a KvLayer,
+    p0: usize,
+    r0: usize,
+    n: usize,
+}
+
+/// Attention of every sequence's new query rows over its own cached keys and values of
+/// one layer, writing `n_rows × (n_head · head_dim_v)` values to `out` (rows in batch
+/// order).
 ///
 /// Query head `h` reads KV head `h / (n_head / n_head_kv)` (GQA). Row at position `p` sees
 /// keys `0..=p` (causal), and with a `window` > 0 only keys `t` with `p - t < window`
 /// (llama.cpp `LLAMA_SWA_TYPE_STANDARD`). Scores are scaled by `attn_scale`, softmaxed,
 /// and the values summed in position order.
 ///
-/// Work is split over (head, block of [`ATTN_ROWS_PER_TASK`] query rows); a task reads each
-/// key and value row it needs once, widened exactly from the cache's type, and applies it
-/// to every row of its block. Each output element is the same sequence of operations
-/// whatever the block, the chunk or the thread: scores in key order, one softmax, values
-/// accumulated in key order.
+/// Work is split over (sequence, head, block of [`ATTN_ROWS_PER_TASK`] query rows); a task
+/// reads each key and value row it needs once, widened exactly from the cache's type, and
+/// applies it to every row of its block. Each output element is the same sequence of
+/// operations whatever the block, the chunk, the batch or the thread: scores in key
+/// order, one softmax, values accumulated in key order.
 fn attention(
     c: &crate::config::ModelConfig,
-    layer: &KvLayer,
+    seqs: &[AttnSeq<'_>],
     q: &[f32],
-    p0: usize,
     window: usize,
     out: &mut [f32],
 ) {
     let (hd_k, hd_v) = (c.head_dim_k, c.head_dim_v);
     let group = c.n_head / c.n_head_kv;
-    let n = q.len() / c.q_dim();
     let row_out = c.n_head * hd_v;
-    let n_blocks = n.div_ceil(ATTN_ROWS_PER_TASK);
+    // Tasks: (sequence, head, first row within the sequence).
+    let mut tasks: Vec<(usize, usize, usize)> = Vec::new();
+    for (si, s) in seqs.iter().enumerate() {
+        for i0 in (0..s.n).step_by(ATTN_ROWS_PER_TASK) {
+            tasks.extend((0..c.n_head).map(|h| (si, h, i0)));
+        }
+    }
     // Keys visible from position `pos`.
     let first_key = |pos: usize| {
         if window > 0 {
@@ -232,9 +317,9 @@ fn attention(
         }
     };
     let outs = Disjoint::new(out);
-    crate::pool::run(c.n_head * n_blocks, &|task| {
-        let (h, blk) = (task % c.n_head, task / c.n_head);
-        let i0 = blk * ATTN_ROWS_PER_TASK;
+    crate::pool::run(tasks.len(), &|task| {
+        let (si, h, i0) = tasks[task];
+        let AttnSeq { layer, p0, r0, n } = seqs[si];
         let i1 = (i0 + ATTN_ROWS_PER_TASK).min(n);
         let g = h / group;
         ATTN_SCRATCH.with_borrow_mut(|s| {
@@ -254,7 +339,7 @@ fn attention(
                     if t < f || t > pos {
                         continue;
                     }
-                    let qh = &q[i * c.q_dim() + h * hd_k..][..hd_k];
+                    let qh = &q[(r0 + i) * c.q_dim() + h * hd_k..][..hd_k];
                     scores[(i - i0) * span + (t - f)] = dot(qh, kt) * c.attn_scale;
                 }
             }
@@ -262,9 +347,9 @@ fn attention(
                 let pos = p0 + i;
                 let len = pos + 1 - first_key(pos);
                 softmax(&mut scores[(i - i0) * span..][..len]);
-                // SAFETY: task (h, blk) alone writes head h of rows i0..i1.
+                // SAFETY: task (si, h, i0) alone writes head h of its rows.
                 #[allow(unsafe_code)]
-                let o = unsafe { outs.range(i * row_out + h * hd_v, hd_v) };
+                let o = unsafe { outs.range((r0 + i) * row_out + h * hd_v, hd_v) };
                 o.fill(0.0);
             }
             for t in t0..t1 {
@@ -279,7 +364,7 @@ fn attention(
                     let p = scores[(i - i0) * span + (t - f)];
                     // SAFETY: as above (the earlier reference to this range is dead).
                     #[allow(unsafe_code)]
-                    let o = unsafe { outs.range(i * row_out + h * hd_v, hd_v) };
+                    let o = unsafe { outs.range((r0 + i) * row_out + h * hd_v, hd_v) };
                     axpy(o, p, vt);
                 }
             }

@@ -13,6 +13,6 @@ pub mod pool;
 
 pub use config::{ModelConfig, RopeParams};
 pub use error::{ModelError, Result};
-pub use forward::Logits;
+pub use forward::{Logits, Sequence};
 pub use kv::{KvCache, KvType};
 pub use model::{LayerWeights, Model, Weights};

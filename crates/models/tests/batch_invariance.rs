@@ -1,0 +1,144 @@
+//! Batch invariance: a sequence's logits have exactly the same bits computed alone, inside
+//! a batch of 7 other sequences (in prefill and in a decode step), with prefill chunks of
+//! 1, 7 and 512 tokens, and with 1 or 2 compute threads. Checked on every weight format
+//! with an integer dot kernel (the quant fixtures), on the dequantizing path (F16, IQ4_XS)
+//! and on the tiny qwen2 and gemma3 fixtures (biases, Q/K norm, sliding window).
+
+use frink_models::{pool, KvCache, KvType, Logits, Model, Sequence};
+
+fn models() -> Vec<(String, Model)> {
+    let mut out = Vec::new();
+    if let Some(q) = frink_testdata::require("fixtures/quant", "batch invariance") {
+        for ty in [
+            "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K",
+            "F16", "IQ4_XS",
+        ] {
+            let m = Model::load(q.join(ty).join("llama.gguf")).unwrap();
+            out.push((ty.to_string(), m));
+        }
+    }
+    if let Some(t) = frink_testdata::require("fixtures/tiny", "batch invariance") {
+        for arch in ["qwen2", "gemma3"] {
+            let m = Model::load(t.join(arch).join("model.gguf")).unwrap();
+            out.push((arch.to_string(), m));
+        }
+    }
+    out
+}
+
+/// Deterministic token ids: sequence `s`, `len` tokens.
+fn ids(model: &Model, s: u32, len: usize) -> Vec<u32> {
+    let v = model.config.n_vocab as u32;
+    (0..len as u32)
+        .map(|i| (i * 7919 + s * 104_729 + 13) % v)
+        .collect()
+}
+
+const CTX: usize = 64;
+
+fn alone(model: &Model, tokens: &[u32]) -> Vec<f32> {
+    let mut cache = KvCache::new(&model.config, CTX, KvType::F16);
+    model.forward(&mut cache, tokens, Logits::All).unwrap()
+}
+
+#[test]
+fn logits_do_not_depend_on_batch_chunks_or_threads() {
+    let models = models();
+    for (name, model) in &models {
+        let nv = model.config.n_vocab;
+        let seq = ids(model, 0, 40);
+        let reference = alone(model, &seq);
+
+        // Prefill chunks of 1 (token-by-token decode), 7 and 512.
+        for chunk in [1, 7, 512] {
+            let mut cache = KvCache::new(&model.config, CTX, KvType::F16);
+            let mut got = Vec::new();
+            for part in seq.chunks(chunk) {
+                got.extend(model.forward(&mut cache, part, Logits::All).unwrap());
+            }
+            assert!(got == reference, "{name}: chunks of {chunk} differ");
+        }
+
+        // Inside a prefill batch of 7 other sequences of other lengths, some of them with
+        // earlier tokens already cached.
+        let mut caches: Vec<KvCache> = (0..8)
+            .map(|_| KvCache::new(&model.config, CTX, KvType::F16))
+            .collect();
+        let others: Vec<Vec<u32>> = (1..8).map(|s| ids(model, s, 3 + 5 * s as usize)).collect();
+        for (s, cache) in caches.iter_mut().enumerate().skip(1).step_by(2) {
+            model
+                .forward(cache, &ids(model, 100 + s as u32, s), Logits::None)
+                .unwrap();
+        }
+        let mut batch: Vec<Sequence<'_>> = Vec::new();
+        let mut rest = caches.iter_mut();
+        let mut mine = rest.next();
+        for (i, (cache, toks)) in rest.zip(&others).enumerate() {
+            if i == 3 {
+                batch.push(Sequence {
+                    cache: mine.take().unwrap(),
+                    tokens: &seq,
+                    logits: Logits::All,
+                });
+            }
+            batch.push(Sequence {
+                cache,
+                tokens: toks,
+                logits: if i % 2 == 0 {
+                    Logits::Last
+                } else {
+                    Logits::All
+                },
+            });
+        }
+        let out = model.forward_batch(&mut batch).unwrap();
+        assert_eq!(out.len(), 8);
+        assert!(out[3] == reference, "{name}: inside a prefill batch of 8");
+
+        // A decode step of 8 sequences: the last token of ours among 7 others.
+        let mut caches: Vec<KvCache> = (0..8)
+            .map(|_| KvCache::new(&model.config, CTX, KvType::F16))
+            .collect();
+        for (s, cache) in caches.iter_mut().enumerate() {
+            let prompt = if s == 5 {
+                seq[..39].to_vec()
+            } else {
+                ids(model, 200 + s as u32, 2 + 3 * s)
+            };
+            model.forward(cache, &prompt, Logits::None).unwrap();
+        }
+        let next: Vec<[u32; 1]> = (0..8)
+            .map(|s| if s == 5 { [seq[39]] } else { [s as u32 + 1] })
+            .collect();
+        let mut batch: Vec<Sequence<'_>> = caches
+            .iter_mut()
+            .zip(&next)
+            .map(|(cache, t)| Sequence {
+                cache,
+                tokens: t,
+                logits: Logits::Last,
+            })
+            .collect();
+        let out = model.forward_batch(&mut batch).unwrap();
+        assert!(
+            out[5] == reference[39 * nv..],
+            "{name}: inside a decode batch of 8"
+        );
+    }
+    assert!(models.is_empty() || models.len() == 14);
+}
+
+/// 1 vs 2 compute threads. The pool is process-wide, so this is its own test binary
+/// section: other tests may run their steps on either pool, which changes nothing either.
+#[test]
+fn thread_count_does_not_change_logits() {
+    for (name, model) in &models() {
+        let seq = ids(model, 0, 40);
+        pool::set_threads(2);
+        let two = alone(model, &seq);
+        pool::set_threads(1);
+        let one = alone(model, &seq);
+        pool::set_threads(2);
+        assert!(one == two, "{name}: 1 vs 2 threads");
+    }
+}
