@@ -12,7 +12,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use frink_gguf::GgmlType;
-use frink_quant::dot::{best_kernel, quantize_activation};
+use frink_quant::dot::{best_kernel, kernel, quantize_activation, DotKernel, Isa};
 use half::f16;
 
 /// xorshift bytes.
@@ -66,6 +66,17 @@ fn acts(ty: GgmlType, n_a: usize, cols: usize) -> Vec<u8> {
     a
 }
 
+/// The kernel to time: the best one, or the ISA named by `FRINK_ISA` (`avx2`, `vnni`,
+/// `scalar`).
+fn pick(ty: GgmlType) -> DotKernel {
+    match std::env::var("FRINK_ISA").as_deref() {
+        Ok("avx2") => kernel(ty, Isa::Avx2).unwrap(),
+        Ok("vnni") => kernel(ty, Isa::Avx512Vnni).unwrap(),
+        Ok("scalar") => kernel(ty, Isa::Scalar).unwrap(),
+        _ => best_kernel(ty).unwrap(),
+    }
+}
+
 /// Best seconds of `reps` runs of `f`.
 fn best(reps: usize, mut f: impl FnMut()) -> f64 {
     (0..reps)
@@ -91,7 +102,7 @@ fn shape(ty: GgmlType, rows: usize, cols: usize) -> (usize, usize) {
 
 fn decode(ty: GgmlType, rows: usize, cols: usize) {
     let (rows, cols) = shape(ty, rows, cols);
-    let k = best_kernel(ty).unwrap();
+    let k = pick(ty);
     let w = weights(ty, rows, cols);
     let a = acts(ty, 1, cols);
     let rb = w.len() / rows;
@@ -115,7 +126,7 @@ fn decode(ty: GgmlType, rows: usize, cols: usize) {
 
 fn prefill(ty: GgmlType, rows: usize, cols: usize, n_a: usize) {
     let (rows, cols) = shape(ty, rows, cols);
-    let k = best_kernel(ty).unwrap();
+    let k = pick(ty);
     let w = weights(ty, rows, cols);
     let a = acts(ty, n_a, cols);
     let rb = w.len() / rows;

@@ -75,6 +75,9 @@ mod scalar;
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod x86_tile;
 
 pub use quantize::{quantize_activation, quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k};
 
@@ -120,8 +123,8 @@ pub enum Isa {
     Scalar,
     /// x86-64 AVX2 (with F16C for the scale conversions).
     Avx2,
-    /// x86-64 AVX-512 VNNI + VL (256-bit `vpdpbusd`): no kernels (measured no faster than
-    /// AVX2 here), so never available.
+    /// x86-64 AVX-512 F/BW/VL + VNNI (256-bit `vpdpbusd`, 32 vector registers), on top
+    /// of AVX2 + F16C: the tile kernels; single and multi-row products are the AVX2 ones.
     Avx512Vnni,
     /// aarch64 NEON (baseline, no `dotprod`); compile-checked only so far.
     Neon,
@@ -136,6 +139,14 @@ impl Isa {
             Isa::Avx2 => {
                 std::arch::is_x86_feature_detected!("avx2")
                     && std::arch::is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => {
+                Isa::Avx2.is_available()
+                    && std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512bw")
+                    && std::arch::is_x86_feature_detected!("avx512vl")
+                    && std::arch::is_x86_feature_detected!("avx512vnni")
             }
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => std::arch::is_aarch64_feature_detected!("neon"),
@@ -155,7 +166,7 @@ impl Isa {
     pub fn best() -> Isa {
         static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
         *BEST.get_or_init(|| {
-            [Isa::Avx2, Isa::Neon]
+            [Isa::Avx512Vnni, Isa::Avx2, Isa::Neon]
                 .into_iter()
                 .find(|i| i.is_available())
                 .unwrap_or(Isa::Scalar)
@@ -368,9 +379,15 @@ pub fn kernel(ty: GgmlType, isa: Isa) -> Result<DotKernel, DotError> {
     let simd: Option<Simd> = match isa {
         Isa::Scalar => None,
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => {
-            x86::avx2_kernel(ty).map(|f| (f, x86::avx2_rows_kernel(ty), x86::avx2_tile_kernel(ty)))
-        }
+        Isa::Avx2 => x86::avx2_kernel(ty).map(|f| {
+            let tile = x86_tile::avx2::tile_kernel(ty).or(x86::avx2_tile_kernel(ty));
+            (f, x86::avx2_rows_kernel(ty), tile)
+        }),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => x86::avx2_kernel(ty).map(|f| {
+            let tile = x86_tile::vnni::tile_kernel(ty).or(x86::avx2_tile_kernel(ty));
+            (f, x86::avx2_rows_kernel(ty), tile)
+        }),
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => aarch64::neon_kernel(ty).map(|f| (f, None, None)),
         _ => None,
