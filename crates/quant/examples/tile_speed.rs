@@ -93,7 +93,7 @@ const N_W: usize = 32;
 /// K-quant rows must be whole 256-value super-blocks: a shape given the other way round
 /// (the same matrix, transposed) is swapped.
 fn shape(ty: GgmlType, rows: usize, cols: usize) -> (usize, usize) {
-    if cols % ty.block_size() != 0 {
+    if !cols.is_multiple_of(ty.block_size()) {
         (cols, rows)
     } else {
         (rows, cols)

@@ -118,7 +118,14 @@ const A_CHUNK: usize = 48;
 /// Checks the lengths once and returns `(weight row bytes, activation row bytes, blocks
 /// per row)`. `super::DotKernel::dot_tile` has already checked them; this repeats the
 /// check so the raw-pointer loops below rely only on this function.
-fn geometry(f: u8, ws: &[u8], n_w: usize, acts: &[u8], n_a: usize, out: &[f32]) -> (usize, usize, usize) {
+fn geometry(
+    f: u8,
+    ws: &[u8],
+    n_w: usize,
+    acts: &[u8],
+    n_a: usize,
+    out: &[f32],
+) -> (usize, usize, usize) {
     assert!(n_w > 0 && n_a > 0 && out.len() == n_w * n_a, "tile shape");
     let (wrb, ab) = (ws.len() / n_w, acts.len() / n_a);
     let nb = wrb / wb(f);
@@ -274,15 +281,24 @@ const KS_ZERO: KScales = KScales {
     dmin: [0.0; 8],
 };
 
+/// Prepared K-quant buffers: weights, weight scales, activations, activation scales.
+type KBufs = (Vec<WSb>, Vec<KScales>, Vec<ASb>, Vec<KScales>);
+
 thread_local! {
-    /// Reused prepared K-quant buffers (weights, weight scales, activations, activation
-    /// scales).
-    static KBUFS: RefCell<(Vec<WSb>, Vec<KScales>, Vec<ASb>, Vec<KScales>)> =
+    /// Reused prepared K-quant buffers.
+    static KBUFS: RefCell<KBufs> =
         const { RefCell::new((Vec::new(), Vec::new(), Vec::new(), Vec::new())) };
 }
 
 /// As [`geometry`] for the K-quants.
-fn k_geometry(f: u8, ws: &[u8], n_w: usize, acts: &[u8], n_a: usize, out: &[f32]) -> (usize, usize, usize) {
+fn k_geometry(
+    f: u8,
+    ws: &[u8],
+    n_w: usize,
+    acts: &[u8],
+    n_a: usize,
+    out: &[f32],
+) -> (usize, usize, usize) {
     assert!(n_w > 0 && n_a > 0 && out.len() == n_w * n_a, "tile shape");
     let (wrb, ab) = (ws.len() / n_w, acts.len() / n_a);
     let nb = wrb / kwb(f);
@@ -407,7 +423,12 @@ macro_rules! legacy_isa {
             /// `nb` Q8_0 blocks readable at `a`, `g * 8 < nb`.
             #[target_feature(enable = $feat)]
             #[inline]
-            unsafe fn prep_act<const F: u8, const T: bool>(a: *const u8, nb: usize, g: usize, out: &mut AGroup) {
+            unsafe fn prep_act<const F: u8, const T: bool>(
+                a: *const u8,
+                nb: usize,
+                g: usize,
+                out: &mut AGroup,
+            ) {
                 let n = (nb - 8 * g).min(8);
                 // SAFETY: blocks `8g..8g+n` are inside the row (caller).
                 let a = unsafe { a.add(8 * g * AB) };
@@ -474,7 +495,12 @@ macro_rules! legacy_isa {
             #[inline]
             fn values<const F: u8>(dw: __m256, mw: __m256, a: &AGroup, isum: __m256i) -> __m256 {
                 // SAFETY: the fields are 32 readable bytes.
-                let (dx, ys) = unsafe { (_mm256_loadu_ps(a.d.as_ptr()), _mm256_loadu_ps(a.ys.as_ptr())) };
+                let (dx, ys) = unsafe {
+                    (
+                        _mm256_loadu_ps(a.d.as_ptr()),
+                        _mm256_loadu_ps(a.ys.as_ptr()),
+                    )
+                };
                 let v = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum));
                 if has_min(F) {
                     _mm256_add_ps(v, _mm256_mul_ps(_mm256_mul_ps(mw, dx), ys))
@@ -503,7 +529,13 @@ macro_rules! legacy_isa {
             /// Decode path: each activation row against every weight row, eight blocks
             /// at a time with horizontal sums.
             #[target_feature(enable = $feat)]
-            fn rows_path<const F: u8>(ws: &[u8], n_w: usize, acts: &[u8], n_a: usize, out: &mut [f32]) {
+            fn rows_path<const F: u8>(
+                ws: &[u8],
+                n_w: usize,
+                acts: &[u8],
+                n_a: usize,
+                out: &mut [f32],
+            ) {
                 let (wrb, ab, nb) = geometry(F, ws, n_w, acts, n_a, out);
                 let ng = nb.div_ceil(8);
                 let tail = nb % 8;
@@ -540,10 +572,21 @@ macro_rules! legacy_isa {
                             // SAFETY: `n` blocks readable at `wg`.
                             let (dw, mw) = unsafe {
                                 let dw = f16x8(wg, wb(F), 0, n);
-                                (dw, if has_min(F) { f16x8(wg, wb(F), 2, n) } else { dw })
+                                (
+                                    dw,
+                                    if has_min(F) {
+                                        f16x8(wg, wb(F), 2, n)
+                                    } else {
+                                        dw
+                                    },
+                                )
                             };
                             let v = values::<F>(dw, mw, p, isum);
-                            acc = if n == 8 { _mm256_add_ps(acc, v) } else { add_masked(acc, v, last_mask) };
+                            acc = if n == 8 {
+                                _mm256_add_ps(acc, v)
+                            } else {
+                                add_masked(acc, v, last_mask)
+                            };
                         }
                         out[r * n_w + i] = finish(acc);
                     }
@@ -586,7 +629,12 @@ macro_rules! legacy_isa {
                     let full = g + 1 < ng;
                     for i in 0..RW {
                         // SAFETY: the fields are 32 readable bytes.
-                        let (dw, mw) = unsafe { (_mm256_loadu_ps(wg[i].d.as_ptr()), _mm256_loadu_ps(wg[i].m.as_ptr())) };
+                        let (dw, mw) = unsafe {
+                            (
+                                _mm256_loadu_ps(wg[i].d.as_ptr()),
+                                _mm256_loadu_ps(wg[i].m.as_ptr()),
+                            )
+                        };
                         for r in 0..RA {
                             let mut isum = s[i][r];
                             if !has_min(F) {
@@ -595,7 +643,11 @@ macro_rules! legacy_isa {
                                 isum = _mm256_sub_epi32(isum, off);
                             }
                             let v = values::<F>(dw, mw, ag[r], isum);
-                            acc[i][r] = if full { _mm256_add_ps(acc[i][r], v) } else { add_masked(acc[i][r], v, last_mask) };
+                            acc[i][r] = if full {
+                                _mm256_add_ps(acc[i][r], v)
+                            } else {
+                                add_masked(acc[i][r], v, last_mask)
+                            };
                         }
                     }
                 }
@@ -608,7 +660,13 @@ macro_rules! legacy_isa {
 
             /// Prefill path: transposed prepared rows and register blocks.
             #[target_feature(enable = $feat)]
-            fn tile_path<const F: u8>(ws: &[u8], n_w: usize, acts: &[u8], n_a: usize, out: &mut [f32]) {
+            fn tile_path<const F: u8>(
+                ws: &[u8],
+                n_w: usize,
+                acts: &[u8],
+                n_a: usize,
+                out: &mut [f32],
+            ) {
                 const RW: usize = $rw;
                 const RA: usize = $ra;
                 let (wrb, ab, nb) = geometry(F, ws, n_w, acts, n_a, out);
@@ -640,8 +698,9 @@ macro_rules! legacy_isa {
                             let a: [*const AGroup; RA] =
                                 std::array::from_fn(|k| ap[(ra + k).min(na - 1) * ng..].as_ptr());
                             for i0 in (0..n_w).step_by(RW) {
-                                let w: [*const WGroup; RW] =
-                                    std::array::from_fn(|k| wp[(i0 + k).min(n_w - 1) * ng..].as_ptr());
+                                let w: [*const WGroup; RW] = std::array::from_fn(|k| {
+                                    wp[(i0 + k).min(n_w - 1) * ng..].as_ptr()
+                                });
                                 let mut res = [[0f32; RA]; RW];
                                 // SAFETY: each pointer starts a run of `ng` prepared groups
                                 // of one row (the slices above hold `ng` per row).
@@ -681,7 +740,11 @@ macro_rules! legacy_isa {
                     Q4_K | Q5_K => {
                         // SAFETY: the scales are bytes 4..16.
                         let (sc, mn) = unsafe { k4_scales(p.add(4)) };
-                        let (qs, qh) = if F == Q4_K { (16, None) } else { (48, Some(ld(16))) };
+                        let (qs, qh) = if F == Q4_K {
+                            (16, None)
+                        } else {
+                            (48, Some(ld(16)))
+                        };
                         for j in 0..4 {
                             let q = ld(qs + 32 * j);
                             let mut lo = _mm256_and_si256(q, m4);
@@ -690,9 +753,15 @@ macro_rules! legacy_isa {
                                 let one = _mm256_set1_epi8(1);
                                 let sh = _mm_cvtsi32_si128(2 * j as i32);
                                 let h = _mm256_srl_epi16(qh, sh);
-                                lo = _mm256_or_si256(lo, _mm256_slli_epi16::<4>(_mm256_and_si256(h, one)));
+                                lo = _mm256_or_si256(
+                                    lo,
+                                    _mm256_slli_epi16::<4>(_mm256_and_si256(h, one)),
+                                );
                                 let h = _mm256_srli_epi16::<1>(h);
-                                hi = _mm256_or_si256(hi, _mm256_slli_epi16::<4>(_mm256_and_si256(h, one)));
+                                hi = _mm256_or_si256(
+                                    hi,
+                                    _mm256_slli_epi16::<4>(_mm256_and_si256(h, one)),
+                                );
                             }
                             u[2 * j] = lo;
                             u[2 * j + 1] = hi;
@@ -705,7 +774,12 @@ macro_rules! legacy_isa {
                             let qh = ld(128 + 32 * n);
                             let ql0 = ld(64 * n);
                             let ql1 = ld(64 * n + 32);
-                            let hs = [qh, _mm256_srli_epi16::<2>(qh), _mm256_srli_epi16::<4>(qh), _mm256_srli_epi16::<6>(qh)];
+                            let hs = [
+                                qh,
+                                _mm256_srli_epi16::<2>(qh),
+                                _mm256_srli_epi16::<4>(qh),
+                                _mm256_srli_epi16::<6>(qh),
+                            ];
                             let ls = [
                                 _mm256_and_si256(ql0, m4),
                                 _mm256_and_si256(ql1, m4),
@@ -718,7 +792,8 @@ macro_rules! legacy_isa {
                             }
                         }
                         // SAFETY: the scales are bytes 192..208.
-                        let sc = _mm256_cvtepi8_epi16(unsafe { _mm_loadu_si128(p.add(192).cast()) });
+                        let sc =
+                            _mm256_cvtepi8_epi16(unsafe { _mm_loadu_si128(p.add(192).cast()) });
                         (u, sc, _mm256_slli_epi16::<5>(sc))
                     }
                     Q3_K => {
@@ -736,7 +811,9 @@ macro_rules! legacy_isa {
                             }
                         }
                         // SAFETY: the scales are bytes 96..108.
-                        let s = crate::kquants::q3_k_scales(unsafe { std::slice::from_raw_parts(p.add(96), 12) });
+                        let s = crate::kquants::q3_k_scales(unsafe {
+                            std::slice::from_raw_parts(p.add(96), 12)
+                        });
                         let s: [i16; 16] = s.map(|s| i16::from(s) - 32);
                         // SAFETY: `s` is 32 readable bytes.
                         let sc = unsafe { _mm256_loadu_si256(s.as_ptr().cast()) };
@@ -765,8 +842,8 @@ macro_rules! legacy_isa {
             #[inline]
             fn k_split(sc: __m256i) -> (__m256i, __m256i) {
                 let even_odd = _mm256_setr_epi8(
-                    0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
-                    0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
+                    0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13,
+                    2, 3, 6, 7, 10, 11, 14, 15,
                 );
                 let s = _mm256_shuffle_epi8(sc, even_odd);
                 (
@@ -779,12 +856,25 @@ macro_rules! legacy_isa {
             /// on eight lanes.
             #[target_feature(enable = $feat)]
             #[inline]
-            fn k_values<const F: u8>(ws: &KScales, dx: __m256, sumi: __m256i, summ: __m256i) -> __m256 {
+            fn k_values<const F: u8>(
+                ws: &KScales,
+                dx: __m256,
+                sumi: __m256i,
+                summ: __m256i,
+            ) -> __m256 {
                 // SAFETY: the fields are 32 readable bytes.
-                let (dw, dm) = unsafe { (_mm256_loadu_ps(ws.d.as_ptr()), _mm256_loadu_ps(ws.dmin.as_ptr())) };
+                let (dw, dm) = unsafe {
+                    (
+                        _mm256_loadu_ps(ws.d.as_ptr()),
+                        _mm256_loadu_ps(ws.dmin.as_ptr()),
+                    )
+                };
                 let v = _mm256_mul_ps(_mm256_mul_ps(dx, dw), _mm256_cvtepi32_ps(sumi));
                 if k_min(F) {
-                    _mm256_sub_ps(v, _mm256_mul_ps(_mm256_mul_ps(dx, dm), _mm256_cvtepi32_ps(summ)))
+                    _mm256_sub_ps(
+                        v,
+                        _mm256_mul_ps(_mm256_mul_ps(dx, dm), _mm256_cvtepi32_ps(summ)),
+                    )
                 } else {
                     v
                 }
@@ -819,7 +909,13 @@ macro_rules! legacy_isa {
 
             /// K-quant decode path: each activation row against every weight row.
             #[target_feature(enable = $feat)]
-            fn k_rows_path<const F: u8>(ws: &[u8], n_w: usize, acts: &[u8], n_a: usize, out: &mut [f32]) {
+            fn k_rows_path<const F: u8>(
+                ws: &[u8],
+                n_w: usize,
+                acts: &[u8],
+                n_a: usize,
+                out: &mut [f32],
+            ) {
                 let (wrb, ab, nb) = k_geometry(F, ws, n_w, acts, n_a, out);
                 let ng = nb.div_ceil(8);
                 let last_mask = lane_mask(nb % 8);
@@ -827,7 +923,9 @@ macro_rules! legacy_isa {
                     let a = acts[r * ab..][..ab].as_ptr();
                     let dxs: Vec<[f32; 8]> = (0..ng)
                         // SAFETY: super-blocks `8g..` of the row are readable; d at 0..4.
-                        .map(|g| unsafe { f32x8_at(a.add(8 * g * KAB), KAB, 0, (nb - 8 * g).min(8)) })
+                        .map(|g| unsafe {
+                            f32x8_at(a.add(8 * g * KAB), KAB, 0, (nb - 8 * g).min(8))
+                        })
                         .collect();
                     for i in 0..n_w {
                         // SAFETY: row `i < n_w` of `wrb` bytes lies inside `ws` (geometry).
@@ -846,13 +944,23 @@ macro_rules! legacy_isa {
                                 let mut p = [_mm256_setzero_si256(); 8];
                                 for ch in 0..8 {
                                     // SAFETY: chunk `ch` of the quants is bytes 4+32ch..36+32ch.
-                                    let y = unsafe { _mm256_loadu_si256(ab_.add(4 + 32 * ch).cast()) };
+                                    let y =
+                                        unsafe { _mm256_loadu_si256(ab_.add(4 + 32 * ch).cast()) };
                                     p[ch] = dp(_mm256_setzero_si256(), u[ch], y);
                                 }
-                                let s0123 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-                                let s4567 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+                                let s0123 = _mm256_hadd_epi32(
+                                    _mm256_hadd_epi32(p[0], p[1]),
+                                    _mm256_hadd_epi32(p[2], p[3]),
+                                );
+                                let s4567 = _mm256_hadd_epi32(
+                                    _mm256_hadd_epi32(p[4], p[5]),
+                                    _mm256_hadd_epi32(p[6], p[7]),
+                                );
                                 let (sa, sb) = k_split(sc);
-                                let s = _mm256_add_epi32(_mm256_mullo_epi32(s0123, sa), _mm256_mullo_epi32(s4567, sb));
+                                let s = _mm256_add_epi32(
+                                    _mm256_mullo_epi32(s0123, sa),
+                                    _mm256_mullo_epi32(s4567, sb),
+                                );
                                 // SAFETY: the bsums are bytes 260..292.
                                 let bs = unsafe { _mm256_loadu_si256(ab_.add(260).cast()) };
                                 let cb = _mm256_madd_epi16(c, bs);
@@ -868,7 +976,11 @@ macro_rules! legacy_isa {
                             // SAFETY: `dx` is 32 readable bytes.
                             let dx = unsafe { _mm256_loadu_ps(dx.as_ptr()) };
                             let v = k_values::<F>(&wsc, dx, hsum8x8(&t), hsum8x8(&m));
-                            acc = if n == 8 { _mm256_add_ps(acc, v) } else { add_masked(acc, v, last_mask) };
+                            acc = if n == 8 {
+                                _mm256_add_ps(acc, v)
+                            } else {
+                                add_masked(acc, v, last_mask)
+                            };
                         }
                         out[r * n_w + i] = finish(acc);
                     }
@@ -932,7 +1044,10 @@ macro_rules! legacy_isa {
                                 )
                             };
                             for r in 0..RA {
-                                let s = _mm256_add_epi32(_mm256_mullo_epi32(lo[i][r], s0), _mm256_mullo_epi32(hi[i][r], s1));
+                                let s = _mm256_add_epi32(
+                                    _mm256_mullo_epi32(lo[i][r], s0),
+                                    _mm256_mullo_epi32(hi[i][r], s1),
+                                );
                                 // SAFETY: `bs` is 32 readable bytes.
                                 let bs = unsafe { _mm256_loadu_si256(ab_[r].bs.as_ptr().cast()) };
                                 let cb = _mm256_madd_epi16(c, bs);
@@ -948,9 +1063,18 @@ macro_rules! legacy_isa {
                     for i in 0..RW {
                         for r in 0..RA {
                             // SAFETY: `g < ng` scale groups at `wsc[i]` and `asc[r]`.
-                            let (ws_, dx) = unsafe { (&*wsc[i].add(g), _mm256_loadu_ps((*asc[r].add(g)).d.as_ptr())) };
+                            let (ws_, dx) = unsafe {
+                                (
+                                    &*wsc[i].add(g),
+                                    _mm256_loadu_ps((*asc[r].add(g)).d.as_ptr()),
+                                )
+                            };
                             let v = k_values::<F>(ws_, dx, hsum8x8(&t[i][r]), hsum8x8(&m[i][r]));
-                            acc[i][r] = if n == 8 { _mm256_add_ps(acc[i][r], v) } else { add_masked(acc[i][r], v, last_mask) };
+                            acc[i][r] = if n == 8 {
+                                _mm256_add_ps(acc[i][r], v)
+                            } else {
+                                add_masked(acc[i][r], v, last_mask)
+                            };
                         }
                     }
                 }
@@ -963,7 +1087,13 @@ macro_rules! legacy_isa {
 
             /// K-quant prefill path: transposed prepared rows and register blocks.
             #[target_feature(enable = $feat)]
-            fn k_tile_path<const F: u8>(ws: &[u8], n_w: usize, acts: &[u8], n_a: usize, out: &mut [f32]) {
+            fn k_tile_path<const F: u8>(
+                ws: &[u8],
+                n_w: usize,
+                acts: &[u8],
+                n_a: usize,
+                out: &mut [f32],
+            ) {
                 const RW: usize = $krw;
                 const RA: usize = $kra;
                 let (wrb, ab, nb) = k_geometry(F, ws, n_w, acts, n_a, out);
@@ -987,8 +1117,14 @@ macro_rules! legacy_isa {
                                 for j in 0..8 {
                                     _mm256_storeu_si256(p.q[j].as_mut_ptr().cast(), t[j]);
                                 }
-                                _mm256_storeu_si256(p.s0.as_mut_ptr().cast(), _mm256_permute2x128_si256::<0x20>(sa, sb));
-                                _mm256_storeu_si256(p.s1.as_mut_ptr().cast(), _mm256_permute2x128_si256::<0x31>(sa, sb));
+                                _mm256_storeu_si256(
+                                    p.s0.as_mut_ptr().cast(),
+                                    _mm256_permute2x128_si256::<0x20>(sa, sb),
+                                );
+                                _mm256_storeu_si256(
+                                    p.s1.as_mut_ptr().cast(),
+                                    _mm256_permute2x128_si256::<0x31>(sa, sb),
+                                );
                                 _mm256_storeu_si256(p.c.as_mut_ptr().cast(), c);
                             }
                         }
@@ -1012,17 +1148,24 @@ macro_rules! legacy_isa {
                                 // 32-byte fields.
                                 unsafe {
                                     let a = a.add(b * KAB);
-                                    let y: [__m256i; 8] = std::array::from_fn(|c| _mm256_loadu_si256(a.add(4 + 32 * c).cast()));
+                                    let y: [__m256i; 8] = std::array::from_fn(|c| {
+                                        _mm256_loadu_si256(a.add(4 + 32 * c).cast())
+                                    });
                                     let t = transpose8(y);
                                     for j in 0..8 {
                                         _mm256_storeu_si256(p.q[j].as_mut_ptr().cast(), t[j]);
                                     }
-                                    _mm256_storeu_si256(p.bs.as_mut_ptr().cast(), _mm256_loadu_si256(a.add(260).cast()));
+                                    _mm256_storeu_si256(
+                                        p.bs.as_mut_ptr().cast(),
+                                        _mm256_loadu_si256(a.add(260).cast()),
+                                    );
                                 }
                             }
                             for g in 0..ng {
                                 // SAFETY: super-blocks `8g..` of the row are readable.
-                                asp[r * ng + g].d = unsafe { f32x8_at(a.add(8 * g * KAB), KAB, 0, (nb - 8 * g).min(8)) };
+                                asp[r * ng + g].d = unsafe {
+                                    f32x8_at(a.add(8 * g * KAB), KAB, 0, (nb - 8 * g).min(8))
+                                };
                             }
                         }
                         for ra in (0..na).step_by(RA) {
@@ -1030,13 +1173,16 @@ macro_rules! legacy_isa {
                             let a = rr.map(|r| ap[r * nb..].as_ptr());
                             let asc = rr.map(|r| asp[r * ng..].as_ptr());
                             for i0 in (0..n_w).step_by(RW) {
-                                let ii: [usize; RW] = std::array::from_fn(|k| (i0 + k).min(n_w - 1));
+                                let ii: [usize; RW] =
+                                    std::array::from_fn(|k| (i0 + k).min(n_w - 1));
                                 let w = ii.map(|i| wp[i * nb..].as_ptr());
                                 let wsc = ii.map(|i| wsp[i * ng..].as_ptr());
                                 let mut res = [[0f32; RA]; RW];
                                 // SAFETY: each pointer starts the `nb` prepared super-blocks
                                 // or `ng` scale groups of one row.
-                                unsafe { k_micro::<F, RW, RA>(w, wsc, a, asc, nb, last_mask, &mut res) };
+                                unsafe {
+                                    k_micro::<F, RW, RA>(w, wsc, a, asc, nb, last_mask, &mut res)
+                                };
                                 for (k, res) in res.iter().enumerate().take(n_w - i0) {
                                     for (q, v) in res.iter().enumerate().take(na - ra) {
                                         out[(r0 + ra + q) * n_w + i0 + k] = *v;
@@ -1050,7 +1196,13 @@ macro_rules! legacy_isa {
 
             /// Either K-quant path, by the number of activation rows.
             #[target_feature(enable = $feat)]
-            fn k_tile<const F: u8>(ws: &[u8], n_w: usize, acts: &[u8], n_a: usize, out: &mut [f32]) {
+            fn k_tile<const F: u8>(
+                ws: &[u8],
+                n_w: usize,
+                acts: &[u8],
+                n_a: usize,
+                out: &mut [f32],
+            ) {
                 if n_w == 0 || n_a == 0 {
                     return;
                 }
