@@ -1,8 +1,8 @@
 //! Times `DotKernel::dot_tile` on real model shapes with random data (single thread).
 //!
-//! - Decode (`n_a = 1`): whole matrices, tiles of 32 weight rows, reported as GB/s of
+//! - Decode (`n_a = 1`): whole matrices, tiles of `FRINK_NW` (default 32) weight rows, reported as GB/s of
 //!   weight bytes read.
-//! - Prefill (`n_a = 512`): tiles of 32 weight rows by 512 activation rows (the caller's
+//! - Prefill (`n_a = 512`): tiles of `FRINK_NW` (default 32) weight rows by 512 activation rows (the caller's
 //!   shape), reported as GOP/s (`2 * rows * cols * n_a / time`).
 //!
 //! Run: `cargo run --release -p frink-quant --example tile_speed [filter]`. Each figure is
@@ -88,7 +88,13 @@ fn best(reps: usize, mut f: impl FnMut()) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
-const N_W: usize = 32;
+/// Weight rows per `dot_tile` call (`FRINK_NW`, default 32).
+fn n_w() -> usize {
+    std::env::var("FRINK_NW")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(32)
+}
 
 /// K-quant rows must be whole 256-value super-blocks: a shape given the other way round
 /// (the same matrix, transposed) is swapped.
@@ -101,15 +107,16 @@ fn shape(ty: GgmlType, rows: usize, cols: usize) -> (usize, usize) {
 }
 
 fn decode(ty: GgmlType, rows: usize, cols: usize) {
+    let nw = n_w();
     let (rows, cols) = shape(ty, rows, cols);
     let k = pick(ty);
     let w = weights(ty, rows, cols);
     let a = acts(ty, 1, cols);
     let rb = w.len() / rows;
-    let mut out = vec![0f32; N_W];
+    let mut out = vec![0f32; nw];
     let reps = (2_000_000_000 / w.len()).clamp(5, 200);
     let s = best(reps, || {
-        for ws in w.chunks(N_W * rb) {
+        for ws in w.chunks(nw * rb) {
             let n = ws.len() / rb;
             k.dot_tile(black_box(ws), n, black_box(&a), 1, &mut out[..n]);
             black_box(&out);
@@ -125,14 +132,15 @@ fn decode(ty: GgmlType, rows: usize, cols: usize) {
 }
 
 fn prefill(ty: GgmlType, rows: usize, cols: usize, n_a: usize) {
+    let nw = n_w();
     let (rows, cols) = shape(ty, rows, cols);
     let k = pick(ty);
     let w = weights(ty, rows, cols);
     let a = acts(ty, n_a, cols);
     let rb = w.len() / rows;
-    let mut out = vec![0f32; N_W * n_a];
+    let mut out = vec![0f32; nw * n_a];
     let s = best(3, || {
-        for ws in w.chunks(N_W * rb) {
+        for ws in w.chunks(nw * rb) {
             let n = ws.len() / rb;
             k.dot_tile(black_box(ws), n, black_box(&a), n_a, &mut out[..n * n_a]);
             black_box(&out);
