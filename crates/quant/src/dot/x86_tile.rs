@@ -810,13 +810,24 @@ macro_rules! legacy_isa {
                                 u[4 * n + k] = _mm256_or_si256(low, _mm256_slli_epi16::<2>(hb));
                             }
                         }
+                        // The 16 6-bit scales (low nibble + two high bits each), byte
+                        // parallel within u32 words: the scalar `q3_k_scales`.
                         // SAFETY: the scales are bytes 96..108.
-                        let s = crate::kquants::q3_k_scales(unsafe {
-                            std::slice::from_raw_parts(p.add(96), 12)
-                        });
-                        let s: [i16; 16] = s.map(|s| i16::from(s) - 32);
-                        // SAFETY: `s` is 32 readable bytes.
-                        let sc = unsafe { _mm256_loadu_si256(s.as_ptr().cast()) };
+                        let (a0, a1, h) = unsafe {
+                            (
+                                p.add(96).cast::<u32>().read_unaligned(),
+                                p.add(100).cast::<u32>().read_unaligned(),
+                                p.add(104).cast::<u32>().read_unaligned(),
+                            )
+                        };
+                        let (m4, m2) = (0x0f0f_0f0f_u32, 0x0303_0303_u32);
+                        let b = _mm_setr_epi32(
+                            ((a0 & m4) | ((h & m2) << 4)) as i32,
+                            ((a1 & m4) | (((h >> 2) & m2) << 4)) as i32,
+                            (((a0 >> 4) & m4) | (((h >> 4) & m2) << 4)) as i32,
+                            (((a1 >> 4) & m4) | (((h >> 6) & m2) << 4)) as i32,
+                        );
+                        let sc = _mm256_sub_epi16(_mm256_cvtepu8_epi16(b), _mm256_set1_epi16(32));
                         (u, sc, _mm256_slli_epi16::<2>(sc))
                     }
                     _ => {
