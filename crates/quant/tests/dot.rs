@@ -299,6 +299,93 @@ fn dot_tile_equals_dot_per_pair() {
     }
 }
 
+/// Every kernel's `dot_tile` equals `dot_scalar` bit for bit on every pair, for tile
+/// shapes that cross the decode/prefill switch (`n_a` 1..3 vs 4+), the register blocks
+/// and the activation chunks (48 rows), with odd `n_w` and `n_a`, rows whose block count
+/// is not a multiple of eight, extreme weight scales, all-zero blocks, raw activation
+/// bytes (every i8 including -128) and raw weight bytes (any f16 scale, inf and NaN).
+#[test]
+fn dot_tile_equals_scalar_on_every_path() {
+    let mut rng = Rng(0x7171_0000_0000_0009);
+    let mut compared = 0usize;
+    let shapes: [(usize, usize); 12] = [
+        (1, 1),
+        (7, 1),
+        (17, 1),
+        (9, 2),
+        (7, 3),
+        (1, 4),
+        (9, 7),
+        (17, 9),
+        (7, 17),
+        (5, 50),
+        (32, 13),
+        (3, 97),
+    ];
+    for ty in DOT_TYPES {
+        let act_ty = vec_dot_type(ty).unwrap();
+        let nbs: &[usize] = if ty.block_size() == 256 {
+            &[1, 3, 9]
+        } else {
+            &[1, 7, 8, 9, 17, 28]
+        };
+        for &nb in nbs {
+            let n = nb * ty.block_size();
+            let wrb = nb * ty.type_size();
+            for (case, &(n_w, n_a)) in shapes.iter().enumerate() {
+                let mut ws = Vec::new();
+                for i in 0..n_w {
+                    let scales = [Scales::Normal, Scales::Max, Scales::MinNormal][(i + case) % 3];
+                    match (i + case) % 7 {
+                        5 => ws.extend(vec![0u8; wrb]),
+                        6 if act_ty != GgmlType::Q8_K => {
+                            ws.extend((0..wrb).map(|_| rng.byte()));
+                        }
+                        _ => ws.extend(weight_row(&mut rng, ty, nb, scales)),
+                    }
+                }
+                let mut acts = Vec::new();
+                for r in 0..n_a {
+                    match (r + case) % 5 {
+                        3 if act_ty != GgmlType::Q8_K => {
+                            acts.extend(raw_legacy_act(&mut rng, act_ty, n / 32));
+                        }
+                        4 => acts.extend(quantized(act_ty, &vec![0.0; n])),
+                        k => {
+                            let scale = [1.0f32, 3e4, 1e-5, 1.0][k];
+                            acts.extend(quantized(act_ty, &act_values(&mut rng, n, scale)));
+                        }
+                    }
+                }
+                let ab = acts.len() / n_a;
+                let want: Vec<f32> = (0..n_a * n_w)
+                    .map(|e| {
+                        let (r, i) = (e / n_w, e % n_w);
+                        dot_scalar(ty, &ws[i * wrb..][..wrb], &acts[r * ab..][..ab]).unwrap()
+                    })
+                    .collect();
+                for isa in Isa::available() {
+                    let k = kernel(ty, isa).unwrap();
+                    let mut out = vec![f32::NAN; n_w * n_a];
+                    k.dot_tile(&ws, n_w, &acts, n_a, &mut out);
+                    for (e, (got, want)) in out.iter().zip(&want).enumerate() {
+                        assert!(
+                            same_bits(*got, *want),
+                            "{ty} {isa:?} {nb} blocks, tile {n_w}x{n_a}, (w {}, a {}): {got:e} ({:#010x}) vs scalar {want:e} ({:#010x})",
+                            e % n_w,
+                            e / n_w,
+                            got.to_bits(),
+                            want.to_bits()
+                        );
+                        compared += 1;
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("{compared} tile results bit-identical to scalar");
+}
+
 #[test]
 #[should_panic(expected = "output length")]
 fn dot_tile_checks_lengths() {

@@ -30,9 +30,18 @@
 //! | ISA | formats | selected when |
 //! |---|---|---|
 //! | scalar ([`dot_scalar`]) | all ten | always available; the reference |
-//! | AVX2 + F16C | all ten, single-row ([`DotKernel::dot`]) and multi-row ([`DotKernel::dot_rows`]); tiles ([`DotKernel::dot_tile`]) for the five legacy formats | `is_x86_feature_detected!` |
+//! | AVX2 + F16C | all ten, single-row ([`DotKernel::dot`]) and multi-row ([`DotKernel::dot_rows`]); tiles ([`DotKernel::dot_tile`]) for all ten (`x86_tile`; Q8_0 tiles keep the older i16-widening kernel, as `maddubs` would saturate on its signed weights) | `is_x86_feature_detected!` |
+//! | AVX-512 F/BW/VL + VNNI | tiles for all ten with 256-bit `vpdpbusd` and 32 registers (single and multi-row: the AVX2 kernels) | `is_x86_feature_detected!`; preferred over AVX2 |
 //! | NEON (baseline) | all ten, single-row (multi-row loops over rows) | `is_aarch64_feature_detected!`; compile-checked only |
-//! | AVX-512 VNNI | none: `vpdpbusd` in place of `maddubs + madd` measured no faster for these kernels | never |
+//!
+//! The tile kernels have two paths. Decode (`n_a < 4`): one length check per call, then
+//! a raw-pointer loop over the weight rows, eight blocks (legacy) or super-blocks
+//! (K-quants) at a time, their block values formed on eight lanes at once. Prefill
+//! (`n_a >= 4`): the tile's weight rows are decoded once per call and the activation
+//! rows once per chunk of 48, both into a transposed layout (vector `j` holds bytes
+//! `4j..4j+4` of eight blocks), so eight `vpdpbusd` (or `maddubs + madd`) give eight
+//! block sums without horizontal sums, and a register block of weight rows by
+//! activation rows reuses every load.
 //!
 //! AMX is never used.
 //!
@@ -75,6 +84,9 @@ mod scalar;
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod x86_tile;
 
 pub use quantize::{quantize_activation, quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k};
 
@@ -120,8 +132,8 @@ pub enum Isa {
     Scalar,
     /// x86-64 AVX2 (with F16C for the scale conversions).
     Avx2,
-    /// x86-64 AVX-512 VNNI + VL (256-bit `vpdpbusd`): no kernels (measured no faster than
-    /// AVX2 here), so never available.
+    /// x86-64 AVX-512 F/BW/VL + VNNI (256-bit `vpdpbusd`, 32 vector registers), on top
+    /// of AVX2 + F16C: the tile kernels; single and multi-row products are the AVX2 ones.
     Avx512Vnni,
     /// aarch64 NEON (baseline, no `dotprod`); compile-checked only so far.
     Neon,
@@ -136,6 +148,14 @@ impl Isa {
             Isa::Avx2 => {
                 std::arch::is_x86_feature_detected!("avx2")
                     && std::arch::is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => {
+                Isa::Avx2.is_available()
+                    && std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512bw")
+                    && std::arch::is_x86_feature_detected!("avx512vl")
+                    && std::arch::is_x86_feature_detected!("avx512vnni")
             }
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => std::arch::is_aarch64_feature_detected!("neon"),
@@ -155,7 +175,7 @@ impl Isa {
     pub fn best() -> Isa {
         static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
         *BEST.get_or_init(|| {
-            [Isa::Avx2, Isa::Neon]
+            [Isa::Avx512Vnni, Isa::Avx2, Isa::Neon]
                 .into_iter()
                 .find(|i| i.is_available())
                 .unwrap_or(Isa::Scalar)
@@ -306,9 +326,10 @@ impl DotKernel {
     /// The tile product for prefill: `ws` holds `n_w` weight rows and `acts` holds `n_a`
     /// activation rows, each back to back; `out[r * n_w + i]` (activation row `r`, weight
     /// row `i`) gets exactly the bits of `self.dot(weight row i, activation row r)`. The
-    /// tile kernels (AVX2: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) decode each weight block once per
-    /// eight activation rows and prepare the activation-only terms once per activation
-    /// row; other types run [`Self::dot_rows`] per weight row.
+    /// x86 tile kernels (every format) handle decode (`n_a = 1`, a tight loop over the
+    /// weight rows) and prefill (each weight block decoded once per call, activation-only
+    /// terms prepared once per activation row; see the module's kernel table); other ISAs
+    /// run [`Self::dot_rows`] per weight row.
     ///
     /// # Panics
     /// If `ws` is not `n_w` rows and `acts` not `n_a` rows of matching lengths, or
@@ -368,9 +389,15 @@ pub fn kernel(ty: GgmlType, isa: Isa) -> Result<DotKernel, DotError> {
     let simd: Option<Simd> = match isa {
         Isa::Scalar => None,
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => {
-            x86::avx2_kernel(ty).map(|f| (f, x86::avx2_rows_kernel(ty), x86::avx2_tile_kernel(ty)))
-        }
+        Isa::Avx2 => x86::avx2_kernel(ty).map(|f| {
+            let tile = x86_tile::avx2::tile_kernel(ty).or(x86::avx2_tile_kernel(ty));
+            (f, x86::avx2_rows_kernel(ty), tile)
+        }),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => x86::avx2_kernel(ty).map(|f| {
+            let tile = x86_tile::vnni::tile_kernel(ty).or(x86::avx2_tile_kernel(ty));
+            (f, x86::avx2_rows_kernel(ty), tile)
+        }),
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => aarch64::neon_kernel(ty).map(|f| (f, None, None)),
         _ => None,
