@@ -220,9 +220,7 @@ pub fn matmul_many<'a>(projs: &mut [Projection<'a>], x: &[f32], n: usize) -> Res
                     // pi's output; tasks have distinct (pi, j0).
                     #[allow(unsafe_code)]
                     let dst = unsafe { outs[pi].range(j0, n_w) };
-                    for (wrow, d) in ws.chunks_exact(rb).zip(dst.chunks_exact_mut(1)) {
-                        k.dot_rows(wrow, &acts[slot].2, d);
-                    }
+                    k.dot_tile(ws, n_w, &acts[slot].2, 1, dst);
                 }
                 Some((k, slot)) => {
                     buf.resize(n * n_w, 0.0);
