@@ -11,8 +11,8 @@
 use crate::arch::{Activation, RopeLayout};
 use crate::error::{ModelError, Result};
 use crate::kernels::{
-    add_bias, axpy, dot, gelu_tanh, matmul, matmul_many, matrix_row, rms_norm, rope, silu, softmax,
-    Matrix, Projection,
+    add_bias, dot_multi, gelu_tanh, matmul, matmul_many, matrix_row, rms_norm, rope, silu, softmax,
+    weighted_sum_multi, Matrix, Projection,
 };
 use crate::kv::{KvCache, KvLayer};
 use crate::model::Model;
@@ -286,11 +286,14 @@ struct AttnSeq<'a> {
 /// (llama.cpp `LLAMA_SWA_TYPE_STANDARD`). Scores are scaled by `attn_scale`, softmaxed,
 /// and the values summed in position order.
 ///
-/// Work is split over (sequence, head, block of [`ATTN_ROWS_PER_TASK`] query rows); a task
-/// reads each key and value row it needs once, widened exactly from the cache's type, and
-/// applies it to every row of its block. Each output element is the same sequence of
-/// operations whatever the block, the chunk, the batch or the thread: scores in key
-/// order, one softmax, values accumulated in key order.
+/// Work is split over (sequence, KV head, block of [`ATTN_ROWS_PER_TASK`] query rows),
+/// or per query head for blocks of fewer than 4 rows (decode), largest tasks first. A
+/// task widens the keys and values its block can see to f32 once (exact), then for each
+/// of its query heads computes scores four query rows per key ([`dot_multi`]) and the
+/// weighted value sums four rows at a time ([`weighted_sum_multi`]). Each output element
+/// is the same sequence of operations whatever the block, the chunk, the batch or the
+/// thread: scores in `dot`'s order, one softmax over the visible keys, values
+/// accumulated in key order.
 fn attention(
     c: &crate::config::ModelConfig,
     seqs: &[AttnSeq<'_>],
@@ -301,14 +304,7 @@ fn attention(
     let (hd_k, hd_v) = (c.head_dim_k, c.head_dim_v);
     let group = c.n_head / c.n_head_kv;
     let row_out = c.n_head * hd_v;
-    // Tasks: (sequence, head, first row within the sequence).
-    let mut tasks: Vec<(usize, usize, usize)> = Vec::new();
-    for (si, s) in seqs.iter().enumerate() {
-        for i0 in (0..s.n).step_by(ATTN_ROWS_PER_TASK) {
-            tasks.extend((0..c.n_head).map(|h| (si, h, i0)));
-        }
-    }
-    // Keys visible from position `pos`.
+    // Keys visible from position `pos`: first_key(pos)..=pos.
     let first_key = |pos: usize| {
         if window > 0 {
             (pos + 1).saturating_sub(window)
@@ -316,56 +312,118 @@ fn attention(
             0
         }
     };
+    // Tasks: (sequence, first query head, heads, first row within the sequence).
+    let mut tasks: Vec<(usize, usize, usize, usize)> = Vec::new();
+    for (si, s) in seqs.iter().enumerate() {
+        for i0 in (0..s.n).step_by(ATTN_ROWS_PER_TASK) {
+            if s.n - i0 >= 4 {
+                tasks.extend((0..c.n_head_kv).map(|g| (si, g * group, group, i0)));
+            } else {
+                tasks.extend((0..c.n_head).map(|h| (si, h, 1, i0)));
+            }
+        }
+    }
+    let work = |&(si, _, heads, i0): &(usize, usize, usize, usize)| {
+        let s = &seqs[si];
+        let i1 = (i0 + ATTN_ROWS_PER_TASK).min(s.n);
+        heads * (s.p0 + i1 - first_key(s.p0 + i0)) * (i1 - i0)
+    };
+    tasks.sort_by_key(|t| std::cmp::Reverse(work(t)));
     let outs = Disjoint::new(out);
     crate::pool::run(tasks.len(), &|task| {
-        let (si, h, i0) = tasks[task];
+        let (si, h0, heads, i0) = tasks[task];
         let AttnSeq { layer, p0, r0, n } = seqs[si];
         let i1 = (i0 + ATTN_ROWS_PER_TASK).min(n);
-        let g = h / group;
+        let nr = i1 - i0;
+        let g = h0 / group;
         ATTN_SCRATCH.with_borrow_mut(|s| {
-            let AttnScratch { scores, kv } = s;
+            let AttnScratch {
+                scores,
+                keys,
+                values,
+            } = s;
             let (t0, t1) = (first_key(p0 + i0), p0 + i1); // keys t0..t1 are read
             let span = t1 - t0;
-            scores.clear();
-            scores.resize((i1 - i0) * span, 0.0);
-            kv.resize(hd_k.max(hd_v), 0.0);
-            // Scores: row i's keys first_key(p0+i)..=p0+i sit at the start of its span.
+            keys.resize(span * hd_k, 0.0);
+            values.resize(span * hd_v, 0.0);
             for t in t0..t1 {
-                let kt = &mut kv[..hd_k];
-                layer.k.read(t * c.k_dim() + g * hd_k, kt);
-                for i in i0..i1 {
-                    let pos = p0 + i;
-                    let f = first_key(pos);
-                    if t < f || t > pos {
-                        continue;
+                layer.k.read(
+                    t * c.k_dim() + g * hd_k,
+                    &mut keys[(t - t0) * hd_k..][..hd_k],
+                );
+                layer.v.read(
+                    t * c.v_dim() + g * hd_v,
+                    &mut values[(t - t0) * hd_v..][..hd_v],
+                );
+            }
+            // Row i (of the block) sees keys lo(i)..hi(i), relative to t0.
+            let lo = |i: usize| first_key(p0 + i0 + i) - t0;
+            let hi = |i: usize| p0 + i0 + i + 1 - t0;
+            scores.resize(nr * span, 0.0);
+            for h in h0..h0 + heads {
+                let qrow = |i: usize| &q[(r0 + i0 + i) * c.q_dim() + h * hd_k..][..hd_k];
+                // Scores, four rows per key where four rows remain.
+                let mut i = 0;
+                while i < nr {
+                    let rows = if nr - i >= 4 { 4 } else { 1 };
+                    let (a, b) = ((i..i + rows).map(lo).min(), (i..i + rows).map(hi).max());
+                    for t in a.unwrap_or(0)..b.unwrap_or(0) {
+                        let kt = &keys[t * hd_k..][..hd_k];
+                        if rows == 4 {
+                            let d = dot_multi([qrow(i), qrow(i + 1), qrow(i + 2), qrow(i + 3)], kt);
+                            for (r, v) in d.into_iter().enumerate() {
+                                scores[(i + r) * span + t] = v * c.attn_scale;
+                            }
+                        } else {
+                            scores[i * span + t] = dot_multi([qrow(i)], kt)[0] * c.attn_scale;
+                        }
                     }
-                    let qh = &q[(r0 + i) * c.q_dim() + h * hd_k..][..hd_k];
-                    scores[(i - i0) * span + (t - f)] = dot(qh, kt) * c.attn_scale;
+                    i += rows;
                 }
-            }
-            for i in i0..i1 {
-                let pos = p0 + i;
-                let len = pos + 1 - first_key(pos);
-                softmax(&mut scores[(i - i0) * span..][..len]);
-                // SAFETY: task (si, h, i0) alone writes head h of its rows.
+                for i in 0..nr {
+                    softmax(&mut scores[i * span + lo(i)..i * span + hi(i)]);
+                }
+                // Weighted sums of the values.
+                // SAFETY (for every `outs.range` below): this task alone writes head h of
+                // its rows, and the ranges of different rows are disjoint.
                 #[allow(unsafe_code)]
-                let o = unsafe { outs.range((r0 + i) * row_out + h * hd_v, hd_v) };
-                o.fill(0.0);
-            }
-            for t in t0..t1 {
-                let vt = &mut kv[..hd_v];
-                layer.v.read(t * c.v_dim() + g * hd_v, vt);
-                for i in i0..i1 {
-                    let pos = p0 + i;
-                    let f = first_key(pos);
-                    if t < f || t > pos {
-                        continue;
+                let orow =
+                    |i: usize| unsafe { outs.range((r0 + i0 + i) * row_out + h * hd_v, hd_v) };
+                let prow = |i: usize| &scores[i * span..(i + 1) * span];
+                let mut i = 0;
+                while i < nr {
+                    if nr - i >= 4 {
+                        let rs = i..i + 4;
+                        let a = rs.clone().map(lo).max().unwrap_or(0);
+                        let b = rs.clone().map(hi).min().unwrap_or(0);
+                        // Per row: its keys before the shared range a..b, the shared range
+                        // four rows at a time, then its keys after it: key order
+                        // throughout. Without a shared range each row does all its keys.
+                        let shared = a < b;
+                        for r in rs.clone() {
+                            let o = orow(r);
+                            o.fill(0.0);
+                            let pre_end = if shared { a } else { hi(r) };
+                            weighted_sum_multi([o], [prow(r)], values, lo(r)..pre_end);
+                        }
+                        if shared {
+                            weighted_sum_multi(
+                                [orow(i), orow(i + 1), orow(i + 2), orow(i + 3)],
+                                [prow(i), prow(i + 1), prow(i + 2), prow(i + 3)],
+                                values,
+                                a..b,
+                            );
+                            for r in rs {
+                                weighted_sum_multi([orow(r)], [prow(r)], values, b..hi(r));
+                            }
+                        }
+                        i += 4;
+                    } else {
+                        let o = orow(i);
+                        o.fill(0.0);
+                        weighted_sum_multi([o], [prow(i)], values, lo(i)..hi(i));
+                        i += 1;
                     }
-                    let p = scores[(i - i0) * span + (t - f)];
-                    // SAFETY: as above (the earlier reference to this range is dead).
-                    #[allow(unsafe_code)]
-                    let o = unsafe { outs.range((r0 + i) * row_out + h * hd_v, hd_v) };
-                    axpy(o, p, vt);
                 }
             }
         });
@@ -375,10 +433,11 @@ fn attention(
 /// Per-thread scratch of an attention task.
 #[derive(Default)]
 struct AttnScratch {
-    /// Scores of the block's rows, `span` per row.
+    /// Scores of the block's rows, one row of `span` keys each.
     scores: Vec<f32>,
-    /// One key or value row widened to f32.
-    kv: Vec<f32>,
+    /// The visible keys and values of the block's KV head, widened to f32.
+    keys: Vec<f32>,
+    values: Vec<f32>,
 }
 
 thread_local! {
