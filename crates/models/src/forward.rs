@@ -11,12 +11,12 @@
 use crate::arch::{Activation, RopeLayout};
 use crate::error::{ModelError, Result};
 use crate::kernels::{
-    add_bias, dot_multi, gelu_tanh, matmul, matmul_many, matrix_row, rms_norm, rope, silu, softmax,
-    weighted_sum_multi, Matrix, Projection,
+    add_bias, dot_multi, gelu_tanh, matmul, matmul_many, matrix_row, rms_norm, rope_angles,
+    rope_rotate, silu, softmax, weighted_sum_multi, Matrix, Projection,
 };
 use crate::kv::{KvCache, KvLayer};
 use crate::model::Model;
-use crate::pool::Disjoint;
+use crate::pool::{self, Disjoint};
 
 /// Which rows' logits [`Model::forward`] returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -129,6 +129,7 @@ impl Model {
         let mut gate = vec![0f32; n * c.n_ff];
         let mut up = vec![0f32; n * c.n_ff];
         let neox = c.arch.rope == RopeLayout::Neox;
+        let mut rope_tables: Vec<((u32, u32), Vec<(f32, f32)>)> = Vec::new();
 
         for (il, lw) in w.layers.iter().enumerate() {
             // attn_norm
@@ -156,14 +157,35 @@ impl Model {
             if let Some(kn) = &lw.k_norm {
                 rms_norm(&mut k, kn, c.rms_eps);
             }
+            // RoPE: one table of rotations per position and parameter set, shared by
+            // every head and every layer with the same parameters.
             let rp = c.rope(il);
-            for (i, &p) in pos.iter().enumerate() {
-                for head in q[i * c.q_dim()..(i + 1) * c.q_dim()].chunks_exact_mut(c.head_dim_k) {
-                    rope(head, p, c.n_rot, rp.freq_base, rp.freq_scale, neox);
+            let key = (rp.freq_base.to_bits(), rp.freq_scale.to_bits());
+            let ti = match rope_tables.iter().position(|(k, _)| *k == key) {
+                Some(i) => i,
+                None => {
+                    let mut table = Vec::with_capacity(n * c.n_rot / 2);
+                    let mut angles = Vec::new();
+                    for &p in &pos {
+                        rope_angles(p, c.n_rot, rp.freq_base, rp.freq_scale, &mut angles);
+                        table.extend_from_slice(&angles);
+                    }
+                    rope_tables.push((key, table));
+                    rope_tables.len() - 1
                 }
-                for head in k[i * c.k_dim()..(i + 1) * c.k_dim()].chunks_exact_mut(c.head_dim_k) {
-                    rope(head, p, c.n_rot, rp.freq_base, rp.freq_scale, neox);
-                }
+            };
+            let table = &rope_tables[ti].1;
+            let half = c.n_rot / 2;
+            for (t, dim) in [(&mut q, c.q_dim()), (&mut k, c.k_dim())] {
+                pool::for_each_chunk(t, ROWS_PER_TASK * dim, &|ci, part| {
+                    for (r, row) in part.chunks_exact_mut(dim).enumerate() {
+                        let i = ci * ROWS_PER_TASK + r;
+                        let angles = &table[i * half..(i + 1) * half];
+                        for head in row.chunks_exact_mut(c.head_dim_k) {
+                            rope_rotate(head, angles, neox);
+                        }
+                    }
+                });
             }
             for (si, s) in seqs.iter_mut().enumerate() {
                 let (r0, r1) = (starts[si], starts[si + 1]);
@@ -205,16 +227,19 @@ impl Model {
                 &cur,
                 n,
             )?;
-            match c.arch.activation {
-                Activation::Silu => gate
-                    .iter_mut()
-                    .zip(&up)
-                    .for_each(|(g, u)| *g = silu(*g) * u),
-                Activation::GeluTanh => gate
-                    .iter_mut()
-                    .zip(&up)
-                    .for_each(|(g, u)| *g = gelu_tanh(*g) * u),
-            }
+            let act = c.arch.activation;
+            pool::for_each_chunk(&mut gate, ROWS_PER_TASK * c.n_ff, &|ci, part| {
+                let up = &up[ci * ROWS_PER_TASK * c.n_ff..][..part.len()];
+                match act {
+                    Activation::Silu => {
+                        part.iter_mut().zip(up).for_each(|(g, u)| *g = silu(*g) * u)
+                    }
+                    Activation::GeluTanh => part
+                        .iter_mut()
+                        .zip(up)
+                        .for_each(|(g, u)| *g = gelu_tanh(*g) * u),
+                }
+            });
             matmul(&lw.w_down, self.data(&lw.w_down), &gate, n, &mut cur)?;
             if let Some(pn) = &lw.post_ffn_norm {
                 rms_norm(&mut cur, pn, c.rms_eps);
@@ -252,6 +277,9 @@ impl Model {
             .collect())
     }
 }
+
+/// Rows per task of the row-wise steps of the forward pass (RoPE, the gated activation).
+const ROWS_PER_TASK: usize = 16;
 
 /// One sequence of a [`Model::forward_batch`] call.
 pub struct Sequence<'a> {

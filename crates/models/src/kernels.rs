@@ -299,6 +299,9 @@ const TASKS_PER_THREAD_DECODE: usize = 4;
 /// 32 rows 396 / 1029 / 782, 64 rows 420 / 1064 / 822, 128 rows 417 / 1066 / 826.
 const ROWS_PER_TASK_BATCH: usize = 64;
 
+/// Input rows quantized per task of [`matmul_many`]'s activation quantization.
+const ROWS_PER_QUANTIZE_TASK: usize = 16;
+
 /// One projection of [`matmul_many`]: `out = x · Wᵀ` for the matrix `w` whose stored
 /// bytes are `data`; `out` is `n × w.rows`, row-major.
 pub struct Projection<'a> {
@@ -380,10 +383,19 @@ pub fn matmul_many<'a>(projs: &mut [Projection<'a>], x: &[f32], n: usize) -> Res
                         detail: format!("{cols} columns are not whole {act} blocks"),
                     })? as usize;
                 let mut q = vec![0u8; n * ab];
-                for (xi, ai) in x.chunks_exact(cols).zip(q.chunks_exact_mut(ab)) {
-                    quantize_activation(act, xi, ai).map_err(|e| {
-                        crate::ModelError::Unsupported(format!("activation quantization: {e}"))
-                    })?;
+                let failed = std::sync::Mutex::new(None);
+                crate::pool::for_each_chunk(&mut q, ROWS_PER_QUANTIZE_TASK * ab, &|i, part| {
+                    let rows = &x[i * ROWS_PER_QUANTIZE_TASK * cols..];
+                    for (xi, ai) in rows.chunks_exact(cols).zip(part.chunks_exact_mut(ab)) {
+                        if let Err(e) = quantize_activation(act, xi, ai) {
+                            *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+                        }
+                    }
+                });
+                if let Some(e) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+                    return Err(crate::ModelError::Unsupported(format!(
+                        "activation quantization: {e}"
+                    )));
                 }
                 acts.push((act, ab, q));
                 acts.len() - 1
@@ -493,25 +505,33 @@ pub fn add_bias(x: &mut [f32], bias: &[f32]) {
     }
 }
 
-/// Rotary position embedding of one head vector in place (llama.cpp
-/// `ggml_compute_forward_rope_f32` without YaRN): the first `n_rot` dimensions are rotated
-/// in pairs by `θ_i = freq_scale · pos · base^(-2i/n_rot)`, the angle built by repeated
-/// multiplication in f32 as ggml does. `neox` pairs `(i, i + n_rot/2)`, otherwise
-/// `(2i, 2i+1)`.
-pub fn rope(
-    head: &mut [f32],
+/// The rotations of rotary position embedding at one position (llama.cpp
+/// `ggml_compute_forward_rope_f32` without YaRN): for each of the `n_rot / 2` pairs, the
+/// `(cos, sin)` of `θ_i = freq_scale · pos · base^(-2i/n_rot)`, the angle built by
+/// repeated multiplication in f32 as ggml does. Written to `out` (cleared first). The
+/// same for every head, so computed once per position.
+pub fn rope_angles(
     pos: usize,
     n_rot: usize,
     freq_base: f32,
     freq_scale: f32,
-    neox: bool,
+    out: &mut Vec<(f32, f32)>,
 ) {
     let theta_scale = freq_base.powf(-2.0 / n_rot as f32);
     let mut theta = pos as f32;
-    let half = n_rot / 2;
-    for i in 0..half {
-        let angle = freq_scale * theta;
-        let (sin, cos) = angle.sin_cos();
+    out.clear();
+    for _ in 0..n_rot / 2 {
+        let (sin, cos) = (freq_scale * theta).sin_cos();
+        out.push((cos, sin));
+        theta *= theta_scale;
+    }
+}
+
+/// Rotates the first `2 · angles.len()` dimensions of one head vector in place by
+/// [`rope_angles`]' rotations: `neox` pairs `(i, i + n_rot/2)`, otherwise `(2i, 2i+1)`.
+pub fn rope_rotate(head: &mut [f32], angles: &[(f32, f32)], neox: bool) {
+    let half = angles.len();
+    for (i, &(cos, sin)) in angles.iter().enumerate() {
         let (a, b) = if neox {
             (i, i + half)
         } else {
@@ -520,8 +540,22 @@ pub fn rope(
         let (x0, x1) = (head[a], head[b]);
         head[a] = x0 * cos - x1 * sin;
         head[b] = x0 * sin + x1 * cos;
-        theta *= theta_scale;
     }
+}
+
+/// Rotary position embedding of one head vector in place: [`rope_angles`] then
+/// [`rope_rotate`].
+pub fn rope(
+    head: &mut [f32],
+    pos: usize,
+    n_rot: usize,
+    freq_base: f32,
+    freq_scale: f32,
+    neox: bool,
+) {
+    let mut angles = Vec::with_capacity(n_rot / 2);
+    rope_angles(pos, n_rot, freq_base, freq_scale, &mut angles);
+    rope_rotate(head, &angles, neox);
 }
 
 /// SiLU: `x / (1 + e^-x)`.

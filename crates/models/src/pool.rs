@@ -273,6 +273,22 @@ pub fn run(n_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
     .run(n_tasks, f);
 }
 
+/// `f(i, chunk)` for each `chunk`-sized piece `i` of `data` (the last may be shorter),
+/// pieces spread over the global pool: the parallel form of `chunks_mut().enumerate()`.
+pub fn for_each_chunk<T: Send>(data: &mut [T], chunk: usize, f: &(dyn Fn(usize, &mut [T]) + Sync)) {
+    let chunk = chunk.max(1);
+    let len = data.len();
+    let shared = Disjoint::new(data);
+    run(len.div_ceil(chunk), &|i| {
+        let at = i * chunk;
+        // SAFETY: piece i is elements i*chunk .. min((i+1)*chunk, len), disjoint from every
+        // other piece.
+        #[allow(unsafe_code)]
+        let piece = unsafe { shared.range(at, chunk.min(len - at)) };
+        f(i, piece)
+    });
+}
+
 /// A mutable slice shared by the tasks of one step, each writing its own disjoint
 /// elements.
 pub(crate) struct Disjoint<'a, T> {
