@@ -129,7 +129,7 @@ impl Model {
         let mut gate = vec![0f32; n * c.n_ff];
         let mut up = vec![0f32; n * c.n_ff];
         let neox = c.arch.rope == RopeLayout::Neox;
-        let mut rope_tables: Vec<((u32, u32), Vec<(f32, f32)>)> = Vec::new();
+        let mut rope_tables: Vec<(RopeKey, Vec<(f32, f32)>)> = Vec::new();
 
         for (il, lw) in w.layers.iter().enumerate() {
             // attn_norm
@@ -277,6 +277,10 @@ impl Model {
             .collect())
     }
 }
+
+/// The bits of a layer's RoPE (freq_base, freq_scale): layers with equal keys share one
+/// table of rotations.
+type RopeKey = (u32, u32);
 
 /// Rows per task of the row-wise steps of the forward pass (RoPE, the gated activation).
 const ROWS_PER_TASK: usize = 16;
