@@ -13,7 +13,7 @@ pub struct ModelArgs {
     /// Catalog name (fetched on first use) or path to a .gguf file.
     #[arg(short = 'm', long = "model", env = "FRINK_MODEL", default_value = frink_store::default_model_name())]
     pub model: String,
-    /// Compute threads (default: the machine's available parallelism).
+    /// Compute threads (default: the machine's physical cores).
     #[arg(short = 't', long = "threads", env = "FRINK_THREADS")]
     pub threads: Option<usize>,
     /// KV cache element type: f16 (llama.cpp's default) or f32.
@@ -40,7 +40,7 @@ impl ModelArgs {
 }
 
 /// Sizes the forward pass's compute pool (frink-models `pool`): `threads`, or the
-/// available parallelism.
+/// physical cores.
 pub fn init_threads(threads: Option<usize>) -> Result<()> {
     frink_models::pool::set_threads(threads.unwrap_or(0));
     Ok(())

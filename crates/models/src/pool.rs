@@ -228,7 +228,7 @@ fn worker(s: &Shared) {
 static GLOBAL: Mutex<Option<Pool>> = Mutex::new(None);
 
 /// Sets the number of compute threads of the forward pass (workers + the calling thread;
-/// 0 means the machine's available parallelism). Replaces the pool if the count changes.
+/// 0 means [`default_threads`]). Replaces the pool if the count changes.
 pub fn set_threads(threads: usize) {
     let n = if threads == 0 {
         default_threads()
@@ -254,8 +254,32 @@ pub fn threads() -> usize {
     }
 }
 
-fn default_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+/// The default thread count: the machine's physical cores (SMT siblings share a core's
+/// vector units, so a second thread per core slows these kernels down, as llama.cpp's
+/// default also assumes), at most the CPUs this process may run on.
+pub fn default_threads() -> usize {
+    let allowed = std::thread::available_parallelism().map_or(1, |n| n.get());
+    physical_cores().map_or(allowed, |p| p.clamp(1, allowed))
+}
+
+/// Distinct (package, core) pairs of the CPUs in Linux's sysfs topology, if readable.
+fn physical_cores() -> Option<usize> {
+    let mut cores = std::collections::BTreeSet::new();
+    for entry in std::fs::read_dir("/sys/devices/system/cpu").ok()? {
+        let path = entry.ok()?.path();
+        let name = path.file_name()?.to_str()?.to_owned();
+        if !name
+            .strip_prefix("cpu")
+            .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+        {
+            continue;
+        }
+        let read = |f: &str| std::fs::read_to_string(path.join("topology").join(f)).ok();
+        if let (Some(pkg), Some(core)) = (read("physical_package_id"), read("core_id")) {
+            cores.insert((pkg.trim().to_owned(), core.trim().to_owned()));
+        }
+    }
+    (!cores.is_empty()).then_some(cores.len())
 }
 
 /// Runs `f(0..n_tasks)` on the global pool (see [`Pool::run`]). Steps from different
@@ -344,6 +368,13 @@ mod tests {
                 assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
             }
         }
+    }
+
+    #[test]
+    fn default_is_at_least_one_and_at_most_the_allowed_cpus() {
+        let n = default_threads();
+        let allowed = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert!((1..=allowed).contains(&n), "{n} of {allowed}");
     }
 
     #[test]
