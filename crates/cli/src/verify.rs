@@ -132,15 +132,7 @@ fn matmul_types(model: &Model) -> Vec<frink_gguf::GgmlType> {
     let w = &model.weights;
     let mut types = vec![w.output.ty];
     for l in &w.layers {
-        types.extend([
-            l.wq.ty,
-            l.wk.ty,
-            l.wv.ty,
-            l.wo.ty,
-            l.w_gate.ty,
-            l.w_up.ty,
-            l.w_down.ty,
-        ]);
+        types.extend(l.matrices().into_iter().map(|m| m.ty));
     }
     types
 }

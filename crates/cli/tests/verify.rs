@@ -29,7 +29,23 @@ fn tiny_fixtures_of_implemented_architectures() {
     let Some(root) = frink_testdata::require("fixtures/tiny", "verify tiny fixtures") else {
         return;
     };
-    for name in ["llama", "llama_q256", "qwen2", "gemma3"] {
+    for name in [
+        "llama",
+        "llama_q256",
+        "qwen2",
+        "gemma3",
+        "mistral",
+        "qwen3",
+        "gemma",
+        "gemma2",
+        "phi3",
+        "granite",
+        "olmo2",
+        "stablelm",
+        "starcoder2",
+        "falcon",
+        "bloom",
+    ] {
         verify(&["--golden", root.join(name).to_str().unwrap()]);
     }
 }

@@ -27,18 +27,22 @@ pub enum Activation {
 /// Which layers use sliding-window attention.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SwaPattern {
-    /// No sliding window; a `sliding_window` key in the file is refused.
+    /// No sliding window; a nonzero `sliding_window` key in the file is refused.
     None,
     /// Every layer `il` with `il % period < period - 1` is windowed, the others global;
     /// the window comes from `{arch}.attention.sliding_window` (llama.cpp
-    /// `hparams.set_swa_pattern(period)`; gemma3 uses 6).
+    /// `hparams.set_swa_pattern(period)`; gemma3 uses 6, gemma2 2).
     LastOfPeriodGlobal(usize),
+    /// Every layer is windowed when the file gives `{arch}.attention.sliding_window`
+    /// (mistral).
+    All,
 }
 
 /// How the attention logits are scaled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttnScale {
-    /// `1/sqrt(head_dim_k)`.
+    /// `1/sqrt(head_dim_k)`, or `{arch}.attention.scale` when the file gives it (granite's
+    /// `attention_multiplier`).
     InvSqrtHeadDim,
     /// gemma2/gemma3: `1/sqrt(n_embd / n_head)` for the 27B models (62 layers for
     /// gemma3), `1/sqrt(head_dim_k)` otherwise (llama.cpp `src/llama-model.cpp`,
@@ -46,20 +50,75 @@ pub enum AttnScale {
     Gemma,
 }
 
+/// The normalisation used everywhere in the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Norm {
+    /// RMSNorm, `{arch}.attention.layer_norm_rms_epsilon`.
+    Rms,
+    /// LayerNorm (mean and variance, optional bias), `{arch}.attention.layer_norm_epsilon`.
+    Layer,
+}
+
+/// Where a layer's norms sit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormPlacement {
+    /// Before attention and before the FFN (`attn_norm`, `ffn_norm`), plus, when the file
+    /// has them, after each (`post_attention_norm`, `post_ffw_norm`: gemma2/3's sandwich).
+    Pre,
+    /// Only after attention and after the FFN, before the residual adds (olmo2).
+    PostOnly,
+}
+
+/// Per-head or whole-vector RMSNorm of Q and K before RoPE (`attn_q_norm`, `attn_k_norm`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkNorm {
+    None,
+    /// Over each head's `head_dim_k` values: qwen3, gemma3.
+    PerHead,
+    /// Over the whole projection (`n_head · head_dim_k` for Q): olmo2.
+    Whole,
+}
+
+/// The feed-forward block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ffn {
+    /// `down(act(gate(x)) · up(x))` with separate `ffn_gate` and `ffn_up`.
+    Gated,
+    /// The same with gate and up stored as one `ffn_up` of `2 · n_ff` rows, gate first
+    /// (phi3's `gate_up_proj`).
+    GatedFused,
+    /// `down(act(up(x)))`: starcoder2, falcon, bloom.
+    Plain,
+}
+
+/// How positions enter attention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Position {
+    /// Rotary embedding of Q and K.
+    Rope(RopeLayout),
+    /// ALiBi: head `h` adds `slope_h · t` to the score of key position `t` (bloom; ggml
+    /// `soft_max_ext` with `max_bias` 8).
+    Alibi,
+}
+
 /// One row of the architecture table.
+///
+/// Biases (`attn_q/k/v/qkv/output.bias`, `ffn_up/down.bias`, LayerNorm biases) and fused
+/// Q/K/V (`attn_qkv`) are taken from the file wherever present: a tensor that is present is
+/// used, never ignored, so they need no row field. Scalars that only some files carry
+/// (granite's multipliers, gemma2's soft-capping) come from metadata the same way.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ArchSpec {
     /// `general.architecture` as written in GGUF.
     pub name: &'static str,
-    pub rope: RopeLayout,
-    /// Q, K and V projections carry biases (`attn_{q,k,v}.bias`): qwen2.
-    pub qkv_bias: bool,
-    /// Per-head RMSNorm of Q and K before RoPE (`attn_q_norm`, `attn_k_norm`): gemma3.
-    pub qk_norm: bool,
-    /// Sandwich norms: RMSNorm of the attention and FFN outputs before the residual add
-    /// (`post_attention_norm`, `post_ffw_norm`): gemma2/gemma3.
-    pub post_norms: bool,
+    pub position: Position,
+    pub norm: Norm,
+    pub norm_placement: NormPlacement,
+    pub qk_norm: QkNorm,
+    pub ffn: Ffn,
     pub activation: Activation,
+    /// Attention and FFN read the same normed input and both add to the residual (falcon).
+    pub parallel_residual: bool,
     /// Token embeddings are multiplied by `sqrt(n_embd)`: gemma family.
     pub embed_scale: bool,
     pub swa: SwaPattern,
@@ -69,46 +128,129 @@ pub struct ArchSpec {
     pub rope_base_swa_default: Option<f32>,
 }
 
-/// The supported architectures.
+/// The defaults every row starts from: a llama-style decoder.
+const BASE: ArchSpec = ArchSpec {
+    name: "",
+    position: Position::Rope(RopeLayout::Neox),
+    norm: Norm::Rms,
+    norm_placement: NormPlacement::Pre,
+    qk_norm: QkNorm::None,
+    ffn: Ffn::Gated,
+    activation: Activation::Silu,
+    parallel_residual: false,
+    embed_scale: false,
+    swa: SwaPattern::None,
+    attn_scale: AttnScale::InvSqrtHeadDim,
+    rope_base_swa_default: None,
+};
+
+/// The supported architectures. Sources per row: llama.cpp `src/models/<name>.cpp` and
+/// transformers `modeling_<name>.py`.
 pub const ARCHS: &[ArchSpec] = &[
-    // llama.cpp src/models/llama.cpp; transformers LlamaForCausalLM.
+    // llama, and mistral converted to `llama` (its window in `llama.attention.sliding_window`
+    // applies to every layer, as transformers MistralAttention does; llama.cpp's llama graph
+    // ignores the key). transformers LlamaForCausalLM / MistralForCausalLM.
     ArchSpec {
         name: "llama",
-        rope: RopeLayout::Normal,
-        qkv_bias: false,
-        qk_norm: false,
-        post_norms: false,
-        activation: Activation::Silu,
-        embed_scale: false,
-        swa: SwaPattern::None,
-        attn_scale: AttnScale::InvSqrtHeadDim,
-        rope_base_swa_default: None,
+        position: Position::Rope(RopeLayout::Normal),
+        swa: SwaPattern::All,
+        ..BASE
     },
-    // llama.cpp src/models/qwen2.cpp; transformers Qwen2ForCausalLM (q/k/v biases).
+    // qwen2.cpp; Qwen2ForCausalLM (q/k/v biases, present in the file).
     ArchSpec {
         name: "qwen2",
-        rope: RopeLayout::Neox,
-        qkv_bias: true,
-        qk_norm: false,
-        post_norms: false,
-        activation: Activation::Silu,
-        embed_scale: false,
-        swa: SwaPattern::None,
-        attn_scale: AttnScale::InvSqrtHeadDim,
-        rope_base_swa_default: None,
+        ..BASE
     },
-    // llama.cpp src/models/gemma3.cpp; transformers Gemma3ForCausalLM.
+    // qwen3.cpp; Qwen3ForCausalLM: per-head Q/K RMSNorm.
+    ArchSpec {
+        name: "qwen3",
+        qk_norm: QkNorm::PerHead,
+        ..BASE
+    },
+    // gemma.cpp; GemmaForCausalLM (the converter stores RMSNorm weights as 1 + w).
+    ArchSpec {
+        name: "gemma",
+        activation: Activation::GeluTanh,
+        embed_scale: true,
+        ..BASE
+    },
+    // gemma2.cpp; Gemma2ForCausalLM: sandwich norms, soft-capping (metadata), sliding
+    // window on even layers.
+    ArchSpec {
+        name: "gemma2",
+        activation: Activation::GeluTanh,
+        embed_scale: true,
+        swa: SwaPattern::LastOfPeriodGlobal(2),
+        attn_scale: AttnScale::Gemma,
+        ..BASE
+    },
+    // gemma3.cpp; Gemma3ForCausalLM.
     ArchSpec {
         name: "gemma3",
-        rope: RopeLayout::Neox,
-        qkv_bias: false,
-        qk_norm: true,
-        post_norms: true,
+        qk_norm: QkNorm::PerHead,
         activation: Activation::GeluTanh,
         embed_scale: true,
         swa: SwaPattern::LastOfPeriodGlobal(6),
         attn_scale: AttnScale::Gemma,
         rope_base_swa_default: Some(10000.0),
+        ..BASE
+    },
+    // phi3.cpp; Phi3ForCausalLM: fused attn_qkv (from the file) and gate|up, partial RoPE
+    // (rope.dimension_count).
+    ArchSpec {
+        name: "phi3",
+        ffn: Ffn::GatedFused,
+        ..BASE
+    },
+    // granite.cpp; GraniteForCausalLM: embedding/attention/residual/logit multipliers
+    // (metadata).
+    ArchSpec {
+        name: "granite",
+        position: Position::Rope(RopeLayout::Normal),
+        ..BASE
+    },
+    // olmo2.cpp; Olmo2ForCausalLM: norms after attention and FFN only, whole-vector Q/K
+    // norm.
+    ArchSpec {
+        name: "olmo2",
+        norm_placement: NormPlacement::PostOnly,
+        qk_norm: QkNorm::Whole,
+        ..BASE
+    },
+    // stablelm.cpp; StableLmForCausalLM: LayerNorm with bias, partial RoPE, q/k/v biases.
+    ArchSpec {
+        name: "stablelm",
+        norm: Norm::Layer,
+        ..BASE
+    },
+    // starcoder2.cpp; Starcoder2ForCausalLM: LayerNorm with bias, biased projections,
+    // GELU MLP.
+    ArchSpec {
+        name: "starcoder2",
+        norm: Norm::Layer,
+        ffn: Ffn::Plain,
+        activation: Activation::GeluTanh,
+        ..BASE
+    },
+    // falcon.cpp; FalconForCausalLM: parallel attention and MLP from one LayerNorm,
+    // multi-query fused attn_qkv, GELU MLP.
+    ArchSpec {
+        name: "falcon",
+        norm: Norm::Layer,
+        ffn: Ffn::Plain,
+        activation: Activation::GeluTanh,
+        parallel_residual: true,
+        ..BASE
+    },
+    // bloom.cpp; BloomForCausalLM: ALiBi, LayerNorm after the embedding, fused biased
+    // attn_qkv, GELU MLP.
+    ArchSpec {
+        name: "bloom",
+        position: Position::Alibi,
+        norm: Norm::Layer,
+        ffn: Ffn::Plain,
+        activation: Activation::GeluTanh,
+        ..BASE
     },
 ];
 

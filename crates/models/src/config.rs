@@ -5,7 +5,7 @@
 
 use frink_gguf::{GgufFile, MetaValue};
 
-use crate::arch::{arch_spec, ArchSpec, AttnScale, SwaPattern, ARCHS};
+use crate::arch::{arch_spec, ArchSpec, AttnScale, Norm, Position, SwaPattern, ARCHS};
 use crate::error::{ModelError, Result};
 
 /// RoPE parameters of one class of layers.
@@ -40,8 +40,9 @@ pub struct ModelConfig {
     pub n_vocab: usize,
     /// `{arch}.context_length`: the context the model was trained for.
     pub n_ctx_train: usize,
-    /// `{arch}.attention.layer_norm_rms_epsilon`.
-    pub rms_eps: f32,
+    /// The norms' epsilon: `{arch}.attention.layer_norm_rms_epsilon` for RMSNorm,
+    /// `{arch}.attention.layer_norm_epsilon` for LayerNorm.
+    pub norm_eps: f32,
     /// `{arch}.rope.dimension_count` (default: `head_dim_k`): dimensions rotated per head.
     pub n_rot: usize,
     /// RoPE of global-attention layers.
@@ -54,8 +55,39 @@ pub struct ModelConfig {
     pub swa_layers: Vec<bool>,
     /// Factor applied to Q·K (llama.cpp `kq_scale` / `f_attention_scale`).
     pub attn_scale: f32,
-    /// Factor applied to token embeddings (`sqrt(n_embd)` for gemma, else 1).
+    /// Factor applied to token embeddings (`sqrt(n_embd)` for gemma, `{arch}.embedding_scale`
+    /// for granite, else 1).
     pub embed_scale: f32,
+    /// Factor applied to the attention and FFN outputs before each residual add
+    /// (`{arch}.residual_scale`: granite; else 1).
+    pub residual_scale: f32,
+    /// The logits are divided by this (`{arch}.logit_scale`: granite; else 1).
+    pub logit_scale: f32,
+    /// Attention scores become `c · tanh(s / c)` (`{arch}.attn_logit_softcapping`: gemma2).
+    pub attn_softcap: Option<f32>,
+    /// Logits become `c · tanh(l / c)` (`{arch}.final_logit_softcapping`: gemma2).
+    pub final_softcap: Option<f32>,
+    /// ALiBi slope per query head (empty unless the architecture uses ALiBi).
+    pub alibi_slopes: Vec<f32>,
+}
+
+/// ALiBi slopes of `n_head` heads with ggml's `max_bias` (llama.cpp `ggml_soft_max_ext`;
+/// the formula of Press et al., extended to head counts that are not powers of two):
+/// with `n = 2^floor(log2 n_head)`, heads `h < n` get `m0^(h+1)`, the others
+/// `m1^(2(h-n)+1)`, where `m0 = 2^(-max_bias/n)` and `m1 = 2^(-max_bias/2n)`.
+pub fn alibi_slopes(n_head: usize, max_bias: f32) -> Vec<f32> {
+    let n = 1usize << (usize::BITS - 1 - n_head.max(1).leading_zeros());
+    let m0 = 2f32.powf(-max_bias / n as f32);
+    let m1 = 2f32.powf(-(max_bias / 2.0) / n as f32);
+    (0..n_head)
+        .map(|h| {
+            if h < n {
+                m0.powi(h as i32 + 1)
+            } else {
+                m1.powi(2 * (h - n) as i32 + 1)
+            }
+        })
+        .collect()
 }
 
 /// Typed access to `{arch}.*` keys with the error naming the key.
@@ -173,9 +205,20 @@ impl ModelConfig {
                 format!("{n_rot} with head size {head_dim_k}"),
             ));
         }
-        let rms_eps = k
-            .f32_opt("attention.layer_norm_rms_epsilon")?
-            .ok_or_else(|| k.err("attention.layer_norm_rms_epsilon", "missing"))?;
+        let eps_key = match arch.norm {
+            Norm::Rms => "attention.layer_norm_rms_epsilon",
+            Norm::Layer => "attention.layer_norm_epsilon",
+        };
+        let norm_eps = k
+            .f32_opt(eps_key)?
+            .ok_or_else(|| k.err(eps_key, "missing"))?;
+        if k.get("use_parallel_residual").and_then(|v| v.as_bool()) == Some(true)
+            && !arch.parallel_residual
+        {
+            return Err(ModelError::Unsupported(format!(
+                "parallel residual ({arch_name}.use_parallel_residual = true)"
+            )));
+        }
         let n_ctx_train = k.usize_opt("context_length")?.unwrap_or(2048);
 
         // RoPE scaling: none or linear (llama.cpp LLAMA_ROPE_SCALING_TYPE_LINEAR).
@@ -225,18 +268,18 @@ impl ModelConfig {
                 }
                 (0, vec![false; n_layer])
             }
+            _ if n_swa_key == 0 => (0, vec![false; n_layer]),
             SwaPattern::LastOfPeriodGlobal(period) => {
-                if n_swa_key == 0 {
-                    (0, vec![false; n_layer])
-                } else {
-                    let layers = (0..n_layer).map(|il| il % period < period - 1).collect();
-                    (n_swa_key, layers)
-                }
+                let layers = (0..n_layer).map(|il| il % period < period - 1).collect();
+                (n_swa_key, layers)
             }
+            SwaPattern::All => (n_swa_key, vec![true; n_layer]),
         };
 
         let attn_scale = match arch.attn_scale {
-            AttnScale::InvSqrtHeadDim => 1.0 / (head_dim_k as f32).sqrt(),
+            AttnScale::InvSqrtHeadDim => k
+                .f32_opt("attention.scale")?
+                .unwrap_or(1.0 / (head_dim_k as f32).sqrt()),
             AttnScale::Gemma => {
                 // llama.cpp: the 27B gemma models (46 layers for gemma2, 62 for gemma3)
                 // scale by the hidden size per head, the others by the head size.
@@ -254,7 +297,18 @@ impl ModelConfig {
         let embed_scale = if arch.embed_scale {
             (n_embd as f32).sqrt()
         } else {
-            1.0
+            k.f32_opt("embedding_scale")?.unwrap_or(1.0)
+        };
+        let residual_scale = k.f32_opt("residual_scale")?.unwrap_or(1.0);
+        let logit_scale = k.f32_opt("logit_scale")?.unwrap_or(1.0);
+        let softcap =
+            |key: &str| -> Result<Option<f32>> { Ok(k.f32_opt(key)?.filter(|&c| c > 0.0)) };
+        let attn_softcap = softcap("attn_logit_softcapping")?;
+        let final_softcap = softcap("final_logit_softcapping")?;
+        let alibi_slopes = match arch.position {
+            // llama.cpp src/llama-model.cpp: f_max_alibi_bias = 8 for bloom.
+            Position::Alibi => alibi_slopes(n_head, 8.0),
+            Position::Rope(_) => Vec::new(),
         };
         let n_vocab = f
             .tensor("token_embd.weight")
@@ -275,7 +329,7 @@ impl ModelConfig {
             head_dim_v,
             n_vocab,
             n_ctx_train,
-            rms_eps,
+            norm_eps,
             n_rot,
             rope_global,
             rope_swa,
@@ -283,6 +337,11 @@ impl ModelConfig {
             swa_layers,
             attn_scale,
             embed_scale,
+            residual_scale,
+            logit_scale,
+            attn_softcap,
+            final_softcap,
+            alibi_slopes,
         })
     }
 

@@ -8,14 +8,14 @@
 //! → gate/up → activation(gate)·up → down (→ post-FFN norm) → residual. Then the output
 //! norm and the LM head on the rows whose logits are wanted.
 
-use crate::arch::{Activation, RopeLayout};
+use crate::arch::{Activation, Ffn, Norm, Position, RopeLayout};
 use crate::error::{ModelError, Result};
 use crate::kernels::{
-    add_bias, dot_multi, gelu_tanh, matmul, matmul_many, matrix_row, rms_norm, rope_angles,
-    rope_rotate, silu, softmax, weighted_sum_multi, Matrix, Projection,
+    add_bias, dot_multi, gelu_tanh, layer_norm, matmul, matmul_many, matrix_row, rms_norm,
+    rope_angles, rope_rotate, silu, softmax, weighted_sum_multi, Matrix, Projection,
 };
 use crate::kv::{KvCache, KvLayer};
-use crate::model::Model;
+use crate::model::{LayerWeights, Model, NormWeights, QkvWeights};
 use crate::pool::{self, Disjoint};
 
 /// Which rows' logits [`Model::forward`] returns.
@@ -39,6 +39,79 @@ impl Model {
             data: self.data(w),
             out,
         }
+    }
+
+    /// The model's norm (RMSNorm or LayerNorm, [`crate::arch::Norm`]) of each
+    /// `weight.len()`-sized row of `x` in place, plus the bias when there is one.
+    fn norm(&self, x: &mut [f32], nw: &NormWeights) {
+        match self.config.arch.norm {
+            Norm::Rms => rms_norm(x, &nw.weight, self.config.norm_eps),
+            Norm::Layer => layer_norm(x, &nw.weight, self.config.norm_eps),
+        }
+        if let Some(b) = &nw.bias {
+            add_bias(x, b);
+        }
+    }
+
+    /// The feed-forward block of layer `lw` on `input` (`n × n_embd`), into `out`:
+    /// gated (`down(act(gate) · up)`, with gate and up from separate or one fused
+    /// matrix) or plain (`down(act(up))`), with the biases the file has. `gate` and `up`
+    /// are scratch.
+    fn ffn(
+        &self,
+        lw: &LayerWeights,
+        input: &[f32],
+        n: usize,
+        gate: &mut Vec<f32>,
+        up: &mut Vec<f32>,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let c = &self.config;
+        let nf = c.n_ff;
+        up.resize(n * lw.w_up.rows, 0.0);
+        gate.resize(n * nf, 0.0);
+        match &lw.w_gate {
+            Some(wg) => matmul_many(
+                &mut [self.projection(wg, gate), self.projection(&lw.w_up, up)],
+                input,
+                n,
+            )?,
+            None => matmul(&lw.w_up, self.data(&lw.w_up), input, n, up)?,
+        }
+        if let Some(b) = &lw.b_up {
+            add_bias(up, b);
+        }
+        let act = c.arch.activation;
+        let f = |x: f32| match act {
+            Activation::Silu => silu(x),
+            Activation::GeluTanh => gelu_tanh(x),
+        };
+        let up = &*up;
+        match c.arch.ffn {
+            Ffn::Gated => pool::for_each_chunk(gate, ROWS_PER_TASK * nf, &|ci, part| {
+                let u = &up[ci * ROWS_PER_TASK * nf..][..part.len()];
+                part.iter_mut().zip(u).for_each(|(g, u)| *g = f(*g) * u);
+            }),
+            // Rows of 2·n_ff: the gate half, then the up half.
+            Ffn::GatedFused => pool::for_each_chunk(gate, ROWS_PER_TASK * nf, &|ci, part| {
+                for (r, g) in part.chunks_exact_mut(nf).enumerate() {
+                    let row = &up[(ci * ROWS_PER_TASK + r) * 2 * nf..][..2 * nf];
+                    let (gh, uh) = row.split_at(nf);
+                    g.iter_mut()
+                        .zip(gh.iter().zip(uh))
+                        .for_each(|(g, (x, u))| *g = f(*x) * u);
+                }
+            }),
+            Ffn::Plain => pool::for_each_chunk(gate, ROWS_PER_TASK * nf, &|ci, part| {
+                let u = &up[ci * ROWS_PER_TASK * nf..][..part.len()];
+                part.iter_mut().zip(u).for_each(|(g, u)| *g = f(*u));
+            }),
+        }
+        matmul(&lw.w_down, self.data(&lw.w_down), gate, n, out)?;
+        if let Some(b) = &lw.b_down {
+            add_bias(out, b);
+        }
+        Ok(())
     }
 
     /// Checks that `tokens` fit after what `cache` holds and are all in the vocabulary: the
@@ -111,7 +184,8 @@ impl Model {
             return Ok(vec![Vec::new(); seqs.len()]);
         }
 
-        // inp_embd (× sqrt(n_embd) for gemma).
+        // inp_embd (× sqrt(n_embd) for gemma, × embedding_scale for granite), then bloom's
+        // token_embd_norm.
         let mut x = vec![0f32; n * d];
         let tokens = seqs.iter().flat_map(|s| s.tokens.iter());
         for (row, &t) in x.chunks_exact_mut(d).zip(tokens) {
@@ -120,72 +194,99 @@ impl Model {
                 row.iter_mut().for_each(|v| *v *= c.embed_scale);
             }
         }
+        if let Some(nw) = &w.token_embd_norm {
+            self.norm(&mut x, nw);
+        }
 
         let mut cur = vec![0f32; n * d];
         let mut q = vec![0f32; n * c.q_dim()];
         let mut k = vec![0f32; n * c.k_dim()];
         let mut v = vec![0f32; n * c.v_dim()];
+        let mut qkv = Vec::new();
         let mut attn = vec![0f32; n * c.n_head * c.head_dim_v];
         let mut gate = vec![0f32; n * c.n_ff];
-        let mut up = vec![0f32; n * c.n_ff];
-        let neox = c.arch.rope == RopeLayout::Neox;
+        let mut up = Vec::new();
+        let mut ffn_out = Vec::new();
+        let mut ffn_in = vec![0f32; n * d];
         let mut rope_tables: Vec<(RopeKey, Vec<(f32, f32)>)> = Vec::new();
 
         for (il, lw) in w.layers.iter().enumerate() {
-            // attn_norm
+            // attn_norm (post-norm-only architectures read the residual stream itself).
             cur.copy_from_slice(&x);
-            rms_norm(&mut cur, &lw.attn_norm, c.rms_eps);
+            if let Some(nw) = &lw.attn_norm {
+                self.norm(&mut cur, nw);
+            }
             // Qcur, Kcur, Vcur
-            matmul_many(
-                &mut [
-                    self.projection(&lw.wq, &mut q),
-                    self.projection(&lw.wk, &mut k),
-                    self.projection(&lw.wv, &mut v),
-                ],
-                &cur,
-                n,
-            )?;
-            for (t, b) in [(&mut q, &lw.bq), (&mut k, &lw.bk), (&mut v, &lw.bv)] {
-                if let Some(b) = b {
-                    add_bias(t, b);
-                }
-            }
-            // Per-head Q/K norm: rows of head_dim_k values.
-            if let Some(qn) = &lw.q_norm {
-                rms_norm(&mut q, qn, c.rms_eps);
-            }
-            if let Some(kn) = &lw.k_norm {
-                rms_norm(&mut k, kn, c.rms_eps);
-            }
-            // RoPE: one table of rotations per position and parameter set, shared by
-            // every head and every layer with the same parameters.
-            let rp = c.rope(il);
-            let key = (rp.freq_base.to_bits(), rp.freq_scale.to_bits());
-            let ti = match rope_tables.iter().position(|(k, _)| *k == key) {
-                Some(i) => i,
-                None => {
-                    let mut table = Vec::with_capacity(n * c.n_rot / 2);
-                    let mut angles = Vec::new();
-                    for &p in &pos {
-                        rope_angles(p, c.n_rot, rp.freq_base, rp.freq_scale, &mut angles);
-                        table.extend_from_slice(&angles);
-                    }
-                    rope_tables.push((key, table));
-                    rope_tables.len() - 1
-                }
-            };
-            let table = &rope_tables[ti].1;
-            let half = c.n_rot / 2;
-            for (t, dim) in [(&mut q, c.q_dim()), (&mut k, c.k_dim())] {
-                pool::for_each_chunk(t, ROWS_PER_TASK * dim, &|ci, part| {
-                    for (r, row) in part.chunks_exact_mut(dim).enumerate() {
-                        let i = ci * ROWS_PER_TASK + r;
-                        let angles = &table[i * half..(i + 1) * half];
-                        for head in row.chunks_exact_mut(c.head_dim_k) {
-                            rope_rotate(head, angles, neox);
+            match &lw.qkv {
+                QkvWeights::Separate { wq, wk, wv } => {
+                    matmul_many(
+                        &mut [
+                            self.projection(wq, &mut q),
+                            self.projection(wk, &mut k),
+                            self.projection(wv, &mut v),
+                        ],
+                        &cur,
+                        n,
+                    )?;
+                    for (t, b) in [(&mut q, &lw.bq), (&mut k, &lw.bk), (&mut v, &lw.bv)] {
+                        if let Some(b) = b {
+                            add_bias(t, b);
                         }
                     }
-                });
+                }
+                QkvWeights::Fused(wqkv) => {
+                    qkv.resize(n * wqkv.rows, 0.0);
+                    matmul(wqkv, self.data(wqkv), &cur, n, &mut qkv)?;
+                    if let Some(b) = &lw.bqkv {
+                        add_bias(&mut qkv, b);
+                    }
+                    let (qd, kd, vd) = (c.q_dim(), c.k_dim(), c.v_dim());
+                    for (i, row) in qkv.chunks_exact(qd + kd + vd).enumerate() {
+                        q[i * qd..(i + 1) * qd].copy_from_slice(&row[..qd]);
+                        k[i * kd..(i + 1) * kd].copy_from_slice(&row[qd..qd + kd]);
+                        v[i * vd..(i + 1) * vd].copy_from_slice(&row[qd + kd..]);
+                    }
+                }
+            }
+            // Q/K norm: rows of head_dim_k values, or of the whole projection.
+            if let Some(qn) = &lw.q_norm {
+                rms_norm(&mut q, qn, c.norm_eps);
+            }
+            if let Some(kn) = &lw.k_norm {
+                rms_norm(&mut k, kn, c.norm_eps);
+            }
+            if let Position::Rope(layout) = c.arch.position {
+                // RoPE: one table of rotations per position and parameter set, shared by
+                // every head and every layer with the same parameters.
+                let neox = layout == RopeLayout::Neox;
+                let rp = c.rope(il);
+                let key = (rp.freq_base.to_bits(), rp.freq_scale.to_bits());
+                let ti = match rope_tables.iter().position(|(k, _)| *k == key) {
+                    Some(i) => i,
+                    None => {
+                        let mut table = Vec::with_capacity(n * c.n_rot / 2);
+                        let mut angles = Vec::new();
+                        for &p in &pos {
+                            rope_angles(p, c.n_rot, rp.freq_base, rp.freq_scale, &mut angles);
+                            table.extend_from_slice(&angles);
+                        }
+                        rope_tables.push((key, table));
+                        rope_tables.len() - 1
+                    }
+                };
+                let table = &rope_tables[ti].1;
+                let half = c.n_rot / 2;
+                for (t, dim) in [(&mut q, c.q_dim()), (&mut k, c.k_dim())] {
+                    pool::for_each_chunk(t, ROWS_PER_TASK * dim, &|ci, part| {
+                        for (r, row) in part.chunks_exact_mut(dim).enumerate() {
+                            let i = ci * ROWS_PER_TASK + r;
+                            let angles = &table[i * half..(i + 1) * half];
+                            for head in row.chunks_exact_mut(c.head_dim_k) {
+                                rope_rotate(head, angles, neox);
+                            }
+                        }
+                    });
+                }
             }
             for (si, s) in seqs.iter_mut().enumerate() {
                 let (r0, r1) = (starts[si], starts[si + 1]);
@@ -210,39 +311,42 @@ impl Model {
                 })
                 .collect();
             attention(c, &parts, &q, window, &mut attn);
+            // The FFN input: the attention's normed input for a parallel block (computed
+            // before `cur` is overwritten), else the residual after attention.
+            if c.arch.parallel_residual {
+                ffn_out.resize(n * d, 0.0);
+                self.ffn(lw, &cur, n, &mut gate, &mut up, &mut ffn_out)?;
+            }
             matmul(&lw.wo, self.data(&lw.wo), &attn, n, &mut cur)?;
-            if let Some(pn) = &lw.post_attn_norm {
-                rms_norm(&mut cur, pn, c.rms_eps);
+            if let Some(b) = &lw.bo {
+                add_bias(&mut cur, b);
+            }
+            if let Some(nw) = &lw.post_attn_norm {
+                self.norm(&mut cur, nw);
+            }
+            if c.residual_scale != 1.0 {
+                cur.iter_mut().for_each(|v| *v *= c.residual_scale);
+            }
+            if c.arch.parallel_residual {
+                // falcon: l_out = (ffn + attention) + residual.
+                x.iter_mut()
+                    .zip(cur.iter().zip(&ffn_out))
+                    .for_each(|(a, (at, f))| *a += f + at);
+                continue;
             }
             // ffn_inp = residual + attention
             x.iter_mut().zip(&cur).for_each(|(a, b)| *a += b);
 
-            cur.copy_from_slice(&x);
-            rms_norm(&mut cur, &lw.ffn_norm, c.rms_eps);
-            matmul_many(
-                &mut [
-                    self.projection(&lw.w_gate, &mut gate),
-                    self.projection(&lw.w_up, &mut up),
-                ],
-                &cur,
-                n,
-            )?;
-            let act = c.arch.activation;
-            pool::for_each_chunk(&mut gate, ROWS_PER_TASK * c.n_ff, &|ci, part| {
-                let up = &up[ci * ROWS_PER_TASK * c.n_ff..][..part.len()];
-                match act {
-                    Activation::Silu => {
-                        part.iter_mut().zip(up).for_each(|(g, u)| *g = silu(*g) * u)
-                    }
-                    Activation::GeluTanh => part
-                        .iter_mut()
-                        .zip(up)
-                        .for_each(|(g, u)| *g = gelu_tanh(*g) * u),
-                }
-            });
-            matmul(&lw.w_down, self.data(&lw.w_down), &gate, n, &mut cur)?;
-            if let Some(pn) = &lw.post_ffn_norm {
-                rms_norm(&mut cur, pn, c.rms_eps);
+            ffn_in.copy_from_slice(&x);
+            if let Some(nw) = &lw.ffn_norm {
+                self.norm(&mut ffn_in, nw);
+            }
+            self.ffn(lw, &ffn_in, n, &mut gate, &mut up, &mut cur)?;
+            if let Some(nw) = &lw.post_ffn_norm {
+                self.norm(&mut cur, nw);
+            }
+            if c.residual_scale != 1.0 {
+                cur.iter_mut().for_each(|v| *v *= c.residual_scale);
             }
             // l_out
             x.iter_mut().zip(&cur).for_each(|(a, b)| *a += b);
@@ -268,8 +372,14 @@ impl Model {
         let n_rows = rows.len() / d;
         let mut out = vec![0f32; n_rows * c.n_vocab];
         if n_rows > 0 {
-            rms_norm(&mut rows, &w.output_norm, c.rms_eps);
+            self.norm(&mut rows, &w.output_norm);
             matmul(&w.output, self.data(&w.output), &rows, n_rows, &mut out)?;
+            if c.logit_scale != 1.0 {
+                out.iter_mut().for_each(|v| *v /= c.logit_scale);
+            }
+            if let Some(cap) = c.final_softcap {
+                out.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
+            }
         }
         Ok(wanted
             .into_iter()
@@ -315,8 +425,9 @@ struct AttnSeq<'a> {
 ///
 /// Query head `h` reads KV head `h / (n_head / n_head_kv)` (GQA). Row at position `p` sees
 /// keys `0..=p` (causal), and with a `window` > 0 only keys `t` with `p - t < window`
-/// (llama.cpp `LLAMA_SWA_TYPE_STANDARD`). Scores are scaled by `attn_scale`, softmaxed,
-/// and the values summed in position order.
+/// (llama.cpp `LLAMA_SWA_TYPE_STANDARD`). Scores are scaled by `attn_scale`, soft-capped
+/// (`c · tanh(s / c)`, gemma2) and given the ALiBi bias where the model has them,
+/// softmaxed, and the values summed in position order.
 ///
 /// Work is split over (sequence, KV head, block of [`ATTN_ROWS_PER_TASK`] query rows),
 /// or per query head for blocks of fewer than 4 rows (decode), largest tasks first. A
@@ -361,6 +472,18 @@ fn attention(
         heads * (s.p0 + i1 - first_key(s.p0 + i0)) * (i1 - i0)
     };
     tasks.sort_by_key(|t| std::cmp::Reverse(work(t)));
+    // A raw score q·k of head h with key position t: scaled, soft-capped (gemma2), plus
+    // the ALiBi bias (bloom).
+    let score = |raw: f32, h: usize, t: usize| {
+        let mut s = raw * c.attn_scale;
+        if let Some(cap) = c.attn_softcap {
+            s = cap * (s / cap).tanh();
+        }
+        if let Some(slope) = c.alibi_slopes.get(h) {
+            s += slope * t as f32;
+        }
+        s
+    };
     let outs = Disjoint::new(out);
     crate::pool::run(tasks.len(), &|task| {
         let (si, h0, heads, i0) = tasks[task];
@@ -404,10 +527,10 @@ fn attention(
                         if rows == 4 {
                             let d = dot_multi([qrow(i), qrow(i + 1), qrow(i + 2), qrow(i + 3)], kt);
                             for (r, v) in d.into_iter().enumerate() {
-                                scores[(i + r) * span + t] = v * c.attn_scale;
+                                scores[(i + r) * span + t] = score(v, h, t0 + t);
                             }
                         } else {
-                            scores[i * span + t] = dot_multi([qrow(i)], kt)[0] * c.attn_scale;
+                            scores[i * span + t] = score(dot_multi([qrow(i)], kt)[0], h, t0 + t);
                         }
                     }
                     i += rows;

@@ -11,8 +11,8 @@ pub mod kv;
 mod model;
 pub mod pool;
 
-pub use config::{ModelConfig, RopeParams};
+pub use config::{alibi_slopes, ModelConfig, RopeParams};
 pub use error::{ModelError, Result};
 pub use forward::{Logits, Sequence};
 pub use kv::{KvCache, KvType};
-pub use model::{LayerWeights, Model, Weights};
+pub use model::{LayerWeights, Model, NormWeights, QkvWeights, Weights};

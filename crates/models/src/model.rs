@@ -5,30 +5,68 @@ use std::path::Path;
 
 use frink_gguf::GgufFile;
 
+use crate::arch::{Ffn, NormPlacement, Position, QkNorm};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::kernels::Matrix;
 
+/// A norm's weights: the scale, and for LayerNorm an optional bias.
+#[derive(Clone, Debug)]
+pub struct NormWeights {
+    pub weight: Vec<f32>,
+    pub bias: Option<Vec<f32>>,
+}
+
+/// The Q, K and V projections: separate matrices, or one fused `attn_qkv` whose rows are
+/// Q, then K, then V (the converters reorder falcon's and bloom's interleaved layouts).
+#[derive(Clone, Debug)]
+pub enum QkvWeights {
+    Separate { wq: Matrix, wk: Matrix, wv: Matrix },
+    Fused(Matrix),
+}
+
 /// Weights of one decoder layer, named as llama.cpp names the tensors (`blk.N.<name>`).
+/// Optional parts are present exactly when the file has them (and the architecture
+/// allows them).
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
-    pub attn_norm: Vec<f32>,
-    pub wq: Matrix,
-    pub wk: Matrix,
-    pub wv: Matrix,
-    pub wo: Matrix,
+    /// `attn_norm` (absent for post-norm-only architectures).
+    pub attn_norm: Option<NormWeights>,
+    pub qkv: QkvWeights,
+    /// Biases of separate projections, or of the fused one (`bqkv`).
     pub bq: Option<Vec<f32>>,
     pub bk: Option<Vec<f32>>,
     pub bv: Option<Vec<f32>>,
-    /// Per-head RMSNorm weights of Q and K (`head_dim_k` each).
+    pub bqkv: Option<Vec<f32>>,
+    pub wo: Matrix,
+    pub bo: Option<Vec<f32>>,
+    /// RMSNorm weights of Q and K (`head_dim_k` each, or the whole projection width).
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
-    pub post_attn_norm: Option<Vec<f32>>,
-    pub ffn_norm: Vec<f32>,
-    pub w_gate: Matrix,
+    pub post_attn_norm: Option<NormWeights>,
+    pub ffn_norm: Option<NormWeights>,
+    /// `ffn_gate` (absent for plain and fused-gate FFNs).
+    pub w_gate: Option<Matrix>,
+    /// `ffn_up`: `n_ff` rows, or `2 · n_ff` (gate then up) for a fused gate.
     pub w_up: Matrix,
     pub w_down: Matrix,
-    pub post_ffn_norm: Option<Vec<f32>>,
+    pub b_up: Option<Vec<f32>>,
+    pub b_down: Option<Vec<f32>>,
+    pub post_ffn_norm: Option<NormWeights>,
+}
+
+impl LayerWeights {
+    /// Every matrix the layer multiplies.
+    pub fn matrices(&self) -> Vec<&Matrix> {
+        let mut m = match &self.qkv {
+            QkvWeights::Separate { wq, wk, wv } => vec![wq, wk, wv],
+            QkvWeights::Fused(w) => vec![w],
+        };
+        m.push(&self.wo);
+        m.extend(self.w_gate.as_ref());
+        m.extend([&self.w_up, &self.w_down]);
+        m
+    }
 }
 
 /// All weights of a decoder model. Matrices stay in the file (mapped); vectors (norms,
@@ -36,7 +74,9 @@ pub struct LayerWeights {
 #[derive(Clone, Debug)]
 pub struct Weights {
     pub token_embd: Matrix,
-    pub output_norm: Vec<f32>,
+    /// LayerNorm right after the embedding lookup (bloom's `token_embd_norm`).
+    pub token_embd_norm: Option<NormWeights>,
+    pub output_norm: NormWeights,
     /// The LM head: `output.weight`, or `token_embd.weight` when the model ties them.
     pub output: Matrix,
     pub layers: Vec<LayerWeights>,
@@ -125,6 +165,20 @@ impl Loader<'_> {
         self.vector_opt(name, len)?.ok_or_else(|| missing(name))
     }
 
+    /// A norm `{name}.weight` (+ `{name}.bias` if present), if present.
+    fn norm_opt(&mut self, name: &str, len: usize) -> Result<Option<NormWeights>> {
+        let Some(weight) = self.vector_opt(&format!("{name}.weight"), len)? else {
+            return Ok(None);
+        };
+        let bias = self.vector_opt(&format!("{name}.bias"), len)?;
+        Ok(Some(NormWeights { weight, bias }))
+    }
+
+    fn norm(&mut self, name: &str, len: usize) -> Result<NormWeights> {
+        self.norm_opt(name, len)?
+            .ok_or_else(|| missing(&format!("{name}.weight")))
+    }
+
     /// A vector read only when the architecture `needed`s it; when it does not, the tensor
     /// is left untouched, so a file that has it fails the unused-tensor accounting.
     fn vector_if(&mut self, needed: bool, name: &str, len: usize) -> Result<Option<Vec<f32>>> {
@@ -164,34 +218,94 @@ impl Model {
             used: vec![false; file.tensor_infos().len()],
         };
         let token_embd = l.matrix("token_embd.weight", c.n_vocab, c.n_embd)?;
-        let output_norm = l.vector("output_norm.weight", c.n_embd)?;
+        let token_embd_norm = match a.position {
+            Position::Alibi => Some(l.norm("token_embd_norm", c.n_embd)?),
+            Position::Rope(_) => None,
+        };
+        let output_norm = l.norm("output_norm", c.n_embd)?;
         let output = l
             .matrix_opt("output.weight", c.n_vocab, c.n_embd)?
             .unwrap_or(token_embd);
+        let pre = a.norm_placement == NormPlacement::Pre;
+        let (q_norm_len, k_norm_len) = match a.qk_norm {
+            QkNorm::Whole => (c.q_dim(), c.k_dim()),
+            _ => (c.head_dim_k, c.head_dim_k),
+        };
+        let qk_norm = a.qk_norm != QkNorm::None;
         let mut layers = Vec::with_capacity(c.n_layer);
         for il in 0..c.n_layer {
             let n = |s: &str| format!("blk.{il}.{s}");
+            let qkv_rows = c.q_dim() + c.k_dim() + c.v_dim();
+            let (qkv, bqkv) = match l.matrix_opt(&n("attn_qkv.weight"), qkv_rows, c.n_embd)? {
+                Some(w) => (
+                    QkvWeights::Fused(w),
+                    l.vector_opt(&n("attn_qkv.bias"), qkv_rows)?,
+                ),
+                None => (
+                    QkvWeights::Separate {
+                        wq: l.matrix(&n("attn_q.weight"), c.q_dim(), c.n_embd)?,
+                        wk: l.matrix(&n("attn_k.weight"), c.k_dim(), c.n_embd)?,
+                        wv: l.matrix(&n("attn_v.weight"), c.v_dim(), c.n_embd)?,
+                    },
+                    None,
+                ),
+            };
+            let separate = matches!(qkv, QkvWeights::Separate { .. });
+            let bias = |l: &mut Loader<'_>, name: &str, len: usize| {
+                if separate {
+                    l.vector_opt(&n(name), len)
+                } else {
+                    Ok(None)
+                }
+            };
+            let (bq, bk, bv) = (
+                bias(&mut l, "attn_q.bias", c.q_dim())?,
+                bias(&mut l, "attn_k.bias", c.k_dim())?,
+                bias(&mut l, "attn_v.bias", c.v_dim())?,
+            );
+            let ff_rows = match a.ffn {
+                Ffn::GatedFused => 2 * c.n_ff,
+                _ => c.n_ff,
+            };
             layers.push(LayerWeights {
-                attn_norm: l.vector(&n("attn_norm.weight"), c.n_embd)?,
-                wq: l.matrix(&n("attn_q.weight"), c.q_dim(), c.n_embd)?,
-                wk: l.matrix(&n("attn_k.weight"), c.k_dim(), c.n_embd)?,
-                wv: l.matrix(&n("attn_v.weight"), c.v_dim(), c.n_embd)?,
+                attn_norm: if pre {
+                    Some(l.norm(&n("attn_norm"), c.n_embd)?)
+                } else {
+                    None
+                },
+                qkv,
+                bq,
+                bk,
+                bv,
+                bqkv,
                 wo: l.matrix(&n("attn_output.weight"), c.n_embd, c.n_head * c.head_dim_v)?,
-                bq: l.vector_if(a.qkv_bias, &n("attn_q.bias"), c.q_dim())?,
-                bk: l.vector_if(a.qkv_bias, &n("attn_k.bias"), c.k_dim())?,
-                bv: l.vector_if(a.qkv_bias, &n("attn_v.bias"), c.v_dim())?,
-                q_norm: l.vector_if(a.qk_norm, &n("attn_q_norm.weight"), c.head_dim_k)?,
-                k_norm: l.vector_if(a.qk_norm, &n("attn_k_norm.weight"), c.head_dim_k)?,
-                post_attn_norm: l.vector_if(
-                    a.post_norms,
-                    &n("post_attention_norm.weight"),
-                    c.n_embd,
-                )?,
-                ffn_norm: l.vector(&n("ffn_norm.weight"), c.n_embd)?,
-                w_gate: l.matrix(&n("ffn_gate.weight"), c.n_ff, c.n_embd)?,
-                w_up: l.matrix(&n("ffn_up.weight"), c.n_ff, c.n_embd)?,
+                bo: l.vector_opt(&n("attn_output.bias"), c.n_embd)?,
+                q_norm: l.vector_if(qk_norm, &n("attn_q_norm.weight"), q_norm_len)?,
+                k_norm: l.vector_if(qk_norm, &n("attn_k_norm.weight"), k_norm_len)?,
+                post_attn_norm: if pre {
+                    l.norm_opt(&n("post_attention_norm"), c.n_embd)?
+                } else {
+                    Some(l.norm(&n("post_attention_norm"), c.n_embd)?)
+                },
+                ffn_norm: if pre && !a.parallel_residual {
+                    Some(l.norm(&n("ffn_norm"), c.n_embd)?)
+                } else {
+                    None
+                },
+                w_gate: if a.ffn == Ffn::Gated {
+                    Some(l.matrix(&n("ffn_gate.weight"), c.n_ff, c.n_embd)?)
+                } else {
+                    None
+                },
+                w_up: l.matrix(&n("ffn_up.weight"), ff_rows, c.n_embd)?,
                 w_down: l.matrix(&n("ffn_down.weight"), c.n_embd, c.n_ff)?,
-                post_ffn_norm: l.vector_if(a.post_norms, &n("post_ffw_norm.weight"), c.n_embd)?,
+                b_up: l.vector_opt(&n("ffn_up.bias"), ff_rows)?,
+                b_down: l.vector_opt(&n("ffn_down.bias"), c.n_embd)?,
+                post_ffn_norm: if pre {
+                    l.norm_opt(&n("post_ffw_norm"), c.n_embd)?
+                } else {
+                    Some(l.norm(&n("post_ffw_norm"), c.n_embd)?)
+                },
             });
         }
         let unused: Vec<String> = file
@@ -209,6 +323,7 @@ impl Model {
         }
         let weights = Weights {
             token_embd,
+            token_embd_norm,
             output_norm,
             output,
             layers,

@@ -114,8 +114,134 @@ fn activation_matters() {
 #[test]
 fn rope_layout_matters() {
     ablate("llama", "normal RoPE (NeoX instead)", |m| {
-        with_arch(m, |a| a.rope = frink_models::arch::RopeLayout::Neox)
+        with_arch(m, |a| {
+            a.position = frink_models::arch::Position::Rope(frink_models::arch::RopeLayout::Neox)
+        })
     });
+}
+
+// The features of the other dense architectures, each removed in turn (the fixtures'
+// `feature_ablations` record transformers' own changes: mistral window 0.84, gemma2 window
+// 0.71 / attention softcap 0.90 / final softcap 0.89, granite multipliers 1.22 / 0.68 /
+// 0.32 / 1.0, phi3 partial RoPE 1.06, stablelm partial RoPE 0.89 / q/k/v bias 0.32,
+// starcoder2 biases 0.40, olmo2 Q/K norm weights 0.22).
+
+#[test]
+fn mistral_sliding_window_matters() {
+    ablate("mistral", "the sliding window on every layer", |m| {
+        m.config.swa_layers.iter_mut().for_each(|s| *s = false)
+    });
+}
+
+#[test]
+fn gemma2_features_matter() {
+    ablate("gemma2", "the sliding window", |m| {
+        m.config.swa_layers.iter_mut().for_each(|s| *s = false)
+    });
+    ablate("gemma2", "attention soft-capping", |m| {
+        m.config.attn_softcap = None
+    });
+    ablate("gemma2", "final logit soft-capping", |m| {
+        m.config.final_softcap = None
+    });
+    ablate("gemma2", "the post-FFN norm", |m| {
+        m.weights
+            .layers
+            .iter_mut()
+            .for_each(|l| l.post_ffn_norm = None)
+    });
+}
+
+#[test]
+fn granite_multipliers_matter() {
+    ablate("granite", "the embedding multiplier", |m| {
+        m.config.embed_scale = 1.0
+    });
+    ablate("granite", "the residual multiplier", |m| {
+        m.config.residual_scale = 1.0
+    });
+    ablate("granite", "the attention multiplier", |m| {
+        m.config.attn_scale = 1.0 / (m.config.head_dim_k as f32).sqrt()
+    });
+    ablate("granite", "the logit scale", |m| m.config.logit_scale = 1.0);
+}
+
+#[test]
+fn partial_rope_matters() {
+    for name in ["phi3", "stablelm"] {
+        ablate(name, "partial RoPE (all dimensions rotated)", |m| {
+            m.config.n_rot = m.config.head_dim_k
+        });
+    }
+}
+
+#[test]
+fn biases_matter() {
+    ablate("stablelm", "the Q/K/V biases", |m| {
+        for l in &mut m.weights.layers {
+            (l.bq, l.bk, l.bv) = (None, None, None);
+        }
+    });
+    ablate("stablelm", "the LayerNorm biases", |m| {
+        for l in &mut m.weights.layers {
+            l.attn_norm.as_mut().unwrap().bias = None;
+            l.ffn_norm.as_mut().unwrap().bias = None;
+        }
+    });
+    ablate("starcoder2", "the projection biases", |m| {
+        for l in &mut m.weights.layers {
+            (l.bq, l.bk, l.bv, l.bo, l.b_up, l.b_down) = (None, None, None, None, None, None);
+        }
+    });
+    ablate("bloom", "the fused Q/K/V bias", |m| {
+        m.weights.layers.iter_mut().for_each(|l| l.bqkv = None)
+    });
+}
+
+#[test]
+fn olmo2_whole_vector_qk_norm_matters() {
+    ablate("olmo2", "the Q/K norm weights (set to 1)", |m| {
+        for l in &mut m.weights.layers {
+            l.q_norm.as_mut().unwrap().iter_mut().for_each(|w| *w = 1.0);
+            l.k_norm.as_mut().unwrap().iter_mut().for_each(|w| *w = 1.0);
+        }
+    });
+}
+
+#[test]
+fn bloom_alibi_and_embedding_norm_matter() {
+    ablate("bloom", "ALiBi", |m| {
+        m.config.alibi_slopes.iter_mut().for_each(|s| *s = 0.0)
+    });
+    ablate("bloom", "the embedding LayerNorm", |m| {
+        m.weights.token_embd_norm = None
+    });
+}
+
+#[test]
+fn falcon_parallel_block_matters() {
+    // Sequential instead of parallel: the FFN reads the residual after attention, normed
+    // by the same attn_norm weights.
+    ablate("falcon", "the parallel attention + MLP block", |m| {
+        with_arch(m, |a| a.parallel_residual = false);
+        for l in &mut m.weights.layers {
+            l.ffn_norm = l.attn_norm.clone();
+        }
+    });
+}
+
+#[test]
+fn alibi_slopes_follow_the_standard_formula() {
+    // Press et al.: for 8 heads the slopes are 2^-1 .. 2^-8; for 4 heads 2^-2 .. 2^-8.
+    let s8 = frink_models::alibi_slopes(8, 8.0);
+    let want: Vec<f32> = (1..=8).map(|i| 2f32.powi(-i)).collect();
+    assert_eq!(s8, want);
+    let s4 = frink_models::alibi_slopes(4, 8.0);
+    assert_eq!(s4, vec![0.25, 0.0625, 0.015625, 0.00390625]);
+    // 6 heads: the first 4 as for 4 heads, then m1^1 and m1^3 with m1 = 2^-1.
+    let s6 = frink_models::alibi_slopes(6, 8.0);
+    assert_eq!(&s6[..4], &s4[..]);
+    assert_eq!(&s6[4..], &[0.5f32, 0.125]);
 }
 
 /// One batch of 24 rows vs 24 single-row steps: the per-row computation does not depend on
@@ -133,6 +259,17 @@ fn batched_prefill_equals_token_by_token_decode() {
         ("llama", fixture("llama")),
         ("qwen2", fixture("qwen2")),
         ("gemma3", fixture("gemma3")),
+        ("mistral", fixture("mistral")),
+        ("qwen3", fixture("qwen3")),
+        ("gemma", fixture("gemma")),
+        ("gemma2", fixture("gemma2")),
+        ("phi3", fixture("phi3")),
+        ("granite", fixture("granite")),
+        ("olmo2", fixture("olmo2")),
+        ("stablelm", fixture("stablelm")),
+        ("starcoder2", fixture("starcoder2")),
+        ("falcon", fixture("falcon")),
+        ("bloom", fixture("bloom")),
         ("Q4_1", quant("Q4_1")),
         ("Q4_K_M", quant("Q4_K_M")),
         ("IQ3_XXS", quant("IQ3_XXS")),
