@@ -45,6 +45,11 @@ fn tiny_fixtures_of_implemented_architectures() {
         "starcoder2",
         "falcon",
         "bloom",
+        "qwen2_moe",
+        "qwen2_moe_q256",
+        "qwen3_moe",
+        "mixtral",
+        "olmoe",
     ] {
         verify(&["--golden", root.join(name).to_str().unwrap()]);
     }

@@ -101,6 +101,15 @@ pub enum Position {
     Alibi,
 }
 
+/// Mixture-of-experts routing of an architecture (llama.cpp `build_moe_ffn` arguments in
+/// `src/models/<arch>.cpp`; transformers `<Arch>SparseMoeBlock.forward`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeSpec {
+    /// The selected experts' weights are renormalised to sum to 1 (`norm_topk_prob`;
+    /// mixtral's softmax over the top-k logits is the same thing).
+    pub norm_topk: bool,
+}
+
 /// One row of the architecture table.
 ///
 /// Biases (`attn_q/k/v/qkv/output.bias`, `ffn_up/down.bias`, LayerNorm biases) and fused
@@ -126,6 +135,8 @@ pub struct ArchSpec {
     /// Default RoPE base of the sliding-window layers when `rope.freq_base_swa` is absent
     /// (gemma3: 10000, hard-coded by llama.cpp).
     pub rope_base_swa_default: Option<f32>,
+    /// Routing when the file has experts (`{arch}.expert_count`); `None`: experts refused.
+    pub moe: Option<MoeSpec>,
 }
 
 /// The defaults every row starts from: a llama-style decoder.
@@ -142,6 +153,7 @@ const BASE: ArchSpec = ArchSpec {
     swa: SwaPattern::None,
     attn_scale: AttnScale::InvSqrtHeadDim,
     rope_base_swa_default: None,
+    moe: None,
 };
 
 /// The supported architectures. Sources per row: llama.cpp `src/models/<name>.cpp` and
@@ -150,10 +162,13 @@ pub const ARCHS: &[ArchSpec] = &[
     // llama, and mistral converted to `llama` (its window in `llama.attention.sliding_window`
     // applies to every layer, as transformers MistralAttention does; llama.cpp's llama graph
     // ignores the key). transformers LlamaForCausalLM / MistralForCausalLM.
+    // With experts: mixtral (llama.cpp llama.cpp's MoE branch, norm_w = true;
+    // MixtralSparseMoeBlock: softmax over the top-k logits).
     ArchSpec {
         name: "llama",
         position: Position::Rope(RopeLayout::Normal),
         swa: SwaPattern::All,
+        moe: Some(MoeSpec { norm_topk: true }),
         ..BASE
     },
     // qwen2.cpp; Qwen2ForCausalLM (q/k/v biases, present in the file).
@@ -193,6 +208,28 @@ pub const ARCHS: &[ArchSpec] = &[
         swa: SwaPattern::LastOfPeriodGlobal(6),
         attn_scale: AttnScale::Gemma,
         rope_base_swa_default: Some(10000.0),
+        ..BASE
+    },
+    // qwen2moe.cpp; Qwen2MoeSparseMoeBlock: softmax router, no top-k renormalisation,
+    // a shared expert scaled by sigmoid(ffn_gate_inp_shexp · x).
+    ArchSpec {
+        name: "qwen2moe",
+        moe: Some(MoeSpec { norm_topk: false }),
+        ..BASE
+    },
+    // qwen3moe.cpp; Qwen3MoeSparseMoeBlock: per-head Q/K norm, top-k renormalised.
+    ArchSpec {
+        name: "qwen3moe",
+        qk_norm: QkNorm::PerHead,
+        moe: Some(MoeSpec { norm_topk: true }),
+        ..BASE
+    },
+    // olmoe.cpp; OlmoeSparseMoeBlock: whole-vector Q/K norm, no renormalisation.
+    ArchSpec {
+        name: "olmoe",
+        position: Position::Rope(RopeLayout::Neox),
+        qk_norm: QkNorm::Whole,
+        moe: Some(MoeSpec { norm_topk: false }),
         ..BASE
     },
     // phi3.cpp; Phi3ForCausalLM: fused attn_qkv (from the file) and gate|up, partial RoPE

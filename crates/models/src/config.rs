@@ -69,6 +69,25 @@ pub struct ModelConfig {
     pub final_softcap: Option<f32>,
     /// ALiBi slope per query head (empty unless the architecture uses ALiBi).
     pub alibi_slopes: Vec<f32>,
+    /// Mixture of experts, when the file has experts.
+    pub moe: Option<MoeConfig>,
+}
+
+/// Mixture-of-experts hyperparameters (`{arch}.expert_*`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeConfig {
+    /// `expert_count`: routed experts per layer.
+    pub n_expert: usize,
+    /// `expert_used_count`: experts selected per token (top-k).
+    pub n_used: usize,
+    /// `expert_feed_forward_length` (default: `feed_forward_length`).
+    pub n_ff_exp: usize,
+    /// `expert_shared_feed_forward_length` (0: the file's shared-expert tensors decide).
+    pub n_ff_shexp: usize,
+    /// Renormalise the selected weights to sum to 1 (the architecture's rule).
+    pub norm_topk: bool,
+    /// `expert_weights_scale`: factor on the selected weights (routed scaling).
+    pub weights_scale: f32,
 }
 
 /// ALiBi slopes of `n_head` heads with ggml's `max_bias` (llama.cpp `ggml_soft_max_ext`;
@@ -178,11 +197,50 @@ impl ModelConfig {
         })?;
         let k = Keys { f, arch: arch_name };
 
-        if let Some(n) = k.usize_opt("expert_count")?.filter(|&n| n > 0) {
-            return Err(ModelError::Unsupported(format!(
-                "mixture of experts ({arch_name}.expert_count = {n})"
-            )));
-        }
+        let n_expert = k.usize_opt("expert_count")?.unwrap_or(0);
+        let moe = if n_expert > 0 {
+            let Some(spec) = arch.moe else {
+                return Err(ModelError::Unsupported(format!(
+                    "mixture of experts on {arch_name} ({arch_name}.expert_count = {n_expert})"
+                )));
+            };
+            let n_used = k.usize("expert_used_count")?;
+            if n_used == 0 || n_used > n_expert {
+                return Err(k.err(
+                    "expert_used_count",
+                    format!("{n_used} of {n_expert} experts"),
+                ));
+            }
+            // llama.cpp LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX = 1 (the default).
+            match k.usize_opt("expert_gating_func")? {
+                None | Some(1) => {}
+                Some(g) => {
+                    return Err(ModelError::Unsupported(format!(
+                        "expert gating function {g} ({arch_name}.expert_gating_func)"
+                    )))
+                }
+            }
+            for key in ["leading_dense_block_count", "expert_group_count"] {
+                if let Some(v) = k.usize_opt(key)?.filter(|&v| v > 0) {
+                    return Err(ModelError::Unsupported(format!("{arch_name}.{key} = {v}")));
+                }
+            }
+            Some(MoeConfig {
+                n_expert,
+                n_used,
+                n_ff_exp: match k.usize_opt("expert_feed_forward_length")? {
+                    Some(n) if n > 0 => n,
+                    _ => k.usize("feed_forward_length")?,
+                },
+                n_ff_shexp: k
+                    .usize_opt("expert_shared_feed_forward_length")?
+                    .unwrap_or(0),
+                norm_topk: spec.norm_topk,
+                weights_scale: k.f32_opt("expert_weights_scale")?.unwrap_or(1.0),
+            })
+        } else {
+            None
+        };
         let n_layer = k.usize("block_count")?;
         let n_embd = k.usize("embedding_length")?;
         let n_ff = k.usize("feed_forward_length")?;
@@ -342,6 +400,7 @@ impl ModelConfig {
             attn_softcap,
             final_softcap,
             alibi_slopes,
+            moe,
         })
     }
 

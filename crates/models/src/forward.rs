@@ -9,13 +9,14 @@
 //! norm and the LM head on the rows whose logits are wanted.
 
 use crate::arch::{Activation, Ffn, Norm, Position, RopeLayout};
+use crate::config::MoeConfig;
 use crate::error::{ModelError, Result};
 use crate::kernels::{
     add_bias, dot_multi, gelu_tanh, layer_norm, matmul, matmul_many, matrix_row, rms_norm,
     rope_angles, rope_rotate, silu, softmax, weighted_sum_multi, Matrix, Projection,
 };
 use crate::kv::{KvCache, KvLayer};
-use crate::model::{LayerWeights, Model, NormWeights, QkvWeights};
+use crate::model::{DenseFfn, FfnWeights, LayerWeights, Model, MoeFfn, NormWeights, QkvWeights};
 use crate::pool::{self, Disjoint};
 
 /// Which rows' logits [`Model::forward`] returns.
@@ -53,12 +54,13 @@ impl Model {
         }
     }
 
-    /// The feed-forward block of layer `lw` on `input` (`n × n_embd`), into `out`:
-    /// gated (`down(act(gate) · up)`, with gate and up from separate or one fused
-    /// matrix) or plain (`down(act(up))`), with the biases the file has. `gate` and `up`
+    /// The feed-forward block of layer `lw` on `input` (`n × n_embd`), into `out`: dense
+    /// ([`Model::dense_ffn`]) or mixture of experts ([`Model::moe_ffn`]). `gate` and `up`
     /// are scratch.
+    #[allow(clippy::too_many_arguments)]
     fn ffn(
         &self,
+        il: usize,
         lw: &LayerWeights,
         input: &[f32],
         n: usize,
@@ -66,31 +68,59 @@ impl Model {
         up: &mut Vec<f32>,
         out: &mut [f32],
     ) -> Result<()> {
-        let c = &self.config;
-        let nf = c.n_ff;
-        up.resize(n * lw.w_up.rows, 0.0);
+        match &lw.ffn {
+            FfnWeights::Dense(d) => self.dense_ffn(
+                d,
+                self.config.arch.ffn,
+                self.config.n_ff,
+                input,
+                n,
+                gate,
+                up,
+                out,
+            ),
+            FfnWeights::Moe(m) => self.moe_ffn(il, m, input, n, out),
+        }
+    }
+
+    /// A dense FFN of width `nf` on `input` (`n × n_embd`), into `out`: gated
+    /// (`down(act(gate) · up)`, gate and up from separate matrices or one fused matrix) or
+    /// plain (`down(act(up))`), with the biases the file has. `gate` and `up` are scratch.
+    #[allow(clippy::too_many_arguments)]
+    fn dense_ffn(
+        &self,
+        f: &DenseFfn,
+        kind: Ffn,
+        nf: usize,
+        input: &[f32],
+        n: usize,
+        gate: &mut Vec<f32>,
+        up: &mut Vec<f32>,
+        out: &mut [f32],
+    ) -> Result<()> {
+        up.resize(n * f.up.rows, 0.0);
         gate.resize(n * nf, 0.0);
-        match &lw.w_gate {
+        match &f.gate {
             Some(wg) => matmul_many(
-                &mut [self.projection(wg, gate), self.projection(&lw.w_up, up)],
+                &mut [self.projection(wg, gate), self.projection(&f.up, up)],
                 input,
                 n,
             )?,
-            None => matmul(&lw.w_up, self.data(&lw.w_up), input, n, up)?,
+            None => matmul(&f.up, self.data(&f.up), input, n, up)?,
         }
-        if let Some(b) = &lw.b_up {
+        if let Some(b) = &f.b_up {
             add_bias(up, b);
         }
-        let act = c.arch.activation;
-        let f = |x: f32| match act {
+        let act = self.config.arch.activation;
+        let act = |x: f32| match act {
             Activation::Silu => silu(x),
             Activation::GeluTanh => gelu_tanh(x),
         };
         let up = &*up;
-        match c.arch.ffn {
+        match kind {
             Ffn::Gated => pool::for_each_chunk(gate, ROWS_PER_TASK * nf, &|ci, part| {
                 let u = &up[ci * ROWS_PER_TASK * nf..][..part.len()];
-                part.iter_mut().zip(u).for_each(|(g, u)| *g = f(*g) * u);
+                part.iter_mut().zip(u).for_each(|(g, u)| *g = act(*g) * u);
             }),
             // Rows of 2·n_ff: the gate half, then the up half.
             Ffn::GatedFused => pool::for_each_chunk(gate, ROWS_PER_TASK * nf, &|ci, part| {
@@ -99,17 +129,110 @@ impl Model {
                     let (gh, uh) = row.split_at(nf);
                     g.iter_mut()
                         .zip(gh.iter().zip(uh))
-                        .for_each(|(g, (x, u))| *g = f(*x) * u);
+                        .for_each(|(g, (x, u))| *g = act(*x) * u);
                 }
             }),
             Ffn::Plain => pool::for_each_chunk(gate, ROWS_PER_TASK * nf, &|ci, part| {
                 let u = &up[ci * ROWS_PER_TASK * nf..][..part.len()];
-                part.iter_mut().zip(u).for_each(|(g, u)| *g = f(*u));
+                part.iter_mut().zip(u).for_each(|(g, u)| *g = act(*u));
             }),
         }
-        matmul(&lw.w_down, self.data(&lw.w_down), gate, n, out)?;
-        if let Some(b) = &lw.b_down {
+        matmul(&f.down, self.data(&f.down), gate, n, out)?;
+        if let Some(b) = &f.b_down {
             add_bias(out, b);
+        }
+        Ok(())
+    }
+
+    /// A mixture-of-experts FFN on `input` (`n × n_embd`), into `out` (llama.cpp
+    /// `llm_graph_context::build_moe_ffn`; transformers `Qwen2MoeSparseMoeBlock.forward`
+    /// and its siblings): the router's logits, [`route`]'s experts and weights per row,
+    /// then each expert once over all the rows that chose it (its weights read once per
+    /// call), each row's expert outputs summed with their weights in selection order,
+    /// plus the shared expert (× `sigmoid(shared_gate · x)` where it has a gate).
+    fn moe_ffn(
+        &self,
+        il: usize,
+        m: &MoeFfn,
+        input: &[f32],
+        n: usize,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let c = &self.config;
+        let mc = c.moe.as_ref().expect("a MoE layer has a MoE config");
+        let (d, ne, k) = (c.n_embd, mc.n_expert, mc.n_used);
+        let mut logits = vec![0f32; n * ne];
+        matmul(&m.router, self.data(&m.router), input, n, &mut logits)?;
+        let sel: Vec<(usize, f32)> = logits
+            .chunks_exact(ne)
+            .flat_map(|row| route(row, mc))
+            .collect();
+        self.moe_stats.record(il, sel.iter().map(|&(e, _)| e));
+        // Each expert over the rows that chose it; results land in slot (row, j).
+        let mut slots = vec![0f32; n * k * d];
+        let (mut gate, mut up) = (Vec::new(), Vec::new());
+        for e in 0..ne {
+            let picks: Vec<usize> = (0..n * k).filter(|&s| sel[s].0 == e).collect();
+            if picks.is_empty() {
+                continue;
+            }
+            let xs: Vec<f32> = picks
+                .iter()
+                .flat_map(|&s| input[(s / k) * d..(s / k + 1) * d].iter().copied())
+                .collect();
+            let expert = DenseFfn {
+                gate: Some(m.gate_exps.expert(e)),
+                up: m.up_exps.expert(e),
+                down: m.down_exps.expert(e),
+                b_up: None,
+                b_down: None,
+            };
+            let mut ys = vec![0f32; picks.len() * d];
+            self.dense_ffn(
+                &expert,
+                Ffn::Gated,
+                mc.n_ff_exp,
+                &xs,
+                picks.len(),
+                &mut gate,
+                &mut up,
+                &mut ys,
+            )?;
+            for (&s, y) in picks.iter().zip(ys.chunks_exact(d)) {
+                slots[s * d..(s + 1) * d].copy_from_slice(y);
+            }
+        }
+        for (r, o) in out.chunks_exact_mut(d).enumerate() {
+            for j in 0..k {
+                let (_, wt) = sel[r * k + j];
+                let y = &slots[(r * k + j) * d..][..d];
+                if j == 0 {
+                    o.iter_mut().zip(y).for_each(|(o, y)| *o = y * wt);
+                } else {
+                    o.iter_mut().zip(y).for_each(|(o, y)| *o += y * wt);
+                }
+            }
+        }
+        if let Some(sh) = &m.shared {
+            let mut ys = vec![0f32; n * d];
+            self.dense_ffn(
+                sh,
+                Ffn::Gated,
+                sh.up.rows,
+                input,
+                n,
+                &mut gate,
+                &mut up,
+                &mut ys,
+            )?;
+            let mut g = vec![1f32; n];
+            if let Some(wg) = &m.shared_gate {
+                matmul(wg, self.data(wg), input, n, &mut g)?;
+                g.iter_mut().for_each(|v| *v = 1.0 / (1.0 + (-*v).exp()));
+            }
+            for ((o, y), g) in out.chunks_exact_mut(d).zip(ys.chunks_exact(d)).zip(&g) {
+                o.iter_mut().zip(y).for_each(|(o, y)| *o += y * g);
+            }
         }
         Ok(())
     }
@@ -315,7 +438,7 @@ impl Model {
             // before `cur` is overwritten), else the residual after attention.
             if c.arch.parallel_residual {
                 ffn_out.resize(n * d, 0.0);
-                self.ffn(lw, &cur, n, &mut gate, &mut up, &mut ffn_out)?;
+                self.ffn(il, lw, &cur, n, &mut gate, &mut up, &mut ffn_out)?;
             }
             matmul(&lw.wo, self.data(&lw.wo), &attn, n, &mut cur)?;
             if let Some(b) = &lw.bo {
@@ -341,7 +464,7 @@ impl Model {
             if let Some(nw) = &lw.ffn_norm {
                 self.norm(&mut ffn_in, nw);
             }
-            self.ffn(lw, &ffn_in, n, &mut gate, &mut up, &mut cur)?;
+            self.ffn(il, lw, &ffn_in, n, &mut gate, &mut up, &mut cur)?;
             if let Some(nw) = &lw.post_ffn_norm {
                 self.norm(&mut cur, nw);
             }
@@ -598,4 +721,27 @@ struct AttnScratch {
 thread_local! {
     static ATTN_SCRATCH: std::cell::RefCell<AttnScratch> =
         std::cell::RefCell::new(AttnScratch::default());
+}
+
+/// The experts one row chooses and their weights (llama.cpp `build_moe_ffn`, softmax
+/// gating; transformers `Qwen2MoeSparseMoeBlock.forward`): the softmax of the router
+/// logits, the `n_used` most probable experts (ties to the lower index) in descending
+/// order, their probabilities renormalised to sum 1 where the architecture does so
+/// (mixtral's softmax over the top-k logits is the same), times `expert_weights_scale`.
+/// The one routing rule for every MoE architecture.
+pub fn route(logits: &[f32], mc: &MoeConfig) -> Vec<(usize, f32)> {
+    let mut p = logits.to_vec();
+    softmax(&mut p);
+    let mut idx: Vec<usize> = (0..p.len()).collect();
+    idx.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+    idx.truncate(mc.n_used);
+    let mut w: Vec<f32> = idx.iter().map(|&e| p[e]).collect();
+    if mc.norm_topk {
+        let sum: f32 = w.iter().sum();
+        w.iter_mut().for_each(|v| *v /= sum);
+    }
+    if mc.weights_scale != 1.0 {
+        w.iter_mut().for_each(|v| *v *= mc.weights_scale);
+    }
+    idx.into_iter().zip(w).collect()
 }

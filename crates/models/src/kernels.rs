@@ -19,6 +19,9 @@ pub struct Matrix {
     pub row_bytes: usize,
     /// Index of the tensor in the file's tensor table.
     pub tensor: usize,
+    /// Byte offset of the matrix in the tensor's data (nonzero for one expert of a
+    /// stacked experts tensor).
+    pub offset: usize,
 }
 
 /// Dot product of two equal-length f32 slices in a fixed order: 8 interleaved partial

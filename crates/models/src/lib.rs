@@ -11,8 +11,11 @@ pub mod kv;
 mod model;
 pub mod pool;
 
-pub use config::{alibi_slopes, ModelConfig, RopeParams};
+pub use config::{alibi_slopes, ModelConfig, MoeConfig, RopeParams};
 pub use error::{ModelError, Result};
-pub use forward::{Logits, Sequence};
+pub use forward::{route, Logits, Sequence};
 pub use kv::{KvCache, KvType};
-pub use model::{LayerWeights, Model, NormWeights, QkvWeights, Weights};
+pub use model::{
+    DenseFfn, Experts, FfnWeights, LayerWeights, Model, MoeFfn, MoeStats, NormWeights, QkvWeights,
+    Weights,
+};

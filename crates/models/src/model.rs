@@ -45,26 +45,90 @@ pub struct LayerWeights {
     pub k_norm: Option<Vec<f32>>,
     pub post_attn_norm: Option<NormWeights>,
     pub ffn_norm: Option<NormWeights>,
+    pub ffn: FfnWeights,
+    pub post_ffn_norm: Option<NormWeights>,
+}
+
+/// A dense feed-forward block (`ffn_gate`, `ffn_up`, `ffn_down` and their biases), or a
+/// shared expert (`*_shexp`).
+#[derive(Clone, Debug)]
+pub struct DenseFfn {
     /// `ffn_gate` (absent for plain and fused-gate FFNs).
-    pub w_gate: Option<Matrix>,
+    pub gate: Option<Matrix>,
     /// `ffn_up`: `n_ff` rows, or `2 · n_ff` (gate then up) for a fused gate.
-    pub w_up: Matrix,
-    pub w_down: Matrix,
+    pub up: Matrix,
+    pub down: Matrix,
     pub b_up: Option<Vec<f32>>,
     pub b_down: Option<Vec<f32>>,
-    pub post_ffn_norm: Option<NormWeights>,
+}
+
+/// `n` stacked matrices of one type and shape: the routed experts of a layer.
+#[derive(Clone, Copy, Debug)]
+pub struct Experts {
+    /// Expert 0 (the others follow, `rows · row_bytes` bytes apart).
+    pub first: Matrix,
+    pub n: usize,
+}
+
+impl Experts {
+    /// Expert `e`'s matrix.
+    pub fn expert(&self, e: usize) -> Matrix {
+        assert!(e < self.n, "expert {e} of {}", self.n);
+        Matrix {
+            offset: self.first.offset + e * self.first.rows * self.first.row_bytes,
+            ..self.first
+        }
+    }
+}
+
+/// A mixture-of-experts block: the router (`ffn_gate_inp`), the routed experts
+/// (`ffn_{gate,up,down}_exps`) and an optional shared expert (`ffn_*_shexp`, scaled by
+/// `sigmoid(ffn_gate_inp_shexp · x)` where that vector exists).
+#[derive(Clone, Debug)]
+pub struct MoeFfn {
+    pub router: Matrix,
+    pub gate_exps: Experts,
+    pub up_exps: Experts,
+    pub down_exps: Experts,
+    pub shared: Option<DenseFfn>,
+    /// `ffn_gate_inp_shexp`: one row (`n_embd` columns).
+    pub shared_gate: Option<Matrix>,
+}
+
+/// A layer's feed-forward block.
+#[derive(Clone, Debug)]
+pub enum FfnWeights {
+    Dense(DenseFfn),
+    Moe(Box<MoeFfn>),
 }
 
 impl LayerWeights {
     /// Every matrix the layer multiplies.
-    pub fn matrices(&self) -> Vec<&Matrix> {
+    pub fn matrices<'a>(&'a self) -> Vec<&'a Matrix> {
         let mut m = match &self.qkv {
             QkvWeights::Separate { wq, wk, wv } => vec![wq, wk, wv],
             QkvWeights::Fused(w) => vec![w],
         };
         m.push(&self.wo);
-        m.extend(self.w_gate.as_ref());
-        m.extend([&self.w_up, &self.w_down]);
+        let dense = |m: &mut Vec<&'a Matrix>, d: &'a DenseFfn| {
+            m.extend(d.gate.as_ref());
+            m.extend([&d.up, &d.down]);
+        };
+        match &self.ffn {
+            FfnWeights::Dense(d) => dense(&mut m, d),
+            FfnWeights::Moe(e) => {
+                m.extend([
+                    &e.router,
+                    &e.gate_exps.first,
+                    &e.up_exps.first,
+                    &e.down_exps.first,
+                ]);
+                if let Some(d) = &e.shared {
+                    dense(&mut m, d);
+                }
+                m.extend(e.shared_gate.as_ref());
+            }
+        }
         m
     }
 }
@@ -87,6 +151,69 @@ pub struct Model {
     pub file: GgufFile,
     pub config: ModelConfig,
     pub weights: Weights,
+    /// Expert selections counted per layer (empty for a dense model).
+    pub moe_stats: MoeStats,
+}
+
+/// How often each routed expert was selected, per layer, since load (or [`MoeStats::reset`]);
+/// optionally the selections themselves in evaluation order.
+#[derive(Debug, Default)]
+pub struct MoeStats {
+    counts: Vec<Vec<std::sync::atomic::AtomicU64>>,
+    trace: std::sync::Mutex<Option<SelectionTrace>>,
+}
+
+/// Recorded selections: `(layer, experts of each row of the call, row after row)`.
+pub type SelectionTrace = Vec<(usize, Vec<usize>)>;
+
+impl MoeStats {
+    fn new(n_layer: usize, n_expert: usize) -> MoeStats {
+        MoeStats {
+            counts: (0..n_layer)
+                .map(|_| (0..n_expert).map(|_| 0.into()).collect())
+                .collect(),
+            trace: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Counts the experts of layer `il` in `selected` (each row's picks in order).
+    pub fn record(&self, il: usize, selected: impl Iterator<Item = usize> + Clone) {
+        if let Some(layer) = self.counts.get(il) {
+            for e in selected.clone() {
+                layer[e].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        let mut t = self.trace.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = t.as_mut() {
+            t.push((il, selected.collect()));
+        }
+    }
+
+    /// Selection counts: `[layer][expert]`.
+    pub fn counts(&self) -> Vec<Vec<u64>> {
+        self.counts
+            .iter()
+            .map(|l| {
+                l.iter()
+                    .map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Zeroes the counts.
+    pub fn reset(&self) {
+        for c in self.counts.iter().flatten() {
+            c.store(0, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Starts (or stops, returning what was recorded) keeping every layer's selections:
+    /// `(layer, experts of each row of the call, row after row)`.
+    pub fn trace(&self, on: bool) -> Option<SelectionTrace> {
+        let mut t = self.trace.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::replace(&mut *t, on.then(Vec::new))
+    }
 }
 
 impl std::fmt::Debug for Model {
@@ -141,7 +268,49 @@ impl Loader<'_> {
             cols,
             row_bytes: (t.n_bytes / rows as u64) as usize,
             tensor: i,
+            offset: 0,
         }))
+    }
+
+    /// `n` stacked `rows × cols` matrices (GGUF shape `[cols, rows, n]`: llama.cpp's
+    /// `ffn_{gate,up,down}_exps`), if present: expert `e` is bytes
+    /// `e · rows · row_bytes ..` of the tensor.
+    fn experts_opt(
+        &mut self,
+        name: &str,
+        n: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Option<Experts>> {
+        let Some(i) = self.index(name) else {
+            return Ok(None);
+        };
+        let t = &self.f.tensor_infos()[i];
+        if t.shape != [cols as u64, rows as u64, n as u64] {
+            return Err(self.shape_err(name, &[cols, rows, n], i));
+        }
+        if !frink_quant::is_supported(t.ggml_type) {
+            return Err(ModelError::Tensor {
+                name: name.into(),
+                detail: format!("tensor type {} is not supported", t.ggml_type),
+            });
+        }
+        Ok(Some(Experts {
+            first: Matrix {
+                ty: t.ggml_type,
+                rows,
+                cols,
+                row_bytes: (t.n_bytes / (rows * n) as u64) as usize,
+                tensor: i,
+                offset: 0,
+            },
+            n,
+        }))
+    }
+
+    fn experts(&mut self, name: &str, n: usize, rows: usize, cols: usize) -> Result<Experts> {
+        self.experts_opt(name, n, rows, cols)?
+            .ok_or_else(|| missing(name))
     }
 
     fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
@@ -177,6 +346,34 @@ impl Loader<'_> {
     fn norm(&mut self, name: &str, len: usize) -> Result<NormWeights> {
         self.norm_opt(name, len)?
             .ok_or_else(|| missing(&format!("{name}.weight")))
+    }
+
+    /// A dense FFN `{prefix}ffn_{gate,up,down}{suffix}.weight` (+ biases if present) of
+    /// width `n_ff` and the given kind.
+    fn dense_ffn(
+        &mut self,
+        prefix: &str,
+        suffix: &str,
+        n_ff: usize,
+        n_embd: usize,
+        kind: Ffn,
+    ) -> Result<DenseFfn> {
+        let name = |t: &str, what: &str| format!("{prefix}ffn_{t}{suffix}.{what}");
+        let up_rows = match kind {
+            Ffn::GatedFused => 2 * n_ff,
+            _ => n_ff,
+        };
+        Ok(DenseFfn {
+            gate: if kind == Ffn::Gated {
+                Some(self.matrix(&name("gate", "weight"), n_ff, n_embd)?)
+            } else {
+                None
+            },
+            up: self.matrix(&name("up", "weight"), up_rows, n_embd)?,
+            down: self.matrix(&name("down", "weight"), n_embd, n_ff)?,
+            b_up: self.vector_opt(&name("up", "bias"), up_rows)?,
+            b_down: self.vector_opt(&name("down", "bias"), n_embd)?,
+        })
     }
 
     /// A vector read only when the architecture `needed`s it; when it does not, the tensor
@@ -263,9 +460,32 @@ impl Model {
                 bias(&mut l, "attn_k.bias", c.k_dim())?,
                 bias(&mut l, "attn_v.bias", c.v_dim())?,
             );
-            let ff_rows = match a.ffn {
-                Ffn::GatedFused => 2 * c.n_ff,
-                _ => c.n_ff,
+            let ffn = match &c.moe {
+                None => FfnWeights::Dense(l.dense_ffn(&n(""), "", c.n_ff, c.n_embd, a.ffn)?),
+                Some(moe) => {
+                    let (e, ff) = (moe.n_expert, moe.n_ff_exp);
+                    let shared = match l.f.tensor_index(&n("ffn_up_shexp.weight")) {
+                        None => None,
+                        Some(i) => {
+                            // The shared expert's width from its tensor (ne1 of ffn_up_shexp).
+                            let ff_sh =
+                                l.f.tensor_infos()[i].shape.get(1).copied().unwrap_or(0) as usize;
+                            Some(l.dense_ffn(&n(""), "_shexp", ff_sh, c.n_embd, Ffn::Gated)?)
+                        }
+                    };
+                    FfnWeights::Moe(Box::new(MoeFfn {
+                        router: l.matrix(&n("ffn_gate_inp.weight"), e, c.n_embd)?,
+                        gate_exps: l.experts(&n("ffn_gate_exps.weight"), e, ff, c.n_embd)?,
+                        up_exps: l.experts(&n("ffn_up_exps.weight"), e, ff, c.n_embd)?,
+                        down_exps: l.experts(&n("ffn_down_exps.weight"), e, c.n_embd, ff)?,
+                        shared_gate: if shared.is_some() {
+                            l.matrix_opt(&n("ffn_gate_inp_shexp.weight"), 1, c.n_embd)?
+                        } else {
+                            None
+                        },
+                        shared,
+                    }))
+                }
             };
             layers.push(LayerWeights {
                 attn_norm: if pre {
@@ -292,15 +512,7 @@ impl Model {
                 } else {
                     None
                 },
-                w_gate: if a.ffn == Ffn::Gated {
-                    Some(l.matrix(&n("ffn_gate.weight"), c.n_ff, c.n_embd)?)
-                } else {
-                    None
-                },
-                w_up: l.matrix(&n("ffn_up.weight"), ff_rows, c.n_embd)?,
-                w_down: l.matrix(&n("ffn_down.weight"), c.n_embd, c.n_ff)?,
-                b_up: l.vector_opt(&n("ffn_up.bias"), ff_rows)?,
-                b_down: l.vector_opt(&n("ffn_down.bias"), c.n_embd)?,
+                ffn,
                 post_ffn_norm: if pre {
                     l.norm_opt(&n("post_ffw_norm"), c.n_embd)?
                 } else {
@@ -328,15 +540,20 @@ impl Model {
             output,
             layers,
         };
+        let moe_stats = match &config.moe {
+            Some(m) => MoeStats::new(config.n_layer, m.n_expert),
+            None => MoeStats::default(),
+        };
         Ok(Model {
             file,
             config,
             weights,
+            moe_stats,
         })
     }
 
     /// The stored bytes of a matrix.
     pub fn data(&self, m: &Matrix) -> &[u8] {
-        self.file.tensor_at(m.tensor).data
+        &self.file.tensor_at(m.tensor).data[m.offset..m.offset + m.rows * m.row_bytes]
     }
 }

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use frink_models::arch::{Activation, ArchSpec};
-use frink_models::{KvCache, KvType, Logits, Model};
+use frink_models::{FfnWeights, KvCache, KvType, Logits, Model};
 
 /// A loaded model and its fixture's input ids.
 type Fixture = (Model, Vec<u32>);
@@ -190,7 +190,11 @@ fn biases_matter() {
     });
     ablate("starcoder2", "the projection biases", |m| {
         for l in &mut m.weights.layers {
-            (l.bq, l.bk, l.bv, l.bo, l.b_up, l.b_down) = (None, None, None, None, None, None);
+            (l.bq, l.bk, l.bv, l.bo) = (None, None, None, None);
+            let FfnWeights::Dense(f) = &mut l.ffn else {
+                unreachable!()
+            };
+            (f.b_up, f.b_down) = (None, None);
         }
     });
     ablate("bloom", "the fused Q/K/V bias", |m| {
@@ -228,6 +232,81 @@ fn falcon_parallel_block_matters() {
             l.ffn_norm = l.attn_norm.clone();
         }
     });
+}
+
+/// The MoE layers of a model, for ablations.
+fn moe_layers(m: &mut Model) -> impl Iterator<Item = &mut frink_models::MoeFfn> {
+    m.weights
+        .layers
+        .iter_mut()
+        .filter_map(|l| match &mut l.ffn {
+            FfnWeights::Moe(e) => Some(&mut **e),
+            FfnWeights::Dense(_) => None,
+        })
+}
+
+// Mixture of experts (the fixtures' ablations: qwen2_moe shared expert / its gate,
+// qwen3_moe top-k renormalisation, olmoe Q/K norm weights).
+
+#[test]
+fn qwen2moe_shared_expert_and_its_gate_matter() {
+    ablate("qwen2_moe", "the shared expert", |m| {
+        moe_layers(m).for_each(|e| e.shared = None)
+    });
+    ablate("qwen2_moe", "the shared expert's sigmoid gate", |m| {
+        moe_layers(m).for_each(|e| e.shared_gate = None)
+    });
+}
+
+#[test]
+fn topk_renormalisation_matters() {
+    ablate("qwen3_moe", "top-k renormalisation", |m| {
+        m.config.moe.as_mut().unwrap().norm_topk = false
+    });
+    ablate("mixtral", "softmax over the top-k (renormalisation)", |m| {
+        m.config.moe.as_mut().unwrap().norm_topk = false
+    });
+}
+
+#[test]
+fn routing_matters() {
+    // Two experts instead of the router's choice: the second-best expert only.
+    ablate("qwen2_moe", "top-2 routing (top-1 instead)", |m| {
+        m.config.moe.as_mut().unwrap().n_used = 1
+    });
+    ablate("olmoe", "the Q/K norm weights (set to 1)", |m| {
+        for l in &mut m.weights.layers {
+            l.q_norm.as_mut().unwrap().iter_mut().for_each(|w| *w = 1.0);
+            l.k_norm.as_mut().unwrap().iter_mut().for_each(|w| *w = 1.0);
+        }
+    });
+}
+
+#[test]
+fn routing_picks_the_most_probable_experts_in_order() {
+    let mc = frink_models::MoeConfig {
+        n_expert: 4,
+        n_used: 2,
+        n_ff_exp: 1,
+        n_ff_shexp: 0,
+        norm_topk: false,
+        weights_scale: 1.0,
+    };
+    // Softmax of [0, ln 3, ln 2, ln 3] = [1, 3, 2, 3] / 9: experts 1 and 3 (a tie, lower
+    // index first).
+    let logits = [0.0, 3f32.ln(), 2f32.ln(), 3f32.ln()];
+    let r = frink_models::route(&logits, &mc);
+    assert_eq!(r.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 3]);
+    assert!((r[0].1 - 1.0 / 3.0).abs() < 1e-6 && (r[1].1 - 1.0 / 3.0).abs() < 1e-6);
+    let norm = frink_models::route(
+        &logits,
+        &frink_models::MoeConfig {
+            norm_topk: true,
+            weights_scale: 1.5,
+            ..mc
+        },
+    );
+    assert!((norm[0].1 - 0.75).abs() < 1e-6 && (norm[1].1 - 0.75).abs() < 1e-6);
 }
 
 #[test]
@@ -270,6 +349,10 @@ fn batched_prefill_equals_token_by_token_decode() {
         ("starcoder2", fixture("starcoder2")),
         ("falcon", fixture("falcon")),
         ("bloom", fixture("bloom")),
+        ("qwen2_moe", fixture("qwen2_moe")),
+        ("qwen3_moe", fixture("qwen3_moe")),
+        ("mixtral", fixture("mixtral")),
+        ("olmoe", fixture("olmoe")),
         ("Q4_1", quant("Q4_1")),
         ("Q4_K_M", quant("Q4_K_M")),
         ("IQ3_XXS", quant("IQ3_XXS")),
