@@ -63,13 +63,16 @@ fn quantized_fixtures_every_type() {
     let mut n = 0;
     for entry in std::fs::read_dir(&root).unwrap() {
         let dir = entry.unwrap().path();
-        let model = dir.join("llama.gguf");
-        verify(&[
-            "-m",
-            model.to_str().unwrap(),
-            "--golden",
-            dir.to_str().unwrap(),
-        ]);
+        // The dense model and the mixture-of-experts one (compared up to the first
+        // position whose experts differ from llama.cpp's recorded selection).
+        for file in ["llama.gguf", "qwen2_moe.gguf"] {
+            verify(&[
+                "-m",
+                dir.join(file).to_str().unwrap(),
+                "--golden",
+                dir.to_str().unwrap(),
+            ]);
+        }
         n += 1;
     }
     assert_eq!(n, 21, "quant fixture set changed");

@@ -253,7 +253,10 @@ impl Loader<'_> {
             return Ok(None);
         };
         let t = &self.f.tensor_infos()[i];
-        if t.shape != [cols as u64, rows as u64] {
+        // A one-row matrix may be stored as a vector (qwen2moe's ffn_gate_inp_shexp is
+        // [n_embd, 1] from the converter, [n_embd] after llama-quantize).
+        let vector_ok = rows == 1 && t.shape == [cols as u64];
+        if t.shape != [cols as u64, rows as u64] && !vector_ok {
             return Err(self.shape_err(name, &[cols, rows], i));
         }
         if !frink_quant::is_supported(t.ggml_type) {
