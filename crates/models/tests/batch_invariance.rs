@@ -1,8 +1,9 @@
 //! Batch invariance: a sequence's logits have exactly the same bits computed alone, inside
 //! a batch of 7 other sequences (in prefill and in a decode step), with prefill chunks of
 //! 1, 7 and 512 tokens, and with 1 or 2 compute threads. Checked on every weight format
-//! with an integer dot kernel (the quant fixtures), on the dequantizing path (F16, IQ4_XS)
-//! and on the tiny qwen2 and gemma3 fixtures (biases, Q/K norm, sliding window).
+//! with an integer dot kernel (the quant fixtures), on the dequantizing path (F16, IQ4_XS),
+//! on two mixture-of-experts files and on the tiny qwen2 and gemma3 fixtures (biases, Q/K
+//! norm, sliding window).
 
 use frink_models::{pool, KvCache, KvType, Logits, Model, Sequence};
 
@@ -15,6 +16,11 @@ fn models() -> Vec<(String, Model)> {
         ] {
             let m = Model::load(q.join(ty).join("llama.gguf")).unwrap();
             out.push((ty.to_string(), m));
+        }
+        // Mixture of experts: each expert over the rows that chose it.
+        for ty in ["Q4_K_M", "Q8_0"] {
+            let m = Model::load(q.join(ty).join("qwen2_moe.gguf")).unwrap();
+            out.push((format!("{ty} qwen2_moe"), m));
         }
     }
     if let Some(t) = frink_testdata::require("fixtures/tiny", "batch invariance") {
@@ -125,7 +131,7 @@ fn logits_do_not_depend_on_batch_chunks_or_threads() {
             "{name}: inside a decode batch of 8"
         );
     }
-    assert!(models.is_empty() || models.len() == 14);
+    assert!(models.is_empty() || models.len() == 16);
 }
 
 /// 1 vs 2 compute threads. The pool is process-wide, so this is its own test binary
