@@ -50,6 +50,8 @@ fn tiny_fixtures_of_implemented_architectures() {
         "qwen3_moe",
         "mixtral",
         "olmoe",
+        "deepseek_v2",
+        "deepseek_v3",
     ] {
         verify(&["--golden", root.join(name).to_str().unwrap()]);
     }

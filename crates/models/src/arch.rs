@@ -106,7 +106,8 @@ pub enum Position {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MoeSpec {
     /// The selected experts' weights are renormalised to sum to 1 (`norm_topk_prob`;
-    /// mixtral's softmax over the top-k logits is the same thing).
+    /// mixtral's softmax over the top-k logits is the same thing), unless the file says
+    /// otherwise (`{arch}.expert_weights_norm`).
     pub norm_topk: bool,
 }
 
@@ -229,6 +230,16 @@ pub const ARCHS: &[ArchSpec] = &[
         name: "olmoe",
         position: Position::Rope(RopeLayout::Neox),
         qk_norm: QkNorm::Whole,
+        moe: Some(MoeSpec { norm_topk: false }),
+        ..BASE
+    },
+    // deepseek2.cpp; DeepseekV2/V3ForCausalLM: multi-head latent attention (MLA, from
+    // `attention.kv_lora_rank`), leading dense layers, routed experts with shared ones,
+    // routed scaling; v3's sigmoid gating, selection bias and group-limited routing come
+    // from metadata and tensors. RoPE pairs adjacent dimensions of the rope part.
+    ArchSpec {
+        name: "deepseek2",
+        position: Position::Rope(RopeLayout::Normal),
         moe: Some(MoeSpec { norm_topk: false }),
         ..BASE
     },

@@ -71,11 +71,47 @@ pub struct ModelConfig {
     pub alibi_slopes: Vec<f32>,
     /// Mixture of experts, when the file has experts.
     pub moe: Option<MoeConfig>,
+    /// Multi-head latent attention, when the file gives `attention.kv_lora_rank`.
+    pub mla: Option<MlaConfig>,
+}
+
+/// How router logits become expert scores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gating {
+    /// Softmax over all experts.
+    Softmax,
+    /// An independent sigmoid per expert (deepseek v3).
+    Sigmoid,
+}
+
+/// Multi-head latent attention (deepseek2, llama.cpp `src/models/deepseek2.cpp`): keys and
+/// values come from a compressed latent of `kv_lora_rank` values per token, shared by all
+/// heads; each head's query is projected into that latent (`attn_k_b`), so the cache holds
+/// one `kv_lora_rank + n_rot` key row and one `kv_lora_rank` value row per token, and each
+/// head's output is projected back out of it (`attn_v_b`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MlaConfig {
+    /// `attention.q_lora_rank` (0: a plain `attn_q`).
+    pub q_lora_rank: usize,
+    /// `attention.kv_lora_rank`.
+    pub kv_lora_rank: usize,
+    /// Per-head query/key width before absorption: `attention.key_length_mla`
+    /// (= no-RoPE part + `n_rot`).
+    pub qk_head_dim: usize,
+    /// Per-head value width: `attention.value_length_mla`.
+    pub v_head_dim: usize,
 }
 
 /// Mixture-of-experts hyperparameters (`{arch}.expert_*`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct MoeConfig {
+    /// `expert_gating_func`.
+    pub gating: Gating,
+    /// `expert_group_count` (0: no group-limited routing) and `expert_group_used_count`.
+    pub n_group: usize,
+    pub n_group_used: usize,
+    /// `leading_dense_block_count`: the first layers have a dense FFN.
+    pub n_leading_dense: usize,
     /// `expert_count`: routed experts per layer.
     pub n_expert: usize,
     /// `expert_used_count`: experts selected per token (top-k).
@@ -211,21 +247,37 @@ impl ModelConfig {
                     format!("{n_used} of {n_expert} experts"),
                 ));
             }
-            // llama.cpp LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX = 1 (the default).
-            match k.usize_opt("expert_gating_func")? {
-                None | Some(1) => {}
+            // llama.cpp LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX = 1 (the default), _SIGMOID = 2.
+            let gating = match k.usize_opt("expert_gating_func")? {
+                None | Some(1) => Gating::Softmax,
+                Some(2) => Gating::Sigmoid,
                 Some(g) => {
                     return Err(ModelError::Unsupported(format!(
                         "expert gating function {g} ({arch_name}.expert_gating_func)"
                     )))
                 }
+            };
+            let n_group = k.usize_opt("expert_group_count")?.unwrap_or(0);
+            let n_group_used = k.usize_opt("expert_group_used_count")?.unwrap_or(0);
+            if n_group > 1
+                && (n_expert % n_group != 0 || n_group_used == 0 || n_group_used > n_group)
+            {
+                return Err(k.err(
+                    "expert_group_count",
+                    format!("{n_expert} experts in {n_group} groups, {n_group_used} used"),
+                ));
             }
-            for key in ["leading_dense_block_count", "expert_group_count"] {
-                if let Some(v) = k.usize_opt(key)?.filter(|&v| v > 0) {
-                    return Err(ModelError::Unsupported(format!("{arch_name}.{key} = {v}")));
-                }
-            }
+            let norm_topk = match k.get("expert_weights_norm") {
+                Some(v) => v
+                    .as_bool()
+                    .ok_or_else(|| k.err("expert_weights_norm", "expected a bool"))?,
+                None => spec.norm_topk,
+            };
             Some(MoeConfig {
+                gating,
+                n_group: if n_group > 1 { n_group } else { 0 },
+                n_group_used,
+                n_leading_dense: k.usize_opt("leading_dense_block_count")?.unwrap_or(0),
                 n_expert,
                 n_used,
                 n_ff_exp: match k.usize_opt("expert_feed_forward_length")? {
@@ -235,7 +287,7 @@ impl ModelConfig {
                 n_ff_shexp: k
                     .usize_opt("expert_shared_feed_forward_length")?
                     .unwrap_or(0),
-                norm_topk: spec.norm_topk,
+                norm_topk,
                 weights_scale: k.f32_opt("expert_weights_scale")?.unwrap_or(1.0),
             })
         } else {
@@ -352,6 +404,33 @@ impl ModelConfig {
                 }
             }
         };
+        let mla = match k.usize_opt("attention.kv_lora_rank")?.filter(|&r| r > 0) {
+            None => None,
+            Some(kv_lora_rank) => {
+                let m = MlaConfig {
+                    q_lora_rank: k.usize_opt("attention.q_lora_rank")?.unwrap_or(0),
+                    kv_lora_rank,
+                    qk_head_dim: k.usize("attention.key_length_mla")?,
+                    v_head_dim: k.usize("attention.value_length_mla")?,
+                };
+                if n_head_kv != 1
+                    || head_dim_k != kv_lora_rank + n_rot
+                    || head_dim_v != kv_lora_rank
+                    || m.qk_head_dim <= n_rot
+                {
+                    return Err(k.err(
+                        "attention.kv_lora_rank",
+                        format!("an MLA layout this reader does not know: {n_head_kv} KV heads, key {head_dim_k}, value {head_dim_v}, rank {kv_lora_rank}, rope {n_rot}, qk {}", m.qk_head_dim),
+                    ));
+                }
+                Some(m)
+            }
+        };
+        // MLA scores are dot products of the un-absorbed per-head queries and keys.
+        let attn_scale = match &mla {
+            Some(m) => 1.0 / (m.qk_head_dim as f32).sqrt(),
+            None => attn_scale,
+        };
         let embed_scale = if arch.embed_scale {
             (n_embd as f32).sqrt()
         } else {
@@ -401,6 +480,7 @@ impl ModelConfig {
             final_softcap,
             alibi_slopes,
             moe,
+            mla,
         })
     }
 
@@ -421,6 +501,15 @@ impl ModelConfig {
     /// Width of the K projection (`n_head_kv * head_dim_k`).
     pub fn k_dim(&self) -> usize {
         self.n_head_kv * self.head_dim_k
+    }
+
+    /// Width of the attention output projection's input: `n_head · head_dim_v`, or with MLA
+    /// `n_head · value_length_mla`.
+    pub fn attn_out_dim(&self) -> usize {
+        match &self.mla {
+            Some(m) => self.n_head * m.v_head_dim,
+            None => self.n_head * self.head_dim_v,
+        }
     }
 
     /// Width of the V projection (`n_head_kv * head_dim_v`).

@@ -9,14 +9,16 @@
 //! norm and the LM head on the rows whose logits are wanted.
 
 use crate::arch::{Activation, Ffn, Norm, Position, RopeLayout};
-use crate::config::MoeConfig;
+use crate::config::{Gating, MoeConfig};
 use crate::error::{ModelError, Result};
 use crate::kernels::{
     add_bias, dot_multi, gelu_tanh, layer_norm, matmul, matmul_many, matrix_row, rms_norm,
     rope_angles, rope_rotate, silu, softmax, weighted_sum_multi, Matrix, Projection,
 };
 use crate::kv::{KvCache, KvLayer};
-use crate::model::{DenseFfn, FfnWeights, LayerWeights, Model, MoeFfn, NormWeights, QkvWeights};
+use crate::model::{
+    DenseFfn, FfnWeights, LayerWeights, MlaWeights, Model, MoeFfn, NormWeights, QkvWeights,
+};
 use crate::pool::{self, Disjoint};
 
 /// Which rows' logits [`Model::forward`] returns.
@@ -40,6 +42,64 @@ impl Model {
             data: self.data(w),
             out,
         }
+    }
+
+    /// Multi-head latent attention's queries, keys and values for `n` rows of `input`
+    /// (llama.cpp `src/models/deepseek2.cpp`, the absorbed form; transformers
+    /// `DeepseekV2Attention`): per head, the query's no-RoPE part is projected into the
+    /// latent through `attn_k_b`, so `q` holds `[latent query | RoPE part]` per head, `k` the
+    /// shared `[normed latent | RoPE key]` and `v` the normed latent: the scores equal the
+    /// un-absorbed ones and attention runs as multi-query attention over the latent.
+    #[allow(clippy::too_many_arguments)]
+    fn mla_qkv(
+        &self,
+        w: &MlaWeights,
+        input: &[f32],
+        n: usize,
+        q: &mut [f32],
+        k: &mut [f32],
+        v: &mut [f32],
+    ) -> Result<()> {
+        let c = &self.config;
+        let mc = c.mla.as_ref().expect("MLA weights have an MLA config");
+        let (rank, rope) = (mc.kv_lora_rank, c.n_rot);
+        let (qk, nope) = (mc.qk_head_dim, mc.qk_head_dim - rope);
+        let mut qf = vec![0f32; n * c.n_head * qk];
+        match &w.q_a {
+            Some((qa, qa_norm)) => {
+                let mut t = vec![0f32; n * qa.rows];
+                matmul(qa, self.data(qa), input, n, &mut t)?;
+                rms_norm(&mut t, qa_norm, c.norm_eps);
+                matmul(&w.q_b, self.data(&w.q_b), &t, n, &mut qf)?;
+            }
+            None => matmul(&w.q_b, self.data(&w.q_b), input, n, &mut qf)?,
+        }
+        let mut kv = vec![0f32; n * (rank + rope)];
+        matmul(&w.kv_a, self.data(&w.kv_a), input, n, &mut kv)?;
+        let (kd, vd, qd) = (c.k_dim(), c.v_dim(), c.q_dim());
+        for i in 0..n {
+            let row = &kv[i * (rank + rope)..(i + 1) * (rank + rope)];
+            let kr = &mut k[i * kd..(i + 1) * kd];
+            kr.copy_from_slice(row);
+            rms_norm(&mut kr[..rank], &w.kv_a_norm, c.norm_eps);
+            v[i * vd..(i + 1) * vd].copy_from_slice(&kr[..rank]);
+        }
+        let mut nope_rows = vec![0f32; n * nope];
+        let mut absorbed = vec![0f32; n * rank];
+        for h in 0..c.n_head {
+            for i in 0..n {
+                nope_rows[i * nope..(i + 1) * nope]
+                    .copy_from_slice(&qf[(i * c.n_head + h) * qk..][..nope]);
+            }
+            let kb = w.k_b.expert(h);
+            matmul(&kb, self.data(&kb), &nope_rows, n, &mut absorbed)?;
+            for i in 0..n {
+                let head = &mut q[i * qd + h * (rank + rope)..][..rank + rope];
+                head[..rank].copy_from_slice(&absorbed[i * rank..(i + 1) * rank]);
+                head[rank..].copy_from_slice(&qf[(i * c.n_head + h) * qk + nope..][..rope]);
+            }
+        }
+        Ok(())
     }
 
     /// The model's norm (RMSNorm or LayerNorm, [`crate::arch::Norm`]) of each
@@ -165,7 +225,7 @@ impl Model {
         matmul(&m.router, self.data(&m.router), input, n, &mut logits)?;
         let sel: Vec<(usize, f32)> = logits
             .chunks_exact(ne)
-            .flat_map(|row| route(row, mc))
+            .flat_map(|row| route(row, m.selection_bias.as_deref(), mc))
             .collect();
         self.moe_stats.record(il, sel.iter().map(|&(e, _)| e));
         // Each expert over the rows that chose it; results land in slot (row, j).
@@ -331,6 +391,7 @@ impl Model {
         let mut up = Vec::new();
         let mut ffn_out = Vec::new();
         let mut ffn_in = vec![0f32; n * d];
+        let mut attn_out = Vec::new();
         let mut rope_tables: Vec<(RopeKey, Vec<(f32, f32)>)> = Vec::new();
 
         for (il, lw) in w.layers.iter().enumerate() {
@@ -357,6 +418,7 @@ impl Model {
                         }
                     }
                 }
+                QkvWeights::Mla(mla) => self.mla_qkv(mla, &cur, n, &mut q, &mut k, &mut v)?,
                 QkvWeights::Fused(wqkv) => {
                     qkv.resize(n * wqkv.rows, 0.0);
                     matmul(wqkv, self.data(wqkv), &cur, n, &mut qkv)?;
@@ -399,13 +461,20 @@ impl Model {
                 };
                 let table = &rope_tables[ti].1;
                 let half = c.n_rot / 2;
+                // The rotated dimensions: a head's first n_rot, or with MLA its last n_rot
+                // (the RoPE part after the latent).
+                let off = if c.mla.is_some() {
+                    c.head_dim_k - c.n_rot
+                } else {
+                    0
+                };
                 for (t, dim) in [(&mut q, c.q_dim()), (&mut k, c.k_dim())] {
                     pool::for_each_chunk(t, ROWS_PER_TASK * dim, &|ci, part| {
                         for (r, row) in part.chunks_exact_mut(dim).enumerate() {
                             let i = ci * ROWS_PER_TASK + r;
                             let angles = &table[i * half..(i + 1) * half];
                             for head in row.chunks_exact_mut(c.head_dim_k) {
-                                rope_rotate(head, angles, neox);
+                                rope_rotate(&mut head[off..], angles, neox);
                             }
                         }
                     });
@@ -440,7 +509,29 @@ impl Model {
                 ffn_out.resize(n * d, 0.0);
                 self.ffn(il, lw, &cur, n, &mut gate, &mut up, &mut ffn_out)?;
             }
-            matmul(&lw.wo, self.data(&lw.wo), &attn, n, &mut cur)?;
+            if let QkvWeights::Mla(mla) = &lw.qkv {
+                // Each head's latent output projected out of the latent (attn_v_b).
+                let mc = c.mla.as_ref().expect("MLA weights have an MLA config");
+                let (rank, vh) = (mc.kv_lora_rank, mc.v_head_dim);
+                attn_out.resize(n * c.n_head * vh, 0.0);
+                let mut lat = vec![0f32; n * rank];
+                let mut o = vec![0f32; n * vh];
+                for h in 0..c.n_head {
+                    for i in 0..n {
+                        lat[i * rank..(i + 1) * rank]
+                            .copy_from_slice(&attn[(i * c.n_head + h) * rank..][..rank]);
+                    }
+                    let vb = mla.v_b.expert(h);
+                    matmul(&vb, self.data(&vb), &lat, n, &mut o)?;
+                    for i in 0..n {
+                        attn_out[(i * c.n_head + h) * vh..][..vh]
+                            .copy_from_slice(&o[i * vh..(i + 1) * vh]);
+                    }
+                }
+                matmul(&lw.wo, self.data(&lw.wo), &attn_out, n, &mut cur)?;
+            } else {
+                matmul(&lw.wo, self.data(&lw.wo), &attn, n, &mut cur)?;
+            }
             if let Some(b) = &lw.bo {
                 add_bias(&mut cur, b);
             }
@@ -723,17 +814,48 @@ thread_local! {
         std::cell::RefCell::new(AttnScratch::default());
 }
 
-/// The experts one row chooses and their weights (llama.cpp `build_moe_ffn`, softmax
-/// gating; transformers `Qwen2MoeSparseMoeBlock.forward`): the softmax of the router
-/// logits, the `n_used` most probable experts (ties to the lower index) in descending
-/// order, their probabilities renormalised to sum 1 where the architecture does so
-/// (mixtral's softmax over the top-k logits is the same), times `expert_weights_scale`.
-/// The one routing rule for every MoE architecture.
-pub fn route(logits: &[f32], mc: &MoeConfig) -> Vec<(usize, f32)> {
+/// The experts one row chooses and their weights: the one routing rule of every MoE
+/// architecture (llama.cpp `llm_graph_context::build_moe_ffn`; transformers
+/// `Qwen2MoeSparseMoeBlock.forward`, `DeepseekV3TopkRouter`), its variants as parameters:
+///
+/// 1. scores: softmax of the router logits, or a sigmoid per expert ([`Gating`]);
+/// 2. selection scores: the scores plus `selection_bias` where there is one (deepseek v3's
+///    correction bias: used for choosing only, never as a weight);
+/// 3. group-limited routing (`n_group > 0`): each group of `n_expert / n_group` experts
+///    is ranked by the sum of its two best selection scores, and only the experts of the
+///    best `n_group_used` groups stay eligible;
+/// 4. the `n_used` best eligible selection scores (ties to the lower index), in
+///    descending order;
+/// 5. weights: their scores, renormalised to sum 1 where `norm_topk`, times
+///    `weights_scale`.
+pub fn route(logits: &[f32], selection_bias: Option<&[f32]>, mc: &MoeConfig) -> Vec<(usize, f32)> {
     let mut p = logits.to_vec();
-    softmax(&mut p);
-    let mut idx: Vec<usize> = (0..p.len()).collect();
-    idx.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+    match mc.gating {
+        Gating::Softmax => softmax(&mut p),
+        Gating::Sigmoid => p.iter_mut().for_each(|v| *v = 1.0 / (1.0 + (-*v).exp())),
+    }
+    let choice: Vec<f32> = match selection_bias {
+        Some(b) => p.iter().zip(b).map(|(s, b)| s + b).collect(),
+        None => p.clone(),
+    };
+    let mut eligible = vec![true; p.len()];
+    if let Some(per) = p.len().checked_div(mc.n_group) {
+        let group_score = |g: usize| {
+            let mut s: Vec<f32> = choice[g * per..(g + 1) * per].to_vec();
+            s.sort_by(|a, b| b.total_cmp(a));
+            s.iter().take(2).sum::<f32>()
+        };
+        let mut groups: Vec<usize> = (0..mc.n_group).collect();
+        groups.sort_by(|&a, &b| group_score(b).total_cmp(&group_score(a)).then(a.cmp(&b)));
+        eligible.iter_mut().for_each(|e| *e = false);
+        for &g in &groups[..mc.n_group_used] {
+            eligible[g * per..(g + 1) * per]
+                .iter_mut()
+                .for_each(|e| *e = true);
+        }
+    }
+    let mut idx: Vec<usize> = (0..p.len()).filter(|&e| eligible[e]).collect();
+    idx.sort_by(|&a, &b| choice[b].total_cmp(&choice[a]).then(a.cmp(&b)));
     idx.truncate(mc.n_used);
     let mut w: Vec<f32> = idx.iter().map(|&e| p[e]).collect();
     if mc.norm_topk {

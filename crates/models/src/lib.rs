@@ -11,11 +11,11 @@ pub mod kv;
 mod model;
 pub mod pool;
 
-pub use config::{alibi_slopes, ModelConfig, MoeConfig, RopeParams};
+pub use config::{alibi_slopes, Gating, MlaConfig, ModelConfig, MoeConfig, RopeParams};
 pub use error::{ModelError, Result};
 pub use forward::{route, Logits, Sequence};
 pub use kv::{KvCache, KvType};
 pub use model::{
-    DenseFfn, Experts, FfnWeights, LayerWeights, Model, MoeFfn, MoeStats, NormWeights, QkvWeights,
-    Weights,
+    DenseFfn, Experts, FfnWeights, LayerWeights, MlaWeights, Model, MoeFfn, MoeStats, NormWeights,
+    QkvWeights, Weights,
 };

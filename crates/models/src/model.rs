@@ -21,8 +21,31 @@ pub struct NormWeights {
 /// Q, then K, then V (the converters reorder falcon's and bloom's interleaved layouts).
 #[derive(Clone, Debug)]
 pub enum QkvWeights {
-    Separate { wq: Matrix, wk: Matrix, wv: Matrix },
+    Separate {
+        wq: Matrix,
+        wk: Matrix,
+        wv: Matrix,
+    },
     Fused(Matrix),
+    /// Multi-head latent attention ([`crate::config::MlaConfig`]).
+    Mla(Box<MlaWeights>),
+}
+
+/// The projections of multi-head latent attention (llama.cpp names).
+#[derive(Clone, Debug)]
+pub struct MlaWeights {
+    /// `attn_q_a` + `attn_q_a_norm` + `attn_q_b`, or a plain `attn_q` (`q_lora_rank` 0):
+    /// the per-head queries (`n_head · qk_head_dim`).
+    pub q_a: Option<(Matrix, Vec<f32>)>,
+    pub q_b: Matrix,
+    /// `attn_kv_a_mqa`: the latent (`kv_lora_rank`) and the shared RoPE key (`n_rot`).
+    pub kv_a: Matrix,
+    /// `attn_kv_a_norm`: RMSNorm of the latent.
+    pub kv_a_norm: Vec<f32>,
+    /// `attn_k_b`: per head, `kv_lora_rank` rows × the no-RoPE query width.
+    pub k_b: Experts,
+    /// `attn_v_b`: per head, `value_length_mla` rows × `kv_lora_rank`.
+    pub v_b: Experts,
 }
 
 /// Weights of one decoder layer, named as llama.cpp names the tensors (`blk.N.<name>`).
@@ -93,6 +116,9 @@ pub struct MoeFfn {
     pub shared: Option<DenseFfn>,
     /// `ffn_gate_inp_shexp`: one row (`n_embd` columns).
     pub shared_gate: Option<Matrix>,
+    /// `exp_probs_b.bias`: added to the expert scores for selection only (deepseek v3's
+    /// `e_score_correction_bias`).
+    pub selection_bias: Option<Vec<f32>>,
 }
 
 /// A layer's feed-forward block.
@@ -108,6 +134,11 @@ impl LayerWeights {
         let mut m = match &self.qkv {
             QkvWeights::Separate { wq, wk, wv } => vec![wq, wk, wv],
             QkvWeights::Fused(w) => vec![w],
+            QkvWeights::Mla(a) => {
+                let mut v: Vec<&Matrix> = a.q_a.iter().map(|(m, _)| m).collect();
+                v.extend([&a.q_b, &a.kv_a, &a.k_b.first, &a.v_b.first]);
+                v
+            }
         };
         m.push(&self.wo);
         let dense = |m: &mut Vec<&'a Matrix>, d: &'a DenseFfn| {
@@ -436,19 +467,46 @@ impl Model {
         for il in 0..c.n_layer {
             let n = |s: &str| format!("blk.{il}.{s}");
             let qkv_rows = c.q_dim() + c.k_dim() + c.v_dim();
-            let (qkv, bqkv) = match l.matrix_opt(&n("attn_qkv.weight"), qkv_rows, c.n_embd)? {
-                Some(w) => (
-                    QkvWeights::Fused(w),
-                    l.vector_opt(&n("attn_qkv.bias"), qkv_rows)?,
-                ),
-                None => (
-                    QkvWeights::Separate {
-                        wq: l.matrix(&n("attn_q.weight"), c.q_dim(), c.n_embd)?,
-                        wk: l.matrix(&n("attn_k.weight"), c.k_dim(), c.n_embd)?,
-                        wv: l.matrix(&n("attn_v.weight"), c.v_dim(), c.n_embd)?,
-                    },
-                    None,
-                ),
+            let (qkv, bqkv) = if let Some(mla) = &c.mla {
+                let rank = mla.kv_lora_rank;
+                let nope = mla.qk_head_dim - c.n_rot;
+                let q_full = c.n_head * mla.qk_head_dim;
+                let q_a = if mla.q_lora_rank > 0 {
+                    Some((
+                        l.matrix(&n("attn_q_a.weight"), mla.q_lora_rank, c.n_embd)?,
+                        l.vector(&n("attn_q_a_norm.weight"), mla.q_lora_rank)?,
+                    ))
+                } else {
+                    None
+                };
+                let q_b = match &q_a {
+                    Some(_) => l.matrix(&n("attn_q_b.weight"), q_full, mla.q_lora_rank)?,
+                    None => l.matrix(&n("attn_q.weight"), q_full, c.n_embd)?,
+                };
+                let w = MlaWeights {
+                    q_a,
+                    q_b,
+                    kv_a: l.matrix(&n("attn_kv_a_mqa.weight"), rank + c.n_rot, c.n_embd)?,
+                    kv_a_norm: l.vector(&n("attn_kv_a_norm.weight"), rank)?,
+                    k_b: l.experts(&n("attn_k_b.weight"), c.n_head, rank, nope)?,
+                    v_b: l.experts(&n("attn_v_b.weight"), c.n_head, mla.v_head_dim, rank)?,
+                };
+                (QkvWeights::Mla(Box::new(w)), None)
+            } else {
+                match l.matrix_opt(&n("attn_qkv.weight"), qkv_rows, c.n_embd)? {
+                    Some(w) => (
+                        QkvWeights::Fused(w),
+                        l.vector_opt(&n("attn_qkv.bias"), qkv_rows)?,
+                    ),
+                    None => (
+                        QkvWeights::Separate {
+                            wq: l.matrix(&n("attn_q.weight"), c.q_dim(), c.n_embd)?,
+                            wk: l.matrix(&n("attn_k.weight"), c.k_dim(), c.n_embd)?,
+                            wv: l.matrix(&n("attn_v.weight"), c.v_dim(), c.n_embd)?,
+                        },
+                        None,
+                    ),
+                }
             };
             let separate = matches!(qkv, QkvWeights::Separate { .. });
             let bias = |l: &mut Loader<'_>, name: &str, len: usize| {
@@ -464,8 +522,7 @@ impl Model {
                 bias(&mut l, "attn_v.bias", c.v_dim())?,
             );
             let ffn = match &c.moe {
-                None => FfnWeights::Dense(l.dense_ffn(&n(""), "", c.n_ff, c.n_embd, a.ffn)?),
-                Some(moe) => {
+                Some(moe) if il >= moe.n_leading_dense => {
                     let (e, ff) = (moe.n_expert, moe.n_ff_exp);
                     let shared = match l.f.tensor_index(&n("ffn_up_shexp.weight")) {
                         None => None,
@@ -486,9 +543,11 @@ impl Model {
                         } else {
                             None
                         },
+                        selection_bias: l.vector_opt(&n("exp_probs_b.bias"), e)?,
                         shared,
                     }))
                 }
+                _ => FfnWeights::Dense(l.dense_ffn(&n(""), "", c.n_ff, c.n_embd, a.ffn)?),
             };
             layers.push(LayerWeights {
                 attn_norm: if pre {
@@ -501,7 +560,7 @@ impl Model {
                 bk,
                 bv,
                 bqkv,
-                wo: l.matrix(&n("attn_output.weight"), c.n_embd, c.n_head * c.head_dim_v)?,
+                wo: l.matrix(&n("attn_output.weight"), c.n_embd, c.attn_out_dim())?,
                 bo: l.vector_opt(&n("attn_output.bias"), c.n_embd)?,
                 q_norm: l.vector_if(qk_norm, &n("attn_q_norm.weight"), q_norm_len)?,
                 k_norm: l.vector_if(qk_norm, &n("attn_k_norm.weight"), k_norm_len)?,

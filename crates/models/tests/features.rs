@@ -283,8 +283,60 @@ fn routing_matters() {
 }
 
 #[test]
+fn deepseek_routing_features_matter() {
+    for name in ["deepseek_v2", "deepseek_v3"] {
+        ablate(name, "the routed scaling factor", |m| {
+            m.config.moe.as_mut().unwrap().weights_scale = 1.0
+        });
+        ablate(name, "the shared expert", |m| {
+            moe_layers(m).for_each(|e| e.shared = None)
+        });
+    }
+    ablate("deepseek_v3", "the expert selection bias", |m| {
+        moe_layers(m).for_each(|e| e.selection_bias = None)
+    });
+    ablate("deepseek_v3", "group-limited routing", |m| {
+        m.config.moe.as_mut().unwrap().n_group = 0
+    });
+}
+
+#[test]
+fn group_limited_routing_and_selection_bias() {
+    let mc = frink_models::MoeConfig {
+        gating: frink_models::Gating::Sigmoid,
+        n_group: 2,
+        n_group_used: 1,
+        n_leading_dense: 0,
+        n_expert: 4,
+        n_used: 2,
+        n_ff_exp: 1,
+        n_ff_shexp: 0,
+        norm_topk: true,
+        weights_scale: 2.0,
+    };
+    // Groups {0,1} and {2,3}. Logits make expert 2 the best single expert, but group 0's
+    // two experts sum higher, so only experts 0 and 1 may be chosen.
+    let logits = [1.0, 1.0, 1.5, -3.0];
+    let r = frink_models::route(&logits, None, &mc);
+    assert_eq!(r.iter().map(|x| x.0).collect::<Vec<_>>(), vec![0, 1]);
+    assert!(
+        (r[0].1 - 1.0).abs() < 1e-6,
+        "renormalised then scaled: {r:?}"
+    );
+    // A selection bias moves the choice but not the weights: expert 1 first, and its weight
+    // still comes from the unbiased sigmoid scores.
+    let r = frink_models::route(&logits, Some(&[0.0, 0.5, 0.0, 0.0]), &mc);
+    assert_eq!(r.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 0]);
+    assert!((r[0].1 - 1.0).abs() < 1e-6);
+}
+
+#[test]
 fn routing_picks_the_most_probable_experts_in_order() {
     let mc = frink_models::MoeConfig {
+        gating: frink_models::Gating::Softmax,
+        n_group: 0,
+        n_group_used: 0,
+        n_leading_dense: 0,
         n_expert: 4,
         n_used: 2,
         n_ff_exp: 1,
@@ -295,11 +347,12 @@ fn routing_picks_the_most_probable_experts_in_order() {
     // Softmax of [0, ln 3, ln 2, ln 3] = [1, 3, 2, 3] / 9: experts 1 and 3 (a tie, lower
     // index first).
     let logits = [0.0, 3f32.ln(), 2f32.ln(), 3f32.ln()];
-    let r = frink_models::route(&logits, &mc);
+    let r = frink_models::route(&logits, None, &mc);
     assert_eq!(r.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 3]);
     assert!((r[0].1 - 1.0 / 3.0).abs() < 1e-6 && (r[1].1 - 1.0 / 3.0).abs() < 1e-6);
     let norm = frink_models::route(
         &logits,
+        None,
         &frink_models::MoeConfig {
             norm_topk: true,
             weights_scale: 1.5,
@@ -353,6 +406,8 @@ fn batched_prefill_equals_token_by_token_decode() {
         ("qwen3_moe", fixture("qwen3_moe")),
         ("mixtral", fixture("mixtral")),
         ("olmoe", fixture("olmoe")),
+        ("deepseek_v2", fixture("deepseek_v2")),
+        ("deepseek_v3", fixture("deepseek_v3")),
         ("Q4_1", quant("Q4_1")),
         ("Q4_K_M", quant("Q4_K_M")),
         ("IQ3_XXS", quant("IQ3_XXS")),
