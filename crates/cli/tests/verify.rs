@@ -52,6 +52,7 @@ fn tiny_fixtures_of_implemented_architectures() {
         "olmoe",
         "deepseek_v2",
         "deepseek_v3",
+        "gpt_oss",
     ] {
         verify(&["--golden", root.join(name).to_str().unwrap()]);
     }

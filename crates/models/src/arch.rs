@@ -22,6 +22,10 @@ pub enum Activation {
     Silu,
     /// GELU, tanh approximation (GeGLU): transformers `gelu_pytorch_tanh`.
     GeluTanh,
+    /// gpt-oss's clamped SwiGLU: `(clamp(up, ±7) + 1) · g · sigmoid(1.702 · g)` with
+    /// `g = min(gate, 7)` (llama.cpp `ggml_swiglu_oai(gate, up, 1.702, 7)`; transformers
+    /// `GptOssExperts`).
+    SwigluOai,
 }
 
 /// Which layers use sliding-window attention.
@@ -138,6 +142,9 @@ pub struct ArchSpec {
     pub rope_base_swa_default: Option<f32>,
     /// Routing when the file has experts (`{arch}.expert_count`); `None`: experts refused.
     pub moe: Option<MoeSpec>,
+    /// The tensor name of the norm before the FFN: `ffn_norm`, or gpt-oss's
+    /// `post_attention_norm`.
+    pub ffn_norm_name: &'static str,
 }
 
 /// The defaults every row starts from: a llama-style decoder.
@@ -155,6 +162,7 @@ const BASE: ArchSpec = ArchSpec {
     attn_scale: AttnScale::InvSqrtHeadDim,
     rope_base_swa_default: None,
     moe: None,
+    ffn_norm_name: "ffn_norm",
 };
 
 /// The supported architectures. Sources per row: llama.cpp `src/models/<name>.cpp` and
@@ -241,6 +249,18 @@ pub const ARCHS: &[ArchSpec] = &[
         name: "deepseek2",
         position: Position::Rope(RopeLayout::Normal),
         moe: Some(MoeSpec { norm_topk: false }),
+        ..BASE
+    },
+    // openai-moe-iswa.cpp (`gpt-oss`); GptOssForCausalLM: attention sinks (attn_sinks),
+    // biased projections and router, sliding window on even layers, top-k then softmax
+    // over the chosen logits (= renormalised), clamped SwiGLU experts with biases, YaRN
+    // RoPE (metadata), the FFN norm stored as post_attention_norm.
+    ArchSpec {
+        name: "gpt-oss",
+        activation: Activation::SwigluOai,
+        swa: SwaPattern::LastOfPeriodGlobal(2),
+        moe: Some(MoeSpec { norm_topk: true }),
+        ffn_norm_name: "post_attention_norm",
         ..BASE
     },
     // phi3.cpp; Phi3ForCausalLM: fused attn_qkv (from the file) and gate|up, partial RoPE

@@ -13,8 +13,50 @@ use crate::error::{ModelError, Result};
 pub struct RopeParams {
     /// `rope.freq_base`: θ base.
     pub freq_base: f32,
-    /// Position multiplier: 1 / `rope.scaling.factor` for linear scaling, else 1.
+    /// Position multiplier: 1 / `rope.scaling.factor` for linear and YaRN scaling, else 1.
     pub freq_scale: f32,
+    /// YaRN's blend of interpolated and extrapolated frequencies, when scaled by YaRN.
+    pub yarn: Option<YarnParams>,
+}
+
+/// YaRN RoPE scaling (llama.cpp `ggml_rope_yarn_corr_dims` and `rope_yarn` in
+/// ggml-cpu; transformers `_compute_yarn_parameters` with `truncate=True`): pair `i`'s
+/// angle mixes the interpolated angle (`freq_scale · θ`) and the original one with a ramp
+/// that is 1 below `corr_dims[0]` and 0 above `corr_dims[1]` (× `ext_factor`), and cos/sin
+/// are scaled by `attn_factor · (1 + 0.1 ln(1 / freq_scale))`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct YarnParams {
+    pub corr_dims: [f32; 2],
+    pub ext_factor: f32,
+    pub attn_factor: f32,
+}
+
+impl YarnParams {
+    /// The correction range for `n_rot` rotated dimensions of a model trained on
+    /// `n_ctx_orig` positions with base `freq_base` (dimensions whose wavelength fits
+    /// `beta_fast` or `beta_slow` times in the original context; floor and ceil).
+    pub fn new(
+        n_rot: usize,
+        n_ctx_orig: usize,
+        freq_base: f32,
+        beta_fast: f32,
+        beta_slow: f32,
+        ext_factor: f32,
+        attn_factor: f32,
+    ) -> YarnParams {
+        let dim = |beta: f32| {
+            n_rot as f32 * (n_ctx_orig as f32 / (beta * 2.0 * std::f32::consts::PI)).ln()
+                / (2.0 * freq_base.ln())
+        };
+        YarnParams {
+            corr_dims: [
+                dim(beta_fast).floor().max(0.0),
+                dim(beta_slow).ceil().min(n_rot as f32 - 1.0),
+            ],
+            ext_factor,
+            attn_factor,
+        }
+    }
 }
 
 /// Hyperparameters of a decoder model.
@@ -333,12 +375,36 @@ impl ModelConfig {
 
         // RoPE scaling: none or linear (llama.cpp LLAMA_ROPE_SCALING_TYPE_LINEAR).
         let mut freq_scale = 1.0f32;
+        let mut yarn = None;
+        let freq_base = k.f32_opt("rope.freq_base")?.unwrap_or(10000.0);
         match k.get("rope.scaling.type").map(|v| v.as_str()) {
             None | Some(Some("none")) => {}
             Some(Some("linear")) => {
                 let factor = k.f32_opt("rope.scaling.factor")?.unwrap_or(1.0);
                 if factor > 0.0 {
                     freq_scale = 1.0 / factor;
+                }
+            }
+            // llama.cpp LLAMA_ROPE_SCALING_TYPE_YARN; ext_factor defaults to 1 and
+            // attn_factor to 1 as in llama.cpp's context parameters.
+            Some(Some("yarn")) => {
+                let factor = k.f32_opt("rope.scaling.factor")?.unwrap_or(1.0);
+                if factor > 1.0 {
+                    freq_scale = 1.0 / factor;
+                    let n_ctx_orig = k
+                        .usize_opt("rope.scaling.original_context_length")?
+                        .ok_or_else(|| {
+                            k.err("rope.scaling.original_context_length", "missing for YaRN")
+                        })?;
+                    yarn = Some(YarnParams::new(
+                        n_rot,
+                        n_ctx_orig,
+                        freq_base,
+                        k.f32_opt("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
+                        k.f32_opt("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
+                        k.f32_opt("rope.scaling.yarn_ext_factor")?.unwrap_or(1.0),
+                        k.f32_opt("rope.scaling.yarn_attn_factor")?.unwrap_or(1.0),
+                    ));
                 }
             }
             Some(other) => {
@@ -355,17 +421,23 @@ impl ModelConfig {
                 freq_scale = 1.0 / f;
             }
         }
-        let freq_base = k.f32_opt("rope.freq_base")?.unwrap_or(10000.0);
         let rope_global = RopeParams {
             freq_base,
             freq_scale,
+            yarn,
         };
-        let rope_swa = RopeParams {
-            freq_base: k
-                .f32_opt("rope.freq_base_swa")?
-                .or(arch.rope_base_swa_default)
-                .unwrap_or(freq_base),
-            freq_scale: 1.0,
+        // Windowed layers with their own base (gemma3) are unscaled; otherwise they share
+        // the global RoPE (gpt-oss's YaRN applies to every layer).
+        let rope_swa = match k
+            .f32_opt("rope.freq_base_swa")?
+            .or(arch.rope_base_swa_default)
+        {
+            Some(freq_base) => RopeParams {
+                freq_base,
+                freq_scale: 1.0,
+                yarn: None,
+            },
+            None => rope_global,
         };
 
         let n_swa_key = k.usize_opt("attention.sliding_window")?.unwrap_or(0);

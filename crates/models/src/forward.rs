@@ -9,11 +9,12 @@
 //! norm and the LM head on the rows whose logits are wanted.
 
 use crate::arch::{Activation, Ffn, Norm, Position, RopeLayout};
-use crate::config::{Gating, MoeConfig};
+use crate::config::{Gating, MoeConfig, RopeParams};
 use crate::error::{ModelError, Result};
 use crate::kernels::{
     add_bias, dot_multi, gelu_tanh, layer_norm, matmul, matmul_many, matrix_row, rms_norm,
-    rope_angles, rope_rotate, silu, softmax, weighted_sum_multi, Matrix, Projection,
+    rope_angles, rope_rotate, silu, softmax, softmax_with_sink, swiglu_oai, weighted_sum_multi,
+    Matrix, Projection,
 };
 use crate::kv::{KvCache, KvLayer};
 use crate::model::{
@@ -171,16 +172,25 @@ impl Model {
         if let Some(b) = &f.b_up {
             add_bias(up, b);
         }
+        if let Some(b) = &f.b_gate {
+            add_bias(gate, b);
+        }
         let act = self.config.arch.activation;
-        let act = |x: f32| match act {
-            Activation::Silu => silu(x),
-            Activation::GeluTanh => gelu_tanh(x),
+        // act(gate) · up for the gated kinds; act(up) for the plain one.
+        let gated = |g: f32, u: f32| match act {
+            Activation::Silu => silu(g) * u,
+            Activation::GeluTanh => gelu_tanh(g) * u,
+            Activation::SwigluOai => swiglu_oai(g, u),
+        };
+        let plain = |u: f32| match act {
+            Activation::Silu => silu(u),
+            Activation::GeluTanh | Activation::SwigluOai => gelu_tanh(u),
         };
         let up = &*up;
         match kind {
             Ffn::Gated => pool::for_each_chunk(gate, ROWS_PER_TASK * nf, &|ci, part| {
                 let u = &up[ci * ROWS_PER_TASK * nf..][..part.len()];
-                part.iter_mut().zip(u).for_each(|(g, u)| *g = act(*g) * u);
+                part.iter_mut().zip(u).for_each(|(g, u)| *g = gated(*g, *u));
             }),
             // Rows of 2·n_ff: the gate half, then the up half.
             Ffn::GatedFused => pool::for_each_chunk(gate, ROWS_PER_TASK * nf, &|ci, part| {
@@ -189,12 +199,12 @@ impl Model {
                     let (gh, uh) = row.split_at(nf);
                     g.iter_mut()
                         .zip(gh.iter().zip(uh))
-                        .for_each(|(g, (x, u))| *g = act(*x) * u);
+                        .for_each(|(g, (x, u))| *g = gated(*x, *u));
                 }
             }),
             Ffn::Plain => pool::for_each_chunk(gate, ROWS_PER_TASK * nf, &|ci, part| {
                 let u = &up[ci * ROWS_PER_TASK * nf..][..part.len()];
-                part.iter_mut().zip(u).for_each(|(g, u)| *g = act(*u));
+                part.iter_mut().zip(u).for_each(|(g, u)| *g = plain(*u));
             }),
         }
         matmul(&f.down, self.data(&f.down), gate, n, out)?;
@@ -223,6 +233,9 @@ impl Model {
         let (d, ne, k) = (c.n_embd, mc.n_expert, mc.n_used);
         let mut logits = vec![0f32; n * ne];
         matmul(&m.router, self.data(&m.router), input, n, &mut logits)?;
+        if let Some(b) = &m.router_bias {
+            add_bias(&mut logits, b);
+        }
         let sel: Vec<(usize, f32)> = logits
             .chunks_exact(ne)
             .flat_map(|row| route(row, m.selection_bias.as_deref(), mc))
@@ -240,12 +253,16 @@ impl Model {
                 .iter()
                 .flat_map(|&s| input[(s / k) * d..(s / k + 1) * d].iter().copied())
                 .collect();
+            let bias = |b: &Option<Vec<f32>>, len: usize| {
+                b.as_ref().map(|b| b[e * len..(e + 1) * len].to_vec())
+            };
             let expert = DenseFfn {
                 gate: Some(m.gate_exps.expert(e)),
                 up: m.up_exps.expert(e),
                 down: m.down_exps.expert(e),
-                b_up: None,
-                b_down: None,
+                b_gate: bias(&m.gate_exps_bias, mc.n_ff_exp),
+                b_up: bias(&m.up_exps_bias, mc.n_ff_exp),
+                b_down: bias(&m.down_exps_bias, d),
             };
             let mut ys = vec![0f32; picks.len() * d];
             self.dense_ffn(
@@ -392,7 +409,7 @@ impl Model {
         let mut ffn_out = Vec::new();
         let mut ffn_in = vec![0f32; n * d];
         let mut attn_out = Vec::new();
-        let mut rope_tables: Vec<(RopeKey, Vec<(f32, f32)>)> = Vec::new();
+        let mut rope_tables: Vec<(RopeParams, Vec<(f32, f32)>)> = Vec::new();
 
         for (il, lw) in w.layers.iter().enumerate() {
             // attn_norm (post-norm-only architectures read the residual stream itself).
@@ -445,17 +462,16 @@ impl Model {
                 // every head and every layer with the same parameters.
                 let neox = layout == RopeLayout::Neox;
                 let rp = c.rope(il);
-                let key = (rp.freq_base.to_bits(), rp.freq_scale.to_bits());
-                let ti = match rope_tables.iter().position(|(k, _)| *k == key) {
+                let ti = match rope_tables.iter().position(|(k, _)| *k == rp) {
                     Some(i) => i,
                     None => {
                         let mut table = Vec::with_capacity(n * c.n_rot / 2);
                         let mut angles = Vec::new();
                         for &p in &pos {
-                            rope_angles(p, c.n_rot, rp.freq_base, rp.freq_scale, &mut angles);
+                            rope_angles(p, c.n_rot, &rp, &mut angles);
                             table.extend_from_slice(&angles);
                         }
-                        rope_tables.push((key, table));
+                        rope_tables.push((rp, table));
                         rope_tables.len() - 1
                     }
                 };
@@ -502,7 +518,7 @@ impl Model {
                     n: starts[si + 1] - starts[si],
                 })
                 .collect();
-            attention(c, &parts, &q, window, &mut attn);
+            attention(c, &parts, &q, window, lw.attn_sinks.as_deref(), &mut attn);
             // The FFN input: the attention's normed input for a parallel block (computed
             // before `cur` is overwritten), else the residual after attention.
             if c.arch.parallel_residual {
@@ -602,10 +618,6 @@ impl Model {
     }
 }
 
-/// The bits of a layer's RoPE (freq_base, freq_scale): layers with equal keys share one
-/// table of rotations.
-type RopeKey = (u32, u32);
-
 /// Rows per task of the row-wise steps of the forward pass (RoPE, the gated activation).
 const ROWS_PER_TASK: usize = 16;
 
@@ -641,7 +653,8 @@ struct AttnSeq<'a> {
 /// keys `0..=p` (causal), and with a `window` > 0 only keys `t` with `p - t < window`
 /// (llama.cpp `LLAMA_SWA_TYPE_STANDARD`). Scores are scaled by `attn_scale`, soft-capped
 /// (`c · tanh(s / c)`, gemma2) and given the ALiBi bias where the model has them,
-/// softmaxed, and the values summed in position order.
+/// softmaxed (with the head's sink logit in the denominator where the layer has
+/// `attn_sinks`: gpt-oss), and the values summed in position order.
 ///
 /// Work is split over (sequence, KV head, block of [`ATTN_ROWS_PER_TASK`] query rows),
 /// or per query head for blocks of fewer than 4 rows (decode), largest tasks first. A
@@ -656,6 +669,7 @@ fn attention(
     seqs: &[AttnSeq<'_>],
     q: &[f32],
     window: usize,
+    sinks: Option<&[f32]>,
     out: &mut [f32],
 ) {
     let (hd_k, hd_v) = (c.head_dim_k, c.head_dim_v);
@@ -750,7 +764,10 @@ fn attention(
                     i += rows;
                 }
                 for i in 0..nr {
-                    softmax(&mut scores[i * span + lo(i)..i * span + hi(i)]);
+                    softmax_with_sink(
+                        &mut scores[i * span + lo(i)..i * span + hi(i)],
+                        sinks.map(|s| s[h]),
+                    );
                 }
                 // Weighted sums of the values.
                 // SAFETY (for every `outs.range` below): this task alone writes head h of

@@ -528,23 +528,40 @@ pub fn add_bias(x: &mut [f32], bias: &[f32]) {
 }
 
 /// The rotations of rotary position embedding at one position (llama.cpp
-/// `ggml_compute_forward_rope_f32` without YaRN): for each of the `n_rot / 2` pairs, the
-/// `(cos, sin)` of `θ_i = freq_scale · pos · base^(-2i/n_rot)`, the angle built by
-/// repeated multiplication in f32 as ggml does. Written to `out` (cleared first). The
-/// same for every head, so computed once per position.
+/// `ggml_compute_forward_rope_f32` / `rope_yarn`): for each of the `n_rot / 2` pairs, the
+/// `(cos, sin)` of `θ_i = freq_scale · pos · base^(-2i/n_rot)`, the angle built by repeated
+/// multiplication in f32 as ggml does; with YaRN ([`crate::config::YarnParams`]) the
+/// angle blends the scaled and unscaled ones by pair and cos/sin carry the attention
+/// factor. Written to `out` (cleared first). The same for every head, so computed once per
+/// position.
 pub fn rope_angles(
     pos: usize,
     n_rot: usize,
-    freq_base: f32,
-    freq_scale: f32,
+    rp: &crate::config::RopeParams,
     out: &mut Vec<(f32, f32)>,
 ) {
-    let theta_scale = freq_base.powf(-2.0 / n_rot as f32);
+    let theta_scale = rp.freq_base.powf(-2.0 / n_rot as f32);
     let mut theta = pos as f32;
     out.clear();
-    for _ in 0..n_rot / 2 {
-        let (sin, cos) = (freq_scale * theta).sin_cos();
-        out.push((cos, sin));
+    for i in 0..n_rot / 2 {
+        let interp = rp.freq_scale * theta;
+        let (angle, mscale) = match &rp.yarn {
+            Some(y) if y.ext_factor != 0.0 => {
+                let [low, high] = y.corr_dims;
+                let ramp = 1.0 - ((i as f32 - low) / (high - low).max(0.001)).clamp(0.0, 1.0);
+                let mix = ramp * y.ext_factor;
+                let m = y.attn_factor * (1.0 + 0.1 * (1.0 / rp.freq_scale).ln());
+                (interp * (1.0 - mix) + theta * mix, m)
+            }
+            Some(y) => (interp, y.attn_factor),
+            None => (interp, 1.0),
+        };
+        let (sin, cos) = angle.sin_cos();
+        out.push(if mscale == 1.0 {
+            (cos, sin)
+        } else {
+            (cos * mscale, sin * mscale)
+        });
         theta *= theta_scale;
     }
 }
@@ -576,7 +593,12 @@ pub fn rope(
     neox: bool,
 ) {
     let mut angles = Vec::with_capacity(n_rot / 2);
-    rope_angles(pos, n_rot, freq_base, freq_scale, &mut angles);
+    let rp = crate::config::RopeParams {
+        freq_base,
+        freq_scale,
+        yarn: None,
+    };
+    rope_angles(pos, n_rot, &rp, &mut angles);
     rope_rotate(head, &angles, neox);
 }
 
@@ -607,8 +629,18 @@ pub fn gelu_tanh(x: f32) -> f32 {
 
 /// Softmax of `x` in place: max subtracted, exponentials summed in f64.
 pub fn softmax(x: &mut [f32]) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f64;
+    softmax_with_sink(x, None)
+}
+
+/// Softmax of `x` in place with an optional extra logit that joins the max and the sum but
+/// gets no output (an attention sink: llama.cpp `ggml_soft_max_ext` with sinks,
+/// transformers `eager_attention_forward` of GptOss).
+pub fn softmax_with_sink(x: &mut [f32], sink: Option<f32>) {
+    let mut max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if let Some(s) = sink {
+        max = max.max(s);
+    }
+    let mut sum = sink.map_or(0f64, |s| (s - max).exp() as f64);
     for v in x.iter_mut() {
         *v = (*v - max).exp();
         sum += *v as f64;
@@ -617,6 +649,18 @@ pub fn softmax(x: &mut [f32]) {
     for v in x.iter_mut() {
         *v *= inv;
     }
+}
+
+/// gpt-oss's clamped SwiGLU of one gate/up pair: `g = min(gate, 7)`, `u = clamp(up, -7, 7)`,
+/// `(u + 1) · g · sigmoid(1.702 · g)` (llama.cpp `ggml_swiglu_oai` with alpha 1.702 and
+/// limit 7, the constants of `src/models/openai-moe-iswa.cpp`).
+#[inline]
+pub fn swiglu_oai(gate: f32, up: f32) -> f32 {
+    const ALPHA: f32 = 1.702;
+    const LIMIT: f32 = 7.0;
+    let g = gate.min(LIMIT);
+    let u = up.clamp(-LIMIT, LIMIT);
+    (u + 1.0) * (g / (1.0 + (-ALPHA * g).exp()))
 }
 
 #[cfg(test)]

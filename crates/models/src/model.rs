@@ -63,6 +63,8 @@ pub struct LayerWeights {
     pub bqkv: Option<Vec<f32>>,
     pub wo: Matrix,
     pub bo: Option<Vec<f32>>,
+    /// `attn_sinks`: one learned logit per query head that joins each softmax (gpt-oss).
+    pub attn_sinks: Option<Vec<f32>>,
     /// RMSNorm weights of Q and K (`head_dim_k` each, or the whole projection width).
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
@@ -81,6 +83,7 @@ pub struct DenseFfn {
     /// `ffn_up`: `n_ff` rows, or `2 · n_ff` (gate then up) for a fused gate.
     pub up: Matrix,
     pub down: Matrix,
+    pub b_gate: Option<Vec<f32>>,
     pub b_up: Option<Vec<f32>>,
     pub b_down: Option<Vec<f32>>,
 }
@@ -119,10 +122,17 @@ pub struct MoeFfn {
     /// `exp_probs_b.bias`: added to the expert scores for selection only (deepseek v3's
     /// `e_score_correction_bias`).
     pub selection_bias: Option<Vec<f32>>,
+    /// `ffn_gate_inp.bias`: added to the router logits (gpt-oss).
+    pub router_bias: Option<Vec<f32>>,
+    /// Per-expert biases `ffn_{gate,up,down}_exps.bias`, expert after expert (gpt-oss).
+    pub gate_exps_bias: Option<Vec<f32>>,
+    pub up_exps_bias: Option<Vec<f32>>,
+    pub down_exps_bias: Option<Vec<f32>>,
 }
 
 /// A layer's feed-forward block.
 #[derive(Clone, Debug)]
+#[allow(clippy::large_enum_variant)] // one per layer; the dense case is the common one
 pub enum FfnWeights {
     Dense(DenseFfn),
     Moe(Box<MoeFfn>),
@@ -364,6 +374,18 @@ impl Loader<'_> {
         Ok(Some(frink_quant::dequantize_tensor(&t)?))
     }
 
+    /// `n` stacked vectors of `len` values (GGUF shape `[len, n]`), dequantized, if present.
+    fn stacked_opt(&mut self, name: &str, len: usize, n: usize) -> Result<Option<Vec<f32>>> {
+        let Some(i) = self.index(name) else {
+            return Ok(None);
+        };
+        let t = self.f.tensor_at(i);
+        if t.info.shape != [len as u64, n as u64] {
+            return Err(self.shape_err(name, &[len, n], i));
+        }
+        Ok(Some(frink_quant::dequantize_tensor(&t)?))
+    }
+
     fn vector(&mut self, name: &str, len: usize) -> Result<Vec<f32>> {
         self.vector_opt(name, len)?.ok_or_else(|| missing(name))
     }
@@ -405,6 +427,7 @@ impl Loader<'_> {
             },
             up: self.matrix(&name("up", "weight"), up_rows, n_embd)?,
             down: self.matrix(&name("down", "weight"), n_embd, n_ff)?,
+            b_gate: self.vector_opt(&name("gate", "bias"), n_ff)?,
             b_up: self.vector_opt(&name("up", "bias"), up_rows)?,
             b_down: self.vector_opt(&name("down", "bias"), n_embd)?,
         })
@@ -544,6 +567,10 @@ impl Model {
                             None
                         },
                         selection_bias: l.vector_opt(&n("exp_probs_b.bias"), e)?,
+                        router_bias: l.vector_opt(&n("ffn_gate_inp.bias"), e)?,
+                        gate_exps_bias: l.stacked_opt(&n("ffn_gate_exps.bias"), ff, e)?,
+                        up_exps_bias: l.stacked_opt(&n("ffn_up_exps.bias"), ff, e)?,
+                        down_exps_bias: l.stacked_opt(&n("ffn_down_exps.bias"), c.n_embd, e)?,
                         shared,
                     }))
                 }
@@ -562,15 +589,18 @@ impl Model {
                 bqkv,
                 wo: l.matrix(&n("attn_output.weight"), c.n_embd, c.attn_out_dim())?,
                 bo: l.vector_opt(&n("attn_output.bias"), c.n_embd)?,
+                attn_sinks: l.vector_opt(&n("attn_sinks.weight"), c.n_head)?,
                 q_norm: l.vector_if(qk_norm, &n("attn_q_norm.weight"), q_norm_len)?,
                 k_norm: l.vector_if(qk_norm, &n("attn_k_norm.weight"), k_norm_len)?,
-                post_attn_norm: if pre {
+                post_attn_norm: if a.ffn_norm_name == "post_attention_norm" {
+                    None
+                } else if pre {
                     l.norm_opt(&n("post_attention_norm"), c.n_embd)?
                 } else {
                     Some(l.norm(&n("post_attention_norm"), c.n_embd)?)
                 },
                 ffn_norm: if pre && !a.parallel_residual {
-                    Some(l.norm(&n("ffn_norm"), c.n_embd)?)
+                    Some(l.norm(&n(a.ffn_norm_name), c.n_embd)?)
                 } else {
                     None
                 },

@@ -301,6 +301,43 @@ fn deepseek_routing_features_matter() {
 }
 
 #[test]
+fn gpt_oss_features_matter() {
+    ablate("gpt_oss", "the sliding window", |m| {
+        m.config.swa_layers.iter_mut().for_each(|s| *s = false)
+    });
+    ablate("gpt_oss", "attention sinks", |m| {
+        m.weights
+            .layers
+            .iter_mut()
+            .for_each(|l| l.attn_sinks = None)
+    });
+    ablate("gpt_oss", "the router bias", |m| {
+        moe_layers(m).for_each(|e| e.router_bias = None)
+    });
+    ablate("gpt_oss", "the expert biases", |m| {
+        moe_layers(m)
+            .for_each(|e| (e.gate_exps_bias, e.up_exps_bias, e.down_exps_bias) = (None, None, None))
+    });
+    ablate("gpt_oss", "YaRN (plain linear scaling instead)", |m| {
+        m.config.rope_global.yarn = None;
+        m.config.rope_swa.yarn = None;
+    });
+    ablate(
+        "gpt_oss",
+        "the clamped SwiGLU (plain SwiGLU instead)",
+        |m| with_arch(m, |a| a.activation = Activation::Silu),
+    );
+}
+
+#[test]
+fn yarn_correction_dims_follow_llama_cpp() {
+    // gpt_oss fixture: 16 rotated dims, trained context 64, base 150000, betas 32 / 1:
+    // corr_dim(b) = 16 ln(64 / (2π b)) / (2 ln 150000) = -0.87 and 1.94 → [0, 2].
+    let y = frink_models::YarnParams::new(16, 64, 150000.0, 32.0, 1.0, 1.0, 1.0);
+    assert_eq!(y.corr_dims, [0.0, 2.0]);
+}
+
+#[test]
 fn group_limited_routing_and_selection_bias() {
     let mc = frink_models::MoeConfig {
         gating: frink_models::Gating::Sigmoid,
@@ -408,6 +445,7 @@ fn batched_prefill_equals_token_by_token_decode() {
         ("olmoe", fixture("olmoe")),
         ("deepseek_v2", fixture("deepseek_v2")),
         ("deepseek_v3", fixture("deepseek_v3")),
+        ("gpt_oss", fixture("gpt_oss")),
         ("Q4_1", quant("Q4_1")),
         ("Q4_K_M", quant("Q4_K_M")),
         ("IQ3_XXS", quant("IQ3_XXS")),
