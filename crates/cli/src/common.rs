@@ -19,6 +19,28 @@ pub struct ModelArgs {
     /// KV cache element type: f16 (llama.cpp's default) or f32.
     #[arg(long = "kv-type", default_value = "f16")]
     pub kv_type: KvType,
+    /// Keep at most this many bytes of routed-expert weights resident (mixture-of-experts
+    /// models): an integer with an optional K, M or G suffix (powers of 1024).
+    #[arg(long = "expert-budget", env = "FRINK_EXPERT_BUDGET", value_parser = parse_bytes)]
+    pub expert_budget: Option<usize>,
+}
+
+/// `4096`, `512K`, `1.5G`: bytes, with binary K/M/G suffixes.
+pub fn parse_bytes(s: &str) -> std::result::Result<usize, String> {
+    let t = s.trim();
+    let (num, mul) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('M') => (&t[..t.len() - 1], 1 << 20),
+        Some('G') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a byte count (e.g. 4096, 512M, 2G)"))?;
+    if !(v.is_finite() && v >= 0.0) {
+        return Err(format!("{s:?} is not a byte count"));
+    }
+    Ok((v * mul as f64) as usize)
 }
 
 impl ModelArgs {
@@ -35,7 +57,10 @@ impl ModelArgs {
     /// Sizes the compute thread pool and loads the model at `path` (already resolved).
     pub fn load_path(&self, path: &std::path::Path) -> Result<Model> {
         init_threads(self.threads)?;
-        Model::load(path).with_context(|| format!("cannot load {}", path.display()))
+        let mut model =
+            Model::load(path).with_context(|| format!("cannot load {}", path.display()))?;
+        model.set_expert_budget(self.expert_budget)?;
+        Ok(model)
     }
 }
 
@@ -161,5 +186,33 @@ impl GenArgs {
             self.ctx
         );
         Ok(())
+    }
+}
+
+/// Prints, on stderr, how often each routed expert was selected per layer and the expert
+/// cache's hits and misses (`--stats`); nothing for a dense model.
+pub fn print_moe_stats(model: &Model) {
+    let counts = model.moe_stats.counts();
+    if counts.is_empty() {
+        return;
+    }
+    eprintln!("expert selections per layer (expert: count):");
+    for (il, layer) in counts.iter().enumerate() {
+        if layer.iter().all(|&c| c == 0) {
+            continue;
+        }
+        let cells: Vec<String> = layer
+            .iter()
+            .enumerate()
+            .map(|(e, c)| format!("{e}:{c}"))
+            .collect();
+        eprintln!("  layer {il}: {}", cells.join(" "));
+    }
+    if let Some(cache) = &model.expert_cache {
+        let s = cache.stats();
+        eprintln!(
+            "expert cache: budget {} bytes, {} hits, {} misses, {} bytes resident (peak {})",
+            s.budget, s.hits, s.misses, s.resident_bytes, s.peak_bytes
+        );
     }
 }

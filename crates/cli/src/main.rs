@@ -10,6 +10,7 @@ mod common;
 mod inspect;
 mod logits;
 mod perplexity;
+mod plan;
 mod run;
 mod tokenize;
 mod verify;
@@ -41,6 +42,9 @@ enum Command {
     Tokenize(tokenize::TokenizeArgs),
     /// Print the text of token ids (special tokens rendered).
     Detokenize(tokenize::DetokenizeArgs),
+    /// Run a prompt through a mixture-of-experts model and show per-layer expert selection
+    /// counts and which experts an --expert-budget would keep resident (JSON).
+    InspectPlan(plan::PlanArgs),
     /// Show a GGUF file's metadata, tensor counts by type, and (with --tensors) its tensor table.
     Inspect {
         /// Catalog name (fetched on first use) or path to a .gguf file.
@@ -129,6 +133,7 @@ fn run(cli: Cli) -> Result<()> {
             inspect::inspect(&path, tensors, json)
         }
         Command::Run(args) => run::run(&args),
+        Command::InspectPlan(args) => plan::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Chat(args) => chat::run(&args),
         Command::Perplexity(args) => perplexity::run(&args),
@@ -147,6 +152,7 @@ fn run(cli: Cli) -> Result<()> {
                     .unwrap_or_else(|| frink_store::default_model_name().into()),
                 threads,
                 kv_type: kv_type.unwrap_or_default(),
+                expert_budget: None,
             };
             verify::run(&args, model.is_some(), &golden, kv_type)
         }

@@ -37,6 +37,10 @@ pub struct RunArgs {
     /// streaming the text.
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = ArgAction::Set, default_value_t = false)]
     pub json: bool,
+    /// Print per-layer expert selection counts and expert-cache hits/misses on stderr at
+    /// the end (mixture-of-experts models).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = ArgAction::Set, default_value_t = false)]
+    pub stats: bool,
     /// The prompt.
     #[arg(required_unless_present_any = ["prompt_file", "prompt_ids"])]
     pub prompt: Option<String>,
@@ -156,6 +160,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
             t.gen_ms,
             rate(t.gen_tokens, t.gen_ms)
         );
+    }
+    if args.stats {
+        crate::common::print_moe_stats(&model);
     }
     Ok(())
 }

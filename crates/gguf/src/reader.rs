@@ -188,6 +188,41 @@ impl GgufFile {
         self.data_offset
     }
 
+    /// Asks the OS to drop the resident pages of the mapped bytes `range` (file offsets,
+    /// widened to whole pages); they are read from the file again if touched later. A
+    /// no-op for a file read into memory. Used for weights copied elsewhere (the MoE
+    /// expert cache) so the mapping does not keep them resident as well.
+    ///
+    /// Errors: the range is outside the file, or `madvise` failed.
+    pub fn release(&self, range: std::ops::Range<usize>) -> std::io::Result<()> {
+        let Backing::Mmap(m) = &self.backing else {
+            return Ok(());
+        };
+        if range.start > range.end || range.end > m.len() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "release: range outside the file",
+            ));
+        }
+        const PAGE: usize = 4096;
+        let start = range.start / PAGE * PAGE;
+        let end = range.end.div_ceil(PAGE).saturating_mul(PAGE).min(m.len());
+        if start >= end {
+            return Ok(());
+        }
+        #[cfg(unix)]
+        // SAFETY: the mapping is read-only and file-backed (`Mmap::map`: PROT_READ,
+        // MAP_SHARED) and nothing ever writes to it, so MADV_DONTNEED only drops clean
+        // pages: the next access faults the same bytes back in from the file, and every
+        // borrow of the mapping keeps seeing identical contents. The range is in bounds
+        // (checked above; widened to pages only within the mapping).
+        #[allow(unsafe_code)]
+        unsafe {
+            m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)?;
+        }
+        Ok(())
+    }
+
     /// File size in bytes.
     pub fn file_len(&self) -> u64 {
         self.backing.bytes().len() as u64

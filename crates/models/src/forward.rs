@@ -139,6 +139,7 @@ impl Model {
                 gate,
                 up,
                 out,
+                None,
             ),
             FfnWeights::Moe(m) => self.moe_ffn(il, m, input, n, out),
         }
@@ -147,6 +148,8 @@ impl Model {
     /// A dense FFN of width `nf` on `input` (`n × n_embd`), into `out`: gated
     /// (`down(act(gate) · up)`, gate and up from separate matrices or one fused matrix) or
     /// plain (`down(act(up))`), with the biases the file has. `gate` and `up` are scratch.
+    /// `bytes` gives the gate, up and down matrices' bytes when they do not come from
+    /// the file mapping (the expert cache).
     #[allow(clippy::too_many_arguments)]
     fn dense_ffn(
         &self,
@@ -158,16 +161,34 @@ impl Model {
         gate: &mut Vec<f32>,
         up: &mut Vec<f32>,
         out: &mut [f32],
+        bytes: Option<[&[u8]; 3]>,
     ) -> Result<()> {
         up.resize(n * f.up.rows, 0.0);
         gate.resize(n * nf, 0.0);
+        let data = |i: usize, m: &Matrix| -> &[u8] {
+            match &bytes {
+                Some(b) => b[i],
+                None => self.data(m),
+            }
+        };
         match &f.gate {
             Some(wg) => matmul_many(
-                &mut [self.projection(wg, gate), self.projection(&f.up, up)],
+                &mut [
+                    Projection {
+                        w: wg,
+                        data: data(0, wg),
+                        out: gate,
+                    },
+                    Projection {
+                        w: &f.up,
+                        data: data(1, &f.up),
+                        out: up,
+                    },
+                ],
                 input,
                 n,
             )?,
-            None => matmul(&f.up, self.data(&f.up), input, n, up)?,
+            None => matmul(&f.up, data(1, &f.up), input, n, up)?,
         }
         if let Some(b) = &f.b_up {
             add_bias(up, b);
@@ -207,7 +228,7 @@ impl Model {
                 part.iter_mut().zip(u).for_each(|(g, u)| *g = plain(*u));
             }),
         }
-        matmul(&f.down, self.data(&f.down), gate, n, out)?;
+        matmul(&f.down, data(2, &f.down), gate, n, out)?;
         if let Some(b) = &f.b_down {
             add_bias(out, b);
         }
@@ -265,6 +286,11 @@ impl Model {
                 b_down: bias(&m.down_exps_bias, d),
             };
             let mut ys = vec![0f32; picks.len() * d];
+            // Under a budget the expert's matrices come from the cache (the same bytes).
+            let cached = self.expert_cache.as_ref().map(|cache| {
+                [m.gate_exps.expert(e), expert.up, expert.down].map(|w| cache.get(&self.file, &w))
+            });
+            let bytes = cached.as_ref().map(|c| [&c[0][..], &c[1][..], &c[2][..]]);
             self.dense_ffn(
                 &expert,
                 Ffn::Gated,
@@ -274,6 +300,7 @@ impl Model {
                 &mut gate,
                 &mut up,
                 &mut ys,
+                bytes,
             )?;
             for (&s, y) in picks.iter().zip(ys.chunks_exact(d)) {
                 slots[s * d..(s + 1) * d].copy_from_slice(y);
@@ -301,6 +328,7 @@ impl Model {
                 &mut gate,
                 &mut up,
                 &mut ys,
+                None,
             )?;
             let mut g = vec![1f32; n];
             if let Some(wg) = &m.shared_gate {

@@ -5,6 +5,7 @@
 pub mod arch;
 pub mod config;
 mod error;
+pub mod experts;
 mod forward;
 pub mod kernels;
 pub mod kv;

@@ -194,6 +194,8 @@ pub struct Model {
     pub weights: Weights,
     /// Expert selections counted per layer (empty for a dense model).
     pub moe_stats: MoeStats,
+    /// The routed-expert cache under `--expert-budget` ([`Model::set_expert_budget`]).
+    pub expert_cache: Option<crate::experts::ExpertCache>,
 }
 
 /// How often each routed expert was selected, per layer, since load (or [`MoeStats::reset`]);
@@ -641,7 +643,69 @@ impl Model {
             config,
             weights,
             moe_stats,
+            expert_cache: None,
         })
+    }
+
+    /// The routed experts' matrices of every layer: (layer, gate, up, down).
+    fn routed_experts(&self) -> impl Iterator<Item = (usize, &MoeFfn)> {
+        self.weights
+            .layers
+            .iter()
+            .enumerate()
+            .filter_map(|(il, l)| match &l.ffn {
+                FfnWeights::Moe(m) => Some((il, &**m)),
+                FfnWeights::Dense(_) => None,
+            })
+    }
+
+    /// Bytes of one routed expert of layer `il` (its gate, up and down matrices), or 0 for
+    /// a dense layer.
+    pub fn expert_bytes(&self, il: usize) -> usize {
+        self.routed_experts()
+            .find(|&(l, _)| l == il)
+            .map_or(0, |(_, m)| {
+                [m.gate_exps, m.up_exps, m.down_exps]
+                    .iter()
+                    .map(|e| e.first.rows * e.first.row_bytes)
+                    .sum()
+            })
+    }
+
+    /// Bytes of all routed experts of all layers.
+    pub fn total_expert_bytes(&self) -> usize {
+        self.routed_experts()
+            .map(|(il, m)| self.expert_bytes(il) * m.gate_exps.n)
+            .sum()
+    }
+
+    /// Keeps at most `budget` bytes of routed-expert weights resident
+    /// ([`crate::experts::ExpertCache`]); `None` reads them from the mapping as every other
+    /// weight. Results are bit-identical either way.
+    ///
+    /// Errors: [`ModelError::Unsupported`] for a dense model, or a budget smaller than
+    /// one expert's three matrices (a step needs them together).
+    pub fn set_expert_budget(&mut self, budget: Option<usize>) -> Result<()> {
+        let Some(budget) = budget else {
+            self.expert_cache = None;
+            return Ok(());
+        };
+        let largest = (0..self.config.n_layer)
+            .map(|il| self.expert_bytes(il))
+            .max()
+            .unwrap_or(0);
+        if largest == 0 {
+            return Err(ModelError::Unsupported(
+                "an expert budget on a model without routed experts".into(),
+            ));
+        }
+        if budget < largest {
+            return Err(ModelError::Unsupported(format!(
+                "an expert budget of {budget} bytes: one expert needs {largest}"
+            )));
+        }
+        self.expert_cache = Some(crate::experts::ExpertCache::new(budget));
+        Ok(())
     }
 
     /// The stored bytes of a matrix.
