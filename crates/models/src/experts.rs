@@ -30,10 +30,13 @@ pub struct CacheStats {
     pub budget: usize,
 }
 
+/// An expert matrix's key: (tensor index, byte offset in the tensor).
+type Key = (usize, usize);
+
 #[derive(Default)]
 struct Inner {
-    /// (tensor, byte offset) → (bytes, last use).
-    map: HashMap<(usize, usize), (Arc<[u8]>, u64)>,
+    /// Key → (bytes, last use).
+    map: HashMap<Key, (Arc<[u8]>, u64)>,
     tick: u64,
     stats: CacheStats,
 }
