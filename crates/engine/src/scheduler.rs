@@ -702,6 +702,11 @@ impl<'t> Worker<'t> {
             req.sink.send(Event::Delta { text, tokens });
         }
         let first = job.first_token.unwrap_or(now);
+        // Counted before the client can see the end, so a client reading the metrics right
+        // after its answer sees its request.
+        self.shared
+            .requests_finished
+            .fetch_add(1, Ordering::Relaxed);
         req.sink.send(Event::Done(Completion {
             finish_reason,
             prompt_tokens: req.prompt.len(),
@@ -710,9 +715,6 @@ impl<'t> Worker<'t> {
             first_token_ms: (first - job.arrived).as_secs_f64() * 1e3,
             gen_ms: (now - first).as_secs_f64() * 1e3,
         }));
-        self.shared
-            .requests_finished
-            .fetch_add(1, Ordering::Relaxed);
         None
     }
 }
