@@ -407,7 +407,7 @@ fn malformed_requests_get_4xx_and_the_server_keeps_serving() {
             json!({"max_tokens": 3, "some_new_field": {"x": 1}, "model": "anything"}),
         ),
     );
-    assert_eq!(v["usage"]["completion_tokens"].as_u64().unwrap() <= 3, true);
+    assert!(v["usage"]["completion_tokens"].as_u64().unwrap() <= 3);
 }
 
 #[test]

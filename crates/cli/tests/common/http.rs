@@ -194,7 +194,7 @@ impl Client {
             if l.starts_with("HTTP/1.1 ") {
                 status = l[9..12].parse().unwrap();
             }
-            if l.to_ascii_lowercase() == "transfer-encoding: chunked" {
+            if l.eq_ignore_ascii_case("transfer-encoding: chunked") {
                 chunked = true;
             }
         }
