@@ -44,12 +44,17 @@ pub struct SchedulerConfig {
     pub queue: usize,
     /// KV cache element type.
     pub kv_type: KvType,
-    /// Most prompt tokens evaluated in one step, over all sequences in prefill.
+    /// Most prompt tokens evaluated in one step, over all sequences in prefill, while
+    /// other sequences are decoding (they wait for the step).
     pub prefill_chunk: usize,
+    /// The same limit when no sequence is decoding (nobody waits; larger chunks use the
+    /// matrix kernels better).
+    pub prefill_chunk_alone: usize,
 }
 
 impl Default for SchedulerConfig {
-    /// 4 slots of 4096 positions, a queue of 64, f16 caches, prefill chunks of 256 rows.
+    /// 4 slots of 4096 positions, a queue of 64, f16 caches, prefill chunks of 256 rows
+    /// beside decoding sequences and 512 ([`crate::DEFAULT_BATCH`]) otherwise.
     fn default() -> Self {
         SchedulerConfig {
             parallel: 4,
@@ -57,6 +62,7 @@ impl Default for SchedulerConfig {
             queue: 64,
             kv_type: KvType::F16,
             prefill_chunk: 256,
+            prefill_chunk_alone: crate::DEFAULT_BATCH,
         }
     }
 }
@@ -251,6 +257,7 @@ impl Scheduler {
         config.parallel = config.parallel.max(1);
         config.queue = config.queue.max(1);
         config.prefill_chunk = config.prefill_chunk.max(1);
+        config.prefill_chunk_alone = config.prefill_chunk_alone.max(1);
         let (tx, rx) = mpsc::sync_channel(config.queue);
         let shared = Arc::new(Shared::default());
         let thread = {
@@ -407,6 +414,11 @@ impl<'t> Worker<'t> {
         self.slots.iter().filter(|s| s.job.is_some()).count()
     }
 
+    /// Updates the busy-slot gauge.
+    fn publish_busy(&self) {
+        self.shared.slots_busy.store(self.busy(), Ordering::SeqCst);
+    }
+
     fn run(mut self, rx: Receiver<Request>) {
         let mut open = true;
         loop {
@@ -439,7 +451,7 @@ impl<'t> Worker<'t> {
             if self.busy() > 0 {
                 self.step();
             }
-            self.shared.slots_busy.store(self.busy(), Ordering::SeqCst);
+            self.publish_busy();
         }
     }
 
@@ -523,7 +535,7 @@ impl<'t> Worker<'t> {
             first_token: None,
             last_token: now,
         });
-        self.shared.slots_busy.store(self.busy(), Ordering::SeqCst);
+        self.publish_busy();
     }
 
     /// Frees the slots of requests whose client has gone (or all, at shutdown).
@@ -544,12 +556,12 @@ impl<'t> Worker<'t> {
                 }
             }
         }
+        self.publish_busy();
     }
 
     /// One batched forward pass over every active sequence, then sampling.
     fn step(&mut self) {
         // Inputs: decode tokens first, then prompt chunks within the step's prefill budget.
-        let mut budget = self.config.prefill_chunk;
         let mut inputs: Vec<(usize, Vec<u32>, Logits)> = Vec::new();
         let (mut n_prefill, mut n_decode) = (0usize, 0usize);
         for (i, slot) in self.slots.iter().enumerate() {
@@ -559,6 +571,11 @@ impl<'t> Worker<'t> {
                 n_decode += 1;
             }
         }
+        let mut budget = if n_decode > 0 {
+            self.config.prefill_chunk
+        } else {
+            self.config.prefill_chunk_alone
+        };
         for (i, slot) in self.slots.iter().enumerate() {
             let Some(job) = &slot.job else { continue };
             if job.next.is_some() || budget == 0 {
@@ -703,10 +720,12 @@ impl<'t> Worker<'t> {
         }
         let first = job.first_token.unwrap_or(now);
         // Counted before the client can see the end, so a client reading the metrics right
-        // after its answer sees its request.
+        // after its answer sees its request finished and its slot free (the job is out of
+        // its slot already).
         self.shared
             .requests_finished
             .fetch_add(1, Ordering::Relaxed);
+        self.publish_busy();
         req.sink.send(Event::Done(Completion {
             finish_reason,
             prompt_tokens: req.prompt.len(),
