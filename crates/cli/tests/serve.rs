@@ -564,6 +564,31 @@ fn queue_limit_api_key_and_small_endpoints() {
     }
 }
 
+#[test]
+fn frink_environment_variables_configure_the_server() {
+    let _l = lock();
+    let srv = Server::start_env(
+        &[],
+        &[
+            ("FRINK_PARALLEL", "3"),
+            ("FRINK_API_KEY", "k2"),
+            ("FRINK_CTX", "128"),
+        ],
+    );
+    assert_eq!(srv.request("GET", "/metrics", None).status, 401);
+    let m = srv.request_with("GET", "/metrics", None, &[("Authorization", "Bearer k2")]);
+    assert!(m.text().contains("frink_slots_total 3"), "{}", m.text());
+    let long = json!({"prompt": "word ".repeat(200)}).to_string();
+    let r = srv.request_with(
+        "POST",
+        "/v1/completions",
+        Some(&long),
+        &[("Authorization", "Bearer k2")],
+    );
+    assert_eq!(r.status, 400);
+    assert!(r.text().contains("128"), "{}", r.text());
+}
+
 /// Not a timed test: aggregate generated tokens/s of 8 concurrent streams vs 1
 /// (`cargo test --release -p frink --test serve -- --ignored --nocapture`).
 #[test]

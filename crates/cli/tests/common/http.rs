@@ -34,12 +34,24 @@ pub struct Client {
 impl Server {
     /// Starts `frink serve -t 2 --port 0 ARGS` and waits until the model is loaded.
     pub fn start(args: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_frink"))
-            .args(["serve", "-t", "2", "--port", "0"])
-            .args(args)
-            .env_remove("RUST_LOG")
-            .env_remove("FRINK_MODEL")
-            .env_remove("FRINK_API_KEY")
+        Server::start_env(args, &[])
+    }
+
+    /// As [`Server::start`], with environment variables set.
+    pub fn start_env(args: &[&str], env: &[(&str, &str)]) -> Server {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_frink"));
+        cmd.args(["serve", "-t", "2", "--port", "0"]).args(args);
+        for var in [
+            "RUST_LOG",
+            "FRINK_MODEL",
+            "FRINK_API_KEY",
+            "FRINK_PARALLEL",
+            "FRINK_CTX",
+        ] {
+            cmd.env_remove(var);
+        }
+        cmd.envs(env.iter().copied());
+        let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
