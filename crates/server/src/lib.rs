@@ -614,12 +614,9 @@ impl EventSink for ChannelSink {
 
 /// Queues a prepared request and answers it, streamed or whole.
 async fn complete(st: &AppState, kind: Kind, p: Prepared) -> Response {
-    let Ok(eng) = st.engine() else {
-        return st
-            .engine()
-            .err()
-            .map(IntoResponse::into_response)
-            .unwrap_or_default();
+    let eng = match st.engine() {
+        Ok(e) => e,
+        Err(e) => return e.into_response(),
     };
     if p.prompt.is_empty() {
         return ApiError::invalid(Some("prompt"), "the prompt is empty").into_response();
