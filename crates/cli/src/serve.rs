@@ -37,16 +37,19 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     anyhow::ensure!(args.parallel >= 1, "--parallel must be at least 1");
     anyhow::ensure!(args.ctx >= 2, "--ctx must be at least 2");
     let path = args.model.path()?;
-    frink_server::run(frink_server::ServeConfig {
-        model_path: path,
-        model_name: args.model.model.clone(),
-        host: args.host.clone(),
-        port: args.port,
-        parallel: args.parallel,
-        ctx: args.ctx,
-        queue: args.queue.max(1),
-        api_key: args.api_key.clone(),
-        threads: args.model.threads,
-        kv_type: args.model.kv_type,
-    })
+    let model = args.model.clone();
+    frink_server::run(
+        frink_server::ServeConfig {
+            model_name: args.model.model.clone(),
+            host: args.host.clone(),
+            port: args.port,
+            parallel: args.parallel,
+            ctx: args.ctx,
+            queue: args.queue.max(1),
+            api_key: args.api_key.clone(),
+            kv_type: args.model.kv_type,
+        },
+        // The same loading as every other command (thread pool, model options).
+        Box::new(move || model.load_path(&path)),
+    )
 }

@@ -694,3 +694,17 @@ fn openai_python_client_end_to_end() {
     assert!(out.status.success(), "openai e2e failed");
     assert!(text.contains("checks passed"));
 }
+
+#[test]
+fn a_model_that_fails_to_load_ends_the_server_with_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.gguf");
+    std::fs::write(&bad, b"not a model").unwrap();
+    let out = frink(&["serve", "--port", "0", "-m", bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("error: cannot load"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -19,7 +19,6 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -45,8 +44,6 @@ use crate::api::{json_response, ApiError, GenOptions, Prompt};
 /// Settings of `frink serve` (CONTRACT.md).
 #[derive(Clone, Debug)]
 pub struct ServeConfig {
-    /// The model file.
-    pub model_path: PathBuf,
     /// The name reported by `/v1/models` (the `-m` value).
     pub model_name: String,
     /// Address to listen on.
@@ -61,8 +58,6 @@ pub struct ServeConfig {
     pub queue: usize,
     /// Bearer token required on every endpoint but `/health`.
     pub api_key: Option<String>,
-    /// Compute threads (`None`: the physical cores).
-    pub threads: Option<usize>,
     /// KV cache element type.
     pub kv_type: KvType,
 }
@@ -86,21 +81,25 @@ struct AppState {
     next_id: AtomicU64,
 }
 
+/// Loads the model (sizing the compute pool first): the caller's policy, run on a
+/// background thread once the listener is bound.
+pub type Loader = Box<dyn FnOnce() -> Result<Model> + Send>;
+
 /// Runs the server until SIGINT or SIGTERM; returns once it has shut down.
 ///
-/// The listener is bound first and the model is loaded in the background, so `/health`
-/// answers `503 {"status": "loading"}` until it is ready.
-pub fn run(config: ServeConfig) -> Result<()> {
+/// The listener is bound first and `load` runs in the background, so `/health` answers
+/// `503 {"status": "loading"}` until the model is ready.
+pub fn run(config: ServeConfig, load: Loader) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("frink-http")
         .enable_all()
         .build()
         .context("cannot start the HTTP runtime")?;
-    rt.block_on(serve(config))
+    rt.block_on(serve(config, load))
 }
 
-async fn serve(config: ServeConfig) -> Result<()> {
+async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
     let addr = format!("{}:{}", config.host, config.port);
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
@@ -119,7 +118,7 @@ async fn serve(config: ServeConfig) -> Result<()> {
     {
         let state = Arc::clone(&state);
         let config = config.clone();
-        std::thread::spawn(move || match load(&config) {
+        std::thread::spawn(move || match start_engine(&config, loader) {
             Ok(engine) => {
                 let _ = state.engine.set(engine);
                 tracing::info!("model loaded; serving on http://{local}");
@@ -191,11 +190,9 @@ async fn serve(config: ServeConfig) -> Result<()> {
     Ok(())
 }
 
-/// Loads the model and tokenizer and starts the scheduler.
-fn load(config: &ServeConfig) -> Result<Engine> {
-    frink_models::pool::set_threads(config.threads.unwrap_or(0));
-    let path = &config.model_path;
-    let model = Model::load(path).with_context(|| format!("cannot load {}", path.display()))?;
+/// Loads the model, builds the tokenizer and starts the scheduler.
+fn start_engine(config: &ServeConfig, load: Loader) -> Result<Engine> {
+    let model = load()?;
     let tok = Arc::new(Tokenizer::from_gguf(&model.file).context("cannot build the tokenizer")?);
     let sched = Scheduler::start(
         model,
