@@ -697,6 +697,7 @@ fn openai_python_client_end_to_end() {
 
 #[test]
 fn a_model_that_fails_to_load_ends_the_server_with_an_error() {
+    let _l = lock();
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.gguf");
     std::fs::write(&bad, b"not a model").unwrap();
