@@ -12,6 +12,7 @@ mod logits;
 mod perplexity;
 mod plan;
 mod run;
+mod serve;
 mod tokenize;
 mod verify;
 
@@ -34,6 +35,8 @@ enum Command {
     Run(run::RunArgs),
     /// Chat with a model in the terminal, turn by turn.
     Chat(chat::ChatArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API (continuous batching).
+    Serve(serve::ServeArgs),
     /// Prompt-processing and generation throughput (llama-bench compatible).
     Bench(bench::BenchArgs),
     /// Perplexity of a text file, computed the way llama-perplexity does.
@@ -136,6 +139,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::InspectPlan(args) => plan::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Chat(args) => chat::run(&args),
+        Command::Serve(args) => serve::run(&args),
         Command::Perplexity(args) => perplexity::run(&args),
         Command::Logits { model, ids, output } => {
             logits::run(&model, &common::parse_ids(&ids)?, &output)

@@ -1,9 +1,10 @@
 //! frink's engine: sessions over a loaded model, KV caches, sampling, the generation loop
-//! and stop conditions.
+//! and stop conditions, and the continuous-batching scheduler of the server.
 
 mod generate;
 mod perplexity;
 pub mod sampling;
+pub mod scheduler;
 mod session;
 
 pub use generate::{

@@ -39,3 +39,4 @@ pub fn last_json_line(out: &Output) -> Value {
     serde_json::from_str(last)
         .unwrap_or_else(|e| panic!("last stdout line is not JSON ({e}): {last:?}"))
 }
+pub mod http;

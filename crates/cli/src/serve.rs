@@ -1,0 +1,55 @@
+//! `frink serve`: the OpenAI-compatible HTTP server (frink-server), with the flags and
+//! `FRINK_*` environment variables of CONTRACT.md.
+
+use anyhow::Result;
+use clap::Args;
+
+use crate::common::ModelArgs;
+
+/// Flags of `frink serve` (CONTRACT.md); each also reads a `FRINK_*` variable.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to listen on.
+    #[arg(long, env = "FRINK_HOST", default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port, printed on stderr).
+    #[arg(long, env = "FRINK_PORT", default_value_t = 8080)]
+    pub port: u16,
+    /// Sequence slots decoded together (continuous batching).
+    #[arg(long, env = "FRINK_PARALLEL", default_value_t = 4)]
+    pub parallel: usize,
+    /// Context size per slot in tokens (memory ≈ parallel × ctx).
+    #[arg(long, env = "FRINK_CTX", default_value_t = 4096)]
+    pub ctx: usize,
+    /// Requests that may wait for a free slot; beyond it requests get 503.
+    #[arg(long, env = "FRINK_QUEUE", default_value_t = 64)]
+    pub queue: usize,
+    /// Require `Authorization: Bearer KEY` on every endpoint but /health.
+    #[arg(long = "api-key", env = "FRINK_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+}
+
+/// Resolves the model (fetching a catalog model on first use) and serves until SIGINT or
+/// SIGTERM.
+pub fn run(args: &ServeArgs) -> Result<()> {
+    anyhow::ensure!(args.parallel >= 1, "--parallel must be at least 1");
+    anyhow::ensure!(args.ctx >= 2, "--ctx must be at least 2");
+    let path = args.model.path()?;
+    let model = args.model.clone();
+    frink_server::run(
+        frink_server::ServeConfig {
+            model_name: args.model.model.clone(),
+            host: args.host.clone(),
+            port: args.port,
+            parallel: args.parallel,
+            ctx: args.ctx,
+            queue: args.queue.max(1),
+            api_key: args.api_key.clone(),
+            kv_type: args.model.kv_type,
+        },
+        // The same loading as every other command (thread pool, model options).
+        Box::new(move || model.load_path(&path)),
+    )
+}

@@ -1,0 +1,398 @@
+//! A running `frink serve` and a small HTTP/1.1 client over std's TcpStream, for the
+//! server's integration tests (real binary, real sockets, loopback only).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// A `frink serve` child process on a free loopback port; killed on drop.
+pub struct Server {
+    child: Option<Child>,
+    client: Client,
+    /// Everything it wrote on stderr so far.
+    pub log: Arc<Mutex<String>>,
+}
+
+impl std::ops::Deref for Server {
+    type Target = Client;
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+/// An HTTP client of the server on a loopback port (one connection per request).
+#[derive(Clone, Copy, Debug)]
+pub struct Client {
+    /// The port the server listens on.
+    pub port: u16,
+}
+
+impl Server {
+    /// Starts `frink serve -t 2 --port 0 ARGS` and waits until the model is loaded.
+    pub fn start(args: &[&str]) -> Server {
+        Server::start_env(args, &[])
+    }
+
+    /// As [`Server::start`], with environment variables set.
+    pub fn start_env(args: &[&str], env: &[(&str, &str)]) -> Server {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_frink"));
+        cmd.args(["serve", "-t", "2", "--port", "0"]).args(args);
+        for var in [
+            "RUST_LOG",
+            "FRINK_MODEL",
+            "FRINK_API_KEY",
+            "FRINK_PARALLEL",
+            "FRINK_CTX",
+        ] {
+            cmd.env_remove(var);
+        }
+        cmd.envs(env.iter().copied());
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start frink serve");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
+            let log = Arc::clone(&log);
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    if let Some(rest) = line.split("ready on http://127.0.0.1:").nth(1) {
+                        let _ = tx.send(rest.trim().parse::<u16>().ok());
+                    }
+                    log.lock().unwrap().push_str(&(line + "\n"));
+                }
+                let _ = tx.send(None);
+            });
+        }
+        let port = rx
+            .recv_timeout(Duration::from_secs(120))
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| panic!("frink serve did not start: {}", log.lock().unwrap()));
+        Server {
+            child: Some(child),
+            client: Client { port },
+            log,
+        }
+    }
+
+    /// Sends SIGTERM and waits for the exit (at most `limit`).
+    pub fn terminate(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let mut child = self.child.take()?;
+        let ok = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -TERM");
+        let t0 = Instant::now();
+        while t0.elapsed() < limit {
+            if let Some(st) = child.try_wait().unwrap() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+}
+
+impl Client {
+    /// A client of the server on `port`.
+    pub fn new(port: u16) -> Client {
+        Client { port }
+    }
+
+    /// A completion, streamed or not as `body` says: its text and finish reason.
+    pub fn complete(&self, path: &str, body: &Value) -> (String, Option<String>) {
+        if body["stream"] == Value::Bool(true) {
+            let s = self.stream(path, body);
+            assert_eq!(s.status, 200);
+            let (chunks, done) = s.collect();
+            assert!(done, "the stream ended with [DONE]");
+            stream_text(&chunks)
+        } else {
+            let v = self.post_ok(path, body);
+            let c = &v["choices"][0];
+            let text = c["message"]["content"]
+                .as_str()
+                .or(c["text"].as_str())
+                .unwrap_or_default()
+                .to_string();
+            (text, c["finish_reason"].as_str().map(str::to_string))
+        }
+    }
+
+    /// `METHOD PATH` with a JSON body (or none), answered in full.
+    pub fn request(&self, method: &str, path: &str, body: Option<&str>) -> Response {
+        self.request_with(method, path, body, &[])
+    }
+
+    /// As [`Server::request`] with extra headers.
+    pub fn request_with(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+        headers: &[(&str, &str)],
+    ) -> Response {
+        let mut s = self.send(method, path, body.map(str::as_bytes), headers);
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).expect("read response");
+        Response::parse(&raw)
+    }
+
+    /// POSTs raw bytes as the body.
+    pub fn post_raw(&self, path: &str, body: &[u8]) -> Response {
+        let mut s = self.send("POST", path, Some(body), &[]);
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).expect("read response");
+        Response::parse(&raw)
+    }
+
+    /// POSTs `body` as JSON and returns the parsed JSON answer, asserting 200.
+    pub fn post_ok(&self, path: &str, body: &Value) -> Value {
+        let r = self.request("POST", path, Some(&body.to_string()));
+        assert_eq!(r.status, 200, "{path} {body}: {}", r.text());
+        r.json()
+    }
+
+    fn send(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+        headers: &[(&str, &str)],
+    ) -> TcpStream {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+        let body = body.unwrap_or_default();
+        let mut head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+            body.len()
+        );
+        for (k, v) in headers {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        head.push_str("\r\n");
+        s.write_all(head.as_bytes()).unwrap();
+        s.write_all(body).unwrap();
+        s
+    }
+
+    /// Opens a streamed completion (`body` must say `"stream": true`): the status, and the
+    /// SSE events as they come.
+    pub fn stream(&self, path: &str, body: &Value) -> Stream {
+        let s = self.send("POST", path, Some(body.to_string().as_bytes()), &[]);
+        let mut r = BufReader::new(s);
+        let mut status = 0;
+        let mut chunked = false;
+        let mut line = String::new();
+        loop {
+            line.clear();
+            r.read_line(&mut line).expect("read head");
+            let l = line.trim_end();
+            if l.is_empty() {
+                break;
+            }
+            if l.starts_with("HTTP/1.1 ") {
+                status = l[9..12].parse().unwrap();
+            }
+            if l.eq_ignore_ascii_case("transfer-encoding: chunked") {
+                chunked = true;
+            }
+        }
+        assert!(chunked, "a streamed answer is chunked");
+        Stream {
+            status,
+            body: BufReader::new(Chunked {
+                inner: r,
+                left: 0,
+                done: false,
+            }),
+        }
+    }
+
+    /// `/metrics` value of `name` (a gauge or counter without labels).
+    pub fn metric(&self, name: &str) -> f64 {
+        let r = self.request("GET", "/metrics", None);
+        assert_eq!(r.status, 200);
+        let text = r.text();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
+            .unwrap_or_else(|| panic!("no {name} in /metrics: {text}"))
+            .trim()
+            .parse()
+            .unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A whole HTTP response.
+pub struct Response {
+    /// Status code.
+    pub status: u16,
+    /// Header lines, names lowercased.
+    pub headers: Vec<(String, String)>,
+    /// The body (de-chunked).
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    fn parse(raw: &[u8]) -> Response {
+        let split = raw
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .expect("end of the head");
+        let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+        let mut lines = head.lines();
+        let status = lines.next().unwrap()[9..12].parse().unwrap();
+        let headers: Vec<(String, String)> = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+            .collect();
+        let mut body = raw[split + 4..].to_vec();
+        if headers
+            .iter()
+            .any(|(k, v)| k == "transfer-encoding" && v == "chunked")
+        {
+            let mut out = Vec::new();
+            Chunked {
+                inner: BufReader::new(&body[..]),
+                left: 0,
+                done: false,
+            }
+            .read_to_end(&mut out)
+            .unwrap();
+            body = out;
+        }
+        Response {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    /// The body as text.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// The body as JSON.
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+    }
+}
+
+/// A chunked transfer-encoded body, decoded.
+struct Chunked<R: BufRead> {
+    inner: R,
+    left: usize,
+    done: bool,
+}
+
+impl<R: BufRead> Read for Chunked<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.done || buf.is_empty() {
+            return Ok(0);
+        }
+        if self.left == 0 {
+            let mut line = String::new();
+            if self.inner.read_line(&mut line)? == 0 {
+                self.done = true;
+                return Ok(0);
+            }
+            let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or(""), 16)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+            if size == 0 {
+                self.done = true;
+                return Ok(0);
+            }
+            self.left = size;
+        }
+        let want = buf.len().min(self.left);
+        let n = self.inner.read(&mut buf[..want])?;
+        if n == 0 {
+            self.done = true;
+            return Ok(0);
+        }
+        self.left -= n;
+        if self.left == 0 {
+            let mut crlf = String::new();
+            self.inner.read_line(&mut crlf)?;
+        }
+        Ok(n)
+    }
+}
+
+/// An open server-sent-event stream.
+pub struct Stream {
+    /// HTTP status.
+    pub status: u16,
+    body: BufReader<Chunked<BufReader<TcpStream>>>,
+}
+
+impl Stream {
+    /// The next `data:` payload (`None` at the end of the body).
+    pub fn next_data(&mut self) -> Option<String> {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if self.body.read_line(&mut line).ok()? == 0 {
+                return None;
+            }
+            if let Some(d) = line.trim_end().strip_prefix("data: ") {
+                return Some(d.to_string());
+            }
+        }
+    }
+
+    /// Reads the rest: the JSON chunks before `[DONE]`, and whether `[DONE]` came last.
+    pub fn collect(mut self) -> (Vec<Value>, bool) {
+        let mut chunks = Vec::new();
+        while let Some(d) = self.next_data() {
+            if d == "[DONE]" {
+                return (chunks, self.next_data().is_none());
+            }
+            chunks.push(serde_json::from_str(&d).expect("a JSON chunk"));
+        }
+        (chunks, false)
+    }
+}
+
+/// Text of a chat or completion stream's chunks, and the finish reason of the last choice.
+pub fn stream_text(chunks: &[Value]) -> (String, Option<String>) {
+    let mut text = String::new();
+    let mut finish = None;
+    for c in chunks {
+        for ch in c["choices"].as_array().into_iter().flatten() {
+            if let Some(t) = ch["delta"]["content"].as_str() {
+                text.push_str(t);
+            }
+            if let Some(t) = ch["text"].as_str() {
+                text.push_str(t);
+            }
+            if let Some(f) = ch["finish_reason"].as_str() {
+                finish = Some(f.to_string());
+            }
+        }
+    }
+    (text, finish)
+}

@@ -1,0 +1,807 @@
+//! The continuous-batching scheduler behind `frink serve`.
+//!
+//! One dedicated OS thread owns the model and `parallel` sequence slots, each a KV cache of
+//! `n_ctx` positions plus the token ids it holds. Requests arrive through a bounded queue
+//! ([`Scheduler::submit`] refuses when it is full). Each step of the loop:
+//!
+//! 1. takes queued requests while a slot is free, giving each the free slot whose cached
+//!    tokens share the longest prefix with its prompt (the cache is cut back to that prefix
+//!    and only the rest of the prompt is evaluated: prompt-prefix reuse);
+//! 2. drops requests whose client has gone (their slot is free at once);
+//! 3. runs one [`Model::forward_batch`] over every active sequence: a decoding sequence
+//!    contributes its last sampled token, a sequence still in prefill a chunk of its
+//!    remaining prompt, the prefill rows of one step capped at
+//!    [`SchedulerConfig::prefill_chunk`] so running streams wait at most one chunk;
+//! 4. samples each sequence that produced logits with its own [`Sampler`] (seeded per
+//!    request), decodes the token with the tokenizer's stream decoder (never splitting a
+//!    UTF-8 character), applies the stop strings with a [`StopMatcher`] (stop text is never
+//!    sent) and sends the text through the request's [`EventSink`].
+//!
+//! When nothing is active the thread blocks on the queue. The forward pass gives each
+//! sequence the same bits alone or in a batch, and all sampling state is per request, so a
+//! request's tokens do not depend on what else runs beside it.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use frink_models::{KvCache, KvType, Logits, Model, Sequence};
+use frink_tokenizer::{StreamDecoder, Tokenizer};
+
+use crate::generate::{FinishReason, StopMatcher};
+use crate::sampling::{Sampler, SamplingParams};
+
+/// Sizes of the scheduler.
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    /// Sequence slots decoded together (`--parallel`).
+    pub parallel: usize,
+    /// Positions of each slot's KV cache (`--ctx`).
+    pub n_ctx: usize,
+    /// Requests that may wait for a slot (`--queue`); at least 1.
+    pub queue: usize,
+    /// KV cache element type.
+    pub kv_type: KvType,
+    /// Most prompt tokens evaluated in one step, over all sequences in prefill, while
+    /// other sequences are decoding (they wait for the step).
+    pub prefill_chunk: usize,
+    /// The same limit when no sequence is decoding (nobody waits; larger chunks use the
+    /// matrix kernels better).
+    pub prefill_chunk_alone: usize,
+}
+
+impl Default for SchedulerConfig {
+    /// 4 slots of 4096 positions, a queue of 64, f16 caches, prefill chunks of 256 rows
+    /// beside decoding sequences and 512 ([`crate::DEFAULT_BATCH`]) otherwise.
+    fn default() -> Self {
+        SchedulerConfig {
+            parallel: 4,
+            n_ctx: 4096,
+            queue: 64,
+            kv_type: KvType::F16,
+            prefill_chunk: 256,
+            prefill_chunk_alone: crate::DEFAULT_BATCH,
+        }
+    }
+}
+
+/// Where a request's events go (an HTTP response, a test's channel).
+pub trait EventSink: Send {
+    /// Delivers one event; `false` when the receiver is gone (the request is cancelled).
+    fn send(&mut self, event: Event) -> bool;
+    /// Whether the receiver is gone (checked every step, also before the first token).
+    fn is_closed(&self) -> bool;
+}
+
+impl EventSink for mpsc::Sender<Event> {
+    fn send(&mut self, event: Event) -> bool {
+        mpsc::Sender::send(self, event).is_ok()
+    }
+    fn is_closed(&self) -> bool {
+        false
+    }
+}
+
+/// One generation request.
+pub struct Request {
+    /// The prompt's token ids (template applied, BOS included where the model adds one).
+    pub prompt: Vec<u32>,
+    /// Sampling settings (the seed included).
+    pub sampling: SamplingParams,
+    /// Most tokens to generate (`None`: until the context is full).
+    pub max_tokens: Option<usize>,
+    /// Stop strings: generation ends when the text contains one; it is not sent.
+    pub stop: Vec<String>,
+    /// Keep generating after an end-of-generation token (llama.cpp's `ignore_eos`).
+    pub ignore_eos: bool,
+    /// Report each token's log-probability and this many alternatives (`None`: none).
+    pub top_logprobs: Option<usize>,
+    /// Where the events go.
+    pub sink: Box<dyn EventSink>,
+}
+
+/// A generated token's log-probability under the model's distribution (the raw logits,
+/// before penalties and temperature), with the most likely alternatives.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    /// The token.
+    pub id: u32,
+    /// Its natural-log probability.
+    pub logprob: f32,
+    /// The most likely tokens and their log-probabilities, best first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Counts and timings of a finished request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Completion {
+    /// `stop` (end of generation or a stop string) or `length` (budget or context).
+    pub finish_reason: FinishReason,
+    /// Prompt tokens of the request.
+    pub prompt_tokens: usize,
+    /// Prompt tokens reused from a slot's cache (not evaluated again).
+    pub cached_tokens: usize,
+    /// Generated ids, including an end-of-generation token that ended the generation.
+    pub ids: Vec<u32>,
+    /// From the request's arrival to its first token, in milliseconds.
+    pub first_token_ms: f64,
+    /// From the first token to the last, in milliseconds.
+    pub gen_ms: f64,
+}
+
+/// What the scheduler sends about a request, in order: any number of `Delta`s, then one
+/// `Done` or one `Error`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// New text (possibly empty when only `tokens` are reported) and, when log-probabilities
+    /// were asked for, the tokens sampled since the last event.
+    Delta {
+        /// Text safe to show: whole UTF-8 characters, no part of a stop string.
+        text: String,
+        /// The tokens' log-probabilities (empty unless asked for).
+        tokens: Vec<TokenLogprob>,
+    },
+    /// The request finished.
+    Done(Completion),
+    /// The request failed (the message says why).
+    Error(String),
+}
+
+/// Why [`Scheduler::submit`] refused a request.
+#[derive(Debug)]
+pub enum SubmitError {
+    /// The queue is full (HTTP 503).
+    QueueFull,
+    /// The scheduler has stopped.
+    Stopped,
+}
+
+/// Fixed-bucket latency histogram (seconds), in Prometheus' cumulative form.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Histogram {
+    /// Number of observations at or below each bound of [`Histogram::BOUNDS`].
+    pub counts: Vec<u64>,
+    /// Number of observations.
+    pub count: u64,
+    /// Sum of the observations, in seconds.
+    pub sum: f64,
+}
+
+impl Histogram {
+    /// Upper bounds of the buckets, in seconds (`+Inf` is `count`).
+    pub const BOUNDS: [f64; 12] = [
+        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    ];
+
+    fn observe(&mut self, secs: f64) {
+        if self.counts.is_empty() {
+            self.counts = vec![0; Self::BOUNDS.len()];
+        }
+        for (c, &b) in self.counts.iter_mut().zip(Self::BOUNDS.iter()) {
+            if secs <= b {
+                *c += 1;
+            }
+        }
+        self.count += 1;
+        self.sum += secs;
+    }
+}
+
+/// A snapshot of the scheduler's counters (for `/metrics`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MetricsSnapshot {
+    /// Requests accepted into the queue.
+    pub requests_total: u64,
+    /// Requests that ran to `Done`.
+    pub requests_finished: u64,
+    /// Requests dropped because their client went away, or cancelled at shutdown.
+    pub requests_cancelled: u64,
+    /// Requests refused because the queue was full.
+    pub requests_rejected: u64,
+    /// Tokens sampled.
+    pub tokens_generated: u64,
+    /// Prompt tokens of admitted requests.
+    pub prompt_tokens: u64,
+    /// Of those, tokens reused from a slot's cache.
+    pub prompt_tokens_cached: u64,
+    /// Requests waiting in the queue.
+    pub queue_depth: usize,
+    /// Slots running a request.
+    pub slots_busy: usize,
+    /// Slots in all.
+    pub slots_total: usize,
+    /// Forward-pass time spent on prompt rows, in seconds (a mixed step is split by rows).
+    pub prefill_seconds: f64,
+    /// Forward-pass time spent on decode rows, in seconds.
+    pub decode_seconds: f64,
+    /// Time from arrival to the first token.
+    pub ttft: Histogram,
+    /// Time between consecutive tokens of one request.
+    pub token_latency: Histogram,
+}
+
+/// State shared between the scheduler thread and its handle.
+#[derive(Default)]
+struct Shared {
+    requests_total: AtomicU64,
+    requests_finished: AtomicU64,
+    requests_cancelled: AtomicU64,
+    requests_rejected: AtomicU64,
+    tokens_generated: AtomicU64,
+    prompt_tokens: AtomicU64,
+    prompt_tokens_cached: AtomicU64,
+    queued: AtomicUsize,
+    slots_busy: AtomicUsize,
+    /// Prefill and decode time, in nanoseconds.
+    prefill_ns: AtomicU64,
+    decode_ns: AtomicU64,
+    histograms: Mutex<(Histogram, Histogram)>,
+    /// Refuse queued requests and cancel running ones (shutdown).
+    cancel_all: AtomicBool,
+}
+
+/// Handle of the scheduler thread: submit requests, read metrics, shut down (on drop too).
+pub struct Scheduler {
+    tx: Option<SyncSender<Request>>,
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+    config: SchedulerConfig,
+}
+
+impl Scheduler {
+    /// Starts the scheduler thread; it owns `model` from now on.
+    pub fn start(model: Model, tok: Arc<Tokenizer>, config: SchedulerConfig) -> Scheduler {
+        let mut config = config;
+        config.parallel = config.parallel.max(1);
+        config.queue = config.queue.max(1);
+        config.prefill_chunk = config.prefill_chunk.max(1);
+        config.prefill_chunk_alone = config.prefill_chunk_alone.max(1);
+        let (tx, rx) = mpsc::sync_channel(config.queue);
+        let shared = Arc::new(Shared::default());
+        let thread = {
+            let shared = Arc::clone(&shared);
+            let config = config.clone();
+            std::thread::Builder::new()
+                .name("frink-scheduler".into())
+                .spawn(move || Worker::new(&model, &tok, config, shared).run(rx))
+                .expect("cannot start the scheduler thread")
+        };
+        Scheduler {
+            tx: Some(tx),
+            shared,
+            thread: Some(thread),
+            config,
+        }
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    /// Queues a request. Errors: [`SubmitError::QueueFull`] when `queue` requests already
+    /// wait; [`SubmitError::Stopped`] after shutdown began.
+    pub fn submit(&self, req: Request) -> Result<(), SubmitError> {
+        let Some(tx) = &self.tx else {
+            return Err(SubmitError::Stopped);
+        };
+        if self.shared.cancel_all.load(Ordering::Relaxed) {
+            return Err(SubmitError::Stopped);
+        }
+        self.shared.queued.fetch_add(1, Ordering::SeqCst);
+        match tx.try_send(req) {
+            Ok(()) => {
+                self.shared.requests_total.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+                match e {
+                    TrySendError::Full(_) => {
+                        self.shared
+                            .requests_rejected
+                            .fetch_add(1, Ordering::Relaxed);
+                        Err(SubmitError::QueueFull)
+                    }
+                    TrySendError::Disconnected(_) => Err(SubmitError::Stopped),
+                }
+            }
+        }
+    }
+
+    /// Cancels every running and queued request (each gets an [`Event::Error`]) and
+    /// refuses new ones: the last step of a graceful shutdown.
+    pub fn cancel_all(&self) {
+        self.shared.cancel_all.store(true, Ordering::SeqCst);
+    }
+
+    /// Requests running or queued.
+    pub fn in_flight(&self) -> usize {
+        self.shared.queued.load(Ordering::SeqCst) + self.shared.slots_busy.load(Ordering::SeqCst)
+    }
+
+    /// The current counters.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        let s = &self.shared;
+        let (ttft, token_latency) = s.histograms.lock().map(|h| h.clone()).unwrap_or_default();
+        MetricsSnapshot {
+            requests_total: s.requests_total.load(Ordering::Relaxed),
+            requests_finished: s.requests_finished.load(Ordering::Relaxed),
+            requests_cancelled: s.requests_cancelled.load(Ordering::Relaxed),
+            requests_rejected: s.requests_rejected.load(Ordering::Relaxed),
+            tokens_generated: s.tokens_generated.load(Ordering::Relaxed),
+            prompt_tokens: s.prompt_tokens.load(Ordering::Relaxed),
+            prompt_tokens_cached: s.prompt_tokens_cached.load(Ordering::Relaxed),
+            queue_depth: s.queued.load(Ordering::SeqCst),
+            slots_busy: s.slots_busy.load(Ordering::SeqCst),
+            slots_total: self.config.parallel,
+            prefill_seconds: s.prefill_ns.load(Ordering::Relaxed) as f64 * 1e-9,
+            decode_seconds: s.decode_ns.load(Ordering::Relaxed) as f64 * 1e-9,
+            ttft,
+            token_latency,
+        }
+    }
+}
+
+impl Drop for Scheduler {
+    /// Closes the queue and waits for the thread, which finishes the running requests.
+    fn drop(&mut self) {
+        self.tx = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A request running in a slot.
+struct Job<'t> {
+    req: Request,
+    sampler: Sampler,
+    decoder: StreamDecoder<'t>,
+    stops: StopMatcher,
+    /// Prompt tokens already in the cache.
+    fed: usize,
+    cached: usize,
+    /// The last sampled token, not yet evaluated (decode phase).
+    next: Option<u32>,
+    ids: Vec<u32>,
+    arrived: Instant,
+    first_token: Option<Instant>,
+    last_token: Instant,
+}
+
+/// A sequence slot: its cache and the ids the cache holds (`tokens.len() == cache.n_past`).
+struct Slot<'t> {
+    cache: KvCache,
+    tokens: Vec<u32>,
+    job: Option<Job<'t>>,
+}
+
+struct Worker<'t> {
+    model: &'t Model,
+    tok: &'t Tokenizer,
+    config: SchedulerConfig,
+    shared: Arc<Shared>,
+    slots: Vec<Slot<'t>>,
+}
+
+impl<'t> Worker<'t> {
+    fn new(
+        model: &'t Model,
+        tok: &'t Tokenizer,
+        config: SchedulerConfig,
+        shared: Arc<Shared>,
+    ) -> Self {
+        let slots = (0..config.parallel)
+            .map(|_| Slot {
+                cache: KvCache::new(&model.config, config.n_ctx, config.kv_type),
+                tokens: Vec::new(),
+                job: None,
+            })
+            .collect();
+        Worker {
+            model,
+            tok,
+            config,
+            shared,
+            slots,
+        }
+    }
+
+    fn busy(&self) -> usize {
+        self.slots.iter().filter(|s| s.job.is_some()).count()
+    }
+
+    /// Updates the busy-slot gauge.
+    fn publish_busy(&self) {
+        self.shared.slots_busy.store(self.busy(), Ordering::SeqCst);
+    }
+
+    fn run(mut self, rx: Receiver<Request>) {
+        let mut open = true;
+        loop {
+            if self.busy() == 0 {
+                if !open {
+                    return;
+                }
+                // Idle: block until a request arrives or the queue closes.
+                match rx.recv() {
+                    Ok(req) => self.admit(req),
+                    Err(_) => return,
+                }
+            }
+            while open && self.slots.iter().any(|s| s.job.is_none()) {
+                match rx.try_recv() {
+                    Ok(req) => self.admit(req),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => open = false,
+                }
+            }
+            if self.shared.cancel_all.load(Ordering::SeqCst) {
+                // Refuse what still waits, then stop what runs.
+                while let Ok(mut req) = rx.try_recv() {
+                    self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+                    req.sink
+                        .send(Event::Error("the server is shutting down".into()));
+                }
+            }
+            self.drop_cancelled();
+            if self.busy() > 0 {
+                self.step();
+            }
+            self.publish_busy();
+        }
+    }
+
+    /// Puts a request in the free slot that shares the longest prefix with its prompt.
+    fn admit(&mut self, mut req: Request) {
+        self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+        if req.sink.is_closed() {
+            self.shared
+                .requests_cancelled
+                .fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if self.shared.cancel_all.load(Ordering::SeqCst) {
+            req.sink
+                .send(Event::Error("the server is shutting down".into()));
+            return;
+        }
+        let n = req.prompt.len();
+        let n_vocab = self.model.config.n_vocab;
+        let error = if n == 0 {
+            Some("the prompt is empty".to_string())
+        } else if n >= self.config.n_ctx {
+            Some(format!(
+                "the prompt is {n} tokens, the slot context holds {}",
+                self.config.n_ctx
+            ))
+        } else {
+            req.prompt
+                .iter()
+                .find(|&&t| t as usize >= n_vocab)
+                .map(|t| format!("token id {t} is outside the vocabulary of {n_vocab}"))
+        };
+        if let Some(msg) = error {
+            req.sink.send(Event::Error(msg));
+            return;
+        }
+        // Longest shared prefix among the free slots, keeping at least one prompt token to
+        // evaluate (its logits give the first token); ties go to the slot holding the least.
+        let (best, prefix) = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.job.is_none())
+            .map(|(i, s)| {
+                let p = s
+                    .tokens
+                    .iter()
+                    .zip(&req.prompt)
+                    .take_while(|(a, b)| a == b)
+                    .count()
+                    .min(n - 1);
+                (i, p, s.tokens.len())
+            })
+            .max_by(|a, b| a.1.cmp(&b.1).then(b.2.cmp(&a.2)).then(b.0.cmp(&a.0)))
+            .map(|(i, p, _)| (i, p))
+            .expect("admit is called with a free slot");
+        let mut sampler = Sampler::new(req.sampling.clone());
+        for &t in &req.prompt {
+            sampler.accept(t);
+        }
+        self.shared
+            .prompt_tokens
+            .fetch_add(n as u64, Ordering::Relaxed);
+        self.shared
+            .prompt_tokens_cached
+            .fetch_add(prefix as u64, Ordering::Relaxed);
+        let slot = &mut self.slots[best];
+        slot.cache.truncate(prefix);
+        slot.tokens.truncate(prefix);
+        let now = Instant::now();
+        slot.job = Some(Job {
+            stops: StopMatcher::new(&req.stop),
+            req,
+            sampler,
+            decoder: self.tok.stream_decoder(false),
+            fed: prefix,
+            cached: prefix,
+            next: None,
+            ids: Vec::new(),
+            arrived: now,
+            first_token: None,
+            last_token: now,
+        });
+        self.publish_busy();
+    }
+
+    /// Frees the slots of requests whose client has gone (or all, at shutdown).
+    fn drop_cancelled(&mut self) {
+        let all = self.shared.cancel_all.load(Ordering::SeqCst);
+        for slot in &mut self.slots {
+            let gone = slot.job.as_ref().is_some_and(|j| j.req.sink.is_closed());
+            if gone || (all && slot.job.is_some()) {
+                if let Some(mut job) = slot.job.take() {
+                    if !gone {
+                        job.req
+                            .sink
+                            .send(Event::Error("the server is shutting down".into()));
+                    }
+                    self.shared
+                        .requests_cancelled
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        self.publish_busy();
+    }
+
+    /// One batched forward pass over every active sequence, then sampling.
+    fn step(&mut self) {
+        // Inputs: decode tokens first, then prompt chunks within the step's prefill budget.
+        let mut inputs: Vec<(usize, Vec<u32>, Logits)> = Vec::new();
+        let (mut n_prefill, mut n_decode) = (0usize, 0usize);
+        for (i, slot) in self.slots.iter().enumerate() {
+            let Some(job) = &slot.job else { continue };
+            if let Some(t) = job.next {
+                inputs.push((i, vec![t], Logits::Last));
+                n_decode += 1;
+            }
+        }
+        let mut budget = if n_decode > 0 {
+            self.config.prefill_chunk
+        } else {
+            self.config.prefill_chunk_alone
+        };
+        for (i, slot) in self.slots.iter().enumerate() {
+            let Some(job) = &slot.job else { continue };
+            if job.next.is_some() || budget == 0 {
+                continue;
+            }
+            let rest = &job.req.prompt[job.fed..];
+            let take = rest.len().min(budget);
+            budget -= take;
+            n_prefill += take;
+            let want = if take == rest.len() {
+                Logits::Last
+            } else {
+                Logits::None
+            };
+            inputs.push((i, rest[..take].to_vec(), want));
+        }
+        inputs.sort_by_key(|x| x.0);
+
+        let t0 = Instant::now();
+        let result = {
+            let mut seqs = Vec::with_capacity(inputs.len());
+            let mut it = inputs.iter().peekable();
+            for (i, slot) in self.slots.iter_mut().enumerate() {
+                if let Some(inp) = it.next_if(|x| x.0 == i) {
+                    seqs.push(Sequence {
+                        cache: &mut slot.cache,
+                        tokens: &inp.1,
+                        logits: inp.2,
+                    });
+                }
+            }
+            self.model.forward_batch(&mut seqs)
+        };
+        let ns = t0.elapsed().as_nanos() as u64;
+        let rows = (n_prefill + n_decode).max(1) as u64;
+        self.shared
+            .prefill_ns
+            .fetch_add(ns * n_prefill as u64 / rows, Ordering::Relaxed);
+        self.shared
+            .decode_ns
+            .fetch_add(ns * n_decode as u64 / rows, Ordering::Relaxed);
+
+        let rows = match result {
+            Ok(rows) => rows,
+            Err(e) => {
+                // Checked before anything was written: fail the sequences of this step.
+                for (i, _, _) in &inputs {
+                    if let Some(mut job) = self.slots[*i].job.take() {
+                        job.req
+                            .sink
+                            .send(Event::Error(format!("evaluation failed: {e}")));
+                    }
+                }
+                return;
+            }
+        };
+        for ((i, toks, _), logits) in inputs.into_iter().zip(rows) {
+            let slot = &mut self.slots[i];
+            slot.tokens.extend_from_slice(&toks);
+            let n_past = slot.cache.n_past;
+            let Some(mut job) = slot.job.take() else {
+                continue;
+            };
+            if job.next.is_none() {
+                job.fed += toks.len();
+            }
+            let job = if logits.is_empty() {
+                Some(job)
+            } else {
+                self.sample(job, &logits, n_past)
+            };
+            self.slots[i].job = job;
+        }
+    }
+
+    /// Samples the next token of `job` from `logits`, sends what it adds, and returns the
+    /// job unless it finished (or its client went away).
+    fn sample(&self, mut job: Job<'t>, logits: &[f32], n_past: usize) -> Option<Job<'t>> {
+        let id = job.sampler.sample(logits);
+        job.sampler.accept(id);
+        job.ids.push(id);
+        self.shared.tokens_generated.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        if let Ok(mut h) = self.shared.histograms.lock() {
+            if job.first_token.is_none() {
+                h.0.observe((now - job.arrived).as_secs_f64());
+            } else {
+                h.1.observe((now - job.last_token).as_secs_f64());
+            }
+        }
+        job.first_token.get_or_insert(now);
+        job.last_token = now;
+
+        let eog = self.tok.is_eog(id) && !job.req.ignore_eos;
+        let mut text = String::new();
+        let mut tokens = Vec::new();
+        if !eog {
+            match job.decoder.push(id) {
+                Ok(piece) => text = job.stops.push(&piece),
+                Err(e) => {
+                    job.req
+                        .sink
+                        .send(Event::Error(format!("decoding failed: {e}")));
+                    return None;
+                }
+            }
+            if let Some(n) = job.req.top_logprobs {
+                tokens.push(logprob_of(logits, id, n));
+            }
+        }
+        let finish = if eog || job.stops.stopped() {
+            Some(FinishReason::Stop)
+        } else if job.req.max_tokens.is_some_and(|m| job.ids.len() >= m)
+            || n_past >= self.config.n_ctx
+        {
+            Some(FinishReason::Length)
+        } else {
+            None
+        };
+        let Some(finish_reason) = finish else {
+            if (!text.is_empty() || !tokens.is_empty())
+                && !job.req.sink.send(Event::Delta { text, tokens })
+            {
+                self.shared
+                    .requests_cancelled
+                    .fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+            job.next = Some(id);
+            return Some(job);
+        };
+        let Job {
+            mut req,
+            decoder,
+            mut stops,
+            ..
+        } = job;
+        text.push_str(&stops.push(&decoder.finish()));
+        text.push_str(&stops.finish());
+        if !text.is_empty() || !tokens.is_empty() {
+            req.sink.send(Event::Delta { text, tokens });
+        }
+        let first = job.first_token.unwrap_or(now);
+        // Counted before the client can see the end, so a client reading the metrics right
+        // after its answer sees its request finished and its slot free (the job is out of
+        // its slot already).
+        self.shared
+            .requests_finished
+            .fetch_add(1, Ordering::Relaxed);
+        self.publish_busy();
+        req.sink.send(Event::Done(Completion {
+            finish_reason,
+            prompt_tokens: req.prompt.len(),
+            cached_tokens: job.cached,
+            ids: job.ids,
+            first_token_ms: (first - job.arrived).as_secs_f64() * 1e3,
+            gen_ms: (now - first).as_secs_f64() * 1e3,
+        }));
+        None
+    }
+}
+
+/// `id`'s log-probability in the softmax of `logits`, and the `n` best alternatives.
+fn logprob_of(logits: &[f32], id: u32, n: usize) -> TokenLogprob {
+    let max = logits
+        .iter()
+        .copied()
+        .filter(|v| !v.is_nan())
+        .fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits
+        .iter()
+        .filter(|v| !v.is_nan())
+        .map(|&v| ((v - max) as f64).exp())
+        .sum();
+    let lse = max + sum.ln() as f32;
+    let lp = |v: f32| {
+        if v.is_nan() {
+            f32::NEG_INFINITY
+        } else {
+            v - lse
+        }
+    };
+    // The n best by (logit descending, id ascending), kept sorted while scanning.
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
+    if n > 0 {
+        for (i, &v) in logits.iter().enumerate() {
+            if v.is_nan() || (top.len() == n && v <= top[n - 1].1) {
+                continue;
+            }
+            let at = top.partition_point(|&(_, t)| t >= v);
+            top.insert(at, (i as u32, v));
+            top.truncate(n);
+        }
+    }
+    TokenLogprob {
+        id,
+        logprob: lp(logits[id as usize]),
+        top: top.into_iter().map(|(t, v)| (t, lp(v))).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logprobs_are_a_normalized_log_softmax() {
+        let logits = [1.0f32, 3.0, 2.0, 3.0];
+        let p: f32 = (0..4)
+            .map(|j| logprob_of(&logits, j, 0).logprob.exp())
+            .sum();
+        assert!((p - 1.0).abs() < 1e-5, "{p}");
+        // Best first, ties to the lower id.
+        let t = logprob_of(&logits, 2, 3);
+        assert_eq!(t.top.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 3, 2]);
+        assert_eq!(t.logprob, t.top[2].1);
+        assert!(t.top[0].1 > t.top[2].1);
+    }
+
+    #[test]
+    fn histogram_is_cumulative() {
+        let mut h = Histogram::default();
+        h.observe(0.003);
+        h.observe(0.2);
+        assert_eq!(h.counts[0], 1);
+        assert_eq!(h.counts[5], 2);
+        assert_eq!(h.count, 2);
+    }
+}

@@ -1,0 +1,143 @@
+//! The continuous-batching scheduler on the tiny llama fixture: a request's tokens are the
+//! same alone, beside others, with any prefill chunk and with a reused prompt prefix, and
+//! equal to the single-sequence generation loop; a request whose receiver is gone is dropped.
+
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use frink_engine::sampling::{Sampler, SamplingParams};
+use frink_engine::scheduler::{Completion, Event, Request, Scheduler, SchedulerConfig};
+use frink_engine::{generate, Flow, GenerateParams, Session};
+use frink_models::{KvType, Model};
+use frink_tokenizer::Tokenizer;
+
+fn fixture() -> Option<(std::path::PathBuf, Vec<u32>)> {
+    let dir = frink_testdata::require("fixtures/tiny/llama", "scheduler tests")?;
+    let ids = frink_testdata::fixture_input_ids(&dir);
+    Some((dir.join("model.gguf"), ids))
+}
+
+fn start(path: &std::path::Path, parallel: usize, chunk: usize) -> Scheduler {
+    let model = Model::load(path).unwrap();
+    let tok = Arc::new(Tokenizer::from_gguf(&model.file).unwrap());
+    Scheduler::start(
+        model,
+        tok,
+        SchedulerConfig {
+            parallel,
+            n_ctx: 64,
+            queue: 16,
+            kv_type: KvType::F16,
+            prefill_chunk: chunk,
+            prefill_chunk_alone: chunk,
+        },
+    )
+}
+
+fn params(seed: u64) -> SamplingParams {
+    SamplingParams {
+        seed,
+        ..SamplingParams::default()
+    }
+}
+
+fn request(prompt: &[u32], seed: u64, n: usize) -> (Request, mpsc::Receiver<Event>) {
+    let (tx, rx) = mpsc::channel();
+    let req = Request {
+        prompt: prompt.to_vec(),
+        sampling: params(seed),
+        max_tokens: Some(n),
+        stop: Vec::new(),
+        ignore_eos: true,
+        top_logprobs: Some(2),
+        sink: Box::new(tx),
+    };
+    (req, rx)
+}
+
+fn done(rx: &mpsc::Receiver<Event>) -> Completion {
+    loop {
+        match rx.recv().expect("an event") {
+            Event::Done(c) => return c,
+            Event::Error(e) => panic!("{e}"),
+            Event::Delta { .. } => {}
+        }
+    }
+}
+
+#[test]
+fn tokens_do_not_depend_on_batching_chunking_or_prefix_reuse() {
+    let Some((path, ids)) = fixture() else {
+        return;
+    };
+    // The reference: the single-sequence generation loop of `frink run`.
+    let model = Model::load(&path).unwrap();
+    let mut session = Session::new(&model, 64, KvType::F16);
+    let mut sampler = Sampler::new(params(5));
+    let want = generate(
+        &mut session,
+        &ids[..20],
+        &mut sampler,
+        &GenerateParams {
+            max_tokens: 12,
+            eog: Default::default(),
+        },
+        |_| Flow::Continue,
+    )
+    .unwrap()
+    .ids;
+
+    for (parallel, chunk) in [(1, 512), (4, 3), (4, 512)] {
+        let sched = start(&path, parallel, chunk);
+        let (req, rx) = request(&ids[..20], 5, 12);
+        sched.submit(req).unwrap();
+        assert_eq!(done(&rx).ids, want, "alone, chunk {chunk}");
+        // Beside three others with other prompts and seeds, submitted first.
+        let others: Vec<_> = (0..3)
+            .map(|i| {
+                let (req, rx) = request(&ids[i..i + 10 + 3 * i], i as u64, 8 + i);
+                sched.submit(req).unwrap();
+                rx
+            })
+            .collect();
+        let (req, rx) = request(&ids[..20], 5, 12);
+        sched.submit(req).unwrap();
+        let c = done(&rx);
+        assert_eq!(
+            c.ids, want,
+            "beside others, parallel {parallel}, chunk {chunk}"
+        );
+        for (i, o) in others.iter().enumerate() {
+            assert_eq!(done(o).ids.len(), 8 + i);
+        }
+        // A prompt that extends one a free slot holds reuses it, with the same tokens.
+        let (req, rx) = request(&ids[..20], 5, 12);
+        sched.submit(req).unwrap();
+        let c = done(&rx);
+        assert_eq!(c.ids, want);
+        assert_eq!(c.cached_tokens, 19, "all but the last prompt token reused");
+        let m = sched.metrics();
+        assert_eq!(m.requests_finished, 6);
+        assert_eq!(m.slots_busy, 0);
+    }
+}
+
+#[test]
+fn a_request_whose_receiver_is_gone_is_dropped() {
+    let Some((path, ids)) = fixture() else {
+        return;
+    };
+    let sched = start(&path, 1, 512);
+    let (req, rx) = request(&ids[..8], 1, 40);
+    sched.submit(req).unwrap();
+    // Wait for the first token, then leave.
+    assert!(matches!(rx.recv().unwrap(), Event::Delta { .. }));
+    drop(rx);
+    // The slot is free again: the next request runs to its end.
+    let (req, rx) = request(&ids[..8], 1, 4);
+    sched.submit(req).unwrap();
+    assert_eq!(done(&rx).ids.len(), 4);
+    let m = sched.metrics();
+    assert_eq!(m.requests_cancelled, 1);
+    assert_eq!(m.requests_finished, 1);
+}

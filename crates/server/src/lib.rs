@@ -1,0 +1,958 @@
+//! `frink serve`: an OpenAI-compatible HTTP server over the engine's continuous-batching
+//! scheduler.
+//!
+//! The HTTP side runs on a small tokio runtime; inference runs on the scheduler's own
+//! thread (frink-engine `scheduler`), so `/health` and the other endpoints answer while a
+//! long prompt is being evaluated. Each completion request is parsed and tokenized here,
+//! queued (503 when the queue is full), and its events come back through a channel: a
+//! streamed answer is written as server-sent events as they arrive, ending in
+//! `data: [DONE]`. When the client goes away the channel closes and the scheduler frees the
+//! request's slot at its next step.
+//!
+//! Endpoints and shapes follow CONTRACT.md (HTTP): `POST /v1/chat/completions`,
+//! `POST /v1/completions`, `GET /v1/models`, `GET /health`, `GET /metrics`,
+//! `POST /tokenize`, `POST /detokenize`.
+
+mod api;
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use frink_engine::scheduler::{
+    Completion, Event, EventSink, Histogram, Request, Scheduler, SchedulerConfig, SubmitError,
+    TokenLogprob,
+};
+use frink_models::{KvType, Model};
+use frink_tokenizer::{ChatMessage, Tokenizer};
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc;
+
+use crate::api::{json_response, ApiError, GenOptions, Prompt};
+
+/// Settings of `frink serve` (CONTRACT.md).
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    /// The name reported by `/v1/models` (the `-m` value).
+    pub model_name: String,
+    /// Address to listen on.
+    pub host: String,
+    /// Port to listen on (0: any free port; the chosen one is logged).
+    pub port: u16,
+    /// Sequence slots decoded together.
+    pub parallel: usize,
+    /// Positions per slot.
+    pub ctx: usize,
+    /// Requests that may wait for a slot.
+    pub queue: usize,
+    /// Bearer token required on every endpoint but `/health`.
+    pub api_key: Option<String>,
+    /// KV cache element type.
+    pub kv_type: KvType,
+}
+
+/// How long in-flight requests may run on after SIGINT/SIGTERM before they are cancelled.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// The loaded model's side of the server.
+struct Engine {
+    sched: Scheduler,
+    tok: Arc<Tokenizer>,
+}
+
+struct AppState {
+    /// Set once the model is loaded (`/health` says `loading` before).
+    engine: OnceLock<Engine>,
+    model_name: String,
+    api_key: Option<String>,
+    n_ctx: usize,
+    created: u64,
+    next_id: AtomicU64,
+}
+
+/// Loads the model (sizing the compute pool first): the caller's policy, run on a
+/// background thread once the listener is bound.
+pub type Loader = Box<dyn FnOnce() -> Result<Model> + Send>;
+
+/// Runs the server until SIGINT or SIGTERM; returns once it has shut down.
+///
+/// The listener is bound first and `load` runs in the background, so `/health` answers
+/// `503 {"status": "loading"}` until the model is ready.
+pub fn run(config: ServeConfig, load: Loader) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("frink-http")
+        .enable_all()
+        .build()
+        .context("cannot start the HTTP runtime")?;
+    rt.block_on(serve(config, load))
+}
+
+async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
+    let addr = format!("{}:{}", config.host, config.port);
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    let local: SocketAddr = listener.local_addr()?;
+    let state = Arc::new(AppState {
+        engine: OnceLock::new(),
+        model_name: config.model_name.clone(),
+        api_key: config.api_key.clone().filter(|k| !k.is_empty()),
+        n_ctx: config.ctx,
+        created: unix_now(),
+        next_id: AtomicU64::new(1),
+    });
+    // Load the model off the runtime; a failure ends the server.
+    let (fail_tx, mut fail_rx) = mpsc::unbounded_channel::<anyhow::Error>();
+    {
+        let state = Arc::clone(&state);
+        let config = config.clone();
+        std::thread::spawn(move || match start_engine(&config, loader) {
+            Ok(engine) => {
+                let _ = state.engine.set(engine);
+                tracing::info!("model loaded; serving on http://{local}");
+                eprintln!("frink serve: ready on http://{local}");
+            }
+            Err(e) => {
+                let _ = fail_tx.send(e);
+            }
+        });
+    }
+    eprintln!("frink serve: listening on http://{local} (loading the model)");
+
+    let app = Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/v1/models", get(models))
+        .route("/models", get(models))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/completions", post(completions))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .fallback(not_found)
+        .with_state(Arc::clone(&state));
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let graceful = {
+        let mut stop_rx = stop_rx.clone();
+        async move {
+            let _ = stop_rx.wait_for(|s| *s).await;
+        }
+    };
+    let server = axum::serve(listener, app).with_graceful_shutdown(graceful);
+    let mut server = std::pin::pin!(std::future::IntoFuture::into_future(server));
+    tokio::select! {
+        r = &mut server => { r?; return Ok(()); }
+        // A successful load drops the sender: this branch is then disabled.
+        Some(e) = fail_rx.recv() => return Err(e),
+        () = shutdown_signal() => {}
+    }
+    eprintln!(
+        "frink serve: shutting down (no new connections; in-flight requests get {} s)",
+        SHUTDOWN_GRACE.as_secs()
+    );
+    let _ = stop_tx.send(true);
+    // Let running requests finish for a while, then cancel them; their streams end.
+    let wait_idle = async {
+        loop {
+            match state.engine.get() {
+                Some(e) if e.sched.in_flight() > 0 => {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+                _ => break,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE, wait_idle).await;
+    if let Some(e) = state.engine.get() {
+        e.sched.cancel_all();
+    }
+    if tokio::time::timeout(Duration::from_secs(5), &mut server)
+        .await
+        .is_err()
+    {
+        tracing::warn!("connections still open after shutdown; closing them");
+    }
+    eprintln!("frink serve: stopped");
+    Ok(())
+}
+
+/// Loads the model, builds the tokenizer and starts the scheduler.
+fn start_engine(config: &ServeConfig, load: Loader) -> Result<Engine> {
+    let model = load()?;
+    let tok = Arc::new(Tokenizer::from_gguf(&model.file).context("cannot build the tokenizer")?);
+    let sched = Scheduler::start(
+        model,
+        Arc::clone(&tok),
+        SchedulerConfig {
+            parallel: config.parallel,
+            n_ctx: config.ctx,
+            queue: config.queue,
+            kv_type: config.kv_type,
+            ..SchedulerConfig::default()
+        },
+    );
+    Ok(Engine { sched, tok })
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl AppState {
+    /// Checks the bearer token (when `--api-key` is set).
+    fn authorize(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        let Some(key) = &self.api_key else {
+            return Ok(());
+        };
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        if given == Some(key.as_str()) {
+            Ok(())
+        } else {
+            Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "authentication_error",
+                "invalid or missing API key (Authorization: Bearer KEY)",
+            )
+            .with_code("invalid_api_key"))
+        }
+    }
+
+    /// The loaded engine, or 503 while loading.
+    fn engine(&self) -> Result<&Engine, ApiError> {
+        self.engine.get().ok_or_else(|| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable_error",
+                "the model is still loading",
+            )
+            .with_code("loading")
+        })
+    }
+
+    fn next_id(&self, prefix: &str) -> String {
+        format!("{prefix}-{}", self.next_id.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+type St = State<Arc<AppState>>;
+
+async fn not_found() -> Response {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "no such endpoint",
+    )
+    .with_code("not_found")
+    .into_response()
+}
+
+async fn health(State(st): St) -> Response {
+    if st.engine.get().is_some() {
+        json_response(StatusCode::OK, &json!({"status": "ok"}))
+    } else {
+        json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({"status": "loading"}),
+        )
+    }
+}
+
+async fn models(State(st): St, headers: HeaderMap) -> Response {
+    if let Err(e) = st.authorize(&headers) {
+        return e.into_response();
+    }
+    json_response(
+        StatusCode::OK,
+        &json!({"object": "list", "data": [{
+            "id": st.model_name,
+            "object": "model",
+            "created": st.created,
+            "owned_by": "frink",
+        }]}),
+    )
+}
+
+async fn metrics(State(st): St, headers: HeaderMap) -> Response {
+    if let Err(e) = st.authorize(&headers) {
+        return e.into_response();
+    }
+    let m = st
+        .engine
+        .get()
+        .map(|e| e.sched.metrics())
+        .unwrap_or_default();
+    let mut s = String::new();
+    let mut counter = |name: &str, help: &str, kind: &str, v: f64| {
+        let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+    };
+    counter(
+        "frink_requests_total",
+        "Completion requests accepted into the queue.",
+        "counter",
+        m.requests_total as f64,
+    );
+    counter(
+        "frink_requests_finished_total",
+        "Requests that ran to completion.",
+        "counter",
+        m.requests_finished as f64,
+    );
+    counter(
+        "frink_requests_cancelled_total",
+        "Requests dropped because their client went away (or at shutdown).",
+        "counter",
+        m.requests_cancelled as f64,
+    );
+    counter(
+        "frink_requests_rejected_total",
+        "Requests refused with 503 because the queue was full.",
+        "counter",
+        m.requests_rejected as f64,
+    );
+    counter(
+        "frink_tokens_generated_total",
+        "Tokens generated.",
+        "counter",
+        m.tokens_generated as f64,
+    );
+    counter(
+        "frink_prompt_tokens_total",
+        "Prompt tokens of admitted requests.",
+        "counter",
+        m.prompt_tokens as f64,
+    );
+    counter(
+        "frink_prompt_tokens_cached_total",
+        "Prompt tokens reused from a slot's cache instead of evaluated.",
+        "counter",
+        m.prompt_tokens_cached as f64,
+    );
+    counter(
+        "frink_requests_active",
+        "Requests running or waiting.",
+        "gauge",
+        (m.slots_busy + m.queue_depth) as f64,
+    );
+    counter(
+        "frink_queue_depth",
+        "Requests waiting for a slot.",
+        "gauge",
+        m.queue_depth as f64,
+    );
+    counter(
+        "frink_slots_busy",
+        "Sequence slots running a request.",
+        "gauge",
+        m.slots_busy as f64,
+    );
+    counter(
+        "frink_slots_total",
+        "Sequence slots.",
+        "gauge",
+        m.slots_total as f64,
+    );
+    counter(
+        "frink_prefill_seconds_total",
+        "Forward-pass time spent on prompt tokens.",
+        "counter",
+        m.prefill_seconds,
+    );
+    counter(
+        "frink_decode_seconds_total",
+        "Forward-pass time spent on generated tokens.",
+        "counter",
+        m.decode_seconds,
+    );
+    histogram(
+        &mut s,
+        "frink_time_to_first_token_seconds",
+        "From a request's arrival to its first token.",
+        &m.ttft,
+    );
+    histogram(
+        &mut s,
+        "frink_token_latency_seconds",
+        "Between consecutive tokens of a request.",
+        &m.token_latency,
+    );
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        s,
+    )
+        .into_response()
+}
+
+fn histogram(s: &mut String, name: &str, help: &str, h: &Histogram) {
+    let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} histogram");
+    for (i, b) in Histogram::BOUNDS.iter().enumerate() {
+        let c = h.counts.get(i).copied().unwrap_or(0);
+        let _ = writeln!(s, "{name}_bucket{{le=\"{b}\"}} {c}");
+    }
+    let _ = writeln!(s, "{name}_bucket{{le=\"+Inf\"}} {}", h.count);
+    let _ = writeln!(s, "{name}_sum {}\n{name}_count {}", h.sum, h.count);
+}
+
+async fn tokenize(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
+    let r = (|| {
+        st.authorize(&headers)?;
+        let eng = st.engine()?;
+        let obj = api::parse_object(&body)?;
+        let content = api::opt_str(&obj, "content")?.unwrap_or_default();
+        let add_special = api::opt_bool(&obj, "add_special")?.unwrap_or(false);
+        let parse_special = api::opt_bool(&obj, "parse_special")?.unwrap_or(true);
+        let ids = eng
+            .tok
+            .encode(content, add_special, parse_special)
+            .map_err(|e| ApiError::invalid(Some("content"), e.to_string()))?;
+        Ok::<_, ApiError>(json!({ "tokens": ids }))
+    })();
+    match r {
+        Ok(v) => json_response(StatusCode::OK, &v),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn detokenize(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
+    let r = (|| {
+        st.authorize(&headers)?;
+        let eng = st.engine()?;
+        let obj = api::parse_object(&body)?;
+        let bad = || ApiError::invalid(Some("tokens"), "'tokens' must be an array of token ids");
+        let ids = match obj.get("tokens") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| v.as_u64().and_then(|x| u32::try_from(x).ok()))
+                .collect::<Option<Vec<u32>>>()
+                .ok_or_else(bad)?,
+            Some(_) => return Err(bad()),
+        };
+        let text = eng
+            .tok
+            .decode(&ids, true)
+            .map_err(|e| ApiError::invalid(Some("tokens"), e.to_string()))?;
+        Ok(json!({ "content": text }))
+    })();
+    match r {
+        Ok(v) => json_response(StatusCode::OK, &v),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Which endpoint a completion answers (their shapes differ).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Chat,
+    Text,
+}
+
+/// A parsed, tokenized completion request, ready to queue.
+struct Prepared {
+    prompt: Vec<u32>,
+    opts: GenOptions,
+    /// `Some(n)`: report log-probabilities with `n` alternatives.
+    logprobs: Option<usize>,
+    model: String,
+}
+
+async fn chat_completions(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
+    let r = (|| {
+        st.authorize(&headers)?;
+        let eng = st.engine()?;
+        let obj = api::parse_object(&body)?;
+        let msgs = api::messages(&obj)?;
+        let opts = api::gen_options(&obj)?;
+        let logprobs = match api::opt_bool(&obj, "logprobs")? {
+            Some(true) => {
+                let n = match api::opt_i64(&obj, "top_logprobs")? {
+                    Some(n) => Some(n),
+                    None => api::opt_i64(&obj, "n_probs")?,
+                }
+                .unwrap_or(0);
+                if !(0..=20).contains(&n) {
+                    return Err(ApiError::invalid(
+                        Some("top_logprobs"),
+                        "'top_logprobs' must be between 0 and 20",
+                    ));
+                }
+                Some(n as usize)
+            }
+            _ => None,
+        };
+        let messages: Vec<ChatMessage> = msgs
+            .into_iter()
+            .map(|(role, content)| ChatMessage::new(role, content))
+            .collect();
+        let prompt = eng
+            .tok
+            .apply_chat_template(&messages, true)
+            .and_then(|p| eng.tok.encode_chat(&p))
+            .map_err(|e| ApiError::invalid(Some("messages"), e.to_string()))?;
+        Ok(Prepared {
+            prompt,
+            opts,
+            logprobs,
+            model: model_field(&st, &obj),
+        })
+    })();
+    match r {
+        Ok(p) => complete(&st, Kind::Chat, p).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn completions(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
+    let r = (|| {
+        st.authorize(&headers)?;
+        let eng = st.engine()?;
+        let obj = api::parse_object(&body)?;
+        let prompt = api::prompt(&obj)?;
+        let opts = api::gen_options(&obj)?;
+        let logprobs = match api::opt_i64(&obj, "logprobs")? {
+            Some(n) if !(0..=20).contains(&n) => {
+                return Err(ApiError::invalid(
+                    Some("logprobs"),
+                    "'logprobs' must be between 0 and 20",
+                ))
+            }
+            Some(n) => Some(n as usize),
+            None => None,
+        };
+        let prompt = match prompt {
+            Prompt::Text(t) => eng
+                .tok
+                .encode(&t, true, true)
+                .map_err(|e| ApiError::invalid(Some("prompt"), e.to_string()))?,
+            Prompt::Ids(ids) => ids,
+        };
+        let n_vocab = eng.tok.n_vocab();
+        if let Some(t) = prompt.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(ApiError::invalid(
+                Some("prompt"),
+                format!("token id {t} is outside the vocabulary of {n_vocab}"),
+            ));
+        }
+        Ok(Prepared {
+            prompt,
+            opts,
+            logprobs,
+            model: model_field(&st, &obj),
+        })
+    })();
+    match r {
+        Ok(p) => complete(&st, Kind::Text, p).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The `model` of a request (informational) or the loaded model's name.
+fn model_field(st: &AppState, obj: &Map<String, Value>) -> String {
+    obj.get("model")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .unwrap_or(&st.model_name)
+        .to_string()
+}
+
+/// Forwards scheduler events into a tokio channel.
+struct ChannelSink(mpsc::UnboundedSender<Event>);
+
+impl EventSink for ChannelSink {
+    fn send(&mut self, event: Event) -> bool {
+        self.0.send(event).is_ok()
+    }
+    fn is_closed(&self) -> bool {
+        self.0.is_closed()
+    }
+}
+
+/// Queues a prepared request and answers it, streamed or whole.
+async fn complete(st: &AppState, kind: Kind, p: Prepared) -> Response {
+    let eng = match st.engine() {
+        Ok(e) => e,
+        Err(e) => return e.into_response(),
+    };
+    if p.prompt.is_empty() {
+        return ApiError::invalid(Some("prompt"), "the prompt is empty").into_response();
+    }
+    if p.prompt.len() >= st.n_ctx {
+        return ApiError::invalid(
+            Some(if kind == Kind::Chat {
+                "messages"
+            } else {
+                "prompt"
+            }),
+            format!(
+                "the prompt is {} tokens, longer than the slot context of {} tokens (--ctx)",
+                p.prompt.len(),
+                st.n_ctx
+            ),
+        )
+        .with_code("context_length_exceeded")
+        .into_response();
+    }
+    let (tx, rx) = mpsc::unbounded_channel();
+    let req = Request {
+        prompt: p.prompt,
+        sampling: p.opts.sampling.clone(),
+        max_tokens: p.opts.max_tokens,
+        stop: p.opts.stop.clone(),
+        ignore_eos: p.opts.ignore_eos,
+        top_logprobs: p.logprobs,
+        sink: Box::new(ChannelSink(tx)),
+    };
+    match eng.sched.submit(req) {
+        Ok(()) => {}
+        Err(SubmitError::QueueFull) => {
+            return ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_overloaded",
+                "the request queue is full; retry later",
+            )
+            .with_code("queue_full")
+            .into_response()
+        }
+        Err(SubmitError::Stopped) => {
+            return ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable_error",
+                "the server is shutting down",
+            )
+            .into_response()
+        }
+    }
+    let fmt = Formatter {
+        kind,
+        id: st.next_id(if kind == Kind::Chat {
+            "chatcmpl"
+        } else {
+            "cmpl"
+        }),
+        created: unix_now(),
+        model: p.model,
+        tok: Arc::clone(&eng.tok),
+        logprobs: p.logprobs.is_some(),
+        include_usage: p.opts.include_usage,
+    };
+    if p.opts.stream {
+        stream_response(fmt, rx)
+    } else {
+        whole_response(fmt, rx).await
+    }
+}
+
+/// Builds the JSON of responses and chunks.
+struct Formatter {
+    kind: Kind,
+    id: String,
+    created: u64,
+    model: String,
+    tok: Arc<Tokenizer>,
+    logprobs: bool,
+    include_usage: bool,
+}
+
+impl Formatter {
+    fn piece(&self, id: u32) -> (String, Vec<u8>) {
+        let bytes = self
+            .tok
+            .token_to_piece(id, true)
+            .unwrap_or_default()
+            .to_vec();
+        (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+    }
+
+    /// Log-probabilities in the endpoint's shape (`offset`: characters before the first).
+    fn logprobs_json(&self, tokens: &[TokenLogprob], offset: usize) -> Value {
+        match self.kind {
+            Kind::Chat => {
+                let content: Vec<Value> = tokens
+                    .iter()
+                    .map(|t| {
+                        let (text, bytes) = self.piece(t.id);
+                        let top: Vec<Value> = t
+                            .top
+                            .iter()
+                            .map(|&(id, lp)| {
+                                let (text, bytes) = self.piece(id);
+                                json!({"token": text, "logprob": lp, "bytes": bytes})
+                            })
+                            .collect();
+                        json!({"token": text, "logprob": t.logprob, "bytes": bytes, "top_logprobs": top})
+                    })
+                    .collect();
+                json!({ "content": content })
+            }
+            Kind::Text => {
+                let mut toks = Vec::new();
+                let mut lps = Vec::new();
+                let mut tops = Vec::new();
+                let mut offsets = Vec::new();
+                let mut at = offset;
+                for t in tokens {
+                    let (text, _) = self.piece(t.id);
+                    offsets.push(at);
+                    at += text.chars().count();
+                    toks.push(text);
+                    lps.push(t.logprob);
+                    let mut m = Map::new();
+                    for &(id, lp) in &t.top {
+                        m.insert(self.piece(id).0, json!(lp));
+                    }
+                    tops.push(Value::Object(m));
+                }
+                json!({"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+            }
+        }
+    }
+
+    fn usage(&self, c: &Completion) -> Value {
+        json!({
+            "prompt_tokens": c.prompt_tokens,
+            "completion_tokens": c.ids.len(),
+            "total_tokens": c.prompt_tokens + c.ids.len(),
+            "prompt_tokens_details": {"cached_tokens": c.cached_tokens},
+        })
+    }
+
+    /// One streamed chunk with `choice` (`None`: the usage-only chunk).
+    fn chunk(&self, choice: Option<Value>, usage: Option<Value>) -> Value {
+        let object = match self.kind {
+            Kind::Chat => "chat.completion.chunk",
+            Kind::Text => "text_completion",
+        };
+        let mut v = json!({
+            "id": self.id,
+            "object": object,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": "frink",
+            "choices": choice.map_or_else(Vec::new, |c| vec![c]),
+        });
+        if self.include_usage {
+            v["usage"] = usage.unwrap_or(Value::Null);
+        }
+        v
+    }
+
+    /// The choice of a streamed chunk: a text delta, or the end with its finish reason.
+    fn delta_choice(&self, text: Option<&str>, logprobs: Value, finish: Option<&str>) -> Value {
+        match self.kind {
+            Kind::Chat => {
+                let delta = match text {
+                    Some(t) => json!({"content": t}),
+                    None => json!({}),
+                };
+                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
+            }
+            Kind::Text => json!({
+                "index": 0,
+                "text": text.unwrap_or(""),
+                "logprobs": logprobs,
+                "finish_reason": finish,
+            }),
+        }
+    }
+}
+
+fn sse(v: &Value) -> Bytes {
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+/// Streams the answer as server-sent events.
+///
+/// The event stream owns the receiver: when the client disconnects, the body is dropped,
+/// the channel closes and the scheduler frees the slot at its next step.
+fn stream_response(fmt: Formatter, rx: mpsc::UnboundedReceiver<Event>) -> Response {
+    struct S {
+        fmt: Formatter,
+        rx: mpsc::UnboundedReceiver<Event>,
+        out: VecDeque<Bytes>,
+        done: bool,
+        chars: usize,
+    }
+    let mut out = VecDeque::new();
+    if fmt.kind == Kind::Chat {
+        let first = fmt.chunk(
+            Some(json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null})),
+            None,
+        );
+        out.push_back(sse(&first));
+    }
+    let state = S {
+        fmt,
+        rx,
+        out,
+        done: false,
+        chars: 0,
+    };
+    let stream = futures_util::stream::unfold(state, |mut s| async move {
+        loop {
+            if let Some(b) = s.out.pop_front() {
+                return Some((Ok::<Bytes, Infallible>(b), s));
+            }
+            if s.done {
+                return None;
+            }
+            match s.rx.recv().await {
+                Some(Event::Delta { text, tokens }) => {
+                    let lp = if s.fmt.logprobs {
+                        s.fmt.logprobs_json(&tokens, s.chars)
+                    } else {
+                        Value::Null
+                    };
+                    s.chars += text.chars().count();
+                    let c = s
+                        .fmt
+                        .chunk(Some(s.fmt.delta_choice(Some(&text), lp, None)), None);
+                    s.out.push_back(sse(&c));
+                }
+                Some(Event::Done(c)) => {
+                    let fin = s
+                        .fmt
+                        .delta_choice(None, Value::Null, Some(c.finish_reason.as_str()));
+                    s.out.push_back(sse(&s.fmt.chunk(Some(fin), None)));
+                    if s.fmt.include_usage {
+                        let u = s.fmt.usage(&c);
+                        s.out.push_back(sse(&s.fmt.chunk(None, Some(u))));
+                    }
+                    s.out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                    s.done = true;
+                }
+                Some(Event::Error(msg)) => {
+                    let e = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", msg);
+                    s.out.push_back(sse(&e.body()));
+                    s.out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                    s.done = true;
+                }
+                None => {
+                    let e = ApiError::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "server_error",
+                        "the request ended without an answer",
+                    );
+                    s.out.push_back(sse(&e.body()));
+                    s.out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                    s.done = true;
+                }
+            }
+        }
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(stream))
+        .unwrap_or_default()
+}
+
+/// Collects the events and answers one JSON object.
+async fn whole_response(fmt: Formatter, mut rx: mpsc::UnboundedReceiver<Event>) -> Response {
+    let mut text = String::new();
+    let mut tokens = Vec::new();
+    let done = loop {
+        match rx.recv().await {
+            Some(Event::Delta {
+                text: t,
+                tokens: lp,
+            }) => {
+                text.push_str(&t);
+                tokens.extend(lp);
+            }
+            Some(Event::Done(c)) => break c,
+            Some(Event::Error(msg)) => {
+                return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", msg)
+                    .into_response()
+            }
+            None => {
+                return ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "server_error",
+                    "the request ended without an answer",
+                )
+                .into_response()
+            }
+        }
+    };
+    let logprobs = if fmt.logprobs {
+        fmt.logprobs_json(&tokens, 0)
+    } else {
+        Value::Null
+    };
+    let finish = done.finish_reason.as_str();
+    let (object, choice) = match fmt.kind {
+        Kind::Chat => (
+            "chat.completion",
+            json!({
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": logprobs,
+                "finish_reason": finish,
+            }),
+        ),
+        Kind::Text => (
+            "text_completion",
+            json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}),
+        ),
+    };
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "id": fmt.id,
+            "object": object,
+            "created": fmt.created,
+            "model": fmt.model,
+            "system_fingerprint": "frink",
+            "choices": [choice],
+            "usage": fmt.usage(&done),
+            "timings": {
+                "first_token_ms": done.first_token_ms,
+                "gen_ms": done.gen_ms,
+                "cached_tokens": done.cached_tokens,
+            },
+        }),
+    )
+}
