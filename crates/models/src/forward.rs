@@ -685,7 +685,8 @@ struct AttnSeq<'a> {
 /// `attn_sinks`: gpt-oss), and the values summed in position order.
 ///
 /// Work is split over (sequence, KV head, block of [`ATTN_ROWS_PER_TASK`] query rows),
-/// or per query head for blocks of fewer than 4 rows (decode), largest tasks first. A
+/// or per query head for blocks of fewer than 4 rows (decode) when there are too few
+/// sequences to occupy the threads otherwise, largest tasks first. A
 /// task widens the keys and values its block can see to f32 once (exact), then for each
 /// of its query heads computes scores four query rows per key ([`dot_multi`]) and the
 /// weighted value sums four rows at a time ([`weighted_sum_multi`]). Each output element
@@ -713,9 +714,12 @@ fn attention(
     };
     // Tasks: (sequence, first query head, heads, first row within the sequence).
     let mut tasks: Vec<(usize, usize, usize, usize)> = Vec::new();
+    // Enough sequences to keep every thread busy with one task per KV head: then each KV
+    // row is widened once for all the heads that read it, even for one-row blocks.
+    let many = seqs.len() * c.n_head_kv >= 2 * crate::pool::threads();
     for (si, s) in seqs.iter().enumerate() {
         for i0 in (0..s.n).step_by(ATTN_ROWS_PER_TASK) {
-            if s.n - i0 >= 4 {
+            if s.n - i0 >= 4 || many {
                 tasks.extend((0..c.n_head_kv).map(|g| (si, g * group, group, i0)));
             } else {
                 tasks.extend((0..c.n_head).map(|h| (si, h, 1, i0)));

@@ -10,10 +10,11 @@
 //! `block_min` (same `f32` operations, no FMA), added into lane `b % 8`, and the lanes
 //! are combined in the scalar tree: the bits of `dot_scalar`.
 //!
-//! - Decode (`n_a < 4`): per weight row, eight blocks at a time: decode, one product
-//!   per block, a transposing horizontal sum to eight block sums, the `f32` tail on
-//!   eight lanes at once. Lengths are checked once per call; the loop reads through raw
-//!   pointers.
+//! - Decode (`n_a < 4`: one sequence, or a decode step of two or three): per weight row,
+//!   eight blocks at a time: decode once into registers, then for each activation row one
+//!   product per block, a transposing horizontal sum to eight block sums, the `f32` tail
+//!   on eight lanes at once (monomorphised per row count). Lengths are checked once per
+//!   call; the loop reads through raw pointers.
 //! - Prefill (`n_a >= 4`): the weight rows of the tile are decoded once per call and
 //!   the activation rows once per chunk of rows, both into a transposed layout (groups
 //!   of eight blocks; vector `j` holds bytes `4j..4j+4` of each of the eight blocks), so
@@ -529,7 +530,7 @@ macro_rules! legacy_isa {
             /// Decode path: each activation row against every weight row, eight blocks
             /// at a time with horizontal sums.
             #[target_feature(enable = $feat)]
-            fn rows_path<const F: u8>(
+            fn rows_path<const F: u8, const R: usize>(
                 ws: &[u8],
                 n_w: usize,
                 acts: &[u8],
@@ -537,30 +538,56 @@ macro_rules! legacy_isa {
                 out: &mut [f32],
             ) {
                 let (wrb, ab, nb) = geometry(F, ws, n_w, acts, n_a, out);
+                assert_eq!(n_a, R, "rows_path: {R} activation rows");
                 let ng = nb.div_ceil(8);
                 let tail = nb % 8;
                 let last_mask = lane_mask(tail);
-                let mut prep = vec![AZERO; ng];
+                // Activation-only terms of every row, once per call.
+                let mut prep = vec![AZERO; ng * n_a];
                 for r in 0..n_a {
                     let a = acts[r * ab..][..ab].as_ptr();
-                    for (g, p) in prep.iter_mut().enumerate() {
+                    for (g, p) in prep[r * ng..(r + 1) * ng].iter_mut().enumerate() {
                         // SAFETY: `a` is a whole row of `nb` blocks (geometry); `8g < nb`.
                         unsafe { prep_act::<F, false>(a, nb, g, p) };
                     }
-                    for i in 0..n_w {
-                        // SAFETY: row `i < n_w` of `wrb` bytes lies inside `ws` (geometry).
-                        let w = unsafe { ws.as_ptr().add(i * wrb) };
-                        let mut acc = _mm256_setzero_ps();
-                        for (g, p) in prep.iter().enumerate() {
-                            let n = (nb - 8 * g).min(8);
-                            // SAFETY: blocks `8g..8g+n` of both rows are in bounds.
-                            let (wg, ag) = unsafe { (w.add(8 * g * wb(F)), a.add(8 * g * AB)) };
+                }
+                let mut acc = [_mm256_setzero_ps(); R];
+                for i in 0..n_w {
+                    // SAFETY: row `i < n_w` of `wrb` bytes lies inside `ws` (geometry).
+                    let w = unsafe { ws.as_ptr().add(i * wrb) };
+                    acc.iter_mut().for_each(|a| *a = _mm256_setzero_ps());
+                    for g in 0..ng {
+                        let n = (nb - 8 * g).min(8);
+                        // SAFETY: blocks `8g..8g+n` of the weight row are in bounds.
+                        let wg = unsafe { w.add(8 * g * wb(F)) };
+                        // The group's weights, decoded once for every activation row.
+                        let mut u = [_mm256_setzero_si256(); 8];
+                        for (k, u) in u.iter_mut().enumerate().take(n) {
+                            // SAFETY: block `k < n` of the group is readable.
+                            *u = unsafe { decode::<F>(wg.add(k * wb(F))) };
+                        }
+                        // SAFETY: `n` blocks readable at `wg`.
+                        let (dw, mw) = unsafe {
+                            let dw = f16x8(wg, wb(F), 0, n);
+                            (
+                                dw,
+                                if has_min(F) {
+                                    f16x8(wg, wb(F), 2, n)
+                                } else {
+                                    dw
+                                },
+                            )
+                        };
+                        for (r, acc) in acc.iter_mut().enumerate() {
+                            // SAFETY: row `r < n_a` has blocks `8g..8g+n` (geometry).
+                            let ag = unsafe { acts.as_ptr().add(r * ab + 8 * g * AB) };
+                            let p = &prep[r * ng + g];
                             let mut s = [_mm256_setzero_si256(); 8];
                             for (k, s) in s.iter_mut().enumerate().take(n) {
-                                // SAFETY: block `k < n` of each row is readable.
+                                // SAFETY: block `k < n` of the activation row is readable.
                                 *s = unsafe {
                                     let y = _mm256_loadu_si256(ag.add(k * AB + 2).cast());
-                                    dp(_mm256_setzero_si256(), decode::<F>(wg.add(k * wb(F))), y)
+                                    dp(_mm256_setzero_si256(), u[k], y)
                                 };
                             }
                             let mut isum = hsum8x8(&s);
@@ -569,26 +596,16 @@ macro_rules! legacy_isa {
                                 let off = unsafe { _mm256_loadu_si256(p.off.as_ptr().cast()) };
                                 isum = _mm256_sub_epi32(isum, off);
                             }
-                            // SAFETY: `n` blocks readable at `wg`.
-                            let (dw, mw) = unsafe {
-                                let dw = f16x8(wg, wb(F), 0, n);
-                                (
-                                    dw,
-                                    if has_min(F) {
-                                        f16x8(wg, wb(F), 2, n)
-                                    } else {
-                                        dw
-                                    },
-                                )
-                            };
                             let v = values::<F>(dw, mw, p, isum);
-                            acc = if n == 8 {
-                                _mm256_add_ps(acc, v)
+                            *acc = if n == 8 {
+                                _mm256_add_ps(*acc, v)
                             } else {
-                                add_masked(acc, v, last_mask)
+                                add_masked(*acc, v, last_mask)
                             };
                         }
-                        out[r * n_w + i] = finish(acc);
+                    }
+                    for (r, acc) in acc.iter().enumerate() {
+                        out[r * n_w + i] = finish(*acc);
                     }
                 }
             }
@@ -1230,10 +1247,11 @@ macro_rules! legacy_isa {
                 if n_w == 0 || n_a == 0 {
                     return;
                 }
-                if n_a < 4 {
-                    rows_path::<F>(ws, n_w, acts, n_a, out)
-                } else {
-                    tile_path::<F>(ws, n_w, acts, n_a, out)
+                match n_a {
+                    1 => rows_path::<F, 1>(ws, n_w, acts, n_a, out),
+                    2 => rows_path::<F, 2>(ws, n_w, acts, n_a, out),
+                    3 => rows_path::<F, 3>(ws, n_w, acts, n_a, out),
+                    _ => tile_path::<F>(ws, n_w, acts, n_a, out),
                 }
             }
 
