@@ -121,16 +121,9 @@ pub struct SamplingArgs {
 impl SamplingArgs {
     /// The sampler parameters these flags describe.
     pub fn params(&self) -> frink_engine::sampling::SamplingParams {
-        let seed = self.seed.unwrap_or_else(|| {
-            use std::hash::{BuildHasher, Hasher};
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u128(
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_nanos()),
-            );
-            h.finish()
-        });
+        let seed = self
+            .seed
+            .unwrap_or_else(frink_engine::sampling::random_seed);
         frink_engine::sampling::SamplingParams {
             temperature: if self.greedy { 0.0 } else { self.temp },
             top_k: self.top_k,

@@ -674,6 +674,19 @@ fn softmax_f32(cands: &mut [Candidate], sorted: bool) {
     }
 }
 
+/// A fresh seed for a request or run that names none (`--seed` absent, no `seed` field):
+/// the clock through the standard library's randomly keyed hasher.
+pub fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
+}
+
 /// The index of the largest logit; ties go to the lowest index and NaN never wins
 /// (an all-NaN row gives 0).
 ///

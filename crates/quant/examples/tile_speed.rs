@@ -194,7 +194,13 @@ fn main() {
         }
     }
     // Small batches (continuous batching's decode steps): ideally the time of n_a = 1.
-    for (ty, r, c) in [(T::Q4_1, 1536, 576), (T::Q5_0, 4864, 896), (T::Q4_K, 4864, 1024), (T::Q6_K, 896, 4864), (T::Q8_0, 4864, 896)] {
+    for (ty, r, c) in [
+        (T::Q4_1, 1536, 576),
+        (T::Q5_0, 4864, 896),
+        (T::Q4_K, 4864, 1024),
+        (T::Q6_K, 896, 4864),
+        (T::Q8_0, 4864, 896),
+    ] {
         if want(&format!("batch {ty}")) {
             for n_a in [1, 2, 3, 4, 6, 8, 16] {
                 prefill(ty, r, c, n_a);

@@ -229,7 +229,7 @@ pub fn gen_options(obj: &Map<String, Value>) -> Result<GenOptions, ApiError> {
     }
     p.seed = match opt_i64(obj, "seed")? {
         Some(s) => s as u64,
-        None => random_seed(),
+        None => frink_engine::sampling::random_seed(),
     };
     let stop = match field(obj, "stop") {
         None => Vec::new(),
@@ -277,18 +277,6 @@ pub fn gen_options(obj: &Map<String, Value>) -> Result<GenOptions, ApiError> {
         stream,
         include_usage,
     })
-}
-
-/// A fresh seed for a request that names none.
-fn random_seed() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.finish()
 }
 
 /// `messages` of a chat request as (role, text) pairs; content may be a string or an array
