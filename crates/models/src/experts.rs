@@ -5,8 +5,11 @@
 //! the OS keeps whatever it likes resident. With one, each routed expert's matrix is copied
 //! out of the mapping into this cache when a token first selects it, the mapped pages it
 //! came from are released ([`frink_gguf::GgufFile::release`]), and the least recently used
-//! matrices are dropped so that the cache never holds more than the budget. The bytes are
-//! the file's bytes, so results are bit-identical with and without a budget.
+//! matrices are dropped so that the cache never holds more than the budget. While one
+//! chosen expert computes, the next chosen expert of the step is read in on another thread
+//! (prefetch). The bytes are the file's bytes, so results are bit-identical with and
+//! without a budget. The matrices of the expert computing (and of the one prefetched) stay
+//! alive while in use even if evicted meanwhile: the budget bounds what the cache keeps.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -265,47 +265,66 @@ impl Model {
         // Each expert over the rows that chose it; results land in slot (row, j).
         let mut slots = vec![0f32; n * k * d];
         let (mut gate, mut up) = (Vec::new(), Vec::new());
-        for e in 0..ne {
-            let picks: Vec<usize> = (0..n * k).filter(|&s| sel[s].0 == e).collect();
-            if picks.is_empty() {
-                continue;
+        // The chosen experts, in index order; under a budget the next one's matrices are
+        // read into the cache (prefetched) while the current one computes.
+        let chosen: Vec<usize> = (0..ne).filter(|&e| sel.iter().any(|s| s.0 == e)).collect();
+        let load = |e: usize| {
+            self.expert_cache.as_ref().map(|cache| {
+                [
+                    m.gate_exps.expert(e),
+                    m.up_exps.expert(e),
+                    m.down_exps.expert(e),
+                ]
+                .map(|w| cache.get(&self.file, &w))
+            })
+        };
+        std::thread::scope(|scope| -> Result<()> {
+            let mut next = None;
+            for (j, &e) in chosen.iter().enumerate() {
+                let cached = match next.take() {
+                    Some(h) => std::thread::ScopedJoinHandle::join(h)
+                        .map_err(|_| ModelError::Unsupported("expert prefetch panicked".into()))?,
+                    None => load(e),
+                };
+                if let (Some(_), Some(&following)) = (&cached, chosen.get(j + 1)) {
+                    next = Some(scope.spawn(move || load(following)));
+                }
+                let picks: Vec<usize> = (0..n * k).filter(|&s| sel[s].0 == e).collect();
+                let xs: Vec<f32> = picks
+                    .iter()
+                    .flat_map(|&s| input[(s / k) * d..(s / k + 1) * d].iter().copied())
+                    .collect();
+                let bias = |b: &Option<Vec<f32>>, len: usize| {
+                    b.as_ref().map(|b| b[e * len..(e + 1) * len].to_vec())
+                };
+                let expert = DenseFfn {
+                    gate: Some(m.gate_exps.expert(e)),
+                    up: m.up_exps.expert(e),
+                    down: m.down_exps.expert(e),
+                    b_gate: bias(&m.gate_exps_bias, mc.n_ff_exp),
+                    b_up: bias(&m.up_exps_bias, mc.n_ff_exp),
+                    b_down: bias(&m.down_exps_bias, d),
+                };
+                let mut ys = vec![0f32; picks.len() * d];
+                // Under a budget the matrices come from the cache (the file's bytes).
+                let bytes = cached.as_ref().map(|c| [&c[0][..], &c[1][..], &c[2][..]]);
+                self.dense_ffn(
+                    &expert,
+                    Ffn::Gated,
+                    mc.n_ff_exp,
+                    &xs,
+                    picks.len(),
+                    &mut gate,
+                    &mut up,
+                    &mut ys,
+                    bytes,
+                )?;
+                for (&s, y) in picks.iter().zip(ys.chunks_exact(d)) {
+                    slots[s * d..(s + 1) * d].copy_from_slice(y);
+                }
             }
-            let xs: Vec<f32> = picks
-                .iter()
-                .flat_map(|&s| input[(s / k) * d..(s / k + 1) * d].iter().copied())
-                .collect();
-            let bias = |b: &Option<Vec<f32>>, len: usize| {
-                b.as_ref().map(|b| b[e * len..(e + 1) * len].to_vec())
-            };
-            let expert = DenseFfn {
-                gate: Some(m.gate_exps.expert(e)),
-                up: m.up_exps.expert(e),
-                down: m.down_exps.expert(e),
-                b_gate: bias(&m.gate_exps_bias, mc.n_ff_exp),
-                b_up: bias(&m.up_exps_bias, mc.n_ff_exp),
-                b_down: bias(&m.down_exps_bias, d),
-            };
-            let mut ys = vec![0f32; picks.len() * d];
-            // Under a budget the expert's matrices come from the cache (the same bytes).
-            let cached = self.expert_cache.as_ref().map(|cache| {
-                [m.gate_exps.expert(e), expert.up, expert.down].map(|w| cache.get(&self.file, &w))
-            });
-            let bytes = cached.as_ref().map(|c| [&c[0][..], &c[1][..], &c[2][..]]);
-            self.dense_ffn(
-                &expert,
-                Ffn::Gated,
-                mc.n_ff_exp,
-                &xs,
-                picks.len(),
-                &mut gate,
-                &mut up,
-                &mut ys,
-                bytes,
-            )?;
-            for (&s, y) in picks.iter().zip(ys.chunks_exact(d)) {
-                slots[s * d..(s + 1) * d].copy_from_slice(y);
-            }
-        }
+            Ok(())
+        })?;
         for (r, o) in out.chunks_exact_mut(d).enumerate() {
             for j in 0..k {
                 let (_, wt) = sel[r * k + j];
