@@ -308,14 +308,24 @@ fn dot_tile_equals_dot_per_pair() {
 fn dot_tile_equals_scalar_on_every_path() {
     let mut rng = Rng(0x7171_0000_0000_0009);
     let mut compared = 0usize;
-    let shapes: [(usize, usize); 12] = [
+    // Decode (1..=3 rows), small batches (4..=8 rows, odd and even weight counts) and
+    // prefill shapes.
+    let shapes: [(usize, usize); 20] = [
         (1, 1),
         (7, 1),
         (17, 1),
         (9, 2),
         (7, 3),
         (1, 4),
+        (6, 4),
+        (3, 5),
+        (8, 5),
+        (5, 6),
+        (1, 7),
         (9, 7),
+        (2, 8),
+        (11, 8),
+        (64, 8),
         (17, 9),
         (7, 17),
         (5, 50),

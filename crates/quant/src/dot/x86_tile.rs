@@ -36,6 +36,9 @@ use std::cell::RefCell;
 use super::Lanes;
 use crate::GgmlType;
 
+mod small;
+pub(super) use small::tile_kernel as small_tile_kernel;
+
 /// Format codes for the const-generic kernels.
 const Q4_0: u8 = 0;
 const Q4_1: u8 = 1;
@@ -395,7 +398,7 @@ macro_rules! legacy_isa {
             /// `wb(F)` readable bytes at `p`.
             #[target_feature(enable = $feat)]
             #[inline]
-            unsafe fn decode<const F: u8>(p: *const u8) -> __m256i {
+            pub(super) unsafe fn decode<const F: u8>(p: *const u8) -> __m256i {
                 // SAFETY (all arms): every read lies inside the block's `wb(F)` bytes.
                 unsafe {
                     match F {
@@ -424,7 +427,7 @@ macro_rules! legacy_isa {
             /// `nb` Q8_0 blocks readable at `a`, `g * 8 < nb`.
             #[target_feature(enable = $feat)]
             #[inline]
-            unsafe fn prep_act<const F: u8, const T: bool>(
+            pub(super) unsafe fn prep_act<const F: u8, const T: bool>(
                 a: *const u8,
                 nb: usize,
                 g: usize,
@@ -1243,7 +1246,13 @@ macro_rules! legacy_isa {
 
             /// Either path, by the number of activation rows.
             #[target_feature(enable = $feat)]
-            fn tile<const F: u8>(ws: &[u8], n_w: usize, acts: &[u8], n_a: usize, out: &mut [f32]) {
+            pub(super) fn tile<const F: u8>(
+                ws: &[u8],
+                n_w: usize,
+                acts: &[u8],
+                n_a: usize,
+                out: &mut [f32],
+            ) {
                 if n_w == 0 || n_a == 0 {
                     return;
                 }
