@@ -353,6 +353,39 @@ unsafe fn f32x8_at(p: *const u8, stride: usize, at: usize, n: usize) -> [f32; 8]
     v
 }
 
+/// The register blocks of `n` activation rows for a register block of `ra` rows:
+/// `(first row, width)` with width `ra` or 2. With `ra = 3` a remainder of one row is
+/// taken as two blocks of two (4 rows: 2 + 2, not 3 + 3 with two padded rows) and a
+/// remainder of two as one block of two, so no padded row is computed (except `n = 1`).
+fn row_blocks(n: usize, ra: usize) -> impl Iterator<Item = (usize, usize)> {
+    let (full, tail, n_tail) = match (ra, n % ra) {
+        (3, 1) if n >= 4 => (n / 3 - 1, [2, 2], 2),
+        (3, 2) => (n / 3, [2, 0], 1),
+        (_, 0) => (n / ra, [0, 0], 0),
+        _ => (n / ra, [ra, 0], 1),
+    };
+    let widths = std::iter::repeat_n(ra, full).chain(tail.into_iter().take(n_tail));
+    widths.scan(0, |at, w| {
+        let start = *at;
+        *at += w;
+        Some((start, w))
+    })
+}
+
+/// The prepared K-quant data of one chunk, for `k_run_rows`.
+#[derive(Clone, Copy)]
+struct KPrep<'a> {
+    wp: &'a [WSb],
+    wsp: &'a [KScales],
+    ap: &'a [ASb],
+    asp: &'a [KScales],
+    nb: usize,
+    n_w: usize,
+    na: usize,
+    ra: usize,
+    r0: usize,
+}
+
 /// Generates one ISA's legacy tile kernels. `$feat` is the target-feature list, `dp` the
 /// product `acc + sum of 4 (u * y)` per i32 lane (`u` unsigned, `y` signed bytes), `hi5`
 /// the Q5 high-bit bytes (0x10 where bit `i` of `qh` is set), `$q8` whether Q8_0 is
@@ -713,27 +746,50 @@ macro_rules! legacy_isa {
                                 unsafe { prep_act::<F, true>(a, nb, g, &mut ap[r * ng + g]) };
                             }
                         }
-                        for ra in (0..na).step_by(RA) {
-                            // Rows past the end repeat the last row; their results are dropped.
-                            let a: [*const AGroup; RA] =
-                                std::array::from_fn(|k| ap[(ra + k).min(na - 1) * ng..].as_ptr());
-                            for i0 in (0..n_w).step_by(RW) {
-                                let w: [*const WGroup; RW] = std::array::from_fn(|k| {
-                                    wp[(i0 + k).min(n_w - 1) * ng..].as_ptr()
-                                });
-                                let mut res = [[0f32; RA]; RW];
-                                // SAFETY: each pointer starts a run of `ng` prepared groups
-                                // of one row (the slices above hold `ng` per row).
-                                unsafe { micro::<F, RW, RA>(w, a, ng, last_mask, &mut res) };
-                                for (k, res) in res.iter().enumerate().take(n_w - i0) {
-                                    for (rr, v) in res.iter().enumerate().take(na - ra) {
-                                        out[(r0 + ra + rr) * n_w + i0 + k] = *v;
-                                    }
-                                }
+                        for (ra, width) in row_blocks(na, RA) {
+                            if width == RA {
+                                run_rows::<F, RW, RA>(wp, ap, ng, n_w, na, ra, r0, last_mask, out);
+                            } else {
+                                run_rows::<F, RW, 2>(wp, ap, ng, n_w, na, ra, r0, last_mask, out);
                             }
                         }
                     }
                 });
+            }
+
+            /// Activation rows `ra .. ra + RB` of a chunk (starting at row `r0`) against
+            /// every prepared weight row, register block by register block.
+            #[target_feature(enable = $feat)]
+            #[inline]
+            #[allow(clippy::too_many_arguments)]
+            fn run_rows<const F: u8, const RW: usize, const RB: usize>(
+                wp: &[WGroup],
+                ap: &[AGroup],
+                ng: usize,
+                n_w: usize,
+                na: usize,
+                ra: usize,
+                r0: usize,
+                last_mask: __m256,
+                out: &mut [f32],
+            ) {
+                assert!(wp.len() >= n_w * ng && ap.len() >= na * ng && ra < na);
+                // Rows past the end repeat the last row; their results are dropped.
+                let a: [*const AGroup; RB] =
+                    std::array::from_fn(|k| ap[(ra + k).min(na - 1) * ng..].as_ptr());
+                for i0 in (0..n_w).step_by(RW) {
+                    let w: [*const WGroup; RW] =
+                        std::array::from_fn(|k| wp[(i0 + k).min(n_w - 1) * ng..].as_ptr());
+                    let mut res = [[0f32; RB]; RW];
+                    // SAFETY: each pointer starts a run of `ng` prepared groups of one row
+                    // (the slices hold `ng` per row, asserted above).
+                    unsafe { micro::<F, RW, RB>(w, a, ng, last_mask, &mut res) };
+                    for (k, res) in res.iter().enumerate().take(n_w - i0) {
+                        for (rr, v) in res.iter().enumerate().take(na - ra) {
+                            out[(r0 + ra + rr) * n_w + i0 + k] = *v;
+                        }
+                    }
+                }
             }
 
             /// A decoded K-quant super-block: the eight 32-value chunks as unsigned bytes,
@@ -1199,30 +1255,73 @@ macro_rules! legacy_isa {
                                 };
                             }
                         }
-                        for ra in (0..na).step_by(RA) {
-                            let rr: [usize; RA] = std::array::from_fn(|k| (ra + k).min(na - 1));
-                            let a = rr.map(|r| ap[r * nb..].as_ptr());
-                            let asc = rr.map(|r| asp[r * ng..].as_ptr());
-                            for i0 in (0..n_w).step_by(RW) {
-                                let ii: [usize; RW] =
-                                    std::array::from_fn(|k| (i0 + k).min(n_w - 1));
-                                let w = ii.map(|i| wp[i * nb..].as_ptr());
-                                let wsc = ii.map(|i| wsp[i * ng..].as_ptr());
-                                let mut res = [[0f32; RA]; RW];
-                                // SAFETY: each pointer starts the `nb` prepared super-blocks
-                                // or `ng` scale groups of one row.
-                                unsafe {
-                                    k_micro::<F, RW, RA>(w, wsc, a, asc, nb, last_mask, &mut res)
-                                };
-                                for (k, res) in res.iter().enumerate().take(n_w - i0) {
-                                    for (q, v) in res.iter().enumerate().take(na - ra) {
-                                        out[(r0 + ra + q) * n_w + i0 + k] = *v;
-                                    }
-                                }
+                        for (ra, width) in row_blocks(na, RA) {
+                            let p = KPrep {
+                                wp,
+                                wsp,
+                                ap,
+                                asp,
+                                nb,
+                                n_w,
+                                na,
+                                ra,
+                                r0,
+                            };
+                            if width == RA {
+                                k_run_rows::<F, RW, RA>(&p, last_mask, out);
+                            } else {
+                                k_run_rows::<F, RW, 2>(&p, last_mask, out);
                             }
                         }
                     }
                 });
+            }
+
+            /// K-quant activation rows `p.ra .. p.ra + RB` of a chunk against every
+            /// prepared weight row, register block by register block.
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn k_run_rows<const F: u8, const RW: usize, const RB: usize>(
+                p: &KPrep<'_>,
+                last_mask: __m256,
+                out: &mut [f32],
+            ) {
+                let KPrep {
+                    wp,
+                    wsp,
+                    ap,
+                    asp,
+                    nb,
+                    n_w,
+                    na,
+                    ra,
+                    r0,
+                } = *p;
+                let ng = nb.div_ceil(8);
+                assert!(
+                    wp.len() >= n_w * nb
+                        && wsp.len() >= n_w * ng
+                        && ap.len() >= na * nb
+                        && asp.len() >= na * ng
+                        && ra < na
+                );
+                let rr: [usize; RB] = std::array::from_fn(|k| (ra + k).min(na - 1));
+                let a = rr.map(|r| ap[r * nb..].as_ptr());
+                let asc = rr.map(|r| asp[r * ng..].as_ptr());
+                for i0 in (0..n_w).step_by(RW) {
+                    let ii: [usize; RW] = std::array::from_fn(|k| (i0 + k).min(n_w - 1));
+                    let w = ii.map(|i| wp[i * nb..].as_ptr());
+                    let wsc = ii.map(|i| wsp[i * ng..].as_ptr());
+                    let mut res = [[0f32; RB]; RW];
+                    // SAFETY: each pointer starts the `nb` prepared super-blocks or `ng`
+                    // scale groups of one row (asserted above).
+                    unsafe { k_micro::<F, RW, RB>(w, wsc, a, asc, nb, last_mask, &mut res) };
+                    for (k, res) in res.iter().enumerate().take(n_w - i0) {
+                        for (q, v) in res.iter().enumerate().take(na - ra) {
+                            out[(r0 + ra + q) * n_w + i0 + k] = *v;
+                        }
+                    }
+                }
             }
 
             /// Either K-quant path, by the number of activation rows.

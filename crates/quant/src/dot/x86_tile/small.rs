@@ -173,50 +173,53 @@ unsafe fn micro<const F: u8, const Q: usize>(
     let mut acc = [[_mm512_setzero_ps(); 4]; 2];
     let per = 8 / Q;
     for g in 0..np.div_ceil(per) {
+        // `pp` runs over a constant range (no early exit), so the loop unrolls and every
+        // accumulator stays in a register.
         for pp in 0..per {
             let p = g * per + pp;
-            if p >= np {
-                break;
-            }
-            let mut s = [_mm512_setzero_si512(); 2];
-            for j in 0..8 {
-                // SAFETY: `p < np`: vector `8p + j` of `aq` and `Q` dwords at
-                // `8Qp + Qj` of each `wq[i]` are readable (caller).
-                unsafe {
-                    let a = _mm512_loadu_si512(b.aq.as_ptr().add(8 * p + j).cast());
-                    for i in 0..2 {
-                        let w = bcast::<Q>(wq[i].add(8 * Q * p + Q * j));
-                        s[i] = _mm512_dpbusd_epi32(s[i], w, a);
+            if p < np {
+                // Two chains per weight row (even and odd dwords) halve the latency.
+                let mut s = [[_mm512_setzero_si512(); 2]; 2];
+                for j in 0..8 {
+                    // SAFETY: `p < np`: vector `8p + j` of `aq` and `Q` dwords at
+                    // `8Qp + Qj` of each `wq[i]` are readable (caller).
+                    unsafe {
+                        let a = _mm512_loadu_si512(b.aq.as_ptr().add(8 * p + j).cast());
+                        for i in 0..2 {
+                            let w = bcast::<Q>(wq[i].add(8 * Q * p + Q * j));
+                            s[i][j % 2] = _mm512_dpbusd_epi32(s[i][j % 2], w, a);
+                        }
                     }
                 }
-            }
-            // SAFETY: `p < np` vectors in each activation buffer (caller).
-            let (dx, off, ys) = unsafe {
-                (
-                    _mm512_loadu_ps(b.ad.as_ptr().add(p).cast()),
-                    _mm512_loadu_si512(b.aoff.as_ptr().add(p).cast()),
-                    _mm512_loadu_ps(b.ays.as_ptr().add(p).cast()),
-                )
-            };
-            for i in 0..2 {
-                // SAFETY: `Q` floats at `Qp` of `wd[i]` / `wm[i]` (caller).
-                let dw = bcast_ps(unsafe { wd[i].add(Q * p) });
-                let isum = if has_min(F) {
-                    s[i]
-                } else {
-                    _mm512_sub_epi32(s[i], off)
+                // SAFETY: `p < np` vectors in each activation buffer (caller).
+                let (dx, off, ys) = unsafe {
+                    (
+                        _mm512_loadu_ps(b.ad.as_ptr().add(p).cast()),
+                        _mm512_loadu_si512(b.aoff.as_ptr().add(p).cast()),
+                        _mm512_loadu_ps(b.ays.as_ptr().add(p).cast()),
+                    )
                 };
-                let mut v = _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum));
-                if has_min(F) {
-                    // SAFETY: as for `dw`.
-                    let mw = bcast_ps(unsafe { wm[i].add(Q * p) });
-                    v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_mul_ps(mw, dx), ys));
+                for i in 0..2 {
+                    // SAFETY: `Q` floats at `Qp` of `wd[i]` / `wm[i]` (caller).
+                    let dw = bcast_ps(unsafe { wd[i].add(Q * p) });
+                    let isum = _mm512_add_epi32(s[i][0], s[i][1]);
+                    let isum = if has_min(F) {
+                        isum
+                    } else {
+                        _mm512_sub_epi32(isum, off)
+                    };
+                    let mut v = _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum));
+                    if has_min(F) {
+                        // SAFETY: as for `dw`.
+                        let mw = bcast_ps(unsafe { wm[i].add(Q * p) });
+                        v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_mul_ps(mw, dx), ys));
+                    }
+                    acc[i][pp] = if p + 1 < np {
+                        _mm512_add_ps(acc[i][pp], v)
+                    } else {
+                        _mm512_mask_add_ps(acc[i][pp], last_mask, acc[i][pp], v)
+                    };
                 }
-                acc[i][pp] = if p + 1 < np {
-                    _mm512_add_ps(acc[i][pp], v)
-                } else {
-                    _mm512_mask_add_ps(acc[i][pp], last_mask, acc[i][pp], v)
-                };
             }
         }
     }
