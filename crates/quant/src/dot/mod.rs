@@ -34,14 +34,20 @@
 //! | AVX-512 F/BW/VL + VNNI | tiles for all ten with 256-bit `vpdpbusd` and 32 registers (single and multi-row: the AVX2 kernels) | `is_x86_feature_detected!`; preferred over AVX2 |
 //! | NEON (baseline) | all ten, single-row (multi-row loops over rows) | `is_aarch64_feature_detected!`; compile-checked only |
 //!
-//! The tile kernels have two paths. Decode (`n_a < 4`): one length check per call, then
+//! The tile kernels have three paths. Small batches on AVX-512 VNNI (legacy formats,
+//! `3 <= n_a <= 8`: a continuous-batching decode step): 512-bit vectors whose lanes hold
+//! `Q` blocks of one weight row by `16 / Q` activation rows; the weight row is decoded
+//! once per call into an interleaved layout whose dwords are broadcast, the activation
+//! rows are prepared once per call (`x86_tile/small.rs`). Decode (`n_a < 4` otherwise):
+//! one length check per call, then
 //! a raw-pointer loop over the weight rows, eight blocks (legacy) or super-blocks
 //! (K-quants) at a time, their block values formed on eight lanes at once. Prefill
 //! (`n_a >= 4`): the tile's weight rows are decoded once per call and the activation
 //! rows once per chunk of 48, both into a transposed layout (vector `j` holds bytes
 //! `4j..4j+4` of eight blocks), so eight `vpdpbusd` (or `maddubs + madd`) give eight
 //! block sums without horizontal sums, and a register block of weight rows by
-//! activation rows reuses every load.
+//! activation rows reuses every load (activation rows in blocks of three, a remainder
+//! in blocks of two, so no padded row is computed).
 //!
 //! AMX is never used.
 //!

@@ -19,7 +19,11 @@
 //!   the activation rows once per chunk of rows, both into a transposed layout (groups
 //!   of eight blocks; vector `j` holds bytes `4j..4j+4` of each of the eight blocks), so
 //!   eight products give the eight block sums with no horizontal sums. A register
-//!   block of `RW` weight rows by `RA` activation rows reuses every load.
+//!   block of `RW` weight rows by `RA` activation rows reuses every load; the activation
+//!   rows are split so that no padded row is computed (`row_blocks`: 4 = 2 + 2).
+//! - Small batches on AVX-512 VNNI (legacy formats, 3 to 8 rows): the `small` submodule
+//!   (512-bit lanes of `Q` blocks by `16 / Q` rows, weight dwords broadcast; its
+//!   `tile_kernel` wraps this file's VNNI one).
 //!
 //! A partial last group (blocks not a multiple of eight) is padded with zero blocks and
 //! added under a lane mask, so padded lanes are never touched (adding `+0.0` would turn

@@ -1,10 +1,10 @@
-//! Small-batch tile kernels (4 to 8 activation rows: the decode step of a continuous
+//! Small-batch tile kernels (3 to 8 activation rows: the decode step of a continuous
 //! batching server) for the five legacy formats on AVX-512 VNNI, with 512-bit vectors.
 //!
 //! The lanes of one 512-bit accumulator hold `Q` consecutive blocks of one weight row
 //! against each of `16 / Q` activation rows (lane `q + Q * r`: block `Q * p + q`,
-//! activation row `r`; `Q = 2` for 5..=8 rows, `Q = 4` for 4 rows). Per group `p` of `Q`
-//! blocks and dword `j` of the blocks:
+//! activation row `r`; `Q = 2` for 5..=8 rows, `Q = 4` for 3 or 4 rows). Per group `p`
+//! of `Q` blocks and dword `j` of the blocks:
 //!
 //! - the weight side is `Q` dwords (`j` of each block, decoded to unsigned values)
 //!   broadcast to every row's lanes, one load: the weight row is decoded once per call
@@ -339,7 +339,7 @@ fn tile<const F: u8>(ws: &[u8], n_w: usize, acts: &[u8], n_a: usize, out: &mut [
         return;
     }
     match n_a {
-        4 => small_path::<F, 4>(ws, n_w, acts, n_a, out),
+        3 | 4 => small_path::<F, 4>(ws, n_w, acts, n_a, out),
         5..=8 => small_path::<F, 2>(ws, n_w, acts, n_a, out),
         _ => super::vnni::tile::<F>(ws, n_w, acts, n_a, out),
     }
