@@ -647,22 +647,42 @@ impl Model {
             rows.extend_from_slice(&x[from * d..r1 * d]);
         }
         let n_rows = rows.len() / d;
-        let mut out = vec![0f32; n_rows * c.n_vocab];
-        if n_rows > 0 {
-            self.norm(&mut rows, &w.output_norm);
-            matmul(&w.output, self.data(&w.output), &rows, n_rows, &mut out)?;
-            if c.logit_scale != 1.0 {
-                out.iter_mut().for_each(|v| *v /= c.logit_scale);
+        // The LM head's product: into the caller's vector for one sequence, else into a
+        // reused per-thread buffer split per sequence afterwards (a fresh multi-megabyte
+        // buffer per decode step cost 13% of an 8-sequence step in page faults).
+        let logits_of = |out: &mut [f32]| -> Result<()> {
+            if n_rows > 0 {
+                self.norm(&mut rows, &w.output_norm);
+                matmul(&w.output, self.data(&w.output), &rows, n_rows, out)?;
+                if c.logit_scale != 1.0 {
+                    out.iter_mut().for_each(|v| *v /= c.logit_scale);
+                }
+                if let Some(cap) = c.final_softcap {
+                    out.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
+                }
             }
-            if let Some(cap) = c.final_softcap {
-                out.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
-            }
+            Ok(())
+        };
+        let mut logits_of = logits_of;
+        if wanted.len() == 1 {
+            let mut out = vec![0f32; n_rows * c.n_vocab];
+            logits_of(&mut out)?;
+            return Ok(vec![out]);
         }
-        Ok(wanted
-            .into_iter()
-            .map(|(first, count)| out[first * c.n_vocab..(first + count) * c.n_vocab].to_vec())
-            .collect())
+        LOGITS_SCRATCH.with_borrow_mut(|out| -> Result<Vec<Vec<f32>>> {
+            out.resize(n_rows * c.n_vocab, 0.0);
+            logits_of(out)?;
+            Ok(wanted
+                .into_iter()
+                .map(|(first, count)| out[first * c.n_vocab..(first + count) * c.n_vocab].to_vec())
+                .collect())
+        })
     }
+}
+
+thread_local! {
+    /// The LM head's output of a multi-sequence call, reused across calls.
+    static LOGITS_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Rows per task of the row-wise steps of the forward pass (RoPE, the gated activation).
