@@ -227,7 +227,7 @@ fn hsum(v: __m256i) -> i32 {
 /// Lane `i` of the result is the sum of the eight lanes of `v[i]` (exact in i32).
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
-fn hsum8x8(v: &[__m256i; 8]) -> __m256i {
+pub(super) fn hsum8x8(v: &[__m256i; 8]) -> __m256i {
     let s01 = _mm256_hadd_epi32(v[0], v[1]);
     let s23 = _mm256_hadd_epi32(v[2], v[3]);
     let s45 = _mm256_hadd_epi32(v[4], v[5]);

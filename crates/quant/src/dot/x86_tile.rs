@@ -37,6 +37,7 @@
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
+use super::x86::hsum8x8;
 use super::Lanes;
 use crate::GgmlType;
 
@@ -151,21 +152,6 @@ fn lane_mask(n: usize) -> __m256 {
     let n = if n == 0 { 8 } else { n as i32 };
     let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx))
-}
-
-/// Lane `i` of the result is the sum of the eight lanes of `v[i]` (exact in `i32`).
-#[target_feature(enable = "avx2,f16c")]
-#[inline]
-fn hsum8x8(v: &[__m256i; 8]) -> __m256i {
-    let s01 = _mm256_hadd_epi32(v[0], v[1]);
-    let s23 = _mm256_hadd_epi32(v[2], v[3]);
-    let s45 = _mm256_hadd_epi32(v[4], v[5]);
-    let s67 = _mm256_hadd_epi32(v[6], v[7]);
-    let s0123 = _mm256_hadd_epi32(s01, s23);
-    let s4567 = _mm256_hadd_epi32(s45, s67);
-    let lo = _mm256_permute2x128_si256::<0x20>(s0123, s4567);
-    let hi = _mm256_permute2x128_si256::<0x31>(s0123, s4567);
-    _mm256_add_epi32(lo, hi)
 }
 
 /// The 8x8 transpose of 32-bit lanes: lane `k` of result `j` is lane `j` of `v[k]`.
