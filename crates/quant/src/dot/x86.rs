@@ -182,7 +182,7 @@ fn nibbles32(qs: &[u8; 16]) -> __m256i {
 /// Byte `i` is 0xFF where bit `i` of `qh` is set, else 0 (ggml's `bytes_from_bits_32`).
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
-fn bits32(qh: u32) -> __m256i {
+pub(super) fn bits32(qh: u32) -> __m256i {
     let x = _mm256_set1_epi32(qh as i32);
     let shuf = _mm256_setr_epi64x(
         0x0000_0000_0000_0000,

@@ -1419,19 +1419,7 @@ legacy_isa!(
         acc,
         _mm256_madd_epi16(_mm256_maddubs_epi16(u, y), _mm256_set1_epi16(1))
     ),
-    hi5 | qh | {
-        let x = _mm256_set1_epi32(qh as i32);
-        let shuf = _mm256_setr_epi64x(
-            0x0000_0000_0000_0000,
-            0x0101_0101_0101_0101,
-            0x0202_0202_0202_0202,
-            0x0303_0303_0303_0303,
-        );
-        let x = _mm256_shuffle_epi8(x, shuf);
-        let others = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe_u64 as i64);
-        let set = _mm256_cmpeq_epi8(_mm256_or_si256(x, others), _mm256_set1_epi64x(-1));
-        _mm256_and_si256(set, _mm256_set1_epi8(0x10))
-    }
+    hi5 | qh | _mm256_and_si256(crate::dot::x86::bits32(qh), _mm256_set1_epi8(0x10))
 );
 
 legacy_isa!(
