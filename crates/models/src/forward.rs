@@ -12,7 +12,7 @@ use crate::arch::{Activation, Ffn, Norm, Position, RopeLayout};
 use crate::config::{Gating, MoeConfig, RopeParams};
 use crate::error::{ModelError, Result};
 use crate::kernels::{
-    add_bias, dot_multi, gelu_tanh, layer_norm, matmul, matmul_many, matrix_row, rms_norm,
+    add_bias, dot_multi_keys, gelu_tanh, layer_norm, matmul, matmul_many, matrix_row, rms_norm,
     rope_angles, rope_rotate, silu, softmax, softmax_with_sink, swiglu_oai, weighted_sum_multi,
     Matrix, Projection,
 };
@@ -698,8 +698,8 @@ pub struct Sequence<'a> {
     pub logits: Logits,
 }
 
-/// Query rows per attention task: each cached key and value row is widened to f32 once
-/// per block of this many query rows (prefill), instead of once per row.
+/// Query rows per attention task (prefill): the block's units share each key and value row
+/// they load while it is in cache.
 const ATTN_ROWS_PER_TASK: usize = 16;
 
 /// One sequence's part of an attention step: its layer cache (keys and values already
@@ -726,9 +726,10 @@ struct AttnSeq<'a> {
 /// Work is split over (sequence, KV head, block of [`ATTN_ROWS_PER_TASK`] query rows),
 /// or per query head for blocks of fewer than 4 rows (decode) when there are too few
 /// sequences to occupy the threads otherwise, largest tasks first. A
-/// task widens the keys and values its block can see to f32 once (exact), then for each
-/// of its query heads computes scores four query rows per key ([`dot_multi`]) and the
-/// weighted value sums four rows at a time ([`weighted_sum_multi`]). Each output element
+/// task reads the keys and values its block can see in place (f16 widened in registers),
+/// taking its (query head, row) pairs four at a time, each key and value row loaded once
+/// for the four: scores ([`dot_multi_keys`]) and weighted value sums ([`weighted_sum_multi`]); a
+/// decode step's four are the query heads that share a KV head. Each output element
 /// is the same sequence of operations whatever the block, the chunk, the batch or the
 /// thread: scores in `dot`'s order, one softmax over the visible keys, values
 /// accumulated in key order.
@@ -790,96 +791,100 @@ fn attention(
         let i1 = (i0 + ATTN_ROWS_PER_TASK).min(n);
         let nr = i1 - i0;
         let g = h0 / group;
-        ATTN_SCRATCH.with_borrow_mut(|s| {
-            let AttnScratch {
-                scores,
-                keys,
-                values,
-            } = s;
+        ATTN_SCORES.with_borrow_mut(|scores| {
             let (t0, t1) = (first_key(p0 + i0), p0 + i1); // keys t0..t1 are read
             let span = t1 - t0;
-            keys.resize(span * hd_k, 0.0);
-            values.resize(span * hd_v, 0.0);
-            for t in t0..t1 {
-                layer.k.read(
-                    t * c.k_dim() + g * hd_k,
-                    &mut keys[(t - t0) * hd_k..][..hd_k],
-                );
-                layer.v.read(
-                    t * c.v_dim() + g * hd_v,
-                    &mut values[(t - t0) * hd_v..][..hd_v],
-                );
+            // KV head g's keys and values of positions t0.., read in place.
+            let keys = layer.k.rows(t0 * c.k_dim() + g * hd_k, c.k_dim());
+            let values = layer.v.rows(t0 * c.v_dim() + g * hd_v, c.v_dim());
+            // The task's units are its (query head, row) pairs, head by head: unit `u` is
+            // head `h0 + u / nr`, row `u % nr` of the block. Units go through the kernels
+            // up to four at a time, sharing each key and value row they load (a decode
+            // step's units are the heads of one KV head).
+            let units = heads * nr;
+            let head = |u: usize| h0 + u / nr;
+            // Unit u sees keys lo(u)..hi(u), relative to t0.
+            let lo = |u: usize| first_key(p0 + i0 + u % nr) - t0;
+            let hi = |u: usize| p0 + i0 + u % nr + 1 - t0;
+            let qrow = |u: usize| &q[(r0 + i0 + u % nr) * c.q_dim() + head(u) * hd_k..][..hd_k];
+            scores.resize(units * span, 0.0);
+            for c0 in (0..units).step_by(4) {
+                let c1 = (c0 + 4).min(units);
+                let (a, b) = ((c0..c1).map(lo).min(), (c0..c1).map(hi).max());
+                let range = a.unwrap_or(0)..b.unwrap_or(0);
+                let mut rows = scores[c0 * span..c1 * span].chunks_exact_mut(span);
+                let mut row = || rows.next().expect("one score row per unit");
+                match c1 - c0 {
+                    4 => dot_multi_keys(
+                        [qrow(c0), qrow(c0 + 1), qrow(c0 + 2), qrow(c0 + 3)],
+                        keys,
+                        range,
+                        [row(), row(), row(), row()],
+                    ),
+                    3 => dot_multi_keys(
+                        [qrow(c0), qrow(c0 + 1), qrow(c0 + 2)],
+                        keys,
+                        range,
+                        [row(), row(), row()],
+                    ),
+                    2 => dot_multi_keys([qrow(c0), qrow(c0 + 1)], keys, range, [row(), row()]),
+                    _ => dot_multi_keys([qrow(c0)], keys, range, [row()]),
+                }
             }
-            // Row i (of the block) sees keys lo(i)..hi(i), relative to t0.
-            let lo = |i: usize| first_key(p0 + i0 + i) - t0;
-            let hi = |i: usize| p0 + i0 + i + 1 - t0;
-            scores.resize(nr * span, 0.0);
-            for h in h0..h0 + heads {
-                let qrow = |i: usize| &q[(r0 + i0 + i) * c.q_dim() + h * hd_k..][..hd_k];
-                // Scores, four rows per key where four rows remain.
-                let mut i = 0;
-                while i < nr {
-                    let rows = if nr - i >= 4 { 4 } else { 1 };
-                    let (a, b) = ((i..i + rows).map(lo).min(), (i..i + rows).map(hi).max());
-                    for t in a.unwrap_or(0)..b.unwrap_or(0) {
-                        let kt = &keys[t * hd_k..][..hd_k];
-                        if rows == 4 {
-                            let d = dot_multi([qrow(i), qrow(i + 1), qrow(i + 2), qrow(i + 3)], kt);
-                            for (r, v) in d.into_iter().enumerate() {
-                                scores[(i + r) * span + t] = score(v, h, t0 + t);
-                            }
-                        } else {
-                            scores[i * span + t] = score(dot_multi([qrow(i)], kt)[0], h, t0 + t);
-                        }
+            for u in 0..units {
+                let (h, row) = (head(u), &mut scores[u * span..(u + 1) * span]);
+                for (t, v) in row.iter_mut().enumerate().take(hi(u)).skip(lo(u)) {
+                    *v = score(*v, h, t0 + t);
+                }
+                softmax_with_sink(&mut row[lo(u)..hi(u)], sinks.map(|s| s[h]));
+            }
+            // Weighted sums of the values. Per unit: its keys before the range that all
+            // units of the chunk see, that shared range with the chunk's units together,
+            // then its keys after it: key order throughout. Without a shared range each
+            // unit does all its keys alone.
+            // SAFETY (for every `outs.range` below): this task alone writes head h of its
+            // rows, and the ranges of different (head, row) units are disjoint.
+            #[allow(unsafe_code)]
+            let orow = |u: usize| unsafe {
+                outs.range((r0 + i0 + u % nr) * row_out + head(u) * hd_v, hd_v)
+            };
+            let prow = |u: usize| &scores[u * span..(u + 1) * span];
+            for c0 in (0..units).step_by(4) {
+                let c1 = (c0 + 4).min(units);
+                let a = (c0..c1).map(lo).max().unwrap_or(0);
+                let b = (c0..c1).map(hi).min().unwrap_or(0);
+                let shared = a < b;
+                for u in c0..c1 {
+                    let o = orow(u);
+                    o.fill(0.0);
+                    let pre_end = if shared { a } else { hi(u) };
+                    weighted_sum_multi([o], [prow(u)], values, lo(u)..pre_end);
+                }
+                if shared {
+                    let v = values;
+                    match c1 - c0 {
+                        4 => weighted_sum_multi(
+                            [orow(c0), orow(c0 + 1), orow(c0 + 2), orow(c0 + 3)],
+                            [prow(c0), prow(c0 + 1), prow(c0 + 2), prow(c0 + 3)],
+                            v,
+                            a..b,
+                        ),
+                        3 => weighted_sum_multi(
+                            [orow(c0), orow(c0 + 1), orow(c0 + 2)],
+                            [prow(c0), prow(c0 + 1), prow(c0 + 2)],
+                            v,
+                            a..b,
+                        ),
+                        2 => weighted_sum_multi(
+                            [orow(c0), orow(c0 + 1)],
+                            [prow(c0), prow(c0 + 1)],
+                            v,
+                            a..b,
+                        ),
+                        _ => weighted_sum_multi([orow(c0)], [prow(c0)], v, a..b),
                     }
-                    i += rows;
-                }
-                for i in 0..nr {
-                    softmax_with_sink(
-                        &mut scores[i * span + lo(i)..i * span + hi(i)],
-                        sinks.map(|s| s[h]),
-                    );
-                }
-                // Weighted sums of the values.
-                // SAFETY (for every `outs.range` below): this task alone writes head h of
-                // its rows, and the ranges of different rows are disjoint.
-                #[allow(unsafe_code)]
-                let orow =
-                    |i: usize| unsafe { outs.range((r0 + i0 + i) * row_out + h * hd_v, hd_v) };
-                let prow = |i: usize| &scores[i * span..(i + 1) * span];
-                let mut i = 0;
-                while i < nr {
-                    if nr - i >= 4 {
-                        let rs = i..i + 4;
-                        let a = rs.clone().map(lo).max().unwrap_or(0);
-                        let b = rs.clone().map(hi).min().unwrap_or(0);
-                        // Per row: its keys before the shared range a..b, the shared range
-                        // four rows at a time, then its keys after it: key order
-                        // throughout. Without a shared range each row does all its keys.
-                        let shared = a < b;
-                        for r in rs.clone() {
-                            let o = orow(r);
-                            o.fill(0.0);
-                            let pre_end = if shared { a } else { hi(r) };
-                            weighted_sum_multi([o], [prow(r)], values, lo(r)..pre_end);
-                        }
-                        if shared {
-                            weighted_sum_multi(
-                                [orow(i), orow(i + 1), orow(i + 2), orow(i + 3)],
-                                [prow(i), prow(i + 1), prow(i + 2), prow(i + 3)],
-                                values,
-                                a..b,
-                            );
-                            for r in rs {
-                                weighted_sum_multi([orow(r)], [prow(r)], values, b..hi(r));
-                            }
-                        }
-                        i += 4;
-                    } else {
-                        let o = orow(i);
-                        o.fill(0.0);
-                        weighted_sum_multi([o], [prow(i)], values, lo(i)..hi(i));
-                        i += 1;
+                    for u in c0..c1 {
+                        weighted_sum_multi([orow(u)], [prow(u)], values, b..hi(u));
                     }
                 }
             }
@@ -887,19 +892,9 @@ fn attention(
     });
 }
 
-/// Per-thread scratch of an attention task.
-#[derive(Default)]
-struct AttnScratch {
-    /// Scores of the block's rows, one row of `span` keys each.
-    scores: Vec<f32>,
-    /// The visible keys and values of the block's KV head, widened to f32.
-    keys: Vec<f32>,
-    values: Vec<f32>,
-}
-
 thread_local! {
-    static ATTN_SCRATCH: std::cell::RefCell<AttnScratch> =
-        std::cell::RefCell::new(AttnScratch::default());
+    /// Per-thread scores of an attention task: one row of its visible keys per unit.
+    static ATTN_SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// The experts one row chooses and their weights: the one routing rule of every MoE

@@ -52,14 +52,17 @@ impl KvStore {
         }
     }
 
-    /// Reads `out.len()` elements from offset `at` as f32 (exact: every f16 is an f32).
-    pub fn read(&self, at: usize, out: &mut [f32]) {
-        match self {
-            KvStore::F16(v) => {
-                use half::slice::HalfFloatSliceExt;
-                v[at..at + out.len()].convert_to_f32_slice(out);
-            }
-            KvStore::F32(v) => out.copy_from_slice(&v[at..at + out.len()]),
+    /// Rows of one head in place: row `t` starts at element `start + t · stride`.
+    pub fn rows(&self, start: usize, stride: usize) -> crate::kernels::KvRows<'_> {
+        use crate::kernels::{KvData, KvRows};
+        let data = match self {
+            KvStore::F16(v) => KvData::F16(v),
+            KvStore::F32(v) => KvData::F32(v),
+        };
+        KvRows {
+            data,
+            start,
+            stride,
         }
     }
 }

@@ -47,6 +47,11 @@ struct Bufs {
     wq: Vec<u32>,
     wd: Vec<f32>,
     wm: Vec<f32>,
+    /// What the activation side was prepared from: the format, `Q`, the row count and a
+    /// copy of the activation bytes. The preparation is a pure function of these, so the next call
+    /// with the same ones (the next tile of the same matrix product) reuses it.
+    prepared_for: Option<(u8, usize, usize)>,
+    prepared_acts: Vec<u8>,
 }
 
 thread_local! {
@@ -247,6 +252,46 @@ fn finish<const Q: usize>(acc: &[__m512; 4]) -> __m512 {
     }
 }
 
+/// Prepares the activation side of `n_a` rows (`ab` bytes each, `nb` blocks) into `b`'s
+/// `aq`, `ad`, `aoff` and `ays` (see the module doc).
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn prep_acts<const F: u8, const Q: usize>(
+    b: &mut Bufs,
+    acts: &[u8],
+    n_a: usize,
+    ab: usize,
+    nb: usize,
+) {
+    let (np, ng) = (nb.div_ceil(Q), nb.div_ceil(8));
+    b.aq.clear();
+    b.aq.resize(8 * np, [0; 16]);
+    b.ad.clear();
+    b.ad.resize(np, [0.0; 16]);
+    b.aoff.clear();
+    b.aoff.resize(np, [0; 16]);
+    b.ays.clear();
+    b.ays.resize(np, [0.0; 16]);
+    let mut grp: AGroup = AZERO;
+    for r in 0..n_a {
+        let row = &acts[r * ab..][..ab];
+        for g in 0..ng {
+            // SAFETY: `row` is a whole row of `nb` blocks (geometry); `8g < nb`.
+            unsafe { prep_act::<F, false>(row.as_ptr(), nb, g, &mut grp) };
+            for k in 0..(nb - 8 * g).min(8) {
+                let blk = 8 * g + k;
+                let (p, lane) = (blk / Q, blk % Q + Q * r);
+                b.ad[p][lane] = grp.d[k];
+                b.aoff[p][lane] = grp.off[k];
+                b.ays[p][lane] = grp.ys[k];
+                let qs = &row[blk * AB + 2..][..32];
+                for (j, c) in qs.chunks_exact(4).enumerate() {
+                    b.aq[8 * p + j][lane] = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                }
+            }
+        }
+    }
+}
+
 /// The small-batch path: `n_a * Q <= 16` activation rows.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn small_path<const F: u8, const Q: usize>(
@@ -263,32 +308,12 @@ fn small_path<const F: u8, const Q: usize>(
     let rem = nb - (np - 1) * Q;
     let last_mask = (0..16).fold(0u16, |m, l| m | (u16::from(l % Q < rem) << l));
     BUFS.with_borrow_mut(|b| {
-        b.aq.clear();
-        b.aq.resize(8 * np, [0; 16]);
-        b.ad.clear();
-        b.ad.resize(np, [0.0; 16]);
-        b.aoff.clear();
-        b.aoff.resize(np, [0; 16]);
-        b.ays.clear();
-        b.ays.resize(np, [0.0; 16]);
-        let mut grp: AGroup = AZERO;
-        for r in 0..n_a {
-            let row = &acts[r * ab..][..ab];
-            for g in 0..ng {
-                // SAFETY: `row` is a whole row of `nb` blocks (geometry); `8g < nb`.
-                unsafe { prep_act::<F, false>(row.as_ptr(), nb, g, &mut grp) };
-                for k in 0..(nb - 8 * g).min(8) {
-                    let blk = 8 * g + k;
-                    let (p, lane) = (blk / Q, blk % Q + Q * r);
-                    b.ad[p][lane] = grp.d[k];
-                    b.aoff[p][lane] = grp.off[k];
-                    b.ays[p][lane] = grp.ys[k];
-                    let qs = &row[blk * AB + 2..][..32];
-                    for (j, c) in qs.chunks_exact(4).enumerate() {
-                        b.aq[8 * p + j][lane] = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                    }
-                }
-            }
+        let acts = &acts[..n_a * ab];
+        if b.prepared_for != Some((F, Q, n_a)) || b.prepared_acts[..] != *acts {
+            prep_acts::<F, Q>(b, acts, n_a, ab, nb);
+            b.prepared_for = Some((F, Q, n_a));
+            b.prepared_acts.clear();
+            b.prepared_acts.extend_from_slice(acts);
         }
         let (qn, dn) = (8 * Q * np, 8 * ng);
         b.wq.clear();

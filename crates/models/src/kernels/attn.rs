@@ -1,0 +1,444 @@
+//! Attention's inner kernels over cached keys and values read in place (f16 or f32):
+//! scores of up to four query rows against a run of key rows, and weighted sums of value
+//! rows for up to four query rows. Every element has the bits of the scalar rule whatever
+//! the number of rows sharing a call and however the cache stores the rows: the f16 →
+//! f32 widening is exact, so reading f16 in place (F16C) equals widening to f32 first.
+
+use half::f16;
+
+/// The stored elements of a KV cache (or any row-major matrix).
+#[derive(Clone, Copy, Debug)]
+pub enum KvData<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+}
+
+/// Rows of one head in a KV cache: row `t` is the elements `start + t·stride ..` (as many
+/// as the kernel's head size), i.e. one KV head's part of consecutive positions.
+#[derive(Clone, Copy, Debug)]
+pub struct KvRows<'a> {
+    pub data: KvData<'a>,
+    pub start: usize,
+    pub stride: usize,
+}
+
+impl<'a> KvRows<'a> {
+    /// Consecutive rows of `width` values of an f32 slice.
+    pub fn contiguous(v: &'a [f32], width: usize) -> KvRows<'a> {
+        KvRows {
+            data: KvData::F32(v),
+            start: 0,
+            stride: width,
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self.data {
+            KvData::F32(s) => s.len(),
+            KvData::F16(s) => s.len(),
+        }
+    }
+
+    /// Panics unless rows `range` of `width` elements lie inside the data.
+    fn check(&self, range: &std::ops::Range<usize>, width: usize, what: &str) {
+        if let Some(last) = range.end.checked_sub(1).filter(|_| !range.is_empty()) {
+            let end = self.start + last * self.stride + width;
+            assert!(end <= self.len(), "{what}: rows {range:?} pass the data");
+        }
+    }
+
+    /// Element `e` of row `t`, as f32.
+    #[inline(always)]
+    fn get(&self, t: usize, e: usize) -> f32 {
+        let i = self.start + t * self.stride + e;
+        match self.data {
+            KvData::F32(s) => s[i],
+            KvData::F16(s) => s[i].to_f32(),
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_avx2_f16c() -> bool {
+    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("f16c")
+}
+
+/// Eight elements at `p` (f16 if `H`, else f32) as f32.
+///
+/// # Safety
+/// Eight elements readable at `p`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn load8<const H: bool>(p: *const u8) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    // SAFETY: eight elements readable (caller).
+    unsafe {
+        if H {
+            _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
+        } else {
+            _mm256_loadu_ps(p.cast())
+        }
+    }
+}
+
+/// The base pointer, whether the data is f16, and the element size of `rows`.
+#[cfg(target_arch = "x86_64")]
+fn raw(rows: &KvRows<'_>) -> (*const u8, bool, usize) {
+    match rows.data {
+        KvData::F32(s) => (s.as_ptr().cast(), false, 4),
+        KvData::F16(s) => (s.as_ptr().cast(), true, 2),
+    }
+}
+
+/// Scores of `R` query rows against a run of key rows: `out_r[t]` = the dot product of
+/// `q_r` with key row `t` of `keys` for every `t` in `range` (`hd = q_r.len()` elements a
+/// row), each with exactly the bits of [`super::dot`] on the widened key. AVX2 + F16C
+/// where available ([`dot_multi_keys_portable`] is the twin).
+///
+/// Panics if a row of `out` is shorter than `range.end`, the query rows differ in length,
+/// or the key rows pass the end of `keys`.
+#[inline]
+pub fn dot_multi_keys<const R: usize>(
+    q: [&[f32]; R],
+    keys: KvRows<'_>,
+    range: std::ops::Range<usize>,
+    out: [&mut [f32]; R],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_f16c() {
+        // SAFETY: AVX2 and F16C are available (checked above).
+        #[allow(unsafe_code)]
+        return unsafe {
+            match keys.data {
+                KvData::F16(_) => dot_multi_keys_avx2::<R, true>(q, keys, range, out),
+                KvData::F32(_) => dot_multi_keys_avx2::<R, false>(q, keys, range, out),
+            }
+        };
+    }
+    dot_multi_keys_portable(q, keys, range, out)
+}
+
+fn check_keys<const R: usize>(
+    q: &[&[f32]; R],
+    keys: &KvRows<'_>,
+    range: &std::ops::Range<usize>,
+    out: &[&mut [f32]; R],
+) -> usize {
+    let hd = q.first().map_or(0, |r| r.len());
+    for r in 0..R {
+        assert_eq!(q[r].len(), hd, "dot_multi_keys: query lengths");
+        assert!(
+            range.is_empty() || out[r].len() >= range.end,
+            "dot_multi_keys: score rows"
+        );
+    }
+    keys.check(range, hd, "dot_multi_keys");
+    hd
+}
+
+/// [`dot_multi_keys`] with AVX2: lane `l` of one 256-bit accumulator per query row takes
+/// elements `l, l+8, …` (a multiply, then an add: never fused), the lanes combined in
+/// `dot`'s tree, then the tail.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+fn dot_multi_keys_avx2<const R: usize, const H: bool>(
+    q: [&[f32]; R],
+    keys: KvRows<'_>,
+    range: std::ops::Range<usize>,
+    out: [&mut [f32]; R],
+) {
+    use std::arch::x86_64::*;
+    let hd = check_keys(&q, &keys, &range, &out);
+    let (base, _, el) = raw(&keys);
+    let n8 = hd / 8 * 8;
+    for t in range {
+        let row = keys.start + t * keys.stride;
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut c = 0;
+        while c < n8 {
+            // SAFETY: c + 8 <= hd: row t's elements c..c+8 lie inside the data (checked
+            // above) and inside every query row (length hd).
+            #[allow(unsafe_code)]
+            unsafe {
+                let kc = load8::<H>(base.add((row + c) * el));
+                for (a, qr) in acc.iter_mut().zip(&q) {
+                    let qc = _mm256_loadu_ps(qr.as_ptr().add(c));
+                    *a = _mm256_add_ps(*a, _mm256_mul_ps(qc, kc));
+                }
+            }
+            c += 8;
+        }
+        for r in 0..R {
+            // [a0+a4, a1+a5, a2+a6, a3+a7], then (s0+s1) + (s2+s3).
+            let s4 = _mm_add_ps(
+                _mm256_castps256_ps128(acc[r]),
+                _mm256_extractf128_ps::<1>(acc[r]),
+            );
+            let h = _mm_hadd_ps(s4, s4);
+            let mut s = _mm_cvtss_f32(h) + _mm_cvtss_f32(_mm_movehdup_ps(h));
+            for i in n8..hd {
+                s += q[r][i] * keys.get(t, i);
+            }
+            out[r][t] = s;
+        }
+    }
+}
+
+/// [`dot_multi_keys`] compiled for the baseline ISA: per row the lanes, products, sums and
+/// final combination of [`super::dot_portable`].
+pub fn dot_multi_keys_portable<const R: usize>(
+    q: [&[f32]; R],
+    keys: KvRows<'_>,
+    range: std::ops::Range<usize>,
+    out: [&mut [f32]; R],
+) {
+    let hd = check_keys(&q, &keys, &range, &out);
+    let n8 = hd / 8 * 8;
+    for t in range {
+        let mut acc = [[0f32; 8]; R];
+        for c in (0..n8).step_by(8) {
+            for l in 0..8 {
+                let k = keys.get(t, c + l);
+                for (a, qr) in acc.iter_mut().zip(&q) {
+                    a[l] += qr[c + l] * k;
+                }
+            }
+        }
+        for r in 0..R {
+            let a = &acc[r];
+            let mut s = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+            for i in n8..hd {
+                s += q[r][i] * keys.get(t, i);
+            }
+            out[r][t] = s;
+        }
+    }
+}
+
+/// Weighted sums of value rows for `R` query rows: `o_r[e] += p_r[t] · v[t][e]` for the
+/// keys `t` in `keys`, in key order (`hd = o_r.len()` elements a value row). Each element
+/// gets exactly the bits of calling [`super::axpy`] once per key in key order on the
+/// widened value row; the outputs stay in registers across keys. AVX2 + F16C where
+/// available ([`weighted_sum_multi_portable`] is the twin).
+///
+/// Panics if a row of `p` is shorter than `keys.end`, the output rows differ in length,
+/// or the value rows pass the end of `v`.
+#[inline]
+pub fn weighted_sum_multi<const R: usize>(
+    o: [&mut [f32]; R],
+    p: [&[f32]; R],
+    v: KvRows<'_>,
+    keys: std::ops::Range<usize>,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_f16c() {
+        // SAFETY: AVX2 and F16C are available (checked above).
+        #[allow(unsafe_code)]
+        return unsafe {
+            match v.data {
+                KvData::F16(_) => weighted_sum_multi_avx2::<R, true>(o, p, v, keys),
+                KvData::F32(_) => weighted_sum_multi_avx2::<R, false>(o, p, v, keys),
+            }
+        };
+    }
+    weighted_sum_multi_portable(o, p, v, keys)
+}
+
+fn check_values<const R: usize>(
+    o: &[&mut [f32]; R],
+    p: &[&[f32]; R],
+    v: &KvRows<'_>,
+    keys: &std::ops::Range<usize>,
+) -> usize {
+    let hd = o.first().map_or(0, |r| r.len());
+    for r in 0..R {
+        assert_eq!(o[r].len(), hd, "weighted_sum_multi: output lengths");
+        assert!(
+            keys.is_empty() || p[r].len() >= keys.end,
+            "weighted_sum_multi: scores"
+        );
+    }
+    v.check(keys, hd, "weighted_sum_multi");
+    hd
+}
+
+/// [`weighted_sum_multi`] with AVX2: 16 outputs per row held in two registers across the
+/// keys (a multiply, then an add per key: never fused); the tail elements as the portable
+/// code does them.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+fn weighted_sum_multi_avx2<const R: usize, const H: bool>(
+    mut o: [&mut [f32]; R],
+    p: [&[f32]; R],
+    v: KvRows<'_>,
+    keys: std::ops::Range<usize>,
+) {
+    use std::arch::x86_64::*;
+    let hd = check_values(&o, &p, &v, &keys);
+    let (base, _, el) = raw(&v);
+    let n16 = hd / 16 * 16;
+    let mut e0 = 0;
+    while e0 < n16 {
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        // SAFETY: e0 + 16 <= hd = o[r].len(); for t in keys, t < p[r].len() and row t's
+        // elements e0..e0+16 lie inside the data (checked above).
+        #[allow(unsafe_code)]
+        unsafe {
+            for (a, or) in acc.iter_mut().zip(o.iter()) {
+                a[0] = _mm256_loadu_ps(or.as_ptr().add(e0));
+                a[1] = _mm256_loadu_ps(or.as_ptr().add(e0 + 8));
+            }
+            for t in keys.clone() {
+                let vp = base.add((v.start + t * v.stride + e0) * el);
+                let (v0, v1) = (load8::<H>(vp), load8::<H>(vp.add(8 * el)));
+                for (a, pr) in acc.iter_mut().zip(&p) {
+                    let pt = _mm256_set1_ps(*pr.get_unchecked(t));
+                    a[0] = _mm256_add_ps(a[0], _mm256_mul_ps(pt, v0));
+                    a[1] = _mm256_add_ps(a[1], _mm256_mul_ps(pt, v1));
+                }
+            }
+            for (a, or) in acc.iter().zip(o.iter_mut()) {
+                _mm256_storeu_ps(or.as_mut_ptr().add(e0), a[0]);
+                _mm256_storeu_ps(or.as_mut_ptr().add(e0 + 8), a[1]);
+            }
+        }
+        e0 += 16;
+    }
+    for e in n16..hd {
+        for (or, pr) in o.iter_mut().zip(&p) {
+            let mut a = or[e];
+            for t in keys.clone() {
+                a += pr[t] * v.get(t, e);
+            }
+            or[e] = a;
+        }
+    }
+}
+
+/// [`weighted_sum_multi`] compiled for the baseline ISA.
+pub fn weighted_sum_multi_portable<const R: usize>(
+    mut o: [&mut [f32]; R],
+    p: [&[f32]; R],
+    v: KvRows<'_>,
+    keys: std::ops::Range<usize>,
+) {
+    let hd = check_values(&o, &p, &v, &keys);
+    for (or, pr) in o.iter_mut().zip(&p) {
+        for t in keys.clone() {
+            for (e, a) in or.iter_mut().enumerate() {
+                *a += pr[t] * v.get(t, e);
+            }
+        }
+    }
+    let _ = hd;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::{axpy, dot};
+
+    /// The multi-row kernels give the bits of `dot` and of `axpy` per key on the widened
+    /// rows, on every build, for f32 and f16 rows, strided and contiguous, for head sizes
+    /// with and without a tail, and for 1 to 4 rows.
+    #[test]
+    fn attention_kernels_match_dot_and_axpy() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        };
+        for hd in [1, 8, 20, 64, 72, 256] {
+            let n_keys = 9;
+            let stride = hd * 3 + 5; // another head's elements between the rows
+            let start = hd + 2;
+            let raw: Vec<f32> = (0..start + n_keys * stride).map(|_| rnd() * 5.0).collect();
+            let half: Vec<f16> = raw.iter().map(|&x| f16::from_f32(x)).collect();
+            let q: Vec<Vec<f32>> = (0..4).map(|_| (0..hd).map(|_| rnd()).collect()).collect();
+            let p: Vec<Vec<f32>> = (0..4)
+                .map(|_| (0..n_keys).map(|_| rnd().abs()).collect())
+                .collect();
+            for data in [KvData::F32(&raw), KvData::F16(&half)] {
+                let rows = KvRows {
+                    data,
+                    start,
+                    stride,
+                };
+                // The widened rows, contiguous: the reference's input.
+                let wide: Vec<f32> = (0..n_keys)
+                    .flat_map(|t| (0..hd).map(move |e| (t, e)))
+                    .map(|(t, e)| rows.get(t, e))
+                    .collect();
+                let range = 2..7;
+                let want_s: Vec<Vec<f32>> = q
+                    .iter()
+                    .map(|qr| {
+                        (0..n_keys)
+                            .map(|t| {
+                                if range.contains(&t) {
+                                    dot(qr, &wide[t * hd..(t + 1) * hd])
+                                } else {
+                                    -9.0
+                                }
+                            })
+                            .collect()
+                    })
+                    .collect();
+                let mut want_o = vec![vec![0.5f32; hd]; 4];
+                for (r, o) in want_o.iter_mut().enumerate() {
+                    for t in range.clone() {
+                        axpy(o, p[r][t], &wide[t * hd..(t + 1) * hd]);
+                    }
+                }
+                for simd in [true, false] {
+                    let mut s = vec![vec![-9.0f32; n_keys]; 4];
+                    let mut o = vec![vec![0.5f32; hd]; 4];
+                    {
+                        let [s0, s1, s2, s3] = &mut s[..] else {
+                            unreachable!()
+                        };
+                        let [o0, o1, o2, o3] = &mut o[..] else {
+                            unreachable!()
+                        };
+                        let (q0, q1, q2, q3) = (&q[0][..], &q[1][..], &q[2][..], &q[3][..]);
+                        let (p0, p1, p2, p3) = (&p[0][..], &p[1][..], &p[2][..], &p[3][..]);
+                        let r = range.clone();
+                        if simd {
+                            dot_multi_keys([q0, q1, q2], rows, r.clone(), [s0, s1, s2]);
+                            dot_multi_keys([q3], rows, r.clone(), [s3]);
+                            weighted_sum_multi([o0], [p0], rows, r.clone());
+                            weighted_sum_multi([o1, o2, o3], [p1, p2, p3], rows, r.clone());
+                        } else {
+                            dot_multi_keys_portable([q0, q1], rows, r.clone(), [s0, s1]);
+                            dot_multi_keys_portable([q2, q3], rows, r.clone(), [s2, s3]);
+                            weighted_sum_multi_portable(
+                                [o0, o1, o2, o3],
+                                [p0, p1, p2, p3],
+                                rows,
+                                r.clone(),
+                            );
+                        }
+                    }
+                    let bits = |v: &Vec<Vec<f32>>| -> Vec<u32> {
+                        v.iter().flatten().map(|x| x.to_bits()).collect()
+                    };
+                    assert_eq!(bits(&s), bits(&want_s), "scores hd {hd} simd {simd}");
+                    assert_eq!(bits(&o), bits(&want_o), "values hd {hd} simd {simd}");
+                }
+            }
+        }
+    }
+
+    /// Rows past the end of the data are refused, not read.
+    #[test]
+    #[should_panic(expected = "pass the data")]
+    fn rows_past_the_data_panic() {
+        let v = vec![0f32; 64];
+        let rows = KvRows::contiguous(&v, 16);
+        let mut o = vec![0f32; 16];
+        weighted_sum_multi([&mut o[..]], [&[1.0; 8][..]], rows, 0..5);
+    }
+}
