@@ -177,8 +177,8 @@ fn dot_multi_keys_avx2<const R: usize, const H: bool>(
             );
             let h = _mm_hadd_ps(s4, s4);
             let mut s = _mm_cvtss_f32(h) + _mm_cvtss_f32(_mm_movehdup_ps(h));
-            for i in n8..hd {
-                s += q[r][i] * keys.get(t, i);
+            for (i, &qi) in q[r].iter().enumerate().skip(n8) {
+                s += qi * keys.get(t, i);
             }
             out[r][t] = s;
         }
@@ -208,8 +208,8 @@ pub fn dot_multi_keys_portable<const R: usize>(
         for r in 0..R {
             let a = &acc[r];
             let mut s = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
-            for i in n8..hd {
-                s += q[r][i] * keys.get(t, i);
+            for (i, &qi) in q[r].iter().enumerate().skip(n8) {
+                s += qi * keys.get(t, i);
             }
             out[r][t] = s;
         }
