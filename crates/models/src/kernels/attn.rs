@@ -438,7 +438,7 @@ mod tests {
     fn rows_past_the_data_panic() {
         let v = vec![0f32; 64];
         let rows = KvRows::contiguous(&v, 16);
-        let mut o = vec![0f32; 16];
+        let mut o = [0f32; 16];
         weighted_sum_multi([&mut o[..]], [&[1.0; 8][..]], rows, 0..5);
     }
 }
