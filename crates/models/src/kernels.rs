@@ -8,8 +8,8 @@
 mod attn;
 
 pub use attn::{
-    dot_multi_keys, dot_multi_keys_portable, weighted_sum_multi, weighted_sum_multi_portable,
-    KvData, KvRows,
+    dot_multi_keys, dot_multi_keys_portable, exp_neg, softmax_with_sink,
+    softmax_with_sink_portable, weighted_sum_multi, weighted_sum_multi_portable, KvData, KvRows,
 };
 
 use crate::error::Result;
@@ -435,28 +435,9 @@ pub fn gelu_tanh(x: f32) -> f32 {
     x / (1.0 + (-2.0 * u).exp())
 }
 
-/// Softmax of `x` in place: max subtracted, exponentials summed in f64.
+/// Softmax of `x` in place ([`softmax_with_sink`] without a sink).
 pub fn softmax(x: &mut [f32]) {
     softmax_with_sink(x, None)
-}
-
-/// Softmax of `x` in place with an optional extra logit that joins the max and the sum but
-/// gets no output (an attention sink: llama.cpp `ggml_soft_max_ext` with sinks,
-/// transformers `eager_attention_forward` of GptOss).
-pub fn softmax_with_sink(x: &mut [f32], sink: Option<f32>) {
-    let mut max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    if let Some(s) = sink {
-        max = max.max(s);
-    }
-    let mut sum = sink.map_or(0f64, |s| (s - max).exp() as f64);
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v as f64;
-    }
-    let inv = (1.0 / sum) as f32;
-    for v in x.iter_mut() {
-        *v *= inv;
-    }
 }
 
 /// gpt-oss's clamped SwiGLU of one gate/up pair: `g = min(gate, 7)`, `u = clamp(up, -7, 7)`,
