@@ -110,7 +110,8 @@ const TASKS_PER_THREAD_DECODE: usize = 4;
 /// 32 rows 396 / 1029 / 782, 64 rows 420 / 1064 / 822, 128 rows 417 / 1066 / 826.
 const ROWS_PER_TASK_BATCH: usize = 64;
 
-/// Input rows quantized per task of [`matmul_many`]'s activation quantization.
+/// Input rows quantized per task of [`matmul_many`]'s activation quantization (at most;
+/// fewer rows are split evenly over the threads).
 const ROWS_PER_QUANTIZE_TASK: usize = 16;
 
 /// One projection of [`matmul_many`]: `out = x · Wᵀ` for the matrix `w` whose stored
@@ -195,8 +196,12 @@ pub fn matmul_many<'a>(projs: &mut [Projection<'a>], x: &[f32], n: usize) -> Res
                     })? as usize;
                 let mut q = vec![0u8; n * ab];
                 let failed = std::sync::Mutex::new(None);
-                crate::pool::for_each_chunk(&mut q, ROWS_PER_QUANTIZE_TASK * ab, &|i, part| {
-                    let rows = &x[i * ROWS_PER_QUANTIZE_TASK * cols..];
+                // A decode step's few rows are spread over the threads too.
+                let per = n
+                    .div_ceil(crate::pool::threads())
+                    .clamp(1, ROWS_PER_QUANTIZE_TASK);
+                crate::pool::for_each_chunk(&mut q, per * ab, &|i, part| {
+                    let rows = &x[i * per * cols..];
                     for (xi, ai) in rows.chunks_exact(cols).zip(part.chunks_exact_mut(ab)) {
                         if let Err(e) = quantize_activation(act, xi, ai) {
                             *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);

@@ -94,7 +94,10 @@ mod x86;
 #[allow(unsafe_code)]
 mod x86_tile;
 
-pub use quantize::{quantize_activation, quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k};
+pub use quantize::{
+    quantize_activation, quantize_row_q8_0, quantize_row_q8_0_scalar, quantize_row_q8_1,
+    quantize_row_q8_1_scalar, quantize_row_q8_k,
+};
 
 use crate::GgmlType;
 

@@ -95,41 +95,146 @@ fn check(x: &[f32], out: &[u8], ty: GgmlType) -> Result<usize, DotError> {
 }
 
 /// Quantizes `x` to Q8_0 blocks (34 bytes per 32 values) in `out`, bit-exact with ggml's
-/// `quantize_row_q8_0_ref`.
+/// `quantize_row_q8_0_ref`. AVX2 where available ([`quantize_row_q8_0_scalar`] is the
+/// twin).
 ///
 /// # Errors
 /// [`DotError::Quantize`] unless `x.len()` is a multiple of 32 and `out.len()` is
 /// `x.len() / 32 * 34`.
 pub fn quantize_row_q8_0(x: &[f32], out: &mut [u8]) -> Result<(), DotError> {
     check(x, out, GgmlType::Q8_0)?;
-    for (x, b) in x.chunks_exact(32).zip(out.chunks_exact_mut(34)) {
-        let (d, qs) = q8_block(x);
-        b[0..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
-        for (o, q) in b[2..].iter_mut().zip(qs) {
-            *o = q as u8;
-        }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 is available (checked above).
+        #[allow(unsafe_code)]
+        unsafe {
+            q8_rows_avx2::<false>(x, out)
+        };
+        return Ok(());
     }
+    q8_rows::<false>(x, out, q8_block);
+    Ok(())
+}
+
+/// [`quantize_row_q8_0`] compiled for the baseline ISA.
+///
+/// # Errors
+/// As [`quantize_row_q8_0`].
+pub fn quantize_row_q8_0_scalar(x: &[f32], out: &mut [u8]) -> Result<(), DotError> {
+    check(x, out, GgmlType::Q8_0)?;
+    q8_rows::<false>(x, out, q8_block);
     Ok(())
 }
 
 /// Quantizes `x` to Q8_1 blocks (36 bytes per 32 values) in `out`, bit-exact with ggml's
-/// `quantize_row_q8_1_ref`. Its `d` and `qs` equal Q8_0's for the same input.
+/// `quantize_row_q8_1_ref`. Its `d` and `qs` equal Q8_0's for the same input. AVX2 where
+/// available ([`quantize_row_q8_1_scalar`] is the twin).
 ///
 /// # Errors
 /// [`DotError::Quantize`] unless `x.len()` is a multiple of 32 and `out.len()` is
 /// `x.len() / 32 * 36`.
 pub fn quantize_row_q8_1(x: &[f32], out: &mut [u8]) -> Result<(), DotError> {
     check(x, out, GgmlType::Q8_1)?;
-    for (x, b) in x.chunks_exact(32).zip(out.chunks_exact_mut(36)) {
-        let (d, qs) = q8_block(x);
-        let sum: i32 = qs.iter().map(|&q| i32::from(q)).sum();
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 is available (checked above).
+        #[allow(unsafe_code)]
+        unsafe {
+            q8_rows_avx2::<true>(x, out)
+        };
+        return Ok(());
+    }
+    q8_rows::<true>(x, out, q8_block);
+    Ok(())
+}
+
+/// [`quantize_row_q8_1`] compiled for the baseline ISA.
+///
+/// # Errors
+/// As [`quantize_row_q8_1`].
+pub fn quantize_row_q8_1_scalar(x: &[f32], out: &mut [u8]) -> Result<(), DotError> {
+    check(x, out, GgmlType::Q8_1)?;
+    q8_rows::<true>(x, out, q8_block);
+    Ok(())
+}
+
+/// The Q8_0 (`SUM` false) or Q8_1 (`SUM` true) blocks of `x` into `out` (lengths checked
+/// by the caller), each block's `(d, qs)` from `block`.
+#[inline(always)]
+fn q8_rows<const SUM: bool>(x: &[f32], out: &mut [u8], block: impl Fn(&[f32]) -> (f32, [i8; 32])) {
+    let bytes = if SUM { 36 } else { 34 };
+    for (x, b) in x.chunks_exact(32).zip(out.chunks_exact_mut(bytes)) {
+        let (d, qs) = block(x);
         b[0..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
-        b[2..4].copy_from_slice(&f16::from_f32(sum as f32 * d).to_le_bytes());
-        for (o, q) in b[4..].iter_mut().zip(qs) {
+        if SUM {
+            let sum: i32 = qs.iter().map(|&q| i32::from(q)).sum();
+            b[2..4].copy_from_slice(&f16::from_f32(sum as f32 * d).to_le_bytes());
+        }
+        for (o, q) in b[bytes - 32..].iter_mut().zip(qs) {
             *o = q as u8;
         }
     }
-    Ok(())
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn q8_rows_avx2<const SUM: bool>(x: &[f32], out: &mut [u8]) {
+    q8_rows::<SUM>(x, out, |x| {
+        // SAFETY: this function runs only with AVX2 (its target feature).
+        #[allow(unsafe_code)]
+        unsafe {
+            q8_block_avx2(x)
+        }
+    })
+}
+
+/// [`q8_block`] on AVX2: the same `amax` (a maximum does not depend on the order), `d`,
+/// `id`, and per value the same truncate-then-step-away rounding as `round_away`.
+///
+/// # Safety
+/// AVX2 available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+#[allow(unsafe_code)]
+unsafe fn q8_block_avx2(x: &[f32]) -> (f32, [i8; 32]) {
+    use std::arch::x86_64::*;
+    let x: &[f32; 32] = x.try_into().expect("a block of 32 values");
+    // SAFETY: `x` is 32 floats: four loads of eight.
+    let v: [__m256; 4] = std::array::from_fn(|i| unsafe { _mm256_loadu_ps(x.as_ptr().add(8 * i)) });
+    let sign = _mm256_set1_ps(-0.0);
+    let mut m = _mm256_andnot_ps(sign, v[0]);
+    for vi in &v[1..] {
+        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, *vi));
+    }
+    let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+    let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let (idv, half) = (_mm256_set1_ps(id), _mm256_set1_ps(0.5));
+    let q: [__m256i; 4] = std::array::from_fn(|i| {
+        let s = _mm256_mul_ps(v[i], idv);
+        let t = _mm256_cvttps_epi32(s);
+        let r = _mm256_sub_ps(s, _mm256_cvtepi32_ps(t));
+        // Comparison masks are -1 where true: t + [r >= 0.5] - [r <= -0.5].
+        let up = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(r, half));
+        let down = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LE_OQ>(
+            r,
+            _mm256_sub_ps(_mm256_setzero_ps(), half),
+        ));
+        _mm256_add_epi32(_mm256_sub_epi32(t, up), down)
+    });
+    // i32 -> i8 (every quant is within ±127), then the dwords back in order.
+    let w = _mm256_packs_epi16(
+        _mm256_packs_epi32(q[0], q[1]),
+        _mm256_packs_epi32(q[2], q[3]),
+    );
+    let w = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    let mut qs = [0i8; 32];
+    // SAFETY: `qs` is 32 bytes.
+    unsafe { _mm256_storeu_si256(qs.as_mut_ptr().cast(), w) };
+    (d, qs)
 }
 
 /// Quantizes `x` to Q8_K blocks (292 bytes per 256 values) in `out`, bit-exact with
@@ -182,6 +287,47 @@ pub fn quantize_activation(act: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The AVX2 Q8_0 / Q8_1 quantizers give the scalar twins' bytes: random blocks of
+    /// several magnitudes, all-zero blocks, and blocks whose scaled values land exactly on
+    /// halves (amax 127 makes `id` 1: 2.5 → 3, -3.5 → -4, 0.5 → 1).
+    #[test]
+    fn q8_simd_matches_scalar() {
+        let mut seed = 0x1234_5678_9abc_def1u64;
+        let mut rnd = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        };
+        let mut x: Vec<f32> = Vec::new();
+        for scale in [1e-3f32, 1.0, 37.0, 1e4] {
+            x.extend((0..32 * 16).map(|_| rnd() * scale));
+        }
+        x.extend([0.0f32; 32]);
+        let mut ties = [0.0f32; 32];
+        ties[0] = 127.0;
+        for (i, t) in ties.iter_mut().enumerate().skip(1) {
+            *t = (i as f32 - 16.0) + 0.5;
+        }
+        x.extend(ties);
+        let n = x.len() / 32;
+        for (ty, simd, scalar) in [
+            (
+                34,
+                quantize_row_q8_0 as fn(&[f32], &mut [u8]) -> _,
+                quantize_row_q8_0_scalar as fn(&[f32], &mut [u8]) -> _,
+            ),
+            (36, quantize_row_q8_1, quantize_row_q8_1_scalar),
+        ] {
+            let (mut a, mut b) = (vec![0u8; n * ty], vec![0u8; n * ty]);
+            simd(&x, &mut a).unwrap();
+            scalar(&x, &mut b).unwrap();
+            assert_eq!(a, b, "{ty}-byte blocks");
+            // The tie block: 2.5 (ties[18]) rounds away to 3.
+            assert_eq!(a[(n - 1) * ty + ty - 32 + 18] as i8, 3);
+        }
+    }
 
     /// `round_away` equals `f32::round` (C's `roundf`) on a dense sample of every f32
     /// with magnitude up to 2^20, and on the halfway cases.
