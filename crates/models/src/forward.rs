@@ -13,8 +13,8 @@ use crate::config::{Gating, MoeConfig, RopeParams};
 use crate::error::{ModelError, Result};
 use crate::kernels::{
     add_bias, dot_multi_keys, gelu_tanh, layer_norm, matmul, matmul_many, matrix_row, rms_norm,
-    rope_angles, rope_rotate, silu, softmax, softmax_with_sink, swiglu_oai, weighted_sum_multi,
-    Matrix, Projection,
+    rope_angles, rope_rotate, silu, silu_in_place, softmax, softmax_with_sink, swiglu_oai,
+    weighted_sum_multi, Matrix, Projection,
 };
 use crate::kv::{KvCache, KvLayer};
 use crate::model::{
@@ -203,29 +203,38 @@ impl Model {
             Activation::GeluTanh => gelu_tanh(g) * u,
             Activation::SwigluOai => swiglu_oai(g, u),
         };
+        // g = act(g) · u over a slice (SiLU on eight lanes at a time).
+        let gated_slice = |g: &mut [f32], u: &[f32]| match act {
+            Activation::Silu => silu_in_place(g, Some(u)),
+            _ => g.iter_mut().zip(u).for_each(|(g, u)| *g = gated(*g, *u)),
+        };
         let plain = |u: f32| match act {
             Activation::Silu => silu(u),
             Activation::GeluTanh | Activation::SwigluOai => gelu_tanh(u),
         };
         let up = &*up;
+        // Element-wise: even a decode step's one row is split over the threads.
+        let per = elems_per_task(n * nf, nf);
+        let rows = rows_per_task(n);
         match kind {
-            Ffn::Gated => pool::for_each_chunk(gate, ROWS_PER_TASK * nf, &|ci, part| {
-                let u = &up[ci * ROWS_PER_TASK * nf..][..part.len()];
-                part.iter_mut().zip(u).for_each(|(g, u)| *g = gated(*g, *u));
+            Ffn::Gated => pool::for_each_chunk(gate, per, &|ci, part| {
+                gated_slice(part, &up[ci * per..][..part.len()]);
             }),
             // Rows of 2·n_ff: the gate half, then the up half.
-            Ffn::GatedFused => pool::for_each_chunk(gate, ROWS_PER_TASK * nf, &|ci, part| {
+            Ffn::GatedFused => pool::for_each_chunk(gate, rows * nf, &|ci, part| {
                 for (r, g) in part.chunks_exact_mut(nf).enumerate() {
-                    let row = &up[(ci * ROWS_PER_TASK + r) * 2 * nf..][..2 * nf];
+                    let row = &up[(ci * rows + r) * 2 * nf..][..2 * nf];
                     let (gh, uh) = row.split_at(nf);
-                    g.iter_mut()
-                        .zip(gh.iter().zip(uh))
-                        .for_each(|(g, (x, u))| *g = gated(*x, *u));
+                    g.copy_from_slice(gh);
+                    gated_slice(g, uh);
                 }
             }),
-            Ffn::Plain => pool::for_each_chunk(gate, ROWS_PER_TASK * nf, &|ci, part| {
-                let u = &up[ci * ROWS_PER_TASK * nf..][..part.len()];
-                part.iter_mut().zip(u).for_each(|(g, u)| *g = plain(*u));
+            Ffn::Plain => pool::for_each_chunk(gate, per, &|ci, part| {
+                part.copy_from_slice(&up[ci * per..][..part.len()]);
+                match act {
+                    Activation::Silu => silu_in_place(part, None),
+                    _ => part.iter_mut().for_each(|v| *v = plain(*v)),
+                }
             }),
         }
         matmul(&f.down, data(2, &f.down), gate, n, out)?;
@@ -531,10 +540,11 @@ impl Model {
                 } else {
                     0
                 };
+                let rows = rows_per_task(n);
                 for (t, dim) in [(&mut q, c.q_dim()), (&mut k, c.k_dim())] {
-                    pool::for_each_chunk(t, ROWS_PER_TASK * dim, &|ci, part| {
+                    pool::for_each_chunk(t, rows * dim, &|ci, part| {
                         for (r, row) in part.chunks_exact_mut(dim).enumerate() {
-                            let i = ci * ROWS_PER_TASK + r;
+                            let i = ci * rows + r;
                             let angles = &table[i * half..(i + 1) * half];
                             for head in row.chunks_exact_mut(c.head_dim_k) {
                                 rope_rotate(&mut head[off..], angles, neox);
@@ -685,8 +695,26 @@ thread_local! {
     static LOGITS_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Rows per task of the row-wise steps of the forward pass (RoPE, the gated activation).
+/// Rows per task of the row-wise steps of the forward pass (RoPE, the gated activation),
+/// at most.
 const ROWS_PER_TASK: usize = 16;
+
+/// Rows per task of a row-wise step over `n` rows: [`ROWS_PER_TASK`], or fewer so that a
+/// decode step's few rows still reach every thread.
+fn rows_per_task(n: usize) -> usize {
+    n.div_ceil(pool::threads()).clamp(1, ROWS_PER_TASK)
+}
+
+/// Elements per task of an element-wise step over `total` elements in rows of `width`:
+/// [`ROWS_PER_TASK`] rows, or an even share per thread (at least 256 elements) when that
+/// is less, so that even one row is split.
+fn elems_per_task(total: usize, width: usize) -> usize {
+    total
+        .div_ceil(pool::threads())
+        .max(256)
+        .min(ROWS_PER_TASK * width)
+        .max(1)
+}
 
 /// One sequence of a [`Model::forward_batch`] call.
 pub struct Sequence<'a> {

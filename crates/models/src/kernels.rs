@@ -6,11 +6,13 @@
 //! same whether it is computed in a prefill chunk or as a single decode step.
 
 mod attn;
+mod math;
 
 pub use attn::{
-    dot_multi_keys, dot_multi_keys_portable, exp_neg, softmax_with_sink,
-    softmax_with_sink_portable, weighted_sum_multi, weighted_sum_multi_portable, KvData, KvRows,
+    dot_multi_keys, dot_multi_keys_portable, softmax_with_sink, softmax_with_sink_portable,
+    weighted_sum_multi, weighted_sum_multi_portable, KvData, KvRows,
 };
+pub use math::{fast_exp, silu, silu_in_place, silu_in_place_portable};
 
 use crate::error::Result;
 use crate::pool::Disjoint;
@@ -413,12 +415,6 @@ pub fn rope(
     };
     rope_angles(pos, n_rot, &rp, &mut angles);
     rope_rotate(head, &angles, neox);
-}
-
-/// SiLU: `x / (1 + e^-x)`.
-#[inline]
-pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
 }
 
 /// GELU, tanh approximation: `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))` (transformers

@@ -6,6 +6,10 @@
 
 use half::f16;
 
+#[cfg(target_arch = "x86_64")]
+use super::math::exp8_avx2;
+use super::math::fast_exp;
+
 /// The stored elements of a KV cache (or any row-major matrix).
 #[derive(Clone, Copy, Debug)]
 pub enum KvData<'a> {
@@ -334,87 +338,14 @@ pub fn weighted_sum_multi_portable<const R: usize>(
     let _ = hd;
 }
 
-/// e^x by range reduction and a polynomial, defined by its operations so that the AVX2
-/// form ([`exp8_avx2`]) gives the same bits: `n = floor(x·log2 e + 0.5)`,
-/// `r = (x − n·C1) − n·C2` (ln 2 split in two), `y = (p(r)·r² + r) + 1` with `p` the
-/// degree-5 polynomial evaluated by Horner's rule, then `y · 2ⁿ`; every product and sum
-/// rounded on its own (never fused). The constants are Cephes' `expf` (S. L. Moshier,
-/// cephes/single/expf.c). Relative error about 2⁻²² on the range used here,
-/// `x ≤ 0` (a softmax's shifted logits); `x < −126·ln 2` gives 0, NaN stays NaN.
-#[inline(always)]
-pub fn exp_neg(x: f32) -> f32 {
-    if x < EXP_MIN {
-        return 0.0;
-    }
-    let n = (x * EXP_LOG2E + 0.5).floor();
-    let r = (x - n * EXP_C1) - n * EXP_C2;
-    let mut p = EXP_P[0];
-    for &c in &EXP_P[1..] {
-        p = p * r + c;
-    }
-    let y = (p * (r * r) + r) + 1.0;
-    y * f32::from_bits(((n as i32 + 127) as u32) << 23)
-}
-
-/// Below this, e^x is under the smallest normal f32 (`−126·ln 2`): [`exp_neg`] gives 0.
-const EXP_MIN: f32 = -87.336_54;
-const EXP_LOG2E: f32 = std::f32::consts::LOG2_E;
-/// ln 2 = C1 − C2 with C1 exact in 9 bits (Cephes expf.c).
-const EXP_C1: f32 = 0.693_359_4;
-const EXP_C2: f32 = -2.121_944_4e-4;
-/// Cephes expf.c's polynomial, highest degree first (its last coefficient,
-/// 5.0000001201e-1, is 0.5 in f32).
-const EXP_P: [f32; 6] = [
-    1.987_569_1e-4,
-    1.398_2e-3,
-    8.333_452e-3,
-    4.166_579_6e-2,
-    1.666_666_5e-1,
-    0.5,
-];
-
-/// [`exp_neg`] on eight lanes.
-///
-/// # Safety
-/// AVX2 available.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-#[inline]
-fn exp8_avx2(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
-    use std::arch::x86_64::*;
-    let n = _mm256_floor_ps(_mm256_add_ps(
-        _mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)),
-        _mm256_set1_ps(0.5),
-    ));
-    let r = _mm256_sub_ps(
-        _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(EXP_C1))),
-        _mm256_mul_ps(n, _mm256_set1_ps(EXP_C2)),
-    );
-    let mut p = _mm256_set1_ps(EXP_P[0]);
-    for &c in &EXP_P[1..] {
-        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c));
-    }
-    let y = _mm256_add_ps(
-        _mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r),
-        _mm256_set1_ps(1.0),
-    );
-    let scale = _mm256_slli_epi32::<23>(_mm256_add_epi32(
-        _mm256_cvtps_epi32(n),
-        _mm256_set1_epi32(127),
-    ));
-    let e = _mm256_mul_ps(y, _mm256_castsi256_ps(scale));
-    let under = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(EXP_MIN));
-    _mm256_blendv_ps(e, _mm256_setzero_ps(), under)
-}
-
 /// Softmax of `x` in place with an optional extra logit that joins the max and the sum but
 /// gets no output (an attention sink: llama.cpp `ggml_soft_max_ext` with sinks,
 /// transformers `eager_attention_forward` of GptOss).
 ///
-/// The rule, whatever the ISA: `m` = the max of `x` (and the sink); `e_i = exp_neg(x_i − m)`
-/// ([`exp_neg`]); the sum of the `e_i` in eight lanes (lane `l` takes `i ≡ l mod 8` of the
+/// The rule, whatever the ISA: `m` = the max of `x` (and the sink); `e_i = fast_exp(x_i − m)`
+/// ([`fast_exp`]); the sum of the `e_i` in eight lanes (lane `l` takes `i ≡ l mod 8` of the
 /// whole groups of eight, in order), combined as `dot`'s lanes are, then the tail in
-/// order, then the sink's `exp_neg(s − m)`; each `e_i` times `1 / sum`. AVX2 where
+/// order, then the sink's `fast_exp(s − m)`; each `e_i` times `1 / sum`. AVX2 where
 /// available ([`softmax_with_sink_portable`] is the twin).
 pub fn softmax_with_sink(x: &mut [f32], sink: Option<f32>) {
     #[cfg(target_arch = "x86_64")]
@@ -447,7 +378,7 @@ fn softmax_max(x: &[f32], sink: Option<f32>) -> f32 {
 #[inline(always)]
 fn softmax_finish(x: &mut [f32], mut sum: f32, sink: Option<f32>, max: f32) {
     if let Some(s) = sink {
-        sum += exp_neg(s - max);
+        sum += fast_exp(s - max);
     }
     let inv = 1.0 / sum;
     for v in x.iter_mut() {
@@ -479,7 +410,7 @@ fn softmax_with_sink_avx2(x: &mut [f32], sink: Option<f32>) {
     let h = _mm_hadd_ps(s4, s4);
     let mut sum = _mm_cvtss_f32(h) + _mm_cvtss_f32(_mm_movehdup_ps(h));
     for v in &mut x[n8..] {
-        *v = exp_neg(*v - max);
+        *v = fast_exp(*v - max);
         sum += *v;
     }
     softmax_finish(x, sum, sink, max);
@@ -492,13 +423,13 @@ pub fn softmax_with_sink_portable(x: &mut [f32], sink: Option<f32>) {
     let mut a = [0f32; 8];
     for c in x[..n8].chunks_exact_mut(8) {
         for (l, v) in c.iter_mut().enumerate() {
-            *v = exp_neg(*v - max);
+            *v = fast_exp(*v - max);
             a[l] += *v;
         }
     }
     let mut sum = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
     for v in &mut x[n8..] {
-        *v = exp_neg(*v - max);
+        *v = fast_exp(*v - max);
         sum += *v;
     }
     softmax_finish(x, sum, sink, max);
@@ -597,47 +528,6 @@ mod tests {
                     };
                     assert_eq!(bits(&s), bits(&want_s), "scores hd {hd} simd {simd}");
                     assert_eq!(bits(&o), bits(&want_o), "values hd {hd} simd {simd}");
-                }
-            }
-        }
-    }
-
-    /// `exp_neg` is within 2.4e-7 relative of f64's exp over its range (measured 7.8e-8;
-    /// a wrong constant gives > 1e-4), 0 below it, 1 at 0; the AVX2 lanes give the same
-    /// bits as the scalar form.
-    #[test]
-    fn exp_neg_is_accurate_and_the_lanes_agree() {
-        let mut worst = 0f64;
-        let xs: Vec<f32> = (0..=200_000)
-            .map(|i| -87.3 * i as f32 / 200_000.0)
-            .chain([0.0, -1e-30, -0.5, -88.0, -1e4, f32::NEG_INFINITY])
-            .collect();
-        for &x in &xs {
-            let got = exp_neg(x) as f64;
-            if x >= EXP_MIN {
-                let want = (x as f64).exp();
-                worst = worst.max((got - want).abs() / want);
-            } else {
-                assert_eq!(got, 0.0, "x {x}");
-            }
-        }
-        eprintln!("exp_neg: worst relative error {worst:e}");
-        assert!(worst < 2.4e-7, "worst relative error {worst}");
-        assert_eq!(exp_neg(0.0), 1.0);
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            use std::arch::x86_64::*;
-            for c in xs.chunks(8) {
-                let mut v = [0f32; 8];
-                v[..c.len()].copy_from_slice(c);
-                let mut out = [0f32; 8];
-                // SAFETY: AVX2 checked above; `v` and `out` are 8 f32s.
-                #[allow(unsafe_code)]
-                unsafe {
-                    _mm256_storeu_ps(out.as_mut_ptr(), exp8_avx2(_mm256_loadu_ps(v.as_ptr())))
-                };
-                for (o, x) in out.iter().zip(v) {
-                    assert_eq!(o.to_bits(), exp_neg(x).to_bits(), "x {x}");
                 }
             }
         }
