@@ -112,6 +112,10 @@ const TASKS_PER_THREAD_DECODE: usize = 4;
 /// 32 rows 396 / 1029 / 782, 64 rows 420 / 1064 / 822, 128 rows 417 / 1066 / 826.
 const ROWS_PER_TASK_BATCH: usize = 64;
 
+/// Input rows up to which [`matmul_many`] treats a call as a decode step of several
+/// sequences (the small-batch tile kernels' range).
+const SMALL_BATCH: usize = 8;
+
 /// Input rows quantized per task of [`matmul_many`]'s activation quantization (at most;
 /// fewer rows are split evenly over the threads).
 const ROWS_PER_QUANTIZE_TASK: usize = 16;
@@ -229,9 +233,25 @@ pub fn matmul_many<'a>(projs: &mut [Projection<'a>], x: &[f32], n: usize) -> Res
     } else {
         ROWS_PER_TASK_BATCH
     };
-    let mut tasks: Vec<(usize, usize)> = Vec::new();
+    let threads = crate::pool::threads();
+    let mut tasks: Vec<(usize, usize, usize)> = Vec::new(); // (projection, first row, rows)
     for (pi, p) in projs.iter().enumerate() {
-        tasks.extend((0..p.w.rows).step_by(per_task).map(|j0| (pi, j0)));
+        let rows = p.w.rows;
+        // A decode step of a few sequences: a multiple of the thread count of tasks per
+        // projection, in even row counts (the small-batch kernels take weight rows in
+        // pairs), so that the small projections split evenly (576 rows in 64-row tasks
+        // were 5 + 4 tasks on two threads).
+        let per = if n > 1 && n <= SMALL_BATCH {
+            let k = rows.div_ceil(threads * per_task).max(1) * threads;
+            rows.div_ceil(k).next_multiple_of(2)
+        } else {
+            per_task
+        };
+        tasks.extend(
+            (0..rows)
+                .step_by(per.max(1))
+                .map(|j0| (pi, j0, per.min(rows - j0))),
+        );
     }
     let mats: Vec<(&'a Matrix, &'a [u8])> = projs.iter().map(|p| (p.w, p.data)).collect();
     let outs: Vec<Disjoint<'_, f32>> = projs
@@ -240,10 +260,9 @@ pub fn matmul_many<'a>(projs: &mut [Projection<'a>], x: &[f32], n: usize) -> Res
         .collect();
     let failed = std::sync::Mutex::new(None);
     crate::pool::run(tasks.len(), &|t| {
-        let (pi, j0) = tasks[t];
+        let (pi, j0, n_w) = tasks[t];
         let (w, data) = mats[pi];
         let (rows, rb) = (w.rows, w.row_bytes);
-        let n_w = per_task.min(rows - j0);
         let ws = &data[j0 * rb..(j0 + n_w) * rb];
         SCRATCH.with_borrow_mut(|buf| {
             match kernels[pi] {

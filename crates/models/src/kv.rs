@@ -44,9 +44,9 @@ impl KvStore {
     pub fn write(&mut self, at: usize, src: &[f32]) {
         match self {
             KvStore::F16(v) => {
-                for (d, s) in v[at..at + src.len()].iter_mut().zip(src) {
-                    *d = f16::from_f32(*s);
-                }
+                // F16C where available; round to nearest even either way.
+                use half::slice::HalfFloatSliceExt;
+                v[at..at + src.len()].convert_from_f32_slice(src);
             }
             KvStore::F32(v) => v[at..at + src.len()].copy_from_slice(src),
         }
