@@ -6,7 +6,9 @@
 //!
 //! 1. takes queued requests while a slot is free, giving each the free slot whose cached
 //!    tokens share the longest prefix with its prompt (the cache is cut back to that prefix
-//!    and only the rest of the prompt is evaluated: prompt-prefix reuse);
+//!    and only the rest of the prompt is evaluated: prompt-prefix reuse); when another slot,
+//!    busy or free, shares a longer prefix (a common system prompt), those positions' keys
+//!    and values are copied from it instead of evaluated;
 //! 2. drops requests whose client has gone (their slot is free at once);
 //! 3. runs one [`Model::forward_batch`] over every active sequence: a decoding sequence
 //!    contributes its last sampled token, a sequence still in prefill a chunk of its
@@ -496,14 +498,11 @@ impl<'t> Worker<'t> {
             .enumerate()
             .filter(|(_, s)| s.job.is_none())
             .map(|(i, s)| {
-                let p = s
-                    .tokens
-                    .iter()
-                    .zip(&req.prompt)
-                    .take_while(|(a, b)| a == b)
-                    .count()
-                    .min(n - 1);
-                (i, p, s.tokens.len())
+                (
+                    i,
+                    common_prefix(&s.tokens, &req.prompt).min(n - 1),
+                    s.tokens.len(),
+                )
             })
             .max_by(|a, b| a.1.cmp(&b.1).then(b.2.cmp(&a.2)).then(b.0.cmp(&a.0)))
             .map(|(i, p, _)| (i, p))
@@ -512,6 +511,31 @@ impl<'t> Worker<'t> {
         for &t in &req.prompt {
             sampler.accept(t);
         }
+        // A longer prefix in another slot (busy or free: a shared system prompt, the
+        // same conversation): its keys and values are copied instead of recomputed.
+        let (donor, shared) = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i != best)
+            .map(|(i, s)| (i, common_prefix(&s.tokens, &req.prompt).min(n - 1)))
+            .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
+            .unwrap_or((best, 0));
+        let prefix = if shared > prefix {
+            let (dst, src) = if donor < best {
+                let (a, b) = self.slots.split_at_mut(best);
+                (&mut b[0], &a[donor])
+            } else {
+                let (a, b) = self.slots.split_at_mut(donor);
+                (&mut a[best], &b[0])
+            };
+            dst.cache.copy_prefix(&src.cache, shared);
+            dst.tokens.clear();
+            dst.tokens.extend_from_slice(&src.tokens[..shared]);
+            shared
+        } else {
+            prefix
+        };
         self.shared
             .prompt_tokens
             .fetch_add(n as u64, Ordering::Relaxed);
@@ -736,6 +760,11 @@ impl<'t> Worker<'t> {
         }));
         None
     }
+}
+
+/// How many leading tokens `a` and `b` share.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 /// `id`'s log-probability in the softmax of `logits`, and the `n` best alternatives.

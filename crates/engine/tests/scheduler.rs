@@ -146,3 +146,36 @@ fn a_request_whose_receiver_is_gone_is_dropped() {
     assert!(m.requests_finished >= 1, "{m:?}");
     assert_eq!(m.slots_busy, 0, "{m:?}");
 }
+
+/// A request sharing a prefix with a busy slot gets those positions' keys and values
+/// copied from it (counted as cached) and the same tokens as on a fresh scheduler.
+#[test]
+fn a_prefix_held_by_a_busy_slot_is_copied_not_recomputed() {
+    let Some((path, ids)) = fixture() else {
+        return;
+    };
+    let mut prompt_b = ids[..15].to_vec();
+    prompt_b.extend(ids[16..].iter().rev().take(4));
+    let shared = ids[..20].iter().zip(&prompt_b).take_while(|(a, b)| a == b).count();
+    assert!(shared >= 15);
+    let want = {
+        let sched = start(&path, 2, 512);
+        let (req, rx) = request(&prompt_b, 9, 10);
+        sched.submit(req).unwrap();
+        let c = done(&rx);
+        assert_eq!(c.cached_tokens, 0);
+        c.ids
+    };
+    let sched = start(&path, 2, 512);
+    // A runs 40 tokens; B arrives once A's prompt is in its cache (A's first token).
+    let (req, rx_a) = request(&ids[..20], 1, 40);
+    sched.submit(req).unwrap();
+    assert!(matches!(rx_a.recv().unwrap(), Event::Delta { .. }));
+    let (req, rx_b) = request(&prompt_b, 9, 10);
+    sched.submit(req).unwrap();
+    let b = done(&rx_b);
+    assert_eq!(b.ids, want, "tokens after a copied prefix");
+    assert_eq!(b.cached_tokens, shared, "the shared prefix is reused");
+    assert_eq!(done(&rx_a).ids.len(), 40);
+    assert_eq!(sched.metrics().prompt_tokens_cached, shared as u64);
+}

@@ -40,6 +40,15 @@ impl KvStore {
         }
     }
 
+    /// Copies `src`'s first `len` elements (same element type, checked by the caller).
+    fn copy_from(&mut self, src: &KvStore, len: usize) {
+        match (self, src) {
+            (KvStore::F16(d), KvStore::F16(s)) => d[..len].copy_from_slice(&s[..len]),
+            (KvStore::F32(d), KvStore::F32(s)) => d[..len].copy_from_slice(&s[..len]),
+            _ => panic!("copy_prefix: caches of different element types"),
+        }
+    }
+
     /// Stores `src` at element offset `at` (rounded to f16 for an f16 cache).
     pub fn write(&mut self, at: usize, src: &[f32]) {
         match self {
@@ -105,6 +114,31 @@ impl KvCache {
                 .collect(),
             n_past: 0,
         }
+    }
+
+    /// Makes this cache hold `src`'s first `n` positions (and nothing after them): their
+    /// keys and values copied, `n_past = n`. Equal to evaluating the same `n` tokens here,
+    /// bit for bit: a position's keys and values depend only on the tokens up to it
+    /// ([`crate::Model::forward_batch`]).
+    ///
+    /// Panics if the caches differ in shape or element type, or `n` passes `src.n_past`
+    /// or this cache's `n_ctx`.
+    pub fn copy_prefix(&mut self, src: &KvCache, n: usize) {
+        assert!(
+            self.kv_type == src.kv_type
+                && (self.k_dim, self.v_dim, self.layers.len())
+                    == (src.k_dim, src.v_dim, src.layers.len()),
+            "copy_prefix: caches of different shapes"
+        );
+        assert!(
+            n <= src.n_past && n <= self.n_ctx,
+            "copy_prefix: {n} positions"
+        );
+        for (d, s) in self.layers.iter_mut().zip(&src.layers) {
+            d.k.copy_from(&s.k, n * self.k_dim);
+            d.v.copy_from(&s.v, n * self.v_dim);
+        }
+        self.n_past = n;
     }
 
     /// Forgets everything after position `n` (keeps `0..n`).
