@@ -3,18 +3,21 @@
 streams, for frink serve and llama.cpp's llama-server side by side on the same model file
 and thread count.
 
-    python3 benches/serve_compare.py [-m MODEL.gguf] [-t 2] [-n 128] [--streams 8]
+    python3 benches/serve_compare.py [-m MODEL.gguf] [-t 2] [-n 128] [--streams 8] [-r 3]
 
 Starts each server on a loopback port (frink: target/release/frink serve --parallel N;
 llama-server from the ANCHOR.md venv, or LLAMA_SERVER=/path), sends greedy chat requests
-with ignore_eos and max_tokens=n (one alone, then N at once), and prints tokens/s from the
-`usage.completion_tokens` of the answers over the wall time.
+with ignore_eos and max_tokens=n (one alone, then N at once, for -r rounds), and prints
+the median tokens/s from the `usage.completion_tokens` of the answers over the wall time.
+The prompts share the chat template and differ in one number, as concurrent requests with
+one system prompt do.
 """
 import argparse
 import glob
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -59,10 +62,10 @@ def chat(url, i, n):
         return json.load(r)["usage"]["completion_tokens"]
 
 
-def rate(url, streams, n):
+def rate(url, streams, n, round_=0):
     counts = [0] * streams
     def one(k):
-        counts[k] = chat(url, k, n)
+        counts[k] = chat(url, 100 * round_ + k, n)
     threads = [threading.Thread(target=one, args=(k,)) for k in range(streams)]
     t0 = time.time()
     for t in threads:
@@ -72,15 +75,23 @@ def rate(url, streams, n):
     return sum(counts) / (time.time() - t0)
 
 
-def measure(cmd, port, streams, n, env=None):
+def measure(cmd, port, streams, n, reps, env=None):
+    """Median 1-stream and N-stream rates over `reps` alternating rounds (the machine's
+    speed drifts: alternating keeps both figures of a round under the same conditions)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc)
         chat(url, 999, 8)  # warm up
-        one = rate(url, 1, n)
-        many = rate(url, streams, n)
-        return one, many
+        ones, manys = [], []
+        for r in range(reps):
+            # New prompts each round: no request finds its whole prompt cached.
+            ones.append(rate(url, 1, n, 2 * r + 1))
+            manys.append(rate(url, streams, n, 2 * r + 2))
+        print(f"  {cmd[0].rsplit('/', 1)[-1]}: rounds 1 stream "
+              + " ".join(f"{v:.1f}" for v in ones) + f", {streams} streams "
+              + " ".join(f"{v:.1f}" for v in manys), file=sys.stderr)
+        return statistics.median(ones), statistics.median(manys)
     finally:
         proc.terminate()
         proc.wait()
@@ -93,6 +104,7 @@ def main():
     ap.add_argument("-t", type=int, default=2)
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--streams", type=int, default=8)
+    ap.add_argument("-r", type=int, default=3, help="rounds per server (medians reported)")
     a = ap.parse_args()
     frink = os.environ.get("FRINK", os.path.join(ROOT, "target", "release", "frink"))
     found = glob.glob(os.path.expanduser(
@@ -104,11 +116,11 @@ def main():
     p = free_port()
     rows.append(("frink serve", *measure(
         [frink, "serve", "-m", a.m, "-t", str(a.t), "--port", str(p),
-         "--parallel", str(a.streams), "--ctx", "1024"], p, a.streams, a.n)))
+         "--parallel", str(a.streams), "--ctx", "1024"], p, a.streams, a.n, a.r)))
     p = free_port()
     rows.append(("llama-server", *measure(
         [llama, "-m", a.m, "-t", str(a.t), "--port", str(p), "-np", str(a.streams),
-         "-c", str(1024 * a.streams)], p, a.streams, a.n, env)))
+         "-c", str(1024 * a.streams)], p, a.streams, a.n, a.r, env)))
     print(f"| server | 1 stream t/s | {a.streams} streams t/s | ratio |")
     print("| --- | ---: | ---: | ---: |")
     for name, one, many in rows:
