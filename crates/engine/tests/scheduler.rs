@@ -156,7 +156,11 @@ fn a_prefix_held_by_a_busy_slot_is_copied_not_recomputed() {
     };
     let mut prompt_b = ids[..15].to_vec();
     prompt_b.extend(ids[16..].iter().rev().take(4));
-    let shared = ids[..20].iter().zip(&prompt_b).take_while(|(a, b)| a == b).count();
+    let shared = ids[..20]
+        .iter()
+        .zip(&prompt_b)
+        .take_while(|(a, b)| a == b)
+        .count();
     assert!(shared >= 15);
     let want = {
         let sched = start(&path, 2, 512);

@@ -25,12 +25,17 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(24);
     let mut base = 0.0;
+    // `FRINK_NCTX=1024`: caches sized like a server's slots (default: just large enough).
+    let n_ctx: usize = std::env::var("FRINK_NCTX")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     // `FRINK_N=8` times only that many sequences (for a profiler).
     let only: Option<usize> = std::env::var("FRINK_N").ok().and_then(|v| v.parse().ok());
     let sizes: Vec<usize> = only.map_or(vec![1, 2, 4, 8], |n| vec![n]);
     for n in sizes {
         let mut caches: Vec<KvCache> = (0..n)
-            .map(|_| KvCache::new(&model.config, ctx + steps + 1, KvType::F16))
+            .map(|_| KvCache::new(&model.config, n_ctx.max(ctx + steps + 1), KvType::F16))
             .collect();
         // Each sequence's own history (different tokens per sequence).
         for (s, cache) in caches.iter_mut().enumerate() {
