@@ -134,7 +134,11 @@ fn one_request_alone_and_among_seven_others_gives_identical_tokens() {
     );
     assert_eq!(message(&together), message(&alone));
     assert_eq!(together["choices"][0]["logprobs"], alone_lp);
-    assert_eq!(together["usage"], alone["usage"]);
+    // The same counts; among the others the probe may find its chat template's tokens in
+    // a busy slot and copy them (prompt_tokens_details.cached_tokens), the tokens equal.
+    for k in ["prompt_tokens", "completion_tokens", "total_tokens"] {
+        assert_eq!(together["usage"][k], alone["usage"][k], "{k}");
+    }
 }
 
 #[test]
