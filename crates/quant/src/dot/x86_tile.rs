@@ -984,9 +984,13 @@ macro_rules! legacy_isa {
                 s
             }
 
-            /// K-quant decode path: each activation row against every weight row.
+            /// K-quant decode path (`R` = 1 to 3 activation rows): per weight row and
+            /// super-block, the weights are decoded once and multiplied with each
+            /// activation row, so the rows share every weight load (the weights stream
+            /// from memory once per call, not once per activation row). Per (weight row,
+            /// activation row) the operations are those of one row alone.
             #[target_feature(enable = $feat)]
-            fn k_rows_path<const F: u8>(
+            fn k_rows_path<const F: u8, const R: usize>(
                 ws: &[u8],
                 n_w: usize,
                 acts: &[u8],
@@ -994,30 +998,35 @@ macro_rules! legacy_isa {
                 out: &mut [f32],
             ) {
                 let (wrb, ab, nb) = k_geometry(F, ws, n_w, acts, n_a, out);
+                assert_eq!(n_a, R, "k_rows_path: {R} activation rows");
                 let ng = nb.div_ceil(8);
                 let last_mask = lane_mask(nb % 8);
-                for r in 0..n_a {
-                    let a = acts[r * ab..][..ab].as_ptr();
-                    let dxs: Vec<[f32; 8]> = (0..ng)
+                let rows: [*const u8; R] = std::array::from_fn(|r| acts[r * ab..][..ab].as_ptr());
+                // Per row and group of eight super-blocks: the activation scales.
+                let dxs: [Vec<[f32; 8]>; R] = std::array::from_fn(|r| {
+                    (0..ng)
                         // SAFETY: super-blocks `8g..` of the row are readable; d at 0..4.
                         .map(|g| unsafe {
-                            f32x8_at(a.add(8 * g * KAB), KAB, 0, (nb - 8 * g).min(8))
+                            f32x8_at(rows[r].add(8 * g * KAB), KAB, 0, (nb - 8 * g).min(8))
                         })
-                        .collect();
-                    for i in 0..n_w {
-                        // SAFETY: row `i < n_w` of `wrb` bytes lies inside `ws` (geometry).
-                        let w = unsafe { ws.as_ptr().add(i * wrb) };
-                        let mut acc = _mm256_setzero_ps();
-                        for (g, dx) in dxs.iter().enumerate() {
-                            let n = (nb - 8 * g).min(8);
-                            let mut t = [_mm256_setzero_si256(); 8];
-                            let mut m = [_mm256_setzero_si256(); 8];
-                            for k in 0..n {
-                                let b = 8 * g + k;
-                                // SAFETY: super-block `b < nb` of both rows is readable.
-                                let (wb_, ab_) = unsafe { (w.add(b * kwb(F)), a.add(b * KAB)) };
-                                // SAFETY: as above.
-                                let (u, sc, c) = unsafe { kdecode::<F>(wb_) };
+                        .collect()
+                });
+                for i in 0..n_w {
+                    // SAFETY: row `i < n_w` of `wrb` bytes lies inside `ws` (geometry).
+                    let w = unsafe { ws.as_ptr().add(i * wrb) };
+                    let mut acc = [_mm256_setzero_ps(); R];
+                    for g in 0..ng {
+                        let n = (nb - 8 * g).min(8);
+                        let mut t = [[_mm256_setzero_si256(); 8]; R];
+                        let mut m = [[_mm256_setzero_si256(); 8]; R];
+                        for k in 0..n {
+                            let b = 8 * g + k;
+                            // SAFETY: super-block `b < nb` of the weight row is readable.
+                            let (u, sc, c) = unsafe { kdecode::<F>(w.add(b * kwb(F))) };
+                            let (sa, sb) = k_split(sc);
+                            for r in 0..R {
+                                // SAFETY: super-block `b < nb` of activation row `r`.
+                                let ab_ = unsafe { rows[r].add(b * KAB) };
                                 let mut p = [_mm256_setzero_si256(); 8];
                                 for ch in 0..8 {
                                     // SAFETY: chunk `ch` of the quants is bytes 4+32ch..36+32ch.
@@ -1033,7 +1042,6 @@ macro_rules! legacy_isa {
                                     _mm256_hadd_epi32(p[4], p[5]),
                                     _mm256_hadd_epi32(p[6], p[7]),
                                 );
-                                let (sa, sb) = k_split(sc);
                                 let s = _mm256_add_epi32(
                                     _mm256_mullo_epi32(s0123, sa),
                                     _mm256_mullo_epi32(s4567, sb),
@@ -1042,24 +1050,28 @@ macro_rules! legacy_isa {
                                 let bs = unsafe { _mm256_loadu_si256(ab_.add(260).cast()) };
                                 let cb = _mm256_madd_epi16(c, bs);
                                 if k_min(F) {
-                                    t[k] = s;
-                                    m[k] = cb;
+                                    t[r][k] = s;
+                                    m[r][k] = cb;
                                 } else {
-                                    t[k] = _mm256_sub_epi32(s, cb);
+                                    t[r][k] = _mm256_sub_epi32(s, cb);
                                 }
                             }
-                            // SAFETY: `8g < nb` and the row at `w` is whole.
-                            let wsc = unsafe { k_wscales::<F>(w, nb, g) };
-                            // SAFETY: `dx` is 32 readable bytes.
-                            let dx = unsafe { _mm256_loadu_ps(dx.as_ptr()) };
-                            let v = k_values::<F>(&wsc, dx, hsum8x8(&t), hsum8x8(&m));
-                            acc = if n == 8 {
-                                _mm256_add_ps(acc, v)
+                        }
+                        // SAFETY: `8g < nb` and the row at `w` is whole.
+                        let wsc = unsafe { k_wscales::<F>(w, nb, g) };
+                        for r in 0..R {
+                            // SAFETY: `dxs[r][g]` is 32 readable bytes.
+                            let dx = unsafe { _mm256_loadu_ps(dxs[r][g].as_ptr()) };
+                            let v = k_values::<F>(&wsc, dx, hsum8x8(&t[r]), hsum8x8(&m[r]));
+                            acc[r] = if n == 8 {
+                                _mm256_add_ps(acc[r], v)
                             } else {
-                                add_masked(acc, v, last_mask)
+                                add_masked(acc[r], v, last_mask)
                             };
                         }
-                        out[r * n_w + i] = finish(acc);
+                    }
+                    for r in 0..R {
+                        out[r * n_w + i] = finish(acc[r]);
                     }
                 }
             }
@@ -1326,10 +1338,11 @@ macro_rules! legacy_isa {
                 if n_w == 0 || n_a == 0 {
                     return;
                 }
-                if n_a < 4 {
-                    k_rows_path::<F>(ws, n_w, acts, n_a, out)
-                } else {
-                    k_tile_path::<F>(ws, n_w, acts, n_a, out)
+                match n_a {
+                    1 => k_rows_path::<F, 1>(ws, n_w, acts, n_a, out),
+                    2 => k_rows_path::<F, 2>(ws, n_w, acts, n_a, out),
+                    3 => k_rows_path::<F, 3>(ws, n_w, acts, n_a, out),
+                    _ => k_tile_path::<F>(ws, n_w, acts, n_a, out),
                 }
             }
 
