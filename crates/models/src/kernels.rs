@@ -100,7 +100,8 @@ pub fn axpy_portable(y: &mut [f32], a: f32, x: &[f32]) {
     }
 }
 
-/// Tasks per compute thread in a decode step (one input row): a few long contiguous runs
+/// Tasks per compute thread in a decode step (up to [`SMALL_BATCH`] input rows): a few
+/// long contiguous runs
 /// of weight rows per thread stream memory much faster (measured: qwen2.5-0.5b tg 31 t/s
 /// with 32-row tasks, 42 t/s with 512-row tasks, 2 threads) yet still balance the threads.
 const TASKS_PER_THREAD_DECODE: usize = 4;
@@ -112,8 +113,11 @@ const TASKS_PER_THREAD_DECODE: usize = 4;
 /// 32 rows 396 / 1029 / 782, 64 rows 420 / 1064 / 822, 128 rows 417 / 1066 / 826.
 const ROWS_PER_TASK_BATCH: usize = 64;
 
-/// Input rows up to which [`matmul_many`] treats a call as a decode step of several
-/// sequences (the small-batch tile kernels' range).
+/// Input rows up to which [`matmul_many`] treats a call as a decode step (of one or of
+/// several sequences): a few long contiguous runs of weight rows per thread, which stream
+/// from memory much faster than many short tiles (measured, 8 sequences: smollm2 10.96 ->
+/// 10.13 ms per step, qwen2.5-0.5b 34.4 -> 29.7 ms; 2 sequences: qwen2.5 19.5 -> 13.9 ms;
+/// from 16 to 32 rows smollm2 gained 4-5%, gemma3 and qwen2.5 lost up to 2.5%).
 const SMALL_BATCH: usize = 8;
 
 /// Input rows quantized per task of [`matmul_many`]'s activation quantization (at most;
@@ -225,23 +229,23 @@ pub fn matmul_many<'a>(projs: &mut [Projection<'a>], x: &[f32], n: usize) -> Res
         };
         kernels.push(Some((k, slot)));
     }
-    // Tasks: (projection, first weight row), in projection order.
-    let per_task = if n == 1 {
+    // Tasks: (projection, first weight row, rows), in projection order.
+    let threads = crate::pool::threads();
+    let small = n <= SMALL_BATCH;
+    let per_task = if small {
         let total: usize = projs.iter().map(|p| p.w.rows).sum();
-        let target = total.div_ceil(crate::pool::threads() * TASKS_PER_THREAD_DECODE);
+        let target = total.div_ceil(threads * TASKS_PER_THREAD_DECODE);
         target.next_multiple_of(16).clamp(32, 8192)
     } else {
         ROWS_PER_TASK_BATCH
     };
-    let threads = crate::pool::threads();
-    let mut tasks: Vec<(usize, usize, usize)> = Vec::new(); // (projection, first row, rows)
+    let mut tasks: Vec<(usize, usize, usize)> = Vec::new();
     for (pi, p) in projs.iter().enumerate() {
         let rows = p.w.rows;
-        // A decode step of a few sequences: a multiple of the thread count of tasks per
-        // projection, in even row counts (the small-batch kernels take weight rows in
-        // pairs), so that the small projections split evenly (576 rows in 64-row tasks
-        // were 5 + 4 tasks on two threads).
-        let per = if n > 1 && n <= SMALL_BATCH {
+        // Decode steps: a multiple of the thread count of tasks per projection, in even
+        // row counts (the small-batch kernels take weight rows in pairs), so that the
+        // small projections split evenly over the threads.
+        let per = if small {
             let k = rows.div_ceil(threads * per_task).max(1) * threads;
             rows.div_ceil(k).next_multiple_of(2)
         } else {
