@@ -4,7 +4,9 @@
 //! Run: `cargo run --release -p frink-models --example decode_step -- MODEL.gguf [ctx] [threads]`.
 //! Prints, for 1, 2, 4 and 8 sequences, the step time (best and median of the steps) and
 //! the aggregate tokens/s, and the scaling over one sequence (the server's 8-stream figure
-//! is bounded by it).
+//! is bounded by it). `FRINK_N=8` times only that many sequences (for a profiler),
+//! `FRINK_STEPS` sets the timed steps (24), `FRINK_NCTX=1024` sizes the caches like a
+//! server's slots.
 
 use std::time::Instant;
 
