@@ -476,6 +476,17 @@ pub fn swiglu_oai(gate: f32, up: f32) -> f32 {
     (u + 1.0) * (g / (1.0 + (-ALPHA * g).exp()))
 }
 
+/// Test inputs: an xorshift generator of values in [-1, 1).
+#[cfg(test)]
+pub(crate) fn test_rng(mut seed: u64) -> impl FnMut() -> f32 {
+    move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -485,13 +496,7 @@ mod tests {
     /// of about half the results).
     #[test]
     fn simd_dot_and_axpy_match_portable() {
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut rnd = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        };
+        let mut rnd = test_rng(0x9e37_79b9_7f4a_7c15u64);
         for len in [0, 1, 7, 8, 9, 64, 100, 256, 257] {
             let a: Vec<f32> = (0..len).map(|_| rnd() * 3.0).collect();
             let b: Vec<f32> = (0..len).map(|_| rnd() * 1e3).collect();

@@ -438,20 +438,14 @@ pub fn softmax_with_sink_portable(x: &mut [f32], sink: Option<f32>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::{axpy, dot};
+    use crate::kernels::{axpy, dot, test_rng};
 
     /// The multi-row kernels give the bits of `dot` and of `axpy` per key on the widened
     /// rows, on every build, for f32 and f16 rows, strided and contiguous, for head sizes
     /// with and without a tail, and for 1 to 4 rows.
     #[test]
     fn attention_kernels_match_dot_and_axpy() {
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut rnd = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        };
+        let mut rnd = test_rng(0x2545_f491_4f6c_dd1du64);
         for hd in [1, 8, 20, 64, 72, 256] {
             let n_keys = 9;
             let stride = hd * 3 + 5; // another head's elements between the rows
@@ -538,13 +532,7 @@ mod tests {
     /// bits, with and without a sink, for lengths with and without a tail.
     #[test]
     fn softmax_matches_f64_and_its_twin() {
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut rnd = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        };
+        let mut rnd = test_rng(0x9e37_79b9_7f4a_7c15u64);
         let mut worst = 0f64;
         for n in [1, 7, 8, 9, 64, 100, 1000] {
             for sink in [None, Some(1.5f32)] {
