@@ -149,6 +149,9 @@ pub enum Event {
     Done(Completion),
     /// The request failed (the message says why).
     Error(String),
+    /// The server cancelled the request unfinished because it is shutting down (an HTTP
+    /// server answers 503 rather than a failure).
+    Cancelled(String),
 }
 
 /// Why [`Scheduler::submit`] refused a request.
@@ -446,7 +449,7 @@ impl<'t> Worker<'t> {
                 while let Ok(mut req) = rx.try_recv() {
                     self.shared.queued.fetch_sub(1, Ordering::SeqCst);
                     req.sink
-                        .send(Event::Error("the server is shutting down".into()));
+                        .send(Event::Cancelled("the server is shutting down".into()));
                 }
             }
             self.drop_cancelled();
@@ -468,7 +471,7 @@ impl<'t> Worker<'t> {
         }
         if self.shared.cancel_all.load(Ordering::SeqCst) {
             req.sink
-                .send(Event::Error("the server is shutting down".into()));
+                .send(Event::Cancelled("the server is shutting down".into()));
             return;
         }
         let n = req.prompt.len();
@@ -572,7 +575,7 @@ impl<'t> Worker<'t> {
                     if !gone {
                         job.req
                             .sink
-                            .send(Event::Error("the server is shutting down".into()));
+                            .send(Event::Cancelled("the server is shutting down".into()));
                     }
                     self.shared
                         .requests_cancelled

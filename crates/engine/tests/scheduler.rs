@@ -59,7 +59,7 @@ fn done(rx: &mpsc::Receiver<Event>) -> Completion {
     loop {
         match rx.recv().expect("an event") {
             Event::Done(c) => return c,
-            Event::Error(e) => panic!("{e}"),
+            Event::Error(e) | Event::Cancelled(e) => panic!("{e}"),
             Event::Delta { .. } => {}
         }
     }

@@ -656,12 +656,7 @@ async fn complete(st: &AppState, kind: Kind, p: Prepared) -> Response {
             .into_response()
         }
         Err(SubmitError::Stopped) => {
-            return ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable_error",
-                "the server is shutting down",
-            )
-            .into_response()
+            return shutting_down("the server is shutting down".into()).into_response()
         }
     }
     let fmt = Formatter {
@@ -868,6 +863,11 @@ fn stream_response(fmt: Formatter, rx: mpsc::UnboundedReceiver<Event>) -> Respon
                     s.out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
                     s.done = true;
                 }
+                Some(Event::Cancelled(msg)) => {
+                    s.out.push_back(sse(&shutting_down(msg).body()));
+                    s.out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                    s.done = true;
+                }
                 None => {
                     let e = ApiError::new(
                         StatusCode::INTERNAL_SERVER_ERROR,
@@ -889,6 +889,12 @@ fn stream_response(fmt: Formatter, rx: mpsc::UnboundedReceiver<Event>) -> Respon
         .unwrap_or_default()
 }
 
+/// The answer to a request the scheduler cancelled at shutdown: 503, as for a request
+/// that arrives after shutdown began.
+fn shutting_down(msg: String) -> ApiError {
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable_error", msg)
+}
+
 /// Collects the events and answers one JSON object.
 async fn whole_response(fmt: Formatter, mut rx: mpsc::UnboundedReceiver<Event>) -> Response {
     let mut text = String::new();
@@ -907,6 +913,7 @@ async fn whole_response(fmt: Formatter, mut rx: mpsc::UnboundedReceiver<Event>) 
                 return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", msg)
                     .into_response()
             }
+            Some(Event::Cancelled(msg)) => return shutting_down(msg).into_response(),
             None => {
                 return ApiError::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
