@@ -13,7 +13,9 @@ use super::math::fast_exp;
 /// The stored elements of a KV cache (or any row-major matrix).
 #[derive(Clone, Copy, Debug)]
 pub enum KvData<'a> {
+    /// Single precision (`--kv-type f32`).
     F32(&'a [f32]),
+    /// Half precision (llama.cpp's default cache type), widened exactly when read.
     F16(&'a [f16]),
 }
 
@@ -21,8 +23,11 @@ pub enum KvData<'a> {
 /// as the kernel's head size), i.e. one KV head's part of consecutive positions.
 #[derive(Clone, Copy, Debug)]
 pub struct KvRows<'a> {
+    /// The stored elements.
     pub data: KvData<'a>,
+    /// Element index of row 0's first element.
     pub start: usize,
+    /// Elements from one row's start to the next's.
     pub stride: usize,
 }
 
