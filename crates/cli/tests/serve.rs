@@ -403,6 +403,21 @@ fn malformed_requests_get_4xx_and_the_server_keeps_serving() {
     );
     let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
     assert!(msg.contains("201") && msg.contains("64"), "{msg}");
+    // A wrong method and an unknown path: 405 and 404, with the same error shape.
+    for (method, path, status) in [
+        ("GET", "/v1/chat/completions", 405),
+        ("DELETE", "/v1/models", 405),
+        ("GET", "/v1/nothing", 404),
+    ] {
+        let r = srv.request(method, path, None);
+        assert_eq!(r.status, status, "{method} {path}: {}", r.text());
+        assert_eq!(
+            r.json()["error"]["type"],
+            "invalid_request_error",
+            "{}",
+            r.text()
+        );
+    }
     // Unknown fields are ignored; the next valid request succeeds.
     let v = srv.post_ok(
         "/v1/chat/completions",

@@ -143,6 +143,7 @@ async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(Arc::clone(&state));
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -285,6 +286,16 @@ async fn not_found() -> Response {
         "no such endpoint",
     )
     .with_code("not_found")
+    .into_response()
+}
+
+async fn method_not_allowed() -> Response {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        "this endpoint does not take that HTTP method",
+    )
+    .with_code("method_not_allowed")
     .into_response()
 }
 
