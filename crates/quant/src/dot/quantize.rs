@@ -102,18 +102,7 @@ fn check(x: &[f32], out: &[u8], ty: GgmlType) -> Result<usize, DotError> {
 /// [`DotError::Quantize`] unless `x.len()` is a multiple of 32 and `out.len()` is
 /// `x.len() / 32 * 34`.
 pub fn quantize_row_q8_0(x: &[f32], out: &mut [u8]) -> Result<(), DotError> {
-    check(x, out, GgmlType::Q8_0)?;
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 is available (checked above).
-        #[allow(unsafe_code)]
-        unsafe {
-            q8_rows_avx2::<false>(x, out)
-        };
-        return Ok(());
-    }
-    q8_rows::<false>(x, out, q8_block);
-    Ok(())
+    quantize_q8::<false>(x, out, true)
 }
 
 /// [`quantize_row_q8_0`] compiled for the baseline ISA.
@@ -121,9 +110,7 @@ pub fn quantize_row_q8_0(x: &[f32], out: &mut [u8]) -> Result<(), DotError> {
 /// # Errors
 /// As [`quantize_row_q8_0`].
 pub fn quantize_row_q8_0_scalar(x: &[f32], out: &mut [u8]) -> Result<(), DotError> {
-    check(x, out, GgmlType::Q8_0)?;
-    q8_rows::<false>(x, out, q8_block);
-    Ok(())
+    quantize_q8::<false>(x, out, false)
 }
 
 /// Quantizes `x` to Q8_1 blocks (36 bytes per 32 values) in `out`, bit-exact with ggml's
@@ -134,18 +121,7 @@ pub fn quantize_row_q8_0_scalar(x: &[f32], out: &mut [u8]) -> Result<(), DotErro
 /// [`DotError::Quantize`] unless `x.len()` is a multiple of 32 and `out.len()` is
 /// `x.len() / 32 * 36`.
 pub fn quantize_row_q8_1(x: &[f32], out: &mut [u8]) -> Result<(), DotError> {
-    check(x, out, GgmlType::Q8_1)?;
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 is available (checked above).
-        #[allow(unsafe_code)]
-        unsafe {
-            q8_rows_avx2::<true>(x, out)
-        };
-        return Ok(());
-    }
-    q8_rows::<true>(x, out, q8_block);
-    Ok(())
+    quantize_q8::<true>(x, out, true)
 }
 
 /// [`quantize_row_q8_1`] compiled for the baseline ISA.
@@ -153,8 +129,24 @@ pub fn quantize_row_q8_1(x: &[f32], out: &mut [u8]) -> Result<(), DotError> {
 /// # Errors
 /// As [`quantize_row_q8_1`].
 pub fn quantize_row_q8_1_scalar(x: &[f32], out: &mut [u8]) -> Result<(), DotError> {
-    check(x, out, GgmlType::Q8_1)?;
-    q8_rows::<true>(x, out, q8_block);
+    quantize_q8::<true>(x, out, false)
+}
+
+/// Q8_0 (`SUM` false) or Q8_1 (`SUM` true) after the length check, on AVX2 when `simd`
+/// and the CPU has it.
+fn quantize_q8<const SUM: bool>(x: &[f32], out: &mut [u8], simd: bool) -> Result<(), DotError> {
+    check(x, out, if SUM { GgmlType::Q8_1 } else { GgmlType::Q8_0 })?;
+    #[cfg(target_arch = "x86_64")]
+    if simd && std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 is available (checked above).
+        #[allow(unsafe_code)]
+        unsafe {
+            q8_rows_avx2::<SUM>(x, out)
+        };
+        return Ok(());
+    }
+    let _ = simd;
+    q8_rows::<SUM>(x, out, q8_block);
     Ok(())
 }
 
