@@ -13,7 +13,7 @@ use crate::config::{Gating, MoeConfig, RopeParams};
 use crate::error::{ModelError, Result};
 use crate::kernels::{
     add_bias, dot_multi_keys, gelu_tanh, layer_norm, matmul, matmul_many, matrix_row, rms_norm,
-    rope_angles, rope_rotate, silu, silu_in_place, softmax, softmax_with_sink, swiglu_oai,
+    rope_angles, rope_rotate, silu_in_place, softmax, softmax_with_sink, swiglu_oai,
     weighted_sum_multi, Matrix, Projection,
 };
 use crate::kv::{KvCache, KvLayer};
@@ -197,20 +197,21 @@ impl Model {
             add_bias(gate, b);
         }
         let act = self.config.arch.activation;
-        // act(gate) · up for the gated kinds; act(up) for the plain one.
-        let gated = |g: f32, u: f32| match act {
-            Activation::Silu => silu(g) * u,
-            Activation::GeluTanh => gelu_tanh(g) * u,
-            Activation::SwigluOai => swiglu_oai(g, u),
-        };
-        // g = act(g) · u over a slice (SiLU on eight lanes at a time).
-        let gated_slice = |g: &mut [f32], u: &[f32]| match act {
-            Activation::Silu => silu_in_place(g, Some(u)),
-            _ => g.iter_mut().zip(u).for_each(|(g, u)| *g = gated(*g, *u)),
-        };
-        let plain = |u: f32| match act {
-            Activation::Silu => silu(u),
-            Activation::GeluTanh | Activation::SwigluOai => gelu_tanh(u),
+        // In place over a slice: x = act(x) · u for the gated kinds (`Some(u)`), act(x) for
+        // the plain one (`None`; gelu for every non-SiLU activation). SiLU on eight lanes.
+        let activate = |x: &mut [f32], u: Option<&[f32]>| match (act, u) {
+            (Activation::Silu, _) => silu_in_place(x, u),
+            (Activation::GeluTanh, Some(u)) => x
+                .iter_mut()
+                .zip(u)
+                .for_each(|(g, u)| *g = gelu_tanh(*g) * u),
+            (Activation::SwigluOai, Some(u)) => x
+                .iter_mut()
+                .zip(u)
+                .for_each(|(g, u)| *g = swiglu_oai(*g, *u)),
+            (Activation::GeluTanh | Activation::SwigluOai, None) => {
+                x.iter_mut().for_each(|v| *v = gelu_tanh(*v))
+            }
         };
         let up = &*up;
         // Element-wise: even a decode step's one row is split over the threads.
@@ -218,7 +219,7 @@ impl Model {
         let rows = rows_per_task(n);
         match kind {
             Ffn::Gated => pool::for_each_chunk(gate, per, &|ci, part| {
-                gated_slice(part, &up[ci * per..][..part.len()]);
+                activate(part, Some(&up[ci * per..][..part.len()]));
             }),
             // Rows of 2·n_ff: the gate half, then the up half.
             Ffn::GatedFused => pool::for_each_chunk(gate, rows * nf, &|ci, part| {
@@ -226,15 +227,12 @@ impl Model {
                     let row = &up[(ci * rows + r) * 2 * nf..][..2 * nf];
                     let (gh, uh) = row.split_at(nf);
                     g.copy_from_slice(gh);
-                    gated_slice(g, uh);
+                    activate(g, Some(uh));
                 }
             }),
             Ffn::Plain => pool::for_each_chunk(gate, per, &|ci, part| {
                 part.copy_from_slice(&up[ci * per..][..part.len()]);
-                match act {
-                    Activation::Silu => silu_in_place(part, None),
-                    _ => part.iter_mut().for_each(|v| *v = plain(*v)),
-                }
+                activate(part, None);
             }),
         }
         matmul(&f.down, data(2, &f.down), gate, n, out)?;
