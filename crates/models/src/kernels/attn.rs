@@ -91,12 +91,12 @@ unsafe fn load8<const H: bool>(p: *const u8) -> std::arch::x86_64::__m256 {
     }
 }
 
-/// The base pointer, whether the data is f16, and the element size of `rows`.
+/// The base pointer and the element size in bytes of `rows`.
 #[cfg(target_arch = "x86_64")]
-fn raw(rows: &KvRows<'_>) -> (*const u8, bool, usize) {
+fn raw(rows: &KvRows<'_>) -> (*const u8, usize) {
     match rows.data {
-        KvData::F32(s) => (s.as_ptr().cast(), false, 4),
-        KvData::F16(s) => (s.as_ptr().cast(), true, 2),
+        KvData::F32(s) => (s.as_ptr().cast(), 4),
+        KvData::F16(s) => (s.as_ptr().cast(), 2),
     }
 }
 
@@ -159,7 +159,7 @@ fn dot_multi_keys_avx2<const R: usize, const H: bool>(
 ) {
     use std::arch::x86_64::*;
     let hd = check_keys(&q, &keys, &range, &out);
-    let (base, _, el) = raw(&keys);
+    let (base, el) = raw(&keys);
     let n8 = hd / 8 * 8;
     for t in range {
         let row = keys.start + t * keys.stride;
@@ -285,7 +285,7 @@ fn weighted_sum_multi_avx2<const R: usize, const H: bool>(
 ) {
     use std::arch::x86_64::*;
     let hd = check_values(&o, &p, &v, &keys);
-    let (base, _, el) = raw(&v);
+    let (base, el) = raw(&v);
     let n16 = hd / 16 * 16;
     let mut e0 = 0;
     while e0 < n16 {
@@ -332,7 +332,7 @@ pub fn weighted_sum_multi_portable<const R: usize>(
     v: KvRows<'_>,
     keys: std::ops::Range<usize>,
 ) {
-    let hd = check_values(&o, &p, &v, &keys);
+    check_values(&o, &p, &v, &keys);
     for (or, pr) in o.iter_mut().zip(&p) {
         for t in keys.clone() {
             for (e, a) in or.iter_mut().enumerate() {
@@ -340,7 +340,6 @@ pub fn weighted_sum_multi_portable<const R: usize>(
             }
         }
     }
-    let _ = hd;
 }
 
 /// Softmax of `x` in place with an optional extra logit that joins the max and the sum but
