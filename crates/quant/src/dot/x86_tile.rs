@@ -536,11 +536,17 @@ macro_rules! legacy_isa {
                 }
             }
 
-            /// `acc + v` in the lanes of `mask`, `acc` elsewhere.
+            /// A group's block values added into `acc`: every lane for a full group,
+            /// else only the lanes of `mask` (a partial last group; `acc` elsewhere, so a
+            /// `-0.0` lane stays negative).
             #[target_feature(enable = $feat)]
             #[inline]
-            fn add_masked(acc: __m256, v: __m256, mask: __m256) -> __m256 {
-                _mm256_blendv_ps(acc, _mm256_add_ps(acc, v), mask)
+            fn add_group(acc: __m256, v: __m256, full: bool, mask: __m256) -> __m256 {
+                if full {
+                    _mm256_add_ps(acc, v)
+                } else {
+                    _mm256_blendv_ps(acc, _mm256_add_ps(acc, v), mask)
+                }
             }
 
             /// The eight lanes combined in the fixed tree.
@@ -623,11 +629,7 @@ macro_rules! legacy_isa {
                                 isum = _mm256_sub_epi32(isum, off);
                             }
                             let v = values::<F>(dw, mw, p, isum);
-                            *acc = if n == 8 {
-                                _mm256_add_ps(*acc, v)
-                            } else {
-                                add_masked(*acc, v, last_mask)
-                            };
+                            *acc = add_group(*acc, v, n == 8, last_mask);
                         }
                     }
                     for (r, acc) in acc.iter().enumerate() {
@@ -686,11 +688,7 @@ macro_rules! legacy_isa {
                                 isum = _mm256_sub_epi32(isum, off);
                             }
                             let v = values::<F>(dw, mw, ag[r], isum);
-                            acc[i][r] = if full {
-                                _mm256_add_ps(acc[i][r], v)
-                            } else {
-                                add_masked(acc[i][r], v, last_mask)
-                            };
+                            acc[i][r] = add_group(acc[i][r], v, full, last_mask);
                         }
                     }
                 }
@@ -1063,11 +1061,7 @@ macro_rules! legacy_isa {
                             // SAFETY: `dxs[r][g]` is 32 readable bytes.
                             let dx = unsafe { _mm256_loadu_ps(dxs[r][g].as_ptr()) };
                             let v = k_values::<F>(&wsc, dx, hsum8x8(&t[r]), hsum8x8(&m[r]));
-                            acc[r] = if n == 8 {
-                                _mm256_add_ps(acc[r], v)
-                            } else {
-                                add_masked(acc[r], v, last_mask)
-                            };
+                            acc[r] = add_group(acc[r], v, n == 8, last_mask);
                         }
                     }
                     for r in 0..R {
@@ -1159,11 +1153,7 @@ macro_rules! legacy_isa {
                                 )
                             };
                             let v = k_values::<F>(ws_, dx, hsum8x8(&t[i][r]), hsum8x8(&m[i][r]));
-                            acc[i][r] = if n == 8 {
-                                _mm256_add_ps(acc[i][r], v)
-                            } else {
-                                add_masked(acc[i][r], v, last_mask)
-                            };
+                            acc[i][r] = add_group(acc[i][r], v, n == 8, last_mask);
                         }
                     }
                 }
