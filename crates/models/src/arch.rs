@@ -145,6 +145,11 @@ pub struct ArchSpec {
     /// The tensor name of the norm before the FFN: `ffn_norm`, or gpt-oss's
     /// `post_attention_norm`.
     pub ffn_norm_name: &'static str,
+    /// `rope_freqs.weight` (per-pair RoPE frequency divisors, Llama 3.1+) is read and
+    /// applied when the file has it: the architectures whose llama.cpp graph passes it to
+    /// `ggml_rope_ext` (`src/models/llama.cpp`, `granite.cpp`); elsewhere the tensor is
+    /// refused as unused.
+    pub rope_freqs: bool,
 }
 
 /// The defaults every row starts from: a llama-style decoder.
@@ -163,6 +168,7 @@ const BASE: ArchSpec = ArchSpec {
     rope_base_swa_default: None,
     moe: None,
     ffn_norm_name: "ffn_norm",
+    rope_freqs: false,
 };
 
 /// The supported architectures. Sources per row: llama.cpp `src/models/<name>.cpp` and
@@ -178,6 +184,7 @@ pub const ARCHS: &[ArchSpec] = &[
         position: Position::Rope(RopeLayout::Normal),
         swa: SwaPattern::All,
         moe: Some(MoeSpec { norm_topk: true }),
+        rope_freqs: true,
         ..BASE
     },
     // qwen2.cpp; Qwen2ForCausalLM (q/k/v biases, present in the file).
@@ -275,6 +282,7 @@ pub const ARCHS: &[ArchSpec] = &[
     ArchSpec {
         name: "granite",
         position: Position::Rope(RopeLayout::Normal),
+        rope_freqs: true,
         ..BASE
     },
     // olmo2.cpp; Olmo2ForCausalLM: norms after attention and FFN only, whole-vector Q/K

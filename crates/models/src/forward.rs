@@ -522,7 +522,7 @@ impl Model {
                         let mut table = Vec::with_capacity(n * c.n_rot / 2);
                         let mut angles = Vec::new();
                         for &p in &pos {
-                            rope_angles(p, c.n_rot, &rp, &mut angles);
+                            rope_angles(p, c.n_rot, &rp, w.rope_freqs.as_deref(), &mut angles);
                             table.extend_from_slice(&angles);
                         }
                         rope_tables.push((rp, table));

@@ -367,21 +367,31 @@ pub fn add_bias(x: &mut [f32], bias: &[f32]) {
 
 /// The rotations of rotary position embedding at one position (llama.cpp
 /// `ggml_compute_forward_rope_f32` / `rope_yarn`): for each of the `n_rot / 2` pairs, the
-/// `(cos, sin)` of `θ_i = freq_scale · pos · base^(-2i/n_rot)`, the angle built by repeated
-/// multiplication in f32 as ggml does; with YaRN ([`crate::config::YarnParams`]) the
-/// angle blends the scaled and unscaled ones by pair and cos/sin carry the attention
-/// factor. Written to `out` (cleared first). The same for every head, so computed once per
-/// position.
+/// `(cos, sin)` of `θ_i = freq_scale · pos · base^(-2i/n_rot) / factor_i`, the angle built
+/// by repeated multiplication in f32 as ggml does; with YaRN ([`crate::config::YarnParams`])
+/// the angle blends the scaled and unscaled ones by pair and cos/sin carry the attention
+/// factor. `factors` (`n_rot / 2` values: `rope_freqs.weight`, Llama 3.1's per-pair
+/// frequency divisors) divide each pair's unscaled angle before any scaling, as ggml's
+/// `ggml_rope_cache_init` does with its `freq_factors` (`theta / ff`). Written to `out`
+/// (cleared first). The same for every head, so computed once per position.
+///
+/// # Panics
+/// If `factors` is given with fewer than `n_rot / 2` values (the loader checks the shape).
 pub fn rope_angles(
     pos: usize,
     n_rot: usize,
     rp: &crate::config::RopeParams,
+    factors: Option<&[f32]>,
     out: &mut Vec<(f32, f32)>,
 ) {
     let theta_scale = rp.freq_base.powf(-2.0 / n_rot as f32);
-    let mut theta = pos as f32;
+    let mut theta_base = pos as f32;
     out.clear();
     for i in 0..n_rot / 2 {
+        let theta = match factors {
+            Some(f) => theta_base / f[i],
+            None => theta_base,
+        };
         let interp = rp.freq_scale * theta;
         let (angle, mscale) = match &rp.yarn {
             Some(y) if y.ext_factor != 0.0 => {
@@ -400,7 +410,7 @@ pub fn rope_angles(
         } else {
             (cos * mscale, sin * mscale)
         });
-        theta *= theta_scale;
+        theta_base *= theta_scale;
     }
 }
 
@@ -436,7 +446,7 @@ pub fn rope(
         freq_scale,
         yarn: None,
     };
-    rope_angles(pos, n_rot, &rp, &mut angles);
+    rope_angles(pos, n_rot, &rp, None, &mut angles);
     rope_rotate(head, &angles, neox);
 }
 

@@ -184,6 +184,10 @@ pub struct Weights {
     pub output_norm: NormWeights,
     /// The LM head: `output.weight`, or `token_embd.weight` when the model ties them.
     pub output: Matrix,
+    /// `rope_freqs.weight` (`n_rot / 2` values): per-pair RoPE frequency divisors of every
+    /// layer (Llama 3.1's "llama3" rope scaling, as llama.cpp's converter stores it;
+    /// llama.cpp `src/models/llama.cpp` passes it to `ggml_rope_ext` as `freq_factors`).
+    pub rope_freqs: Option<Vec<f32>>,
     pub layers: Vec<LayerWeights>,
 }
 
@@ -482,6 +486,13 @@ impl Model {
         let output = l
             .matrix_opt("output.weight", c.n_vocab, c.n_embd)?
             .unwrap_or(token_embd);
+        // Read only by the architectures whose llama.cpp graph applies it; elsewhere it
+        // stays unread and the file is refused by the accounting below.
+        let rope_freqs = l.vector_if(
+            a.rope_freqs && l.f.tensor_index("rope_freqs.weight").is_some(),
+            "rope_freqs.weight",
+            c.n_rot / 2,
+        )?;
         let pre = a.norm_placement == NormPlacement::Pre;
         let (q_norm_len, k_norm_len) = match a.qk_norm {
             QkNorm::Whole => (c.q_dim(), c.k_dim()),
@@ -632,6 +643,7 @@ impl Model {
             token_embd_norm,
             output_norm,
             output,
+            rope_freqs,
             layers,
         };
         let moe_stats = match &config.moe {

@@ -112,6 +112,22 @@ fn activation_matters() {
 }
 
 #[test]
+fn llama3_rope_freq_factors_matter() {
+    // The fixture records 0.69 for plain RoPE instead of llama3 scaling.
+    ablate(
+        "llama3_rope",
+        "rope_freqs.weight (plain RoPE instead)",
+        |m| {
+            assert!(
+                m.weights.rope_freqs.is_some(),
+                "the fixture carries rope_freqs"
+            );
+            m.weights.rope_freqs = None
+        },
+    );
+}
+
+#[test]
 fn rope_layout_matters() {
     ablate("llama", "normal RoPE (NeoX instead)", |m| {
         with_arch(m, |a| {
