@@ -1,8 +1,11 @@
 //! `frink bench`: prompt-processing and generation throughput, measured the way
 //! llama.cpp's llama-bench measures it (tools/llama-bench/llama-bench.cpp): `pp N` evaluates
-//! N prompt tokens in one batch from an empty cache, `tg N` generates N tokens one per
-//! step from an empty cache; one warm-up run, then `-r` timed repetitions; t/s reported as
-//! mean ± sample standard deviation over the repetitions.
+//! N prompt tokens in one batch, `tg N` generates N tokens one per step, each after `-d D`
+//! tokens already in the KV cache (evaluated once per test, untimed; every run starts
+//! from the cache cut back to them); one warm-up run, then `-r` timed repetitions; t/s
+//! reported as mean ± sample standard deviation over the repetitions. `-p`, `-n` and `-d`
+//! take comma lists, run as llama-bench orders them: every prompt size at every depth,
+//! then every generation length at every depth.
 
 use std::time::Instant;
 
@@ -19,12 +22,30 @@ use crate::common::ModelArgs;
 pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Prompt tokens of the pp test (0: skip).
-    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
-    pub n_prompt: usize,
-    /// Generated tokens of the tg test (0: skip).
-    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
-    pub n_gen: usize,
+    /// Prompt tokens of the pp tests, comma-separated (0: skip).
+    #[arg(
+        short = 'p',
+        long = "n-prompt",
+        value_delimiter = ',',
+        default_value = "512"
+    )]
+    pub n_prompt: Vec<usize>,
+    /// Generated tokens of the tg tests, comma-separated (0: skip).
+    #[arg(
+        short = 'n',
+        long = "n-gen",
+        value_delimiter = ',',
+        default_value = "128"
+    )]
+    pub n_gen: Vec<usize>,
+    /// Tokens already in the KV cache when each test starts, comma-separated.
+    #[arg(
+        short = 'd',
+        long = "n-depth",
+        value_delimiter = ',',
+        default_value = "0"
+    )]
+    pub n_depth: Vec<usize>,
     /// Timed repetitions per test.
     #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
     pub repetitions: usize,
@@ -48,18 +69,33 @@ fn tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
         .collect()
 }
 
-/// One run of a test: seconds spent evaluating.
-fn run_once(
-    model: &Model,
+/// A session holding `n_depth` tokens, with room for a test of `n_prompt + n_gen` more.
+fn session_at_depth<'m>(
+    model: &'m Model,
     args: &BenchArgs,
+    n_depth: usize,
+    n_prompt: usize,
+    n_gen: usize,
+) -> Result<Session<'m>> {
+    let n_vocab = model.config.n_vocab;
+    let mut session = Session::new(model, n_depth + n_prompt + n_gen + 1, args.model.kv_type)
+        .with_batch(frink_engine::DEFAULT_BATCH);
+    if n_depth > 0 {
+        session.eval(&tokens(n_depth, n_vocab, u64::MAX), Logits::None)?;
+    }
+    Ok(session.with_batch(n_prompt.max(1)))
+}
+
+/// One run of a test from the session's depth: seconds spent evaluating.
+fn run_once(
+    session: &mut Session<'_>,
+    n_depth: usize,
     n_prompt: usize,
     n_gen: usize,
     rep: u64,
 ) -> Result<f64> {
-    let n_vocab = model.config.n_vocab;
-    let ids = tokens(n_prompt + n_gen, n_vocab, rep);
-    let mut session =
-        Session::new(model, n_prompt + n_gen + 1, args.model.kv_type).with_batch(n_prompt.max(1));
+    session.truncate(n_depth);
+    let ids = tokens(n_prompt + n_gen, session.model().config.n_vocab, rep);
     let start = Instant::now();
     if n_prompt > 0 {
         session.eval(&ids[..n_prompt], Logits::Last)?;
@@ -92,25 +128,27 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let filename = path.display().to_string();
     let arch = model.config.arch.name;
     let mut results = Vec::new();
-    let tests = [(args.n_prompt, 0usize), (0, args.n_gen)];
-    for (n_prompt, n_gen) in tests {
-        if n_prompt + n_gen == 0 {
-            continue;
-        }
-        run_once(&model, args, n_prompt, n_gen, 0)?; // warm-up
+    for (n_prompt, n_gen, n_depth) in tests(args) {
+        let mut session = session_at_depth(&model, args, n_depth, n_prompt, n_gen)?;
+        run_once(&mut session, n_depth, n_prompt, n_gen, 0)?; // warm-up
         let mut samples_ns = Vec::new();
         for rep in 0..args.repetitions.max(1) {
-            samples_ns.push(run_once(&model, args, n_prompt, n_gen, rep as u64 + 1)? * 1e9);
+            samples_ns
+                .push(run_once(&mut session, n_depth, n_prompt, n_gen, rep as u64 + 1)? * 1e9);
         }
+        drop(session);
         let n = (n_prompt + n_gen) as f64;
         let samples_ts: Vec<f64> = samples_ns.iter().map(|ns| n * 1e9 / ns).collect();
         let (avg_ns, stddev_ns) = mean_std(&samples_ns);
         let (avg_ts, stddev_ts) = mean_std(&samples_ts);
-        let name = if n_prompt > 0 {
+        let mut name = if n_prompt > 0 {
             format!("pp{n_prompt}")
         } else {
             format!("tg{n_gen}")
         };
+        if n_depth > 0 {
+            name += &format!(" @ d{n_depth}");
+        }
         if !args.json {
             if results.is_empty() {
                 println!("| model | size | params | backend | threads | test | t/s |");
@@ -132,6 +170,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             "type_k": format!("{:?}", args.model.kv_type).to_lowercase(),
             "n_prompt": n_prompt,
             "n_gen": n_gen,
+            "n_depth": n_depth,
             "avg_ns": avg_ns.round() as u64,
             "stddev_ns": stddev_ns.round() as u64,
             "avg_ts": avg_ts,
@@ -153,6 +192,25 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The tests in llama-bench's order (`get_cmd_params_instances`): `(n_prompt, 0, depth)` for
+/// every nonzero prompt size and depth, then `(0, n_gen, depth)` for every nonzero
+/// generation length and depth.
+fn tests(args: &BenchArgs) -> Vec<(usize, usize, usize)> {
+    let depths = if args.n_depth.is_empty() {
+        vec![0]
+    } else {
+        args.n_depth.clone()
+    };
+    let mut out = Vec::new();
+    for &p in args.n_prompt.iter().filter(|&&p| p > 0) {
+        out.extend(depths.iter().map(|&d| (p, 0, d)));
+    }
+    for &n in args.n_gen.iter().filter(|&&n| n > 0) {
+        out.extend(depths.iter().map(|&d| (0, n, d)));
+    }
+    out
 }
 
 /// Mean and sample standard deviation (llama-bench's `stdev`: n − 1 in the denominator).

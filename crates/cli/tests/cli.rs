@@ -176,3 +176,48 @@ fn bench_json_has_llama_bench_fields() {
         assert!(t["peak_rss_bytes"].as_u64().unwrap() > 50 << 20, "{t}");
     }
 }
+
+/// `frink bench -p A,B -n N -d 0,D`: llama-bench's order (every prompt size at every depth,
+/// then every generation length at every depth), `n_depth` in each row, and the depth's
+/// tokens really in the KV cache: smollm2's f16 cache holds 30 layers × 2 × 192 values × 2
+/// bytes = 23 KiB per position, so 2048 positions add ~45 MiB of resident memory over a
+/// run without depth (measured: 60 MiB more, the prefill scratch included; a depth that
+/// was ignored adds nothing).
+#[test]
+fn bench_depth_and_lists() {
+    let out = frink(&[
+        "bench", "-p", "8,16", "-n", "4", "-d", "0,2048", "-r", "1", "-t", "2", "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v = last_json_line(&out);
+    let got: Vec<(u64, u64, u64)> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let f = |k: &str| t[k].as_u64().unwrap();
+            (f("n_prompt"), f("n_gen"), f("n_depth"))
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (8, 0, 0),
+            (8, 0, 2048),
+            (16, 0, 0),
+            (16, 0, 2048),
+            (0, 4, 0),
+            (0, 4, 2048)
+        ]
+    );
+    let deep = v[0]["peak_rss_bytes"].as_u64().unwrap();
+    let out = frink(&[
+        "bench", "-p", "0", "-n", "4", "-r", "1", "-t", "2", "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let shallow = last_json_line(&out)[0]["peak_rss_bytes"].as_u64().unwrap();
+    assert!(
+        deep > shallow + (30 << 20),
+        "peak RSS with depth 2048: {deep}, without: {shallow}"
+    );
+}
