@@ -1,24 +1,38 @@
 #!/usr/bin/env python3
 """Side-by-side speed of frink and llama.cpp's llama-bench on the same GGUF files.
 
-Runs `frink bench --json` and `llama-bench -o json` with the same file, thread count, prompt
-and generation lengths and repetitions, one model after the other, and prints t/s of both
-and the ratio frink / llama.cpp per test. The anchor is installed as shared/ANCHOR.md says;
-point LLAMA_BENCH at its llama-bench binary (default: the venv of ANCHOR.md).
+Runs `frink bench --json` and `llama-bench -o json` with the same file, thread count,
+prompt, generation and depth lists and repetitions, alternating the two engines for
+`--rounds` rounds per model (the machine's speed drifts; alternating keeps both figures of
+a round under the same conditions), and prints per test the median over the rounds of both
+engines' t/s, the ratio frink / llama.cpp, for tg tests the fraction of the memory-bandwidth
+bound reached by each, and each engine's peak resident memory (the child process's
+maximum RSS, as `/usr/bin/time -v` reports it). Each round's figures go to stderr.
 
-    python3 benches/compare.py [-t 2] [-p 512] [-n 128] [-r 3] [MODEL ...]
+    python3 benches/compare.py [-t 2] [-p 512] [-n 128] [-d 0] [-r 3] [--rounds 1] [MODEL ...]
 
-MODEL is a catalog name or a .gguf path (default: the three catalog models).
+MODEL is a catalog name or a .gguf path (default: the three catalog models);
+`python3 benches/real_shapes.py --list` prints the real-shape benchmark files.
+`-p`, `-n` and `-d` take llama-bench's comma lists. The anchor is installed as
+shared/ANCHOR.md says; LLAMA_BENCH overrides its llama-bench binary.
+
+The bound: a decode step reads every weight it uses once, so tg <= bandwidth / bytes per
+token, with the bandwidth measured by benches/bandwidth.rs through the model file's own
+mapping with the same thread count (built here on first use), and bytes per token counted
+from the file's tensor table: every tensor but the token embeddings (one row read) unless
+the LM head is tied to them, and of the routed experts `expert_used_count / expert_count`.
 """
 import argparse
 import glob
 import json
 import os
+import statistics
 import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FRINK = os.environ.get("FRINK", os.path.join(ROOT, "target", "release", "frink"))
+BANDWIDTH = os.path.join(ROOT, "target", "release", "examples", "bandwidth")
 
 
 def default_llama_bench():
@@ -29,12 +43,11 @@ def default_llama_bench():
 
 
 def last_json(text):
-    lines = [l for l in text.strip().splitlines() if l.strip()]
-    # llama-bench prints a pretty-printed array; frink prints one line.
-    try:
-        return json.loads(text[text.index("["):])
-    except ValueError:
-        return json.loads(lines[-1])
+    # llama-bench prints a pretty-printed array; frink and the probe print one line.
+    start = text.find("[")
+    if start >= 0 and text.lstrip().startswith("["):
+        return json.loads(text[start:])
+    return json.loads([l for l in text.strip().splitlines() if l.strip()][-1])
 
 
 def run(cmd, env=None):
@@ -44,34 +57,104 @@ def run(cmd, env=None):
     return last_json(out.stdout)
 
 
+def run_measured(cmd, env=None):
+    """Runs cmd, returns (last JSON of stdout, peak RSS bytes of that child alone)."""
+    out_path = os.path.join("/tmp", f"compare-{os.getpid()}.out")
+    err_path = out_path + ".err"
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
+        _, status, usage = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+    text = open(out_path).read()
+    if p.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{open(err_path).read()[-2000:]}")
+    os.remove(out_path)
+    os.remove(err_path)
+    return last_json(text), usage.ru_maxrss * 1024  # ru_maxrss is in KiB on Linux
+
+
+def bytes_per_token(path):
+    """Weight bytes one decode step reads (see the module doc)."""
+    info = run([FRINK, "inspect", path, "--tensors", "--json"])
+    meta = info["metadata"]
+    arch = meta["general.architecture"]
+    tensors = {t["name"]: t for t in info["tensors"]}
+    n_expert = meta.get(f"{arch}.expert_count")
+    n_used = meta.get(f"{arch}.expert_used_count")
+    total = 0.0
+    for name, t in tensors.items():
+        b = t["n_bytes"]
+        if name == "token_embd.weight" and "output.weight" in tensors:
+            b = b / t["shape"][1]
+        elif "_exps." in name and n_expert:
+            b = b * n_used / n_expert
+        total += b
+    return total
+
+
+def bandwidth(path, threads):
+    if not os.path.exists(BANDWIDTH):
+        subprocess.run(["cargo", "build", "--release", "-p", "frink-models", "--example",
+                        "bandwidth"], cwd=ROOT, check=True)
+    v = run([BANDWIDTH, "-t", str(threads), "--json", path])
+    return v["file"][threads - 1] * 1e9
+
+
+def test_name(o):
+    name = f"pp{o['n_prompt']}" if o["n_prompt"] else f"tg{o['n_gen']}"
+    d = o.get("n_depth", 0)
+    return name + (f" @ d{d}" if d else "")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("-t", type=int, default=2)
-    ap.add_argument("-p", type=int, default=512)
-    ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("-p", default="512")
+    ap.add_argument("-n", default="128")
+    ap.add_argument("-d", default="0")
     ap.add_argument("-r", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="alternating rounds per model; medians are reported")
+    ap.add_argument("--no-bound", action="store_true", help="skip the bandwidth probe")
     ap.add_argument("models", nargs="*",
                     default=["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"])
     a = ap.parse_args()
     llama_bench = os.environ.get("LLAMA_BENCH", default_llama_bench())
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = os.path.dirname(llama_bench) + ":" + env.get("LD_LIBRARY_PATH", "")
-    print(f"| model | test | frink t/s | llama.cpp t/s | ratio | frink peak RSS |")
-    print(f"| --- | --- | ---: | ---: | ---: | ---: |")
+    print("| model | test | frink t/s | llama.cpp t/s | ratio | % of bound (frink / llama.cpp) "
+          "| peak RSS frink / llama.cpp |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for m in a.models:
-        path = subprocess.run([FRINK, "pull", m], capture_output=True, text=True).stdout.strip() \
-            if not m.endswith(".gguf") else m
-        ours = run([FRINK, "bench", "-m", path, "-t", str(a.t), "-p", str(a.p), "-n", str(a.n),
-                    "-r", str(a.r), "--json"])
-        ref = run([llama_bench, "-m", path, "-t", str(a.t), "-p", str(a.p), "-n", str(a.n),
-                   "-r", str(a.r), "-o", "json"], env=env)
-        for o in ours:
-            test = f"pp{o['n_prompt']}" if o["n_prompt"] else f"tg{o['n_gen']}"
-            r = next((x for x in ref if x["n_prompt"] == o["n_prompt"] and x["n_gen"] == o["n_gen"]), None)
-            ref_ts = r["avg_ts"] if r else float("nan")
-            rss = o.get("peak_rss_bytes") or 0
-            print(f"| {m} | {test} | {o['avg_ts']:.2f} ± {o['stddev_ts']:.2f} | {ref_ts:.2f} | "
-                  f"{o['avg_ts'] / ref_ts:.2f}x | {rss / 2**20:.0f} MiB |")
+        path = m if m.endswith(".gguf") else \
+            subprocess.run([FRINK, "pull", m], capture_output=True, text=True).stdout.strip()
+        common = ["-m", path, "-t", str(a.t), "-p", a.p, "-n", a.n, "-d", a.d, "-r", str(a.r)]
+        ours_rounds, ref_rounds, rss = [], [], ([], [])
+        for k in range(a.rounds):
+            ours, our_rss = run_measured([FRINK, "bench", *common, "--json"])
+            ref, ref_rss = run_measured([llama_bench, *common, "-o", "json"], env=env)
+            ours_rounds.append({test_name(o): o["avg_ts"] for o in ours})
+            ref_rounds.append({test_name(o): o["avg_ts"] for o in ref})
+            rss[0].append(our_rss)
+            rss[1].append(ref_rss)
+            print(f"{m} round {k + 1}: frink {ours_rounds[-1]} llama.cpp {ref_rounds[-1]}",
+                  file=sys.stderr)
+        bound = None
+        if not a.no_bound and any(t.startswith("tg") for t in ours_rounds[0]):
+            bw = bandwidth(path, a.t)
+            bound = bw / bytes_per_token(path)
+            print(f"{m}: bandwidth {bw / 1e9:.1f} GB/s ({a.t} threads), "
+                  f"{bytes_per_token(path) / 1e6:.0f} MB per token: bound {bound:.1f} t/s",
+                  file=sys.stderr)
+        for test in ours_rounds[0]:
+            ours = statistics.median(r[test] for r in ours_rounds)
+            ref = statistics.median(r.get(test, float("nan")) for r in ref_rounds)
+            frac = ""
+            if bound and test.startswith("tg"):
+                frac = f"{100 * ours / bound:.0f}% / {100 * ref / bound:.0f}%"
+            print(f"| {os.path.basename(m)} | {test} | {ours:.2f} | {ref:.2f} | {ours / ref:.2f}x "
+                  f"| {frac} | {max(rss[0]) / 2**20:.0f} / {max(rss[1]) / 2**20:.0f} MiB |")
+        sys.stdout.flush()
 
 
 if __name__ == "__main__":

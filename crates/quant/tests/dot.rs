@@ -335,7 +335,7 @@ fn dot_tile_equals_scalar_on_every_path() {
     for ty in DOT_TYPES {
         let act_ty = vec_dot_type(ty).unwrap();
         let nbs: &[usize] = if ty.block_size() == 256 {
-            &[1, 3, 9]
+            &[1, 3, 6, 9, 17]
         } else {
             &[1, 7, 8, 9, 17, 28]
         };

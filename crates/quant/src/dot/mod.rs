@@ -92,6 +92,9 @@ mod scalar;
 mod x86;
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
+mod x86_512;
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
 mod x86_tile;
 
 pub use quantize::{
@@ -404,7 +407,9 @@ pub fn kernel(ty: GgmlType, isa: Isa) -> Result<DotKernel, DotError> {
         }),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512Vnni => x86::avx2_kernel(ty).map(|f| {
-            let tile = x86_tile::small_tile_kernel(ty).or(x86::avx2_tile_kernel(ty));
+            let tile = x86_512::tile_kernel(ty)
+                .or(x86_tile::small_tile_kernel(ty))
+                .or(x86::avx2_tile_kernel(ty));
             (f, x86::avx2_rows_kernel(ty), tile)
         }),
         #[cfg(target_arch = "aarch64")]

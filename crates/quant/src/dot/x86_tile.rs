@@ -148,7 +148,7 @@ fn geometry(
 /// The lane mask of the first `n` lanes (all lanes for `n = 0`, meaning a full group).
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
-fn lane_mask(n: usize) -> __m256 {
+pub(super) fn lane_mask(n: usize) -> __m256 {
     let n = if n == 0 { 8 } else { n as i32 };
     let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx))
@@ -193,7 +193,7 @@ fn transpose8(v: [__m256i; 8]) -> [__m256i; 8] {
 /// The first `n` blocks must be readable at `p`.
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
-unsafe fn f16x8(p: *const u8, stride: usize, at: usize, n: usize) -> __m256 {
+pub(super) unsafe fn f16x8(p: *const u8, stride: usize, at: usize, n: usize) -> __m256 {
     let mut h = [0u16; 8];
     for (k, h) in h.iter_mut().enumerate().take(n) {
         // SAFETY: block `k < n` is readable (caller) and `at + 2 <= stride`.

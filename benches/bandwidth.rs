@@ -1,0 +1,141 @@
+//! The machine's memory read bandwidth with 1..T threads: the bound on generation speed
+//! (a decode step reads every weight byte once, so tg ≤ bandwidth ÷ bytes per token).
+//!
+//! ```sh
+//! cargo run --release -p frink-models --example bandwidth -- [-t T] [-r R] [FILE.gguf]
+//! ```
+//!
+//! Two sources, each streamed by T threads (contiguous equal parts, one per thread, all
+//! started together; a pass's time runs from the start to the last thread's end; the best
+//! of R passes is reported, as the machine is shared):
+//! - `anon`: a 1 GiB anonymous buffer (four times this machine's 260 MiB L3, so every pass
+//!   comes from DRAM), written once before timing.
+//! - `file`: with FILE, the tensor data of a GGUF file through the same read-only mapping
+//!   frink and llama.cpp read their weights from (page-cache pages, read once before
+//!   timing so that no pass waits on the disk). This is the figure a decode step can reach.
+//!
+//! Output: one line per source and thread count, then with `--json` one JSON object
+//! `{"anon": [GB/s for 1..T threads], "file": [...]}` as the last line (GB = 1e9 bytes).
+
+use std::time::Instant;
+
+/// Sums the bytes of `data` as u64 words in eight independent lanes (the loads are what is
+/// measured; the sum keeps the compiler from dropping them).
+fn stream(data: &[u8]) -> u64 {
+    let (head, words, tail) = {
+        // SAFETY: u64 has no invalid bit patterns; align_to only reinterprets the aligned
+        // middle of the slice, whose length it computes.
+        #[allow(unsafe_code)]
+        unsafe {
+            data.align_to::<u64>()
+        }
+    };
+    let mut acc = [0u64; 8];
+    let mut chunks = words.chunks_exact(8);
+    for c in &mut chunks {
+        for (a, w) in acc.iter_mut().zip(c) {
+            *a = a.wrapping_add(*w);
+        }
+    }
+    let rest: u64 = chunks.remainder().iter().fold(0, |s, w| s.wrapping_add(*w));
+    let bytes: u64 = head.iter().chain(tail).map(|&b| b as u64).sum();
+    acc.iter()
+        .fold(rest.wrapping_add(bytes), |s, a| s.wrapping_add(*a))
+}
+
+/// Best GB/s over `reps` passes of `threads` threads over `parts` (all parts, split evenly
+/// by bytes among the threads).
+fn measure(parts: &[&[u8]], threads: usize, reps: usize) -> f64 {
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    // Each thread's share: a list of sub-slices covering total / threads bytes.
+    let per = total.div_ceil(threads);
+    let mut shares: Vec<Vec<&[u8]>> = vec![Vec::new(); threads];
+    let (mut t, mut filled) = (0, 0);
+    for p in parts {
+        let mut p: &[u8] = p;
+        while !p.is_empty() {
+            let take = (per - filled).min(p.len());
+            shares[t].push(&p[..take]);
+            p = &p[take..];
+            filled += take;
+            if filled == per && t + 1 < threads {
+                t += 1;
+                filled = 0;
+            }
+        }
+    }
+    let mut best = f64::INFINITY;
+    let mut sink = 0u64;
+    for _ in 0..reps {
+        let barrier = std::sync::Barrier::new(threads);
+        let start = std::sync::OnceLock::new();
+        let sums: Vec<u64> = std::thread::scope(|s| {
+            let handles: Vec<_> = shares
+                .iter()
+                .map(|share| {
+                    let (barrier, start) = (&barrier, &start);
+                    s.spawn(move || {
+                        barrier.wait();
+                        start.get_or_init(Instant::now);
+                        share
+                            .iter()
+                            .map(|p| stream(p))
+                            .fold(0u64, u64::wrapping_add)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let secs = start.get().unwrap().elapsed().as_secs_f64();
+        sink = sums.iter().fold(sink, |a, b| a.wrapping_add(*b));
+        best = best.min(secs);
+    }
+    std::hint::black_box(sink);
+    total as f64 / best / 1e9
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let (mut threads, mut reps, mut file, mut json) = (2usize, 5usize, None, false);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "-t" => threads = args.next().and_then(|v| v.parse().ok()).expect("-t N"),
+            "-r" => reps = args.next().and_then(|v| v.parse().ok()).expect("-r N"),
+            "--json" => json = true,
+            _ => file = Some(a),
+        }
+    }
+    let mut out = serde_json::Map::new();
+    let anon: Vec<u8> = (0..1usize << 30).map(|i| i as u8).collect();
+    let mut report = |name: &str, parts: &[&[u8]]| {
+        stream_all(parts);
+        let rates: Vec<f64> = (1..=threads).map(|t| measure(parts, t, reps)).collect();
+        for (t, r) in rates.iter().enumerate() {
+            let mib = parts.iter().map(|p| p.len()).sum::<usize>() >> 20;
+            eprintln!("{name:>4} {mib:>6} MiB  {} thread(s): {r:6.1} GB/s", t + 1);
+        }
+        out.insert(name.into(), serde_json::json!(rates));
+    };
+    report("anon", &[&anon]);
+    drop(anon);
+    if let Some(path) = file {
+        let f = frink_gguf::GgufFile::open(&path).expect("a GGUF file");
+        let parts: Vec<&[u8]> = (0..f.tensor_infos().len())
+            .map(|i| f.tensor_at(i).data)
+            .collect();
+        report("file", &parts);
+    }
+    if json {
+        println!("{}", serde_json::Value::Object(out));
+    }
+}
+
+/// One untimed pass (page faults, the page cache).
+fn stream_all(parts: &[&[u8]]) {
+    std::hint::black_box(
+        parts
+            .iter()
+            .map(|p| stream(p))
+            .fold(0u64, u64::wrapping_add),
+    );
+}

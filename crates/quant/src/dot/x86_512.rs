@@ -1,0 +1,437 @@
+//! 512-bit AVX-512 (F/BW/VL/VNNI) K-quant kernels for Q4_K and Q6_K, the formats of a
+//! Q4_K_M file: the decode path (1 to 3 activation rows: one sequence, or a decode step
+//! of two or three) reads each weight row once from memory, decoding 64 values per
+//! register, with software prefetch far enough ahead to keep the memory system busy across
+//! 4 KiB page boundaries, where the hardware prefetchers stop.
+//!
+//! Each super-block's integers are those the scalar twin defines (`scalar::q4_k`,
+//! `scalar::q6_k`), computed in another order (integer sums are exact), and the `f32` tail
+//! is the same formula per super-block on eight lanes (block `b` in lane `b % 8`, in block
+//! order, combined by [`super::Lanes::finish`]'s tree): the bits of `dot_scalar`.
+//!
+//! Per super-block, 64 values per 512-bit register:
+//! - Q4_K: the 128 quant bytes are two registers; their low and high nibbles are chunks
+//!   `[0|2]`, `[1|3]`, `[4|6]`, `[5|7]` (32 values each), so the activation row is stored
+//!   once per call in that order. `maddubs` (u4 × s8 pairs: |sum| ≤ 3840, no saturation)
+//!   then `vpdpwssd` with the chunks' 6-bit scales as i16 give `sumi`; the mins term
+//!   `summ = Σ m_j (bsum_2j + bsum_2j+1)` is one `madd` of eight i16 pairs.
+//! - Q6_K: the 128 low-nibble bytes and 64 high-bit bytes give four registers of 64 values
+//!   in the activation's own order (`u = low | high << 4`, 0..63: `maddubs` pairs ≤ 16128);
+//!   the 16 signed scales (one per 16 values) enter through `vpdpwssd`, and the offset
+//!   `-32 Σ_g s_g bsum_g` through one more `vpdpwssd` with the scales × −32.
+//!
+//! The eight super-blocks of a group are reduced together (eight 16-lane sums to one
+//! 8-lane vector), then the tail runs on eight lanes.
+//!
+//! Safety: the kernels are reached only through [`tile_kernel`], which `super::kernel`
+//! calls only for [`super::Isa::Avx512Vnni`] after run-time detection. Lengths are checked
+//! once per call ([`geometry`]) before any raw-pointer read; each `unsafe` block states
+//! the bound it relies on.
+
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+
+use super::x86::hsum8x8;
+use super::x86_tile::{f16x8, lane_mask};
+use super::{Lanes, TileFn};
+use crate::GgmlType;
+
+/// Format codes of the const-generic kernels.
+const Q4_K: u8 = 12;
+const Q6_K: u8 = 14;
+
+/// Bytes per weight super-block.
+const fn kwb(f: u8) -> usize {
+    if f == Q4_K {
+        144
+    } else {
+        210
+    }
+}
+
+/// Bytes per Q8_K activation block: `d` (f32), 256 quants, 16 bsums (i16).
+const KAB: usize = 292;
+
+/// How far ahead of the current super-block the weight stream is prefetched, in bytes.
+/// Measured on qwen2.5-1.5b Q4_K_M tg64 (2 threads, t/s): 512: 16.5, 1024: 18.1, 2048:
+/// 20.2, 4096: 21.0, 8192: 20.8, 16384: 20.6; without prefetch (the 256-bit kernel): 13.4.
+const PREFETCH: usize = 4096;
+
+/// One prepared activation super-block: the quants in the order the weight registers
+/// hold their values (Q4_K: chunks 0,2,1,3,4,6,5,7; Q6_K: as stored), the 16 bsums, their
+/// eight pair sums `bsum_2j + bsum_2j+1` (|.| ≤ 4096: i16), and the scale.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct KAct {
+    q: [u8; 256],
+    bs: [i16; 16],
+    pairs: [i16; 8],
+}
+
+const KACT_ZERO: KAct = KAct {
+    q: [0; 256],
+    bs: [0; 16],
+    pairs: [0; 8],
+};
+
+thread_local! {
+    /// Prepared activation rows (super-blocks, then per row and group of eight the
+    /// scales), reused across calls on this thread.
+    static ABUF: RefCell<(Vec<KAct>, Vec<[f32; 8]>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Checks the lengths once and returns `(weight row bytes, activation row bytes, super-blocks
+/// per row)`.
+fn geometry(
+    f: u8,
+    ws: &[u8],
+    n_w: usize,
+    acts: &[u8],
+    n_a: usize,
+    out: &[f32],
+) -> (usize, usize, usize) {
+    assert!(n_w > 0 && n_a > 0 && out.len() == n_w * n_a, "tile shape");
+    let (wrb, ab) = (ws.len() / n_w, acts.len() / n_a);
+    let nb = wrb / kwb(f);
+    assert!(
+        wrb * n_w == ws.len() && ab * n_a == acts.len() && nb * kwb(f) == wrb && nb * KAB == ab,
+        "tile lengths"
+    );
+    (wrb, ab, nb)
+}
+
+/// Source chunk (32 quants) of each 32-byte slot of a prepared Q4_K activation block.
+const Q4K_ORDER: [usize; 8] = [0, 2, 1, 3, 4, 6, 5, 7];
+
+/// Fills `prep` (`nb` blocks per row) and `dx` (`nb.div_ceil(8)` groups per row) from the
+/// `n_a` raw Q8_K rows of `acts`.
+fn prepare<const F: u8>(
+    acts: &[u8],
+    n_a: usize,
+    nb: usize,
+    prep: &mut Vec<KAct>,
+    dx: &mut Vec<[f32; 8]>,
+) {
+    let ng = nb.div_ceil(8);
+    prep.clear();
+    prep.resize(n_a * nb, KACT_ZERO);
+    dx.clear();
+    dx.resize(n_a * ng, [0.0; 8]);
+    for (r, row) in acts.chunks_exact(nb * KAB).enumerate().take(n_a) {
+        for (b, a) in row.chunks_exact(KAB).enumerate() {
+            let p = &mut prep[r * nb + b];
+            for (slot, dst) in p.q.chunks_exact_mut(32).enumerate() {
+                let c = if F == Q4_K { Q4K_ORDER[slot] } else { slot };
+                dst.copy_from_slice(&a[4 + 32 * c..4 + 32 * c + 32]);
+            }
+            for (i, v) in p.bs.iter_mut().enumerate() {
+                *v = i16::from_le_bytes([a[260 + 2 * i], a[261 + 2 * i]]);
+            }
+            for j in 0..8 {
+                p.pairs[j] = p.bs[2 * j] + p.bs[2 * j + 1];
+            }
+            dx[r * ng + b / 8][b % 8] = f32::from_le_bytes([a[0], a[1], a[2], a[3]]);
+        }
+    }
+}
+
+/// i16 lane indices for `_mm512_permutexvar_epi16`: lanes `16h..16h+16` take element
+/// `idx[h]` (a scale per 32-value chunk, `maddubs` giving 16 pair sums per chunk).
+const fn idx32(a: u16, b: u16) -> [u16; 32] {
+    let mut v = [0u16; 32];
+    let mut i = 0;
+    while i < 32 {
+        v[i] = if i < 16 { a } else { b };
+        i += 1;
+    }
+    v
+}
+
+/// As [`idx32`] with a scale per 16 values: lanes `8q..8q+8` take element `first + q`.
+const fn idx16(first: u16) -> [u16; 32] {
+    let mut v = [0u16; 32];
+    let mut i = 0;
+    while i < 32 {
+        v[i] = first + (i / 8) as u16;
+        i += 1;
+    }
+    v
+}
+
+const Q4K_SCALE_IDX: [[u16; 32]; 4] = [idx32(0, 2), idx32(1, 3), idx32(4, 6), idx32(5, 7)];
+const Q6K_SCALE_IDX: [[u16; 32]; 4] = [idx16(0), idx16(4), idx16(8), idx16(12)];
+
+/// The Q4_K scales and mins from the 12 bytes in the low lanes of `x` (words w0, w1, w2):
+/// bytes 0..8 the scales, 8..16 the mins, as the scalar `kquants::scale_min_k4` gives
+/// them: `[w0 & 0x3f.., (w2 & 0x0f..) | ((w0 >> 6) & 0x03..) << 4]` and
+/// `[w1 & 0x3f.., ((w2 >> 4) & 0x0f..) | ((w1 >> 6) & 0x03..) << 4]`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+#[inline]
+fn k4_scales_mins(x: __m128i) -> __m128i {
+    let lo = _mm_and_si128(x, _mm_set1_epi8(0x3f)); // [sc_lo, m_lo, ..]
+    let w2 = _mm_shuffle_epi32::<0b10_10_10_10>(x); // [w2, w2, ..]
+    let w2 = _mm_srlv_epi32(w2, _mm_setr_epi32(0, 4, 0, 0));
+    let top = _mm_and_si128(_mm_srli_epi32::<2>(x), _mm_set1_epi8(0x30)); // [(w0>>6)&3 <<4, ..]
+    let hi = _mm_ternarylogic_epi32::<A_AND_C_OR_B>(w2, top, _mm_set1_epi8(0x0f));
+    _mm_unpacklo_epi32(lo, hi) // [sc_lo, sc_hi, m_lo, m_hi]
+}
+
+/// `_mm512_ternarylogic_epi32` immediate of `(a & c) | b`.
+const A_AND_C_OR_B: i32 = {
+    let mut imm = 0;
+    let mut i = 0;
+    while i < 8 {
+        let (a, b, c) = ((i >> 2) & 1, (i >> 1) & 1, i & 1);
+        if (a & c) | b != 0 {
+            imm |= 1 << i;
+        }
+        i += 1;
+    }
+    imm
+};
+
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+fn idx_vec(idx: &[u16; 32]) -> __m512i {
+    // SAFETY: `idx` is 64 readable bytes.
+    unsafe { _mm512_loadu_si512(idx.as_ptr().cast()) }
+}
+
+/// One weight super-block decoded into four registers of 64 unsigned values and their
+/// four i16 scale registers, plus the extra term's i16 coefficients (Q4_K: the eight mins
+/// in the low 128 bits; Q6_K: the 16 scales × −32 in the low 256 bits).
+///
+/// # Safety
+/// `kwb(F)` readable bytes at `w`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+#[inline]
+unsafe fn decode<const F: u8>(
+    w: *const u8,
+    sidx: &[__m512i; 4],
+) -> ([__m512i; 4], [__m512i; 4], __m512i) {
+    let m4 = _mm512_set1_epi8(0x0F);
+    if F == Q4_K {
+        // SAFETY: the quants are bytes 16..144, the scales 4..16 (the 16-byte load
+        // reads four quant bytes too, unused).
+        let (q0, q1, x) = unsafe {
+            (
+                _mm512_loadu_si512(w.add(16).cast()),
+                _mm512_loadu_si512(w.add(80).cast()),
+                _mm_loadu_si128(w.add(4).cast()),
+            )
+        };
+        let u = [
+            _mm512_and_si512(q0, m4),
+            _mm512_and_si512(_mm512_srli_epi16::<4>(q0), m4),
+            _mm512_and_si512(q1, m4),
+            _mm512_and_si512(_mm512_srli_epi16::<4>(q1), m4),
+        ];
+        // The eight 6-bit scales then the eight mins, as i16 (the scalar `k4_scales`
+        // on the words w0, w1, w2 of the 12 bytes, two words per step).
+        let sm = _mm256_cvtepu8_epi16(k4_scales_mins(x));
+        let sc = _mm512_castsi256_si512(sm);
+        let s = sidx.map(|i| _mm512_permutexvar_epi16(i, sc));
+        (
+            u,
+            s,
+            _mm512_zextsi128_si512(_mm256_extracti128_si256::<1>(sm)),
+        )
+    } else {
+        // SAFETY: low bits at 0..128, high bits at 128..192, scales at 192..208.
+        let (ql0, ql1, qh, sc8) = unsafe {
+            (
+                _mm512_loadu_si512(w.cast()),
+                _mm512_loadu_si512(w.add(64).cast()),
+                _mm512_loadu_si512(w.add(128).cast()),
+                _mm_loadu_si128(w.add(192).cast()),
+            )
+        };
+        let m30 = _mm512_set1_epi8(0x30);
+        // High bits of values 0..32 | 32..64 (shift 0 | 2 → bits 4,5) and of 64..96 |
+        // 96..128 (shift 4 | 6), per 16-bit word.
+        let shl = _mm512_setr_epi64(
+            4 * 0x0001_0001_0001_0001,
+            4 * 0x0001_0001_0001_0001,
+            4 * 0x0001_0001_0001_0001,
+            4 * 0x0001_0001_0001_0001,
+            2 * 0x0001_0001_0001_0001,
+            2 * 0x0001_0001_0001_0001,
+            2 * 0x0001_0001_0001_0001,
+            2 * 0x0001_0001_0001_0001,
+        );
+        let shr = _mm512_setr_epi64(
+            0,
+            0,
+            0,
+            0,
+            2 * 0x0001_0001_0001_0001,
+            2 * 0x0001_0001_0001_0001,
+            2 * 0x0001_0001_0001_0001,
+            2 * 0x0001_0001_0001_0001,
+        );
+        let mut u = [_mm512_setzero_si512(); 4];
+        for (n, ql) in [ql0, ql1].into_iter().enumerate() {
+            let h = if n == 0 {
+                _mm512_shuffle_i64x2::<0b01_00_01_00>(qh, qh)
+            } else {
+                _mm512_shuffle_i64x2::<0b11_10_11_10>(qh, qh)
+            };
+            let hl = _mm512_and_si512(_mm512_sllv_epi16(h, shl), m30);
+            let hh = _mm512_and_si512(_mm512_srlv_epi16(h, shr), m30);
+            u[2 * n] = _mm512_ternarylogic_epi32::<A_AND_C_OR_B>(ql, hl, m4);
+            u[2 * n + 1] =
+                _mm512_ternarylogic_epi32::<A_AND_C_OR_B>(_mm512_srli_epi16::<4>(ql), hh, m4);
+        }
+        let sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sc8));
+        let s = sidx.map(|i| _mm512_permutexvar_epi16(i, sc));
+        let off = _mm512_slli_epi16::<5>(_mm512_sub_epi16(_mm512_setzero_si512(), sc));
+        (u, s, off)
+    }
+}
+
+/// The decode path: `R` (1..=3) activation rows against every weight row, each weight
+/// super-block decoded once for all rows.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+fn gemv<const F: u8, const R: usize>(
+    ws: &[u8],
+    n_w: usize,
+    acts: &[u8],
+    n_a: usize,
+    out: &mut [f32],
+) {
+    let (wrb, _ab, nb) = geometry(F, ws, n_w, acts, n_a, out);
+    assert_eq!(n_a, R, "gemv: {R} activation rows");
+    let ng = nb.div_ceil(8);
+    let last_mask = lane_mask(nb % 8);
+    let sidx = if F == Q4_K {
+        &Q4K_SCALE_IDX
+    } else {
+        &Q6K_SCALE_IDX
+    }
+    .map(|i| idx_vec(&i));
+    ABUF.with_borrow_mut(|(prep, dxs)| {
+        prepare::<F>(acts, n_a, nb, prep, dxs);
+        let (prep, dxs) = (&prep[..], &dxs[..]);
+        for i in 0..n_w {
+            // SAFETY: row `i < n_w` of `wrb` bytes lies inside `ws` (geometry).
+            let w = unsafe { ws.as_ptr().add(i * wrb) };
+            let mut acc = [_mm256_setzero_ps(); R];
+            for g in 0..ng {
+                let n = (nb - 8 * g).min(8);
+                let mut t = [[_mm256_setzero_si256(); 8]; R];
+                let mut m = [[_mm_setzero_si128(); 8]; R];
+                for k in 0..n {
+                    let b = 8 * g + k;
+                    // SAFETY: super-block `b < nb` of row `i` is readable.
+                    let wb = unsafe { w.add(b * kwb(F)) };
+                    let pf = wb.wrapping_add(PREFETCH);
+                    // A prefetch never faults, whatever the address.
+                    for line in 0..kwb(F).div_ceil(64) {
+                        _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(64 * line).cast());
+                    }
+                    // SAFETY: as above.
+                    let (u, s, extra) = unsafe { decode::<F>(wb, &sidx) };
+                    for r in 0..R {
+                        let a = &prep[r * nb + b];
+                        // SAFETY: `a.q` is 256 readable bytes.
+                        let y: [__m512i; 4] = std::array::from_fn(|c| unsafe {
+                            _mm512_loadu_si512(a.q.as_ptr().add(64 * c).cast())
+                        });
+                        let mut v = _mm512_madd_epi16(_mm512_maddubs_epi16(u[0], y[0]), s[0]);
+                        for c in 1..4 {
+                            v = _mm512_dpwssd_epi32(v, _mm512_maddubs_epi16(u[c], y[c]), s[c]);
+                        }
+                        if F == Q4_K {
+                            // SAFETY: `pairs` is 16 readable bytes.
+                            let p = unsafe { _mm_loadu_si128(a.pairs.as_ptr().cast()) };
+                            m[r][k] = _mm_madd_epi16(_mm512_castsi512_si128(extra), p);
+                        } else {
+                            // SAFETY: `bs` is 32 readable bytes.
+                            let bs = unsafe { _mm256_loadu_si256(a.bs.as_ptr().cast()) };
+                            v = _mm512_dpwssd_epi32(v, extra, _mm512_zextsi256_si512(bs));
+                        }
+                        t[r][k] = _mm256_add_epi32(
+                            _mm512_castsi512_si256(v),
+                            _mm512_extracti64x4_epi64::<1>(v),
+                        );
+                    }
+                }
+                // SAFETY: super-blocks `8g..8g+n` of row `i` are readable.
+                let (dw, dmin) = unsafe {
+                    let wg = w.add(8 * g * kwb(F));
+                    if F == Q4_K {
+                        (f16x8(wg, kwb(F), 0, n), f16x8(wg, kwb(F), 2, n))
+                    } else {
+                        (f16x8(wg, kwb(F), 208, n), _mm256_setzero_ps())
+                    }
+                };
+                for r in 0..R {
+                    // SAFETY: `dxs` holds `ng` groups per row.
+                    let dx = unsafe { _mm256_loadu_ps(dxs[r * ng + g].as_ptr()) };
+                    let sumi = _mm256_cvtepi32_ps(hsum8x8(&t[r]));
+                    let mut v = _mm256_mul_ps(_mm256_mul_ps(dx, dw), sumi);
+                    if F == Q4_K {
+                        let summ = _mm256_cvtepi32_ps(hsum4x8(&m[r]));
+                        v = _mm256_sub_ps(v, _mm256_mul_ps(_mm256_mul_ps(dx, dmin), summ));
+                    }
+                    acc[r] = if n == 8 {
+                        _mm256_add_ps(acc[r], v)
+                    } else {
+                        _mm256_blendv_ps(acc[r], _mm256_add_ps(acc[r], v), last_mask)
+                    };
+                }
+            }
+            for r in 0..R {
+                let mut l = Lanes::default();
+                // SAFETY: `l.0` is 8 f32s.
+                unsafe { _mm256_storeu_ps(l.0.as_mut_ptr(), acc[r]) };
+                out[r * n_w + i] = l.finish();
+            }
+        }
+    });
+}
+
+/// The sums of the four i32 lanes of each of eight vectors, as one vector (element `k` =
+/// the sum of `v[k]`).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn hsum4x8(v: &[__m128i; 8]) -> __m256i {
+    let a01 = _mm_hadd_epi32(v[0], v[1]);
+    let a23 = _mm_hadd_epi32(v[2], v[3]);
+    let a45 = _mm_hadd_epi32(v[4], v[5]);
+    let a67 = _mm_hadd_epi32(v[6], v[7]);
+    _mm256_set_m128i(_mm_hadd_epi32(a45, a67), _mm_hadd_epi32(a01, a23))
+}
+
+/// The 512-bit tile kernel for `ty` (Q4_K, Q6_K): the decode path for 1 to 3 activation
+/// rows, the 256-bit VNNI kernel of `x86_tile` otherwise. Callers must have detected
+/// [`super::Isa::Avx512Vnni`].
+pub(super) fn tile_kernel(ty: GgmlType) -> Option<TileFn> {
+    use GgmlType as T;
+    Some(match ty {
+        T::Q4_K => |w, nw, a, na, out| match na {
+            // SAFETY: handed out only after run-time detection (module doc).
+            1 => unsafe { gemv::<Q4_K, 1>(w, nw, a, na, out) },
+            // SAFETY: as above.
+            2 => unsafe { gemv::<Q4_K, 2>(w, nw, a, na, out) },
+            // SAFETY: as above.
+            3 => unsafe { gemv::<Q4_K, 3>(w, nw, a, na, out) },
+            _ => fallback(T::Q4_K)(w, nw, a, na, out),
+        },
+        T::Q6_K => |w, nw, a, na, out| match na {
+            // SAFETY: handed out only after run-time detection (module doc).
+            1 => unsafe { gemv::<Q6_K, 1>(w, nw, a, na, out) },
+            // SAFETY: as above.
+            2 => unsafe { gemv::<Q6_K, 2>(w, nw, a, na, out) },
+            // SAFETY: as above.
+            3 => unsafe { gemv::<Q6_K, 3>(w, nw, a, na, out) },
+            _ => fallback(T::Q6_K)(w, nw, a, na, out),
+        },
+        _ => return None,
+    })
+}
+
+/// The 256-bit VNNI tile kernel of `ty` (the prefill path).
+fn fallback(ty: GgmlType) -> TileFn {
+    super::x86_tile::vnni::tile_kernel(ty).expect("x86_tile has every K-quant")
+}
