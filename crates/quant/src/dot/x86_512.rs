@@ -52,10 +52,11 @@ const fn kwb(f: u8) -> usize {
 /// Bytes per Q8_K activation block: `d` (f32), 256 quants, 16 bsums (i16).
 const KAB: usize = 292;
 
-/// How far ahead of the current super-block the weight stream is prefetched, in bytes.
-/// Measured on qwen2.5-1.5b Q4_K_M tg64 (2 threads, t/s): 512: 16.5, 1024: 18.1, 2048:
-/// 20.2, 4096: 21.0, 8192: 20.8, 16384: 20.6; without prefetch (the 256-bit kernel): 13.4.
-const PREFETCH: usize = 4096;
+/// How far ahead of the current super-block each weight stream is prefetched, in bytes.
+/// Measured on qwen2.5-1.5b Q4_K_M tg64 (2 threads, t/s), with [`STREAMS`] = 4: 512:
+/// 24.7, 1024: 26.0, 2048: 25.7, 4096: 25.4; one stream: 512: 16.5, 1024: 18.1, 2048:
+/// 20.2, 4096: 21.0, 8192: 20.8; without prefetch (the 256-bit kernel): 13.4.
+const PREFETCH: usize = 1024;
 
 /// One prepared activation super-block: the quants in the order the weight registers
 /// hold their values (Q4_K: chunks 0,2,1,3,4,6,5,7; Q6_K: as stored), the 16 bsums, their
@@ -290,7 +291,10 @@ unsafe fn decode<const F: u8>(
 }
 
 /// The decode path: `R` (1..=3) activation rows against every weight row, each weight
-/// super-block decoded once for all rows.
+/// super-block decoded once for all rows. The weight rows are split into [`STREAMS`]
+/// contiguous parts read side by side (row `i` of every part in turn): several distant
+/// sequential streams, each prefetched, keep more memory requests in flight than one
+/// (the bandwidth probe: 31 GB/s with four streams, 24 with one, two threads).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
 fn gemv<const F: u8, const R: usize>(
     ws: &[u8],
@@ -301,94 +305,156 @@ fn gemv<const F: u8, const R: usize>(
 ) {
     let (wrb, _ab, nb) = geometry(F, ws, n_w, acts, n_a, out);
     assert_eq!(n_a, R, "gemv: {R} activation rows");
-    let ng = nb.div_ceil(8);
-    let last_mask = lane_mask(nb % 8);
-    let sidx = if F == Q4_K {
-        &Q4K_SCALE_IDX
-    } else {
-        &Q6K_SCALE_IDX
-    }
-    .map(|i| idx_vec(&i));
     ABUF.with_borrow_mut(|(prep, dxs)| {
         prepare::<F>(acts, n_a, nb, prep, dxs);
-        let (prep, dxs) = (&prep[..], &dxs[..]);
-        for i in 0..n_w {
-            // SAFETY: row `i < n_w` of `wrb` bytes lies inside `ws` (geometry).
-            let w = unsafe { ws.as_ptr().add(i * wrb) };
-            let mut acc = [_mm256_setzero_ps(); R];
-            for g in 0..ng {
-                let n = (nb - 8 * g).min(8);
-                let mut t = [[_mm256_setzero_si256(); 8]; R];
-                let mut m = [[_mm_setzero_si128(); 8]; R];
-                for k in 0..n {
-                    let b = 8 * g + k;
-                    // SAFETY: super-block `b < nb` of row `i` is readable.
-                    let wb = unsafe { w.add(b * kwb(F)) };
-                    let pf = wb.wrapping_add(PREFETCH);
-                    // A prefetch never faults, whatever the address.
-                    for line in 0..kwb(F).div_ceil(64) {
-                        _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(64 * line).cast());
-                    }
-                    // SAFETY: as above.
-                    let (u, s, extra) = unsafe { decode::<F>(wb, &sidx) };
-                    for r in 0..R {
-                        let a = &prep[r * nb + b];
-                        // SAFETY: `a.q` is 256 readable bytes.
-                        let y: [__m512i; 4] = std::array::from_fn(|c| unsafe {
-                            _mm512_loadu_si512(a.q.as_ptr().add(64 * c).cast())
-                        });
-                        let mut v = _mm512_madd_epi16(_mm512_maddubs_epi16(u[0], y[0]), s[0]);
-                        for c in 1..4 {
-                            v = _mm512_dpwssd_epi32(v, _mm512_maddubs_epi16(u[c], y[c]), s[c]);
-                        }
-                        if F == Q4_K {
-                            // SAFETY: `pairs` is 16 readable bytes.
-                            let p = unsafe { _mm_loadu_si128(a.pairs.as_ptr().cast()) };
-                            m[r][k] = _mm_madd_epi16(_mm512_castsi512_si128(extra), p);
-                        } else {
-                            // SAFETY: `bs` is 32 readable bytes.
-                            let bs = unsafe { _mm256_loadu_si256(a.bs.as_ptr().cast()) };
-                            v = _mm512_dpwssd_epi32(v, extra, _mm512_zextsi256_si512(bs));
-                        }
-                        t[r][k] = _mm256_add_epi32(
-                            _mm512_castsi512_si256(v),
-                            _mm512_extracti64x4_epi64::<1>(v),
-                        );
-                    }
-                }
-                // SAFETY: super-blocks `8g..8g+n` of row `i` are readable.
-                let (dw, dmin) = unsafe {
-                    let wg = w.add(8 * g * kwb(F));
-                    if F == Q4_K {
-                        (f16x8(wg, kwb(F), 0, n), f16x8(wg, kwb(F), 2, n))
-                    } else {
-                        (f16x8(wg, kwb(F), 208, n), _mm256_setzero_ps())
-                    }
-                };
-                for r in 0..R {
-                    // SAFETY: `dxs` holds `ng` groups per row.
-                    let dx = unsafe { _mm256_loadu_ps(dxs[r * ng + g].as_ptr()) };
-                    let sumi = _mm256_cvtepi32_ps(hsum8x8(&t[r]));
-                    let mut v = _mm256_mul_ps(_mm256_mul_ps(dx, dw), sumi);
-                    if F == Q4_K {
-                        let summ = _mm256_cvtepi32_ps(hsum4x8(&m[r]));
-                        v = _mm256_sub_ps(v, _mm256_mul_ps(_mm256_mul_ps(dx, dmin), summ));
-                    }
-                    acc[r] = if n == 8 {
-                        _mm256_add_ps(acc[r], v)
-                    } else {
-                        _mm256_blendv_ps(acc[r], _mm256_add_ps(acc[r], v), last_mask)
-                    };
-                }
+        let k = RowsCtx {
+            prep,
+            dxs,
+            nb,
+            sidx: if F == Q4_K {
+                &Q4K_SCALE_IDX
+            } else {
+                &Q6K_SCALE_IDX
             }
-            for r in 0..R {
-                let mut l = Lanes::default();
-                // SAFETY: `l.0` is 8 f32s.
-                unsafe { _mm256_storeu_ps(l.0.as_mut_ptr(), acc[r]) };
-                out[r * n_w + i] = l.finish();
+            .map(|i| idx_vec(&i)),
+            last_mask: lane_mask(nb % 8),
+        };
+        let per = n_w.div_ceil(STREAMS);
+        // Rows `i` of the parts that have one: all STREAMS parts for `i < full`.
+        let full = n_w.saturating_sub((STREAMS - 1) * per);
+        let row = |i: usize| {
+            // SAFETY: row `i < n_w` of `wrb` bytes lies inside `ws` (geometry).
+            unsafe { ws.as_ptr().add(i * wrb) }
+        };
+        for i in 0..per {
+            if i < full {
+                let rows: [usize; STREAMS] = std::array::from_fn(|q| q * per + i);
+                // SAFETY: every row is `< n_w`, so `nb` super-blocks are readable at each.
+                let res = unsafe { rows_block::<F, STREAMS, R>(&k, rows.map(row)) };
+                for (q, &ri) in rows.iter().enumerate() {
+                    for r in 0..R {
+                        out[r * n_w + ri] = res[q][r];
+                    }
+                }
+            } else {
+                for q in (0..STREAMS).filter(|q| q * per + i < n_w) {
+                    let ri = q * per + i;
+                    // SAFETY: `ri < n_w`.
+                    let res = unsafe { rows_block::<F, 1, R>(&k, [row(ri)]) };
+                    for r in 0..R {
+                        out[r * n_w + ri] = res[0][r];
+                    }
+                }
             }
         }
     });
+}
+
+/// Weight streams of the decode path (qwen2.5-1.5b Q4_K_M tg64, 2 threads: 1 stream
+/// 21.0 t/s, 2: 24.4, 4: 26.0, 8: 24.4).
+const STREAMS: usize = 4;
+
+/// What the decode path's row blocks share: the prepared activation rows, their scales,
+/// the super-blocks per row, the scale-permutation indices and the partial group's mask.
+struct RowsCtx<'a> {
+    prep: &'a [KAct],
+    dxs: &'a [[f32; 8]],
+    nb: usize,
+    sidx: [__m512i; 4],
+    last_mask: __m256,
+}
+
+/// `Q` weight rows (at `w`) against the `R` prepared activation rows: `res[q][r]`.
+///
+/// # Safety
+/// `k.nb` super-blocks of `F` readable at each `w[q]`; `k.prep` and `k.dxs` prepared for
+/// `R` rows of `k.nb` super-blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+#[inline]
+unsafe fn rows_block<const F: u8, const Q: usize, const R: usize>(
+    k: &RowsCtx<'_>,
+    w: [*const u8; Q],
+) -> [[f32; R]; Q] {
+    let nb = k.nb;
+    let ng = nb.div_ceil(8);
+    let mut acc = [[_mm256_setzero_ps(); R]; Q];
+    for g in 0..ng {
+        let n = (nb - 8 * g).min(8);
+        let mut t = [[[_mm256_setzero_si256(); 8]; R]; Q];
+        let mut m = [[[_mm_setzero_si128(); 8]; R]; Q];
+        for j in 0..n {
+            let b = 8 * g + j;
+            for q in 0..Q {
+                // SAFETY: super-block `b < nb` of row `q` is readable (caller).
+                let wb = unsafe { w[q].add(b * kwb(F)) };
+                let pf = wb.wrapping_add(PREFETCH);
+                // A prefetch never faults, whatever the address.
+                for line in 0..kwb(F).div_ceil(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(64 * line).cast());
+                }
+                // SAFETY: as above.
+                let (u, s, extra) = unsafe { decode::<F>(wb, &k.sidx) };
+                for r in 0..R {
+                    let a = &k.prep[r * nb + b];
+                    // SAFETY: `a.q` is 256 readable bytes.
+                    let y: [__m512i; 4] = std::array::from_fn(|c| unsafe {
+                        _mm512_loadu_si512(a.q.as_ptr().add(64 * c).cast())
+                    });
+                    let mut v = _mm512_madd_epi16(_mm512_maddubs_epi16(u[0], y[0]), s[0]);
+                    for c in 1..4 {
+                        v = _mm512_dpwssd_epi32(v, _mm512_maddubs_epi16(u[c], y[c]), s[c]);
+                    }
+                    if F == Q4_K {
+                        // SAFETY: `pairs` is 16 readable bytes.
+                        let p = unsafe { _mm_loadu_si128(a.pairs.as_ptr().cast()) };
+                        m[q][r][j] = _mm_madd_epi16(_mm512_castsi512_si128(extra), p);
+                    } else {
+                        // SAFETY: `bs` is 32 readable bytes.
+                        let bs = unsafe { _mm256_loadu_si256(a.bs.as_ptr().cast()) };
+                        v = _mm512_dpwssd_epi32(v, extra, _mm512_zextsi256_si512(bs));
+                    }
+                    t[q][r][j] = _mm256_add_epi32(
+                        _mm512_castsi512_si256(v),
+                        _mm512_extracti64x4_epi64::<1>(v),
+                    );
+                }
+            }
+        }
+        for q in 0..Q {
+            // SAFETY: super-blocks `8g..8g+n` of row `q` are readable (caller).
+            let (dw, dmin) = unsafe {
+                let wg = w[q].add(8 * g * kwb(F));
+                if F == Q4_K {
+                    (f16x8(wg, kwb(F), 0, n), f16x8(wg, kwb(F), 2, n))
+                } else {
+                    (f16x8(wg, kwb(F), 208, n), _mm256_setzero_ps())
+                }
+            };
+            for r in 0..R {
+                // SAFETY: `dxs` holds `ng` groups per row (caller).
+                let dx = unsafe { _mm256_loadu_ps(k.dxs[r * ng + g].as_ptr()) };
+                let sumi = _mm256_cvtepi32_ps(hsum8x8(&t[q][r]));
+                let mut v = _mm256_mul_ps(_mm256_mul_ps(dx, dw), sumi);
+                if F == Q4_K {
+                    let summ = _mm256_cvtepi32_ps(hsum4x8(&m[q][r]));
+                    v = _mm256_sub_ps(v, _mm256_mul_ps(_mm256_mul_ps(dx, dmin), summ));
+                }
+                acc[q][r] = if n == 8 {
+                    _mm256_add_ps(acc[q][r], v)
+                } else {
+                    _mm256_blendv_ps(acc[q][r], _mm256_add_ps(acc[q][r], v), k.last_mask)
+                };
+            }
+        }
+    }
+    acc.map(|a| {
+        a.map(|v| {
+            let mut l = Lanes::default();
+            // SAFETY: `l.0` is 8 f32s.
+            unsafe { _mm256_storeu_ps(l.0.as_mut_ptr(), v) };
+            l.finish()
+        })
+    })
 }
 
 /// The sums of the four i32 lanes of each of eight vectors, as one vector (element `k` =
