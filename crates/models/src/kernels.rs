@@ -181,8 +181,10 @@ pub fn matmul_many<'a>(projs: &mut [Projection<'a>], x: &[f32], n: usize) -> Res
     if n == 0 {
         return Ok(());
     }
-    // Input rows quantized once per activation type.
+    // Input rows quantized once per activation type (and, for a prefill, prepared once
+    // for the tile kernels that want it).
     let mut acts: Vec<(frink_gguf::GgmlType, usize, Vec<u8>)> = Vec::new();
+    let mut preps: Vec<frink_quant::dot::ActPrep> = Vec::new();
     let mut kernels: Vec<Option<(DotKernel, usize)>> = Vec::with_capacity(projs.len());
     for p in projs.iter() {
         let k = if has_dot(p.w.ty) {
@@ -224,9 +226,13 @@ pub fn matmul_many<'a>(projs: &mut [Projection<'a>], x: &[f32], n: usize) -> Res
                     )));
                 }
                 acts.push((act, ab, q));
+                preps.push(frink_quant::dot::ActPrep::default());
                 acts.len() - 1
             }
         };
+        if n > SMALL_BATCH && k.wants_prep() && preps[slot].is_empty() {
+            preps[slot] = k.prepare(&acts[slot].2, n);
+        }
         kernels.push(Some((k, slot)));
     }
     // Tasks: (projection, first weight row, rows), in projection order.
@@ -278,14 +284,20 @@ pub fn matmul_many<'a>(projs: &mut [Projection<'a>], x: &[f32], n: usize) -> Res
                     k.dot_tile(ws, n_w, &acts[slot].2, 1, dst);
                 }
                 Some((k, slot)) => {
-                    buf.resize(n * n_w, 0.0);
-                    k.dot_tile(ws, n_w, &acts[slot].2, n, buf);
-                    for (i, src) in buf.chunks_exact(n_w).enumerate() {
-                        // SAFETY: as above, row i's columns j0..j0+n_w belong to this task.
-                        #[allow(unsafe_code)]
-                        let dst = unsafe { outs[pi].range(i * rows + j0, n_w) };
-                        dst.copy_from_slice(src);
-                    }
+                    k.dot_tile_prepared(
+                        ws,
+                        n_w,
+                        &acts[slot].2,
+                        n,
+                        &preps[slot],
+                        &mut |i, c, src| {
+                            // SAFETY: as above, row i's columns j0..j0+n_w belong to this task
+                            // (c + src.len() <= n_w).
+                            #[allow(unsafe_code)]
+                            let dst = unsafe { outs[pi].range(i * rows + j0 + c, src.len()) };
+                            dst.copy_from_slice(src);
+                        },
+                    );
                 }
                 None => {
                     buf.resize(cols, 0.0);

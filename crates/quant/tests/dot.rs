@@ -378,6 +378,19 @@ fn dot_tile_equals_scalar_on_every_path() {
                     let k = kernel(ty, isa).unwrap();
                     let mut out = vec![f32::NAN; n_w * n_a];
                     k.dot_tile(&ws, n_w, &acts, n_a, &mut out);
+                    // The same tile through prepared activations and a sink (the path of
+                    // a prefill's matrix products) must give the same bits.
+                    let prep = k.prepare(&acts, n_a);
+                    let mut sunk = vec![f32::NAN; n_w * n_a];
+                    k.dot_tile_prepared(&ws, n_w, &acts, n_a, &prep, &mut |r, i, v| {
+                        sunk[r * n_w + i..][..v.len()].copy_from_slice(v)
+                    });
+                    for (e, (a, b)) in out.iter().zip(&sunk).enumerate() {
+                        assert!(
+                            same_bits(*a, *b),
+                            "{ty} {isa:?} prepared tile {n_w}x{n_a} element {e}: {a:e} vs {b:e}"
+                        );
+                    }
                     for (e, (got, want)) in out.iter().zip(&want).enumerate() {
                         assert!(
                             same_bits(*got, *want),

@@ -223,6 +223,58 @@ type RowsFn = fn(&[u8], &[u8], usize, &mut [f32]);
 /// `out[r * n_w + i]`, lengths already checked; each element has the bits of `RowFn`.
 type TileFn = fn(&[u8], usize, &[u8], usize, &mut [f32]);
 
+/// Where a tile kernel puts its results: `sink(r, i, values)` receives the results of
+/// activation row `r` for weight rows `i .. i + values.len()`.
+pub type TileSink<'a> = dyn FnMut(usize, usize, &[f32]) + 'a;
+
+/// A safe prefill tile kernel on prepared activations: `fn(weight_rows, n_w,
+/// activation_rows, n_a, extras, sink)`, lengths already checked, `n_a >= 4`.
+type TilePrepFn = fn(&[u8], usize, &[u8], usize, &[KExtra], &mut TileSink<'_>);
+
+/// What the prefill tile kernels of the Q8_K-paired formats derive from one activation
+/// super-block: the Q4_K/Q5_K bsum pair sums `bsum_2j + bsum_2j+1` as i16 pairs
+/// (`pairs[q]` = sums `2q` and `2q + 1`), the Q6_K offsets `-32 bsum_g`, and the scale.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct KExtra {
+    pub(crate) pairs: [u32; 4],
+    pub(crate) init: [i32; 16],
+    pub(crate) d: f32,
+}
+
+impl KExtra {
+    /// The extras of the Q8_K block `a` (292 bytes: d, 256 quants, 16 bsums).
+    pub(crate) fn of(a: &[u8]) -> KExtra {
+        let bs = |i: usize| i16::from_le_bytes([a[260 + 2 * i], a[261 + 2 * i]]);
+        let mut e = KExtra::default();
+        for q in 0..4 {
+            // |bsum| <= 16 * 128: a pair sum fits i16.
+            let p0 = bs(4 * q) + bs(4 * q + 1);
+            let p1 = bs(4 * q + 2) + bs(4 * q + 3);
+            e.pairs[q] = u32::from(p0 as u16) | (u32::from(p1 as u16) << 16);
+        }
+        for g in 0..16 {
+            e.init[g] = -32 * i32::from(bs(g));
+        }
+        e.d = f32_at(a, 0);
+        e
+    }
+}
+
+/// Activation rows prepared once per matrix product for every tile of it
+/// ([`DotKernel::prepare`], [`DotKernel::dot_tile_prepared`]).
+#[derive(Clone, Debug, Default)]
+pub struct ActPrep {
+    extras: Vec<KExtra>,
+    n_a: usize,
+}
+
+impl ActPrep {
+    /// Whether nothing was prepared (the default, or a kernel that reads rows as stored).
+    pub fn is_empty(&self) -> bool {
+        self.extras.is_empty()
+    }
+}
+
 /// A dot-product kernel for one weight type on one ISA, chosen once and called per row.
 #[derive(Clone, Copy)]
 pub struct DotKernel {
@@ -232,6 +284,7 @@ pub struct DotKernel {
     f: RowFn,
     rows: Option<RowsFn>,
     tile: Option<TileFn>,
+    tile_prep: Option<TilePrepFn>,
 }
 
 impl std::fmt::Debug for DotKernel {
@@ -376,6 +429,83 @@ impl DotKernel {
         }
     }
 
+    /// Whether [`Self::dot_tile_prepared`] reads anything [`Self::prepare`] computes.
+    pub fn wants_prep(&self) -> bool {
+        self.tile_prep.is_some()
+    }
+
+    /// Prepares `n_a` activation rows (`acts`, back to back) for
+    /// [`Self::dot_tile_prepared`]: done once per matrix product, shared by its tiles.
+    /// Empty for kernels that read the rows as they are.
+    ///
+    /// # Panics
+    /// If `acts` is not `n_a` whole rows of [`Self::act_type`].
+    pub fn prepare(&self, acts: &[u8], n_a: usize) -> ActPrep {
+        let ab = self.act.type_size();
+        assert!(
+            n_a == 0 || acts.len().is_multiple_of(n_a) && (acts.len() / n_a).is_multiple_of(ab),
+            "prepare {}: {} bytes are not {n_a} activation rows",
+            self.ty,
+            acts.len()
+        );
+        let extras = if self.tile_prep.is_some() {
+            acts.chunks_exact(ab).map(KExtra::of).collect()
+        } else {
+            Vec::new()
+        };
+        ActPrep { extras, n_a }
+    }
+
+    /// [`Self::dot_tile`] with the activation rows prepared by [`Self::prepare`] (from the
+    /// same `acts` and `n_a`), the results handed to `sink(r, i, values)` (activation row
+    /// `r`, weight rows `i ..`) instead of a contiguous tile: every value has exactly the
+    /// bits `dot_tile` gives it.
+    ///
+    /// # Panics
+    /// As [`Self::dot_tile`]; if `prep` was not prepared for `n_a` rows of this length.
+    pub fn dot_tile_prepared(
+        &self,
+        ws: &[u8],
+        n_w: usize,
+        acts: &[u8],
+        n_a: usize,
+        prep: &ActPrep,
+        sink: &mut TileSink<'_>,
+    ) {
+        if n_w == 0 || n_a == 0 {
+            return;
+        }
+        let (wrb, ab) = (ws.len() / n_w, acts.len() / n_a);
+        assert!(
+            wrb * n_w == ws.len() && ab * n_a == acts.len(),
+            "dot_tile_prepared {}: {} weight bytes are not {n_w} rows or {} activation bytes not {n_a} rows",
+            self.ty,
+            ws.len(),
+            acts.len()
+        );
+        if let Err(e) = self.check(&ws[..wrb], &acts[..ab]) {
+            panic!("{e}");
+        }
+        match self.tile_prep {
+            Some(f) if n_a >= 4 && !prep.is_empty() => {
+                assert!(
+                    prep.n_a == n_a && prep.extras.len() * self.act.type_size() == acts.len(),
+                    "dot_tile_prepared {}: activations prepared for other rows",
+                    self.ty
+                );
+                f(ws, n_w, acts, n_a, &prep.extras, sink)
+            }
+            _ => TILE_SCRATCH.with_borrow_mut(|buf| {
+                buf.clear();
+                buf.resize(n_a * n_w, 0.0);
+                self.dot_tile(ws, n_w, acts, n_a, buf);
+                for (r, row) in buf.chunks_exact(n_w).enumerate() {
+                    sink(r, 0, row);
+                }
+            }),
+        }
+    }
+
     /// As [`Self::dot`], returning an error instead of panicking.
     ///
     /// # Errors
@@ -384,6 +514,11 @@ impl DotKernel {
         self.check(w, act)?;
         Ok((self.f)(w, act))
     }
+}
+
+thread_local! {
+    /// The tile of [`DotKernel::dot_tile_prepared`]'s fallback, reused across calls.
+    static TILE_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// The kernel for weight type `ty` on `isa`. A type with no SIMD version on an available
@@ -398,6 +533,13 @@ pub fn kernel(ty: GgmlType, isa: Isa) -> Result<DotKernel, DotError> {
         return Err(DotError::IsaUnavailable(isa));
     }
     type Simd = (RowFn, Option<RowsFn>, Option<TileFn>);
+    #[cfg(target_arch = "x86_64")]
+    let tile_prep = match isa {
+        Isa::Avx512Vnni => x86_512::tile_prep_kernel(ty),
+        _ => None,
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let tile_prep = None;
     let simd: Option<Simd> = match isa {
         Isa::Scalar => None,
         #[cfg(target_arch = "x86_64")]
@@ -424,6 +566,7 @@ pub fn kernel(ty: GgmlType, isa: Isa) -> Result<DotKernel, DotError> {
             f,
             rows,
             tile,
+            tile_prep,
         },
         None => DotKernel {
             ty,
@@ -432,6 +575,7 @@ pub fn kernel(ty: GgmlType, isa: Isa) -> Result<DotKernel, DotError> {
             f: scalar::kernel(ty).ok_or(DotError::NoDot(ty))?,
             rows: None,
             tile: None,
+            tile_prep: None,
         },
     })
 }

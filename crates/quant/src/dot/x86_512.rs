@@ -33,7 +33,7 @@ use std::cell::RefCell;
 
 use super::x86::hsum8x8;
 use super::x86_tile::{f16x8, lane_mask};
-use super::{Lanes, TileFn};
+use super::{KExtra, Lanes, TileFn, TilePrepFn, TileSink};
 use crate::GgmlType;
 
 /// Format codes of the const-generic kernels.
@@ -469,6 +469,295 @@ fn hsum4x8(v: &[__m128i; 8]) -> __m256i {
     _mm256_set_m128i(_mm_hadd_epi32(a45, a67), _mm_hadd_epi32(a01, a23))
 }
 
+// ---------------------------------------------------------------------------------------
+// The prefill path (4 or more activation rows).
+//
+// The weight rows of the tile are prepared once per call in blocks of 16 rows: for each
+// super-block, register `j` (of 64) holds dword `j` of the 256 unsigned values of each of
+// the 16 rows (lane = row), beside the rows' scales (i32 lanes), Q4_K mins (i16 pairs) and
+// `d`/`dmin` (f32 lanes). An activation row is read as stored: dword `j` of its quants is
+// broadcast to all lanes, so `vpdpbusd` accumulates one scale group's exact dot product
+// for 16 weight rows at once, `vpmulld` scales it, and the `f32` tail runs on the 16 rows;
+// the eight lanes of each (weight row, activation row) accumulator of the scalar twin are
+// eight registers here (super-block `b` into register `b % 8`, in block order), combined
+// by the same tree at the end. No horizontal sum, no activation layout.
+
+/// Weight rows per prepared block (one per 32-bit lane).
+const WROWS: usize = 16;
+
+/// One super-block of a block of 16 weight rows, prepared.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct WBlock {
+    /// `q[j][row]`: dword `j` of the row's 256 unsigned values (natural order).
+    q: [[u32; WROWS]; 64],
+    /// `sc[g][row]`: the scale of group `g` (Q4_K: 8 groups of 32, Q6_K: 16 of 16).
+    sc: [[i32; WROWS]; 16],
+    /// `mins[q][row]`: Q4_K mins `2q` and `2q + 1` as an i16 pair.
+    mins: [[u32; WROWS]; 4],
+    d: [f32; WROWS],
+    dmin: [f32; WROWS],
+}
+
+const WBLOCK_ZERO: WBlock = WBlock {
+    q: [[0; WROWS]; 64],
+    sc: [[0; WROWS]; 16],
+    mins: [[0; WROWS]; 4],
+    d: [0.0; WROWS],
+    dmin: [0.0; WROWS],
+};
+
+thread_local! {
+    /// Prepared weight blocks, reused across calls on this thread.
+    static TBUF: RefCell<Vec<WBlock>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Activation rows of the register block.
+const RA: usize = 8;
+
+/// Prepares super-block `b` of the weight rows `rows` (at most [`WROWS`]; missing rows
+/// are zero) of `ws` (`wrb` bytes per row).
+///
+/// # Safety
+/// Every row in `rows` holds `nb > b` super-blocks of `F` in `ws`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+unsafe fn prep_block<const F: u8>(
+    ws: &[u8],
+    wrb: usize,
+    rows: std::ops::Range<usize>,
+    b: usize,
+    sidx: &[__m512i; 4],
+    out: &mut WBlock,
+) {
+    if rows.len() < WROWS {
+        // The lanes of missing rows are never stored; zeroed so no stale values remain.
+        *out = WBLOCK_ZERO;
+    }
+    for (l, i) in rows.enumerate() {
+        let w = &ws[i * wrb + b * kwb(F)..][..kwb(F)];
+        // SAFETY: `w` is one whole super-block.
+        let (u, _, _) = unsafe { decode::<F>(w.as_ptr(), sidx) };
+        // The 256 values in natural order (Q4_K's registers hold chunks [0|2] [1|3] [4|6] [5|7]).
+        let mut vals = [0u8; 256];
+        let order: [usize; 8] = if F == Q4_K {
+            [0, 2, 1, 3, 4, 6, 5, 7]
+        } else {
+            [0, 1, 2, 3, 4, 5, 6, 7]
+        };
+        for (h, &c) in order.iter().enumerate() {
+            let v = if h % 2 == 0 {
+                _mm512_castsi512_si256(u[h / 2])
+            } else {
+                _mm512_extracti64x4_epi64::<1>(u[h / 2])
+            };
+            // SAFETY: `vals[32c..32c+32]` is 32 writable bytes.
+            unsafe { _mm256_storeu_si256(vals[32 * c..].as_mut_ptr().cast(), v) };
+        }
+        for j in 0..64 {
+            out.q[j][l] = u32::from_le_bytes([
+                vals[4 * j],
+                vals[4 * j + 1],
+                vals[4 * j + 2],
+                vals[4 * j + 3],
+            ]);
+        }
+        let f16 = |at: usize| half::f16::from_bits(u16::from_le_bytes([w[at], w[at + 1]])).to_f32();
+        if F == Q4_K {
+            let (sc, mn) = crate::dot::k4_scales_mins(&w[4..16]);
+            for (dst, &v) in out.sc.iter_mut().zip(&sc) {
+                dst[l] = i32::from(v);
+            }
+            for q in 0..4 {
+                out.mins[q][l] = u32::from(mn[2 * q]) | (u32::from(mn[2 * q + 1]) << 16);
+            }
+            out.d[l] = f16(0);
+            out.dmin[l] = f16(2);
+        } else {
+            for g in 0..16 {
+                out.sc[g][l] = i32::from(w[192 + g] as i8);
+            }
+            out.d[l] = f16(208);
+        }
+    }
+}
+
+/// A block of 16 prepared weight rows (`w`: `nb` super-blocks) against `R` activation
+/// rows (`a[r]`: raw Q8_K rows, `e[r]`: their extras): `res[r]` lane `row`.
+///
+/// # Safety
+/// `w` addresses `nb` blocks, each `a[r]` `nb` Q8_K blocks, each `e[r]` `nb` extras.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+#[inline]
+unsafe fn block_rows<const F: u8, const R: usize>(
+    w: *const WBlock,
+    a: [*const u8; R],
+    e: [*const KExtra; R],
+    nb: usize,
+) -> [__m512i; R] {
+    let ld = |p: *const u32| {
+        // SAFETY: every caller passes a 64-byte row of a prepared block.
+        unsafe { _mm512_loadu_si512(p.cast()) }
+    };
+    // Groups per super-block and dwords per group.
+    let (ngr, per) = if F == Q4_K { (8, 8) } else { (16, 4) };
+    let mut acc = [[_mm512_setzero_ps(); 8]; R];
+    for b in 0..nb {
+        // SAFETY: block `b < nb` (caller).
+        let wb = unsafe { &*w.add(b) };
+        // SAFETY: as above, for the activation rows.
+        let (ab, eb) = unsafe { (a.map(|p| p.add(b * KAB)), e.map(|p| &*p.add(b))) };
+        let mut s = [_mm512_setzero_si512(); R];
+        for g in 0..ngr {
+            let mut d: [__m512i; R] = std::array::from_fn(|r| {
+                if F == Q4_K {
+                    _mm512_setzero_si512()
+                } else {
+                    _mm512_set1_epi32(eb[r].init[g])
+                }
+            });
+            for jj in 0..per {
+                let j = g * per + jj;
+                let wv = ld(wb.q[j].as_ptr());
+                for r in 0..R {
+                    // SAFETY: dword `j` of the quants is at byte 4 + 4j of the block.
+                    let y = unsafe { ab[r].add(4 + 4 * j).cast::<i32>().read_unaligned() };
+                    d[r] = _mm512_dpbusd_epi32(d[r], wv, _mm512_set1_epi32(y));
+                }
+            }
+            let sc = ld(wb.sc[g].as_ptr().cast());
+            for r in 0..R {
+                s[r] = _mm512_add_epi32(s[r], _mm512_mullo_epi32(d[r], sc));
+            }
+        }
+        let dw = _mm512_loadu_ps(wb.d.as_ptr());
+        for r in 0..R {
+            let dx = _mm512_set1_ps(eb[r].d);
+            let mut v = _mm512_mul_ps(_mm512_mul_ps(dx, dw), _mm512_cvtepi32_ps(s[r]));
+            if F == Q4_K {
+                let mut m = _mm512_setzero_si512();
+                for q in 0..4 {
+                    let mq = ld(wb.mins[q].as_ptr());
+                    m = _mm512_dpwssd_epi32(m, mq, _mm512_set1_epi32(eb[r].pairs[q] as i32));
+                }
+                let dm = _mm512_loadu_ps(wb.dmin.as_ptr());
+                v = _mm512_sub_ps(
+                    v,
+                    _mm512_mul_ps(_mm512_mul_ps(dx, dm), _mm512_cvtepi32_ps(m)),
+                );
+            }
+            acc[r][b % 8] = _mm512_add_ps(acc[r][b % 8], v);
+        }
+    }
+    acc.map(|l| {
+        let t = |x: usize, y: usize| _mm512_add_ps(l[x], l[y]);
+        _mm512_castps_si512(_mm512_add_ps(
+            _mm512_add_ps(t(0, 1), t(2, 3)),
+            _mm512_add_ps(t(4, 5), t(6, 7)),
+        ))
+    })
+}
+
+/// The prefill path as a contiguous tile (`dot_tile`): the activation extras computed
+/// here, the results stored in `out`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+fn tile<const F: u8>(ws: &[u8], n_w: usize, acts: &[u8], n_a: usize, out: &mut [f32]) {
+    let ex: Vec<KExtra> = acts.chunks_exact(KAB).map(KExtra::of).collect();
+    tile_prepared::<F>(ws, n_w, acts, n_a, &ex, &mut |r, i, v| {
+        out[r * n_w + i..][..v.len()].copy_from_slice(v)
+    });
+}
+
+/// The prefill path: every weight row of the tile against every activation row (`ex`:
+/// the rows' extras, one per super-block), results to `sink`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+fn tile_prepared<const F: u8>(
+    ws: &[u8],
+    n_w: usize,
+    acts: &[u8],
+    n_a: usize,
+    ex: &[KExtra],
+    sink: &mut TileSink<'_>,
+) {
+    assert!(n_w > 0 && n_a > 0, "tile shape");
+    let (wrb, ab) = (ws.len() / n_w, acts.len() / n_a);
+    let nb = wrb / kwb(F);
+    assert!(
+        wrb * n_w == ws.len() && ab * n_a == acts.len() && nb * kwb(F) == wrb && nb * KAB == ab,
+        "tile lengths"
+    );
+    assert_eq!(ex.len(), n_a * nb, "activation extras");
+    let sidx = if F == Q4_K {
+        &Q4K_SCALE_IDX
+    } else {
+        &Q6K_SCALE_IDX
+    }
+    .map(|i| idx_vec(&i));
+    let nblk = n_w.div_ceil(WROWS);
+    TBUF.with_borrow_mut(|wp| {
+        if wp.len() < nblk * nb {
+            wp.resize(nblk * nb, WBLOCK_ZERO);
+        }
+        for k in 0..nblk {
+            let rows = k * WROWS..((k + 1) * WROWS).min(n_w);
+            for b in 0..nb {
+                // SAFETY: every row `< n_w` holds `nb` super-blocks (checked above).
+                unsafe { prep_block::<F>(ws, wrb, rows.clone(), b, &sidx, &mut wp[k * nb + b]) };
+            }
+        }
+        let mut lanes = [0f32; WROWS];
+        let mut store = |r: usize, k: usize, v: __m512i| {
+            // SAFETY: `lanes` is 64 writable bytes.
+            unsafe { _mm512_storeu_si512(lanes.as_mut_ptr().cast(), v) };
+            let i0 = k * WROWS;
+            sink(r, i0, &lanes[..(n_w - i0).min(WROWS)]);
+        };
+        for k in 0..nblk {
+            let w = wp[k * nb..].as_ptr();
+            let mut r0 = 0;
+            while r0 < n_a {
+                let left = n_a - r0;
+                let arow = |r: usize| acts[r * ab..].as_ptr();
+                let erow = |r: usize| ex[r * nb..].as_ptr();
+                // Register blocks of RA rows, then of 4, 2 and 1 for the rest.
+                macro_rules! run {
+                    ($n:expr) => {{
+                        let rr: [usize; $n] = std::array::from_fn(|q| r0 + q);
+                        // SAFETY: each pointer starts one row's `nb` blocks (checked above).
+                        let res = unsafe { block_rows::<F, $n>(w, rr.map(arow), rr.map(erow), nb) };
+                        for (q, v) in res.into_iter().enumerate() {
+                            store(r0 + q, k, v);
+                        }
+                        r0 += $n;
+                    }};
+                }
+                match left {
+                    RA.. => run!(RA),
+                    4.. => run!(4),
+                    2.. => run!(2),
+                    _ => run!(1),
+                }
+            }
+        }
+    });
+}
+
+/// The prefill kernel on prepared activations for `ty` (Q4_K, Q6_K). Callers must have
+/// detected [`super::Isa::Avx512Vnni`].
+pub(super) fn tile_prep_kernel(ty: GgmlType) -> Option<TilePrepFn> {
+    use GgmlType as T;
+    Some(match ty {
+        // SAFETY: handed out only after run-time detection (module doc).
+        T::Q4_K => {
+            |w, nw, a, na, ex, sink| unsafe { tile_prepared::<Q4_K>(w, nw, a, na, ex, sink) }
+        }
+        // SAFETY: as above.
+        T::Q6_K => {
+            |w, nw, a, na, ex, sink| unsafe { tile_prepared::<Q6_K>(w, nw, a, na, ex, sink) }
+        }
+        _ => return None,
+    })
+}
+
 /// The 512-bit tile kernel for `ty` (Q4_K, Q6_K): the decode path for 1 to 3 activation
 /// rows, the 256-bit VNNI kernel of `x86_tile` otherwise. Callers must have detected
 /// [`super::Isa::Avx512Vnni`].
@@ -482,7 +771,8 @@ pub(super) fn tile_kernel(ty: GgmlType) -> Option<TileFn> {
             2 => unsafe { gemv::<Q4_K, 2>(w, nw, a, na, out) },
             // SAFETY: as above.
             3 => unsafe { gemv::<Q4_K, 3>(w, nw, a, na, out) },
-            _ => fallback(T::Q4_K)(w, nw, a, na, out),
+            // SAFETY: as above.
+            _ => unsafe { tile::<Q4_K>(w, nw, a, na, out) },
         },
         T::Q6_K => |w, nw, a, na, out| match na {
             // SAFETY: handed out only after run-time detection (module doc).
@@ -491,13 +781,9 @@ pub(super) fn tile_kernel(ty: GgmlType) -> Option<TileFn> {
             2 => unsafe { gemv::<Q6_K, 2>(w, nw, a, na, out) },
             // SAFETY: as above.
             3 => unsafe { gemv::<Q6_K, 3>(w, nw, a, na, out) },
-            _ => fallback(T::Q6_K)(w, nw, a, na, out),
+            // SAFETY: as above.
+            _ => unsafe { tile::<Q6_K>(w, nw, a, na, out) },
         },
         _ => return None,
     })
-}
-
-/// The 256-bit VNNI tile kernel of `ty` (the prefill path).
-fn fallback(ty: GgmlType) -> TileFn {
-    super::x86_tile::vnni::tile_kernel(ty).expect("x86_tile has every K-quant")
 }
