@@ -470,6 +470,331 @@ fn hsum4x8(v: &[__m128i; 8]) -> __m256i {
 }
 
 // ---------------------------------------------------------------------------------------
+// The legacy formats' decode path (Q4_0, Q5_0, Q8_0: 32 values and one f16 scale per
+// block; the scalar twins `scalar::q4_0` etc.): per group of eight blocks, four
+// registers of unsigned values, `vpdpbusd` with the activation values prepared in the
+// same order, the accumulators starting at `-c Σy` of each block (the values' offset:
+// 8, 16 or, for Q8_0 made unsigned by `x + 128`, 128), a reduction to eight block sums,
+// and `block_sym` on eight lanes.
+//
+// Registers: Q4_0/Q5_0: `[lo0 | lo1 | lo2 | lo3]`, `[hi0 | .. | hi3]` for blocks 0..4 and
+// the same for 4..8 (lo = values 0..16 of a block, hi = 16..32; 128-bit lane `L` = block
+// `4h + L`); Q8_0: blocks `p` and `p + 4` in the halves of register `p`.
+
+/// Legacy format codes (ggml's type ids).
+const Q4_0: u8 = 2;
+const Q5_0: u8 = 6;
+const Q8_0: u8 = 8;
+
+/// Bytes per legacy block.
+const fn lwb(f: u8) -> usize {
+    match f {
+        Q4_0 => 18,
+        Q5_0 => 22,
+        _ => 34,
+    }
+}
+
+/// The offset of the format's unsigned values.
+const fn loff(f: u8) -> i32 {
+    match f {
+        Q4_0 => 8,
+        Q5_0 => 16,
+        _ => 128,
+    }
+}
+
+/// Bytes per Q8_0 activation block.
+const LAB: usize = 34;
+
+/// One activation row's group of eight blocks, prepared for the legacy decode path.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct LAct {
+    y: [[u8; 64]; 4],
+    init: [[i32; 16]; 4],
+    d: [f32; 8],
+}
+
+const LACT_ZERO: LAct = LAct {
+    y: [[0; 64]; 4],
+    init: [[0; 16]; 4],
+    d: [0.0; 8],
+};
+
+thread_local! {
+    /// Prepared legacy activation groups, reused across calls on this thread.
+    static LBUF: RefCell<Vec<LAct>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Fills `prep` (`nb.div_ceil(8)` groups per row) from the `n_a` raw Q8_0 rows of `acts`.
+fn lprepare<const F: u8>(acts: &[u8], n_a: usize, nb: usize, prep: &mut Vec<LAct>) {
+    let ng = nb.div_ceil(8);
+    prep.clear();
+    prep.resize(n_a * ng, LACT_ZERO);
+    for (r, row) in acts.chunks_exact(nb * LAB).enumerate().take(n_a) {
+        for (b, a) in row.chunks_exact(LAB).enumerate() {
+            let p = &mut prep[r * ng + b / 8];
+            let k = b % 8;
+            let y = &a[2..34];
+            let ysum: i32 = y.iter().map(|&v| i32::from(v as i8)).sum();
+            if F == Q8_0 {
+                let (reg, half) = (k % 4, k / 4);
+                p.y[reg][32 * half..32 * half + 32].copy_from_slice(y);
+                p.init[reg][8 * half] = -loff(F) * ysum;
+            } else {
+                let (h, lane) = (k / 4, k % 4);
+                p.y[2 * h][16 * lane..16 * lane + 16].copy_from_slice(&y[..16]);
+                p.y[2 * h + 1][16 * lane..16 * lane + 16].copy_from_slice(&y[16..]);
+                p.init[h][4 * lane] = -loff(F) * ysum;
+            }
+            p.d[k] = half::f16::from_bits(u16::from_le_bytes([a[0], a[1]])).to_f32();
+        }
+    }
+}
+
+/// The four value registers of the `n` (1..=8) blocks of `F` at `w` (missing blocks zero).
+///
+/// # Safety
+/// `n` blocks readable at `w`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+#[inline]
+unsafe fn ldecode<const F: u8>(w: *const u8, n: usize) -> [__m512i; 4] {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let blk = |k: usize| w.wrapping_add(k * lwb(F));
+    if F == Q8_0 {
+        let q = |k: usize| {
+            if k < n {
+                // SAFETY: block `k < n` is readable; its quants are bytes 2..34.
+                unsafe { _mm256_loadu_si256(blk(k).add(2).cast()) }
+            } else {
+                _mm256_setzero_si256()
+            }
+        };
+        let flip = _mm512_set1_epi8(-128);
+        std::array::from_fn(|p| {
+            let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(q(p)), q(p + 4));
+            // Missing blocks stay zero: their init and scale are zero, and the lanes are
+            // masked out of the sum.
+            _mm512_xor_si512(v, flip)
+        })
+    } else {
+        let qs_at = if F == Q4_0 { 2 } else { 6 };
+        let q = |k: usize| {
+            if k < n {
+                // SAFETY: block `k < n` is readable; its 16 quant bytes start at `qs_at`.
+                unsafe { _mm_loadu_si128(blk(k).add(qs_at).cast()) }
+            } else {
+                _mm_setzero_si128()
+            }
+        };
+        let four = |k0: usize| {
+            let v = _mm512_castsi128_si512(q(k0));
+            let v = _mm512_inserti32x4::<1>(v, q(k0 + 1));
+            let v = _mm512_inserti32x4::<2>(v, q(k0 + 2));
+            _mm512_inserti32x4::<3>(v, q(k0 + 3))
+        };
+        let (a, b) = (four(0), four(4));
+        let mut u = [
+            _mm512_and_si512(a, m4),
+            _mm512_and_si512(_mm512_srli_epi16::<4>(a), m4),
+            _mm512_and_si512(b, m4),
+            _mm512_and_si512(_mm512_srli_epi16::<4>(b), m4),
+        ];
+        if F == Q5_0 {
+            // The fifth bits: bit `i` of a block's `qh` is value `i`'s (0x10 in its byte).
+            let qh = |k: usize| -> u64 {
+                if k < n {
+                    // SAFETY: block `k < n` is readable; qh is bytes 2..6.
+                    u64::from(unsafe { blk(k).add(2).cast::<u32>().read_unaligned() })
+                } else {
+                    0
+                }
+            };
+            let h: [u64; 8] = std::array::from_fn(qh);
+            let sixteen = _mm512_set1_epi8(0x10);
+            for half in 0..2 {
+                let hs = &h[4 * half..4 * half + 4];
+                let lo = hs
+                    .iter()
+                    .enumerate()
+                    .fold(0u64, |m, (l, &v)| m | ((v & 0xFFFF) << (16 * l)));
+                let hi = hs
+                    .iter()
+                    .enumerate()
+                    .fold(0u64, |m, (l, &v)| m | ((v >> 16) << (16 * l)));
+                u[2 * half] = _mm512_or_si512(u[2 * half], _mm512_maskz_mov_epi8(lo, sixteen));
+                u[2 * half + 1] =
+                    _mm512_or_si512(u[2 * half + 1], _mm512_maskz_mov_epi8(hi, sixteen));
+            }
+        }
+        u
+    }
+}
+
+/// The per-block sums of four registers of two blocks each (register `p`: blocks `p` and
+/// `p + 4`, eight lanes each), as eight lanes in block order.
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+fn reduce_pairs(s: &[__m512i; 4]) -> __m256i {
+    let ab = _mm512_add_epi32(
+        _mm512_unpacklo_epi32(s[0], s[1]),
+        _mm512_unpackhi_epi32(s[0], s[1]),
+    );
+    let cd = _mm512_add_epi32(
+        _mm512_unpacklo_epi32(s[2], s[3]),
+        _mm512_unpackhi_epi32(s[2], s[3]),
+    );
+    // Per 128-bit lane L: [a_L, b_L, c_L, d_L], each the sum of that lane's four dwords.
+    let x = _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
+    // Lanes 0|1 and 2|3 hold the halves of blocks 0..4 and 4..8.
+    let y = _mm512_add_epi32(x, _mm512_shuffle_i64x2::<0b10_11_00_01>(x, x));
+    _mm512_castsi512_si256(_mm512_shuffle_i64x2::<0b00_00_10_00>(y, y))
+}
+
+/// The per-block sums of two registers of four blocks each (128-bit lane `L` of register
+/// `h`: block `4h + L`), as eight lanes in block order.
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+fn reduce_quads(z: &[__m512i; 2]) -> __m256i {
+    let s = _mm512_add_epi32(
+        _mm512_unpacklo_epi32(z[0], z[1]),
+        _mm512_unpackhi_epi32(z[0], z[1]),
+    );
+    let t = _mm512_add_epi32(s, _mm512_shuffle_epi32::<0b01_00_11_10>(s));
+    // Lane L: [block L, block 4 + L, ..]: the first two dwords of each lane.
+    let idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+    _mm512_castsi512_si256(_mm512_permutexvar_epi32(idx, t))
+}
+
+/// `Q` legacy weight rows (at `w`, `nb` blocks each) against `R` prepared activation rows
+/// (`a[r]`: `nb.div_ceil(8)` groups): `res[q][r]`.
+///
+/// # Safety
+/// `nb` blocks of `F` readable at each `w[q]`; each `a[r]` holds the groups.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+#[inline]
+unsafe fn lrows_block<const F: u8, const Q: usize, const R: usize>(
+    w: [*const u8; Q],
+    a: [*const LAct; R],
+    nb: usize,
+    last_mask: __m256,
+) -> [[f32; R]; Q] {
+    let ng = nb.div_ceil(8);
+    let ld = |p: *const u8| {
+        // SAFETY: every caller passes a 64-byte field of a prepared group.
+        unsafe { _mm512_loadu_si512(p.cast()) }
+    };
+    let mut acc = [[_mm256_setzero_ps(); R]; Q];
+    for g in 0..ng {
+        let n = (nb - 8 * g).min(8);
+        for q in 0..Q {
+            let wg = w[q].wrapping_add(8 * g * lwb(F));
+            let pf = wg.wrapping_add(PREFETCH);
+            // A prefetch never faults, whatever the address.
+            for line in 0..(8 * lwb(F)).div_ceil(64) {
+                _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(64 * line).cast());
+            }
+            // SAFETY: blocks `8g..8g+n` of row `q` are readable (caller).
+            let (u, dw) = unsafe { (ldecode::<F>(wg, n), f16x8(wg, lwb(F), 0, n)) };
+            for r in 0..R {
+                // SAFETY: group `g < ng` of row `r` (caller).
+                let ag = unsafe { &*a[r].add(g) };
+                let isum = if F == Q8_0 {
+                    let t: [__m512i; 4] = std::array::from_fn(|p| {
+                        _mm512_dpbusd_epi32(
+                            ld(ag.init[p].as_ptr().cast()),
+                            u[p],
+                            ld(ag.y[p].as_ptr()),
+                        )
+                    });
+                    reduce_pairs(&t)
+                } else {
+                    let t: [__m512i; 2] = std::array::from_fn(|h| {
+                        let t = _mm512_dpbusd_epi32(
+                            ld(ag.init[h].as_ptr().cast()),
+                            u[2 * h],
+                            ld(ag.y[2 * h].as_ptr()),
+                        );
+                        _mm512_dpbusd_epi32(t, u[2 * h + 1], ld(ag.y[2 * h + 1].as_ptr()))
+                    });
+                    reduce_quads(&t)
+                };
+                // SAFETY: `d` is 32 readable bytes.
+                let dx = unsafe { _mm256_loadu_ps(ag.d.as_ptr()) };
+                let v = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum));
+                acc[q][r] = if n == 8 {
+                    _mm256_add_ps(acc[q][r], v)
+                } else {
+                    _mm256_blendv_ps(acc[q][r], _mm256_add_ps(acc[q][r], v), last_mask)
+                };
+            }
+        }
+    }
+    acc.map(|a| {
+        a.map(|v| {
+            let mut l = Lanes::default();
+            // SAFETY: `l.0` is 8 f32s.
+            unsafe { _mm256_storeu_ps(l.0.as_mut_ptr(), v) };
+            l.finish()
+        })
+    })
+}
+
+/// The legacy decode path: `R` (1..=3) activation rows against every weight row, in
+/// [`STREAMS`] streams as [`gemv`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+fn lgemv<const F: u8, const R: usize>(
+    ws: &[u8],
+    n_w: usize,
+    acts: &[u8],
+    n_a: usize,
+    out: &mut [f32],
+) {
+    assert!(n_w > 0 && n_a == R && out.len() == n_w * n_a, "tile shape");
+    let (wrb, ab) = (ws.len() / n_w, acts.len() / n_a);
+    let nb = wrb / lwb(F);
+    assert!(
+        wrb * n_w == ws.len() && ab * n_a == acts.len() && nb * lwb(F) == wrb && nb * LAB == ab,
+        "tile lengths"
+    );
+    let ng = nb.div_ceil(8);
+    let last_mask = lane_mask(nb % 8);
+    LBUF.with_borrow_mut(|prep| {
+        lprepare::<F>(acts, n_a, nb, prep);
+        let arows: [*const LAct; R] = std::array::from_fn(|r| prep[r * ng..].as_ptr());
+        let per = n_w.div_ceil(STREAMS);
+        let full = n_w.saturating_sub((STREAMS - 1) * per);
+        let row = |i: usize| {
+            // SAFETY: row `i < n_w` of `wrb` bytes lies inside `ws` (checked above).
+            unsafe { ws.as_ptr().add(i * wrb) }
+        };
+        for i in 0..per {
+            if i < full {
+                let rows: [usize; STREAMS] = std::array::from_fn(|q| q * per + i);
+                // SAFETY: every row is `< n_w`; `arows` hold `ng` groups each.
+                let res =
+                    unsafe { lrows_block::<F, STREAMS, R>(rows.map(row), arows, nb, last_mask) };
+                for (q, &ri) in rows.iter().enumerate() {
+                    for r in 0..R {
+                        out[r * n_w + ri] = res[q][r];
+                    }
+                }
+            } else {
+                for q in (0..STREAMS).filter(|q| q * per + i < n_w) {
+                    let ri = q * per + i;
+                    // SAFETY: `ri < n_w`.
+                    let res = unsafe { lrows_block::<F, 1, R>([row(ri)], arows, nb, last_mask) };
+                    for r in 0..R {
+                        out[r * n_w + ri] = res[0][r];
+                    }
+                }
+            }
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------------------
 // The prefill path (4 or more activation rows).
 //
 // The weight rows of the tile are prepared once per call in blocks of 16 rows: for each
@@ -763,7 +1088,23 @@ pub(super) fn tile_prep_kernel(ty: GgmlType) -> Option<TilePrepFn> {
 /// [`super::Isa::Avx512Vnni`].
 pub(super) fn tile_kernel(ty: GgmlType) -> Option<TileFn> {
     use GgmlType as T;
+    macro_rules! legacy {
+        ($f:expr, $t:expr) => {
+            |w, nw, a, na, out| match na {
+                // SAFETY: handed out only after run-time detection (module doc).
+                1 => unsafe { lgemv::<$f, 1>(w, nw, a, na, out) },
+                // SAFETY: as above.
+                2 => unsafe { lgemv::<$f, 2>(w, nw, a, na, out) },
+                // SAFETY: as above.
+                3 => unsafe { lgemv::<$f, 3>(w, nw, a, na, out) },
+                _ => legacy_fallback($t)(w, nw, a, na, out),
+            }
+        };
+    }
     Some(match ty {
+        T::Q4_0 => legacy!(Q4_0, T::Q4_0),
+        T::Q5_0 => legacy!(Q5_0, T::Q5_0),
+        T::Q8_0 => legacy!(Q8_0, T::Q8_0),
         T::Q4_K => |w, nw, a, na, out| match na {
             // SAFETY: handed out only after run-time detection (module doc).
             1 => unsafe { gemv::<Q4_K, 1>(w, nw, a, na, out) },
@@ -786,4 +1127,12 @@ pub(super) fn tile_kernel(ty: GgmlType) -> Option<TileFn> {
         },
         _ => return None,
     })
+}
+
+/// The 256-bit VNNI tile kernels of `x86_tile` for a legacy format (small batches,
+/// prefill).
+fn legacy_fallback(ty: GgmlType) -> TileFn {
+    super::x86_tile::small_tile_kernel(ty)
+        .or(super::x86_tile::vnni::tile_kernel(ty))
+        .expect("x86_tile has every legacy format")
 }
