@@ -228,8 +228,8 @@ type TileFn = fn(&[u8], usize, &[u8], usize, &mut [f32]);
 pub type TileSink<'a> = dyn FnMut(usize, usize, &[f32]) + 'a;
 
 /// A safe prefill tile kernel on prepared activations: `fn(weight_rows, n_w,
-/// activation_rows, n_a, extras, sink)`, lengths already checked, `n_a >= 4`.
-type TilePrepFn = fn(&[u8], usize, &[u8], usize, &[KExtra], &mut TileSink<'_>);
+/// activation_rows, n_a, prepared, sink)`, lengths already checked, `n_a >= 4`.
+type TilePrepFn = fn(&[u8], usize, &[u8], usize, &ActPrep, &mut TileSink<'_>);
 
 /// What the prefill tile kernels of the Q8_K-paired formats derive from one activation
 /// super-block: the Q4_K/Q5_K bsum pair sums `bsum_2j + bsum_2j+1` as i16 pairs
@@ -260,18 +260,53 @@ impl KExtra {
     }
 }
 
+/// What the prefill tile kernels of the Q8_0-paired formats derive from one activation
+/// block: `-c Σy` for the format's value offset `c`, and the scale.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct LExtra {
+    pub(crate) init: i32,
+    pub(crate) d: f32,
+}
+
+impl LExtra {
+    /// The extras of the Q8_0 block `a` (34 bytes: f16 d, 32 quants) for offset `c`.
+    pub(crate) fn of(a: &[u8], c: i32) -> LExtra {
+        let ysum: i32 = a[2..34].iter().map(|&v| i32::from(v as i8)).sum();
+        LExtra {
+            init: -c * ysum,
+            d: f16_at(a, 0),
+        }
+    }
+}
+
 /// Activation rows prepared once per matrix product for every tile of it
-/// ([`DotKernel::prepare`], [`DotKernel::dot_tile_prepared`]).
+/// ([`DotKernel::prepare`], [`DotKernel::dot_tile_prepared`]): one extra per activation
+/// block (Q8_K rows: [`KExtra`]; Q8_0 rows: [`LExtra`]).
 #[derive(Clone, Debug, Default)]
 pub struct ActPrep {
-    extras: Vec<KExtra>,
+    pub(crate) k: Vec<KExtra>,
+    pub(crate) l: Vec<LExtra>,
     n_a: usize,
 }
 
 impl ActPrep {
     /// Whether nothing was prepared (the default, or a kernel that reads rows as stored).
     pub fn is_empty(&self) -> bool {
-        self.extras.is_empty()
+        self.k.is_empty() && self.l.is_empty()
+    }
+
+    /// Prepared blocks.
+    fn len(&self) -> usize {
+        self.k.len() + self.l.len()
+    }
+}
+
+/// The value offset `c` of a legacy format whose prefill kernel takes [`LExtra`]s.
+pub(crate) const fn legacy_offset(ty: GgmlType) -> i32 {
+    match ty {
+        GgmlType::Q4_0 => 8,
+        GgmlType::Q5_0 => 16,
+        _ => 128,
     }
 }
 
@@ -448,12 +483,19 @@ impl DotKernel {
             self.ty,
             acts.len()
         );
-        let extras = if self.tile_prep.is_some() {
-            acts.chunks_exact(ab).map(KExtra::of).collect()
-        } else {
-            Vec::new()
+        let mut prep = ActPrep {
+            n_a,
+            ..ActPrep::default()
         };
-        ActPrep { extras, n_a }
+        if self.tile_prep.is_some() {
+            if self.act == GgmlType::Q8_K {
+                prep.k = acts.chunks_exact(ab).map(KExtra::of).collect();
+            } else {
+                let c = legacy_offset(self.ty);
+                prep.l = acts.chunks_exact(ab).map(|a| LExtra::of(a, c)).collect();
+            }
+        }
+        prep
     }
 
     /// [`Self::dot_tile`] with the activation rows prepared by [`Self::prepare`] (from the
@@ -489,11 +531,11 @@ impl DotKernel {
         match self.tile_prep {
             Some(f) if n_a >= 4 && !prep.is_empty() => {
                 assert!(
-                    prep.n_a == n_a && prep.extras.len() * self.act.type_size() == acts.len(),
+                    prep.n_a == n_a && prep.len() * self.act.type_size() == acts.len(),
                     "dot_tile_prepared {}: activations prepared for other rows",
                     self.ty
                 );
-                f(ws, n_w, acts, n_a, &prep.extras, sink)
+                f(ws, n_w, acts, n_a, prep, sink)
             }
             _ => TILE_SCRATCH.with_borrow_mut(|buf| {
                 buf.clear();

@@ -33,7 +33,7 @@ use std::cell::RefCell;
 
 use super::x86::hsum8x8;
 use super::x86_tile::{f16x8, lane_mask};
-use super::{KExtra, Lanes, TileFn, TilePrepFn, TileSink};
+use super::{KExtra, LExtra, Lanes, TileFn, TilePrepFn, TileSink};
 use crate::GgmlType;
 
 /// Format codes of the const-generic kernels.
@@ -1066,6 +1066,197 @@ fn tile_prepared<const F: u8>(
     });
 }
 
+// ---------------------------------------------------------------------------------------
+// The legacy formats' prefill path: as the K-quants' (lanes = 16 weight rows, activation
+// dwords broadcast), one 32-value block per scale: eight `vpdpbusd` from `-c Σy`, then
+// `block_sym` on the 16 rows.
+
+/// One block of a block of 16 legacy weight rows, prepared.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct LBlock {
+    /// `q[j][row]`: dword `j` of the row's 32 unsigned values.
+    q: [[u32; WROWS]; 8],
+    d: [f32; WROWS],
+}
+
+const LBLOCK_ZERO: LBlock = LBlock {
+    q: [[0; WROWS]; 8],
+    d: [0.0; WROWS],
+};
+
+thread_local! {
+    /// Prepared legacy weight blocks, reused across calls on this thread.
+    static LTBUF: RefCell<Vec<LBlock>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The 32 unsigned values (`q + c`) of one legacy block `w`, in order.
+fn lvalues<const F: u8>(w: &[u8]) -> [u8; 32] {
+    let mut v = [0u8; 32];
+    match F {
+        Q8_0 => {
+            for (d, &q) in v.iter_mut().zip(&w[2..34]) {
+                *d = q ^ 0x80;
+            }
+        }
+        _ => {
+            let qs = if F == Q4_0 { &w[2..18] } else { &w[6..22] };
+            let qh = if F == Q5_0 {
+                u32::from_le_bytes([w[2], w[3], w[4], w[5]])
+            } else {
+                0
+            };
+            for l in 0..16 {
+                v[l] = (qs[l] & 0x0F) | ((((qh >> l) & 1) as u8) << 4);
+                v[l + 16] = (qs[l] >> 4) | ((((qh >> (l + 16)) & 1) as u8) << 4);
+            }
+        }
+    }
+    v
+}
+
+/// A block of 16 prepared legacy weight rows (`w`: `nb` blocks) against `R` activation
+/// rows (`a[r]`: raw Q8_0 rows, `e[r]`: their extras): `res[r]` lane `row`.
+///
+/// # Safety
+/// `w` addresses `nb` blocks, each `a[r]` `nb` Q8_0 blocks, each `e[r]` `nb` extras.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+#[inline]
+unsafe fn lblock_rows<const F: u8, const R: usize>(
+    w: *const LBlock,
+    a: [*const u8; R],
+    e: [*const LExtra; R],
+    nb: usize,
+) -> [__m512i; R] {
+    let mut acc = [[_mm512_setzero_ps(); 8]; R];
+    for b in 0..nb {
+        // SAFETY: block `b < nb` (caller).
+        let wb = unsafe { &*w.add(b) };
+        // SAFETY: as above, for the activation rows.
+        let (ab, eb) = unsafe { (a.map(|p| p.add(b * LAB)), e.map(|p| &*p.add(b))) };
+        let mut d: [__m512i; R] = std::array::from_fn(|r| _mm512_set1_epi32(eb[r].init));
+        for j in 0..8 {
+            // SAFETY: `q[j]` is 64 readable bytes.
+            let wv = unsafe { _mm512_loadu_si512(wb.q[j].as_ptr().cast()) };
+            for r in 0..R {
+                // SAFETY: dword `j` of the quants is at byte 2 + 4j of the block.
+                let y = unsafe { ab[r].add(2 + 4 * j).cast::<i32>().read_unaligned() };
+                d[r] = _mm512_dpbusd_epi32(d[r], wv, _mm512_set1_epi32(y));
+            }
+        }
+        let dw = _mm512_loadu_ps(wb.d.as_ptr());
+        for r in 0..R {
+            let v = _mm512_mul_ps(
+                _mm512_mul_ps(dw, _mm512_set1_ps(eb[r].d)),
+                _mm512_cvtepi32_ps(d[r]),
+            );
+            acc[r][b % 8] = _mm512_add_ps(acc[r][b % 8], v);
+        }
+    }
+    acc.map(|l| {
+        let t = |x: usize, y: usize| _mm512_add_ps(l[x], l[y]);
+        _mm512_castps_si512(_mm512_add_ps(
+            _mm512_add_ps(t(0, 1), t(2, 3)),
+            _mm512_add_ps(t(4, 5), t(6, 7)),
+        ))
+    })
+}
+
+/// The legacy prefill path: every weight row of the tile against every activation row
+/// (`ex`: the rows' extras, one per block), results to `sink`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+fn ltile_prepared<const F: u8>(
+    ws: &[u8],
+    n_w: usize,
+    acts: &[u8],
+    n_a: usize,
+    ex: &[LExtra],
+    sink: &mut TileSink<'_>,
+) {
+    assert!(n_w > 0 && n_a > 0, "tile shape");
+    let (wrb, ab) = (ws.len() / n_w, acts.len() / n_a);
+    let nb = wrb / lwb(F);
+    assert!(
+        wrb * n_w == ws.len() && ab * n_a == acts.len() && nb * lwb(F) == wrb && nb * LAB == ab,
+        "tile lengths"
+    );
+    assert_eq!(ex.len(), n_a * nb, "activation extras");
+    let nblk = n_w.div_ceil(WROWS);
+    LTBUF.with_borrow_mut(|wp| {
+        if wp.len() < nblk * nb {
+            wp.resize(nblk * nb, LBLOCK_ZERO);
+        }
+        for k in 0..nblk {
+            let rows = k * WROWS..((k + 1) * WROWS).min(n_w);
+            for b in 0..nb {
+                let out = &mut wp[k * nb + b];
+                if rows.len() < WROWS {
+                    *out = LBLOCK_ZERO;
+                }
+                for (l, i) in rows.clone().enumerate() {
+                    let w = &ws[i * wrb + b * lwb(F)..][..lwb(F)];
+                    let v = lvalues::<F>(w);
+                    for j in 0..8 {
+                        out.q[j][l] = u32::from_le_bytes([
+                            v[4 * j],
+                            v[4 * j + 1],
+                            v[4 * j + 2],
+                            v[4 * j + 3],
+                        ]);
+                    }
+                    out.d[l] = half::f16::from_bits(u16::from_le_bytes([w[0], w[1]])).to_f32();
+                }
+            }
+        }
+        let mut lanes = [0f32; WROWS];
+        let mut store = |r: usize, k: usize, v: __m512i| {
+            // SAFETY: `lanes` is 64 writable bytes.
+            unsafe { _mm512_storeu_si512(lanes.as_mut_ptr().cast(), v) };
+            let i0 = k * WROWS;
+            sink(r, i0, &lanes[..(n_w - i0).min(WROWS)]);
+        };
+        for k in 0..nblk {
+            let w = wp[k * nb..].as_ptr();
+            let mut r0 = 0;
+            while r0 < n_a {
+                let left = n_a - r0;
+                let arow = |r: usize| acts[r * ab..].as_ptr();
+                let erow = |r: usize| ex[r * nb..].as_ptr();
+                macro_rules! run {
+                    ($n:expr) => {{
+                        let rr: [usize; $n] = std::array::from_fn(|q| r0 + q);
+                        // SAFETY: each pointer starts one row's `nb` blocks (checked above).
+                        let res =
+                            unsafe { lblock_rows::<F, $n>(w, rr.map(arow), rr.map(erow), nb) };
+                        for (q, v) in res.into_iter().enumerate() {
+                            store(r0 + q, k, v);
+                        }
+                        r0 += $n;
+                    }};
+                }
+                match left {
+                    RA.. => run!(RA),
+                    4.. => run!(4),
+                    2.. => run!(2),
+                    _ => run!(1),
+                }
+            }
+        }
+    });
+}
+
+/// The legacy prefill path as a contiguous tile (`dot_tile`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+fn ltile<const F: u8>(ws: &[u8], n_w: usize, acts: &[u8], n_a: usize, out: &mut [f32]) {
+    let ex: Vec<LExtra> = acts
+        .chunks_exact(LAB)
+        .map(|a| LExtra::of(a, loff(F)))
+        .collect();
+    ltile_prepared::<F>(ws, n_w, acts, n_a, &ex, &mut |r, i, v| {
+        out[r * n_w + i..][..v.len()].copy_from_slice(v)
+    });
+}
+
 /// The prefill kernel on prepared activations for `ty` (Q4_K, Q6_K). Callers must have
 /// detected [`super::Isa::Avx512Vnni`].
 pub(super) fn tile_prep_kernel(ty: GgmlType) -> Option<TilePrepFn> {
@@ -1073,11 +1264,23 @@ pub(super) fn tile_prep_kernel(ty: GgmlType) -> Option<TilePrepFn> {
     Some(match ty {
         // SAFETY: handed out only after run-time detection (module doc).
         T::Q4_K => {
-            |w, nw, a, na, ex, sink| unsafe { tile_prepared::<Q4_K>(w, nw, a, na, ex, sink) }
+            |w, nw, a, na, p, sink| unsafe { tile_prepared::<Q4_K>(w, nw, a, na, &p.k, sink) }
         }
         // SAFETY: as above.
         T::Q6_K => {
-            |w, nw, a, na, ex, sink| unsafe { tile_prepared::<Q6_K>(w, nw, a, na, ex, sink) }
+            |w, nw, a, na, p, sink| unsafe { tile_prepared::<Q6_K>(w, nw, a, na, &p.k, sink) }
+        }
+        // SAFETY: as above.
+        T::Q4_0 => {
+            |w, nw, a, na, p, sink| unsafe { ltile_prepared::<Q4_0>(w, nw, a, na, &p.l, sink) }
+        }
+        // SAFETY: as above.
+        T::Q5_0 => {
+            |w, nw, a, na, p, sink| unsafe { ltile_prepared::<Q5_0>(w, nw, a, na, &p.l, sink) }
+        }
+        // SAFETY: as above.
+        T::Q8_0 => {
+            |w, nw, a, na, p, sink| unsafe { ltile_prepared::<Q8_0>(w, nw, a, na, &p.l, sink) }
         }
         _ => return None,
     })
@@ -1097,7 +1300,9 @@ pub(super) fn tile_kernel(ty: GgmlType) -> Option<TileFn> {
                 2 => unsafe { lgemv::<$f, 2>(w, nw, a, na, out) },
                 // SAFETY: as above.
                 3 => unsafe { lgemv::<$f, 3>(w, nw, a, na, out) },
-                _ => legacy_fallback($t)(w, nw, a, na, out),
+                4..=8 => legacy_fallback($t)(w, nw, a, na, out),
+                // SAFETY: as above.
+                _ => unsafe { ltile::<$f>(w, nw, a, na, out) },
             }
         };
     }
