@@ -35,8 +35,12 @@ fn fixtures_parse_and_match_their_meta() {
         return;
     };
     let files = gguf_files(&root);
-    // 24 tiny fixtures + 21 quant types x 2 models.
-    assert_eq!(files.len(), 24 + 21 * 2, "fixture set changed: {files:?}");
+    // 33 tiny fixtures (and the LoRA fixture's adapter) + 21 quant types x 2 models.
+    assert_eq!(
+        files.len(),
+        33 + 1 + 21 * 2,
+        "fixture set changed: {files:?}"
+    );
     let mut checked_tensors = 0;
     for path in &files {
         let f = GgufFile::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -48,9 +52,11 @@ fn fixtures_parse_and_match_their_meta() {
         // meta.json lists every tensor with type and shape (tiny: one model per dir,
         // quant: per model file under "models").
         let dir = path.parent().unwrap();
-        let meta: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).unwrap()).unwrap();
-        let listed = if let Some(t) = meta.get("gguf_tensors") {
+        let meta = frink_testdata::read_meta(dir);
+        let adapter = path.file_name().is_some_and(|n| n == "adapter.gguf");
+        let listed = if adapter {
+            meta["lora"]["adapter_gguf_tensors"].clone()
+        } else if let Some(t) = meta.get("gguf_tensors") {
             t.clone()
         } else {
             let stem = path.file_stem().unwrap().to_str().unwrap();
@@ -72,7 +78,12 @@ fn fixtures_parse_and_match_their_meta() {
             assert_eq!(shape, got.shape, "{}", got.name);
             checked_tensors += 1;
         }
-        if let Some(arch) = meta.pointer("/gguf_metadata/general.architecture") {
+        let arch_key = if adapter {
+            "/lora/adapter_gguf_metadata/general.architecture"
+        } else {
+            "/gguf_metadata/general.architecture"
+        };
+        if let Some(arch) = meta.pointer(arch_key) {
             assert_eq!(f.architecture(), arch.as_str());
         }
     }

@@ -38,13 +38,47 @@ pub fn require(rel: &str, test: &str) -> Option<PathBuf> {
     found
 }
 
+/// A fixture directory's `meta.json`. The generator writes it with Python's `json`, which
+/// spells non-finite floats `Infinity`, `-Infinity` and `NaN` (not JSON; e.g. the Mamba-2
+/// fixtures' `time_step_limit`): those tokens, outside strings, read as `null`.
+///
+/// Panics if the file is missing or malformed (the directory came from [`require`]).
+pub fn read_meta(dir: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(dir.join("meta.json")).expect("meta.json");
+    serde_json::from_str(&python_json(&text)).expect("meta.json is JSON")
+}
+
+/// `text` with Python's non-finite float tokens outside strings replaced by `null`.
+fn python_json(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let (mut in_str, mut escaped) = (false, false);
+    let mut rest = text;
+    while let Some(c) = rest.chars().next() {
+        if in_str {
+            in_str = escaped || c != '"';
+            escaped = !escaped && c == '\\';
+        } else if c == '"' {
+            in_str = true;
+        } else if let Some(tok) = ["-Infinity", "Infinity", "NaN"]
+            .into_iter()
+            .find(|t| rest.starts_with(t))
+        {
+            out.push_str("null");
+            rest = &rest[tok.len()..];
+            continue;
+        }
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
+    }
+    out
+}
+
 /// The 24 `input_ids` of a tiny fixture directory's `meta.json` (fixtures README: random
 /// ids, fed as they are at positions 0..23).
 ///
 /// Panics if the file is missing or malformed (the directory came from [`require`]).
 pub fn fixture_input_ids(dir: &Path) -> Vec<u32> {
-    let text = std::fs::read_to_string(dir.join("meta.json")).expect("meta.json");
-    let meta: serde_json::Value = serde_json::from_str(&text).expect("meta.json is JSON");
+    let meta = read_meta(dir);
     meta["input_ids"]
         .as_array()
         .expect("input_ids")
@@ -67,4 +101,17 @@ pub fn rel_max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     let max_b = b.iter().fold(0f32, |m, v| m.max(v.abs()));
     a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / max_b
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn python_json_reads_non_finite_floats_as_null() {
+        let v: serde_json::Value = serde_json::from_str(&super::python_json(
+            r#"{"a": [0.0, Infinity, -Infinity, NaN], "s": "NaN \" Infinity"}"#,
+        ))
+        .unwrap();
+        assert_eq!(v["a"], serde_json::json!([0.0, null, null, null]));
+        assert_eq!(v["s"], "NaN \" Infinity");
+    }
 }

@@ -127,7 +127,11 @@ fn models_without_a_template_fall_back_by_architecture_or_refuse() {
     assert_eq!(controls, 4, "BOS, two turn starts, one turn end: {ids:?}");
     let mut n = 0;
     for (name, path) in tiny_fixtures("models_without_a_template_fall_back") {
-        let tok = Tokenizer::from_path(&path).unwrap();
+        let tok = match Tokenizer::from_path(&path) {
+            // Gemma 4's tokenizer model (issue 21) is refused by name until it is built.
+            Err(TokenizerError::UnsupportedModel(m)) if m == "gemma4" => continue,
+            r => r.unwrap(),
+        };
         if tok.chat_template().is_some() || tok.architecture().starts_with("gemma") {
             continue;
         }

@@ -261,19 +261,19 @@ impl KExtra {
 }
 
 /// What the prefill tile kernels of the Q8_0-paired formats derive from one activation
-/// block: `-c Σy` for the format's value offset `c`, and the scale.
+/// block: the sum of its quants `Σy` (each kernel multiplies it by its own format's value
+/// offset: one prepared row serves every format reading it) and the scale.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(crate) struct LExtra {
-    pub(crate) init: i32,
+    pub(crate) ysum: i32,
     pub(crate) d: f32,
 }
 
 impl LExtra {
-    /// The extras of the Q8_0 block `a` (34 bytes: f16 d, 32 quants) for offset `c`.
-    pub(crate) fn of(a: &[u8], c: i32) -> LExtra {
-        let ysum: i32 = a[2..34].iter().map(|&v| i32::from(v as i8)).sum();
+    /// The extras of the Q8_0 block `a` (34 bytes: f16 d, 32 quants).
+    pub(crate) fn of(a: &[u8]) -> LExtra {
         LExtra {
-            init: -c * ysum,
+            ysum: a[2..34].iter().map(|&v| i32::from(v as i8)).sum(),
             d: f16_at(a, 0),
         }
     }
@@ -298,15 +298,6 @@ impl ActPrep {
     /// Prepared blocks.
     fn len(&self) -> usize {
         self.k.len() + self.l.len()
-    }
-}
-
-/// The value offset `c` of a legacy format whose prefill kernel takes [`LExtra`]s.
-pub(crate) const fn legacy_offset(ty: GgmlType) -> i32 {
-    match ty {
-        GgmlType::Q4_0 => 8,
-        GgmlType::Q5_0 => 16,
-        _ => 128,
     }
 }
 
@@ -491,8 +482,7 @@ impl DotKernel {
             if self.act == GgmlType::Q8_K {
                 prep.k = acts.chunks_exact(ab).map(KExtra::of).collect();
             } else {
-                let c = legacy_offset(self.ty);
-                prep.l = acts.chunks_exact(ab).map(|a| LExtra::of(a, c)).collect();
+                prep.l = acts.chunks_exact(ab).map(LExtra::of).collect();
             }
         }
         prep

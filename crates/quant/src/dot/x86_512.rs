@@ -1134,7 +1134,7 @@ unsafe fn lblock_rows<const F: u8, const R: usize>(
         let wb = unsafe { &*w.add(b) };
         // SAFETY: as above, for the activation rows.
         let (ab, eb) = unsafe { (a.map(|p| p.add(b * LAB)), e.map(|p| &*p.add(b))) };
-        let mut d: [__m512i; R] = std::array::from_fn(|r| _mm512_set1_epi32(eb[r].init));
+        let mut d: [__m512i; R] = std::array::from_fn(|r| _mm512_set1_epi32(-loff(F) * eb[r].ysum));
         for j in 0..8 {
             // SAFETY: `q[j]` is 64 readable bytes.
             let wv = unsafe { _mm512_loadu_si512(wb.q[j].as_ptr().cast()) };
@@ -1248,10 +1248,7 @@ fn ltile_prepared<const F: u8>(
 /// The legacy prefill path as a contiguous tile (`dot_tile`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
 fn ltile<const F: u8>(ws: &[u8], n_w: usize, acts: &[u8], n_a: usize, out: &mut [f32]) {
-    let ex: Vec<LExtra> = acts
-        .chunks_exact(LAB)
-        .map(|a| LExtra::of(a, loff(F)))
-        .collect();
+    let ex: Vec<LExtra> = acts.chunks_exact(LAB).map(LExtra::of).collect();
     ltile_prepared::<F>(ws, n_w, acts, n_a, &ex, &mut |r, i, v| {
         out[r * n_w + i..][..v.len()].copy_from_slice(v)
     });
