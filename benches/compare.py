@@ -128,7 +128,9 @@ def main():
     for m in a.models:
         path = m if m.endswith(".gguf") else \
             subprocess.run([FRINK, "pull", m], capture_output=True, text=True).stdout.strip()
-        common = ["-m", path, "-t", str(a.t), "-p", a.p, "-n", a.n, "-d", a.d, "-r", str(a.r)]
+        common = ["-m", path, "-t", str(a.t), "-p", a.p, "-n", a.n, "-r", str(a.r)]
+        if a.d != "0":
+            common += ["-d", a.d]
         ours_rounds, ref_rounds, rss = [], [], ([], [])
         for k in range(a.rounds):
             ours, our_rss = run_measured([FRINK, "bench", *common, "--json"])

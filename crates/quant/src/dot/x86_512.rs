@@ -136,31 +136,34 @@ fn prepare<const F: u8>(
     }
 }
 
-/// i16 lane indices for `_mm512_permutexvar_epi16`: lanes `16h..16h+16` take element
-/// `idx[h]` (a scale per 32-value chunk, `maddubs` giving 16 pair sums per chunk).
-const fn idx32(a: u16, b: u16) -> [u16; 32] {
+/// i16 lane indices for `_mm512_permutexvar_epi16` giving the scales of the decode path's
+/// packed products: `vpackssdw` of two registers' `vpdpbusd` sums puts, in each 128-bit
+/// lane `L`, four sums of the first register's lane `L` then four of the second's, so the
+/// scale vector repeats, per lane, the first's group scale four times then the second's:
+/// `pair(L) = (a, b)` gives lanes `8L..8L+4` element `a`, `8L+4..8L+8` element `b`.
+const fn packed_idx(pair: [(u16, u16); 4]) -> [u16; 32] {
     let mut v = [0u16; 32];
     let mut i = 0;
     while i < 32 {
-        v[i] = if i < 16 { a } else { b };
+        let (a, b) = pair[i / 8];
+        v[i] = if i % 8 < 4 { a } else { b };
         i += 1;
     }
     v
 }
 
-/// As [`idx32`] with a scale per 16 values: lanes `8q..8q+8` take element `first + q`.
-const fn idx16(first: u16) -> [u16; 32] {
-    let mut v = [0u16; 32];
-    let mut i = 0;
-    while i < 32 {
-        v[i] = first + (i / 8) as u16;
-        i += 1;
-    }
-    v
-}
-
-const Q4K_SCALE_IDX: [[u16; 32]; 4] = [idx32(0, 2), idx32(1, 3), idx32(4, 6), idx32(5, 7)];
-const Q6K_SCALE_IDX: [[u16; 32]; 4] = [idx16(0), idx16(4), idx16(8), idx16(12)];
+/// Q4_K: registers `[c0|c2] [c1|c3]` and `[c4|c6] [c5|c7]` (32-value chunks: lanes 0,1 of
+/// a register are its first chunk, 2,3 its second).
+const Q4K_SCALE_IDX: [[u16; 32]; 2] = [
+    packed_idx([(0, 1), (0, 1), (2, 3), (2, 3)]),
+    packed_idx([(4, 5), (4, 5), (6, 7), (6, 7)]),
+];
+/// Q6_K: registers of values `0..64`, `64..128` and `128..192`, `192..256` (lane `L` of
+/// register `k`: group `4k + L`).
+const Q6K_SCALE_IDX: [[u16; 32]; 2] = [
+    packed_idx([(0, 4), (1, 5), (2, 6), (3, 7)]),
+    packed_idx([(8, 12), (9, 13), (10, 14), (11, 15)]),
+];
 
 /// The Q4_K scales and mins from the 12 bytes in the low lanes of `x` (words w0, w1, w2):
 /// bytes 0..8 the scales, 8..16 the mins, as the scalar `kquants::scale_min_k4` gives
@@ -208,8 +211,8 @@ fn idx_vec(idx: &[u16; 32]) -> __m512i {
 #[inline]
 unsafe fn decode<const F: u8>(
     w: *const u8,
-    sidx: &[__m512i; 4],
-) -> ([__m512i; 4], [__m512i; 4], __m512i) {
+    sidx: &[__m512i; 2],
+) -> ([__m512i; 4], [__m512i; 2], __m512i) {
     let m4 = _mm512_set1_epi8(0x0F);
     if F == Q4_K {
         // SAFETY: the quants are bytes 16..144, the scales 4..16 (the 16-byte load
@@ -319,34 +322,25 @@ fn gemv<const F: u8, const R: usize>(
             .map(|i| idx_vec(&i)),
             last_mask: lane_mask(nb % 8),
         };
-        let per = n_w.div_ceil(STREAMS);
-        // Rows `i` of the parts that have one: all STREAMS parts for `i < full`.
-        let full = n_w.saturating_sub((STREAMS - 1) * per);
         let row = |i: usize| {
             // SAFETY: row `i < n_w` of `wrb` bytes lies inside `ws` (geometry).
             unsafe { ws.as_ptr().add(i * wrb) }
         };
-        for i in 0..per {
-            if i < full {
-                let rows: [usize; STREAMS] = std::array::from_fn(|q| q * per + i);
+        stream_rows(n_w, R, |rows| {
+            let mut put = |q: usize, res: [f32; R]| {
+                for (r, v) in res.into_iter().enumerate() {
+                    out[r * n_w + rows[q]] = v;
+                }
+            };
+            if let Ok(rs) = <[usize; STREAMS]>::try_from(rows) {
                 // SAFETY: every row is `< n_w`, so `nb` super-blocks are readable at each.
-                let res = unsafe { rows_block::<F, STREAMS, R>(&k, rows.map(row)) };
-                for (q, &ri) in rows.iter().enumerate() {
-                    for r in 0..R {
-                        out[r * n_w + ri] = res[q][r];
-                    }
-                }
+                let res = unsafe { rows_block::<F, STREAMS, R>(&k, rs.map(row)) };
+                res.into_iter().enumerate().for_each(|(q, v)| put(q, v));
             } else {
-                for q in (0..STREAMS).filter(|q| q * per + i < n_w) {
-                    let ri = q * per + i;
-                    // SAFETY: `ri < n_w`.
-                    let res = unsafe { rows_block::<F, 1, R>(&k, [row(ri)]) };
-                    for r in 0..R {
-                        out[r * n_w + ri] = res[0][r];
-                    }
-                }
+                // SAFETY: as above.
+                put(0, unsafe { rows_block::<F, 1, R>(&k, [row(rows[0])]) }[0]);
             }
-        }
+        });
     });
 }
 
@@ -354,13 +348,41 @@ fn gemv<const F: u8, const R: usize>(
 /// 21.0 t/s, 2: 24.4, 4: 26.0, 8: 24.4).
 const STREAMS: usize = 4;
 
+/// Activation rows up to which the decode path reads [`STREAMS`] weight streams; above,
+/// a step is bound by its arithmetic rather than by memory, and one stream keeps the
+/// per-row state small.
+const STREAM_ROWS: usize = 3;
+
+/// Visits the weight rows `0..n_w` as the decode path reads them: for `r <=`
+/// [`STREAM_ROWS`] activation rows, row `i` of each of [`STREAMS`] contiguous parts
+/// together (`visit` gets [`STREAMS`] rows), the rows the last part lacks one by one;
+/// above, every row alone, in order.
+fn stream_rows(n_w: usize, r: usize, mut visit: impl FnMut(&[usize])) {
+    if r > STREAM_ROWS {
+        (0..n_w).for_each(|i| visit(&[i]));
+        return;
+    }
+    let per = n_w.div_ceil(STREAMS);
+    // Rows `i` of the parts that have one: all STREAMS parts for `i < full`.
+    let full = n_w.saturating_sub((STREAMS - 1) * per);
+    for i in 0..per {
+        if i < full {
+            visit(&std::array::from_fn::<usize, STREAMS, _>(|q| q * per + i));
+        } else {
+            for q in (0..STREAMS).filter(|q| q * per + i < n_w) {
+                visit(&[q * per + i]);
+            }
+        }
+    }
+}
+
 /// What the decode path's row blocks share: the prepared activation rows, their scales,
 /// the super-blocks per row, the scale-permutation indices and the partial group's mask.
 struct RowsCtx<'a> {
     prep: &'a [KAct],
     dxs: &'a [[f32; 8]],
     nb: usize,
-    sidx: [__m512i; 4],
+    sidx: [__m512i; 2],
     last_mask: __m256,
 }
 
@@ -400,10 +422,14 @@ unsafe fn rows_block<const F: u8, const Q: usize, const R: usize>(
                     let y: [__m512i; 4] = std::array::from_fn(|c| unsafe {
                         _mm512_loadu_si512(a.q.as_ptr().add(64 * c).cast())
                     });
-                    let mut v = _mm512_madd_epi16(_mm512_maddubs_epi16(u[0], y[0]), s[0]);
-                    for c in 1..4 {
-                        v = _mm512_dpwssd_epi32(v, _mm512_maddubs_epi16(u[c], y[c]), s[c]);
-                    }
+                    // Four-value sums (|.| <= 4 * 63 * 128: i16), packed in pairs of
+                    // registers and scaled by `vpmaddwd`.
+                    let d: [__m512i; 4] = std::array::from_fn(|c| {
+                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[c], y[c])
+                    });
+                    let p01 = _mm512_packs_epi32(d[0], d[1]);
+                    let p23 = _mm512_packs_epi32(d[2], d[3]);
+                    let mut v = _mm512_dpwssd_epi32(_mm512_madd_epi16(p01, s[0]), p23, s[1]);
                     if F == Q4_K {
                         // SAFETY: `pairs` is 16 readable bytes.
                         let p = unsafe { _mm_loadu_si128(a.pairs.as_ptr().cast()) };
@@ -763,34 +789,29 @@ fn lgemv<const F: u8, const R: usize>(
     LBUF.with_borrow_mut(|prep| {
         lprepare::<F>(acts, n_a, nb, prep);
         let arows: [*const LAct; R] = std::array::from_fn(|r| prep[r * ng..].as_ptr());
-        let per = n_w.div_ceil(STREAMS);
-        let full = n_w.saturating_sub((STREAMS - 1) * per);
         let row = |i: usize| {
             // SAFETY: row `i < n_w` of `wrb` bytes lies inside `ws` (checked above).
             unsafe { ws.as_ptr().add(i * wrb) }
         };
-        for i in 0..per {
-            if i < full {
-                let rows: [usize; STREAMS] = std::array::from_fn(|q| q * per + i);
+        stream_rows(n_w, R, |rows| {
+            let mut put = |q: usize, res: [f32; R]| {
+                for (r, v) in res.into_iter().enumerate() {
+                    out[r * n_w + rows[q]] = v;
+                }
+            };
+            if let Ok(rs) = <[usize; STREAMS]>::try_from(rows) {
                 // SAFETY: every row is `< n_w`; `arows` hold `ng` groups each.
                 let res =
-                    unsafe { lrows_block::<F, STREAMS, R>(rows.map(row), arows, nb, last_mask) };
-                for (q, &ri) in rows.iter().enumerate() {
-                    for r in 0..R {
-                        out[r * n_w + ri] = res[q][r];
-                    }
-                }
+                    unsafe { lrows_block::<F, STREAMS, R>(rs.map(row), arows, nb, last_mask) };
+                res.into_iter().enumerate().for_each(|(q, v)| put(q, v));
             } else {
-                for q in (0..STREAMS).filter(|q| q * per + i < n_w) {
-                    let ri = q * per + i;
-                    // SAFETY: `ri < n_w`.
-                    let res = unsafe { lrows_block::<F, 1, R>([row(ri)], arows, nb, last_mask) };
-                    for r in 0..R {
-                        out[r * n_w + ri] = res[0][r];
-                    }
-                }
+                // SAFETY: as above.
+                put(
+                    0,
+                    unsafe { lrows_block::<F, 1, R>([row(rows[0])], arows, nb, last_mask) }[0],
+                );
             }
-        }
+        });
     });
 }
 
@@ -851,7 +872,7 @@ unsafe fn prep_block<const F: u8>(
     wrb: usize,
     rows: std::ops::Range<usize>,
     b: usize,
-    sidx: &[__m512i; 4],
+    sidx: &[__m512i; 2],
     out: &mut WBlock,
 ) {
     if rows.len() < WROWS {
@@ -1315,6 +1336,16 @@ pub(super) fn tile_kernel(ty: GgmlType) -> Option<TileFn> {
             // SAFETY: as above.
             3 => unsafe { gemv::<Q4_K, 3>(w, nw, a, na, out) },
             // SAFETY: as above.
+            4 => unsafe { gemv::<Q4_K, 4>(w, nw, a, na, out) },
+            // SAFETY: as above.
+            5 => unsafe { gemv::<Q4_K, 5>(w, nw, a, na, out) },
+            // SAFETY: as above.
+            6 => unsafe { gemv::<Q4_K, 6>(w, nw, a, na, out) },
+            // SAFETY: as above.
+            7 => unsafe { gemv::<Q4_K, 7>(w, nw, a, na, out) },
+            // SAFETY: as above.
+            8 => unsafe { gemv::<Q4_K, 8>(w, nw, a, na, out) },
+            // SAFETY: as above.
             _ => unsafe { tile::<Q4_K>(w, nw, a, na, out) },
         },
         T::Q6_K => |w, nw, a, na, out| match na {
@@ -1324,6 +1355,16 @@ pub(super) fn tile_kernel(ty: GgmlType) -> Option<TileFn> {
             2 => unsafe { gemv::<Q6_K, 2>(w, nw, a, na, out) },
             // SAFETY: as above.
             3 => unsafe { gemv::<Q6_K, 3>(w, nw, a, na, out) },
+            // SAFETY: as above.
+            4 => unsafe { gemv::<Q6_K, 4>(w, nw, a, na, out) },
+            // SAFETY: as above.
+            5 => unsafe { gemv::<Q6_K, 5>(w, nw, a, na, out) },
+            // SAFETY: as above.
+            6 => unsafe { gemv::<Q6_K, 6>(w, nw, a, na, out) },
+            // SAFETY: as above.
+            7 => unsafe { gemv::<Q6_K, 7>(w, nw, a, na, out) },
+            // SAFETY: as above.
+            8 => unsafe { gemv::<Q6_K, 8>(w, nw, a, na, out) },
             // SAFETY: as above.
             _ => unsafe { tile::<Q6_K>(w, nw, a, na, out) },
         },
