@@ -879,34 +879,43 @@ unsafe fn prep_block<const F: u8>(
         // The lanes of missing rows are never stored; zeroed so no stale values remain.
         *out = WBLOCK_ZERO;
     }
-    for (l, i) in rows.enumerate() {
+    // Each row's 256 values in natural order (Q4_K's registers hold chunks [0|2] [1|3]
+    // [4|6] [5|7]), then dword `j` of every row gathered into `q[j]`.
+    let mut vals = [[0u8; 256]; WROWS];
+    let order: [usize; 8] = if F == Q4_K {
+        [0, 2, 1, 3, 4, 6, 5, 7]
+    } else {
+        [0, 1, 2, 3, 4, 5, 6, 7]
+    };
+    for (l, i) in rows.clone().enumerate() {
         let w = &ws[i * wrb + b * kwb(F)..][..kwb(F)];
         // SAFETY: `w` is one whole super-block.
         let (u, _, _) = unsafe { decode::<F>(w.as_ptr(), sidx) };
-        // The 256 values in natural order (Q4_K's registers hold chunks [0|2] [1|3] [4|6] [5|7]).
-        let mut vals = [0u8; 256];
-        let order: [usize; 8] = if F == Q4_K {
-            [0, 2, 1, 3, 4, 6, 5, 7]
-        } else {
-            [0, 1, 2, 3, 4, 5, 6, 7]
-        };
         for (h, &c) in order.iter().enumerate() {
             let v = if h % 2 == 0 {
                 _mm512_castsi512_si256(u[h / 2])
             } else {
                 _mm512_extracti64x4_epi64::<1>(u[h / 2])
             };
-            // SAFETY: `vals[32c..32c+32]` is 32 writable bytes.
-            unsafe { _mm256_storeu_si256(vals[32 * c..].as_mut_ptr().cast(), v) };
+            // SAFETY: `vals[l][32c..32c+32]` is 32 writable bytes.
+            unsafe { _mm256_storeu_si256(vals[l][32 * c..].as_mut_ptr().cast(), v) };
         }
-        for j in 0..64 {
-            out.q[j][l] = u32::from_le_bytes([
-                vals[4 * j],
-                vals[4 * j + 1],
-                vals[4 * j + 2],
-                vals[4 * j + 3],
-            ]);
+    }
+    let row_at = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(256),
+    );
+    for (j, q) in out.q.iter_mut().enumerate() {
+        let idx = _mm512_add_epi32(row_at, _mm512_set1_epi32(4 * j as i32));
+        // SAFETY: every offset `256 l + 4 j + 4 <= 4096` lies inside `vals`; `q` is 64
+        // writable bytes.
+        unsafe {
+            let v = _mm512_i32gather_epi32::<1>(idx, vals.as_ptr().cast());
+            _mm512_storeu_si512(q.as_mut_ptr().cast(), v);
         }
+    }
+    for (l, i) in rows.enumerate() {
+        let w = &ws[i * wrb + b * kwb(F)..][..kwb(F)];
         let f16 = |at: usize| half::f16::from_bits(u16::from_le_bytes([w[at], w[at + 1]])).to_f32();
         if F == Q4_K {
             let (sc, mn) = crate::dot::k4_scales_mins(&w[4..16]);
