@@ -693,6 +693,28 @@ fn reduce_quads(z: &[__m512i; 2]) -> __m256i {
     _mm512_castsi512_si256(_mm512_permutexvar_epi32(idx, t))
 }
 
+/// The f16 scales (bytes 0..2) of the `n` (1..=8) legacy blocks at `w`, widened; lanes
+/// `n..8` zero. A full group gathers the eight dwords at once.
+///
+/// # Safety
+/// `n` blocks readable at `w`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+#[inline]
+unsafe fn lscales<const F: u8>(w: *const u8, n: usize) -> __m256 {
+    if n < 8 {
+        // SAFETY: as the caller's.
+        return unsafe { f16x8(w, lwb(F), 0, n) };
+    }
+    let idx = _mm256_mullo_epi32(
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        _mm256_set1_epi32(lwb(F) as i32),
+    );
+    // SAFETY: the dword at the start of each of the eight blocks is readable (a block is
+    // at least 18 bytes).
+    let v = unsafe { _mm256_i32gather_epi32::<1>(w.cast(), idx) };
+    _mm256_cvtph_ps(_mm256_cvtepi32_epi16(v))
+}
+
 /// `Q` legacy weight rows (at `w`, `nb` blocks each) against `R` prepared activation rows
 /// (`a[r]`: `nb.div_ceil(8)` groups): `res[q][r]`.
 ///
@@ -722,7 +744,7 @@ unsafe fn lrows_block<const F: u8, const Q: usize, const R: usize>(
                 _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(64 * line).cast());
             }
             // SAFETY: blocks `8g..8g+n` of row `q` are readable (caller).
-            let (u, dw) = unsafe { (ldecode::<F>(wg, n), f16x8(wg, lwb(F), 0, n)) };
+            let (u, dw) = unsafe { (ldecode::<F>(wg, n), lscales::<F>(wg, n)) };
             for r in 0..R {
                 // SAFETY: group `g < ng` of row `r` (caller).
                 let ag = unsafe { &*a[r].add(g) };
