@@ -81,25 +81,9 @@ thread_local! {
     static ABUF: RefCell<(Vec<KAct>, Vec<[f32; 8]>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
-/// Checks the lengths once and returns `(weight row bytes, activation row bytes, super-blocks
-/// per row)`.
-fn geometry(
-    f: u8,
-    ws: &[u8],
-    n_w: usize,
-    acts: &[u8],
-    n_a: usize,
-    out: &[f32],
-) -> (usize, usize, usize) {
-    assert!(n_w > 0 && n_a > 0 && out.len() == n_w * n_a, "tile shape");
-    let (wrb, ab) = (ws.len() / n_w, acts.len() / n_a);
-    let nb = wrb / kwb(f);
-    assert!(
-        wrb * n_w == ws.len() && ab * n_a == acts.len() && nb * kwb(f) == wrb && nb * KAB == ab,
-        "tile lengths"
-    );
-    (wrb, ab, nb)
-}
+/// `x86_tile`'s length check (the K-quant format codes are the same here): `(weight row
+/// bytes, activation row bytes, super-blocks per row)`.
+use super::x86_tile::k_geometry as geometry;
 
 /// Source chunk (32 quants) of each 32-byte slot of a prepared Q4_K activation block.
 const Q4K_ORDER: [usize; 8] = [0, 2, 1, 3, 4, 6, 5, 7];
@@ -509,24 +493,52 @@ fn hsum4x8(v: &[__m128i; 8]) -> __m256i {
 
 /// Legacy format codes (ggml's type ids).
 const Q4_0: u8 = 2;
+const Q4_1: u8 = 3;
 const Q5_0: u8 = 6;
+const Q5_1: u8 = 7;
 const Q8_0: u8 = 8;
 
 /// Bytes per legacy block.
 const fn lwb(f: u8) -> usize {
     match f {
         Q4_0 => 18,
+        Q4_1 => 20,
         Q5_0 => 22,
+        Q5_1 => 24,
         _ => 34,
     }
 }
 
-/// The offset of the format's unsigned values.
+/// The offset of the format's unsigned values (none for the formats with a min).
 const fn loff(f: u8) -> i32 {
     match f {
         Q4_0 => 8,
         Q5_0 => 16,
-        _ => 128,
+        Q8_0 => 128,
+        _ => 0,
+    }
+}
+
+/// Whether the format has a min (`block_min`: the block value adds `(m_w d_x) Σy`).
+const fn lmin(f: u8) -> bool {
+    matches!(f, Q4_1 | Q5_1)
+}
+
+/// Byte offsets of the 16 nibble bytes and (5-bit formats) of the 32 high bits.
+const fn lqs_at(f: u8) -> usize {
+    match f {
+        Q4_0 => 2,
+        Q4_1 => 4,
+        Q5_0 => 6,
+        _ => 8,
+    }
+}
+
+const fn lqh_at(f: u8) -> usize {
+    if f == Q5_0 {
+        2
+    } else {
+        4
     }
 }
 
@@ -540,12 +552,15 @@ struct LAct {
     y: [[u8; 64]; 4],
     init: [[i32; 16]; 4],
     d: [f32; 8],
+    /// `Σy` of each block, as f32 (exact), for the formats with a min.
+    ys: [f32; 8],
 }
 
 const LACT_ZERO: LAct = LAct {
     y: [[0; 64]; 4],
     init: [[0; 16]; 4],
     d: [0.0; 8],
+    ys: [0.0; 8],
 };
 
 thread_local! {
@@ -575,6 +590,7 @@ fn lprepare<const F: u8>(acts: &[u8], n_a: usize, nb: usize, prep: &mut Vec<LAct
                 p.init[h][4 * lane] = -loff(F) * ysum;
             }
             p.d[k] = half::f16::from_bits(u16::from_le_bytes([a[0], a[1]])).to_f32();
+            p.ys[k] = ysum as f32;
         }
     }
 }
@@ -605,7 +621,7 @@ unsafe fn ldecode<const F: u8>(w: *const u8, n: usize) -> [__m512i; 4] {
             _mm512_xor_si512(v, flip)
         })
     } else {
-        let qs_at = if F == Q4_0 { 2 } else { 6 };
+        let qs_at = lqs_at(F);
         let q = |k: usize| {
             if k < n {
                 // SAFETY: block `k < n` is readable; its 16 quant bytes start at `qs_at`.
@@ -627,12 +643,12 @@ unsafe fn ldecode<const F: u8>(w: *const u8, n: usize) -> [__m512i; 4] {
             _mm512_and_si512(b, m4),
             _mm512_and_si512(_mm512_srli_epi16::<4>(b), m4),
         ];
-        if F == Q5_0 {
+        if matches!(F, Q5_0 | Q5_1) {
             // The fifth bits: bit `i` of a block's `qh` is value `i`'s (0x10 in its byte).
             let qh = |k: usize| -> u64 {
                 if k < n {
-                    // SAFETY: block `k < n` is readable; qh is bytes 2..6.
-                    u64::from(unsafe { blk(k).add(2).cast::<u32>().read_unaligned() })
+                    // SAFETY: block `k < n` is readable; qh is 4 bytes at `lqh_at`.
+                    u64::from(unsafe { blk(k).add(lqh_at(F)).cast::<u32>().read_unaligned() })
                 } else {
                     0
                 }
@@ -693,17 +709,18 @@ fn reduce_quads(z: &[__m512i; 2]) -> __m256i {
     _mm512_castsi512_si256(_mm512_permutexvar_epi32(idx, t))
 }
 
-/// The f16 scales (bytes 0..2) of the `n` (1..=8) legacy blocks at `w`, widened; lanes
-/// `n..8` zero. A full group gathers the eight dwords at once.
+/// The f16 values at byte `at` (the scale at 0, a min at 2) of the `n` (1..=8) legacy
+/// blocks at `w`, widened; lanes `n..8` zero. A full group gathers the eight dwords at
+/// once.
 ///
 /// # Safety
-/// `n` blocks readable at `w`.
+/// `n` blocks readable at `w`; `at + 4 <= lwb(F)`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
 #[inline]
-unsafe fn lscales<const F: u8>(w: *const u8, n: usize) -> __m256 {
+unsafe fn lscales<const F: u8>(w: *const u8, n: usize, at: usize) -> __m256 {
     if n < 8 {
         // SAFETY: as the caller's.
-        return unsafe { f16x8(w, lwb(F), 0, n) };
+        return unsafe { f16x8(w, lwb(F), at, n) };
     }
     let idx = _mm256_mullo_epi32(
         _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
@@ -711,7 +728,7 @@ unsafe fn lscales<const F: u8>(w: *const u8, n: usize) -> __m256 {
     );
     // SAFETY: the dword at the start of each of the eight blocks is readable (a block is
     // at least 18 bytes).
-    let v = unsafe { _mm256_i32gather_epi32::<1>(w.cast(), idx) };
+    let v = unsafe { _mm256_i32gather_epi32::<1>(w.add(at).cast(), idx) };
     _mm256_cvtph_ps(_mm256_cvtepi32_epi16(v))
 }
 
@@ -744,7 +761,13 @@ unsafe fn lrows_block<const F: u8, const Q: usize, const R: usize>(
                 _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(64 * line).cast());
             }
             // SAFETY: blocks `8g..8g+n` of row `q` are readable (caller).
-            let (u, dw) = unsafe { (ldecode::<F>(wg, n), lscales::<F>(wg, n)) };
+            let (u, dw) = unsafe { (ldecode::<F>(wg, n), lscales::<F>(wg, n, 0)) };
+            let mw = if lmin(F) {
+                // SAFETY: as above; the min is bytes 2..4.
+                unsafe { lscales::<F>(wg, n, 2) }
+            } else {
+                _mm256_setzero_ps()
+            };
             for r in 0..R {
                 // SAFETY: group `g < ng` of row `r` (caller).
                 let ag = unsafe { &*a[r].add(g) };
@@ -770,7 +793,12 @@ unsafe fn lrows_block<const F: u8, const Q: usize, const R: usize>(
                 };
                 // SAFETY: `d` is 32 readable bytes.
                 let dx = unsafe { _mm256_loadu_ps(ag.d.as_ptr()) };
-                let v = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum));
+                let mut v = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum));
+                if lmin(F) {
+                    // SAFETY: `ys` is 32 readable bytes.
+                    let ys = unsafe { _mm256_loadu_ps(ag.ys.as_ptr()) };
+                    v = _mm256_add_ps(v, _mm256_mul_ps(_mm256_mul_ps(mw, dx), ys));
+                }
                 acc[q][r] = if n == 8 {
                     _mm256_add_ps(acc[q][r], v)
                 } else {
@@ -1130,11 +1158,14 @@ struct LBlock {
     /// `q[j][row]`: dword `j` of the row's 32 unsigned values.
     q: [[u32; WROWS]; 8],
     d: [f32; WROWS],
+    /// The formats with a min: the rows' mins.
+    m: [f32; WROWS],
 }
 
 const LBLOCK_ZERO: LBlock = LBlock {
     q: [[0; WROWS]; 8],
     d: [0.0; WROWS],
+    m: [0.0; WROWS],
 };
 
 thread_local! {
@@ -1152,9 +1183,10 @@ fn lvalues<const F: u8>(w: &[u8]) -> [u8; 32] {
             }
         }
         _ => {
-            let qs = if F == Q4_0 { &w[2..18] } else { &w[6..22] };
-            let qh = if F == Q5_0 {
-                u32::from_le_bytes([w[2], w[3], w[4], w[5]])
+            let qs = &w[lqs_at(F)..lqs_at(F) + 16];
+            let qh = if matches!(F, Q5_0 | Q5_1) {
+                let h = lqh_at(F);
+                u32::from_le_bytes([w[h], w[h + 1], w[h + 2], w[h + 3]])
             } else {
                 0
             };
@@ -1197,11 +1229,14 @@ unsafe fn lblock_rows<const F: u8, const R: usize>(
             }
         }
         let dw = _mm512_loadu_ps(wb.d.as_ptr());
+        let mw = _mm512_loadu_ps(wb.m.as_ptr());
         for r in 0..R {
-            let v = _mm512_mul_ps(
-                _mm512_mul_ps(dw, _mm512_set1_ps(eb[r].d)),
-                _mm512_cvtepi32_ps(d[r]),
-            );
+            let dx = _mm512_set1_ps(eb[r].d);
+            let mut v = _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(d[r]));
+            if lmin(F) {
+                let ys = _mm512_set1_ps(eb[r].ysum as f32);
+                v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_mul_ps(mw, dx), ys));
+            }
             acc[r][b % 8] = _mm512_add_ps(acc[r][b % 8], v);
         }
     }
@@ -1257,6 +1292,9 @@ fn ltile_prepared<const F: u8>(
                         ]);
                     }
                     out.d[l] = half::f16::from_bits(u16::from_le_bytes([w[0], w[1]])).to_f32();
+                    if lmin(F) {
+                        out.m[l] = half::f16::from_bits(u16::from_le_bytes([w[2], w[3]])).to_f32();
+                    }
                 }
             }
         }
@@ -1306,8 +1344,8 @@ fn ltile<const F: u8>(ws: &[u8], n_w: usize, acts: &[u8], n_a: usize, out: &mut 
     });
 }
 
-/// The prefill kernel on prepared activations for `ty` (Q4_K, Q6_K). Callers must have
-/// detected [`super::Isa::Avx512Vnni`].
+/// The prefill kernel on prepared activations for `ty` (Q4_K, Q6_K, Q4_0, Q4_1, Q5_0,
+/// Q5_1, Q8_0). Callers must have detected [`super::Isa::Avx512Vnni`].
 pub(super) fn tile_prep_kernel(ty: GgmlType) -> Option<TilePrepFn> {
     use GgmlType as T;
     Some(match ty {
@@ -1324,8 +1362,16 @@ pub(super) fn tile_prep_kernel(ty: GgmlType) -> Option<TilePrepFn> {
             |w, nw, a, na, p, sink| unsafe { ltile_prepared::<Q4_0>(w, nw, a, na, &p.l, sink) }
         }
         // SAFETY: as above.
+        T::Q4_1 => {
+            |w, nw, a, na, p, sink| unsafe { ltile_prepared::<Q4_1>(w, nw, a, na, &p.l, sink) }
+        }
+        // SAFETY: as above.
         T::Q5_0 => {
             |w, nw, a, na, p, sink| unsafe { ltile_prepared::<Q5_0>(w, nw, a, na, &p.l, sink) }
+        }
+        // SAFETY: as above.
+        T::Q5_1 => {
+            |w, nw, a, na, p, sink| unsafe { ltile_prepared::<Q5_1>(w, nw, a, na, &p.l, sink) }
         }
         // SAFETY: as above.
         T::Q8_0 => {
@@ -1335,8 +1381,9 @@ pub(super) fn tile_prep_kernel(ty: GgmlType) -> Option<TilePrepFn> {
     })
 }
 
-/// The 512-bit tile kernel for `ty` (Q4_K, Q6_K): the decode path for 1 to 3 activation
-/// rows, the 256-bit VNNI kernel of `x86_tile` otherwise. Callers must have detected
+/// The 512-bit tile kernel for `ty`: the K-quants' decode path for 1 to 8 activation
+/// rows and prefill beyond; the legacy formats' decode path for 1 to 3 rows, `x86_tile`'s
+/// small-batch kernels for 4 to 8, prefill beyond. Callers must have detected
 /// [`super::Isa::Avx512Vnni`].
 pub(super) fn tile_kernel(ty: GgmlType) -> Option<TileFn> {
     use GgmlType as T;
@@ -1355,50 +1402,38 @@ pub(super) fn tile_kernel(ty: GgmlType) -> Option<TileFn> {
             }
         };
     }
+    macro_rules! kquant {
+        ($f:expr) => {
+            |w, nw, a, na, out| match na {
+                // SAFETY: handed out only after run-time detection (module doc).
+                1 => unsafe { gemv::<$f, 1>(w, nw, a, na, out) },
+                // SAFETY: as above.
+                2 => unsafe { gemv::<$f, 2>(w, nw, a, na, out) },
+                // SAFETY: as above.
+                3 => unsafe { gemv::<$f, 3>(w, nw, a, na, out) },
+                // SAFETY: as above.
+                4 => unsafe { gemv::<$f, 4>(w, nw, a, na, out) },
+                // SAFETY: as above.
+                5 => unsafe { gemv::<$f, 5>(w, nw, a, na, out) },
+                // SAFETY: as above.
+                6 => unsafe { gemv::<$f, 6>(w, nw, a, na, out) },
+                // SAFETY: as above.
+                7 => unsafe { gemv::<$f, 7>(w, nw, a, na, out) },
+                // SAFETY: as above.
+                8 => unsafe { gemv::<$f, 8>(w, nw, a, na, out) },
+                // SAFETY: as above.
+                _ => unsafe { tile::<$f>(w, nw, a, na, out) },
+            }
+        };
+    }
     Some(match ty {
         T::Q4_0 => legacy!(Q4_0, T::Q4_0),
+        T::Q4_1 => legacy!(Q4_1, T::Q4_1),
         T::Q5_0 => legacy!(Q5_0, T::Q5_0),
+        T::Q5_1 => legacy!(Q5_1, T::Q5_1),
         T::Q8_0 => legacy!(Q8_0, T::Q8_0),
-        T::Q4_K => |w, nw, a, na, out| match na {
-            // SAFETY: handed out only after run-time detection (module doc).
-            1 => unsafe { gemv::<Q4_K, 1>(w, nw, a, na, out) },
-            // SAFETY: as above.
-            2 => unsafe { gemv::<Q4_K, 2>(w, nw, a, na, out) },
-            // SAFETY: as above.
-            3 => unsafe { gemv::<Q4_K, 3>(w, nw, a, na, out) },
-            // SAFETY: as above.
-            4 => unsafe { gemv::<Q4_K, 4>(w, nw, a, na, out) },
-            // SAFETY: as above.
-            5 => unsafe { gemv::<Q4_K, 5>(w, nw, a, na, out) },
-            // SAFETY: as above.
-            6 => unsafe { gemv::<Q4_K, 6>(w, nw, a, na, out) },
-            // SAFETY: as above.
-            7 => unsafe { gemv::<Q4_K, 7>(w, nw, a, na, out) },
-            // SAFETY: as above.
-            8 => unsafe { gemv::<Q4_K, 8>(w, nw, a, na, out) },
-            // SAFETY: as above.
-            _ => unsafe { tile::<Q4_K>(w, nw, a, na, out) },
-        },
-        T::Q6_K => |w, nw, a, na, out| match na {
-            // SAFETY: handed out only after run-time detection (module doc).
-            1 => unsafe { gemv::<Q6_K, 1>(w, nw, a, na, out) },
-            // SAFETY: as above.
-            2 => unsafe { gemv::<Q6_K, 2>(w, nw, a, na, out) },
-            // SAFETY: as above.
-            3 => unsafe { gemv::<Q6_K, 3>(w, nw, a, na, out) },
-            // SAFETY: as above.
-            4 => unsafe { gemv::<Q6_K, 4>(w, nw, a, na, out) },
-            // SAFETY: as above.
-            5 => unsafe { gemv::<Q6_K, 5>(w, nw, a, na, out) },
-            // SAFETY: as above.
-            6 => unsafe { gemv::<Q6_K, 6>(w, nw, a, na, out) },
-            // SAFETY: as above.
-            7 => unsafe { gemv::<Q6_K, 7>(w, nw, a, na, out) },
-            // SAFETY: as above.
-            8 => unsafe { gemv::<Q6_K, 8>(w, nw, a, na, out) },
-            // SAFETY: as above.
-            _ => unsafe { tile::<Q6_K>(w, nw, a, na, out) },
-        },
+        T::Q4_K => kquant!(Q4_K),
+        T::Q6_K => kquant!(Q6_K),
         _ => return None,
     })
 }

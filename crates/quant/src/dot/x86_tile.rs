@@ -285,7 +285,7 @@ thread_local! {
 }
 
 /// As [`geometry`] for the K-quants.
-fn k_geometry(
+pub(super) fn k_geometry(
     f: u8,
     ws: &[u8],
     n_w: usize,
