@@ -491,38 +491,8 @@ fn hsum4x8(v: &[__m128i; 8]) -> __m256i {
 // the same for 4..8 (lo = values 0..16 of a block, hi = 16..32; 128-bit lane `L` = block
 // `4h + L`); Q8_0: blocks `p` and `p + 4` in the halves of register `p`.
 
-/// Legacy format codes (ggml's type ids).
-const Q4_0: u8 = 2;
-const Q4_1: u8 = 3;
-const Q5_0: u8 = 6;
-const Q5_1: u8 = 7;
-const Q8_0: u8 = 8;
-
-/// Bytes per legacy block.
-const fn lwb(f: u8) -> usize {
-    match f {
-        Q4_0 => 18,
-        Q4_1 => 20,
-        Q5_0 => 22,
-        Q5_1 => 24,
-        _ => 34,
-    }
-}
-
-/// The offset of the format's unsigned values (none for the formats with a min).
-const fn loff(f: u8) -> i32 {
-    match f {
-        Q4_0 => 8,
-        Q5_0 => 16,
-        Q8_0 => 128,
-        _ => 0,
-    }
-}
-
-/// Whether the format has a min (`block_min`: the block value adds `(m_w d_x) Σy`).
-const fn lmin(f: u8) -> bool {
-    matches!(f, Q4_1 | Q5_1)
-}
+// The legacy format codes, block sizes, min formats and value offsets of `x86_tile`.
+use super::x86_tile::{has_min as lmin, offset as loff, wb as lwb, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 
 /// Byte offsets of the 16 nibble bytes and (5-bit formats) of the 32 high bits.
 const fn lqs_at(f: u8) -> usize {

@@ -44,15 +44,15 @@ use crate::GgmlType;
 mod small;
 pub(super) use small::tile_kernel as small_tile_kernel;
 
-/// Format codes for the const-generic kernels.
-const Q4_0: u8 = 0;
-const Q4_1: u8 = 1;
-const Q5_0: u8 = 2;
-const Q5_1: u8 = 3;
-const Q8_0: u8 = 4;
+/// Format codes for the const-generic kernels (ggml's type ids; `x86_512` uses them too).
+pub(super) const Q4_0: u8 = 2;
+pub(super) const Q4_1: u8 = 3;
+pub(super) const Q5_0: u8 = 6;
+pub(super) const Q5_1: u8 = 7;
+pub(super) const Q8_0: u8 = 8;
 
 /// Bytes per weight block.
-const fn wb(f: u8) -> usize {
+pub(super) const fn wb(f: u8) -> usize {
     match f {
         Q4_0 => 18,
         Q4_1 => 20,
@@ -63,12 +63,12 @@ const fn wb(f: u8) -> usize {
 }
 
 /// Whether the format has a min (`block_min`) rather than an offset (`block_sym`).
-const fn has_min(f: u8) -> bool {
+pub(super) const fn has_min(f: u8) -> bool {
     matches!(f, Q4_1 | Q5_1)
 }
 
 /// The offset `c` subtracted from the unsigned weight values.
-const fn offset(f: u8) -> i32 {
+pub(super) const fn offset(f: u8) -> i32 {
     match f {
         Q4_0 => 8,
         Q5_0 => 16,
