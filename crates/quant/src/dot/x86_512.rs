@@ -1,32 +1,44 @@
-//! 512-bit AVX-512 (F/BW/VL/VNNI) K-quant kernels for Q4_K and Q6_K, the formats of a
-//! Q4_K_M file: the decode path (1 to 3 activation rows: one sequence, or a decode step
-//! of two or three) reads each weight row once from memory, decoding 64 values per
-//! register, with software prefetch far enough ahead to keep the memory system busy across
-//! 4 KiB page boundaries, where the hardware prefetchers stop.
+//! 512-bit AVX-512 (F/BW/VL/VNNI) kernels for Q4_K, Q6_K (the K-quants of a Q4_K_M file)
+//! and Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: the decode path and the prefill path.
 //!
-//! Each super-block's integers are those the scalar twin defines (`scalar::q4_k`,
-//! `scalar::q6_k`), computed in another order (integer sums are exact), and the `f32` tail
-//! is the same formula per super-block on eight lanes (block `b` in lane `b % 8`, in block
-//! order, combined by [`super::Lanes::finish`]'s tree): the bits of `dot_scalar`.
+//! Every element has the bits of the scalar twin (`scalar::q4_k` etc.): the integers of
+//! each (super-)block are those the twin defines, computed in another order (integer sums
+//! are exact), and the `f32` tail is the same formula per block, added into lane `b % 8`
+//! in block order and combined by [`super::Lanes::finish`]'s tree.
 //!
-//! Per super-block, 64 values per 512-bit register:
-//! - Q4_K: the 128 quant bytes are two registers; their low and high nibbles are chunks
-//!   `[0|2]`, `[1|3]`, `[4|6]`, `[5|7]` (32 values each), so the activation row is stored
-//!   once per call in that order. `maddubs` (u4 × s8 pairs: |sum| ≤ 3840, no saturation)
-//!   then `vpdpwssd` with the chunks' 6-bit scales as i16 give `sumi`; the mins term
-//!   `summ = Σ m_j (bsum_2j + bsum_2j+1)` is one `madd` of eight i16 pairs.
-//! - Q6_K: the 128 low-nibble bytes and 64 high-bit bytes give four registers of 64 values
-//!   in the activation's own order (`u = low | high << 4`, 0..63: `maddubs` pairs ≤ 16128);
-//!   the 16 signed scales (one per 16 values) enter through `vpdpwssd`, and the offset
-//!   `-32 Σ_g s_g bsum_g` through one more `vpdpwssd` with the scales × −32.
+//! **Decode** (a few activation rows: one sequence, or a continuous-batching step of up to
+//! eight): each weight row is read once from memory, 64 values per register; for up to
+//! three rows the weight rows are read as four distant streams side by side, each with
+//! software prefetch 1 KiB ahead (the hardware prefetchers stop at 4 KiB page boundaries:
+//! the bandwidth probe reads 20 GB/s plainly, 31 GB/s this way, on two threads here).
+//! - Q4_K: the 128 quant bytes are two registers whose low and high nibbles are the
+//!   chunks `[0|2]`, `[1|3]`, `[4|6]`, `[5|7]` (32 values each); the activation row is
+//!   stored once per call in that order. `vpdpbusd` sums of four values (|.| <= 7680) are
+//!   packed to i16 pairs (`vpackssdw`) and scaled by `vpmaddwd` with the chunks' 6-bit
+//!   scales; the mins term `summ = Σ m_j (bsum_2j + bsum_2j+1)` is one `madd` of eight
+//!   i16 pairs.
+//! - Q6_K: the 128 low-nibble bytes and 64 high-bit bytes give four registers of 64
+//!   values in the activation's order (`u = low | high << 4`, 0..63: four-value sums
+//!   <= 32256 fit i16); the offset `-32 Σ_g s_g bsum_g` enters through one `vpdpwssd`.
+//! - The legacy formats: a group of eight blocks is four registers (4-bit formats: the
+//!   low and high halves of four blocks; Q8_0: two blocks, made unsigned by `x + 128`),
+//!   the accumulators start at `-c Σy` (the values' offset), the min formats add
+//!   `(m_w d_x) Σy`.
+//! The eight (super-)blocks of a group are reduced together, then the tail runs on eight
+//! lanes.
 //!
-//! The eight super-blocks of a group are reduced together (eight 16-lane sums to one
-//! 8-lane vector), then the tail runs on eight lanes.
+//! **Prefill** (more rows): the tile's weight rows are prepared once per call in blocks of
+//! 16 rows whose 32-bit lanes are the rows; an activation row is read as stored, each of
+//! its dwords broadcast, so `vpdpbusd` accumulates one scale group's exact dot product for
+//! 16 weight rows at once, `vpmulld` scales it and the tail runs on 16 rows, with the
+//! twin's eight lanes as eight registers. What each activation block contributes besides
+//! its quants (bsum pair sums, `Σy`, scales) is prepared once per matrix product
+//! ([`super::KExtra`], [`super::LExtra`]) and shared by every format reading the rows.
 //!
-//! Safety: the kernels are reached only through [`tile_kernel`], which `super::kernel`
-//! calls only for [`super::Isa::Avx512Vnni`] after run-time detection. Lengths are checked
-//! once per call ([`geometry`]) before any raw-pointer read; each `unsafe` block states
-//! the bound it relies on.
+//! Safety: the kernels are reached only through [`tile_kernel`] and [`tile_prep_kernel`],
+//! which `super::kernel` calls only for [`super::Isa::Avx512Vnni`] after run-time
+//! detection. Lengths are checked once per call before any raw-pointer read; each
+//! `unsafe` block states the bound it relies on.
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
