@@ -24,6 +24,7 @@
 //!   low and high halves of four blocks; Q8_0: two blocks, made unsigned by `x + 128`),
 //!   the accumulators start at `-c Σy` (the values' offset), the min formats add
 //!   `(m_w d_x) Σy`.
+//!
 //! The eight (super-)blocks of a group are reduced together, then the tail runs on eight
 //! lanes.
 //!
