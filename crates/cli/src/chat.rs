@@ -28,8 +28,9 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 }
 
 pub fn run(args: &ChatArgs) -> Result<()> {
-    let model = args.model.load()?;
-    let tok = Tokenizer::from_gguf(&model.file).context("cannot build the tokenizer")?;
+    let mut model = args.model.load()?;
+    let tok =
+        Tokenizer::from_gguf_releasing(&mut model.file).context("cannot build the tokenizer")?;
     let mut session = Session::new(&model, args.gen.ctx, args.model.kv_type);
     let mut sampler = Sampler::new(args.sampling.params());
     let params = GenerateParams {

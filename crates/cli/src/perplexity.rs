@@ -27,8 +27,9 @@ pub struct PerplexityArgs {
 /// Tokenizes the whole file (add_special = true, parse_special = false, as
 /// llama-perplexity does) and computes the perplexity of its chunks.
 pub fn run(args: &PerplexityArgs) -> Result<()> {
-    let model = args.model.load()?;
-    let tok = Tokenizer::from_gguf(&model.file).context("cannot build the tokenizer")?;
+    let mut model = args.model.load()?;
+    let tok =
+        Tokenizer::from_gguf_releasing(&mut model.file).context("cannot build the tokenizer")?;
     let text = read_text(&args.file)?;
     let tokens = tok.encode(&text, true, false)?;
     let bos = if tok.add_bos() { tok.bos_id() } else { None };

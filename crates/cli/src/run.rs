@@ -74,8 +74,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
     // The first use of a catalog model fetches it; that is not part of load_ms.
     let path = args.model.path()?;
     let t0 = Instant::now();
-    let model = args.model.load_path(&path)?;
-    let tok = Tokenizer::from_gguf(&model.file).context("cannot build the tokenizer")?;
+    let mut model = args.model.load_path(&path)?;
+    let tok =
+        Tokenizer::from_gguf_releasing(&mut model.file).context("cannot build the tokenizer")?;
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
 
     let prompt = prompt_ids(args, &tok)?;

@@ -442,3 +442,20 @@ fn writer_round_trips_every_value_type() {
         Err(GgufError::Io { .. })
     ));
 }
+
+/// Removing a key returns its value, and every other key still finds its own value (the
+/// index is rebuilt past the removed position); removing it again finds nothing.
+#[test]
+fn remove_metadata_keeps_every_other_key() {
+    let mut f = GgufFile::from_bytes(sample()).unwrap();
+    let before: Vec<(String, MetaValue)> = f.metadata().to_vec();
+    let got = f.remove_metadata("f32");
+    assert_eq!(got, Some(MetaValue::F32(1.5)));
+    assert!(f.get("f32").is_none());
+    assert!(f.remove_metadata("f32").is_none());
+    assert_eq!(f.metadata().len(), before.len() - 1);
+    for (k, v) in before.iter().filter(|(k, _)| k != "f32") {
+        assert_eq!(f.get(k), Some(v), "{k}");
+    }
+    assert_eq!(f.tensors().count(), 3);
+}

@@ -193,8 +193,10 @@ async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
 
 /// Loads the model, builds the tokenizer and starts the scheduler.
 fn start_engine(config: &ServeConfig, load: Loader) -> Result<Engine> {
-    let model = load()?;
-    let tok = Arc::new(Tokenizer::from_gguf(&model.file).context("cannot build the tokenizer")?);
+    let mut model = load()?;
+    let tok = Arc::new(
+        Tokenizer::from_gguf_releasing(&mut model.file).context("cannot build the tokenizer")?,
+    );
     let sched = Scheduler::start(
         model,
         Arc::clone(&tok),

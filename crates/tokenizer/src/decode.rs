@@ -70,33 +70,39 @@ fn byte_token_value(text: &str) -> u8 {
 /// they are not.
 #[derive(Clone, Debug)]
 pub(crate) struct Pieces {
-    pieces: Vec<Vec<u8>>,
+    /// Every token's piece, concatenated in id order.
+    bytes: Vec<u8>,
+    /// `ends[i]`: where token `i`'s piece ends in `bytes` (it starts where `i - 1`'s ends).
+    ends: Vec<usize>,
     special: Vec<bool>,
 }
 
 impl Pieces {
     pub fn new(vocab: &Vocab) -> Pieces {
         let table = byte_level_char_to_byte();
-        let mut pieces = Vec::with_capacity(vocab.n_tokens());
+        let mut bytes = Vec::new();
+        let mut ends = Vec::with_capacity(vocab.n_tokens());
         let mut special = Vec::with_capacity(vocab.n_tokens());
         for (text, &attr) in vocab.tokens.iter().zip(&vocab.attrs) {
             special.push(attr.has(TokenAttr::CONTROL | TokenAttr::UNKNOWN));
-            let piece =
-                if attr.has(TokenAttr::CONTROL | TokenAttr::UNKNOWN | TokenAttr::USER_DEFINED) {
-                    text.as_bytes().to_vec()
-                } else if attr.has(TokenAttr::NORMAL) {
-                    match vocab.kind {
-                        VocabKind::Spm => text.replace('▁', " ").into_bytes(),
-                        VocabKind::Bpe => byte_level_decode(text, &table),
-                    }
-                } else if attr.has(TokenAttr::BYTE) {
-                    vec![byte_token_value(text)]
-                } else {
-                    Vec::new()
-                };
-            pieces.push(piece);
+            if attr.has(TokenAttr::CONTROL | TokenAttr::UNKNOWN | TokenAttr::USER_DEFINED) {
+                bytes.extend_from_slice(text.as_bytes());
+            } else if attr.has(TokenAttr::NORMAL) {
+                match vocab.kind {
+                    VocabKind::Spm => bytes.extend_from_slice(text.replace('▁', " ").as_bytes()),
+                    VocabKind::Bpe => bytes.extend(byte_level_decode(text, &table)),
+                }
+            } else if attr.has(TokenAttr::BYTE) {
+                bytes.push(byte_token_value(text));
+            }
+            ends.push(bytes.len());
         }
-        Pieces { pieces, special }
+        bytes.shrink_to_fit();
+        Pieces {
+            bytes,
+            ends,
+            special,
+        }
     }
 
     /// The piece of `id` (in range), empty for a hidden special token.
@@ -105,7 +111,8 @@ impl Pieces {
         if !render_special && self.special[i] {
             &[]
         } else {
-            &self.pieces[i]
+            let start = if i == 0 { 0 } else { self.ends[i - 1] };
+            &self.bytes[start..self.ends[i]]
         }
     }
 }

@@ -43,7 +43,7 @@ fn vocab_map(vocab: &Vocab) -> tokenizers::models::bpe::Vocab {
         .tokens
         .iter()
         .enumerate()
-        .map(|(i, t)| (t.clone(), i as u32))
+        .map(|(i, t)| (t.to_string(), i as u32))
         .collect()
 }
 
@@ -146,8 +146,8 @@ pub(crate) fn spm_merges(vocab: &Vocab) -> Vec<(String, String)> {
         .into_iter()
         .map(|(_, _, l, r)| {
             (
-                vocab.tokens[l as usize].clone(),
-                vocab.tokens[r as usize].clone(),
+                vocab.tokens[l as usize].to_string(),
+                vocab.tokens[r as usize].to_string(),
             )
         })
         .collect()

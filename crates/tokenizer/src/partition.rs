@@ -50,10 +50,7 @@ impl Partitioner {
         let prefilter = if order.is_empty() {
             None
         } else {
-            let patterns: Vec<&str> = order
-                .iter()
-                .map(|&i| vocab.tokens[i as usize].as_str())
-                .collect();
+            let patterns: Vec<&str> = order.iter().map(|&i| &vocab.tokens[i as usize]).collect();
             Some(AhoCorasick::new(patterns).map_err(|e| TokenizerError::Hf(e.to_string()))?)
         };
         Ok(Partitioner { order, prefilter })

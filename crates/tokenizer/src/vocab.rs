@@ -120,12 +120,57 @@ pub struct SpecialTokens {
     pub fim_sep: Option<u32>,
 }
 
+/// Every token's text in id order, stored as one string and the end offsets (a `Vec<String>`
+/// of a 262k-token vocabulary costs about 10 MB more in headers and allocator slack).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct TokenTexts {
+    text: String,
+    ends: Vec<usize>,
+}
+
+impl TokenTexts {
+    fn with_capacity(n: usize) -> TokenTexts {
+        TokenTexts {
+            text: String::new(),
+            ends: Vec::with_capacity(n),
+        }
+    }
+
+    fn push(&mut self, t: &str) {
+        self.text.push_str(t);
+        self.ends.push(self.text.len());
+    }
+
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn get(&self, i: usize) -> Option<&str> {
+        let end = *self.ends.get(i)?;
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        Some(&self.text[start..end])
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &str> + '_ {
+        (0..self.len()).map(|i| &self[i])
+    }
+}
+
+impl std::ops::Index<usize> for TokenTexts {
+    type Output = str;
+
+    /// Token `i`'s text; panics when `i` is out of range, as a slice index does.
+    fn index(&self, i: usize) -> &str {
+        self.get(i).expect("token id in range")
+    }
+}
+
 /// The loaded vocabulary and its rules.
 #[derive(Clone, Debug)]
 pub(crate) struct Vocab {
     pub kind: VocabKind,
     pub pre: Option<PreTokenizer>,
-    pub tokens: Vec<String>,
+    pub tokens: TokenTexts,
     pub scores: Vec<f32>,
     pub attrs: Vec<TokenAttr>,
     pub text_to_id: HashMap<String, u32>,
@@ -148,10 +193,10 @@ type IdField = fn(&mut SpecialTokens) -> &mut Option<u32>;
 
 const KEY_MODEL: &str = "tokenizer.ggml.model";
 const KEY_PRE: &str = "tokenizer.ggml.pre";
-const KEY_TOKENS: &str = "tokenizer.ggml.tokens";
-const KEY_SCORES: &str = "tokenizer.ggml.scores";
-const KEY_TYPES: &str = "tokenizer.ggml.token_type";
-const KEY_MERGES: &str = "tokenizer.ggml.merges";
+pub(crate) const KEY_TOKENS: &str = "tokenizer.ggml.tokens";
+pub(crate) const KEY_SCORES: &str = "tokenizer.ggml.scores";
+pub(crate) const KEY_TYPES: &str = "tokenizer.ggml.token_type";
+pub(crate) const KEY_MERGES: &str = "tokenizer.ggml.merges";
 const KEY_ADD_BOS: &str = "tokenizer.ggml.add_bos_token";
 const KEY_ADD_EOS: &str = "tokenizer.ggml.add_eos_token";
 const KEY_ADD_PREFIX: &str = "tokenizer.ggml.add_space_prefix";
@@ -362,7 +407,7 @@ impl Vocab {
             }
         };
 
-        let mut tokens = Vec::with_capacity(n);
+        let mut tokens = TokenTexts::with_capacity(n);
         let mut text_to_id = HashMap::with_capacity(n);
         for (i, t) in tokens_meta.iter().enumerate() {
             let text = if t.is_empty() {
@@ -379,7 +424,7 @@ impl Vocab {
                 });
             }
             text_to_id.insert(text.clone(), i as u32);
-            tokens.push(text);
+            tokens.push(&text);
         }
 
         // Default ids outside the vocabulary are disabled; metadata ids outside it are ignored.
@@ -439,7 +484,7 @@ impl Vocab {
         let by_name = |names: &[&str]| {
             tokens
                 .iter()
-                .position(|t| names.contains(&t.as_str()))
+                .position(|t| names.contains(&t))
                 .map(|i| i as u32)
         };
         let named: [(&[&str], IdField); 8] = [
@@ -474,7 +519,7 @@ impl Vocab {
         eog.extend(special.fim_rep);
         eog.extend(special.fim_sep);
         for (i, t) in tokens.iter().enumerate() {
-            if EOG_NAMES.contains(&t.as_str()) {
+            if EOG_NAMES.contains(&t) {
                 eog.insert(i as u32);
                 attrs[i].set(TokenAttr::CONTROL, true);
             }
@@ -482,7 +527,7 @@ impl Vocab {
         // gpt-oss: these are rendered always (llama.cpp makes them user-defined).
         for (i, t) in tokens.iter().enumerate() {
             if matches!(
-                t.as_str(),
+                t,
                 "<|channel|>" | "<|message|>" | "<|start|>" | "<|constrain|>"
             ) {
                 attrs[i] = TokenAttr::USER_DEFINED;
@@ -493,11 +538,11 @@ impl Vocab {
         eog.extend(special.eom);
         // o200k_harmony / solar-open: `<|end|>` does not end generation when `<|return|>` and
         // `<|call|>` (or `<|calls|>` and `<|flush|>`) exist.
-        let eog_has = |eog: &BTreeSet<u32>, s: &str| eog.iter().any(|&i| tokens[i as usize] == s);
+        let eog_has = |eog: &BTreeSet<u32>, s: &str| eog.iter().any(|&i| &tokens[i as usize] == s);
         let end_id = eog
             .iter()
             .copied()
-            .find(|&i| tokens[i as usize] == "<|end|>");
+            .find(|&i| &tokens[i as usize] == "<|end|>");
         if let Some(end_id) = end_id {
             let has_call = eog_has(&eog, "<|call|>") || eog_has(&eog, "<|calls|>");
             if has_call && (eog_has(&eog, "<|return|>") || eog_has(&eog, "<|flush|>")) {
@@ -507,7 +552,7 @@ impl Vocab {
         }
         // gemma4 / paddleocr: `</s>` is ordinary where `<|tool_response>` ends generation.
         if eog_has(&eog, "<|tool_response>") {
-            if let Some(s_id) = eog.iter().copied().find(|&i| tokens[i as usize] == "</s>") {
+            if let Some(s_id) = eog.iter().copied().find(|&i| &tokens[i as usize] == "</s>") {
                 eog.remove(&s_id);
                 attrs[s_id as usize] = TokenAttr::NORMAL;
             }

@@ -310,3 +310,62 @@ fn the_perplexity_corpus_tokenizes_as_llama_cpp_does() {
         );
     }
 }
+
+/// `from_gguf_releasing` frees the vocabulary arrays of the file and keeps the tokenizer whole:
+/// every recorded case tokenizes to llama.cpp's ids, every id's text, piece and reverse lookup
+/// equal those of a tokenizer built without releasing, and the file no longer has the keys
+/// (a second build says which one it misses).
+#[test]
+fn releasing_the_vocabulary_arrays_changes_no_tokenization() {
+    for model in MODELS {
+        let Some(g) = golden(
+            model,
+            "tokenize.json",
+            "releasing_the_vocabulary_arrays_changes_no_tokenization",
+        ) else {
+            return;
+        };
+        let whole = tokenizer(model);
+        let path = frink_store::Store::from_env().unwrap().pull(model).unwrap();
+        let mut file = frink_gguf::GgufFile::open(&path).unwrap();
+        let n_meta = file.metadata().len();
+        let tok = frink_tokenizer::Tokenizer::from_gguf_releasing(&mut file).unwrap();
+        for c in g["cases"].as_array().unwrap() {
+            let text = c["text"].as_str().unwrap();
+            let (add, parse) = (
+                c["add_special"].as_bool().unwrap(),
+                c["parse_special"].as_bool().unwrap(),
+            );
+            assert_eq!(
+                tok.encode(text, add, parse).unwrap(),
+                ids(&c["ids"]),
+                "{model} {text:?}"
+            );
+        }
+        for id in 0..whole.n_vocab() as u32 {
+            let text = whole.token_text(id).unwrap();
+            assert_eq!(tok.token_text(id), Some(text), "{model} {id}");
+            assert_eq!(tok.token_id(text), Some(id), "{model} {id}");
+            assert_eq!(
+                tok.decode_bytes(&[id], true).unwrap(),
+                whole.decode_bytes(&[id], true).unwrap(),
+                "{model} {id}"
+            );
+        }
+        let gone: Vec<&str> = frink_tokenizer::VOCAB_ARRAY_KEYS
+            .into_iter()
+            .filter(|k| whole_has(&path, k))
+            .collect();
+        assert!(gone.iter().all(|k| file.get(k).is_none()), "{model}");
+        assert_eq!(file.metadata().len(), n_meta - gone.len(), "{model}");
+        let err = frink_tokenizer::Tokenizer::from_gguf(&file).unwrap_err();
+        assert!(
+            err.to_string().contains("tokenizer.ggml.tokens"),
+            "{model}: {err}"
+        );
+    }
+}
+
+fn whole_has(path: &std::path::Path, key: &str) -> bool {
+    frink_gguf::GgufFile::open(path).unwrap().get(key).is_some()
+}
