@@ -32,7 +32,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
     let tok =
         Tokenizer::from_gguf_releasing(&mut model.file).context("cannot build the tokenizer")?;
     let mut session = Session::new(&model, args.gen.ctx, args.model.kv_type);
-    let mut sampler = Sampler::new(args.sampling.params());
+    let mut sampler = Sampler::new(args.sampling.params(tok.n_vocab())?);
     let params = GenerateParams {
         max_tokens: args.gen.max_tokens(),
         eog: tok.eog_ids().iter().copied().collect(),

@@ -116,15 +116,48 @@ pub struct SamplingArgs {
     /// Stop when the text contains S (repeatable); S is not printed.
     #[arg(long = "stop")]
     pub stop: Vec<String>,
+    /// Add B to token ID's logit before sampling (repeatable): `ID=B`, B a number in
+    /// -100..100; -100 (or `-inf`) bans the token.
+    #[arg(long = "logit-bias", value_name = "ID=B", value_parser = parse_logit_bias)]
+    pub logit_bias: Vec<(u32, f32)>,
+}
+
+/// Parses `--logit-bias ID=B`: a token id and a bias in -100..=100 (or `-inf`, a ban).
+fn parse_logit_bias(s: &str) -> std::result::Result<(u32, f32), String> {
+    let (id, bias) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected ID=BIAS, got `{s}`"))?;
+    let id: u32 = id
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{id}` is not a token id"))?;
+    let bias: f32 = match bias.trim() {
+        "-inf" => f32::NEG_INFINITY,
+        b => b
+            .parse()
+            .ok()
+            .filter(|b: &f32| (-100.0..=100.0).contains(b))
+            .ok_or_else(|| format!("the bias must be a number in -100..100 or -inf, got `{b}`"))?,
+    };
+    Ok((id, frink_engine::sampling::ban_bias(bias)))
 }
 
 impl SamplingArgs {
-    /// The sampler parameters these flags describe.
-    pub fn params(&self) -> frink_engine::sampling::SamplingParams {
+    /// The sampler parameters these flags describe, for a model of `n_vocab` tokens.
+    ///
+    /// Errors: a `--logit-bias` id outside the vocabulary (it would bias nothing).
+    pub fn params(&self, n_vocab: usize) -> Result<frink_engine::sampling::SamplingParams> {
+        if let Some((id, _)) = self
+            .logit_bias
+            .iter()
+            .find(|(id, _)| *id as usize >= n_vocab)
+        {
+            anyhow::bail!("--logit-bias: token id {id} is outside the vocabulary of {n_vocab}");
+        }
         let seed = self
             .seed
             .unwrap_or_else(frink_engine::sampling::random_seed);
-        frink_engine::sampling::SamplingParams {
+        Ok(frink_engine::sampling::SamplingParams {
             temperature: if self.greedy { 0.0 } else { self.temp },
             top_k: self.top_k,
             top_p: self.top_p,
@@ -134,7 +167,8 @@ impl SamplingArgs {
             frequency_penalty: self.frequency_penalty,
             presence_penalty: self.presence_penalty,
             seed,
-        }
+            logit_bias: self.logit_bias.clone(),
+        })
     }
 }
 

@@ -84,7 +84,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     args.gen.check_fits(prompt.len())?;
     let max_tokens = args.gen.max_tokens();
     let mut session = Session::new(&model, args.gen.ctx, args.model.kv_type);
-    let mut sampler = Sampler::new(args.sampling.params());
+    let mut sampler = Sampler::new(args.sampling.params(tok.n_vocab())?);
     let params = GenerateParams {
         max_tokens,
         eog: tok.eog_ids().iter().copied().collect(),

@@ -729,3 +729,316 @@ fn a_model_that_fails_to_load_ends_the_server_with_an_error() {
         stderr(&out)
     );
 }
+
+/// A value of each refused field that asks for something frink cannot do, and the value
+/// that changes nothing (where the field has one).
+fn refused_sample(name: &str) -> (Value, Option<Value>) {
+    let tool = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
+    let (bad, neutral) = match name {
+        "n" => (json!(2), Some(json!(1))),
+        "response_format" => (
+            json!({"type": "json_object"}),
+            Some(json!({"type": "text"})),
+        ),
+        "tools" => (tool, Some(json!([]))),
+        "tool_choice" => (json!("required"), Some(json!("none"))),
+        "functions" => (json!([{"name": "f", "parameters": {}}]), Some(json!([]))),
+        "function_call" => (json!({"name": "f"}), Some(json!("auto"))),
+        "audio" => (json!({"voice": "alloy", "format": "wav"}), None),
+        "modalities" => (json!(["text", "audio"]), Some(json!(["text"]))),
+        "reasoning_effort" => (json!("high"), None),
+        "verbosity" => (json!("low"), None),
+        "web_search_options" => (json!({}), None),
+        "best_of" => (json!(3), Some(json!(1))),
+        "echo" => (json!(true), Some(json!(false))),
+        "suffix" => (json!(" the end."), Some(json!(""))),
+        "json_schema" => (json!({"type": "object"}), None),
+        "grammar" => (json!("root ::= \"yes\""), Some(json!(""))),
+        "dynatemp_range" => (json!(0.5), Some(json!(0))),
+        "typical_p" => (json!(0.5), Some(json!(1.0))),
+        "dry_multiplier" => (json!(0.8), Some(json!(0.0))),
+        "xtc_probability" => (json!(0.5), Some(json!(0))),
+        "mirostat" => (json!(2), Some(json!(0))),
+        "top_n_sigma" => (json!(1.5), Some(json!(-1))),
+        "min_keep" => (json!(5), Some(json!(1))),
+        "n_indent" => (json!(4), Some(json!(0))),
+        "t_max_predict_ms" => (json!(1000), Some(json!(0))),
+        "samplers" => (json!(["top_k", "temperature"]), None),
+        "lora" => (json!([{"id": 0, "scale": 1.0}]), Some(json!([]))),
+        "chat_template_kwargs" => (json!({"enable_thinking": false}), Some(json!({}))),
+        "reasoning_format" => (json!("deepseek"), Some(json!("none"))),
+        "parse_tool_calls" => (json!(true), Some(json!(false))),
+        "image_data" => (json!([{"data": "", "id": 1}]), Some(json!([]))),
+        "multimodal_data" => (json!(["aGk="]), Some(json!([]))),
+        "return_tokens" => (json!(true), Some(json!(false))),
+        "post_sampling_probs" => (json!(true), Some(json!(false))),
+        "response_fields" => (json!(["content"]), Some(json!([]))),
+        "return_progress" => (json!(true), Some(json!(false))),
+        other => panic!("no test value for the refused field {other}: add one here"),
+    };
+    (bad, neutral)
+}
+
+/// A plausible value of each informational field.
+fn informational_sample(name: &str) -> Value {
+    match name {
+        "model" => json!("some-other-name"),
+        "user" => json!("user-1"),
+        "metadata" => json!({"k": "v"}),
+        "store" => json!(false),
+        "service_tier" => json!("auto"),
+        "prompt_cache_key" => json!("key"),
+        "safety_identifier" => json!("sid"),
+        "prediction" => json!({"type": "content", "content": "The sky"}),
+        "parallel_tool_calls" => json!(true),
+        "cache_prompt" => json!(false),
+        "id_slot" => json!(3),
+        "timings_per_token" => json!(true),
+        "n_keep" => json!(10),
+        "dynatemp_exponent" => json!(2.0),
+        "dry_base" => json!(2.0),
+        "dry_allowed_length" => json!(3),
+        "dry_penalty_last_n" => json!(32),
+        "dry_sequence_breakers" => json!(["\n"]),
+        "mirostat_tau" => json!(4.0),
+        "mirostat_eta" => json!(0.2),
+        "xtc_threshold" => json!(0.2),
+        other => panic!("no test value for the informational field {other}: add one here"),
+    }
+}
+
+/// CONTRACT.md (HTTP): every field OpenAI's or llama.cpp's API defines is honoured, refused
+/// with a 400 naming it, or informational. Each refused field with a value that asks for
+/// something is a 400 with `param` = the field (before this list existed, every one of
+/// them was a 200 with an unconstrained answer); with its neutral value, and each
+/// informational field with any value, the answer is the plain greedy one. README's table
+/// names every field.
+#[test]
+fn every_defined_request_field_is_honoured_refused_or_informational() {
+    use frink_server::api::{Defined, Treatment, FIELDS};
+    let readme = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"),
+    )
+    .unwrap();
+    for f in FIELDS {
+        assert!(
+            readme.contains(&format!("`{}`", f.name)),
+            "README's field table lacks `{}`",
+            f.name
+        );
+    }
+    let _l = lock();
+    let srv = Server::start(&[]);
+    let base = |defined: Defined| -> (&'static str, Value) {
+        if defined == Defined::Completions {
+            (
+                "/v1/completions",
+                json!({"prompt": "The sky is", "temperature": 0, "max_tokens": 8}),
+            )
+        } else {
+            (
+                "/v1/chat/completions",
+                chat(
+                    "Why is the sky blue?",
+                    json!({"temperature": 0, "max_tokens": 8}),
+                ),
+            )
+        }
+    };
+    let text = |v: &Value| -> String {
+        let c = &v["choices"][0];
+        c["message"]["content"]
+            .as_str()
+            .or(c["text"].as_str())
+            .unwrap_or_else(|| panic!("no text in {v}"))
+            .to_string()
+    };
+    let mut plain = std::collections::HashMap::new();
+    for d in [Defined::Chat, Defined::Completions] {
+        let (path, body) = base(d);
+        plain.insert(path, text(&srv.post_ok(path, &body)));
+    }
+    let (mut refused, mut informational) = (0, 0);
+    for f in FIELDS {
+        let (path, body) = base(f.defined);
+        let with = |v: &Value| {
+            let mut b = body.clone();
+            b[f.name] = v.clone();
+            b
+        };
+        match f.treatment {
+            Treatment::Honoured => {}
+            Treatment::Refused { .. } => {
+                refused += 1;
+                let (bad, neutral) = refused_sample(f.name);
+                let r = srv.post_raw(path, with(&bad).to_string().as_bytes());
+                assert_eq!(r.status, 400, "{} = {bad}: {}", f.name, r.text());
+                let e = r.json();
+                assert_eq!(e["error"]["param"], f.name, "{e}");
+                assert_eq!(e["error"]["code"], "unsupported_field", "{e}");
+                if let Some(n) = neutral {
+                    let got = srv.post_ok(path, &with(&n));
+                    assert_eq!(text(&got), plain[path], "{} = {n}", f.name);
+                }
+            }
+            Treatment::Informational => {
+                informational += 1;
+                let v = informational_sample(f.name);
+                let got = srv.post_ok(path, &with(&v));
+                assert_eq!(text(&got), plain[path], "{} = {v}", f.name);
+            }
+        }
+    }
+    eprintln!("{refused} refused and {informational} informational fields checked");
+    assert!(refused >= 30 && informational >= 15);
+}
+
+/// `logit_bias` and `--logit-bias`: banning (-100) the first token of the greedy answer
+/// changes the answer, and banning every token of it keeps all of them out, the same
+/// through `frink run` and `frink serve`; llama.cpp's pair form with `false` is the same
+/// ban; ids outside the vocabulary and biases out of range are 400s.
+#[test]
+fn logit_bias_bans_tokens_in_run_and_serve() {
+    let _l = lock();
+    let prompt = "Name three colours.";
+    let run = |extra: &[String]| -> Value {
+        let mut args: Vec<String> = ["run", "--json", "--greedy", "-t", "2", "-n", "16"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        args.extend_from_slice(extra);
+        args.push(prompt.to_string());
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = frink(&refs);
+        assert!(out.status.success(), "{}", stderr(&out));
+        last_json_line(&out)
+    };
+    let ids = |v: &Value| -> Vec<u64> {
+        v["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap())
+            .collect()
+    };
+    let plain = run(&[]);
+    let a = ids(&plain);
+    let first = a[0];
+    let one = run(&["--logit-bias".into(), format!("{first}=-100")]);
+    assert_ne!(one["text"], plain["text"]);
+    assert!(!ids(&one).contains(&first));
+    let mut every: Vec<u64> = a.clone();
+    every.sort_unstable();
+    every.dedup();
+    let flags: Vec<String> = every
+        .iter()
+        .flat_map(|id| ["--logit-bias".to_string(), format!("{id}=-100")])
+        .collect();
+    let all = run(&flags);
+    assert!(
+        ids(&all).iter().all(|t| !every.contains(t)),
+        "{all} contains a banned token of {every:?}"
+    );
+    let bad = frink(&["run", "--logit-bias", "99999999=-100", "-n", "1", prompt]);
+    assert!(!bad.status.success());
+    assert!(
+        stderr(&bad).contains("outside the vocabulary"),
+        "{}",
+        stderr(&bad)
+    );
+
+    let srv = Server::start(&[]);
+    let ask = |bias: Value| {
+        srv.post_ok(
+            "/v1/chat/completions",
+            &chat(
+                prompt,
+                json!({"temperature": 0, "max_tokens": 16, "logit_bias": bias}),
+            ),
+        )
+    };
+    assert_eq!(message(&ask(json!({}))), plain["text"].as_str().unwrap());
+    let ban_first = json!({ first.to_string(): -100 });
+    assert_eq!(message(&ask(ban_first)), one["text"].as_str().unwrap());
+    assert_eq!(
+        message(&ask(json!([[first, false]]))),
+        one["text"].as_str().unwrap()
+    );
+    let ban_all: serde_json::Map<String, Value> = every
+        .iter()
+        .map(|id| (id.to_string(), json!(-100)))
+        .collect();
+    assert_eq!(
+        message(&ask(Value::Object(ban_all))),
+        all["text"].as_str().unwrap()
+    );
+    for bias in [
+        json!({"99999999": -100}),
+        json!({"abc": 1}),
+        json!({ first.to_string(): 101 }),
+        json!({ first.to_string(): "x" }),
+        json!([[first]]),
+        json!(5),
+    ] {
+        let r = srv.post_raw(
+            "/v1/chat/completions",
+            chat(prompt, json!({"logit_bias": bias}))
+                .to_string()
+                .as_bytes(),
+        );
+        assert_eq!(r.status, 400, "{bias}: {}", r.text());
+        assert_eq!(r.json()["error"]["param"], "logit_bias");
+    }
+}
+
+/// llama.cpp's `repeat_last_n` is honoured (0 turns the penalty off: the plain answer; 64
+/// penalizes, and the answer changes) and `n_probs` alone asks for log-probabilities on
+/// both endpoints.
+#[test]
+fn repeat_last_n_and_n_probs_are_honoured() {
+    let _l = lock();
+    let srv = Server::start(&[]);
+    let prompt = "Write the word apple ten times.";
+    let ask = |extra: Value| {
+        let mut e = json!({"temperature": 0, "max_tokens": 24});
+        for (k, v) in extra.as_object().unwrap() {
+            e[k] = v.clone();
+        }
+        message(&srv.post_ok("/v1/chat/completions", &chat(prompt, e)))
+    };
+    let plain = ask(json!({}));
+    assert_eq!(
+        ask(json!({"repeat_penalty": 1.5, "repeat_last_n": 0})),
+        plain
+    );
+    assert_ne!(
+        ask(json!({"repeat_penalty": 1.5, "repeat_last_n": 64})),
+        plain
+    );
+    let r = srv.post_raw(
+        "/v1/chat/completions",
+        chat(prompt, json!({"repeat_last_n": -2}))
+            .to_string()
+            .as_bytes(),
+    );
+    assert_eq!(r.status, 400);
+    let got = srv.post_ok(
+        "/v1/chat/completions",
+        &chat(
+            prompt,
+            json!({"temperature": 0, "max_tokens": 4, "n_probs": 2}),
+        ),
+    );
+    let lp = &got["choices"][0]["logprobs"]["content"];
+    assert_eq!(lp.as_array().map(Vec::len), Some(4), "{got}");
+    assert_eq!(
+        lp[0]["top_logprobs"].as_array().map(Vec::len),
+        Some(2),
+        "{got}"
+    );
+    let got = srv.post_ok(
+        "/v1/completions",
+        &json!({"prompt": "The sky is", "temperature": 0, "max_tokens": 4, "n_probs": 2}),
+    );
+    assert!(got["choices"][0]["logprobs"].is_object(), "{got}");
+}

@@ -7,6 +7,9 @@
 //! llama.cpp's `common/common.h`, assembled by `common_sampler_init` in
 //! `common/sampling.cpp`, each sampler's semantics from `src/llama-sampling.cpp`):
 //!
+//! 0. **logit bias** (`llama_sampler_logit_bias_apply`, which heads llama.cpp's chain):
+//!    [`SamplingParams::logit_bias`] is added to the raw row (a copy of it, only when
+//!    there is a bias), so the penalties and greedy decoding see the biased logits.
 //! 1. **penalties** (`llama_sampler_penalties_apply`): for every token seen in the last
 //!    [`SamplingParams::repeat_last_n`] accepted tokens, with `count` occurrences there,
 //!    the logit is divided by `repeat_penalty` when it is positive and multiplied by it
@@ -131,6 +134,22 @@ pub struct SamplingParams {
     pub presence_penalty: f32,
     /// Seed of the random draw. Default [`DEFAULT_SEED`].
     pub seed: u64,
+    /// Added to the logits of these tokens (logit units) before anything else runs, as
+    /// llama.cpp's `logit_bias` sampler heads its chain (`common_sampler_init`); a bias of
+    /// `-inf` bans the token (see [`ban_bias`]). Ids outside the row are skipped; a token
+    /// listed twice gets both biases. Default: none.
+    pub logit_bias: Vec<(u32, f32)>,
+}
+
+/// The bias a request's `bias` stands for: OpenAI's `logit_bias` documents -100 as a ban,
+/// so `bias <= -100` is `-inf` (the token can never be chosen, whatever its logit); other
+/// values are added as they are, as llama.cpp does (+100 all but forces a token).
+pub fn ban_bias(bias: f32) -> f32 {
+    if bias <= -100.0 {
+        f32::NEG_INFINITY
+    } else {
+        bias
+    }
 }
 
 impl Default for SamplingParams {
@@ -148,6 +167,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             presence_penalty: 0.0,
             seed: DEFAULT_SEED,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -216,6 +236,8 @@ pub struct Sampler {
     counts: HashMap<u32, u32>,
     /// Working buffer: the candidates of the current call.
     cands: Vec<Candidate>,
+    /// Working buffer: the row with [`SamplingParams::logit_bias`] added (only with one).
+    biased: Vec<f32>,
     /// Whether `cands` is in `by_logit_desc` order.
     sorted: bool,
 }
@@ -240,6 +262,7 @@ impl Sampler {
             history: VecDeque::new(),
             counts: HashMap::new(),
             cands: Vec::new(),
+            biased: Vec::new(),
             sorted: false,
         }
     }
@@ -310,10 +333,28 @@ impl Sampler {
         self.rng = ChaCha20Rng::seed_from_u64(self.params.seed);
     }
 
-    /// Fills the buffer from `logits` with the penalties applied, then either the greedy
-    /// choice or top-k → top-p → min-p → temperature.
+    /// Fills the buffer from `logits` with the logit bias and the penalties applied, then
+    /// either the greedy choice or top-k → top-p → min-p → temperature.
     fn run_filters(&mut self, logits: &[f32]) {
         assert!(!logits.is_empty(), "sampling from an empty logits row");
+        if self.params.logit_bias.is_empty() {
+            return self.run_chain(logits);
+        }
+        let mut row = std::mem::take(&mut self.biased);
+        row.clear();
+        row.extend_from_slice(logits);
+        for &(id, bias) in &self.params.logit_bias {
+            if let Some(l) = row.get_mut(id as usize) {
+                *l += bias;
+            }
+        }
+        self.run_chain(&row);
+        self.biased = row;
+    }
+
+    /// The chain after the logit bias: penalties, then the greedy choice or
+    /// top-k → top-p → min-p → temperature.
+    fn run_chain(&mut self, logits: &[f32]) {
         if self.params.is_greedy() {
             let best = self.greedy_pick(logits);
             self.cands.clear();

@@ -699,3 +699,57 @@ fn top_k_and_greedy_scans_agree_with_the_full_row() {
         }
     }
 }
+
+/// The logit bias heads the chain: a ban removes the greedy choice and every sampled draw
+/// of it (with top-k on and off), a positive bias adds exactly its value to the logit the
+/// candidates report, and the penalties see the biased logit (llama.cpp's order).
+#[test]
+fn logit_bias_is_added_before_the_chain_and_minus_100_bans() {
+    use frink_engine::sampling::ban_bias;
+    let logits = [1.0f32, 4.0, 3.0, 2.0];
+    // Without a bias greedy picks 1; banning it gives the next best, 2.
+    let mut plain = Sampler::new(SamplingParams::greedy());
+    assert_eq!(plain.sample(&logits), 1);
+    let ban = vec![(1, ban_bias(-100.0))];
+    let mut banned = Sampler::new(SamplingParams {
+        logit_bias: ban.clone(),
+        ..SamplingParams::greedy()
+    });
+    assert_eq!(banned.sample(&logits), 2);
+    for top_k in [0, 2] {
+        let mut s = Sampler::new(SamplingParams {
+            logit_bias: ban.clone(),
+            top_k,
+            seed: 7,
+            ..neutral(1.5)
+        });
+        for _ in 0..500 {
+            assert_ne!(s.sample(&logits), 1, "top_k {top_k}");
+        }
+    }
+    // +2.5 on token 0: 3.5, now second; the reported logit is the biased one.
+    let mut s = Sampler::new(SamplingParams {
+        logit_bias: vec![(0, 2.5), (99, 50.0)],
+        ..neutral(1.0)
+    });
+    let c = s.candidates(&logits).to_vec();
+    let l0 = c.iter().find(|c| c.id == 0).unwrap().logit;
+    assert_eq!(l0, 3.5);
+    // Penalties after the bias: token 2 seen once, repeat penalty 2 divides 3 + 2 = 5 to 2.5;
+    // a penalty applied before the bias would give 3 / 2 + 2 = 3.5 and pick 2 over 1's 4.
+    let mut p = Sampler::new(SamplingParams {
+        logit_bias: vec![(2, 2.0)],
+        repeat_penalty: 2.0,
+        ..SamplingParams::greedy()
+    });
+    p.accept(2);
+    assert_eq!(p.sample(&logits), 1);
+    let mut q = Sampler::new(SamplingParams {
+        logit_bias: vec![(2, 2.0)],
+        ..SamplingParams::greedy()
+    });
+    assert_eq!(q.sample(&logits), 2);
+    assert_eq!(ban_bias(-100.0), f32::NEG_INFINITY);
+    assert_eq!(ban_bias(-99.5), -99.5);
+    assert_eq!(ban_bias(100.0), 100.0);
+}

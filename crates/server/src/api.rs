@@ -1,7 +1,11 @@
 //! Request parsing and OpenAI-shaped errors.
 //!
 //! Bodies are parsed as JSON values and the known fields read one by one, so a wrong type
-//! names its field (`param`) and unknown fields are ignored.
+//! names its field (`param`). [`FIELDS`] lists every field OpenAI's chat and completions
+//! APIs or llama.cpp's server define and how frink treats it: honoured, informational (it
+//! cannot change the output), or refused with a 400 naming it unless it has its neutral
+//! value (CONTRACT.md: a defined field is never accepted and ignored). Fields neither API
+//! defines are ignored (clients send new ones).
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -151,6 +155,383 @@ fn ranged(obj: &Map<String, Value>, name: &str, lo: f64, hi: f64) -> Result<Opti
     }
 }
 
+/// Which endpoint a request came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `/v1/chat/completions`.
+    Chat,
+    /// `/v1/completions`.
+    Completions,
+}
+
+/// Where a field is defined: OpenAI's chat API, its completions API, both, or llama.cpp's
+/// server (which accepts its fields on both).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Defined {
+    /// OpenAI's chat completions request.
+    Chat,
+    /// OpenAI's (legacy) completions request.
+    Completions,
+    /// Both of OpenAI's requests.
+    Both,
+    /// llama.cpp's server (`/completion` and its OpenAI-compatible endpoints).
+    LlamaCpp,
+}
+
+impl Defined {
+    /// Whether the field belongs to requests at `ep`.
+    pub fn applies_to(self, ep: Endpoint) -> bool {
+        match self {
+            Defined::Chat => ep == Endpoint::Chat,
+            Defined::Completions => ep == Endpoint::Completions,
+            Defined::Both | Defined::LlamaCpp => true,
+        }
+    }
+}
+
+/// How frink treats a defined request field.
+#[derive(Clone, Copy, Debug)]
+pub enum Treatment {
+    /// Read and honoured (its parser gives wrong types and values a 400).
+    Honoured,
+    /// Accepted; it cannot change the output (bookkeeping, or a setting that only matters
+    /// where another, refused, field is set).
+    Informational,
+    /// A 400 naming the field unless `neutral(value)`: the values that change nothing.
+    Refused {
+        /// Whether a value is one that changes nothing (null always is).
+        neutral: fn(&Value) -> bool,
+        /// Why, as the error says it.
+        why: &'static str,
+    },
+}
+
+/// A field of [`FIELDS`].
+#[derive(Clone, Copy, Debug)]
+pub struct Field {
+    /// The JSON name.
+    pub name: &'static str,
+    /// Which API defines it.
+    pub defined: Defined,
+    /// What frink does with it.
+    pub treatment: Treatment,
+}
+
+const fn field_of(name: &'static str, defined: Defined, treatment: Treatment) -> Field {
+    Field {
+        name,
+        defined,
+        treatment,
+    }
+}
+
+const fn refused(neutral: fn(&Value) -> bool, why: &'static str) -> Treatment {
+    Treatment::Refused { neutral, why }
+}
+
+fn never(_: &Value) -> bool {
+    false
+}
+fn is_false(v: &Value) -> bool {
+    v == &Value::Bool(false)
+}
+fn is_zero(v: &Value) -> bool {
+    v.as_f64() == Some(0.0)
+}
+fn is_one(v: &Value) -> bool {
+    v.as_f64() == Some(1.0)
+}
+fn at_most_one(v: &Value) -> bool {
+    v.as_f64().is_some_and(|x| x <= 1.0)
+}
+fn not_positive(v: &Value) -> bool {
+    v.as_f64().is_some_and(|x| x <= 0.0)
+}
+fn empty(v: &Value) -> bool {
+    match v {
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        _ => false,
+    }
+}
+fn text_only(v: &Value) -> bool {
+    v.as_array()
+        .is_some_and(|a| a.iter().all(|m| m.as_str() == Some("text")))
+}
+fn text_format(v: &Value) -> bool {
+    v.get("type").and_then(Value::as_str) == Some("text")
+}
+fn no_tool_use(v: &Value) -> bool {
+    matches!(v.as_str(), Some("none" | "auto"))
+}
+fn no_reasoning_parse(v: &Value) -> bool {
+    v.as_str() == Some("none")
+}
+
+use Defined::{Both, Chat as ChatApi, Completions as TextApi, LlamaCpp};
+use Treatment::{Honoured, Informational};
+
+/// Every request field of OpenAI's chat and completions APIs and of llama.cpp's server,
+/// and frink's treatment of it (README's table lists the same). Sources: OpenAI's API
+/// reference (`CreateChatCompletionRequest`, `CreateCompletionRequest`); llama.cpp's
+/// tools/server/README.md (`POST /completion` options and the OpenAI-compatible ones).
+pub const FIELDS: &[Field] = &[
+    // OpenAI, honoured.
+    field_of("messages", ChatApi, Honoured),
+    field_of("prompt", TextApi, Honoured),
+    field_of("max_tokens", Both, Honoured),
+    field_of("max_completion_tokens", ChatApi, Honoured),
+    field_of("temperature", Both, Honoured),
+    field_of("top_p", Both, Honoured),
+    field_of("frequency_penalty", Both, Honoured),
+    field_of("presence_penalty", Both, Honoured),
+    field_of("logit_bias", Both, Honoured),
+    field_of("seed", Both, Honoured),
+    field_of("stop", Both, Honoured),
+    field_of("stream", Both, Honoured),
+    field_of("stream_options", Both, Honoured),
+    field_of("logprobs", Both, Honoured),
+    field_of("top_logprobs", ChatApi, Honoured),
+    field_of("n", Both, refused(is_one, "only n = 1 is supported")),
+    // OpenAI, informational.
+    field_of("model", Both, Informational),
+    field_of("user", Both, Informational),
+    field_of("metadata", ChatApi, Informational),
+    field_of("store", ChatApi, Informational),
+    field_of("service_tier", ChatApi, Informational),
+    field_of("prompt_cache_key", ChatApi, Informational),
+    field_of("safety_identifier", ChatApi, Informational),
+    field_of("prediction", ChatApi, Informational),
+    field_of("parallel_tool_calls", ChatApi, Informational),
+    // OpenAI, refused unless neutral.
+    field_of(
+        "response_format",
+        Both,
+        refused(
+            text_format,
+            "structured output (json_object, json_schema) is not supported yet",
+        ),
+    ),
+    field_of(
+        "tools",
+        ChatApi,
+        refused(empty, "tool calling is not supported yet"),
+    ),
+    field_of(
+        "tool_choice",
+        ChatApi,
+        refused(no_tool_use, "tool calling is not supported yet"),
+    ),
+    field_of(
+        "functions",
+        ChatApi,
+        refused(empty, "function calling is not supported"),
+    ),
+    field_of(
+        "function_call",
+        ChatApi,
+        refused(no_tool_use, "function calling is not supported"),
+    ),
+    field_of(
+        "audio",
+        ChatApi,
+        refused(never, "audio output is not supported"),
+    ),
+    field_of(
+        "modalities",
+        ChatApi,
+        refused(text_only, "only the text modality is supported"),
+    ),
+    field_of(
+        "reasoning_effort",
+        ChatApi,
+        refused(never, "reasoning_effort is not supported yet"),
+    ),
+    field_of(
+        "verbosity",
+        ChatApi,
+        refused(never, "verbosity is not supported"),
+    ),
+    field_of(
+        "web_search_options",
+        ChatApi,
+        refused(never, "web search is not supported"),
+    ),
+    field_of(
+        "best_of",
+        TextApi,
+        refused(is_one, "only best_of = 1 is supported"),
+    ),
+    field_of("echo", TextApi, refused(is_false, "echo is not supported")),
+    field_of(
+        "suffix",
+        TextApi,
+        refused(empty, "suffix (insertion) is not supported"),
+    ),
+    // llama.cpp, honoured.
+    field_of("top_k", LlamaCpp, Honoured),
+    field_of("min_p", LlamaCpp, Honoured),
+    field_of("repeat_penalty", LlamaCpp, Honoured),
+    field_of("repeat_last_n", LlamaCpp, Honoured),
+    field_of("n_predict", LlamaCpp, Honoured),
+    field_of("ignore_eos", LlamaCpp, Honoured),
+    field_of("n_probs", LlamaCpp, Honoured),
+    // llama.cpp, informational.
+    field_of("cache_prompt", LlamaCpp, Informational),
+    field_of("id_slot", LlamaCpp, Informational),
+    field_of("timings_per_token", LlamaCpp, Informational),
+    field_of("n_keep", LlamaCpp, Informational),
+    field_of("dynatemp_exponent", LlamaCpp, Informational),
+    field_of("dry_base", LlamaCpp, Informational),
+    field_of("dry_allowed_length", LlamaCpp, Informational),
+    field_of("dry_penalty_last_n", LlamaCpp, Informational),
+    field_of("dry_sequence_breakers", LlamaCpp, Informational),
+    field_of("mirostat_tau", LlamaCpp, Informational),
+    field_of("mirostat_eta", LlamaCpp, Informational),
+    field_of("xtc_threshold", LlamaCpp, Informational),
+    // llama.cpp, refused unless neutral.
+    field_of(
+        "json_schema",
+        LlamaCpp,
+        refused(
+            never,
+            "structured output (json_schema) is not supported yet",
+        ),
+    ),
+    field_of(
+        "grammar",
+        LlamaCpp,
+        refused(empty, "grammars are not supported yet"),
+    ),
+    field_of(
+        "dynatemp_range",
+        LlamaCpp,
+        refused(is_zero, "dynamic temperature is not supported"),
+    ),
+    field_of(
+        "typical_p",
+        LlamaCpp,
+        refused(is_one, "typical-p sampling is not supported"),
+    ),
+    field_of(
+        "dry_multiplier",
+        LlamaCpp,
+        refused(is_zero, "DRY sampling is not supported"),
+    ),
+    field_of(
+        "xtc_probability",
+        LlamaCpp,
+        refused(is_zero, "XTC sampling is not supported"),
+    ),
+    field_of(
+        "mirostat",
+        LlamaCpp,
+        refused(is_zero, "mirostat is not supported"),
+    ),
+    field_of(
+        "top_n_sigma",
+        LlamaCpp,
+        refused(not_positive, "top-n-sigma sampling is not supported"),
+    ),
+    field_of(
+        "min_keep",
+        LlamaCpp,
+        refused(at_most_one, "min_keep above 1 is not supported"),
+    ),
+    field_of(
+        "n_indent",
+        LlamaCpp,
+        refused(is_zero, "n_indent is not supported"),
+    ),
+    field_of(
+        "t_max_predict_ms",
+        LlamaCpp,
+        refused(is_zero, "a time limit on generation is not supported"),
+    ),
+    field_of(
+        "samplers",
+        LlamaCpp,
+        refused(never, "a custom sampler order is not supported"),
+    ),
+    field_of(
+        "lora",
+        LlamaCpp,
+        refused(empty, "LoRA adapters per request are not supported yet"),
+    ),
+    field_of(
+        "chat_template_kwargs",
+        LlamaCpp,
+        refused(empty, "chat_template_kwargs is not supported yet"),
+    ),
+    field_of(
+        "reasoning_format",
+        LlamaCpp,
+        refused(
+            no_reasoning_parse,
+            "only reasoning_format = none (no parsing) is supported",
+        ),
+    ),
+    field_of(
+        "parse_tool_calls",
+        LlamaCpp,
+        refused(is_false, "tool calling is not supported yet"),
+    ),
+    field_of(
+        "image_data",
+        LlamaCpp,
+        refused(empty, "images are not supported"),
+    ),
+    field_of(
+        "multimodal_data",
+        LlamaCpp,
+        refused(empty, "images and audio are not supported"),
+    ),
+    field_of(
+        "return_tokens",
+        LlamaCpp,
+        refused(is_false, "return_tokens is not supported"),
+    ),
+    field_of(
+        "post_sampling_probs",
+        LlamaCpp,
+        refused(is_false, "post_sampling_probs is not supported"),
+    ),
+    field_of(
+        "response_fields",
+        LlamaCpp,
+        refused(empty, "response_fields is not supported"),
+    ),
+    field_of(
+        "return_progress",
+        LlamaCpp,
+        refused(is_false, "return_progress is not supported"),
+    ),
+];
+
+/// Refuses a request that sets a [`Treatment::Refused`] field of `ep` to a value other
+/// than its neutral one: a 400 naming the first such field (in [`FIELDS`] order) and why.
+pub fn refuse_unsupported(obj: &Map<String, Value>, ep: Endpoint) -> Result<(), ApiError> {
+    for f in FIELDS {
+        let Treatment::Refused { neutral, why } = f.treatment else {
+            continue;
+        };
+        if !f.defined.applies_to(ep) {
+            continue;
+        }
+        if let Some(v) = field(obj, f.name) {
+            if !neutral(v) {
+                return Err(ApiError::invalid(
+                    Some(f.name),
+                    format!("'{}': {why} (frink refuses what it cannot honour)", f.name),
+                )
+                .with_code("unsupported_field"));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Generation options common to both completion endpoints.
 #[derive(Clone, Debug)]
 pub struct GenOptions {
@@ -168,8 +549,69 @@ pub struct GenOptions {
     pub include_usage: bool,
 }
 
-/// Reads the options shared by `/v1/chat/completions` and `/v1/completions`.
-pub fn gen_options(obj: &Map<String, Value>) -> Result<GenOptions, ApiError> {
+/// Reads `logit_bias`: OpenAI's object of token id (a decimal string) → bias in -100..=100,
+/// or llama.cpp's array of `[id, bias]` pairs where `bias` may be `false` (a ban). Each
+/// bias passes through [`ban_bias`](frink_engine::sampling::ban_bias) (-100 bans).
+///
+/// Errors: a key that is not a token id of the vocabulary (`n_vocab` tokens), a bias that
+/// is not a number in range, any other shape.
+pub fn logit_bias(obj: &Map<String, Value>, n_vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+    let bad = |m: String| ApiError::invalid(Some("logit_bias"), m);
+    let id_of = |k: &str| -> Result<u32, ApiError> {
+        k.trim()
+            .parse::<u32>()
+            .ok()
+            .filter(|&id| (id as usize) < n_vocab)
+            .ok_or_else(|| {
+                bad(format!(
+                    "'logit_bias' keys must be token ids below the vocabulary size {n_vocab}, got {k:?}"
+                ))
+            })
+    };
+    let bias_of = |v: &Value| -> Result<f32, ApiError> {
+        match v {
+            Value::Bool(false) => Ok(f32::NEG_INFINITY),
+            v => v
+                .as_f64()
+                .filter(|b| (-100.0..=100.0).contains(b))
+                .map(|b| frink_engine::sampling::ban_bias(b as f32))
+                .ok_or_else(|| {
+                    bad(format!(
+                        "'logit_bias' values must be numbers between -100 and 100, got {v}"
+                    ))
+                }),
+        }
+    };
+    match field(obj, "logit_bias") {
+        None => Ok(Vec::new()),
+        Some(Value::Object(m)) => m
+            .iter()
+            .map(|(k, v)| Ok((id_of(k)?, bias_of(v)?)))
+            .collect(),
+        Some(Value::Array(pairs)) => pairs
+            .iter()
+            .map(|p| match p.as_array().map(Vec::as_slice) {
+                Some([id, b]) if id.is_u64() => Ok((id_of(&id.to_string())?, bias_of(b)?)),
+                _ => Err(bad(format!(
+                    "'logit_bias' as an array must hold [token id, bias] pairs, got {p}"
+                ))),
+            })
+            .collect(),
+        Some(v) => Err(bad(format!(
+            "'logit_bias' must be an object of token id -> bias, got {v}"
+        ))),
+    }
+}
+
+/// Reads the options shared by `/v1/chat/completions` and `/v1/completions` of a model with
+/// `n_vocab` tokens, after refusing the fields frink cannot honour there
+/// ([`refuse_unsupported`]).
+pub fn gen_options(
+    obj: &Map<String, Value>,
+    ep: Endpoint,
+    n_vocab: usize,
+) -> Result<GenOptions, ApiError> {
+    refuse_unsupported(obj, ep)?;
     let mut max_tokens = None;
     for name in ["max_tokens", "max_completion_tokens"] {
         if let Some(n) = opt_i64(obj, name)? {
@@ -192,11 +634,6 @@ pub fn gen_options(obj: &Map<String, Value>) -> Result<GenOptions, ApiError> {
                 ));
             }
             max_tokens = usize::try_from(n).ok();
-        }
-    }
-    if let Some(n) = opt_i64(obj, "n")? {
-        if n != 1 {
-            return Err(ApiError::invalid(Some("n"), "only n = 1 is supported"));
         }
     }
     let mut p = SamplingParams::default();
@@ -227,6 +664,20 @@ pub fn gen_options(obj: &Map<String, Value>) -> Result<GenOptions, ApiError> {
     if let Some(v) = ranged(obj, "repeat_penalty", 0.0, 100.0)? {
         p.repeat_penalty = v;
     }
+    if let Some(n) = opt_i64(obj, "repeat_last_n")? {
+        // llama.cpp: -1 is the whole context, 0 turns the penalties off.
+        p.repeat_last_n = match n {
+            -1 => usize::MAX,
+            n if n >= 0 => n as usize,
+            n => {
+                return Err(ApiError::invalid(
+                    Some("repeat_last_n"),
+                    format!("'repeat_last_n' must be -1 (the context) or at least 0, got {n}"),
+                ))
+            }
+        };
+    }
+    p.logit_bias = logit_bias(obj, n_vocab)?;
     p.seed = match opt_i64(obj, "seed")? {
         Some(s) => s as u64,
         None => frink_engine::sampling::random_seed(),

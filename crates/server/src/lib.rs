@@ -13,7 +13,7 @@
 //! `POST /v1/completions`, `GET /v1/models`, `GET /health`, `GET /metrics`,
 //! `POST /tokenize`, `POST /detokenize`.
 
-mod api;
+pub mod api;
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -39,7 +39,7 @@ use frink_tokenizer::{ChatMessage, Tokenizer};
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
-use crate::api::{json_response, ApiError, GenOptions, Prompt};
+use crate::api::{json_response, ApiError, Endpoint, GenOptions, Prompt};
 
 /// Settings of `frink serve` (CONTRACT.md).
 #[derive(Clone, Debug)]
@@ -517,24 +517,27 @@ async fn chat_completions(State(st): St, headers: HeaderMap, body: Bytes) -> Res
         let eng = st.engine()?;
         let obj = api::parse_object(&body)?;
         let msgs = api::messages(&obj)?;
-        let opts = api::gen_options(&obj)?;
+        let opts = api::gen_options(&obj, Endpoint::Chat, eng.tok.n_vocab())?;
+        let top = api::opt_i64(&obj, "top_logprobs")?;
+        let n_probs = api::opt_i64(&obj, "n_probs")?;
         let logprobs = match api::opt_bool(&obj, "logprobs")? {
-            Some(true) => {
-                let n = match api::opt_i64(&obj, "top_logprobs")? {
-                    Some(n) => Some(n),
-                    None => api::opt_i64(&obj, "n_probs")?,
-                }
-                .unwrap_or(0);
-                if !(0..=20).contains(&n) {
-                    return Err(ApiError::invalid(
-                        Some("top_logprobs"),
-                        "'top_logprobs' must be between 0 and 20",
-                    ));
-                }
-                Some(n as usize)
-            }
-            _ => None,
+            Some(true) => Some(top.or(n_probs).unwrap_or(0)),
+            // llama.cpp's n_probs > 0 asks for the probabilities by itself.
+            None => n_probs.filter(|&n| n > 0),
+            Some(false) => None,
         };
+        if let Some(n) = logprobs.filter(|n| !(0..=20).contains(n)) {
+            let name = if top.is_some() {
+                "top_logprobs"
+            } else {
+                "n_probs"
+            };
+            return Err(ApiError::invalid(
+                Some(name),
+                format!("'{name}' must be between 0 and 20, got {n}"),
+            ));
+        }
+        let logprobs = logprobs.map(|n| n as usize);
         let messages: Vec<ChatMessage> = msgs
             .into_iter()
             .map(|(role, content)| ChatMessage::new(role, content))
@@ -563,15 +566,22 @@ async fn completions(State(st): St, headers: HeaderMap, body: Bytes) -> Response
         let eng = st.engine()?;
         let obj = api::parse_object(&body)?;
         let prompt = api::prompt(&obj)?;
-        let opts = api::gen_options(&obj)?;
+        let opts = api::gen_options(&obj, Endpoint::Completions, eng.tok.n_vocab())?;
+        // OpenAI's integer `logprobs`, else llama.cpp's `n_probs` (0: none).
         let logprobs = match api::opt_i64(&obj, "logprobs")? {
-            Some(n) if !(0..=20).contains(&n) => {
+            Some(n) => Some(("logprobs", n)),
+            None => api::opt_i64(&obj, "n_probs")?
+                .filter(|&n| n != 0)
+                .map(|n| ("n_probs", n)),
+        };
+        let logprobs = match logprobs {
+            Some((name, n)) if !(0..=20).contains(&n) => {
                 return Err(ApiError::invalid(
-                    Some("logprobs"),
-                    "'logprobs' must be between 0 and 20",
+                    Some(name),
+                    format!("'{name}' must be between 0 and 20, got {n}"),
                 ))
             }
-            Some(n) => Some(n as usize),
+            Some((_, n)) => Some(n as usize),
             None => None,
         };
         let prompt = match prompt {
