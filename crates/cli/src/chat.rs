@@ -29,10 +29,12 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 
 pub fn run(args: &ChatArgs) -> Result<()> {
     let mut model = args.model.load()?;
-    let tok =
-        Tokenizer::from_gguf_releasing(&mut model.file).context("cannot build the tokenizer")?;
+    let tok = std::sync::Arc::new(
+        Tokenizer::from_gguf_releasing(&mut model.file).context("cannot build the tokenizer")?,
+    );
+    let grammar = args.sampling.grammar_for(&tok)?;
     let mut session = Session::new(&model, args.gen.ctx, args.model.kv_type);
-    let mut sampler = Sampler::new(args.sampling.params(tok.n_vocab())?);
+    let sampling = args.sampling.params(tok.n_vocab())?;
     let params = GenerateParams {
         max_tokens: args.gen.max_tokens(),
         eog: tok.eog_ids().iter().copied().collect(),
@@ -61,7 +63,9 @@ pub fn run(args: &ChatArgs) -> Result<()> {
         let keep = common_prefix(&cached, &ids).min(ids.len() - 1);
         args.gen.check_fits(ids.len())?;
         session.truncate(keep);
-        sampler.reset();
+        // Each answer starts afresh: the seed's stream, and the grammar from its start.
+        let mut sampler = Sampler::new(sampling.clone())
+            .with_constraint(grammar.as_ref().map(|g| g.fresh()).transpose()?);
         let mut decoder = tok.stream_decoder(false);
         let mut stops = StopMatcher::new(&args.sampling.stop);
         let mut answer = String::new();

@@ -120,6 +120,76 @@ pub struct SamplingArgs {
     /// -100..100; -100 (or `-inf`) bans the token.
     #[arg(long = "logit-bias", value_name = "ID=B", value_parser = parse_logit_bias)]
     pub logit_bias: Vec<(u32, f32)>,
+    /// Constrain the answer to JSON valid against this schema (a file, or the JSON itself).
+    #[arg(long = "json-schema", value_name = "FILE|JSON", conflicts_with_all = ["grammar", "regex"])]
+    pub json_schema: Option<String>,
+    /// Constrain the answer to this grammar file (llguidance's Lark syntax: first line
+    /// `%llguidance {}`; GBNF is not supported yet).
+    #[arg(long, value_name = "FILE", conflicts_with = "regex")]
+    pub grammar: Option<std::path::PathBuf>,
+    /// Constrain the whole answer to match this regular expression.
+    #[arg(long, value_name = "R")]
+    pub regex: Option<String>,
+}
+
+impl SamplingArgs {
+    /// The grammar `--json-schema`, `--grammar` or `--regex` asks for, if any.
+    ///
+    /// Errors: an unreadable file, a schema that is not JSON, a GBNF grammar.
+    pub fn grammar(&self) -> Result<Option<frink_engine::constraint::Grammar>> {
+        use frink_engine::constraint::Grammar;
+        if let Some(s) = &self.json_schema {
+            let text = if s.trim_start().starts_with(['{', '[']) || s.trim() == "true" {
+                s.clone()
+            } else {
+                std::fs::read_to_string(s)
+                    .with_context(|| format!("--json-schema: cannot read {s}"))?
+            };
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| format!("--json-schema: not JSON: {s}"))?;
+            return Ok(Some(Grammar::JsonSchema(v)));
+        }
+        if let Some(p) = &self.grammar {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("--grammar: cannot read {}", p.display()))?;
+            return Ok(Some(
+                Grammar::from_grammar_text(&text).map_err(|e| anyhow::anyhow!("--grammar: {e}"))?,
+            ));
+        }
+        Ok(self.regex.clone().map(Grammar::Regex))
+    }
+
+    /// [`SamplingArgs::grammar`] ready to compile for `tok`'s vocabulary, if one is asked.
+    ///
+    /// Errors: those of [`SamplingArgs::grammar`], and a grammar that does not compile
+    /// (the message names the construct).
+    pub fn grammar_for(
+        &self,
+        tok: &std::sync::Arc<frink_tokenizer::Tokenizer>,
+    ) -> Result<Option<CliGrammar>> {
+        let Some(grammar) = self.grammar()? else {
+            return Ok(None);
+        };
+        let compiler = frink_engine::constraint::GrammarCompiler::new(std::sync::Arc::clone(tok))?;
+        let g = CliGrammar { compiler, grammar };
+        g.fresh()?;
+        Ok(Some(g))
+    }
+}
+
+/// A command-line grammar and its compiler: a fresh constraint for each answer.
+pub struct CliGrammar {
+    compiler: frink_engine::constraint::GrammarCompiler,
+    grammar: frink_engine::constraint::Grammar,
+}
+
+impl CliGrammar {
+    /// The grammar's constraint at the start of an answer.
+    pub fn fresh(&self) -> Result<frink_engine::constraint::Constraint> {
+        self.compiler
+            .compile(&self.grammar)
+            .context("the grammar does not compile")
+    }
 }
 
 /// Parses `--logit-bias ID=B`: a token id and a bias in -100..=100 (or `-inf`, a ban).

@@ -75,8 +75,10 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let path = args.model.path()?;
     let t0 = Instant::now();
     let mut model = args.model.load_path(&path)?;
-    let tok =
-        Tokenizer::from_gguf_releasing(&mut model.file).context("cannot build the tokenizer")?;
+    let tok = std::sync::Arc::new(
+        Tokenizer::from_gguf_releasing(&mut model.file).context("cannot build the tokenizer")?,
+    );
+    let grammar = args.sampling.grammar_for(&tok)?;
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
 
     let prompt = prompt_ids(args, &tok)?;
@@ -84,7 +86,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
     args.gen.check_fits(prompt.len())?;
     let max_tokens = args.gen.max_tokens();
     let mut session = Session::new(&model, args.gen.ctx, args.model.kv_type);
-    let mut sampler = Sampler::new(args.sampling.params(tok.n_vocab())?);
+    let mut sampler = Sampler::new(args.sampling.params(tok.n_vocab())?)
+        .with_constraint(grammar.as_ref().map(|g| g.fresh()).transpose()?);
     let params = GenerateParams {
         max_tokens,
         eog: tok.eog_ids().iter().copied().collect(),

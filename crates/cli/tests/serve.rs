@@ -652,7 +652,7 @@ fn openai_venv() -> Option<std::path::PathBuf> {
     let python = dir.join("bin/python");
     let has = |p: &std::path::Path| {
         std::process::Command::new(p)
-            .args(["-c", "import openai"])
+            .args(["-c", "import openai, jsonschema"])
             .output()
             .is_ok_and(|o| o.status.success())
     };
@@ -678,6 +678,7 @@ fn openai_venv() -> Option<std::path::PathBuf> {
             "--quiet",
             "--disable-pip-version-check",
             "openai",
+            "jsonschema",
         ]))
     } else {
         (ok, err)
@@ -686,13 +687,13 @@ fn openai_venv() -> Option<std::path::PathBuf> {
         return Some(python);
     }
     let msg = format!(
-        "cannot install the openai package into {}: {err}",
+        "cannot install the openai and jsonschema packages into {}: {err}",
         dir.display()
     );
     if std::env::var("CI").is_ok_and(|v| v == "true") {
         panic!("{msg}");
     }
-    eprintln!("SKIPPED openai_python_client_end_to_end: {msg}");
+    eprintln!("SKIPPED the openai client tests: {msg}");
     None
 }
 
@@ -736,10 +737,6 @@ fn refused_sample(name: &str) -> (Value, Option<Value>) {
     let tool = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
     let (bad, neutral) = match name {
         "n" => (json!(2), Some(json!(1))),
-        "response_format" => (
-            json!({"type": "json_object"}),
-            Some(json!({"type": "text"})),
-        ),
         "tools" => (tool, Some(json!([]))),
         "tool_choice" => (json!("required"), Some(json!("none"))),
         "functions" => (json!([{"name": "f", "parameters": {}}]), Some(json!([]))),
@@ -752,8 +749,6 @@ fn refused_sample(name: &str) -> (Value, Option<Value>) {
         "best_of" => (json!(3), Some(json!(1))),
         "echo" => (json!(true), Some(json!(false))),
         "suffix" => (json!(" the end."), Some(json!(""))),
-        "json_schema" => (json!({"type": "object"}), None),
-        "grammar" => (json!("root ::= \"yes\""), Some(json!(""))),
         "dynatemp_range" => (json!(0.5), Some(json!(0))),
         "typical_p" => (json!(0.5), Some(json!(1.0))),
         "dry_multiplier" => (json!(0.8), Some(json!(0.0))),
@@ -1041,4 +1036,36 @@ fn repeat_last_n_and_n_probs_are_honoured() {
         &json!({"prompt": "The sky is", "temperature": 0, "max_tokens": 4, "n_probs": 2}),
     );
     assert!(got["choices"][0]["logprobs"].is_object(), "{got}");
+}
+
+/// Structured output with the official `openai` client (tests/structured_e2e.py) on two
+/// catalog models, one with a 49k and one with a 152k vocabulary: 33 JSON schemas of
+/// real-world shapes and 4 Lark grammars, each greedy and with three seeds; every answer
+/// that ends with `stop` parses and validates (`jsonschema`) or matches, at least 95% end
+/// with `stop` (measured: 148 of 148 on both), and unsupported schema features, GBNF and
+/// malformed `response_format`s are 400s naming the field. Before constrained decoding,
+/// these requests got 200 and free text.
+#[test]
+fn structured_output_with_the_openai_client() {
+    let _l = lock();
+    let Some(python) = openai_venv() else {
+        return;
+    };
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/structured_e2e.py");
+    for model in ["smollm2-135m", "qwen2.5-coder-0.5b"] {
+        let srv = Server::start(&["-m", model, "--parallel", "4"]);
+        let out = std::process::Command::new(&python)
+            .arg(&script)
+            .arg(format!("http://127.0.0.1:{}/v1", srv.port))
+            .arg(model)
+            .output()
+            .expect("run the structured-output script");
+        let text = String::from_utf8_lossy(&out.stdout);
+        eprint!("{model}: {text}{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{model}: structured output checks failed"
+        );
+        assert!(text.contains("structured checks passed"), "{model}");
+    }
 }

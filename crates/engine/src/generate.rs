@@ -6,8 +6,20 @@ use std::time::Instant;
 
 use frink_models::{Logits, ModelError};
 
+use crate::constraint::GrammarError;
 use crate::sampling::Sampler;
 use crate::session::Session;
+
+/// Why [`generate`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    /// The prompt did not fit, or evaluation failed.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// The sampler's grammar reached an error state.
+    #[error("grammar: {0}")]
+    Grammar(#[from] GrammarError),
+}
 
 /// Why generation ended (OpenAI's `finish_reason`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,15 +91,19 @@ pub struct GenerateParams {
 /// in the context (`context_full`). Prompt tokens are recorded in the sampler's penalty
 /// history first, as llama.cpp does.
 ///
+/// With a constrained sampler ([`Sampler::with_constraint`]) every token is one its grammar
+/// allows; a complete grammar allows only end-of-generation tokens, so the answer ends with
+/// [`FinishReason::Stop`].
+///
 /// Errors: [`ModelError::ContextFull`] if the prompt itself does not fit (checked before
-/// anything is written); evaluation errors.
+/// anything is written); evaluation errors; a grammar in an error state.
 pub fn generate(
     session: &mut Session<'_>,
     prompt: &[u32],
     sampler: &mut Sampler,
     params: &GenerateParams,
     mut on_token: impl FnMut(u32) -> Flow,
-) -> Result<Generation, ModelError> {
+) -> Result<Generation, GenerateError> {
     let start = Instant::now();
     let mut logits = session.eval(prompt, Logits::Last)?;
     let prompt_ms = ms(start);
@@ -106,7 +122,7 @@ pub fn generate(
     };
     let mut steady_start = None;
     while out.ids.len() < params.max_tokens {
-        let id = sampler.sample(&logits);
+        let id = sampler.try_sample(&logits)?;
         sampler.accept(id);
         out.ids.push(id);
         if out.ids.len() == 1 {

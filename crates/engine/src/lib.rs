@@ -1,6 +1,7 @@
 //! frink's engine: sessions over a loaded model, KV caches, sampling, the generation loop
 //! and stop conditions, and the continuous-batching scheduler of the server.
 
+pub mod constraint;
 mod generate;
 mod perplexity;
 pub mod sampling;
@@ -8,7 +9,7 @@ pub mod scheduler;
 mod session;
 
 pub use generate::{
-    generate, FinishReason, Flow, GenerateParams, Generation, StopMatcher, Timings,
+    generate, FinishReason, Flow, GenerateError, GenerateParams, Generation, StopMatcher, Timings,
 };
 pub use perplexity::{perplexity, Perplexity};
 pub use session::{Session, DEFAULT_BATCH};

@@ -81,6 +81,8 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 
 use rand_chacha::ChaCha20Rng;
+
+use crate::constraint::{Constraint, GrammarError};
 use rand_core::{RngCore, SeedableRng};
 
 /// The seed [`SamplingParams::default`] uses: `0xFFFF_FFFF`, the value of llama.cpp's
@@ -236,8 +238,13 @@ pub struct Sampler {
     counts: HashMap<u32, u32>,
     /// Working buffer: the candidates of the current call.
     cands: Vec<Candidate>,
-    /// Working buffer: the row with [`SamplingParams::logit_bias`] added (only with one).
+    /// Working buffer: the row with [`SamplingParams::logit_bias`] added and the
+    /// constraint's mask applied (only with either).
     biased: Vec<f32>,
+    /// The grammar the answer must match, if any.
+    constraint: Option<Constraint>,
+    /// The constraint's error at the last mask, reported by `try_sample`.
+    mask_error: Option<GrammarError>,
     /// Whether `cands` is in `by_logit_desc` order.
     sorted: bool,
 }
@@ -263,8 +270,25 @@ impl Sampler {
             counts: HashMap::new(),
             cands: Vec::new(),
             biased: Vec::new(),
+            constraint: None,
+            mask_error: None,
             sorted: false,
         }
+    }
+
+    /// With `constraint`: every token [`Sampler::try_sample`] returns is one the grammar
+    /// allows, and it is committed to the grammar. The mask is applied to the logits
+    /// before the chain (after the logit bias), so every sampling mode works under it.
+    pub fn with_constraint(mut self, constraint: Option<Constraint>) -> Self {
+        self.constraint = constraint;
+        self
+    }
+
+    /// Whether a constraint is set and its grammar is complete.
+    pub fn constraint_complete(&self) -> bool {
+        self.constraint
+            .as_ref()
+            .is_some_and(Constraint::is_complete)
     }
 
     /// The settings this sampler was built with.
@@ -278,6 +302,32 @@ impl Sampler {
     /// # Panics
     /// If `logits` is empty.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        assert!(
+            self.constraint.is_none(),
+            "a constrained sampler samples with try_sample"
+        );
+        self.pick(logits)
+    }
+
+    /// [`Sampler::sample`] under the constraint, if any: the token is one the grammar
+    /// allows, and it is committed to the grammar.
+    ///
+    /// Errors: the grammar is in an error state.
+    ///
+    /// # Panics
+    /// If `logits` is empty.
+    pub fn try_sample(&mut self, logits: &[f32]) -> Result<u32, GrammarError> {
+        let id = self.pick(logits);
+        if let Some(c) = &mut self.constraint {
+            if let Some(e) = self.mask_error.take() {
+                return Err(e);
+            }
+            c.commit(id)?;
+        }
+        Ok(id)
+    }
+
+    fn pick(&mut self, logits: &[f32]) -> u32 {
         self.run_filters(logits);
         if self.params.is_greedy() || self.cands.len() == 1 {
             return self.cands[0].id;
@@ -337,7 +387,7 @@ impl Sampler {
     /// either the greedy choice or top-k → top-p → min-p → temperature.
     fn run_filters(&mut self, logits: &[f32]) {
         assert!(!logits.is_empty(), "sampling from an empty logits row");
-        if self.params.logit_bias.is_empty() {
+        if self.params.logit_bias.is_empty() && self.constraint.is_none() {
             return self.run_chain(logits);
         }
         let mut row = std::mem::take(&mut self.biased);
@@ -346,6 +396,11 @@ impl Sampler {
         for &(id, bias) in &self.params.logit_bias {
             if let Some(l) = row.get_mut(id as usize) {
                 *l += bias;
+            }
+        }
+        if let Some(c) = &mut self.constraint {
+            if let Err(e) = c.mask(&mut row) {
+                self.mask_error = Some(e);
             }
         }
         self.run_chain(&row);

@@ -100,6 +100,8 @@ pub struct Request {
     pub ignore_eos: bool,
     /// Report each token's log-probability and this many alternatives (`None`: none).
     pub top_logprobs: Option<usize>,
+    /// The grammar the answer must match (compiled for this request), if any.
+    pub constraint: Option<crate::constraint::Constraint>,
     /// Where the events go.
     pub sink: Box<dyn EventSink>,
 }
@@ -510,7 +512,7 @@ impl<'t> Worker<'t> {
             .max_by(|a, b| a.1.cmp(&b.1).then(b.2.cmp(&a.2)).then(b.0.cmp(&a.0)))
             .map(|(i, p, _)| (i, p))
             .expect("admit is called with a free slot");
-        let mut sampler = Sampler::new(req.sampling.clone());
+        let mut sampler = Sampler::new(req.sampling.clone()).with_constraint(req.constraint.take());
         for &t in &req.prompt {
             sampler.accept(t);
         }
@@ -681,7 +683,13 @@ impl<'t> Worker<'t> {
     /// Samples the next token of `job` from `logits`, sends what it adds, and returns the
     /// job unless it finished (or its client went away).
     fn sample(&self, mut job: Job<'t>, logits: &[f32], n_past: usize) -> Option<Job<'t>> {
-        let id = job.sampler.sample(logits);
+        let id = match job.sampler.try_sample(logits) {
+            Ok(id) => id,
+            Err(e) => {
+                job.req.sink.send(Event::Error(format!("grammar: {e}")));
+                return None;
+            }
+        };
         job.sampler.accept(id);
         job.ids.push(id);
         self.shared.tokens_generated.fetch_add(1, Ordering::Relaxed);
@@ -696,7 +704,9 @@ impl<'t> Worker<'t> {
         job.first_token.get_or_insert(now);
         job.last_token = now;
 
-        let eog = self.tok.is_eog(id) && !job.req.ignore_eos;
+        // A complete grammar allows only end-of-generation tokens: the answer ends there
+        // even with `ignore_eos`.
+        let eog = self.tok.is_eog(id) && (!job.req.ignore_eos || job.sampler.constraint_complete());
         let mut text = String::new();
         let mut tokens = Vec::new();
         if !eog {

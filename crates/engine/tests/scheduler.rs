@@ -50,6 +50,7 @@ fn request(prompt: &[u32], seed: u64, n: usize) -> (Request, mpsc::Receiver<Even
         stop: Vec::new(),
         ignore_eos: true,
         top_logprobs: Some(2),
+        constraint: None,
         sink: Box::new(tx),
     };
     (req, rx)

@@ -9,6 +9,7 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use frink_engine::constraint::Grammar;
 use frink_engine::sampling::SamplingParams;
 use serde_json::{json, Map, Value};
 
@@ -259,9 +260,6 @@ fn text_only(v: &Value) -> bool {
     v.as_array()
         .is_some_and(|a| a.iter().all(|m| m.as_str() == Some("text")))
 }
-fn text_format(v: &Value) -> bool {
-    v.get("type").and_then(Value::as_str) == Some("text")
-}
 fn no_tool_use(v: &Value) -> bool {
     matches!(v.as_str(), Some("none" | "auto"))
 }
@@ -293,6 +291,7 @@ pub const FIELDS: &[Field] = &[
     field_of("stream_options", Both, Honoured),
     field_of("logprobs", Both, Honoured),
     field_of("top_logprobs", ChatApi, Honoured),
+    field_of("response_format", Both, Honoured),
     field_of("n", Both, refused(is_one, "only n = 1 is supported")),
     // OpenAI, informational.
     field_of("model", Both, Informational),
@@ -305,14 +304,6 @@ pub const FIELDS: &[Field] = &[
     field_of("prediction", ChatApi, Informational),
     field_of("parallel_tool_calls", ChatApi, Informational),
     // OpenAI, refused unless neutral.
-    field_of(
-        "response_format",
-        Both,
-        refused(
-            text_format,
-            "structured output (json_object, json_schema) is not supported yet",
-        ),
-    ),
     field_of(
         "tools",
         ChatApi,
@@ -377,6 +368,8 @@ pub const FIELDS: &[Field] = &[
     field_of("n_predict", LlamaCpp, Honoured),
     field_of("ignore_eos", LlamaCpp, Honoured),
     field_of("n_probs", LlamaCpp, Honoured),
+    field_of("json_schema", LlamaCpp, Honoured),
+    field_of("grammar", LlamaCpp, Honoured),
     // llama.cpp, informational.
     field_of("cache_prompt", LlamaCpp, Informational),
     field_of("id_slot", LlamaCpp, Informational),
@@ -391,19 +384,6 @@ pub const FIELDS: &[Field] = &[
     field_of("mirostat_eta", LlamaCpp, Informational),
     field_of("xtc_threshold", LlamaCpp, Informational),
     // llama.cpp, refused unless neutral.
-    field_of(
-        "json_schema",
-        LlamaCpp,
-        refused(
-            never,
-            "structured output (json_schema) is not supported yet",
-        ),
-    ),
-    field_of(
-        "grammar",
-        LlamaCpp,
-        refused(empty, "grammars are not supported yet"),
-    ),
     field_of(
         "dynatemp_range",
         LlamaCpp,
@@ -530,6 +510,73 @@ pub fn refuse_unsupported(obj: &Map<String, Value>, ep: Endpoint) -> Result<(), 
         }
     }
     Ok(())
+}
+
+/// The grammar a request asks its answer to match: OpenAI's `response_format`
+/// (`json_object`, optionally with llama.cpp's `schema`; `json_schema` with
+/// `json_schema.schema`), llama.cpp's `json_schema` (a schema) or `grammar` (llguidance's
+/// Lark syntax, marked by a first line `%llguidance`, as llama.cpp's llguidance build reads
+/// it). Returns the field it came from with it.
+///
+/// Errors: two of them at once; a wrong shape; a GBNF grammar (not supported yet: the
+/// error says so rather than running unconstrained).
+pub fn grammar(obj: &Map<String, Value>) -> Result<Option<(&'static str, Grammar)>, ApiError> {
+    let mut found: Vec<(&'static str, Grammar)> = Vec::new();
+    if let Some(rf) = field(obj, "response_format") {
+        let bad = |m: &str| ApiError::invalid(Some("response_format"), m.to_string());
+        let rf = rf
+            .as_object()
+            .ok_or_else(|| bad("'response_format' must be an object"))?;
+        match rf.get("type").and_then(Value::as_str) {
+            Some("text") => {}
+            Some("json_object") => found.push((
+                "response_format",
+                match rf.get("schema").filter(|s| !s.is_null()) {
+                    Some(schema) => Grammar::JsonSchema(schema.clone()),
+                    None => Grammar::JsonObject,
+                },
+            )),
+            Some("json_schema") => {
+                let schema = rf
+                    .get("json_schema")
+                    .and_then(|j| j.get("schema"))
+                    .filter(|s| !s.is_null())
+                    .ok_or_else(|| bad("'response_format.json_schema.schema' is required"))?;
+                found.push(("response_format", Grammar::JsonSchema(schema.clone())));
+            }
+            _ => {
+                return Err(bad(
+                    "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"",
+                ))
+            }
+        }
+    }
+    if let Some(schema) = field(obj, "json_schema") {
+        if !schema.is_object() && !schema.is_boolean() {
+            return Err(ApiError::invalid(
+                Some("json_schema"),
+                "'json_schema' must be a JSON schema (an object)",
+            ));
+        }
+        found.push(("json_schema", Grammar::JsonSchema(schema.clone())));
+    }
+    if let Some(g) = opt_str(obj, "grammar")?.filter(|g| !g.trim().is_empty()) {
+        let g = Grammar::from_grammar_text(g).map_err(|e| {
+            ApiError::invalid(Some("grammar"), format!("'grammar': {e}"))
+                .with_code("unsupported_field")
+        })?;
+        found.push(("grammar", g));
+    }
+    match found.len() {
+        0 | 1 => Ok(found.pop()),
+        _ => Err(ApiError::invalid(
+            Some(found[1].0),
+            format!(
+                "'{}' and '{}' both constrain the answer; send one",
+                found[0].0, found[1].0
+            ),
+        )),
+    }
 }
 
 /// Generation options common to both completion endpoints.

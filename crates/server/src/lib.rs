@@ -30,6 +30,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use frink_engine::constraint::{Constraint, GrammarCompiler};
 use frink_engine::scheduler::{
     Completion, Event, EventSink, Histogram, Request, Scheduler, SchedulerConfig, SubmitError,
     TokenLogprob,
@@ -69,6 +70,22 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 struct Engine {
     sched: Scheduler,
     tok: Arc<Tokenizer>,
+    /// Compiles requests' grammars against the vocabulary.
+    grammars: GrammarCompiler,
+}
+
+impl Engine {
+    /// The compiled constraint of a request's grammar fields, if it has one.
+    ///
+    /// Errors: a 400 naming the field, with the compiler's message.
+    fn constraint(&self, obj: &Map<String, Value>) -> Result<Option<Constraint>, ApiError> {
+        let Some((param, g)) = api::grammar(obj)? else {
+            return Ok(None);
+        };
+        self.grammars.compile(&g).map(Some).map_err(|e| {
+            ApiError::invalid(Some(param), format!("'{param}': {e}")).with_code("invalid_grammar")
+        })
+    }
 }
 
 struct AppState {
@@ -208,7 +225,13 @@ fn start_engine(config: &ServeConfig, load: Loader) -> Result<Engine> {
             ..SchedulerConfig::default()
         },
     );
-    Ok(Engine { sched, tok })
+    let grammars = GrammarCompiler::new(Arc::clone(&tok))
+        .context("cannot index the vocabulary for grammars")?;
+    Ok(Engine {
+        sched,
+        tok,
+        grammars,
+    })
 }
 
 /// Resolves on SIGINT or SIGTERM.
@@ -508,6 +531,8 @@ struct Prepared {
     opts: GenOptions,
     /// `Some(n)`: report log-probabilities with `n` alternatives.
     logprobs: Option<usize>,
+    /// The grammar the answer must match.
+    constraint: Option<Constraint>,
     model: String,
 }
 
@@ -551,6 +576,7 @@ async fn chat_completions(State(st): St, headers: HeaderMap, body: Bytes) -> Res
             prompt,
             opts,
             logprobs,
+            constraint: eng.constraint(&obj)?,
             model: model_field(&st, &obj),
         })
     })();
@@ -602,6 +628,7 @@ async fn completions(State(st): St, headers: HeaderMap, body: Bytes) -> Response
             prompt,
             opts,
             logprobs,
+            constraint: eng.constraint(&obj)?,
             model: model_field(&st, &obj),
         })
     })();
@@ -665,6 +692,7 @@ async fn complete(st: &AppState, kind: Kind, p: Prepared) -> Response {
         stop: p.opts.stop.clone(),
         ignore_eos: p.opts.ignore_eos,
         top_logprobs: p.logprobs,
+        constraint: p.constraint,
         sink: Box::new(ChannelSink(tx)),
     };
     match eng.sched.submit(req) {

@@ -1,0 +1,237 @@
+//! Constrained decoding: a grammar (a JSON schema, a regex or a Lark grammar) turned into
+//! the set of tokens allowed at each step, on the `llguidance` crate.
+//!
+//! [`GrammarCompiler::new`] builds, once per model, `llguidance`'s token trie from the
+//! vocabulary: each token's bytes as frink detokenizes it (`token_to_piece`), control and
+//! unknown tokens as special tokens (`0xFF` then their text, toktrie's marker), unused
+//! slots as empty (never allowed), and the model's end-of-generation ids as its EOS set.
+//! [`GrammarCompiler::compile`] checks a grammar and gives a [`Constraint`], one per
+//! sequence: [`Constraint::allowed`] is the mask of the next step (only the EOS set once the
+//! grammar is complete, so the answer ends with `finish_reason: "stop"`), and
+//! [`Constraint::commit`] advances it by the sampled token. The mask is applied to the
+//! logits before the sampler's chain (see [`crate::sampling::Sampler::with_constraint`]), so
+//! every sampling mode works under a constraint; tokens are never forced past the sampler
+//! (no multi-token fast-forward: its canonical tokenization may differ from the model's).
+//!
+//! A schema or grammar feature `llguidance` cannot enforce is a compile error naming it
+//! (its JSON compiler refuses unknown keywords unless the schema asks to be lenient), never
+//! a silently relaxed constraint.
+
+use std::sync::Arc;
+
+use frink_tokenizer::{TokenAttr, Tokenizer};
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{self, TokRxInfo, TokTrie, TokenizerEnv};
+use llguidance::{Matcher, ParserFactory};
+
+/// What a request asks its answer to match.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Grammar {
+    /// Any JSON value valid against this JSON schema (draft 2020-12 as `llguidance`
+    /// implements it).
+    JsonSchema(serde_json::Value),
+    /// Any JSON object (OpenAI's `response_format: {"type": "json_object"}`).
+    JsonObject,
+    /// The whole answer matches this regular expression (Rust `regex` syntax).
+    Regex(String),
+    /// A grammar in `llguidance`'s Lark syntax (llama.cpp's `%llguidance` grammars; that
+    /// first line is a directive of the syntax).
+    Lark(String),
+}
+
+impl Grammar {
+    /// A grammar as llama.cpp reads its `grammar` field and `--grammar-file`: text whose
+    /// first line starts with `%llguidance` is llguidance's Lark syntax (llama.cpp's
+    /// llguidance build); anything else is GBNF.
+    ///
+    /// Errors: a GBNF grammar, which frink does not convert yet (the message says what is
+    /// accepted instead).
+    pub fn from_grammar_text(text: &str) -> Result<Grammar, GrammarError> {
+        if text.trim_start().starts_with("%llguidance") {
+            Ok(Grammar::Lark(text.to_string()))
+        } else {
+            Err(GrammarError(
+                "GBNF grammars are not supported yet; a grammar in llguidance's Lark syntax \
+                 (first line `%llguidance {}`), a JSON schema or a regex is"
+                    .into(),
+            ))
+        }
+    }
+}
+
+/// A grammar that cannot be compiled: `llguidance`'s message, which names the construct.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct GrammarError(pub String);
+
+/// frink's tokenizer as `llguidance` sees it: the trie of token bytes, and tokenization of
+/// the grammar's literal text by frink's own tokenizer.
+struct TokEnv {
+    tok: Arc<Tokenizer>,
+    trie: TokTrie,
+}
+
+impl TokenizerEnv for TokEnv {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<toktrie::TokenId> {
+        // Bytes frink cannot tokenize (never the case for a vocabulary with byte fallback or
+        // byte-level BPE) fall back to the trie's greedy split, which is still exact bytes.
+        self.tok
+            .encode_bytes(s, false, false)
+            .unwrap_or_else(|_| self.trie.greedy_tokenize(s))
+    }
+}
+
+/// The per-model part of constrained decoding: the token trie and `llguidance`'s parser
+/// factory. Cheap to share (`Arc` inside); building it walks the vocabulary once.
+#[derive(Clone)]
+pub struct GrammarCompiler {
+    factory: Arc<ParserFactory>,
+}
+
+impl std::fmt::Debug for GrammarCompiler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrammarCompiler").finish_non_exhaustive()
+    }
+}
+
+impl GrammarCompiler {
+    /// The compiler for `tok`'s vocabulary.
+    ///
+    /// Errors: a vocabulary without end-of-generation tokens (a constrained answer could
+    /// never end), or `llguidance` rejecting the trie.
+    pub fn new(tok: Arc<Tokenizer>) -> Result<GrammarCompiler, GrammarError> {
+        let n = tok.n_vocab();
+        let words: Vec<Vec<u8>> = (0..n as u32)
+            .map(|id| {
+                let attr = tok.token_attr(id).unwrap_or_default();
+                if attr.has(TokenAttr::CONTROL | TokenAttr::UNKNOWN) {
+                    let mut w = vec![TokTrie::SPECIAL_TOKEN_MARKER];
+                    w.extend_from_slice(tok.token_text(id).unwrap_or_default().as_bytes());
+                    w
+                } else {
+                    tok.token_to_piece(id, true).unwrap_or_default().to_vec()
+                }
+            })
+            .collect();
+        let eog = tok.eog_ids().to_vec();
+        let Some(&first) = eog.first() else {
+            return Err(GrammarError(
+                "the vocabulary has no end-of-generation token: a constrained answer could not end"
+                    .into(),
+            ));
+        };
+        let mut info = TokRxInfo::new(n as u32, first);
+        info.tok_bos = tok.bos_id();
+        let trie = TokTrie::from(&info, &words).with_eos_tokens(&eog);
+        let env: toktrie::TokEnv = Arc::new(TokEnv { tok, trie });
+        let mut factory =
+            ParserFactory::new_simple(&env).map_err(|e| GrammarError(e.to_string()))?;
+        factory.quiet();
+        Ok(GrammarCompiler {
+            factory: Arc::new(factory),
+        })
+    }
+
+    /// Compiles `grammar` into a fresh [`Constraint`] at the start of an answer.
+    ///
+    /// Errors: [`GrammarError`] naming what cannot be compiled (an invalid or unsupported
+    /// schema keyword, a bad regex, a Lark syntax error).
+    pub fn compile(&self, grammar: &Grammar) -> Result<Constraint, GrammarError> {
+        let top = match grammar {
+            Grammar::JsonSchema(schema) => {
+                TopLevelGrammar::from_json_schema(bounded_whitespace(schema))
+            }
+            Grammar::JsonObject => TopLevelGrammar::from_json_schema(bounded_whitespace(
+                &serde_json::json!({"type": "object"}),
+            )),
+            Grammar::Regex(rx) => TopLevelGrammar::from_regex(rx),
+            // A leading `%llguidance {}` (llama.cpp's marker) is a directive of this syntax.
+            Grammar::Lark(src) => TopLevelGrammar::from_lark(src.clone()),
+        };
+        let parser = self
+            .factory
+            .create_parser(top)
+            .map_err(|e| GrammarError(e.to_string()))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(GrammarError(e));
+        }
+        Ok(Constraint { matcher })
+    }
+}
+
+/// The whitespace a JSON answer may put between its tokens: one space, or one or two
+/// newlines and up to 20 spaces or tabs of indentation: llama.cpp's `SPACE_RULE`
+/// (common/json-schema-to-grammar.cpp). `llguidance`'s default allows any run of
+/// whitespace, and a small model then fills its budget with newlines inside an object.
+const JSON_WHITESPACE: &str = r"(?:\x20|\x0A{1,2}[\x20\x09]{0,20})";
+
+/// `schema` with frink's JSON layout options unless it sets its own (`x-guidance`).
+fn bounded_whitespace(schema: &serde_json::Value) -> serde_json::Value {
+    let mut schema = schema.clone();
+    if let Some(obj) = schema.as_object_mut() {
+        if !obj.contains_key("x-guidance") {
+            let opts = llguidance::JsonCompileOptions {
+                whitespace_pattern: Some(JSON_WHITESPACE.to_string()),
+                ..Default::default()
+            };
+            opts.apply_to(&mut schema);
+        }
+    }
+    schema
+}
+
+/// One sequence's grammar state.
+#[derive(Clone)]
+pub struct Constraint {
+    matcher: Matcher,
+}
+
+impl std::fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Constraint")
+            .field("stopped", &self.matcher.is_stopped())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Constraint {
+    /// Bans (sets to `-inf`) every logit of `row` whose token the grammar does not allow
+    /// next; once the grammar is complete only the end-of-generation tokens remain. Ids
+    /// past the vocabulary (a padded output row) are banned.
+    ///
+    /// Errors: the grammar is in an error state (`llguidance`'s message).
+    pub fn mask(&mut self, row: &mut [f32]) -> Result<(), GrammarError> {
+        let vob = self
+            .matcher
+            .compute_mask_or_eos()
+            .map_err(|e| GrammarError(e.to_string()))?;
+        for (id, l) in row.iter_mut().enumerate() {
+            if !(id < vob.len() && vob.get(id)) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        Ok(())
+    }
+
+    /// Advances the grammar by the sampled token `id` (an end-of-generation token ends it).
+    ///
+    /// Errors: `id` is not allowed here (it was not sampled from a masked row).
+    pub fn commit(&mut self, id: u32) -> Result<(), GrammarError> {
+        if self.matcher.is_stopped() {
+            return Ok(());
+        }
+        self.matcher
+            .consume_token(id)
+            .map_err(|e| GrammarError(e.to_string()))
+    }
+
+    /// Whether the grammar has reached its end (only end-of-generation tokens are allowed).
+    pub fn is_complete(&self) -> bool {
+        self.matcher.is_stopped()
+    }
+}
