@@ -158,3 +158,106 @@ fn chat_keeps_the_conversation() {
     assert!(two.iter().all(|a| !a.trim().is_empty()), "{two:?}");
     assert_ne!(two[1], alone[0], "the second turn ignored the first");
 }
+
+/// `--json-schema`, `--regex` and `--grammar` constrain the answer (JSON that satisfies
+/// the schema, greedy and sampled; text matching the regex or Lark grammar, ending with
+/// `stop`); a GBNF file, a schema keyword that cannot be enforced and two constraints at
+/// once are refused.
+#[test]
+fn json_schema_regex_and_grammar_flags_constrain_the_answer() {
+    let schema = r#"{"type":"object","properties":{"colour":{"enum":["red","green","blue"]},"count":{"type":"integer","minimum":1,"maximum":9}},"required":["colour","count"],"additionalProperties":false}"#;
+    for seed in ["--greedy", "--seed=4"] {
+        let v = json_run(&[
+            seed,
+            "-n",
+            "60",
+            "--json-schema",
+            schema,
+            "Pick a colour and a count.",
+        ]);
+        assert_eq!(v["finish_reason"], "stop", "{v}");
+        let a: Value = serde_json::from_str(v["text"].as_str().unwrap()).unwrap();
+        assert!(
+            ["red", "green", "blue"].contains(&a["colour"].as_str().unwrap()),
+            "{a}"
+        );
+        assert!((1..=9).contains(&a["count"].as_i64().unwrap()), "{a}");
+        assert_eq!(a.as_object().unwrap().len(), 2);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let schema_file = dir.path().join("s.json");
+    std::fs::write(&schema_file, schema).unwrap();
+    let v = json_run(&[
+        "--greedy",
+        "-n",
+        "60",
+        "--json-schema",
+        schema_file.to_str().unwrap(),
+        "Pick.",
+    ]);
+    assert!(
+        serde_json::from_str::<Value>(v["text"].as_str().unwrap()).is_ok(),
+        "{v}"
+    );
+
+    let v = json_run(&[
+        "--greedy",
+        "-n",
+        "30",
+        "--regex",
+        "(yes|no)\\.",
+        "Is the sky blue?",
+    ]);
+    assert!(
+        ["yes.", "no."].contains(&v["text"].as_str().unwrap()),
+        "{v}"
+    );
+    assert_eq!(v["finish_reason"], "stop");
+
+    let lark = dir.path().join("g.lark");
+    std::fs::write(
+        &lark,
+        "%llguidance {}\nstart: \"The answer is \" /[0-9]{1,2}/ \".\"\n",
+    )
+    .unwrap();
+    let v = json_run(&[
+        "--greedy",
+        "-n",
+        "30",
+        "--grammar",
+        lark.to_str().unwrap(),
+        "What is 2+2?",
+    ]);
+    let text = v["text"].as_str().unwrap();
+    assert!(
+        text.starts_with("The answer is ") && text.ends_with('.'),
+        "{v}"
+    );
+
+    let gbnf = dir.path().join("g.gbnf");
+    std::fs::write(&gbnf, "root ::= \"yes\"\n").unwrap();
+    let out = frink(&["run", "-n", "4", "--grammar", gbnf.to_str().unwrap(), "hi"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("GBNF"), "{}", stderr(&out));
+    let out = frink(&[
+        "run",
+        "-n",
+        "4",
+        "--json-schema",
+        r#"{"type":"array","uniqueItems":true}"#,
+        "hi",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("uniqueItems"), "{}", stderr(&out));
+    let out = frink(&[
+        "run",
+        "-n",
+        "4",
+        "--json-schema",
+        "{}",
+        "--regex",
+        "a",
+        "hi",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}

@@ -284,6 +284,27 @@ impl Sampler {
         self
     }
 
+    /// Computes the constraint's next mask ahead of [`Sampler::try_sample`] (see
+    /// [`Constraint::prepare`]); nothing without a constraint.
+    pub fn prepare_constraint(&mut self) {
+        if let Some(c) = &mut self.constraint {
+            c.prepare();
+        }
+    }
+
+    /// Whether a constraint is set.
+    pub fn is_constrained(&self) -> bool {
+        self.constraint.is_some()
+    }
+
+    /// The constraint's time in masks and commits so far (zero without one).
+    pub fn constraint_busy(&self) -> std::time::Duration {
+        self.constraint
+            .as_ref()
+            .map(Constraint::busy)
+            .unwrap_or_default()
+    }
+
     /// Whether a constraint is set and its grammar is complete.
     pub fn constraint_complete(&self) -> bool {
         self.constraint
@@ -391,16 +412,21 @@ impl Sampler {
             return self.run_chain(logits);
         }
         let mut row = std::mem::take(&mut self.biased);
-        row.clear();
-        row.extend_from_slice(logits);
+        match &mut self.constraint {
+            Some(c) => {
+                if let Err(e) = c.masked(logits, &mut row) {
+                    self.mask_error = Some(e);
+                }
+            }
+            None => {
+                row.clear();
+                row.extend_from_slice(logits);
+            }
+        }
+        // After the mask: a banned logit stays -inf whatever its bias.
         for &(id, bias) in &self.params.logit_bias {
             if let Some(l) = row.get_mut(id as usize) {
                 *l += bias;
-            }
-        }
-        if let Some(c) = &mut self.constraint {
-            if let Err(e) = c.mask(&mut row) {
-                self.mask_error = Some(e);
             }
         }
         self.run_chain(&row);

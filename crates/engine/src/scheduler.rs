@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use frink_models::{KvCache, KvType, Logits, Model, Sequence};
 use frink_tokenizer::{StreamDecoder, Tokenizer};
@@ -223,6 +223,11 @@ pub struct MetricsSnapshot {
     pub prefill_seconds: f64,
     /// Forward-pass time spent on decode rows, in seconds.
     pub decode_seconds: f64,
+    /// Time constrained tokens spent computing their grammar's mask and committing to it,
+    /// in seconds (`llguidance`'s part of a step, outside the forward pass).
+    pub grammar_seconds: f64,
+    /// Tokens sampled under a grammar.
+    pub grammar_tokens: u64,
     /// Time from arrival to the first token.
     pub ttft: Histogram,
     /// Time between consecutive tokens of one request.
@@ -244,6 +249,10 @@ struct Shared {
     /// Prefill and decode time, in nanoseconds.
     prefill_ns: AtomicU64,
     decode_ns: AtomicU64,
+    /// Time constrained tokens spent in their grammar's mask and commit, in nanoseconds,
+    /// and how many tokens that was.
+    grammar_ns: AtomicU64,
+    grammar_tokens: AtomicU64,
     histograms: Mutex<(Histogram, Histogram)>,
     /// Refuse queued requests and cancel running ones (shutdown).
     cancel_all: AtomicBool,
@@ -346,6 +355,8 @@ impl Scheduler {
             slots_total: self.config.parallel,
             prefill_seconds: s.prefill_ns.load(Ordering::Relaxed) as f64 * 1e-9,
             decode_seconds: s.decode_ns.load(Ordering::Relaxed) as f64 * 1e-9,
+            grammar_seconds: s.grammar_ns.load(Ordering::Relaxed) as f64 * 1e-9,
+            grammar_tokens: s.grammar_tokens.load(Ordering::Relaxed),
             ttft,
             token_latency,
         }
@@ -366,6 +377,10 @@ impl Drop for Scheduler {
 struct Job<'t> {
     req: Request,
     sampler: Sampler,
+    /// The request came with a grammar.
+    constrained: bool,
+    /// The grammar time already added to the metrics.
+    grammar_counted: Duration,
     decoder: StreamDecoder<'t>,
     stops: StopMatcher,
     /// Prompt tokens already in the cache.
@@ -512,6 +527,7 @@ impl<'t> Worker<'t> {
             .max_by(|a, b| a.1.cmp(&b.1).then(b.2.cmp(&a.2)).then(b.0.cmp(&a.0)))
             .map(|(i, p, _)| (i, p))
             .expect("admit is called with a free slot");
+        let constrained = req.constraint.is_some();
         let mut sampler = Sampler::new(req.sampling.clone()).with_constraint(req.constraint.take());
         for &t in &req.prompt {
             sampler.accept(t);
@@ -555,6 +571,8 @@ impl<'t> Worker<'t> {
             stops: StopMatcher::new(&req.stop),
             req,
             sampler,
+            constrained,
+            grammar_counted: Duration::ZERO,
             decoder: self.tok.stream_decoder(false),
             fed: prefix,
             cached: prefix,
@@ -626,17 +644,49 @@ impl<'t> Worker<'t> {
         let t0 = Instant::now();
         let result = {
             let mut seqs = Vec::with_capacity(inputs.len());
+            // Samplers whose grammar mask the next sampling needs: computed on another
+            // thread while the forward pass runs (the mask depends only on the grammar's
+            // state, which is known now), so sampling only applies it; only where a core
+            // is left over by the compute pool (on a machine the pool fills, the mask
+            // thread would take its time from the forward pass: measured on 2 cores,
+            // smollm2, 8 constrained streams, 0.87x of free decoding with it, 0.89x
+            // without).
+            let spare_core = std::thread::available_parallelism()
+                .is_ok_and(|n| n.get() > frink_models::pool::threads());
+            let mut masks: Vec<&mut Sampler> = Vec::new();
             let mut it = inputs.iter().peekable();
             for (i, slot) in self.slots.iter_mut().enumerate() {
                 if let Some(inp) = it.next_if(|x| x.0 == i) {
+                    let Slot { cache, job, .. } = slot;
+                    if let Some(job) = job.as_mut() {
+                        if spare_core && inp.2 == Logits::Last && job.sampler.is_constrained() {
+                            masks.push(&mut job.sampler);
+                        }
+                    }
                     seqs.push(Sequence {
-                        cache: &mut slot.cache,
+                        cache,
                         tokens: &inp.1,
                         logits: inp.2,
                     });
                 }
             }
-            self.model.forward_batch(&mut seqs)
+            let model = &self.model;
+            std::thread::scope(|scope| {
+                let ahead = (!masks.is_empty()).then(|| {
+                    scope.spawn(move || {
+                        for s in masks {
+                            s.prepare_constraint();
+                        }
+                    })
+                });
+                let r = model.forward_batch(&mut seqs);
+                // A panic in the mask thread only loses the head start: sampling computes
+                // the mask itself then.
+                if let Some(h) = ahead {
+                    let _ = h.join();
+                }
+                r
+            })
         };
         let ns = t0.elapsed().as_nanos() as u64;
         let rows = (n_prefill + n_decode).max(1) as u64;
@@ -683,7 +733,16 @@ impl<'t> Worker<'t> {
     /// Samples the next token of `job` from `logits`, sends what it adds, and returns the
     /// job unless it finished (or its client went away).
     fn sample(&self, mut job: Job<'t>, logits: &[f32], n_past: usize) -> Option<Job<'t>> {
-        let id = match job.sampler.try_sample(logits) {
+        let sampled = job.sampler.try_sample(logits);
+        if job.constrained {
+            // All grammar time since the last token, computed ahead or not.
+            let busy = job.sampler.constraint_busy();
+            let ns = busy.saturating_sub(job.grammar_counted).as_nanos() as u64;
+            job.grammar_counted = busy;
+            self.shared.grammar_ns.fetch_add(ns, Ordering::Relaxed);
+            self.shared.grammar_tokens.fetch_add(1, Ordering::Relaxed);
+        }
+        let id = match sampled {
             Ok(id) => id,
             Err(e) => {
                 job.req.sink.send(Event::Error(format!("grammar: {e}")));

@@ -184,3 +184,55 @@ fn a_prefix_held_by_a_busy_slot_is_copied_not_recomputed() {
     assert_eq!(done(&rx_a).ids.len(), 40);
     assert_eq!(sched.metrics().prompt_tokens_cached, shared as u64);
 }
+
+/// A constrained request gives the same tokens alone and beside seven others, constrained
+/// and free (issue 13's batch invariance): the mask is per sequence and applied before that
+/// sequence's own sampler. Every token of a constrained answer is one the grammar allows
+/// (the decoded answer matches it), and without the grammar the answer differs (the random
+/// fixture's free answer is not lowercase words).
+#[test]
+fn constrained_requests_are_batch_invariant() {
+    use frink_engine::constraint::{Grammar, GrammarCompiler};
+    let Some((path, ids)) = fixture() else {
+        return;
+    };
+    let model = Model::load(&path).unwrap();
+    let tok = Arc::new(Tokenizer::from_gguf(&model.file).unwrap());
+    let compiler = GrammarCompiler::new(Arc::clone(&tok)).unwrap();
+    let grammar = Grammar::Lark("start: /[a-z]{1,6}( [a-z]{1,6}){0,20}/".into());
+    let constrained = |prompt: &[u32], seed: u64, n: usize| {
+        let (mut req, rx) = request(prompt, seed, n);
+        req.ignore_eos = false;
+        req.constraint = Some(compiler.compile(&grammar).unwrap());
+        (req, rx)
+    };
+    let sched = start(&path, 8, 512);
+    let (req, rx) = constrained(&ids[..20], 5, 12);
+    sched.submit(req).unwrap();
+    let alone = done(&rx).ids;
+    let text = tok.decode(&alone, false).unwrap();
+    let words_only = text.chars().all(|c| c.is_ascii_lowercase() || c == ' ');
+    assert!(words_only && !text.is_empty(), "{text:?}");
+    let (req, rx) = request(&ids[..20], 5, 12);
+    sched.submit(req).unwrap();
+    assert_ne!(done(&rx).ids, alone, "the grammar changes the answer");
+
+    let others: Vec<_> = (0..7)
+        .map(|i| {
+            let prompt = &ids[i..i + 8 + i];
+            let (req, rx) = if i % 2 == 0 {
+                constrained(prompt, 100 + i as u64, 10)
+            } else {
+                request(prompt, 100 + i as u64, 10)
+            };
+            sched.submit(req).unwrap();
+            rx
+        })
+        .collect();
+    let (req, rx) = constrained(&ids[..20], 5, 12);
+    sched.submit(req).unwrap();
+    assert_eq!(done(&rx).ids, alone, "beside seven others");
+    for o in &others {
+        done(o);
+    }
+}

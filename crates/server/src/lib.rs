@@ -441,6 +441,18 @@ async fn metrics(State(st): St, headers: HeaderMap) -> Response {
         "counter",
         m.decode_seconds,
     );
+    counter(
+        "frink_grammar_mask_seconds_total",
+        "Time constrained tokens spent computing their grammar's mask and committing to it.",
+        "counter",
+        m.grammar_seconds,
+    );
+    counter(
+        "frink_grammar_tokens_total",
+        "Tokens sampled under a grammar (response_format, json_schema, grammar).",
+        "counter",
+        m.grammar_tokens as f64,
+    );
     histogram(
         &mut s,
         "frink_time_to_first_token_seconds",
