@@ -123,8 +123,8 @@ pub struct SamplingArgs {
     /// Constrain the answer to JSON valid against this schema (a file, or the JSON itself).
     #[arg(long = "json-schema", value_name = "FILE|JSON", conflicts_with_all = ["grammar", "regex"])]
     pub json_schema: Option<String>,
-    /// Constrain the answer to this grammar file (llguidance's Lark syntax: first line
-    /// `%llguidance {}`; GBNF is not supported yet).
+    /// Constrain the answer to this grammar file: GBNF (llama.cpp's grammars), or
+    /// llguidance's Lark syntax with the first line `%llguidance {}`.
     #[arg(long, value_name = "FILE", conflicts_with = "regex")]
     pub grammar: Option<std::path::PathBuf>,
     /// Constrain the whole answer to match this regular expression.
@@ -135,7 +135,8 @@ pub struct SamplingArgs {
 impl SamplingArgs {
     /// The grammar `--json-schema`, `--grammar` or `--regex` asks for, if any.
     ///
-    /// Errors: an unreadable file, a schema that is not JSON, a GBNF grammar.
+    /// Errors: an unreadable file, a schema that is not JSON, a grammar that does not
+    /// parse.
     pub fn grammar(&self) -> Result<Option<frink_engine::constraint::Grammar>> {
         use frink_engine::constraint::Grammar;
         if let Some(s) = &self.json_schema {

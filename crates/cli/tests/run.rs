@@ -161,8 +161,8 @@ fn chat_keeps_the_conversation() {
 
 /// `--json-schema`, `--regex` and `--grammar` constrain the answer (JSON that satisfies
 /// the schema, greedy and sampled; text matching the regex or Lark grammar, ending with
-/// `stop`); a GBNF file, a schema keyword that cannot be enforced and two constraints at
-/// once are refused.
+/// `stop`), a GBNF file too; a GBNF token reference, a schema keyword that cannot be
+/// enforced and two constraints at once are refused.
 #[test]
 fn json_schema_regex_and_grammar_flags_constrain_the_answer() {
     let schema = r#"{"type":"object","properties":{"colour":{"enum":["red","green","blue"]},"count":{"type":"integer","minimum":1,"maximum":9}},"required":["colour","count"],"additionalProperties":false}"#;
@@ -235,10 +235,27 @@ fn json_schema_regex_and_grammar_flags_constrain_the_answer() {
     );
 
     let gbnf = dir.path().join("g.gbnf");
-    std::fs::write(&gbnf, "root ::= \"yes\"\n").unwrap();
+    std::fs::write(&gbnf, "root ::= (\"yes\" | \"no\") \"!\"\n").unwrap();
+    let v = json_run(&[
+        "--greedy",
+        "-n",
+        "10",
+        "--grammar",
+        gbnf.to_str().unwrap(),
+        "Is it?",
+    ]);
+    assert!(
+        ["yes!", "no!"].contains(&v["text"].as_str().unwrap()),
+        "{v}"
+    );
+    std::fs::write(&gbnf, "root ::= <think> [a-z]*\n").unwrap();
     let out = frink(&["run", "-n", "4", "--grammar", gbnf.to_str().unwrap(), "hi"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("GBNF"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("token references"),
+        "{}",
+        stderr(&out)
+    );
     let out = frink(&[
         "run",
         "-n",

@@ -4,8 +4,9 @@ Run by crates/cli/tests/serve.rs (structured_output_with_the_openai_client) with
 server's base URL and model name. For every JSON schema below, the greedy answer and three
 sampled ones (seeds 1-3): an answer that ends with `finish_reason: "stop"` must parse and
 validate against its schema (the `jsonschema` package, draft 2020-12); at least 95% must
-end with `stop`. Lark grammars likewise (checked with an equivalent Python regex), and
-unsupported schema features, GBNF grammars and malformed `response_format`s are 400s.
+end with `stop`. Lark and GBNF grammars likewise (checked with an equivalent Python regex), and
+unsupported schema features, GBNF token references, malformed grammars and
+`response_format`s are 400s.
 Exits non-zero on a failed check; prints a summary line.
 """
 
@@ -70,12 +71,16 @@ SCHEMAS = [
     ("A map of scores.", {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 100}, "maxProperties": 3}),
 ]
 
-# (grammar in llguidance's Lark syntax, Python regex the whole answer must match)
+# (grammar: llguidance's Lark syntax or llama.cpp's GBNF; Python regex the whole answer must
+# match)
 LARK = [
     ('%llguidance {}\nstart: "yes" | "no"', r"yes|no"),
     ("%llguidance {}\nstart: /[0-9]{3}-[0-9]{4}/", r"[0-9]{3}-[0-9]{4}"),
     ('%llguidance {}\nstart: item ("," item){0,3}\nitem: /[a-z]{1,8}/', r"[a-z]{1,8}(,[a-z]{1,8}){0,3}"),
     ('%llguidance {}\nstart: "The answer is " /[0-9]{1,3}/ "."', r"The answer is [0-9]{1,3}\."),
+    ('root ::= ("yes" | "no") "."', r"(yes|no)\."),
+    ('root ::= item ("," space item){0,3}\nitem ::= [a-z]{1,8}\nspace ::= | " "', r"[a-z]{1,8}(, ?[a-z]{1,8}){0,3}"),
+    ('root ::= "(" [0-9]{3} ") " [0-9]{3} "-" [0-9]{4}', r"\([0-9]{3}\) [0-9]{3}-[0-9]{4}"),
 ]
 
 
@@ -123,7 +128,8 @@ check(stopped >= 0.95 * len(jobs), f"only {stopped} of {len(jobs)} answers ended
 for extra, param in [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "u", "schema": {"type": "array", "uniqueItems": True}}}}, "response_format"),
     ({"extra_body": {"json_schema": {"not": {"type": "string"}}}}, "json_schema"),
-    ({"extra_body": {"grammar": 'root ::= "yes"'}}, "grammar"),
+    ({"extra_body": {"grammar": "root ::= <think> [a-z]*"}}, "grammar"),
+    ({"extra_body": {"grammar": 'root ::= "unterminated'}}, "grammar"),
     ({"response_format": {"type": "xml"}}, "response_format"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
 ]:

@@ -43,19 +43,16 @@ pub enum Grammar {
 impl Grammar {
     /// A grammar as llama.cpp reads its `grammar` field and `--grammar-file`: text whose
     /// first line starts with `%llguidance` is llguidance's Lark syntax (llama.cpp's
-    /// llguidance build); anything else is GBNF.
+    /// llguidance build); anything else is GBNF, converted to Lark by
+    /// [`crate::gbnf::gbnf_to_lark`].
     ///
-    /// Errors: a GBNF grammar, which frink does not convert yet (the message says what is
-    /// accepted instead).
+    /// Errors: GBNF that does not parse or uses what frink does not convert (token
+    /// references), with its line.
     pub fn from_grammar_text(text: &str) -> Result<Grammar, GrammarError> {
         if text.trim_start().starts_with("%llguidance") {
             Ok(Grammar::Lark(text.to_string()))
         } else {
-            Err(GrammarError(
-                "GBNF grammars are not supported yet; a grammar in llguidance's Lark syntax \
-                 (first line `%llguidance {}`), a JSON schema or a regex is"
-                    .into(),
-            ))
+            crate::gbnf::gbnf_to_lark(text).map(Grammar::Lark)
         }
     }
 }

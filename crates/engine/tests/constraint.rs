@@ -181,8 +181,8 @@ fn unsupported_features_are_refused_by_name() {
             .unwrap_err();
         assert!(e.0.contains(name), "{schema}: {e}");
     }
-    let e = Grammar::from_grammar_text("root ::= \"yes\"").unwrap_err();
-    assert!(e.0.contains("GBNF"), "{e}");
+    let e = Grammar::from_grammar_text("root ::= \"yes").unwrap_err();
+    assert!(e.0.contains("GBNF, line 1: unterminated string"), "{e}");
     assert!(f
         .compiler
         .compile(&Grammar::Lark("start: \"unterminated".into()))
@@ -236,4 +236,92 @@ fn a_mask_computed_ahead_is_the_mask_computed_at_sampling() {
     assert_ne!(a, c);
     let text = f.text(&a);
     assert!(text.starts_with('{'), "{text:?}");
+}
+
+/// Whether `constraint` accepts `text` (as the tokenizer splits it) and then allows the
+/// answer to end.
+fn accepts(f: &Fixture, grammar: &Grammar, text: &str) -> bool {
+    let mut c = f.compiler.compile(grammar).unwrap();
+    let n = f.tok.n_vocab();
+    let zeros = vec![0.0f32; n];
+    let mut row = Vec::new();
+    for id in f.tok.encode(text, false, false).unwrap() {
+        c.masked(&zeros, &mut row).unwrap();
+        if row[id as usize] == f32::NEG_INFINITY {
+            return false;
+        }
+        c.commit(id).unwrap();
+    }
+    c.masked(&zeros, &mut row).unwrap();
+    f.tok.eog_ids().iter().any(|&e| row[e as usize] == 0.0)
+}
+
+/// GBNF (llama.cpp's grammar format) is converted, not refused: a JSON grammar, arithmetic
+/// and bounded repetitions accept what llama.cpp's grammar sampler accepts and reject what
+/// it rejects; a model answer under a GBNF grammar matches it; token references are
+/// refused by name.
+#[test]
+fn gbnf_grammars_constrain_as_llama_cpp_reads_them() {
+    let f = fixture();
+    let json = r#"
+# JSON, as a GBNF grammar
+root   ::= value
+value  ::= object | array | string | number | ("true" | "false" | "null")
+object ::=
+  "{" ws (
+    member ("," ws member)*
+  )? "}"
+member ::= string ws ":" ws value ws
+array  ::= "[" ws (value ws ("," ws value ws)*)? "]"
+string ::= "\"" ([^"\\\x00-\x1f] | "\\" ["\\/bfnrt])* "\""
+number ::= "-"? ("0" | [1-9] [0-9]*) ("." [0-9]+)? ([eE] [-+]? [0-9]+)?
+ws     ::= [ \t\n]*
+"#;
+    let cases: [(&str, &[&str], &[&str]); 4] = [
+        (
+            json,
+            &[
+                r#"{"a": [1, 2.5, true], "b": null}"#,
+                "[]",
+                r#""x\"y""#,
+                "-0.5e+3",
+            ],
+            &["{a: 1}", "[1,]", "01", r#"{"a" 1}"#],
+        ),
+        (
+            "root ::= expr\nexpr ::= term ((\"+\" | \"-\") term)*\nterm ::= [0-9]+",
+            &["12+3-4", "7"],
+            &["1++2", "+1", "1+"],
+        ),
+        (
+            "root ::= [a-z]{2,3} \"!\"",
+            &["ab!", "abc!"],
+            &["a!", "abcd!", "AB!"],
+        ),
+        (
+            "root ::= (\"x\" | \"y\"){,2} \"\\u00e9\" [^a-z]?",
+            &["é", "xyé", "é5"],
+            &["xxxé", "éa"],
+        ),
+    ];
+    for (gbnf, good, bad) in cases {
+        let g = Grammar::from_grammar_text(gbnf).unwrap();
+        for t in good {
+            assert!(accepts(&f, &g, t), "{gbnf}\nshould accept {t:?}");
+        }
+        for t in bad {
+            assert!(!accepts(&f, &g, t), "{gbnf}\nshould reject {t:?}");
+        }
+    }
+    let g = Grammar::from_grammar_text("root ::= (\"yes\" | \"no\") \".\"").unwrap();
+    let prompt = f.prompt("Is the sky blue?");
+    let (ids, reason) = f.answer(&prompt, &SamplingParams::greedy(), Some(&g), 20);
+    assert!(
+        ["yes.", "no."].contains(&f.text(&ids).as_str()),
+        "{:?}",
+        f.text(&ids)
+    );
+    assert_eq!(reason, FinishReason::Stop);
+    let e = Grammar::from_grammar_text("root ::= <|im_end|>").unwrap_err();
+    assert!(e.0.contains("token references"), "{e}");
 }

@@ -514,12 +514,12 @@ pub fn refuse_unsupported(obj: &Map<String, Value>, ep: Endpoint) -> Result<(), 
 
 /// The grammar a request asks its answer to match: OpenAI's `response_format`
 /// (`json_object`, optionally with llama.cpp's `schema`; `json_schema` with
-/// `json_schema.schema`), llama.cpp's `json_schema` (a schema) or `grammar` (llguidance's
-/// Lark syntax, marked by a first line `%llguidance`, as llama.cpp's llguidance build reads
-/// it). Returns the field it came from with it.
+/// `json_schema.schema`), llama.cpp's `json_schema` (a schema) or `grammar` (GBNF, or
+/// llguidance's Lark syntax marked by a first line `%llguidance`, as llama.cpp's llguidance
+/// build reads it: [`Grammar::from_grammar_text`]). Returns the field it came from with it.
 ///
-/// Errors: two of them at once; a wrong shape; a GBNF grammar (not supported yet: the
-/// error says so rather than running unconstrained).
+/// Errors: two of them at once; a wrong shape; GBNF that does not parse or uses token
+/// references.
 pub fn grammar(obj: &Map<String, Value>) -> Result<Option<(&'static str, Grammar)>, ApiError> {
     let mut found: Vec<(&'static str, Grammar)> = Vec::new();
     if let Some(rf) = field(obj, "response_format") {
