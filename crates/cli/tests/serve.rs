@@ -355,7 +355,7 @@ fn malformed_requests_get_4xx_and_the_server_keeps_serving() {
         ),
         (
             "/v1/chat/completions",
-            chat("hi", json!({"n": 3})).to_string(),
+            chat("hi", json!({"n": 0})).to_string(),
         ),
         (
             "/v1/chat/completions",
@@ -736,7 +736,6 @@ fn a_model_that_fails_to_load_ends_the_server_with_an_error() {
 fn refused_sample(name: &str) -> (Value, Option<Value>) {
     let tool = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
     let (bad, neutral) = match name {
-        "n" => (json!(2), Some(json!(1))),
         "tools" => (tool, Some(json!([]))),
         "tool_choice" => (json!("required"), Some(json!("none"))),
         "functions" => (json!([{"name": "f", "parameters": {}}]), Some(json!([]))),
@@ -1068,4 +1067,87 @@ fn structured_output_with_the_openai_client() {
         );
         assert!(text.contains("structured checks passed"), "{model}");
     }
+}
+
+/// `n` choices of one prompt: choice `i` is exactly the answer of the same request with
+/// `n: 1` and seed `seed + i` (so the shared prompt evaluation, whose keys and values the
+/// other choices copy, changes nothing), the choices differ, the answer is reproducible,
+/// usage counts the prompt once and every choice's tokens, the prompt is evaluated once
+/// (the other choices reuse all but its last token), streaming tags each chunk with its
+/// choice, and `n` above `--parallel` is a 400.
+#[test]
+fn n_choices_share_the_prompt_and_equal_single_requests() {
+    let _l = lock();
+    let srv = Server::start(&["--parallel", "4"]);
+    let ask = |extra: Value| {
+        let mut e = json!({"temperature": 0.9, "max_tokens": 20, "seed": 40});
+        for (k, v) in extra.as_object().unwrap() {
+            e[k] = v.clone();
+        }
+        srv.post_ok("/v1/chat/completions", &chat("Tell me a fun fact.", e))
+    };
+    let metrics = || -> std::collections::HashMap<String, f64> {
+        srv.request("GET", "/metrics", None)
+            .text()
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                Some((k.to_string(), v.parse().ok()?))
+            })
+            .collect()
+    };
+    let m0 = metrics();
+    let three = ask(json!({"n": 3}));
+    let m1 = metrics();
+    let choices = three["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3, "{three}");
+    let texts: Vec<String> = choices
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            assert_eq!(c["index"], i);
+            c["message"]["content"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert!(texts[0] != texts[1] && texts[1] != texts[2], "{texts:?}");
+    let prompt_tokens = three["usage"]["prompt_tokens"].as_u64().unwrap();
+    let evaluated = (m1["frink_prompt_tokens_total"] - m0["frink_prompt_tokens_total"])
+        - (m1["frink_prompt_tokens_cached_total"] - m0["frink_prompt_tokens_cached_total"]);
+    assert!(
+        evaluated <= prompt_tokens as f64 + 2.0,
+        "the prompt of {prompt_tokens} tokens was evaluated more than once: {evaluated}"
+    );
+    let mut completion = 0;
+    for (i, t) in texts.iter().enumerate() {
+        let one = ask(json!({"n": 1, "seed": 40 + i}));
+        assert_eq!(&message(&one), t, "choice {i}");
+        completion += one["usage"]["completion_tokens"].as_u64().unwrap();
+    }
+    assert_eq!(three["usage"]["completion_tokens"].as_u64(), Some(completion));
+    assert_eq!(ask(json!({"n": 3}))["choices"], three["choices"]);
+
+    let body = chat(
+        "Tell me a fun fact.",
+        json!({"temperature": 0.9, "max_tokens": 20, "seed": 40, "n": 3, "stream": true}),
+    );
+    let (events, done) = srv.stream("/v1/chat/completions", &body).collect();
+    assert!(done);
+    let mut streamed = vec![String::new(); 3];
+    let mut finished = 0;
+    for e in &events {
+        for c in e["choices"].as_array().unwrap() {
+            let i = c["index"].as_u64().unwrap() as usize;
+            streamed[i].push_str(c["delta"]["content"].as_str().unwrap_or(""));
+            finished += usize::from(!c["finish_reason"].is_null());
+        }
+    }
+    assert_eq!(streamed, texts);
+    assert_eq!(finished, 3);
+    let r = srv.post_raw(
+        "/v1/chat/completions",
+        chat("hi", json!({"n": 5})).to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["param"], "n");
 }

@@ -102,6 +102,13 @@ pub struct Request {
     pub top_logprobs: Option<usize>,
     /// The grammar the answer must match (compiled for this request), if any.
     pub constraint: Option<crate::constraint::Constraint>,
+    /// Another choice of the same prompt (OpenAI's `n`): requests with the same group
+    /// share one prompt evaluation. One of them (`follows_prefix: false`) evaluates the
+    /// prompt; the others wait until a slot holds it (or that one is gone) and then copy
+    /// its keys and values, evaluating only the last prompt token themselves.
+    pub prefix_group: Option<u64>,
+    /// This request waits for its group's prompt (see [`Request::prefix_group`]).
+    pub follows_prefix: bool,
     /// Where the events go.
     pub sink: Box<dyn EventSink>,
 }
@@ -407,6 +414,8 @@ struct Worker<'t> {
     config: SchedulerConfig,
     shared: Arc<Shared>,
     slots: Vec<Slot<'t>>,
+    /// Requests waiting for their group's prompt to be evaluated.
+    deferred: Vec<Request>,
 }
 
 impl<'t> Worker<'t> {
@@ -429,6 +438,7 @@ impl<'t> Worker<'t> {
             config,
             shared,
             slots,
+            deferred: Vec::new(),
         }
     }
 
@@ -441,29 +451,75 @@ impl<'t> Worker<'t> {
         self.shared.slots_busy.store(self.busy(), Ordering::SeqCst);
     }
 
+    /// Whether `req` should wait for its group's prompt: it follows one, no slot holds
+    /// that prompt yet (all but its last token), and the request evaluating it still runs.
+    fn must_wait(&self, req: &Request) -> bool {
+        let Some(group) = req.prefix_group.filter(|_| req.follows_prefix) else {
+            return false;
+        };
+        let want = req.prompt.len().saturating_sub(1);
+        let held = self
+            .slots
+            .iter()
+            .any(|s| common_prefix(&s.tokens, &req.prompt) >= want);
+        let leader_runs = self.slots.iter().any(|s| {
+            s.job
+                .as_ref()
+                .is_some_and(|j| j.req.prefix_group == Some(group) && !j.req.follows_prefix)
+        });
+        !held && leader_runs
+    }
+
+    /// Admits `req`, or keeps it aside while it must wait for its group's prompt.
+    fn admit_or_defer(&mut self, req: Request) {
+        if self.must_wait(&req) {
+            self.deferred.push(req);
+        } else {
+            self.admit(req);
+        }
+    }
+
+    /// Admits the deferred requests that need not wait any longer, while slots are free.
+    fn admit_deferred(&mut self) {
+        let mut i = 0;
+        while i < self.deferred.len() && self.slots.iter().any(|s| s.job.is_none()) {
+            if self.must_wait(&self.deferred[i]) {
+                i += 1;
+            } else {
+                let req = self.deferred.remove(i);
+                self.admit(req);
+            }
+        }
+    }
+
     fn run(mut self, rx: Receiver<Request>) {
         let mut open = true;
         loop {
+            if self.busy() == 0 {
+                self.admit_deferred();
+            }
             if self.busy() == 0 {
                 if !open {
                     return;
                 }
                 // Idle: block until a request arrives or the queue closes.
                 match rx.recv() {
-                    Ok(req) => self.admit(req),
+                    Ok(req) => self.admit_or_defer(req),
                     Err(_) => return,
                 }
             }
+            self.admit_deferred();
             while open && self.slots.iter().any(|s| s.job.is_none()) {
                 match rx.try_recv() {
-                    Ok(req) => self.admit(req),
+                    Ok(req) => self.admit_or_defer(req),
                     Err(TryRecvError::Empty) => break,
                     Err(TryRecvError::Disconnected) => open = false,
                 }
             }
             if self.shared.cancel_all.load(Ordering::SeqCst) {
                 // Refuse what still waits, then stop what runs.
-                while let Ok(mut req) = rx.try_recv() {
+                let deferred = std::mem::take(&mut self.deferred);
+                for mut req in rx.try_iter().chain(deferred) {
                     self.shared.queued.fetch_sub(1, Ordering::SeqCst);
                     req.sink
                         .send(Event::Cancelled("the server is shutting down".into()));

@@ -51,6 +51,8 @@ fn request(prompt: &[u32], seed: u64, n: usize) -> (Request, mpsc::Receiver<Even
         ignore_eos: true,
         top_logprobs: Some(2),
         constraint: None,
+        prefix_group: None,
+        follows_prefix: false,
         sink: Box::new(tx),
     };
     (req, rx)

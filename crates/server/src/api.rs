@@ -292,7 +292,7 @@ pub const FIELDS: &[Field] = &[
     field_of("logprobs", Both, Honoured),
     field_of("top_logprobs", ChatApi, Honoured),
     field_of("response_format", Both, Honoured),
-    field_of("n", Both, refused(is_one, "only n = 1 is supported")),
+    field_of("n", Both, Honoured),
     // OpenAI, informational.
     field_of("model", Both, Informational),
     field_of("user", Both, Informational),
@@ -594,6 +594,8 @@ pub struct GenOptions {
     pub stream: bool,
     /// `stream_options.include_usage`.
     pub include_usage: bool,
+    /// Choices to generate (`n`, at least 1).
+    pub n: usize,
 }
 
 /// Reads `logit_bias`: OpenAI's object of token id (a decimal string) → bias in -100..=100,
@@ -725,6 +727,16 @@ pub fn gen_options(
         };
     }
     p.logit_bias = logit_bias(obj, n_vocab)?;
+    let n = match opt_i64(obj, "n")? {
+        None => 1,
+        Some(n) if n >= 1 => n as usize,
+        Some(n) => {
+            return Err(ApiError::invalid(
+                Some("n"),
+                format!("'n' must be at least 1, got {n}"),
+            ))
+        }
+    };
     p.seed = match opt_i64(obj, "seed")? {
         Some(s) => s as u64,
         None => frink_engine::sampling::random_seed(),
@@ -774,6 +786,7 @@ pub fn gen_options(
         ignore_eos: opt_bool(obj, "ignore_eos")?.unwrap_or(false),
         stream,
         include_usage,
+        n,
     })
 }
 

@@ -75,16 +75,25 @@ struct Engine {
 }
 
 impl Engine {
-    /// The compiled constraint of a request's grammar fields, if it has one.
+    /// The compiled constraint of a request's grammar fields for each of its `n` choices
+    /// (each its own grammar state), or `n` times `None` without one.
     ///
     /// Errors: a 400 naming the field, with the compiler's message.
-    fn constraint(&self, obj: &Map<String, Value>) -> Result<Option<Constraint>, ApiError> {
+    fn constraints(
+        &self,
+        obj: &Map<String, Value>,
+        n: usize,
+    ) -> Result<Vec<Option<Constraint>>, ApiError> {
         let Some((param, g)) = api::grammar(obj)? else {
-            return Ok(None);
+            return Ok((0..n).map(|_| None).collect());
         };
-        self.grammars.compile(&g).map(Some).map_err(|e| {
-            ApiError::invalid(Some(param), format!("'{param}': {e}")).with_code("invalid_grammar")
-        })
+        (0..n)
+            .map(|_| self.grammars.compile(&g).map(Some))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| {
+                ApiError::invalid(Some(param), format!("'{param}': {e}"))
+                    .with_code("invalid_grammar")
+            })
     }
 }
 
@@ -94,6 +103,8 @@ struct AppState {
     model_name: String,
     api_key: Option<String>,
     n_ctx: usize,
+    /// Slots: the most choices (`n`) one request may ask for.
+    parallel: usize,
     created: u64,
     next_id: AtomicU64,
 }
@@ -127,6 +138,7 @@ async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
         model_name: config.model_name.clone(),
         api_key: config.api_key.clone().filter(|k| !k.is_empty()),
         n_ctx: config.ctx,
+        parallel: config.parallel,
         created: unix_now(),
         next_id: AtomicU64::new(1),
     });
@@ -543,8 +555,8 @@ struct Prepared {
     opts: GenOptions,
     /// `Some(n)`: report log-probabilities with `n` alternatives.
     logprobs: Option<usize>,
-    /// The grammar the answer must match.
-    constraint: Option<Constraint>,
+    /// The grammar each choice must match (one entry per choice).
+    constraints: Vec<Option<Constraint>>,
     model: String,
 }
 
@@ -584,11 +596,12 @@ async fn chat_completions(State(st): St, headers: HeaderMap, body: Bytes) -> Res
             .apply_chat_template(&messages, true)
             .and_then(|p| eng.tok.encode_chat(&p))
             .map_err(|e| ApiError::invalid(Some("messages"), e.to_string()))?;
+        let constraints = eng.constraints(&obj, opts.n)?;
         Ok(Prepared {
             prompt,
             opts,
             logprobs,
-            constraint: eng.constraint(&obj)?,
+            constraints,
             model: model_field(&st, &obj),
         })
     })();
@@ -636,11 +649,12 @@ async fn completions(State(st): St, headers: HeaderMap, body: Bytes) -> Response
                 format!("token id {t} is outside the vocabulary of {n_vocab}"),
             ));
         }
+        let constraints = eng.constraints(&obj, opts.n)?;
         Ok(Prepared {
             prompt,
             opts,
             logprobs,
-            constraint: eng.constraint(&obj)?,
+            constraints,
             model: model_field(&st, &obj),
         })
     })();
@@ -659,12 +673,12 @@ fn model_field(st: &AppState, obj: &Map<String, Value>) -> String {
         .to_string()
 }
 
-/// Forwards scheduler events into a tokio channel.
-struct ChannelSink(mpsc::UnboundedSender<Event>);
+/// Forwards one choice's scheduler events, tagged with the choice's index.
+struct ChannelSink(mpsc::UnboundedSender<(usize, Event)>, usize);
 
 impl EventSink for ChannelSink {
     fn send(&mut self, event: Event) -> bool {
-        self.0.send(event).is_ok()
+        self.0.send((self.1, event)).is_ok()
     }
     fn is_closed(&self) -> bool {
         self.0.is_closed()
@@ -696,32 +710,55 @@ async fn complete(st: &AppState, kind: Kind, p: Prepared) -> Response {
         .with_code("context_length_exceeded")
         .into_response();
     }
+    let n = p.opts.n;
+    if n > st.parallel {
+        return ApiError::invalid(
+            Some("n"),
+            format!(
+                "'n' is {n}; this server runs at most {} choices (--parallel)",
+                st.parallel
+            ),
+        )
+        .into_response();
+    }
+    // Each choice is a request of its own (its own seed stream: the seed plus its index);
+    // several share one evaluation of the prompt.
+    let group = st.next_id.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = mpsc::unbounded_channel();
-    let req = Request {
-        prompt: p.prompt,
-        sampling: p.opts.sampling.clone(),
-        max_tokens: p.opts.max_tokens,
-        stop: p.opts.stop.clone(),
-        ignore_eos: p.opts.ignore_eos,
-        top_logprobs: p.logprobs,
-        constraint: p.constraint,
-        sink: Box::new(ChannelSink(tx)),
-    };
-    match eng.sched.submit(req) {
-        Ok(()) => {}
-        Err(SubmitError::QueueFull) => {
-            return ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "server_overloaded",
-                "the request queue is full; retry later",
-            )
-            .with_code("queue_full")
-            .into_response()
-        }
-        Err(SubmitError::Stopped) => {
-            return shutting_down("the server is shutting down".into()).into_response()
+    let mut sampling = p.opts.sampling.clone();
+    let seed = sampling.seed;
+    for (i, constraint) in p.constraints.into_iter().enumerate() {
+        sampling.seed = seed.wrapping_add(i as u64);
+        let req = Request {
+            prompt: p.prompt.clone(),
+            sampling: sampling.clone(),
+            max_tokens: p.opts.max_tokens,
+            stop: p.opts.stop.clone(),
+            ignore_eos: p.opts.ignore_eos,
+            top_logprobs: p.logprobs,
+            constraint,
+            prefix_group: (n > 1).then_some(group),
+            follows_prefix: i > 0,
+            sink: Box::new(ChannelSink(tx.clone(), i)),
+        };
+        // On an error the choices already queued see their channel close and are dropped.
+        match eng.sched.submit(req) {
+            Ok(()) => {}
+            Err(SubmitError::QueueFull) => {
+                return ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "server_overloaded",
+                    "the request queue is full; retry later",
+                )
+                .with_code("queue_full")
+                .into_response()
+            }
+            Err(SubmitError::Stopped) => {
+                return shutting_down("the server is shutting down".into()).into_response()
+            }
         }
     }
+    drop(tx);
     let fmt = Formatter {
         kind,
         id: st.next_id(if kind == Kind::Chat {
@@ -734,6 +771,7 @@ async fn complete(st: &AppState, kind: Kind, p: Prepared) -> Response {
         tok: Arc::clone(&eng.tok),
         logprobs: p.logprobs.is_some(),
         include_usage: p.opts.include_usage,
+        n,
     };
     if p.opts.stream {
         stream_response(fmt, rx)
@@ -751,6 +789,31 @@ struct Formatter {
     tok: Arc<Tokenizer>,
     logprobs: bool,
     include_usage: bool,
+    /// Choices (`n`).
+    n: usize,
+}
+
+/// The finished choices' counts as OpenAI's `usage` reports them: the prompt once, the
+/// generated tokens of every choice; timings and cached tokens of the first choice.
+#[derive(Default)]
+struct Totals {
+    prompt_tokens: usize,
+    cached_tokens: usize,
+    completion_tokens: usize,
+    first_token_ms: f64,
+    gen_ms: f64,
+}
+
+impl Totals {
+    fn add(&mut self, index: usize, c: &Completion) {
+        if index == 0 {
+            self.prompt_tokens = c.prompt_tokens;
+            self.cached_tokens = c.cached_tokens;
+            self.first_token_ms = c.first_token_ms;
+            self.gen_ms = c.gen_ms;
+        }
+        self.completion_tokens += c.ids.len();
+    }
 }
 
 impl Formatter {
@@ -807,12 +870,12 @@ impl Formatter {
         }
     }
 
-    fn usage(&self, c: &Completion) -> Value {
+    fn usage(&self, t: &Totals) -> Value {
         json!({
-            "prompt_tokens": c.prompt_tokens,
-            "completion_tokens": c.ids.len(),
-            "total_tokens": c.prompt_tokens + c.ids.len(),
-            "prompt_tokens_details": {"cached_tokens": c.cached_tokens},
+            "prompt_tokens": t.prompt_tokens,
+            "completion_tokens": t.completion_tokens,
+            "total_tokens": t.prompt_tokens + t.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": t.cached_tokens},
         })
     }
 
@@ -836,18 +899,25 @@ impl Formatter {
         v
     }
 
-    /// The choice of a streamed chunk: a text delta, or the end with its finish reason.
-    fn delta_choice(&self, text: Option<&str>, logprobs: Value, finish: Option<&str>) -> Value {
+    /// The choice `index` of a streamed chunk: a text delta, or the end with its finish
+    /// reason.
+    fn delta_choice(
+        &self,
+        index: usize,
+        text: Option<&str>,
+        logprobs: Value,
+        finish: Option<&str>,
+    ) -> Value {
         match self.kind {
             Kind::Chat => {
                 let delta = match text {
                     Some(t) => json!({"content": t}),
                     None => json!({}),
                 };
-                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
+                json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
             }
             Kind::Text => json!({
-                "index": 0,
+                "index": index,
                 "text": text.unwrap_or(""),
                 "logprobs": logprobs,
                 "finish_reason": finish,
@@ -864,28 +934,35 @@ fn sse(v: &Value) -> Bytes {
 ///
 /// The event stream owns the receiver: when the client disconnects, the body is dropped,
 /// the channel closes and the scheduler frees the slot at its next step.
-fn stream_response(fmt: Formatter, rx: mpsc::UnboundedReceiver<Event>) -> Response {
+fn stream_response(fmt: Formatter, rx: mpsc::UnboundedReceiver<(usize, Event)>) -> Response {
     struct S {
         fmt: Formatter,
-        rx: mpsc::UnboundedReceiver<Event>,
+        rx: mpsc::UnboundedReceiver<(usize, Event)>,
         out: VecDeque<Bytes>,
         done: bool,
-        chars: usize,
+        /// Characters sent so far, per choice (completion logprobs' text offsets).
+        chars: Vec<usize>,
+        finished: usize,
+        totals: Totals,
     }
     let mut out = VecDeque::new();
     if fmt.kind == Kind::Chat {
-        let first = fmt.chunk(
-            Some(json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null})),
-            None,
-        );
-        out.push_back(sse(&first));
+        for i in 0..fmt.n {
+            let first = fmt.chunk(
+                Some(json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null})),
+                None,
+            );
+            out.push_back(sse(&first));
+        }
     }
     let state = S {
+        chars: vec![0; fmt.n],
         fmt,
         rx,
         out,
         done: false,
-        chars: 0,
+        finished: 0,
+        totals: Totals::default(),
     };
     let stream = futures_util::stream::unfold(state, |mut s| async move {
         loop {
@@ -896,37 +973,40 @@ fn stream_response(fmt: Formatter, rx: mpsc::UnboundedReceiver<Event>) -> Respon
                 return None;
             }
             match s.rx.recv().await {
-                Some(Event::Delta { text, tokens }) => {
+                Some((i, Event::Delta { text, tokens })) => {
                     let lp = if s.fmt.logprobs {
-                        s.fmt.logprobs_json(&tokens, s.chars)
+                        s.fmt.logprobs_json(&tokens, s.chars[i])
                     } else {
                         Value::Null
                     };
-                    s.chars += text.chars().count();
+                    s.chars[i] += text.chars().count();
                     let c = s
                         .fmt
-                        .chunk(Some(s.fmt.delta_choice(Some(&text), lp, None)), None);
+                        .chunk(Some(s.fmt.delta_choice(i, Some(&text), lp, None)), None);
                     s.out.push_back(sse(&c));
                 }
-                Some(Event::Done(c)) => {
-                    let fin = s
-                        .fmt
-                        .delta_choice(None, Value::Null, Some(c.finish_reason.as_str()));
+                Some((i, Event::Done(c))) => {
+                    let finish = Some(c.finish_reason.as_str());
+                    let fin = s.fmt.delta_choice(i, None, Value::Null, finish);
                     s.out.push_back(sse(&s.fmt.chunk(Some(fin), None)));
-                    if s.fmt.include_usage {
-                        let u = s.fmt.usage(&c);
-                        s.out.push_back(sse(&s.fmt.chunk(None, Some(u))));
+                    s.totals.add(i, &c);
+                    s.finished += 1;
+                    if s.finished == s.fmt.n {
+                        if s.fmt.include_usage {
+                            let u = s.fmt.usage(&s.totals);
+                            s.out.push_back(sse(&s.fmt.chunk(None, Some(u))));
+                        }
+                        s.out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                        s.done = true;
                     }
-                    s.out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
-                    s.done = true;
                 }
-                Some(Event::Error(msg)) => {
+                Some((_, Event::Error(msg))) => {
                     let e = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", msg);
                     s.out.push_back(sse(&e.body()));
                     s.out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
                     s.done = true;
                 }
-                Some(Event::Cancelled(msg)) => {
+                Some((_, Event::Cancelled(msg))) => {
                     s.out.push_back(sse(&shutting_down(msg).body()));
                     s.out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
                     s.done = true;
@@ -958,25 +1038,36 @@ fn shutting_down(msg: String) -> ApiError {
     ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable_error", msg)
 }
 
-/// Collects the events and answers one JSON object.
-async fn whole_response(fmt: Formatter, mut rx: mpsc::UnboundedReceiver<Event>) -> Response {
-    let mut text = String::new();
-    let mut tokens = Vec::new();
-    let done = loop {
+/// Collects the events of every choice and answers one JSON object.
+async fn whole_response(
+    fmt: Formatter,
+    mut rx: mpsc::UnboundedReceiver<(usize, Event)>,
+) -> Response {
+    let mut text = vec![String::new(); fmt.n];
+    let mut tokens: Vec<Vec<TokenLogprob>> = vec![Vec::new(); fmt.n];
+    let mut finish: Vec<Option<&'static str>> = vec![None; fmt.n];
+    let mut totals = Totals::default();
+    while finish.iter().any(Option::is_none) {
         match rx.recv().await {
-            Some(Event::Delta {
-                text: t,
-                tokens: lp,
-            }) => {
-                text.push_str(&t);
-                tokens.extend(lp);
+            Some((
+                i,
+                Event::Delta {
+                    text: t,
+                    tokens: lp,
+                },
+            )) => {
+                text[i].push_str(&t);
+                tokens[i].extend(lp);
             }
-            Some(Event::Done(c)) => break c,
-            Some(Event::Error(msg)) => {
+            Some((i, Event::Done(c))) => {
+                finish[i] = Some(c.finish_reason.as_str());
+                totals.add(i, &c);
+            }
+            Some((_, Event::Error(msg))) => {
                 return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", msg)
                     .into_response()
             }
-            Some(Event::Cancelled(msg)) => return shutting_down(msg).into_response(),
+            Some((_, Event::Cancelled(msg))) => return shutting_down(msg).into_response(),
             None => {
                 return ApiError::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
@@ -986,28 +1077,34 @@ async fn whole_response(fmt: Formatter, mut rx: mpsc::UnboundedReceiver<Event>) 
                 .into_response()
             }
         }
+    }
+    let object = match fmt.kind {
+        Kind::Chat => "chat.completion",
+        Kind::Text => "text_completion",
     };
-    let logprobs = if fmt.logprobs {
-        fmt.logprobs_json(&tokens, 0)
-    } else {
-        Value::Null
-    };
-    let finish = done.finish_reason.as_str();
-    let (object, choice) = match fmt.kind {
-        Kind::Chat => (
-            "chat.completion",
-            json!({
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": logprobs,
-                "finish_reason": finish,
-            }),
-        ),
-        Kind::Text => (
-            "text_completion",
-            json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}),
-        ),
-    };
+    let choices: Vec<Value> = (0..fmt.n)
+        .map(|i| {
+            let logprobs = if fmt.logprobs {
+                fmt.logprobs_json(&tokens[i], 0)
+            } else {
+                Value::Null
+            };
+            match fmt.kind {
+                Kind::Chat => json!({
+                    "index": i,
+                    "message": {"role": "assistant", "content": text[i]},
+                    "logprobs": logprobs,
+                    "finish_reason": finish[i],
+                }),
+                Kind::Text => json!({
+                    "index": i,
+                    "text": text[i],
+                    "logprobs": logprobs,
+                    "finish_reason": finish[i],
+                }),
+            }
+        })
+        .collect();
     json_response(
         StatusCode::OK,
         &json!({
@@ -1016,12 +1113,12 @@ async fn whole_response(fmt: Formatter, mut rx: mpsc::UnboundedReceiver<Event>) 
             "created": fmt.created,
             "model": fmt.model,
             "system_fingerprint": "frink",
-            "choices": [choice],
-            "usage": fmt.usage(&done),
+            "choices": choices,
+            "usage": fmt.usage(&totals),
             "timings": {
-                "first_token_ms": done.first_token_ms,
-                "gen_ms": done.gen_ms,
-                "cached_tokens": done.cached_tokens,
+                "first_token_ms": totals.first_token_ms,
+                "gen_ms": totals.gen_ms,
+                "cached_tokens": totals.cached_tokens,
             },
         }),
     )
