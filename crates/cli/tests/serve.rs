@@ -1124,7 +1124,10 @@ fn n_choices_share_the_prompt_and_equal_single_requests() {
         assert_eq!(&message(&one), t, "choice {i}");
         completion += one["usage"]["completion_tokens"].as_u64().unwrap();
     }
-    assert_eq!(three["usage"]["completion_tokens"].as_u64(), Some(completion));
+    assert_eq!(
+        three["usage"]["completion_tokens"].as_u64(),
+        Some(completion)
+    );
     assert_eq!(ask(json!({"n": 3}))["choices"], three["choices"]);
 
     let body = chat(
