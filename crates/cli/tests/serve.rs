@@ -1039,11 +1039,12 @@ fn repeat_last_n_and_n_probs_are_honoured() {
 
 /// Structured output with the official `openai` client (tests/structured_e2e.py) on two
 /// catalog models, one with a 49k and one with a 152k vocabulary: 33 JSON schemas of
-/// real-world shapes and 4 Lark grammars, each greedy and with three seeds; every answer
-/// that ends with `stop` parses and validates (`jsonschema`) or matches, at least 95% end
-/// with `stop` (measured: 148 of 148 on both), and unsupported schema features, GBNF and
-/// malformed `response_format`s are 400s naming the field. Before constrained decoding,
-/// these requests got 200 and free text.
+/// real-world shapes and 7 grammars (4 Lark, 3 GBNF), each greedy and with three seeds;
+/// every answer that ends with `stop` parses and validates (`jsonschema`) or matches, at
+/// least 95% end with `stop` (measured: 160 of 160 on both; 144 of 148 before JSON
+/// whitespace was bounded), and unsupported schema features, GBNF token references,
+/// malformed grammars and `response_format`s are 400s naming the field. Before
+/// constrained decoding, these requests got 200 and free text.
 #[test]
 fn structured_output_with_the_openai_client() {
     let _l = lock();
