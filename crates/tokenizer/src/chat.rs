@@ -36,10 +36,15 @@ use crate::Tokenizer;
 /// One message of a conversation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
-    /// `system`, `user`, `assistant` (or whatever roles the template knows).
+    /// `system`, `user`, `assistant`, `tool` (or whatever roles the template knows).
     pub role: String,
     /// The message text; always tokenized as literal text.
     pub content: String,
+    /// Every other field the template sees, as OpenAI's and transformers' messages carry
+    /// them: `tool_calls` (with `function.arguments` as an object, as templates expect),
+    /// `tool_call_id`, `name`, `reasoning_content`.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
 impl ChatMessage {
@@ -48,8 +53,47 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            extra: serde_json::Map::new(),
         }
     }
+}
+
+/// What a chat template sees besides the messages: transformers' `render_jinja_template`
+/// arguments (`tools`, `documents`, `add_generation_prompt`, and the keyword arguments a
+/// caller adds, such as `enable_thinking` or `reasoning_effort`: llama.cpp's
+/// `--chat-template-kwargs`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TemplateInputs {
+    /// Append the assistant turn's header.
+    pub add_generation_prompt: bool,
+    /// The tools' JSON schemas (`None`: the template sees `tools` as none).
+    pub tools: Option<serde_json::Value>,
+    /// Retrieval documents (`None`: none).
+    pub documents: Option<serde_json::Value>,
+    /// More variables, set in the template's context (they win over the defaults).
+    pub kwargs: serde_json::Map<String, serde_json::Value>,
+    /// The time `strftime_now` formats (`None`: the system clock); tests freeze it.
+    pub now: Option<std::time::SystemTime>,
+}
+
+/// The names a message's reasoning comes under; templates read `reasoning_content`, gpt-oss
+/// reads `thinking` (transformers `_alias_reasoning_fields` fills both).
+const REASONING_FIELDS: [&str; 3] = ["reasoning_content", "thinking", "reasoning"];
+
+/// `m` as the template sees it: its fields, with the reasoning under both names templates
+/// read (transformers `_alias_reasoning_fields`).
+fn template_message(m: &ChatMessage) -> serde_json::Value {
+    let mut o = m.extra.clone();
+    o.insert("role".into(), m.role.clone().into());
+    o.insert("content".into(), m.content.clone().into());
+    let reasoning = REASONING_FIELDS
+        .iter()
+        .find_map(|k| m.extra.get(*k).filter(|v| !v.is_null()).cloned());
+    if let Some(r) = reasoning {
+        o.entry("thinking").or_insert_with(|| r.clone());
+        o.insert("reasoning_content".into(), r);
+    }
+    serde_json::Value::Object(o)
 }
 
 /// Where a prompt's template came from.
@@ -142,16 +186,50 @@ fn chatml(messages: &[ChatMessage], add_generation_prompt: bool) -> Builder {
     b
 }
 
-/// `tojson` as Python's `json.dumps(x, ensure_ascii=False, indent=indent)` formats it, which
-/// is what Hugging Face's template environment registers.
-fn to_python_json(value: &Value, indent: Option<usize>, depth: usize, out: &mut String) {
+/// Python `json.dumps` options, as transformers' `tojson` filter passes them.
+struct JsonStyle {
+    indent: Option<usize>,
+    item_sep: String,
+    key_sep: String,
+    ensure_ascii: bool,
+    sort_keys: bool,
+}
+
+/// A string as `json.dumps` writes it: `\"`, `\\`, `\n`, `\r`, `\t`, `\b`, `\f`, other
+/// control characters as `\u00XX`, and with `ensure_ascii` every non-ASCII character as
+/// `\uXXXX` (UTF-16 surrogate pairs above U+FFFF).
+fn python_json_string(s: &str, ensure_ascii: bool, out: &mut String) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 || (ensure_ascii && (c as u32) > 0x7e) => {
+                let mut buf = [0u16; 2];
+                for unit in c.encode_utf16(&mut buf) {
+                    out.push_str(&format!("\\u{unit:04x}"));
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// `value` as Python's `json.dumps(value, **style)` formats it (transformers registers
+/// `tojson` as exactly that call; chat_template_utils.py).
+fn to_python_json(value: &Value, style: &JsonStyle, depth: usize, out: &mut String) {
     let newline = |out: &mut String, depth: usize| {
-        if let Some(n) = indent {
+        if let Some(n) = style.indent {
             out.push('\n');
             out.push_str(&" ".repeat(n * depth));
         }
     };
-    let item_sep = if indent.is_some() { "," } else { ", " };
     match value.kind() {
         ValueKind::Undefined | ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
@@ -181,34 +259,45 @@ fn to_python_json(value: &Value, indent: Option<usize>, depth: usize, out: &mut 
             out.push('[');
             for (i, v) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push_str(item_sep);
+                    out.push_str(&style.item_sep);
                 }
                 newline(out, depth + 1);
-                to_python_json(v, indent, depth + 1, out);
+                to_python_json(v, style, depth + 1, out);
             }
             newline(out, depth);
             out.push(']');
         }
         ValueKind::Map => {
-            let keys: Vec<Value> = value.try_iter().map(|it| it.collect()).unwrap_or_default();
+            let mut keys: Vec<(String, Value)> = value
+                .try_iter()
+                .map(|it| {
+                    it.map(|k| {
+                        let name = k
+                            .as_str()
+                            .map(str::to_string)
+                            .unwrap_or_else(|| k.to_string());
+                        (name, k)
+                    })
+                    .collect()
+                })
+                .unwrap_or_default();
             if keys.is_empty() {
                 out.push_str("{}");
                 return;
             }
+            if style.sort_keys {
+                keys.sort_by(|a, b| a.0.cmp(&b.0));
+            }
             out.push('{');
-            for (i, k) in keys.iter().enumerate() {
+            for (i, (name, k)) in keys.iter().enumerate() {
                 if i > 0 {
-                    out.push_str(item_sep);
+                    out.push_str(&style.item_sep);
                 }
                 newline(out, depth + 1);
-                let key = k
-                    .as_str()
-                    .map(str::to_string)
-                    .unwrap_or_else(|| k.to_string());
-                out.push_str(&serde_json::to_string(&key).expect("strings serialize"));
-                out.push_str(": ");
+                python_json_string(name, style.ensure_ascii, out);
+                out.push_str(&style.key_sep);
                 let v = value.get_item(k).unwrap_or(Value::UNDEFINED);
-                to_python_json(&v, indent, depth + 1, out);
+                to_python_json(&v, style, depth + 1, out);
             }
             newline(out, depth);
             out.push('}');
@@ -218,19 +307,50 @@ fn to_python_json(value: &Value, indent: Option<usize>, depth: usize, out: &mut 
                 .as_str()
                 .map(str::to_string)
                 .unwrap_or_else(|| value.to_string());
-            out.push_str(&serde_json::to_string(&s).expect("strings serialize"));
+            python_json_string(&s, style.ensure_ascii, out);
         }
     }
 }
 
+/// transformers' `tojson(x, ensure_ascii=False, indent=None, separators=None,
+/// sort_keys=False)`: Python's defaults, `separators` a pair `(item, key)` (default
+/// `(", ", ": ")`, or `(",", ": ")` with an indent), no HTML escaping.
 fn tojson_filter(value: Value, kwargs: Kwargs) -> std::result::Result<String, Error> {
     let indent: Option<usize> = kwargs.get("indent")?;
-    // Accepted for compatibility; Python's defaults are what is implemented.
-    let _: Option<bool> = kwargs.get("ensure_ascii")?;
-    let _: Option<bool> = kwargs.get("sort_keys")?;
+    let ensure_ascii = kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false);
+    let sort_keys = kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false);
+    let separators: Option<Value> = kwargs.get("separators")?;
     kwargs.assert_all_used()?;
+    let (item_sep, key_sep) = match separators.filter(|v| !v.is_none()) {
+        None => (
+            if indent.is_some() { "," } else { ", " }.to_string(),
+            ": ".to_string(),
+        ),
+        Some(v) => {
+            let parts: Vec<String> = v
+                .try_iter()
+                .map(|it| it.filter_map(|p| p.as_str().map(str::to_string)).collect())
+                .unwrap_or_default();
+            match parts.as_slice() {
+                [a, b] => (a.clone(), b.clone()),
+                _ => {
+                    return Err(Error::new(
+                        ErrorKind::InvalidOperation,
+                        "tojson: separators must be a pair of strings",
+                    ))
+                }
+            }
+        }
+    };
+    let style = JsonStyle {
+        indent,
+        item_sep,
+        key_sep,
+        ensure_ascii,
+        sort_keys,
+    };
     let mut out = String::new();
-    to_python_json(&value, indent, 0, &mut out);
+    to_python_json(&value, &style, 0, &mut out);
     Ok(out)
 }
 
@@ -238,7 +358,41 @@ fn raise_exception(msg: String) -> std::result::Result<Value, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, msg))
 }
 
-fn environment(source: &str) -> Result<Environment<'static>> {
+/// `source` with transformers' `{% generation %}` / `{% endgeneration %}` tags (its
+/// `AssistantTracker` extension, which only marks assistant text and renders its body as
+/// is) turned into an always-true `if` block with the same whitespace control, which
+/// minijinja renders the same way.
+fn without_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(p) = rest.find("{%") {
+        out.push_str(&rest[..p]);
+        let tag = &rest[p..];
+        let Some(end) = tag.find("%}") else {
+            out.push_str(tag);
+            return out;
+        };
+        let inner = &tag[2..end];
+        let (lead, body) = match inner.strip_prefix(['-', '+']) {
+            Some(b) => (&inner[..1], b),
+            None => ("", inner),
+        };
+        let (body, trail) = match body.strip_suffix(['-', '+']) {
+            Some(b) => (b, &body[body.len() - 1..]),
+            None => (body, ""),
+        };
+        match body.trim() {
+            "generation" => out.push_str(&format!("{{%{lead} if true {trail}%}}")),
+            "endgeneration" => out.push_str(&format!("{{%{lead} endif {trail}%}}")),
+            _ => out.push_str(&tag[..end + 2]),
+        }
+        rest = &tag[end + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn environment(source: &str, now: std::time::SystemTime) -> Result<Environment<'static>> {
     let mut env = Environment::new();
     env.set_syntax(
         minijinja::syntax::SyntaxConfig::builder()
@@ -249,10 +403,69 @@ fn environment(source: &str) -> Result<Environment<'static>> {
     );
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.add_function("raise_exception", raise_exception);
+    env.add_function("strftime_now", move |format: String| {
+        crate::strftime::format(&format, now)
+            .map_err(|e| Error::new(ErrorKind::InvalidOperation, e))
+    });
     env.add_filter("tojson", tojson_filter);
-    env.add_template_owned("chat_template", source.to_string())
+    // Jinja2's `iterable` test: false for none and scalars (minijinja's says true for none,
+    // and a template then takes `tools | length` of none: Qwen3-Coder's).
+    env.add_test("iterable", |v: Value| {
+        matches!(
+            v.kind(),
+            ValueKind::Seq
+                | ValueKind::Map
+                | ValueKind::Iterable
+                | ValueKind::String
+                | ValueKind::Bytes
+        )
+    });
+    env.add_template_owned("chat_template", without_generation_tags(source))
         .map_err(template_error)?;
     Ok(env)
+}
+
+/// Renders `source` (a chat template) for `messages` as transformers'
+/// `render_jinja_template` does: the context holds `messages` (each message's fields, the
+/// reasoning aliased), `tools`, `documents`, `add_generation_prompt`, `bos_token`,
+/// `eos_token` and `inputs.kwargs`.
+///
+/// Errors: [`TokenizerError::Template`] when the template does not compile or fails to
+/// render (including `raise_exception`).
+pub fn render_template(
+    source: &str,
+    messages: &[ChatMessage],
+    inputs: &TemplateInputs,
+    bos_token: &str,
+    eos_token: &str,
+) -> Result<String> {
+    let env = environment(
+        source,
+        inputs.now.unwrap_or_else(std::time::SystemTime::now),
+    )?;
+    let tmpl = env.get_template("chat_template").map_err(template_error)?;
+    let msgs: Vec<serde_json::Value> = messages.iter().map(template_message).collect();
+    let mut ctx = serde_json::Map::new();
+    ctx.insert("messages".into(), serde_json::Value::Array(msgs));
+    ctx.insert(
+        "tools".into(),
+        inputs.tools.clone().unwrap_or(serde_json::Value::Null),
+    );
+    ctx.insert(
+        "documents".into(),
+        inputs.documents.clone().unwrap_or(serde_json::Value::Null),
+    );
+    ctx.insert(
+        "add_generation_prompt".into(),
+        inputs.add_generation_prompt.into(),
+    );
+    ctx.insert("bos_token".into(), bos_token.into());
+    ctx.insert("eos_token".into(), eos_token.into());
+    for (k, v) in &inputs.kwargs {
+        ctx.insert(k.clone(), v.clone());
+    }
+    tmpl.render(Value::from(minijinja::value::Serde(&ctx)))
+        .map_err(template_error)
 }
 
 fn template_error(e: Error) -> TokenizerError {
@@ -306,10 +519,29 @@ impl Tokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<ChatPrompt> {
+        let inputs = TemplateInputs {
+            add_generation_prompt,
+            ..TemplateInputs::default()
+        };
+        self.apply_template_with(template, messages, &inputs)
+    }
+
+    /// As [`Tokenizer::apply_template`], with everything else the template sees
+    /// ([`TemplateInputs`]: tools, documents, keyword arguments, the clock). The built-in
+    /// templates (files without one) use only the messages and `add_generation_prompt`.
+    ///
+    /// Errors: as [`Tokenizer::apply_chat_template`].
+    pub fn apply_template_with(
+        &self,
+        template: Option<&str>,
+        messages: &[ChatMessage],
+        inputs: &TemplateInputs,
+    ) -> Result<ChatPrompt> {
+        let add_generation_prompt = inputs.add_generation_prompt;
         let template = template.or(self.chat_template());
         let (mut b, source) = match template {
             Some(t) => (
-                self.render_jinja(t, messages, add_generation_prompt)?,
+                self.render_jinja(t, messages, inputs)?,
                 TemplateSource::Jinja,
             ),
             None if self.architecture().starts_with("gemma") => (
@@ -358,19 +590,22 @@ impl Tokenizer {
         &self,
         template: &str,
         messages: &[ChatMessage],
-        add_generation_prompt: bool,
+        inputs: &TemplateInputs,
     ) -> Result<Builder> {
-        let env = environment(template)?;
-        let tmpl = env.get_template("chat_template").map_err(template_error)?;
         let text_of = |id: Option<u32>| id.and_then(|i| self.token_text(i)).unwrap_or("");
+        // One clock for both renderings, so a date in the template cannot differ.
+        let inputs = TemplateInputs {
+            now: Some(inputs.now.unwrap_or_else(std::time::SystemTime::now)),
+            ..inputs.clone()
+        };
         let render = |msgs: &[ChatMessage]| -> Result<String> {
-            tmpl.render(minijinja::context! {
-                messages => Value::from(minijinja::value::Serde(msgs)),
-                add_generation_prompt => add_generation_prompt,
-                bos_token => text_of(self.bos_id()),
-                eos_token => text_of(self.eos_id()),
-            })
-            .map_err(template_error)
+            render_template(
+                template,
+                msgs,
+                &inputs,
+                text_of(self.bos_id()),
+                text_of(self.eos_id()),
+            )
         };
         let real = render(messages)?;
 
@@ -385,6 +620,7 @@ impl Tokenizer {
                 } else {
                     format!("{open}{i}{close}")
                 },
+                extra: m.extra.clone(),
             })
             .collect();
         let with_marks = render(&marked)?;
@@ -478,32 +714,62 @@ impl Tokenizer {
 mod tests {
     use super::*;
 
-    fn json(v: serde_json::Value, indent: Option<usize>) -> String {
-        let mut out = String::new();
-        to_python_json(
-            &Value::from(minijinja::value::Serde(&v)),
-            indent,
-            0,
-            &mut out,
-        );
-        out
+    /// `{{ v | tojson(args) }}` through the template environment.
+    fn tojson(v: serde_json::Value, args: &str) -> String {
+        let env = environment(
+            &format!("{{{{ v | tojson({args}) }}}}"),
+            std::time::SystemTime::UNIX_EPOCH,
+        )
+        .unwrap();
+        env.get_template("chat_template")
+            .unwrap()
+            .render(minijinja::context! { v => Value::from(minijinja::value::Serde(&v)) })
+            .unwrap()
     }
 
+    /// Against CPython 3.11's `json.dumps` with the same arguments (transformers' `tojson`
+    /// defaults to `ensure_ascii=False`); before, `ensure_ascii` and `sort_keys` were accepted
+    /// and ignored.
     #[test]
     fn tojson_formats_like_python_json_dumps() {
-        // Expected strings written as Python 3's json.dumps(x, ensure_ascii=False) prints them.
-        let v = serde_json::json!({"name": "get", "args": [1, 2.5, true, null, "é\n\"<>"]});
-        let s = json(v, None);
-        assert!(
-            s == r#"{"args": [1, 2.5, true, null, "é\n\"<>"], "name": "get"}"#
-                || s == r#"{"name": "get", "args": [1, 2.5, true, null, "é\n\"<>"]}"#,
-            "{s}"
-        );
-        assert_eq!(json(serde_json::json!([]), None), "[]");
+        let v = serde_json::json!({"name": "get", "args": [1, 2.5, true, null, "é\n\"<>😀\u{1}"]});
         assert_eq!(
-            json(serde_json::json!([1, [2]]), Some(2)),
+            tojson(v.clone(), ""),
+            r#"{"name": "get", "args": [1, 2.5, true, null, "é\n\"<>😀\u0001"]}"#
+        );
+        assert_eq!(
+            tojson(v.clone(), "ensure_ascii=True, sort_keys=True"),
+            r#"{"args": [1, 2.5, true, null, "\u00e9\n\"<>\ud83d\ude00\u0001"], "name": "get"}"#
+        );
+        assert_eq!(
+            tojson(v, "separators=(',', ':')"),
+            r#"{"name":"get","args":[1,2.5,true,null,"é\n\"<>😀\u0001"]}"#
+        );
+        assert_eq!(tojson(serde_json::json!([]), ""), "[]");
+        assert_eq!(
+            tojson(serde_json::json!([1, [2]]), "indent=2"),
             "[\n  1,\n  [\n    2\n  ]\n]"
         );
+    }
+
+    /// `{% generation %}` blocks render their body, with their whitespace control kept.
+    #[test]
+    fn generation_blocks_render_their_body() {
+        assert_eq!(
+            without_generation_tags("a {%- generation -%} b {% endgeneration %}c{%generation%}"),
+            "a {%- if true -%} b {% endif %}c{% if true %}"
+        );
+        let env = environment(
+            "x\n{%- generation %} {{ 1 }} {% endgeneration -%}\ny",
+            std::time::SystemTime::UNIX_EPOCH,
+        )
+        .unwrap();
+        let out = env
+            .get_template("chat_template")
+            .unwrap()
+            .render(())
+            .unwrap();
+        assert_eq!(out, "x 1 y");
     }
 
     #[test]

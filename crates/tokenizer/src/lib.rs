@@ -28,6 +28,7 @@ mod error;
 mod model;
 mod partition;
 mod pretok;
+mod strftime;
 mod vocab;
 
 use std::ops::Range;
@@ -35,7 +36,7 @@ use std::path::Path;
 
 use frink_gguf::GgufFile;
 
-pub use chat::{ChatMessage, ChatPrompt, TemplateSource};
+pub use chat::{render_template, ChatMessage, ChatPrompt, TemplateInputs, TemplateSource};
 pub use error::{Result, TokenizerError};
 pub use pretok::{PreTokenizer, SUPPORTED as SUPPORTED_PRE_TOKENIZERS};
 pub use vocab::{SpecialTokens, TokenAttr, VocabKind};
