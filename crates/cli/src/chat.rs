@@ -20,6 +20,8 @@ pub struct ChatArgs {
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub gen: GenArgs,
+    #[command(flatten)]
+    pub template: crate::common::TemplateArgs,
 }
 
 /// Length of the common prefix of two id sequences.
@@ -45,7 +47,15 @@ pub fn run(args: &ChatArgs) -> Result<()> {
     }
     // Token ids whose keys and values the cache holds, in order.
     let mut cached: Vec<u32> = Vec::new();
-    crate::run::warn_builtin_template(&tok);
+    let (template, kwargs) = args.template.resolve()?;
+    let inputs = frink_tokenizer::TemplateInputs {
+        add_generation_prompt: true,
+        kwargs,
+        ..Default::default()
+    };
+    if template.is_none() {
+        crate::run::warn_builtin_template(&tok);
+    }
     eprintln!("frink chat: type a message and press Enter; an empty line or end of input quits.");
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
@@ -57,7 +67,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
             break;
         }
         messages.push(ChatMessage::new("user", line));
-        let prompt = tok.apply_chat_template(&messages, true)?;
+        let prompt = tok.apply_template_with(template.as_deref(), &messages, &inputs)?;
         let ids = tok.encode_chat(&prompt)?;
         // Reuse the cached prefix; always evaluate at least one token for fresh logits.
         let keep = common_prefix(&cached, &ids).min(ids.len() - 1);

@@ -83,6 +83,47 @@ pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
         .collect()
 }
 
+/// Chat-template flags of `run`, `chat` and `serve`, as llama.cpp spells them.
+#[derive(Args, Clone, Debug, Default)]
+pub struct TemplateArgs {
+    /// Use the Jinja chat template in FILE instead of the model file's.
+    #[arg(
+        long = "chat-template-file",
+        value_name = "FILE",
+        conflicts_with = "chat_template"
+    )]
+    pub chat_template_file: Option<std::path::PathBuf>,
+    /// Use this Jinja chat template instead of the model file's.
+    #[arg(long = "chat-template", value_name = "STRING")]
+    pub chat_template: Option<String>,
+    /// Extra variables for the template, a JSON object (e.g. '{"enable_thinking": false}').
+    #[arg(long = "chat-template-kwargs", value_name = "JSON")]
+    pub chat_template_kwargs: Option<String>,
+}
+
+impl TemplateArgs {
+    /// The template override (`None`: the file's own) and the keyword arguments.
+    ///
+    /// Errors: an unreadable template file; kwargs that are not a JSON object.
+    pub fn resolve(&self) -> Result<(Option<String>, serde_json::Map<String, serde_json::Value>)> {
+        let template =
+            match (&self.chat_template_file, &self.chat_template) {
+                (Some(p), _) => Some(std::fs::read_to_string(p).with_context(|| {
+                    format!("--chat-template-file: cannot read {}", p.display())
+                })?),
+                (None, t) => t.clone(),
+            };
+        let kwargs = match &self.chat_template_kwargs {
+            None => serde_json::Map::new(),
+            Some(s) => match serde_json::from_str::<serde_json::Value>(s) {
+                Ok(serde_json::Value::Object(m)) => m,
+                _ => anyhow::bail!("--chat-template-kwargs must be a JSON object, got {s}"),
+            },
+        };
+        Ok((template, kwargs))
+    }
+}
+
 /// Sampling flags of `run` and `chat` (CONTRACT.md), defaults as llama.cpp's.
 #[derive(Args, Clone, Debug)]
 pub struct SamplingArgs {

@@ -27,6 +27,8 @@ pub struct RunArgs {
     pub parse_special: bool,
     #[command(flatten)]
     pub gen: GenArgs,
+    #[command(flatten)]
+    pub template: crate::common::TemplateArgs,
     /// Read the prompt from a file (`-`: standard input), byte for byte.
     #[arg(long = "prompt-file", conflicts_with_all = ["prompt", "prompt_ids"])]
     pub prompt_file: Option<PathBuf>,
@@ -65,8 +67,16 @@ fn prompt_ids(args: &RunArgs, tok: &Tokenizer) -> Result<Vec<u32>> {
         messages.push(ChatMessage::new("system", s.as_str()));
     }
     messages.push(ChatMessage::new("user", text));
-    let prompt = tok.apply_chat_template(&messages, true)?;
-    warn_builtin_template(tok);
+    let (template, kwargs) = args.template.resolve()?;
+    let inputs = frink_tokenizer::TemplateInputs {
+        add_generation_prompt: true,
+        kwargs,
+        ..Default::default()
+    };
+    let prompt = tok.apply_template_with(template.as_deref(), &messages, &inputs)?;
+    if template.is_none() {
+        warn_builtin_template(tok);
+    }
     Ok(tok.encode_chat(&prompt)?)
 }
 

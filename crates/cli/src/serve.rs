@@ -29,6 +29,8 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer KEY` on every endpoint but /health.
     #[arg(long = "api-key", env = "FRINK_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    #[command(flatten)]
+    pub template: crate::common::TemplateArgs,
 }
 
 /// Resolves the model (fetching a catalog model on first use) and serves until SIGINT or
@@ -37,6 +39,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     anyhow::ensure!(args.parallel >= 1, "--parallel must be at least 1");
     anyhow::ensure!(args.ctx >= 2, "--ctx must be at least 2");
     let path = args.model.path()?;
+    let (chat_template, chat_template_kwargs) = args.template.resolve()?;
     let model = args.model.clone();
     frink_server::run(
         frink_server::ServeConfig {
@@ -48,6 +51,8 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             queue: args.queue.max(1),
             api_key: args.api_key.clone(),
             kv_type: args.model.kv_type,
+            chat_template,
+            chat_template_kwargs,
         },
         // The same loading as every other command (thread pool, model options).
         Box::new(move || model.load_path(&path)),

@@ -759,7 +759,6 @@ fn refused_sample(name: &str) -> (Value, Option<Value>) {
         "t_max_predict_ms" => (json!(1000), Some(json!(0))),
         "samplers" => (json!(["top_k", "temperature"]), None),
         "lora" => (json!([{"id": 0, "scale": 1.0}]), Some(json!([]))),
-        "chat_template_kwargs" => (json!({"enable_thinking": false}), Some(json!({}))),
         "reasoning_format" => (json!("deepseek"), Some(json!("none"))),
         "parse_tool_calls" => (json!(true), Some(json!(false))),
         "image_data" => (json!([{"data": "", "id": 1}]), Some(json!([]))),
@@ -1154,4 +1153,58 @@ fn n_choices_share_the_prompt_and_equal_single_requests() {
     );
     assert_eq!(r.status, 400);
     assert_eq!(r.json()["error"]["param"], "n");
+}
+
+/// `--chat-template` replaces the file's template and `--chat-template-kwargs` sets its
+/// variables; a request's `chat_template_kwargs` adds to and overrides them (the prompt the
+/// server counts grows with each variable set).
+#[test]
+fn chat_template_and_its_kwargs_shape_the_prompt() {
+    let _l = lock();
+    let template = "Q: {{ messages[-1].content }}{% if flag %} FLAG{% endif %}{% if more %} MORE{% endif %}\nA:";
+    let srv = Server::start(&[
+        "--chat-template",
+        template,
+        "--chat-template-kwargs",
+        r#"{"flag": false}"#,
+    ]);
+    let prompt_tokens = |extra: Value| {
+        let mut e = json!({"temperature": 0, "max_tokens": 1});
+        for (k, v) in extra.as_object().unwrap() {
+            e[k] = v.clone();
+        }
+        srv.post_ok("/v1/chat/completions", &chat("hi", e))["usage"]["prompt_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    let plain = prompt_tokens(json!({}));
+    let flag = prompt_tokens(json!({"chat_template_kwargs": {"flag": true}}));
+    let both = prompt_tokens(json!({"chat_template_kwargs": {"flag": true, "more": true}}));
+    assert!(plain < flag && flag < both, "{plain} {flag} {both}");
+    let r = srv.post_raw(
+        "/v1/chat/completions",
+        chat("hi", json!({"chat_template_kwargs": [1]}))
+            .to_string()
+            .as_bytes(),
+    );
+    assert_eq!(r.status, 400);
+    // The same through `frink run`: the prompt is the rendered text, tokenized.
+    let run = frink(&[
+        "run",
+        "--json",
+        "--greedy",
+        "-n",
+        "1",
+        "--chat-template",
+        template,
+        "--chat-template-kwargs",
+        r#"{"flag": true}"#,
+        "hi",
+    ]);
+    assert!(run.status.success(), "{}", stderr(&run));
+    let ids = last_json_line(&run)["prompt_ids"].clone();
+    // (`trim_blocks`, as in Jinja2: the newline after `{% endif %}` goes.)
+    let tok = frink(&["tokenize", "--json", "Q: hi FLAGA:"]);
+    assert_eq!(ids, last_json_line(&tok), "{}", stderr(&tok));
+    assert_eq!(ids.as_array().unwrap().len() as u64, flag);
 }

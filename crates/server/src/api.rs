@@ -370,6 +370,7 @@ pub const FIELDS: &[Field] = &[
     field_of("n_probs", LlamaCpp, Honoured),
     field_of("json_schema", LlamaCpp, Honoured),
     field_of("grammar", LlamaCpp, Honoured),
+    field_of("chat_template_kwargs", LlamaCpp, Honoured),
     // llama.cpp, informational.
     field_of("cache_prompt", LlamaCpp, Informational),
     field_of("id_slot", LlamaCpp, Informational),
@@ -438,11 +439,6 @@ pub const FIELDS: &[Field] = &[
         "lora",
         LlamaCpp,
         refused(empty, "LoRA adapters per request are not supported yet"),
-    ),
-    field_of(
-        "chat_template_kwargs",
-        LlamaCpp,
-        refused(empty, "chat_template_kwargs is not supported yet"),
     ),
     field_of(
         "reasoning_format",

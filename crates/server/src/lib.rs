@@ -36,7 +36,7 @@ use frink_engine::scheduler::{
     TokenLogprob,
 };
 use frink_models::{KvType, Model};
-use frink_tokenizer::{ChatMessage, Tokenizer};
+use frink_tokenizer::{ChatMessage, TemplateInputs, Tokenizer};
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
@@ -61,6 +61,11 @@ pub struct ServeConfig {
     pub api_key: Option<String>,
     /// KV cache element type.
     pub kv_type: KvType,
+    /// A Jinja chat template to use instead of the model file's (`--chat-template[-file]`).
+    pub chat_template: Option<String>,
+    /// Template variables every chat request gets (`--chat-template-kwargs`); a request's
+    /// `chat_template_kwargs` add to and override them.
+    pub chat_template_kwargs: serde_json::Map<String, Value>,
 }
 
 /// How long in-flight requests may run on after SIGINT/SIGTERM before they are cancelled.
@@ -103,6 +108,9 @@ struct AppState {
     model_name: String,
     api_key: Option<String>,
     n_ctx: usize,
+    /// The chat template override and the default template variables.
+    chat_template: Option<String>,
+    chat_template_kwargs: Map<String, Value>,
     /// Slots: the most choices (`n`) one request may ask for.
     parallel: usize,
     created: u64,
@@ -138,6 +146,8 @@ async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
         model_name: config.model_name.clone(),
         api_key: config.api_key.clone().filter(|k| !k.is_empty()),
         n_ctx: config.ctx,
+        chat_template: config.chat_template.clone(),
+        chat_template_kwargs: config.chat_template_kwargs.clone(),
         parallel: config.parallel,
         created: unix_now(),
         next_id: AtomicU64::new(1),
@@ -591,9 +601,25 @@ async fn chat_completions(State(st): St, headers: HeaderMap, body: Bytes) -> Res
             .into_iter()
             .map(|(role, content)| ChatMessage::new(role, content))
             .collect();
+        let mut kwargs = st.chat_template_kwargs.clone();
+        match obj.get("chat_template_kwargs") {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(m)) => kwargs.extend(m.clone()),
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    Some("chat_template_kwargs"),
+                    "'chat_template_kwargs' must be an object",
+                ))
+            }
+        }
+        let inputs = TemplateInputs {
+            add_generation_prompt: true,
+            kwargs,
+            ..TemplateInputs::default()
+        };
         let prompt = eng
             .tok
-            .apply_chat_template(&messages, true)
+            .apply_template_with(st.chat_template.as_deref(), &messages, &inputs)
             .and_then(|p| eng.tok.encode_chat(&p))
             .map_err(|e| ApiError::invalid(Some("messages"), e.to_string()))?;
         let constraints = eng.constraints(&obj, opts.n)?;
