@@ -14,6 +14,7 @@ const FULL_ARRAY_MAX: usize = 256;
 /// Prints the file's summary (and tensor table with `tensors`), as text or one JSON object:
 /// `{"path", "version", "architecture", "file_bytes", "alignment", "data_offset",
 /// "metadata": {key: value}, "tensor_count", "type_counts": {type: {"count", "bytes"}},
+/// "tool_format",
 /// "tensors": [{"name", "type", "shape", "offset", "n_bytes"}]}` where `offset` is the
 /// absolute byte offset of the tensor's data in the file and `shape` is ne0 first. JSON
 /// always carries the tensor table.
@@ -62,6 +63,7 @@ pub fn inspect(path: &Path, tensors: bool, json: bool) -> Result<()> {
             "metadata": metadata,
             "tensor_count": f.tensor_infos().len(),
             "type_counts": type_counts,
+            "tool_format": tool_format_name(&f),
             "tensors": table,
         });
         println!("{}", serde_json::to_string(&out)?);
@@ -83,6 +85,7 @@ pub fn inspect(path: &Path, tensors: bool, json: bool) -> Result<()> {
         f.alignment()
     );
     println!("tensors:       {} ({total} bytes)", f.tensor_infos().len());
+    println!("tool calls:    {}", tool_format_name(&f));
     for (t, (n, b)) in &by_count {
         println!("  {:<8} {n:>5} tensors {b:>12} bytes", t.name());
     }
@@ -104,6 +107,20 @@ pub fn inspect(path: &Path, tensors: bool, json: bool) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The tool-call format the file's chat template teaches, as `frink serve` parses it
+/// (`hermes`), or why there is none (`none: …`).
+fn tool_format_name(f: &GgufFile) -> &'static str {
+    match f.get("tokenizer.chat_template").and_then(|v| v.as_str()) {
+        None => "none (the file has no chat template)",
+        Some(t) => match frink_server::tools::ToolFormat::detect(t) {
+            Some(frink_server::tools::ToolFormat::Hermes) => {
+                "hermes (<tool_call>{\"name\", \"arguments\"}</tool_call>)"
+            }
+            None => "none (the template teaches no tool-call format frink parses)",
+        },
+    }
 }
 
 /// Text form of a value: scalars as-is, short arrays in full, long ones summarised.

@@ -734,10 +734,7 @@ fn a_model_that_fails_to_load_ends_the_server_with_an_error() {
 /// A value of each refused field that asks for something frink cannot do, and the value
 /// that changes nothing (where the field has one).
 fn refused_sample(name: &str) -> (Value, Option<Value>) {
-    let tool = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
     let (bad, neutral) = match name {
-        "tools" => (tool, Some(json!([]))),
-        "tool_choice" => (json!("required"), Some(json!("none"))),
         "functions" => (json!([{"name": "f", "parameters": {}}]), Some(json!([]))),
         "function_call" => (json!({"name": "f"}), Some(json!("auto"))),
         "audio" => (json!({"voice": "alloy", "format": "wav"}), None),
@@ -760,7 +757,6 @@ fn refused_sample(name: &str) -> (Value, Option<Value>) {
         "samplers" => (json!(["top_k", "temperature"]), None),
         "lora" => (json!([{"id": 0, "scale": 1.0}]), Some(json!([]))),
         "reasoning_format" => (json!("deepseek"), Some(json!("none"))),
-        "parse_tool_calls" => (json!(true), Some(json!(false))),
         "image_data" => (json!([{"data": "", "id": 1}]), Some(json!([]))),
         "multimodal_data" => (json!(["aGk="]), Some(json!([]))),
         "return_tokens" => (json!(true), Some(json!(false))),
@@ -783,7 +779,6 @@ fn informational_sample(name: &str) -> Value {
         "prompt_cache_key" => json!("key"),
         "safety_identifier" => json!("sid"),
         "prediction" => json!({"type": "content", "content": "The sky"}),
-        "parallel_tool_calls" => json!(true),
         "cache_prompt" => json!(false),
         "id_slot" => json!(3),
         "timings_per_token" => json!(true),
@@ -883,7 +878,7 @@ fn every_defined_request_field_is_honoured_refused_or_informational() {
         }
     }
     eprintln!("{refused} refused and {informational} informational fields checked");
-    assert!(refused >= 30 && informational >= 15);
+    assert!(refused >= 25 && informational >= 15);
 }
 
 /// `logit_bias` and `--logit-bias`: banning (-100) the first token of the greedy answer
@@ -1207,4 +1202,30 @@ fn chat_template_and_its_kwargs_shape_the_prompt() {
     let tok = frink(&["tokenize", "--json", "Q: hi FLAGA:"]);
     assert_eq!(ids, last_json_line(&tok), "{}", stderr(&tok));
     assert_eq!(ids.as_array().unwrap().len() as u64, flag);
+}
+
+/// Tool calling with the official `openai` client on qwen2.5-coder-0.5b (its template
+/// teaches Hermes `<tool_call>` calls; tests/tools_e2e.py): a two-turn tool loop streamed
+/// and not, streamed deltas equal to the whole `tool_calls`, and `tool_choice: "required"`
+/// or a named function giving a call whose arguments validate against the tool's schema in
+/// each of 100 sampled runs (measured: 100 of 100; before, `tools` was refused with a 400).
+#[test]
+fn tool_calls_with_the_openai_client() {
+    let _l = lock();
+    let Some(python) = openai_venv() else {
+        return;
+    };
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools_e2e.py");
+    let model = "qwen2.5-coder-0.5b";
+    let srv = Server::start(&["-m", model, "--parallel", "4"]);
+    let out = std::process::Command::new(&python)
+        .arg(&script)
+        .arg(format!("http://127.0.0.1:{}/v1", srv.port))
+        .arg(model)
+        .output()
+        .expect("run the tool-calling script");
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprint!("{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "tool calling checks failed");
+    assert!(text.contains("tool checks passed"));
 }

@@ -11,6 +11,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use frink_engine::constraint::Grammar;
 use frink_engine::sampling::SamplingParams;
+use frink_tokenizer::ChatMessage;
 use serde_json::{json, Map, Value};
 
 /// An error answered as `{"error": {"message", "type", "param", "code"}}`.
@@ -292,6 +293,10 @@ pub const FIELDS: &[Field] = &[
     field_of("logprobs", Both, Honoured),
     field_of("top_logprobs", ChatApi, Honoured),
     field_of("response_format", Both, Honoured),
+    field_of("tools", ChatApi, Honoured),
+    field_of("tool_choice", ChatApi, Honoured),
+    field_of("parallel_tool_calls", ChatApi, Honoured),
+    field_of("parse_tool_calls", LlamaCpp, Honoured),
     field_of("n", Both, Honoured),
     // OpenAI, informational.
     field_of("model", Both, Informational),
@@ -302,18 +307,7 @@ pub const FIELDS: &[Field] = &[
     field_of("prompt_cache_key", ChatApi, Informational),
     field_of("safety_identifier", ChatApi, Informational),
     field_of("prediction", ChatApi, Informational),
-    field_of("parallel_tool_calls", ChatApi, Informational),
     // OpenAI, refused unless neutral.
-    field_of(
-        "tools",
-        ChatApi,
-        refused(empty, "tool calling is not supported yet"),
-    ),
-    field_of(
-        "tool_choice",
-        ChatApi,
-        refused(no_tool_use, "tool calling is not supported yet"),
-    ),
     field_of(
         "functions",
         ChatApi,
@@ -447,11 +441,6 @@ pub const FIELDS: &[Field] = &[
             no_reasoning_parse,
             "only reasoning_format = none (no parsing) is supported",
         ),
-    ),
-    field_of(
-        "parse_tool_calls",
-        LlamaCpp,
-        refused(is_false, "tool calling is not supported yet"),
     ),
     field_of(
         "image_data",
@@ -786,9 +775,10 @@ pub fn gen_options(
     })
 }
 
-/// `messages` of a chat request as (role, text) pairs; content may be a string or an array
-/// of `{"type": "text", "text": …}` parts.
-pub fn messages(obj: &Map<String, Value>) -> Result<Vec<(String, String)>, ApiError> {
+/// `messages` of a chat request: role, text (a string, null, or an array of
+/// `{"type": "text", "text": …}` parts) and every other field the template may read
+/// (`tool_calls` with their `arguments` parsed into objects, `tool_call_id`, `name`).
+pub fn messages(obj: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
     let bad = |m: &str| ApiError::invalid(Some("messages"), m.to_string());
     let list = match field(obj, "messages") {
         None => return Err(bad("'messages' is required")),
@@ -831,7 +821,16 @@ pub fn messages(obj: &Map<String, Value>) -> Result<Vec<(String, String)>, ApiEr
                     )))
                 }
             };
-            Ok((role.to_string(), content))
+            if m.get("tool_calls")
+                .is_some_and(|c| !c.is_null() && !c.is_array())
+            {
+                return Err(bad(&format!("messages[{i}].tool_calls must be an array")));
+            }
+            Ok(ChatMessage {
+                role: role.to_string(),
+                content,
+                extra: crate::tools::message_extra(m),
+            })
         })
         .collect()
 }

@@ -14,6 +14,7 @@
 //! `POST /tokenize`, `POST /detokenize`.
 
 pub mod api;
+pub mod tools;
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -80,16 +81,17 @@ struct Engine {
 }
 
 impl Engine {
-    /// The compiled constraint of a request's grammar fields for each of its `n` choices
+    /// The compiled constraint of a request's grammar (from its grammar fields, or a
+    /// required tool call) for each of its `n` choices
     /// (each its own grammar state), or `n` times `None` without one.
     ///
     /// Errors: a 400 naming the field, with the compiler's message.
     fn constraints(
         &self,
-        obj: &Map<String, Value>,
+        grammar: Option<(&'static str, frink_engine::constraint::Grammar)>,
         n: usize,
     ) -> Result<Vec<Option<Constraint>>, ApiError> {
-        let Some((param, g)) = api::grammar(obj)? else {
+        let Some((param, g)) = grammar else {
             return Ok((0..n).map(|_| None).collect());
         };
         (0..n)
@@ -567,6 +569,10 @@ struct Prepared {
     logprobs: Option<usize>,
     /// The grammar each choice must match (one entry per choice).
     constraints: Vec<Option<Constraint>>,
+    /// Parse tool calls out of the answer in this format.
+    tool_format: Option<tools::ToolFormat>,
+    /// The tools the answer may call.
+    tool_names: Vec<String>,
     model: String,
 }
 
@@ -597,10 +603,64 @@ async fn chat_completions(State(st): St, headers: HeaderMap, body: Bytes) -> Res
             ));
         }
         let logprobs = logprobs.map(|n| n as usize);
-        let messages: Vec<ChatMessage> = msgs
-            .into_iter()
-            .map(|(role, content)| ChatMessage::new(role, content))
-            .collect();
+        let messages: Vec<ChatMessage> = msgs;
+        // Tools: rendered by the template; calls parsed from the answer in the format the
+        // template teaches; a required call enforced by a grammar.
+        let mut grammar = api::grammar(&obj)?;
+        let mut tool_format = None;
+        let mut tool_names = Vec::new();
+        let mut tools_for_template = None;
+        if let Some(tv) = obj.get("tools").filter(|v| !v.is_null()) {
+            let bad = |p: &str, m: String| ApiError::invalid(Some(p), m);
+            let tools = tools::check_tools(tv).map_err(|m| bad("tools", m))?;
+            if !tools.is_empty() {
+                let (usable, required) = tools::choice(&tools, obj.get("tool_choice"))
+                    .map_err(|m| bad("tool_choice", m))?;
+                let template = st
+                    .chat_template
+                    .as_deref()
+                    .or(eng.tok.chat_template())
+                    .unwrap_or("");
+                let format = tools::ToolFormat::detect(template).ok_or_else(|| {
+                    bad(
+                        "tools",
+                        "this model's chat template teaches no tool-call format frink parses \
+                         (Hermes <tool_call> is implemented)"
+                            .into(),
+                    )
+                    .with_code("unsupported_field")
+                })?;
+                let parallel = api::opt_bool(&obj, "parallel_tool_calls")?.unwrap_or(true);
+                if required {
+                    if let Some((param, _)) = &grammar {
+                        return Err(bad(
+                            param,
+                            format!("'{param}' and a required tool call both constrain the answer"),
+                        ));
+                    }
+                    let lark = format.call_grammar(&usable, parallel);
+                    grammar = Some(("tool_choice", frink_engine::constraint::Grammar::Lark(lark)));
+                }
+                // llama.cpp's `parse_tool_calls: false`: the calls stay in the text.
+                let parse_calls = api::opt_bool(&obj, "parse_tool_calls")?.unwrap_or(true);
+                if !usable.is_empty() && parse_calls {
+                    tool_format = Some(format);
+                    tool_names = usable
+                        .iter()
+                        .filter_map(|t| t["function"]["name"].as_str().map(str::to_string))
+                        .collect();
+                }
+                tools_for_template = Some(Value::Array(tools));
+            }
+        } else if obj
+            .get("tool_choice")
+            .is_some_and(|c| !c.is_null() && c != "none" && c != "auto")
+        {
+            return Err(ApiError::invalid(
+                Some("tool_choice"),
+                "'tool_choice' requires 'tools'",
+            ));
+        }
         let mut kwargs = st.chat_template_kwargs.clone();
         match obj.get("chat_template_kwargs") {
             None | Some(Value::Null) => {}
@@ -614,6 +674,7 @@ async fn chat_completions(State(st): St, headers: HeaderMap, body: Bytes) -> Res
         }
         let inputs = TemplateInputs {
             add_generation_prompt: true,
+            tools: tools_for_template,
             kwargs,
             ..TemplateInputs::default()
         };
@@ -622,12 +683,14 @@ async fn chat_completions(State(st): St, headers: HeaderMap, body: Bytes) -> Res
             .apply_template_with(st.chat_template.as_deref(), &messages, &inputs)
             .and_then(|p| eng.tok.encode_chat(&p))
             .map_err(|e| ApiError::invalid(Some("messages"), e.to_string()))?;
-        let constraints = eng.constraints(&obj, opts.n)?;
+        let constraints = eng.constraints(grammar, opts.n)?;
         Ok(Prepared {
             prompt,
             opts,
             logprobs,
             constraints,
+            tool_format,
+            tool_names,
             model: model_field(&st, &obj),
         })
     })();
@@ -675,12 +738,14 @@ async fn completions(State(st): St, headers: HeaderMap, body: Bytes) -> Response
                 format!("token id {t} is outside the vocabulary of {n_vocab}"),
             ));
         }
-        let constraints = eng.constraints(&obj, opts.n)?;
+        let constraints = eng.constraints(api::grammar(&obj)?, opts.n)?;
         Ok(Prepared {
             prompt,
             opts,
             logprobs,
             constraints,
+            tool_format: None,
+            tool_names: Vec::new(),
             model: model_field(&st, &obj),
         })
     })();
@@ -798,6 +863,8 @@ async fn complete(st: &AppState, kind: Kind, p: Prepared) -> Response {
         logprobs: p.logprobs.is_some(),
         include_usage: p.opts.include_usage,
         n,
+        tool_format: p.tool_format,
+        tool_names: p.tool_names,
     };
     if p.opts.stream {
         stream_response(fmt, rx)
@@ -817,6 +884,10 @@ struct Formatter {
     include_usage: bool,
     /// Choices (`n`).
     n: usize,
+    /// Parse tool calls in this format (chat requests with tools).
+    tool_format: Option<tools::ToolFormat>,
+    /// The tools the answer may call.
+    tool_names: Vec<String>,
 }
 
 /// The finished choices' counts as OpenAI's `usage` reports them: the prompt once, the
@@ -843,6 +914,25 @@ impl Totals {
 }
 
 impl Formatter {
+    /// The id stem of choice `i`'s tool calls (`call_<stem>_<k>`): unique per response
+    /// and choice, the same streamed or whole.
+    fn call_ids(&self, i: usize) -> String {
+        format!("{}_{i}", self.id)
+    }
+
+    /// The chunk choices of a streamed tool call: its id, type and name with empty
+    /// arguments, then the arguments in one fragment.
+    fn call_deltas(&self, choice: usize, k: usize, c: &tools::ToolCall) -> [Value; 2] {
+        let full = tools::call_json(&self.call_ids(choice), k, c);
+        let mut head = full.clone();
+        head["index"] = json!(k);
+        head["function"]["arguments"] = json!("");
+        [
+            json!({"index": choice, "delta": {"tool_calls": [head]}, "logprobs": null, "finish_reason": null}),
+            json!({"index": choice, "delta": {"tool_calls": [{"index": k, "function": {"arguments": c.arguments}}]}, "logprobs": null, "finish_reason": null}),
+        ]
+    }
+
     fn piece(&self, id: u32) -> (String, Vec<u8>) {
         let bytes = self
             .tok
@@ -970,6 +1060,31 @@ fn stream_response(fmt: Formatter, rx: mpsc::UnboundedReceiver<(usize, Event)>) 
         chars: Vec<usize>,
         finished: usize,
         totals: Totals,
+        /// Per choice: the tool-call parser (chat requests with tools) and calls sent.
+        parsers: Vec<Option<tools::StreamParser>>,
+        calls: Vec<usize>,
+    }
+    impl S {
+        /// Sends what choice `i`'s tool-call parser decided: text as content deltas, calls
+        /// as tool-call deltas.
+        fn push_items(&mut self, i: usize, items: Vec<tools::Item>, mut logprobs: Value) {
+            for it in items {
+                match it {
+                    tools::Item::Text(t) => {
+                        let c =
+                            self.fmt
+                                .delta_choice(i, Some(&t), std::mem::take(&mut logprobs), None);
+                        self.out.push_back(sse(&self.fmt.chunk(Some(c), None)));
+                    }
+                    tools::Item::Call(call) => {
+                        for d in self.fmt.call_deltas(i, self.calls[i], &call) {
+                            self.out.push_back(sse(&self.fmt.chunk(Some(d), None)));
+                        }
+                        self.calls[i] += 1;
+                    }
+                }
+            }
+        }
     }
     let mut out = VecDeque::new();
     if fmt.kind == Kind::Chat {
@@ -982,6 +1097,13 @@ fn stream_response(fmt: Formatter, rx: mpsc::UnboundedReceiver<(usize, Event)>) 
         }
     }
     let state = S {
+        parsers: (0..fmt.n)
+            .map(|_| {
+                fmt.tool_format
+                    .map(|f| tools::StreamParser::new(f, fmt.tool_names.clone()))
+            })
+            .collect(),
+        calls: vec![0; fmt.n],
         chars: vec![0; fmt.n],
         fmt,
         rx,
@@ -999,6 +1121,18 @@ fn stream_response(fmt: Formatter, rx: mpsc::UnboundedReceiver<(usize, Event)>) 
                 return None;
             }
             match s.rx.recv().await {
+                Some((i, Event::Delta { text, tokens })) if s.parsers[i].is_some() => {
+                    let items = s.parsers[i]
+                        .as_mut()
+                        .map(|p| p.push(&text))
+                        .unwrap_or_default();
+                    let lp = if s.fmt.logprobs {
+                        s.fmt.logprobs_json(&tokens, 0)
+                    } else {
+                        Value::Null
+                    };
+                    s.push_items(i, items, lp);
+                }
                 Some((i, Event::Delta { text, tokens })) => {
                     let lp = if s.fmt.logprobs {
                         s.fmt.logprobs_json(&tokens, s.chars[i])
@@ -1012,7 +1146,15 @@ fn stream_response(fmt: Formatter, rx: mpsc::UnboundedReceiver<(usize, Event)>) 
                     s.out.push_back(sse(&c));
                 }
                 Some((i, Event::Done(c))) => {
-                    let finish = Some(c.finish_reason.as_str());
+                    if let Some(p) = s.parsers[i].take() {
+                        let items = p.finish();
+                        s.push_items(i, items, Value::Null);
+                    }
+                    let finish = Some(if s.calls[i] > 0 {
+                        "tool_calls"
+                    } else {
+                        c.finish_reason.as_str()
+                    });
                     let fin = s.fmt.delta_choice(i, None, Value::Null, finish);
                     s.out.push_back(sse(&s.fmt.chunk(Some(fin), None)));
                     s.totals.add(i, &c);
@@ -1116,12 +1258,32 @@ async fn whole_response(
                 Value::Null
             };
             match fmt.kind {
-                Kind::Chat => json!({
-                    "index": i,
-                    "message": {"role": "assistant", "content": text[i]},
-                    "logprobs": logprobs,
-                    "finish_reason": finish[i],
-                }),
+                Kind::Chat => match fmt.tool_format {
+                    Some(format) => {
+                        let (content, calls) = tools::parse(format, &fmt.tool_names, &text[i]);
+                        let mut message = json!({"role": "assistant", "content": content});
+                        let mut reason = finish[i];
+                        if !calls.is_empty() {
+                            let calls: Vec<Value> = calls
+                                .iter()
+                                .enumerate()
+                                .map(|(k, c)| tools::call_json(&fmt.call_ids(i), k, c))
+                                .collect();
+                            if content.is_empty() {
+                                message["content"] = Value::Null;
+                            }
+                            message["tool_calls"] = Value::Array(calls);
+                            reason = Some("tool_calls");
+                        }
+                        json!({"index": i, "message": message, "logprobs": logprobs, "finish_reason": reason})
+                    }
+                    None => json!({
+                        "index": i,
+                        "message": {"role": "assistant", "content": text[i]},
+                        "logprobs": logprobs,
+                        "finish_reason": finish[i],
+                    }),
+                },
                 Kind::Text => json!({
                     "index": i,
                     "text": text[i],

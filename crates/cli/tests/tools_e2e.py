@@ -1,0 +1,134 @@
+"""Tool calling through `frink serve` with the official `openai` Python package.
+
+Run by crates/cli/tests/serve.rs (tool_calls_with_the_openai_client) with the server's
+base URL and model name (qwen2.5-coder-0.5b, whose template teaches Hermes `<tool_call>`
+calls). Checks: a two-turn tool loop (call, tool result, answer) streamed and not; streamed
+deltas reassemble to the non-streamed `tool_calls`; `tool_choice: "required"` and a named
+function give a valid call whose arguments validate against the tool's schema in every one
+of 100 sampled runs; ids are distinct. Exits non-zero on a failed check.
+"""
+import concurrent.futures
+import json
+import sys
+
+import jsonschema
+import openai
+
+base_url, model = sys.argv[1], sys.argv[2]
+client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=300)
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print(f"FAILED: {what}", file=sys.stderr)
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city.",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 30},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "Get the local time in a time zone.",
+    "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 30}},
+                   "required": ["zone"], "additionalProperties": False}}}
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
+USER = {"role": "user", "content": "What is the weather in Paris right now?"}
+
+
+def valid_calls(calls, names):
+    ids = [c.id for c in calls]
+    check(len(set(ids)) == len(ids) and all(ids), f"ids {ids}")
+    for c in calls:
+        check(c.type == "function", f"type {c.type}")
+        check(c.function.name in names, f"name {c.function.name}")
+        try:
+            jsonschema.validate(json.loads(c.function.arguments), SCHEMAS[c.function.name])
+        except Exception as e:  # noqa: BLE001
+            check(False, f"arguments {c.function.arguments!r}: {e}")
+
+
+# Turn 1, required: a call.
+r = client.chat.completions.create(model=model, messages=[USER], tools=[WEATHER, TIME],
+                                   tool_choice="required", temperature=0, max_tokens=80)
+choice = r.choices[0]
+check(choice.finish_reason == "tool_calls", f"finish {choice.finish_reason}")
+calls = choice.message.tool_calls or []
+check(len(calls) >= 1, f"no call: {choice.message}")
+valid_calls(calls, SCHEMAS)
+
+# The same streamed: deltas reassemble to the same calls.
+stream = client.chat.completions.create(model=model, messages=[USER], tools=[WEATHER, TIME],
+                                        tool_choice="required", temperature=0, max_tokens=80,
+                                        stream=True)
+acc, finish = {}, None
+for chunk in stream:
+    for ch in chunk.choices:
+        for d in ch.delta.tool_calls or []:
+            e = acc.setdefault(d.index, {"id": None, "name": None, "arguments": ""})
+            if d.id:
+                check(e["id"] is None, "id sent twice")
+                e["id"] = d.id
+            if d.function and d.function.name:
+                e["name"] = d.function.name
+            if d.function and d.function.arguments:
+                e["arguments"] += d.function.arguments
+        finish = ch.finish_reason or finish
+streamed = [acc[k] for k in sorted(acc)]
+check(finish == "tool_calls", f"stream finish {finish}")
+# (Ids differ between the two responses; each streamed call sends its id once.)
+check(all(c["id"] for c in streamed), f"streamed ids {streamed}")
+check([(c["name"], c["arguments"]) for c in streamed] == [(c.function.name, c.function.arguments) for c in calls],
+      f"streamed {streamed} vs {calls}")
+
+# Turn 2: the tool's result goes back; the answer is text.
+history = [USER, {"role": "assistant", "content": None, "tool_calls": [
+    {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+    for c in calls]}]
+for c in calls:
+    history.append({"role": "tool", "tool_call_id": c.id, "content": json.dumps({"temperature_c": 21, "sky": "clear"})})
+for stream_it in (False, True):
+    kw = dict(model=model, messages=history, tools=[WEATHER, TIME], tool_choice="none",
+              temperature=0, max_tokens=60)
+    if stream_it:
+        text = "".join(ch.choices[0].delta.content or "" for ch in client.chat.completions.create(stream=True, **kw)
+                       if ch.choices)
+    else:
+        r2 = client.chat.completions.create(**kw)
+        text = r2.choices[0].message.content or ""
+        check(not r2.choices[0].message.tool_calls, "tool_choice none gave a call")
+    check(len(text.strip()) > 0, f"empty answer (stream={stream_it})")
+
+# 100 sampled runs, required and named.
+def one(seed):
+    named = seed % 2 == 1
+    tc = {"type": "function", "function": {"name": "get_time"}} if named else "required"
+    r = client.chat.completions.create(model=model, messages=[USER], tools=[WEATHER, TIME], tool_choice=tc,
+                                       temperature=0.9, seed=seed, max_tokens=100)
+    return named, r.choices[0]
+
+with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+    runs = list(pool.map(one, range(100)))
+ok = 0
+for named, ch in runs:
+    calls = ch.message.tool_calls or []
+    check(ch.finish_reason == "tool_calls" and calls, f"run without a call: {ch.finish_reason} {ch.message}")
+    valid_calls(calls, ["get_time"] if named else SCHEMAS)
+    ok += bool(calls)
+
+# Refusals: an unknown named function, tool_choice without tools.
+for kw, param in [({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+                  ({"tools": [{"type": "function"}]}, "tools")]:
+    try:
+        client.chat.completions.create(model=model, messages=[USER], max_tokens=4, **kw)
+        check(False, f"{kw} accepted")
+    except openai.BadRequestError as e:
+        check(e.body.get("param") == param, f"{kw}: param {e.body.get('param')}")
+
+print(f"{ok}/100 sampled required/named runs gave valid calls; {len(failures)} failures")
+if failures:
+    sys.exit(1)
+print("tool checks passed")
