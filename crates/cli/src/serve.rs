@@ -31,6 +31,10 @@ pub struct ServeArgs {
     pub api_key: Option<String>,
     #[command(flatten)]
     pub template: crate::common::TemplateArgs,
+    /// `auto`: a reasoning model's `<think>` text goes to `reasoning_content`; `none`: it
+    /// stays in the content.
+    #[arg(long = "reasoning-format", value_parser = ["auto", "none"], default_value = "auto")]
+    pub reasoning_format: String,
 }
 
 /// Resolves the model (fetching a catalog model on first use) and serves until SIGINT or
@@ -53,6 +57,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             kv_type: args.model.kv_type,
             chat_template,
             chat_template_kwargs,
+            split_reasoning: args.reasoning_format == "auto",
         },
         // The same loading as every other command (thread pool, model options).
         Box::new(move || model.load_path(&path)),

@@ -756,7 +756,6 @@ fn refused_sample(name: &str) -> (Value, Option<Value>) {
         "t_max_predict_ms" => (json!(1000), Some(json!(0))),
         "samplers" => (json!(["top_k", "temperature"]), None),
         "lora" => (json!([{"id": 0, "scale": 1.0}]), Some(json!([]))),
-        "reasoning_format" => (json!("deepseek"), Some(json!("none"))),
         "image_data" => (json!([{"data": "", "id": 1}]), Some(json!([]))),
         "multimodal_data" => (json!(["aGk="]), Some(json!([]))),
         "return_tokens" => (json!(true), Some(json!(false))),
@@ -1228,4 +1227,60 @@ fn tool_calls_with_the_openai_client() {
     eprint!("{text}{}", String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "tool calling checks failed");
     assert!(text.contains("tool checks passed"));
+}
+
+/// Reasoning separated into `reasoning_content`, whole and streamed, for a template that
+/// teaches `<think>` (here one given with `--chat-template`, the answer held to the shape
+/// `<think>…</think>…` by a grammar so that smollm2 writes one): the thinking never reaches
+/// `content`, the streamed deltas reassemble to the whole answer's fields, and
+/// `reasoning_format: "none"` keeps the text inline.
+#[test]
+fn think_blocks_go_to_reasoning_content() {
+    let _l = lock();
+    let template = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant (may <think> first):";
+    let srv = Server::start(&["--chat-template", template]);
+    let grammar = "%llguidance {}\nstart: \"<think>\" /[a-z ]{3,20}/ \"</think>\" /[a-z ]{3,20}/";
+    let body = |extra: Value| {
+        let mut b = chat(
+            "Why is the sky blue?",
+            json!({"temperature": 0, "max_tokens": 40, "grammar": grammar}),
+        );
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let whole = srv.post_ok("/v1/chat/completions", &body(json!({})));
+    let m = &whole["choices"][0]["message"];
+    let thinking = m["reasoning_content"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{whole}"));
+    let content = m["content"].as_str().unwrap();
+    assert!(!thinking.is_empty() && !content.is_empty(), "{whole}");
+    assert!(
+        !content.contains("think") && !thinking.contains('<'),
+        "{whole}"
+    );
+    let inline = srv.post_ok(
+        "/v1/chat/completions",
+        &body(json!({"reasoning_format": "none"})),
+    );
+    // Inline, the same text; split, the answer's leading whitespace after `</think>` goes.
+    let text = message(&inline);
+    let rest = text
+        .strip_prefix(&format!("<think>{thinking}</think>"))
+        .unwrap_or_else(|| panic!("{inline}"));
+    assert_eq!(rest.trim_start(), content, "{inline}");
+    let (chunks, done) = srv
+        .stream("/v1/chat/completions", &body(json!({"stream": true})))
+        .collect();
+    assert!(done);
+    let (mut r, mut c) = (String::new(), String::new());
+    for ch in &chunks {
+        for x in ch["choices"].as_array().unwrap() {
+            r.push_str(x["delta"]["reasoning_content"].as_str().unwrap_or(""));
+            c.push_str(x["delta"]["content"].as_str().unwrap_or(""));
+        }
+    }
+    assert_eq!((r.as_str(), c.as_str()), (thinking, content));
 }

@@ -264,9 +264,6 @@ fn text_only(v: &Value) -> bool {
 fn no_tool_use(v: &Value) -> bool {
     matches!(v.as_str(), Some("none" | "auto"))
 }
-fn no_reasoning_parse(v: &Value) -> bool {
-    v.as_str() == Some("none")
-}
 
 use Defined::{Both, Chat as ChatApi, Completions as TextApi, LlamaCpp};
 use Treatment::{Honoured, Informational};
@@ -297,6 +294,7 @@ pub const FIELDS: &[Field] = &[
     field_of("tool_choice", ChatApi, Honoured),
     field_of("parallel_tool_calls", ChatApi, Honoured),
     field_of("parse_tool_calls", LlamaCpp, Honoured),
+    field_of("reasoning_format", LlamaCpp, Honoured),
     field_of("n", Both, Honoured),
     // OpenAI, informational.
     field_of("model", Both, Informational),
@@ -433,14 +431,6 @@ pub const FIELDS: &[Field] = &[
         "lora",
         LlamaCpp,
         refused(empty, "LoRA adapters per request are not supported yet"),
-    ),
-    field_of(
-        "reasoning_format",
-        LlamaCpp,
-        refused(
-            no_reasoning_parse,
-            "only reasoning_format = none (no parsing) is supported",
-        ),
     ),
     field_of(
         "image_data",

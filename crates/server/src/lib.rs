@@ -14,6 +14,7 @@
 //! `POST /tokenize`, `POST /detokenize`.
 
 pub mod api;
+pub mod reasoning;
 pub mod tools;
 
 use std::collections::VecDeque;
@@ -67,6 +68,10 @@ pub struct ServeConfig {
     /// Template variables every chat request gets (`--chat-template-kwargs`); a request's
     /// `chat_template_kwargs` add to and override them.
     pub chat_template_kwargs: serde_json::Map<String, Value>,
+    /// Separate `<think>` reasoning into `reasoning_content` (`--reasoning-format auto`,
+    /// the default) or keep it in the content (`none`); a request's `reasoning_format`
+    /// overrides it.
+    pub split_reasoning: bool,
 }
 
 /// How long in-flight requests may run on after SIGINT/SIGTERM before they are cancelled.
@@ -113,6 +118,7 @@ struct AppState {
     /// The chat template override and the default template variables.
     chat_template: Option<String>,
     chat_template_kwargs: Map<String, Value>,
+    split_reasoning: bool,
     /// Slots: the most choices (`n`) one request may ask for.
     parallel: usize,
     created: u64,
@@ -150,6 +156,7 @@ async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
         n_ctx: config.ctx,
         chat_template: config.chat_template.clone(),
         chat_template_kwargs: config.chat_template_kwargs.clone(),
+        split_reasoning: config.split_reasoning,
         parallel: config.parallel,
         created: unix_now(),
         next_id: AtomicU64::new(1),
@@ -573,6 +580,8 @@ struct Prepared {
     tool_format: Option<tools::ToolFormat>,
     /// The tools the answer may call.
     tool_names: Vec<String>,
+    /// Split `<think>` reasoning off (`Some(answer starts inside it)`).
+    reasoning: Option<bool>,
     model: String,
 }
 
@@ -678,11 +687,30 @@ async fn chat_completions(State(st): St, headers: HeaderMap, body: Bytes) -> Res
             kwargs,
             ..TemplateInputs::default()
         };
-        let prompt = eng
+        let rendered = eng
             .tok
             .apply_template_with(st.chat_template.as_deref(), &messages, &inputs)
-            .and_then(|p| eng.tok.encode_chat(&p))
             .map_err(|e| ApiError::invalid(Some("messages"), e.to_string()))?;
+        let prompt = eng
+            .tok
+            .encode_chat(&rendered)
+            .map_err(|e| ApiError::invalid(Some("messages"), e.to_string()))?;
+        let split = match api::opt_str(&obj, "reasoning_format")? {
+            None => st.split_reasoning,
+            Some("none") => false,
+            Some("auto" | "deepseek") => true,
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    Some("reasoning_format"),
+                    format!(
+                    "'reasoning_format' must be \"none\", \"auto\" or \"deepseek\", got {other:?}"
+                ),
+                ))
+            }
+        };
+        let template = st.chat_template.as_deref().or(eng.tok.chat_template());
+        let reasoning = (split && template.is_some_and(reasoning::detect))
+            .then(|| reasoning::starts_inside(&rendered.text));
         let constraints = eng.constraints(grammar, opts.n)?;
         Ok(Prepared {
             prompt,
@@ -691,6 +719,7 @@ async fn chat_completions(State(st): St, headers: HeaderMap, body: Bytes) -> Res
             constraints,
             tool_format,
             tool_names,
+            reasoning,
             model: model_field(&st, &obj),
         })
     })();
@@ -746,6 +775,7 @@ async fn completions(State(st): St, headers: HeaderMap, body: Bytes) -> Response
             constraints,
             tool_format: None,
             tool_names: Vec::new(),
+            reasoning: None,
             model: model_field(&st, &obj),
         })
     })();
@@ -865,6 +895,7 @@ async fn complete(st: &AppState, kind: Kind, p: Prepared) -> Response {
         n,
         tool_format: p.tool_format,
         tool_names: p.tool_names,
+        reasoning: p.reasoning,
     };
     if p.opts.stream {
         stream_response(fmt, rx)
@@ -888,6 +919,8 @@ struct Formatter {
     tool_format: Option<tools::ToolFormat>,
     /// The tools the answer may call.
     tool_names: Vec<String>,
+    /// Split `<think>` reasoning off (`Some(answer starts inside it)`).
+    reasoning: Option<bool>,
 }
 
 /// The finished choices' counts as OpenAI's `usage` reports them: the prompt once, the
@@ -1062,9 +1095,37 @@ fn stream_response(fmt: Formatter, rx: mpsc::UnboundedReceiver<(usize, Event)>) 
         totals: Totals,
         /// Per choice: the tool-call parser (chat requests with tools) and calls sent.
         parsers: Vec<Option<tools::StreamParser>>,
+        /// Per choice: the reasoning splitter (reasoning models).
+        splitters: Vec<Option<reasoning::Splitter>>,
         calls: Vec<usize>,
     }
     impl S {
+        /// Sends choice `i`'s reasoning as `reasoning_content` deltas and its answer on.
+        fn push_parts(&mut self, i: usize, parts: Vec<reasoning::Part>, mut logprobs: Value) {
+            for p in parts {
+                match p {
+                    reasoning::Part::Reasoning(t) => {
+                        let c = json!({"index": i, "delta": {"reasoning_content": t}, "logprobs": std::mem::take(&mut logprobs), "finish_reason": null});
+                        self.out.push_back(sse(&self.fmt.chunk(Some(c), None)));
+                    }
+                    reasoning::Part::Content(t) => {
+                        self.push_answer(i, t, std::mem::take(&mut logprobs))
+                    }
+                }
+            }
+        }
+
+        /// Sends answer text of choice `i`: through its tool-call parser, or as content.
+        fn push_answer(&mut self, i: usize, text: String, logprobs: Value) {
+            match self.parsers[i].as_mut().map(|p| p.push(&text)) {
+                Some(items) => self.push_items(i, items, logprobs),
+                None => {
+                    let c = self.fmt.delta_choice(i, Some(&text), logprobs, None);
+                    self.out.push_back(sse(&self.fmt.chunk(Some(c), None)));
+                }
+            }
+        }
+
         /// Sends what choice `i`'s tool-call parser decided: text as content deltas, calls
         /// as tool-call deltas.
         fn push_items(&mut self, i: usize, items: Vec<tools::Item>, mut logprobs: Value) {
@@ -1104,6 +1165,9 @@ fn stream_response(fmt: Formatter, rx: mpsc::UnboundedReceiver<(usize, Event)>) 
             })
             .collect(),
         calls: vec![0; fmt.n],
+        splitters: (0..fmt.n)
+            .map(|_| fmt.reasoning.map(reasoning::Splitter::new))
+            .collect(),
         chars: vec![0; fmt.n],
         fmt,
         rx,
@@ -1121,17 +1185,18 @@ fn stream_response(fmt: Formatter, rx: mpsc::UnboundedReceiver<(usize, Event)>) 
                 return None;
             }
             match s.rx.recv().await {
-                Some((i, Event::Delta { text, tokens })) if s.parsers[i].is_some() => {
-                    let items = s.parsers[i]
-                        .as_mut()
-                        .map(|p| p.push(&text))
-                        .unwrap_or_default();
+                Some((i, Event::Delta { text, tokens }))
+                    if s.parsers[i].is_some() || s.splitters[i].is_some() =>
+                {
                     let lp = if s.fmt.logprobs {
                         s.fmt.logprobs_json(&tokens, 0)
                     } else {
                         Value::Null
                     };
-                    s.push_items(i, items, lp);
+                    match s.splitters[i].as_mut().map(|sp| sp.push(&text)) {
+                        Some(parts) => s.push_parts(i, parts, lp),
+                        None => s.push_answer(i, text, lp),
+                    }
                 }
                 Some((i, Event::Delta { text, tokens })) => {
                     let lp = if s.fmt.logprobs {
@@ -1146,6 +1211,10 @@ fn stream_response(fmt: Formatter, rx: mpsc::UnboundedReceiver<(usize, Event)>) 
                     s.out.push_back(sse(&c));
                 }
                 Some((i, Event::Done(c))) => {
+                    if let Some(sp) = s.splitters[i].take() {
+                        let parts = sp.finish();
+                        s.push_parts(i, parts, Value::Null);
+                    }
                     if let Some(p) = s.parsers[i].take() {
                         let items = p.finish();
                         s.push_items(i, items, Value::Null);
@@ -1257,10 +1326,14 @@ async fn whole_response(
             } else {
                 Value::Null
             };
-            match fmt.kind {
+            let (thinking, answer) = match fmt.reasoning {
+                Some(inside) if fmt.kind == Kind::Chat => reasoning::split(inside, &text[i]),
+                _ => (String::new(), std::mem::take(&mut text[i])),
+            };
+            let mut choice = match fmt.kind {
                 Kind::Chat => match fmt.tool_format {
                     Some(format) => {
-                        let (content, calls) = tools::parse(format, &fmt.tool_names, &text[i]);
+                        let (content, calls) = tools::parse(format, &fmt.tool_names, &answer);
                         let mut message = json!({"role": "assistant", "content": content});
                         let mut reason = finish[i];
                         if !calls.is_empty() {
@@ -1279,18 +1352,22 @@ async fn whole_response(
                     }
                     None => json!({
                         "index": i,
-                        "message": {"role": "assistant", "content": text[i]},
+                        "message": {"role": "assistant", "content": answer},
                         "logprobs": logprobs,
                         "finish_reason": finish[i],
                     }),
                 },
                 Kind::Text => json!({
                     "index": i,
-                    "text": text[i],
+                    "text": answer,
                     "logprobs": logprobs,
                     "finish_reason": finish[i],
                 }),
+            };
+            if !thinking.is_empty() {
+                choice["message"]["reasoning_content"] = json!(thinking);
             }
+            choice
         })
         .collect();
     json_response(

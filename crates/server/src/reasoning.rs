@@ -1,0 +1,218 @@
+//! Reasoning models' thinking (`<think>…</think>`: Qwen3, QwQ, DeepSeek-R1 and its distills)
+//! separated from the answer into `message.reasoning_content` (llama-server's and vLLM's
+//! field), whole or streamed as `delta.reasoning_content`; `--reasoning-format none` or a
+//! request's `reasoning_format: "none"` keeps it in the content.
+//!
+//! Detected from the chat template (the text `<think>`), never the file name. An answer
+//! starts inside the thinking when the rendered prompt ends with the opening tag
+//! (DeepSeek-R1's generation prompt `<｜Assistant｜><think>\n`); otherwise an answer that
+//! opens with `<think>` (after whitespace) is thinking up to `</think>`. A generation prompt
+//! that already closed the thinking (Qwen3 with `enable_thinking: false`) gives content only.
+
+const OPEN: &str = "<think>";
+const CLOSE: &str = "</think>";
+
+/// Whether `template` teaches `<think>` reasoning.
+pub fn detect(template: &str) -> bool {
+    template.contains(OPEN)
+}
+
+/// Whether an answer to `prompt` (the rendered text) starts inside the thinking.
+pub fn starts_inside(prompt: &str) -> bool {
+    prompt.trim_end().ends_with(OPEN)
+}
+
+/// A piece of the answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// Thinking, for `reasoning_content`.
+    Reasoning(String),
+    /// The answer, for `content`.
+    Content(String),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// Nothing but whitespace yet: the answer may still open with `<think>`.
+    Start,
+    Thinking,
+    /// Right after `</think>`: the answer's leading whitespace is dropped.
+    AfterThinking,
+    Answer,
+}
+
+/// Splits an answer fed piece by piece into thinking and content; text that may still be
+/// the start of a tag is held back. Fed whole or token by token, the same split.
+#[derive(Debug)]
+pub struct Splitter {
+    state: State,
+    buf: String,
+}
+
+impl Splitter {
+    /// A splitter for an answer that starts inside the thinking or not.
+    pub fn new(inside: bool) -> Splitter {
+        Splitter {
+            state: if inside {
+                State::Thinking
+            } else {
+                State::Start
+            },
+            buf: String::new(),
+        }
+    }
+
+    /// Feeds `text`; returns what is decided.
+    pub fn push(&mut self, text: &str) -> Vec<Part> {
+        self.buf.push_str(text);
+        let mut out = Vec::new();
+        loop {
+            match self.state {
+                State::Start => {
+                    let t = self.buf.trim_start();
+                    if t.starts_with(OPEN) {
+                        let skip = self.buf.len() - t.len() + OPEN.len();
+                        self.buf.drain(..skip);
+                        self.state = State::Thinking;
+                    } else if t.is_empty() || OPEN.starts_with(t) {
+                        break;
+                    } else {
+                        self.state = State::Answer;
+                    }
+                }
+                State::Thinking => match self.buf.find(CLOSE) {
+                    Some(end) => {
+                        let r: String = self.buf[..end].to_string();
+                        self.buf.drain(..end + CLOSE.len());
+                        if !r.is_empty() {
+                            out.push(Part::Reasoning(r));
+                        }
+                        self.state = State::AfterThinking;
+                    }
+                    None => {
+                        let keep = held(&self.buf, CLOSE);
+                        let cut = self.buf.len() - keep;
+                        if cut > 0 {
+                            out.push(Part::Reasoning(self.buf[..cut].to_string()));
+                            self.buf.drain(..cut);
+                        }
+                        break;
+                    }
+                },
+                State::AfterThinking => {
+                    let t = self.buf.trim_start().len();
+                    self.buf.drain(..self.buf.len() - t);
+                    if self.buf.is_empty() {
+                        break;
+                    }
+                    self.state = State::Answer;
+                }
+                State::Answer => {
+                    if !self.buf.is_empty() {
+                        out.push(Part::Content(std::mem::take(&mut self.buf)));
+                    }
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    /// The end of the answer: what was held.
+    pub fn finish(self) -> Vec<Part> {
+        match self.state {
+            _ if self.buf.is_empty() => Vec::new(),
+            State::Thinking => vec![Part::Reasoning(self.buf)],
+            State::AfterThinking => Vec::new(),
+            State::Start | State::Answer => vec![Part::Content(self.buf)],
+        }
+    }
+}
+
+/// The length of the longest suffix of `s` that is a proper prefix of `pat`.
+fn held(s: &str, pat: &str) -> usize {
+    (1..pat.len().min(s.len() + 1))
+        .rev()
+        .find(|&n| s.is_char_boundary(s.len() - n) && pat.starts_with(&s[s.len() - n..]))
+        .unwrap_or(0)
+}
+
+/// A whole answer split: (reasoning, content).
+pub fn split(inside: bool, text: &str) -> (String, String) {
+    let mut s = Splitter::new(inside);
+    let mut parts = s.push(text);
+    parts.extend(s.finish());
+    let (mut r, mut c) = (String::new(), String::new());
+    for p in parts {
+        match p {
+            Part::Reasoning(t) => r.push_str(&t),
+            Part::Content(t) => c.push_str(&t),
+        }
+    }
+    (r, c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Recorded shapes: Qwen3 thinking on (the answer opens the tag), DeepSeek-R1 (the
+    /// prompt opened it), Qwen3 thinking off (the prompt closed it: no tags in the answer),
+    /// an answer cut inside the thinking, an answer with no thinking.
+    #[test]
+    fn answers_split_into_reasoning_and_content() {
+        assert_eq!(
+            split(false, "<think>\nThe capital is Paris.\n</think>\n\nParis."),
+            (
+                "\nThe capital is Paris.\n".to_string(),
+                "Paris.".to_string()
+            )
+        );
+        assert_eq!(
+            split(true, "Okay, France.\n</think>\n\nParis."),
+            ("Okay, France.\n".to_string(), "Paris.".to_string())
+        );
+        assert_eq!(
+            split(false, "Paris."),
+            (String::new(), "Paris.".to_string())
+        );
+        assert_eq!(
+            split(true, "Still thinking"),
+            ("Still thinking".to_string(), String::new())
+        );
+        assert_eq!(split(false, "<thin"), (String::new(), "<thin".to_string()));
+        assert!(starts_inside("<｜Assistant｜><think>\n"));
+        assert!(!starts_inside(
+            "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+        ));
+        assert!(detect("{{ '<think>' }}") && !detect("plain"));
+    }
+
+    /// Split at every character boundary, the stream gives the whole split.
+    #[test]
+    fn streaming_at_every_boundary_gives_the_whole_split() {
+        for (inside, text) in [
+            (false, "  <think>Hmm, é?</think>\n\nAnswer: <b>é</b>"),
+            (true, "think </thi more</think>ok"),
+        ] {
+            let whole = split(inside, text);
+            for cut in 1..text.len() {
+                if !text.is_char_boundary(cut) {
+                    continue;
+                }
+                let mut s = Splitter::new(inside);
+                let mut parts = s.push(&text[..cut]);
+                parts.extend(s.push(&text[cut..]));
+                parts.extend(s.finish());
+                let (mut r, mut c) = (String::new(), String::new());
+                for p in parts {
+                    match p {
+                        Part::Reasoning(t) => r.push_str(&t),
+                        Part::Content(t) => c.push_str(&t),
+                    }
+                }
+                assert_eq!((r, c), whole, "{text:?} cut at {cut}");
+            }
+        }
+    }
+}
