@@ -115,9 +115,7 @@ fn tool_format_name(f: &GgufFile) -> &'static str {
     match f.get("tokenizer.chat_template").and_then(|v| v.as_str()) {
         None => "none (the file has no chat template)",
         Some(t) => match frink_server::tools::ToolFormat::detect(t) {
-            Some(frink_server::tools::ToolFormat::Hermes) => {
-                "hermes (<tool_call>{\"name\", \"arguments\"}</tool_call>)"
-            }
+            Some(f) => f.name(),
             None => "none (the template teaches no tool-call format frink parses)",
         },
     }

@@ -1284,3 +1284,35 @@ fn think_blocks_go_to_reasoning_content() {
     }
     assert_eq!((r.as_str(), c.as_str()), (thinking, content));
 }
+
+/// A Llama 3.1 template (given with `--chat-template-file`) makes frink read and enforce
+/// its JSON call format, `{"name", "parameters"}`: a required call comes back as
+/// `tool_calls` with the schema's arguments, whatever the model (smollm2 here).
+#[test]
+fn llama3_template_calls_are_json_with_parameters() {
+    let _l = lock();
+    let template = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tokenizer/tests/data/templates/meta-llama-Llama-3.1-8B-Instruct.jinja");
+    let srv = Server::start(&["--chat-template-file", template.to_str().unwrap()]);
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                       "required": ["city"], "additionalProperties": false}}}]);
+    let got = srv.post_ok(
+        "/v1/chat/completions",
+        &chat(
+            "What is the weather in Paris?",
+            json!({"tools": tools, "tool_choice": "required", "temperature": 0, "max_tokens": 60}),
+        ),
+    );
+    let c = &got["choices"][0];
+    assert_eq!(c["finish_reason"], "tool_calls", "{got}");
+    let call = &c["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "get_weather");
+    let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert!(
+        args["city"]
+            .as_str()
+            .is_some_and(|s| s.chars().count() <= 20),
+        "{got}"
+    );
+}

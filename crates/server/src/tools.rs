@@ -4,7 +4,9 @@
 //!
 //! Formats implemented: Hermes (`<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>`,
 //! what Qwen2.5, Qwen3, Hermes 2/3 and SmolLM3 templates teach; detected by the template
-//! text `<tool_call>`). A template without a known format makes a request with tools a 400
+//! text `<tool_call>`) and Llama 3.x JSON (the whole answer `{"name": …, "parameters": {…}}`,
+//! what the Llama 3.1/3.2/3.3 templates teach with `"parameters": dictionary of argument
+//! name`; the `<|python_tag|>` control token before it is not part of the text). A template without a known format makes a request with tools a 400
 //! naming the reason, rather than an answer whose calls are left in the text.
 
 use serde_json::{json, Map, Value};
@@ -14,6 +16,8 @@ use serde_json::{json, Map, Value};
 pub enum ToolFormat {
     /// `<tool_call>\n{"name": "f", "arguments": {…}}\n</tool_call>`, calls one after another.
     Hermes,
+    /// The whole answer one call `{"name": "f", "parameters": {…}}` (Llama 3.x).
+    Llama3Json,
 }
 
 const OPEN: &str = "<tool_call>";
@@ -22,7 +26,21 @@ const CLOSE: &str = "</tool_call>";
 impl ToolFormat {
     /// The format `template` teaches the model, if frink knows it.
     pub fn detect(template: &str) -> Option<ToolFormat> {
-        template.contains(OPEN).then_some(ToolFormat::Hermes)
+        if template.contains(OPEN) {
+            Some(ToolFormat::Hermes)
+        } else if template.contains("\"parameters\": dictionary of argument name") {
+            Some(ToolFormat::Llama3Json)
+        } else {
+            None
+        }
+    }
+
+    /// The name frink reports (`frink inspect`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ToolFormat::Hermes => "hermes (<tool_call>{\"name\", \"arguments\"}</tool_call>)",
+            ToolFormat::Llama3Json => "llama3-json ({\"name\", \"parameters\"})",
+        }
     }
 
     /// A Lark grammar (llguidance's syntax) that admits only calls of `tools` (OpenAI
@@ -31,6 +49,10 @@ impl ToolFormat {
     /// `parallel`. What `tool_choice: "required"` (all tools) or a named function (that
     /// one) compiles to.
     pub fn call_grammar(self, tools: &[&Value], parallel: bool) -> String {
+        let key = match self {
+            ToolFormat::Hermes => "arguments",
+            ToolFormat::Llama3Json => "parameters",
+        };
         let alternatives: Vec<Value> = tools
             .iter()
             .map(|t| {
@@ -41,8 +63,8 @@ impl ToolFormat {
                 };
                 json!({
                     "type": "object",
-                    "properties": {"name": {"const": f["name"]}, "arguments": params},
-                    "required": ["name", "arguments"],
+                    "properties": {"name": {"const": f["name"]}, key: params},
+                    "required": ["name", key],
                     "additionalProperties": false
                 })
             })
@@ -51,10 +73,18 @@ impl ToolFormat {
             "x-guidance": {"whitespace_pattern": r"(?:\x20|\x0A{1,2}[\x20\x09]{0,20})"},
             "anyOf": alternatives
         });
-        let repeat = if parallel { "(\"\\n\" call)*" } else { "" };
-        format!(
-            "%llguidance {{}}\nstart: call {repeat}\ncall: \"{OPEN}\\n\" body \"\\n{CLOSE}\"\nbody: %json {schema}\n"
-        )
+        match self {
+            ToolFormat::Hermes => {
+                let repeat = if parallel { "(\"\\n\" call)*" } else { "" };
+                format!(
+                    "%llguidance {{}}\nstart: call {repeat}\ncall: \"{OPEN}\\n\" body \"\\n{CLOSE}\"\nbody: %json {schema}\n"
+                )
+            }
+            // One call: the Llama 3 templates teach no parallel calls.
+            ToolFormat::Llama3Json => {
+                format!("%llguidance {{}}\nstart: body\nbody: %json {schema}\n")
+            }
+        }
     }
 }
 
@@ -157,7 +187,9 @@ pub struct StreamParser {
 impl StreamParser {
     /// A parser for `format` and the tools named `names`.
     pub fn new(format: ToolFormat, names: Vec<String>) -> StreamParser {
-        let ToolFormat::Hermes = format;
+        // Both formats parse alike: Hermes tags where they appear, the JSON fallback for a
+        // whole-answer call (which is all a Llama 3 call is).
+        let (ToolFormat::Hermes | ToolFormat::Llama3Json) = format;
         StreamParser {
             buf: String::new(),
             in_call: false,
@@ -422,6 +454,32 @@ mod tests {
             }
             assert_eq!((content.trim().to_string(), calls), whole, "cut at {cut}");
         }
+    }
+
+    /// Llama 3.x: the whole answer a `{"name", "parameters"}` object; its grammar takes the
+    /// parameters under that key.
+    #[test]
+    fn llama3_json_calls_parse_and_their_grammar_uses_parameters() {
+        let t = "{{- 'Respond in the format {\"name\": function name, \"parameters\": dictionary of argument name and its value}.' }}";
+        assert_eq!(ToolFormat::detect(t), Some(ToolFormat::Llama3Json));
+        assert_eq!(ToolFormat::detect("<tool_call>"), Some(ToolFormat::Hermes));
+        assert_eq!(ToolFormat::detect("{{ messages }}"), None);
+        let names = vec!["get_weather".to_string()];
+        let (c, calls) = parse(
+            ToolFormat::Llama3Json,
+            &names,
+            r#"{"name": "get_weather", "parameters": {"city": "Paris"}}"#,
+        );
+        assert_eq!(
+            (c.as_str(), calls[0].arguments.as_str()),
+            ("", r#"{"city":"Paris"}"#)
+        );
+        let tool = json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}});
+        let g = ToolFormat::Llama3Json.call_grammar(&[&tool], true);
+        assert!(
+            g.contains("\"parameters\"") && !g.contains("tool_call"),
+            "{g}"
+        );
     }
 
     #[test]
