@@ -172,9 +172,62 @@ impl GrammarCompiler {
 /// whitespace, and a small model then fills its budget with newlines inside an object.
 const JSON_WHITESPACE: &str = r"(?:\x20|\x0A{1,2}[\x20\x09]{0,20})";
 
-/// `schema` with frink's JSON layout options unless it sets its own (`x-guidance`).
+/// Sets `additionalProperties: false` on every object schema below `v` that lists
+/// `properties` and says nothing about other keys (no `additionalProperties`,
+/// `patternProperties` or `unevaluatedProperties`), as llama.cpp's json-schema-to-grammar
+/// does (common/json-schema-to-grammar.cpp): the answer still validates against the
+/// schema as written, and a small model no longer invents keys until its budget runs out.
+/// Walks the schema keywords that hold subschemas, so a property that happens to be named
+/// `properties` is left alone.
+fn close_objects(v: &mut serde_json::Value) {
+    use serde_json::Value;
+    let Value::Object(o) = v else {
+        return;
+    };
+    if o.contains_key("properties")
+        && ![
+            "additionalProperties",
+            "patternProperties",
+            "unevaluatedProperties",
+        ]
+        .iter()
+        .any(|k| o.contains_key(*k))
+    {
+        o.insert("additionalProperties".into(), Value::Bool(false));
+    }
+    for (k, sub) in o.iter_mut() {
+        match k.as_str() {
+            "properties" | "$defs" | "definitions" | "patternProperties" | "dependentSchemas" => {
+                if let Value::Object(m) = sub {
+                    m.values_mut().for_each(close_objects);
+                }
+            }
+            "anyOf" | "oneOf" | "allOf" | "prefixItems" => {
+                if let Value::Array(a) = sub {
+                    a.iter_mut().for_each(close_objects);
+                }
+            }
+            "items"
+            | "additionalProperties"
+            | "not"
+            | "if"
+            | "then"
+            | "else"
+            | "contains"
+            | "propertyNames"
+            | "unevaluatedItems"
+            | "unevaluatedProperties" => close_objects(sub),
+            _ => {}
+        }
+    }
+}
+
+/// `schema` with frink's JSON options: objects that list their properties closed
+/// ([`close_objects`]) and the layout bounded, unless the schema sets its own layout
+/// (`x-guidance`).
 fn bounded_whitespace(schema: &serde_json::Value) -> serde_json::Value {
     let mut schema = schema.clone();
+    close_objects(&mut schema);
     if let Some(obj) = schema.as_object_mut() {
         if !obj.contains_key("x-guidance") {
             let opts = llguidance::JsonCompileOptions {
@@ -273,5 +326,44 @@ impl Constraint {
     /// Whether the grammar has reached its end (only end-of-generation tokens are allowed).
     pub fn is_complete(&self) -> bool {
         self.matcher.is_stopped()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::close_objects;
+    use serde_json::json;
+
+    /// Objects that list properties are closed unless they say otherwise; subschemas under
+    /// properties, items, anyOf and $defs too; a property named `properties` is not a schema
+    /// keyword; an object without `properties` (any JSON object) stays open.
+    #[test]
+    fn objects_listing_properties_are_closed() {
+        let mut s = json!({
+            "type": "object",
+            "properties": {
+                "properties": {"type": "string"},
+                "inner": {"type": "object", "properties": {"a": {}}},
+                "open": {"type": "object", "properties": {"b": {}}, "additionalProperties": true},
+                "list": {"type": "array", "items": {"properties": {"c": {}}}}
+            },
+            "$defs": {"d": {"anyOf": [{"properties": {"e": {}}}, {"type": "object"}]}}
+        });
+        close_objects(&mut s);
+        assert_eq!(s["additionalProperties"], false);
+        assert_eq!(s["properties"]["inner"]["additionalProperties"], false);
+        assert_eq!(s["properties"]["open"]["additionalProperties"], true);
+        assert_eq!(
+            s["properties"]["list"]["items"]["additionalProperties"],
+            false
+        );
+        assert_eq!(s["$defs"]["d"]["anyOf"][0]["additionalProperties"], false);
+        assert!(s["$defs"]["d"]["anyOf"][1]
+            .get("additionalProperties")
+            .is_none());
+        assert!(s["properties"].get("additionalProperties").is_none());
+        assert!(s["properties"]["properties"]
+            .get("additionalProperties")
+            .is_none());
     }
 }

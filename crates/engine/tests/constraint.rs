@@ -325,3 +325,23 @@ ws     ::= [ \t\n]*
     let e = Grammar::from_grammar_text("root ::= <|im_end|>").unwrap_err();
     assert!(e.0.contains("token references"), "{e}");
 }
+
+/// A schema that lists its properties without `additionalProperties` (most hand-written and
+/// Pydantic schemas) ends: frink closes such objects as llama.cpp does. Before the change
+/// a new-user trial of this prompt with this schema (no length bound) saw smollm2 invent
+/// keys (`"wind_f"` again and again) until the 4096-token context was full; now: the two
+/// keys, then `stop`.
+#[test]
+fn an_open_schema_with_listed_properties_ends() {
+    let f = fixture();
+    let prompt = f.prompt("Weather in Paris as JSON");
+    let g = Grammar::JsonSchema(serde_json::json!({
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}, "temp_c": {"type": "number"}},
+        "required": ["city", "temp_c"]
+    }));
+    let (ids, reason) = f.answer(&prompt, &SamplingParams::greedy(), Some(&g), 200);
+    assert_eq!(reason, FinishReason::Stop, "{:?}", f.text(&ids));
+    let v: serde_json::Value = serde_json::from_str(&f.text(&ids)).unwrap();
+    assert_eq!(v.as_object().unwrap().len(), 2, "{v}");
+}

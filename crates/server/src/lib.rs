@@ -123,6 +123,8 @@ struct AppState {
     parallel: usize,
     created: u64,
     next_id: AtomicU64,
+    /// Prefix groups of multi-choice requests (apart from response ids, which stay 1, 2, 3…).
+    next_group: AtomicU64,
 }
 
 /// Loads the model (sizing the compute pool first): the caller's policy, run on a
@@ -160,6 +162,7 @@ async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
         parallel: config.parallel,
         created: unix_now(),
         next_id: AtomicU64::new(1),
+        next_group: AtomicU64::new(1),
     });
     // Load the model off the runtime; a failure ends the server.
     let (fail_tx, mut fail_rx) = mpsc::unbounded_channel::<anyhow::Error>();
@@ -634,7 +637,7 @@ async fn chat_completions(State(st): St, headers: HeaderMap, body: Bytes) -> Res
                     bad(
                         "tools",
                         "this model's chat template teaches no tool-call format frink parses \
-                         (Hermes <tool_call> is implemented)"
+                         (Hermes <tool_call> and Llama 3.x JSON are implemented)"
                             .into(),
                     )
                     .with_code("unsupported_field")
@@ -844,7 +847,7 @@ async fn complete(st: &AppState, kind: Kind, p: Prepared) -> Response {
     }
     // Each choice is a request of its own (its own seed stream: the seed plus its index);
     // several share one evaluation of the prompt.
-    let group = st.next_id.fetch_add(1, Ordering::Relaxed);
+    let group = st.next_group.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = mpsc::unbounded_channel();
     let mut sampling = p.opts.sampling.clone();
     let seed = sampling.seed;
