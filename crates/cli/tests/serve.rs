@@ -704,16 +704,31 @@ fn openai_python_client_end_to_end() {
         return;
     };
     let srv = Server::start(&[]);
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_e2e.py");
+    run_client_script(&python, "openai_e2e.py", &srv, &[], "checks passed");
+}
+
+/// Runs `tests/<script>` with the venv's `python`, the server's base URL and `args`;
+/// asserts it succeeds and prints `marker`.
+fn run_client_script(
+    python: &std::path::Path,
+    script: &str,
+    srv: &Server,
+    args: &[&str],
+    marker: &str,
+) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(script);
     let out = std::process::Command::new(python)
-        .arg(script)
+        .arg(path)
         .arg(format!("http://127.0.0.1:{}/v1", srv.port))
+        .args(args)
         .output()
-        .expect("run the openai script");
+        .unwrap_or_else(|e| panic!("run {script}: {e}"));
     let text = String::from_utf8_lossy(&out.stdout);
     eprint!("{text}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "openai e2e failed");
-    assert!(text.contains("checks passed"));
+    assert!(out.status.success(), "{script} failed");
+    assert!(text.contains(marker), "{script}: no {marker:?}");
 }
 
 #[test]
@@ -1044,22 +1059,16 @@ fn structured_output_with_the_openai_client() {
     let Some(python) = openai_venv() else {
         return;
     };
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/structured_e2e.py");
     for model in ["smollm2-135m", "qwen2.5-coder-0.5b"] {
         let srv = Server::start(&["-m", model, "--parallel", "4"]);
-        let out = std::process::Command::new(&python)
-            .arg(&script)
-            .arg(format!("http://127.0.0.1:{}/v1", srv.port))
-            .arg(model)
-            .output()
-            .expect("run the structured-output script");
-        let text = String::from_utf8_lossy(&out.stdout);
-        eprint!("{model}: {text}{}", String::from_utf8_lossy(&out.stderr));
-        assert!(
-            out.status.success(),
-            "{model}: structured output checks failed"
+        eprintln!("{model}:");
+        run_client_script(
+            &python,
+            "structured_e2e.py",
+            &srv,
+            &[model],
+            "structured checks passed",
         );
-        assert!(text.contains("structured checks passed"), "{model}");
     }
 }
 
@@ -1214,19 +1223,15 @@ fn tool_calls_with_the_openai_client() {
     let Some(python) = openai_venv() else {
         return;
     };
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools_e2e.py");
     let model = "qwen2.5-coder-0.5b";
     let srv = Server::start(&["-m", model, "--parallel", "4"]);
-    let out = std::process::Command::new(&python)
-        .arg(&script)
-        .arg(format!("http://127.0.0.1:{}/v1", srv.port))
-        .arg(model)
-        .output()
-        .expect("run the tool-calling script");
-    let text = String::from_utf8_lossy(&out.stdout);
-    eprint!("{text}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "tool calling checks failed");
-    assert!(text.contains("tool checks passed"));
+    run_client_script(
+        &python,
+        "tools_e2e.py",
+        &srv,
+        &[model],
+        "tool checks passed",
+    );
 }
 
 /// Reasoning separated into `reasoning_content`, whole and streamed, for a template that

@@ -142,6 +142,11 @@ pub fn split(inside: bool, text: &str) -> (String, String) {
     let mut s = Splitter::new(inside);
     let mut parts = s.push(text);
     parts.extend(s.finish());
+    gather(parts)
+}
+
+/// The reasoning and the content of `parts`, each joined.
+fn gather(parts: Vec<Part>) -> (String, String) {
     let (mut r, mut c) = (String::new(), String::new());
     for p in parts {
         match p {
@@ -204,14 +209,7 @@ mod tests {
                 let mut parts = s.push(&text[..cut]);
                 parts.extend(s.push(&text[cut..]));
                 parts.extend(s.finish());
-                let (mut r, mut c) = (String::new(), String::new());
-                for p in parts {
-                    match p {
-                        Part::Reasoning(t) => r.push_str(&t),
-                        Part::Content(t) => c.push_str(&t),
-                    }
-                }
-                assert_eq!((r, c), whole, "{text:?} cut at {cut}");
+                assert_eq!(gather(parts), whole, "{text:?} cut at {cut}");
             }
         }
     }

@@ -276,6 +276,15 @@ pub fn parse(format: ToolFormat, names: &[String], text: &str) -> (String, Vec<T
     let mut p = StreamParser::new(format, names.to_vec());
     let mut items = p.push(text);
     items.extend(p.finish());
+    let (mut content, calls) = gather(items);
+    if !calls.is_empty() {
+        content = content.trim().to_string();
+    }
+    (content, calls)
+}
+
+/// The text of `items` joined, and their calls in order.
+fn gather(items: Vec<Item>) -> (String, Vec<ToolCall>) {
     let mut content = String::new();
     let mut calls = Vec::new();
     for it in items {
@@ -283,9 +292,6 @@ pub fn parse(format: ToolFormat, names: &[String], text: &str) -> (String, Vec<T
             Item::Text(t) => content.push_str(&t),
             Item::Call(c) => calls.push(c),
         }
-    }
-    if !calls.is_empty() {
-        content = content.trim().to_string();
     }
     (content, calls)
 }
@@ -444,14 +450,7 @@ mod tests {
             let mut items = p.push(&text[..cut]);
             items.extend(p.push(&text[cut..]));
             items.extend(p.finish());
-            let mut content = String::new();
-            let mut calls = Vec::new();
-            for it in items {
-                match it {
-                    Item::Text(t) => content.push_str(&t),
-                    Item::Call(c) => calls.push(c),
-                }
-            }
+            let (content, calls) = gather(items);
             assert_eq!((content.trim().to_string(), calls), whole, "cut at {cut}");
         }
     }
