@@ -141,9 +141,9 @@ impl GrammarCompiler {
     pub fn compile(&self, grammar: &Grammar) -> Result<Constraint, GrammarError> {
         let top = match grammar {
             Grammar::JsonSchema(schema) => {
-                TopLevelGrammar::from_json_schema(bounded_whitespace(schema))
+                TopLevelGrammar::from_json_schema(json_schema_defaults(schema))
             }
-            Grammar::JsonObject => TopLevelGrammar::from_json_schema(bounded_whitespace(
+            Grammar::JsonObject => TopLevelGrammar::from_json_schema(json_schema_defaults(
                 &serde_json::json!({"type": "object"}),
             )),
             Grammar::Regex(rx) => TopLevelGrammar::from_regex(rx),
@@ -170,7 +170,8 @@ impl GrammarCompiler {
 /// newlines and up to 20 spaces or tabs of indentation: llama.cpp's `SPACE_RULE`
 /// (common/json-schema-to-grammar.cpp). `llguidance`'s default allows any run of
 /// whitespace, and a small model then fills its budget with newlines inside an object.
-const JSON_WHITESPACE: &str = r"(?:\x20|\x0A{1,2}[\x20\x09]{0,20})";
+/// (The server's tool-call grammars embed their JSON with the same layout.)
+pub const JSON_WHITESPACE: &str = r"(?:\x20|\x0A{1,2}[\x20\x09]{0,20})";
 
 /// Sets `additionalProperties: false` on every object schema below `v` that lists
 /// `properties` and says nothing about other keys (no `additionalProperties`,
@@ -222,10 +223,10 @@ fn close_objects(v: &mut serde_json::Value) {
     }
 }
 
-/// `schema` with frink's JSON options: objects that list their properties closed
+/// `schema` with frink's JSON defaults: objects that list their properties closed
 /// ([`close_objects`]) and the layout bounded, unless the schema sets its own layout
 /// (`x-guidance`).
-fn bounded_whitespace(schema: &serde_json::Value) -> serde_json::Value {
+fn json_schema_defaults(schema: &serde_json::Value) -> serde_json::Value {
     let mut schema = schema.clone();
     close_objects(&mut schema);
     if let Some(obj) = schema.as_object_mut() {
@@ -268,14 +269,9 @@ impl Constraint {
     /// Errors: the grammar is in an error state (`llguidance`'s message); `out` is then
     /// all `-inf`.
     pub fn masked(&mut self, logits: &[f32], out: &mut Vec<f32>) -> Result<(), GrammarError> {
+        self.prepare();
         let t = Instant::now();
-        let vob = match self.ready.take() {
-            Some(v) => v,
-            None => self
-                .matcher
-                .compute_mask_or_eos()
-                .map_err(|e| e.to_string()),
-        };
+        let vob = self.ready.take().expect("prepare leaves a mask ready");
         out.clear();
         out.resize(logits.len(), f32::NEG_INFINITY);
         let r = vob.map(|vob| {

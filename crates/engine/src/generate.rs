@@ -155,6 +155,18 @@ fn ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1e3
 }
 
+/// The length of the longest proper prefix of `pat` that `text` ends with: text that may
+/// still become `pat` with what is streamed next, which a streaming matcher holds back
+/// (stop strings here; the server's tool-call and reasoning tags).
+pub fn partial_match_len(text: &str, pat: &str) -> usize {
+    pat.char_indices()
+        .skip(1)
+        .map(|(i, _)| i)
+        .filter(|&i| text.ends_with(&pat[..i]))
+        .max()
+        .unwrap_or(0)
+}
+
 /// Matches stop strings on streamed text across token boundaries.
 ///
 /// [`StopMatcher::push`] returns the text that is safe to show: text that could still be
@@ -200,14 +212,12 @@ impl StopMatcher {
             return out;
         }
         // Hold back the longest suffix that is a proper prefix of some stop string.
-        let mut keep = 0;
-        for s in &self.stops {
-            for (i, _) in s.char_indices().skip(1) {
-                if i > keep && self.pending.ends_with(&s[..i]) {
-                    keep = i;
-                }
-            }
-        }
+        let keep = self
+            .stops
+            .iter()
+            .map(|s| partial_match_len(&self.pending, s))
+            .max()
+            .unwrap_or(0);
         let cut = self.pending.len() - keep;
         let out = self.pending[..cut].to_string();
         self.pending.drain(..cut);

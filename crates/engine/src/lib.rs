@@ -10,7 +10,8 @@ pub mod scheduler;
 mod session;
 
 pub use generate::{
-    generate, FinishReason, Flow, GenerateError, GenerateParams, Generation, StopMatcher, Timings,
+    generate, partial_match_len, FinishReason, Flow, GenerateError, GenerateParams, Generation,
+    StopMatcher, Timings,
 };
 pub use perplexity::{perplexity, Perplexity};
 pub use session::{Session, DEFAULT_BATCH};

@@ -90,7 +90,7 @@ impl Splitter {
                         self.state = State::AfterThinking;
                     }
                     None => {
-                        let keep = held(&self.buf, CLOSE);
+                        let keep = frink_engine::partial_match_len(&self.buf, CLOSE);
                         let cut = self.buf.len() - keep;
                         if cut > 0 {
                             out.push(Part::Reasoning(self.buf[..cut].to_string()));
@@ -127,14 +127,6 @@ impl Splitter {
             State::Start | State::Answer => vec![Part::Content(self.buf)],
         }
     }
-}
-
-/// The length of the longest suffix of `s` that is a proper prefix of `pat`.
-fn held(s: &str, pat: &str) -> usize {
-    (1..pat.len().min(s.len() + 1))
-        .rev()
-        .find(|&n| s.is_char_boundary(s.len() - n) && pat.starts_with(&s[s.len() - n..]))
-        .unwrap_or(0)
 }
 
 /// A whole answer split: (reasoning, content).

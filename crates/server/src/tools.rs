@@ -9,6 +9,7 @@
 //! name`; the `<|python_tag|>` control token before it is not part of the text). A template without a known format makes a request with tools a 400
 //! naming the reason, rather than an answer whose calls are left in the text.
 
+use frink_engine::partial_match_len;
 use serde_json::{json, Map, Value};
 
 /// How a model writes tool calls, detected from its chat template (never its file name).
@@ -70,7 +71,7 @@ impl ToolFormat {
             })
             .collect();
         let schema = json!({
-            "x-guidance": {"whitespace_pattern": r"(?:\x20|\x0A{1,2}[\x20\x09]{0,20})"},
+            "x-guidance": {"whitespace_pattern": frink_engine::constraint::JSON_WHITESPACE},
             "anyOf": alternatives
         });
         match self {
@@ -121,15 +122,6 @@ fn parse_call(body: &str) -> Option<ToolCall> {
         Some(_) => return None,
     };
     Some(ToolCall { name, arguments })
-}
-
-/// The length of the longest suffix of `s` that is a proper prefix of `pat` (text that may
-/// still become `pat` with what comes next).
-fn partial_suffix(s: &str, pat: &str) -> usize {
-    (1..pat.len().min(s.len() + 1))
-        .rev()
-        .find(|&n| s.is_char_boundary(s.len() - n) && pat.starts_with(&s[s.len() - n..]))
-        .unwrap_or(0)
 }
 
 /// The generic JSON fallback: an answer that is, as a whole (optionally in a ```json
@@ -235,7 +227,7 @@ impl StreamParser {
                     out.push(Item::Text(before));
                 }
             } else {
-                let keep = partial_suffix(&self.buf, OPEN);
+                let keep = partial_match_len(&self.buf, OPEN);
                 let cut = self.buf.len() - keep;
                 if cut > 0 {
                     out.push(Item::Text(self.buf[..cut].to_string()));
