@@ -384,8 +384,6 @@ impl Drop for Scheduler {
 struct Job<'t> {
     req: Request,
     sampler: Sampler,
-    /// The request came with a grammar.
-    constrained: bool,
     /// The grammar time already added to the metrics.
     grammar_counted: Duration,
     decoder: StreamDecoder<'t>,
@@ -416,6 +414,9 @@ struct Worker<'t> {
     slots: Vec<Slot<'t>>,
     /// Requests waiting for their group's prompt to be evaluated.
     deferred: Vec<Request>,
+    /// Whether the machine has a core the compute pool leaves free, where grammar masks
+    /// are computed beside the forward pass (see `step`).
+    spare_core: bool,
 }
 
 impl<'t> Worker<'t> {
@@ -439,6 +440,8 @@ impl<'t> Worker<'t> {
             shared,
             slots,
             deferred: Vec::new(),
+            spare_core: std::thread::available_parallelism()
+                .is_ok_and(|n| n.get() > frink_models::pool::threads()),
         }
     }
 
@@ -583,7 +586,6 @@ impl<'t> Worker<'t> {
             .max_by(|a, b| a.1.cmp(&b.1).then(b.2.cmp(&a.2)).then(b.0.cmp(&a.0)))
             .map(|(i, p, _)| (i, p))
             .expect("admit is called with a free slot");
-        let constrained = req.constraint.is_some();
         let mut sampler = Sampler::new(req.sampling.clone()).with_constraint(req.constraint.take());
         for &t in &req.prompt {
             sampler.accept(t);
@@ -627,7 +629,6 @@ impl<'t> Worker<'t> {
             stops: StopMatcher::new(&req.stop),
             req,
             sampler,
-            constrained,
             grammar_counted: Duration::ZERO,
             decoder: self.tok.stream_decoder(false),
             fed: prefix,
@@ -707,8 +708,7 @@ impl<'t> Worker<'t> {
             // thread would take its time from the forward pass: measured on 2 cores,
             // smollm2, 8 constrained streams, 0.87x of free decoding with it, 0.89x
             // without).
-            let spare_core = std::thread::available_parallelism()
-                .is_ok_and(|n| n.get() > frink_models::pool::threads());
+            let spare_core = self.spare_core;
             let mut masks: Vec<&mut Sampler> = Vec::new();
             let mut it = inputs.iter().peekable();
             for (i, slot) in self.slots.iter_mut().enumerate() {
@@ -790,7 +790,7 @@ impl<'t> Worker<'t> {
     /// job unless it finished (or its client went away).
     fn sample(&self, mut job: Job<'t>, logits: &[f32], n_past: usize) -> Option<Job<'t>> {
         let sampled = job.sampler.try_sample(logits);
-        if job.constrained {
+        if job.sampler.is_constrained() {
             // All grammar time since the last token, computed ahead or not.
             let busy = job.sampler.constraint_busy();
             let ns = busy.saturating_sub(job.grammar_counted).as_nanos() as u64;
