@@ -38,7 +38,7 @@ use frink_engine::scheduler::{
     TokenLogprob,
 };
 use frink_models::{KvType, Model};
-use frink_tokenizer::{ChatMessage, TemplateInputs, Tokenizer};
+use frink_tokenizer::{TemplateInputs, Tokenizer};
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
@@ -593,7 +593,7 @@ async fn chat_completions(State(st): St, headers: HeaderMap, body: Bytes) -> Res
         st.authorize(&headers)?;
         let eng = st.engine()?;
         let obj = api::parse_object(&body)?;
-        let msgs = api::messages(&obj)?;
+        let messages = api::messages(&obj)?;
         let opts = api::gen_options(&obj, Endpoint::Chat, eng.tok.n_vocab())?;
         let top = api::opt_i64(&obj, "top_logprobs")?;
         let n_probs = api::opt_i64(&obj, "n_probs")?;
@@ -615,33 +615,30 @@ async fn chat_completions(State(st): St, headers: HeaderMap, body: Bytes) -> Res
             ));
         }
         let logprobs = logprobs.map(|n| n as usize);
-        let messages: Vec<ChatMessage> = msgs;
         // Tools: rendered by the template; calls parsed from the answer in the format the
         // template teaches; a required call enforced by a grammar.
         let mut grammar = api::grammar(&obj)?;
         let mut tool_format = None;
         let mut tool_names = Vec::new();
         let mut tools_for_template = None;
+        // The template the prompt is rendered with: the server's override or the file's.
+        let template = st.chat_template.as_deref().or(eng.tok.chat_template());
         if let Some(tv) = obj.get("tools").filter(|v| !v.is_null()) {
             let bad = |p: &str, m: String| ApiError::invalid(Some(p), m);
             let tools = tools::check_tools(tv).map_err(|m| bad("tools", m))?;
             if !tools.is_empty() {
                 let (usable, required) = tools::choice(&tools, obj.get("tool_choice"))
                     .map_err(|m| bad("tool_choice", m))?;
-                let template = st
-                    .chat_template
-                    .as_deref()
-                    .or(eng.tok.chat_template())
-                    .unwrap_or("");
-                let format = tools::ToolFormat::detect(template).ok_or_else(|| {
-                    bad(
-                        "tools",
-                        "this model's chat template teaches no tool-call format frink parses \
+                let format =
+                    tools::ToolFormat::detect(template.unwrap_or("")).ok_or_else(|| {
+                        bad(
+                            "tools",
+                            "this model's chat template teaches no tool-call format frink parses \
                          (Hermes <tool_call> and Llama 3.x JSON are implemented)"
-                            .into(),
-                    )
-                    .with_code("unsupported_field")
-                })?;
+                                .into(),
+                        )
+                        .with_code("unsupported_field")
+                    })?;
                 let parallel = api::opt_bool(&obj, "parallel_tool_calls")?.unwrap_or(true);
                 if required {
                     if let Some((param, _)) = &grammar {
@@ -711,7 +708,6 @@ async fn chat_completions(State(st): St, headers: HeaderMap, body: Bytes) -> Res
                 ))
             }
         };
-        let template = st.chat_template.as_deref().or(eng.tok.chat_template());
         let reasoning = (split && template.is_some_and(reasoning::detect))
             .then(|| reasoning::starts_inside(&rendered.text));
         let constraints = eng.constraints(grammar, opts.n)?;
@@ -1188,30 +1184,19 @@ fn stream_response(fmt: Formatter, rx: mpsc::UnboundedReceiver<(usize, Event)>) 
                 return None;
             }
             match s.rx.recv().await {
-                Some((i, Event::Delta { text, tokens }))
-                    if s.parsers[i].is_some() || s.splitters[i].is_some() =>
-                {
-                    let lp = if s.fmt.logprobs {
-                        s.fmt.logprobs_json(&tokens, 0)
-                    } else {
-                        Value::Null
-                    };
-                    match s.splitters[i].as_mut().map(|sp| sp.push(&text)) {
-                        Some(parts) => s.push_parts(i, parts, lp),
-                        None => s.push_answer(i, text, lp),
-                    }
-                }
                 Some((i, Event::Delta { text, tokens })) => {
+                    // (Text offsets matter to completions, which have neither reasoning nor
+                    // tool calls to take text out of the stream.)
                     let lp = if s.fmt.logprobs {
                         s.fmt.logprobs_json(&tokens, s.chars[i])
                     } else {
                         Value::Null
                     };
                     s.chars[i] += text.chars().count();
-                    let c = s
-                        .fmt
-                        .chunk(Some(s.fmt.delta_choice(i, Some(&text), lp, None)), None);
-                    s.out.push_back(sse(&c));
+                    match s.splitters[i].as_mut().map(|sp| sp.push(&text)) {
+                        Some(parts) => s.push_parts(i, parts, lp),
+                        None => s.push_answer(i, text, lp),
+                    }
                 }
                 Some((i, Event::Done(c))) => {
                     if let Some(sp) = s.splitters[i].take() {
@@ -1334,32 +1319,27 @@ async fn whole_response(
                 _ => (String::new(), std::mem::take(&mut text[i])),
             };
             let mut choice = match fmt.kind {
-                Kind::Chat => match fmt.tool_format {
-                    Some(format) => {
-                        let (content, calls) = tools::parse(format, &fmt.tool_names, &answer);
-                        let mut message = json!({"role": "assistant", "content": content});
-                        let mut reason = finish[i];
-                        if !calls.is_empty() {
-                            let calls: Vec<Value> = calls
-                                .iter()
-                                .enumerate()
-                                .map(|(k, c)| tools::call_json(&fmt.call_ids(i), k, c))
-                                .collect();
-                            if content.is_empty() {
-                                message["content"] = Value::Null;
-                            }
-                            message["tool_calls"] = Value::Array(calls);
-                            reason = Some("tool_calls");
+                Kind::Chat => {
+                    let (content, calls) = match fmt.tool_format {
+                        Some(format) => tools::parse(format, &fmt.tool_names, &answer),
+                        None => (answer, Vec::new()),
+                    };
+                    let mut message = json!({"role": "assistant", "content": content});
+                    let mut reason = finish[i];
+                    if !calls.is_empty() {
+                        let calls: Vec<Value> = calls
+                            .iter()
+                            .enumerate()
+                            .map(|(k, c)| tools::call_json(&fmt.call_ids(i), k, c))
+                            .collect();
+                        if content.is_empty() {
+                            message["content"] = Value::Null;
                         }
-                        json!({"index": i, "message": message, "logprobs": logprobs, "finish_reason": reason})
+                        message["tool_calls"] = Value::Array(calls);
+                        reason = Some("tool_calls");
                     }
-                    None => json!({
-                        "index": i,
-                        "message": {"role": "assistant", "content": answer},
-                        "logprobs": logprobs,
-                        "finish_reason": finish[i],
-                    }),
-                },
+                    json!({"index": i, "message": message, "logprobs": logprobs, "finish_reason": reason})
+                }
                 Kind::Text => json!({
                     "index": i,
                     "text": answer,
