@@ -7,9 +7,11 @@
 //! llama.cpp's `common/common.h`, assembled by `common_sampler_init` in
 //! `common/sampling.cpp`, each sampler's semantics from `src/llama-sampling.cpp`):
 //!
-//! 0. **logit bias** (`llama_sampler_logit_bias_apply`, which heads llama.cpp's chain):
-//!    [`SamplingParams::logit_bias`] is added to the raw row (a copy of it, only when
-//!    there is a bias), so the penalties and greedy decoding see the biased logits.
+//! 0. **grammar mask and logit bias**: under a constraint ([`Sampler::with_constraint`])
+//!    the tokens its grammar does not allow are set to `-inf`; then
+//!    [`SamplingParams::logit_bias`] is added (`llama_sampler_logit_bias_apply`, which heads
+//!    llama.cpp's chain), on a copy of the row made only when either is present, so the
+//!    penalties and greedy decoding see the masked, biased logits.
 //! 1. **penalties** (`llama_sampler_penalties_apply`): for every token seen in the last
 //!    [`SamplingParams::repeat_last_n`] accepted tokens, with `count` occurrences there,
 //!    the logit is divided by `repeat_penalty` when it is positive and multiplied by it
