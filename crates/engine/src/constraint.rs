@@ -74,12 +74,38 @@ impl TokenizerEnv for TokEnv {
         &self.trie
     }
 
+    /// Tokens whose bytes are exactly `s` (`llguidance` asks for the tokens of a grammar's
+    /// literal text, also of a prefix that ends inside a character): each run of whole
+    /// characters by frink's tokenizer, kept only if its tokens spell the run exactly (a
+    /// SentencePiece vocabulary may add a leading space); anything else (an incomplete
+    /// character, a run frink would spell differently) by the trie's greedy split, which is
+    /// exact bytes.
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<toktrie::TokenId> {
-        // Bytes frink cannot tokenize (never the case for a vocabulary with byte fallback or
-        // byte-level BPE) fall back to the trie's greedy split, which is still exact bytes.
-        self.tok
-            .encode_bytes(s, false, false)
-            .unwrap_or_else(|_| self.trie.greedy_tokenize(s))
+        let mut out = Vec::new();
+        let mut rest = s;
+        while !rest.is_empty() {
+            let (text, bad) = match std::str::from_utf8(rest) {
+                Ok(t) => (t, &rest[rest.len()..]),
+                Err(e) => {
+                    let (ok, bad) = rest.split_at(e.valid_up_to());
+                    (std::str::from_utf8(ok).unwrap_or_default(), bad)
+                }
+            };
+            if !text.is_empty() {
+                match self.tok.encode(text, false, false) {
+                    Ok(ids) if self.trie.decode(&ids) == text.as_bytes() => out.extend(ids),
+                    _ => out.extend(self.trie.greedy_tokenize(text.as_bytes())),
+                }
+            }
+            // One undecodable sequence (or the incomplete character at the end), then on.
+            let n = match std::str::from_utf8(bad) {
+                Ok(_) => bad.len(),
+                Err(e) => e.error_len().unwrap_or(bad.len()),
+            };
+            out.extend(self.trie.greedy_tokenize(&bad[..n]));
+            rest = &bad[n..];
+        }
+        out
     }
 }
 
@@ -88,6 +114,7 @@ impl TokenizerEnv for TokEnv {
 #[derive(Clone)]
 pub struct GrammarCompiler {
     factory: Arc<ParserFactory>,
+    tok: Arc<Tokenizer>,
 }
 
 impl std::fmt::Debug for GrammarCompiler {
@@ -125,12 +152,16 @@ impl GrammarCompiler {
         let mut info = TokRxInfo::new(n as u32, first);
         info.tok_bos = tok.bos_id();
         let trie = TokTrie::from(&info, &words).with_eos_tokens(&eog);
-        let env: toktrie::TokEnv = Arc::new(TokEnv { tok, trie });
+        let env: toktrie::TokEnv = Arc::new(TokEnv {
+            tok: Arc::clone(&tok),
+            trie,
+        });
         let mut factory =
             ParserFactory::new_simple(&env).map_err(|e| GrammarError(e.to_string()))?;
         factory.quiet();
         Ok(GrammarCompiler {
             factory: Arc::new(factory),
+            tok,
         })
     }
 
@@ -162,8 +193,118 @@ impl GrammarCompiler {
             matcher,
             busy: Duration::ZERO,
             ready: None,
+            phase: Phase::Active,
         })
     }
+
+    /// Compiles `grammar` into a lazy [`Constraint`]: the answer is free until one of
+    /// `triggers` appears in it, and from that trigger's first byte on it must match
+    /// `grammar` (which therefore starts with what each trigger starts). llama.cpp's lazy
+    /// grammars, as its tool calling with `tool_choice: "auto"` uses them: text before a
+    /// call is the model's, the call is the grammar's. A trigger token that carries text the
+    /// grammar refuses (the model wrote a marker inside a word) leaves the rest free.
+    ///
+    /// Errors: as [`GrammarCompiler::compile`].
+    pub fn compile_lazy(
+        &self,
+        grammar: &Grammar,
+        triggers: Vec<Trigger>,
+    ) -> Result<Constraint, GrammarError> {
+        let mut c = self.compile(grammar)?;
+        c.phase = Phase::Waiting(Box::new(Waiting {
+            triggers,
+            seen: Vec::new(),
+            tok: Arc::clone(&self.tok),
+        }));
+        Ok(c)
+    }
+}
+
+/// What starts a lazy constraint ([`GrammarCompiler::compile_lazy`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Trigger {
+    /// This token (a control token such as Mistral's `[TOOL_CALLS]`).
+    Token(u32),
+    /// This text, wherever the answer's bytes contain it.
+    Text(String),
+    /// This text at the start of the answer only, whitespace in the answer before and
+    /// between its characters skipped (a call object that starts `{\n  "name"`).
+    Prefix(String),
+}
+
+/// A lazy constraint before its trigger.
+#[derive(Clone)]
+struct Waiting {
+    triggers: Vec<Trigger>,
+    /// The answer's bytes so far.
+    seen: Vec<u8>,
+    tok: Arc<Tokenizer>,
+}
+
+impl Waiting {
+    /// Records the committed `id`; returns the tokens the grammar must start from if a
+    /// trigger is now complete: the earliest trigger's text onward, tokenized afresh (the
+    /// grammar reads bytes, and any tokenization of them is accepted alike).
+    fn fire(&mut self, id: u32) -> Option<Vec<u32>> {
+        if self.triggers.contains(&Trigger::Token(id)) {
+            return Some(vec![id]);
+        }
+        let before = self.seen.len();
+        self.seen
+            .extend_from_slice(self.tok.token_to_piece(id, false).unwrap_or_default());
+        let seen = &self.seen;
+        let at = self
+            .triggers
+            .iter()
+            .filter_map(|t| match t {
+                Trigger::Token(_) => None,
+                Trigger::Text(text) => {
+                    // Only where the new bytes could complete it.
+                    let t = text.as_bytes();
+                    let from = before.saturating_sub(t.len().saturating_sub(1));
+                    seen[from..]
+                        .windows(t.len())
+                        .position(|w| w == t)
+                        .map(|i| from + i)
+                }
+                Trigger::Prefix(text) => loose_prefix(seen, text.as_bytes()),
+            })
+            .min()?;
+        Some(
+            self.tok
+                .encode_bytes(&self.seen[at..], false, false)
+                .unwrap_or_default(),
+        )
+    }
+}
+
+/// Where `text` starts in `seen` if `seen` begins with it, ASCII whitespace skipped before
+/// and between its bytes.
+fn loose_prefix(seen: &[u8], text: &[u8]) -> Option<usize> {
+    let mut at = None;
+    let mut i = 0;
+    for &want in text {
+        while seen.get(i).is_some_and(u8::is_ascii_whitespace) {
+            i += 1;
+        }
+        if *seen.get(i)? != want {
+            return None;
+        }
+        at.get_or_insert(i);
+        i += 1;
+    }
+    at
+}
+
+/// Where a constraint is.
+#[derive(Clone)]
+enum Phase {
+    /// The grammar applies.
+    Active,
+    /// Lazy, before its trigger: nothing is masked.
+    Waiting(Box<Waiting>),
+    /// Lazy, and the trigger's token carried text the grammar refuses: nothing is masked.
+    Off,
 }
 
 /// The whitespace a JSON answer may put between its tokens: one space, or one or two
@@ -225,8 +366,9 @@ fn close_objects(v: &mut serde_json::Value) {
 
 /// `schema` with frink's JSON defaults: objects that list their properties closed
 /// ([`close_objects`]) and the layout bounded, unless the schema sets its own layout
-/// (`x-guidance`).
-fn json_schema_defaults(schema: &serde_json::Value) -> serde_json::Value {
+/// (`x-guidance`). What every JSON schema frink enforces gets (`response_format`,
+/// `json_schema`, tool-call arguments).
+pub fn json_schema_defaults(schema: &serde_json::Value) -> serde_json::Value {
     let mut schema = schema.clone();
     close_objects(&mut schema);
     if let Some(obj) = schema.as_object_mut() {
@@ -249,6 +391,7 @@ pub struct Constraint {
     busy: Duration,
     /// The next step's mask, computed ahead by [`Constraint::prepare`].
     ready: Option<Result<SimpleVob, String>>,
+    phase: Phase,
 }
 
 impl std::fmt::Debug for Constraint {
@@ -269,6 +412,11 @@ impl Constraint {
     /// Errors: the grammar is in an error state (`llguidance`'s message); `out` is then
     /// all `-inf`.
     pub fn masked(&mut self, logits: &[f32], out: &mut Vec<f32>) -> Result<(), GrammarError> {
+        if !matches!(self.phase, Phase::Active) {
+            out.clear();
+            out.extend_from_slice(logits);
+            return Ok(());
+        }
         self.prepare();
         let t = Instant::now();
         let vob = self.ready.take().expect("prepare leaves a mask ready");
@@ -294,7 +442,7 @@ impl Constraint {
     /// pass runs), so that [`Constraint::masked`] only applies it. The same mask either way:
     /// it depends only on the tokens committed so far.
     pub fn prepare(&mut self) {
-        if self.ready.is_none() {
+        if self.ready.is_none() && matches!(self.phase, Phase::Active) {
             let t = Instant::now();
             self.ready = Some(
                 self.matcher
@@ -309,6 +457,22 @@ impl Constraint {
     ///
     /// Errors: `id` is not allowed here (it was not sampled from a masked row).
     pub fn commit(&mut self, id: u32) -> Result<(), GrammarError> {
+        match &mut self.phase {
+            Phase::Active => {}
+            Phase::Off => return Ok(()),
+            Phase::Waiting(w) => {
+                let t = Instant::now();
+                if let Some(ids) = w.fire(id) {
+                    self.ready = None;
+                    self.phase = match self.matcher.consume_tokens(&ids) {
+                        Ok(()) => Phase::Active,
+                        Err(_) => Phase::Off,
+                    };
+                }
+                self.busy += t.elapsed();
+                return Ok(());
+            }
+        }
         if self.matcher.is_stopped() {
             return Ok(());
         }
@@ -321,7 +485,7 @@ impl Constraint {
 
     /// Whether the grammar has reached its end (only end-of-generation tokens are allowed).
     pub fn is_complete(&self) -> bool {
-        self.matcher.is_stopped()
+        matches!(self.phase, Phase::Active) && self.matcher.is_stopped()
     }
 }
 

@@ -109,6 +109,9 @@ pub struct Request {
     pub prefix_group: Option<u64>,
     /// This request waits for its group's prompt (see [`Request::prefix_group`]).
     pub follows_prefix: bool,
+    /// Control tokens whose text the answer shows (the markers of a tool-call format a
+    /// parser reads, such as Mistral's `[TOOL_CALLS]`); other control tokens render empty.
+    pub shown_tokens: Vec<u32>,
     /// Where the events go.
     pub sink: Box<dyn EventSink>,
 }
@@ -625,12 +628,13 @@ impl<'t> Worker<'t> {
         slot.cache.truncate(prefix);
         slot.tokens.truncate(prefix);
         let now = Instant::now();
+        let decoder = self.tok.stream_decoder(false).showing(&req.shown_tokens);
         slot.job = Some(Job {
             stops: StopMatcher::new(&req.stop),
             req,
             sampler,
             grammar_counted: Duration::ZERO,
-            decoder: self.tok.stream_decoder(false),
+            decoder,
             fed: prefix,
             cached: prefix,
             next: None,

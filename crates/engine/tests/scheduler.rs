@@ -53,6 +53,7 @@ fn request(prompt: &[u32], seed: u64, n: usize) -> (Request, mpsc::Receiver<Even
         constraint: None,
         prefix_group: None,
         follows_prefix: false,
+        shown_tokens: Vec::new(),
         sink: Box::new(tx),
     };
     (req, rx)

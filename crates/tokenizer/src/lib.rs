@@ -350,6 +350,7 @@ impl Tokenizer {
         StreamDecoder {
             tok: self,
             render_special,
+            shown: Vec::new(),
             first: true,
             cleaner: self.vocab.clean_spaces.then(SpaceCleaner::default),
             pending: Vec::new(),
@@ -422,6 +423,13 @@ impl Tokenizer {
     /// The attributes of token `id`, after llama.cpp's load-time adjustments.
     pub fn token_attr(&self, id: u32) -> Option<TokenAttr> {
         self.vocab.attrs.get(id as usize).copied()
+    }
+
+    /// The id of the control token whose text is `text` (`None`: no such token, or one
+    /// that is not a control token, such as a user-defined token that renders as text).
+    pub fn control_token(&self, text: &str) -> Option<u32> {
+        let id = self.token_id(text)?;
+        self.token_attr(id)?.has(TokenAttr::CONTROL).then_some(id)
     }
 
     /// The id of the token whose stored text is `text`.
@@ -499,14 +507,25 @@ pub fn text_from_bytes(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
 pub struct StreamDecoder<'a> {
     tok: &'a Tokenizer,
     render_special: bool,
+    /// Control tokens rendered as their text even without `render_special`.
+    shown: Vec<u32>,
     first: bool,
     cleaner: Option<SpaceCleaner>,
     pending: Vec<u8>,
 }
 
 impl StreamDecoder<'_> {
+    /// This decoder, rendering the control tokens `ids` as their text (llama-server's
+    /// "preserved tokens": the markers of a tool-call format, such as Mistral's
+    /// `[TOOL_CALLS]`, that a parser must see).
+    pub fn showing(mut self, ids: &[u32]) -> Self {
+        self.shown = ids.to_vec();
+        self
+    }
+
     fn push_bytes(&mut self, id: u32, out: &mut Vec<u8>) -> Result<()> {
-        let mut piece = self.tok.token_to_piece(id, self.render_special)?;
+        let render = self.render_special || self.shown.contains(&id);
+        let mut piece = self.tok.token_to_piece(id, render)?;
         if std::mem::take(&mut self.first) && self.tok.vocab.add_space_prefix {
             piece = piece.strip_prefix(b" ").unwrap_or(piece);
         }
