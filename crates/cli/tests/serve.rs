@@ -1321,3 +1321,99 @@ fn llama3_template_calls_are_json_with_parameters() {
         "{got}"
     );
 }
+
+/// A streamed tool call reassembled: (index, id, name, arguments).
+type StreamedCall = (u64, String, String, String);
+
+/// The tool calls of a streamed answer reassembled from their deltas, by index, and the
+/// last finish reason.
+fn streamed_calls(chunks: &[Value]) -> (Vec<StreamedCall>, Option<String>) {
+    let mut calls: Vec<StreamedCall> = Vec::new();
+    let mut finish = None;
+    for ch in chunks {
+        for c in ch["choices"].as_array().into_iter().flatten() {
+            if let Some(f) = c["finish_reason"].as_str() {
+                finish = Some(f.to_string());
+            }
+            for d in c["delta"]["tool_calls"].as_array().into_iter().flatten() {
+                let k = d["index"].as_u64().unwrap();
+                if !calls.iter().any(|c| c.0 == k) {
+                    calls.push((k, String::new(), String::new(), String::new()));
+                }
+                let e = calls.iter_mut().find(|c| c.0 == k).unwrap();
+                e.1.push_str(d["id"].as_str().unwrap_or(""));
+                e.2.push_str(d["function"]["name"].as_str().unwrap_or(""));
+                e.3.push_str(d["function"]["arguments"].as_str().unwrap_or(""));
+            }
+        }
+    }
+    (calls, finish)
+}
+
+/// Every tool format frink reads, end to end through `frink serve` with the family's real
+/// template (`--chat-template-file`; the model is smollm2, which knows none of them, so the
+/// grammar of `tool_choice: "required"` writes the call): the answer comes back as
+/// `tool_calls` whose arguments validate against the schema, streamed deltas reassemble to
+/// the same call, and `frink inspect`'s format name is the one detected. (Markers that are
+/// control tokens in the family's own vocabulary are plain text in smollm2's; the
+/// control-token path is tests in crates/server/tests/tool_grammars.rs.)
+#[test]
+fn every_tool_format_round_trips_through_the_server() {
+    let _l = lock();
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tokenizer/tests/data/templates");
+    // (gpt-oss's template, like transformers, needs a description to render a tool.)
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "minLength": 1, "maxLength": 12},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                       "required": ["city", "unit"]}}}]);
+    for file in [
+        "Qwen3-Coder.jinja",
+        "mistralai-Mistral-Nemo-Instruct-2407.jinja",
+        "Mistral-Small-3.2-24B-Instruct-2506.jinja",
+        "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
+        "deepseek-ai-DeepSeek-V3.1.jinja",
+        "openai-gpt-oss-120b.jinja",
+        "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja",
+        "ibm-granite-granite-3.3-2B-Instruct.jinja",
+    ] {
+        let path = dir.join(file);
+        let srv = Server::start(&["--chat-template-file", path.to_str().unwrap()]);
+        let body = |stream: bool| {
+            chat(
+                "What is the weather in Paris?",
+                json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+                       "parallel_tool_calls": false, "temperature": 0, "max_tokens": 120, "stream": stream}),
+            )
+        };
+        let got = srv.post_ok("/v1/chat/completions", &body(false));
+        let c = &got["choices"][0];
+        assert_eq!(c["finish_reason"], "tool_calls", "{file}: {got}");
+        let call = &c["message"]["tool_calls"][0];
+        assert_eq!(call["function"]["name"], "get_weather", "{file}: {got}");
+        let arguments = call["function"]["arguments"].as_str().unwrap();
+        let args: Value = serde_json::from_str(arguments).unwrap();
+        let city = args["city"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{file}: {got}"));
+        assert!((1..=12).contains(&city.chars().count()), "{file}: {got}");
+        assert!(
+            args["unit"] == "celsius" || args["unit"] == "fahrenheit",
+            "{file}: {got}"
+        );
+        let (chunks, done) = srv.stream("/v1/chat/completions", &body(true)).collect();
+        assert!(done, "{file}");
+        let (calls, finish) = streamed_calls(&chunks);
+        assert_eq!(finish.as_deref(), Some("tool_calls"), "{file}");
+        assert_eq!(calls.len(), 1, "{file}: {chunks:?}");
+        assert!(!calls[0].1.is_empty(), "{file}: empty id");
+        assert_eq!(
+            (calls[0].2.as_str(), calls[0].3.as_str()),
+            ("get_weather", arguments),
+            "{file}: streamed call differs from the whole one"
+        );
+        eprintln!("{file}: {arguments}");
+    }
+}

@@ -5,7 +5,8 @@ base URL and model name (qwen2.5-coder-0.5b, whose template teaches Hermes `<too
 calls). Checks: a two-turn tool loop (call, tool result, answer) streamed and not; streamed
 deltas reassemble to the non-streamed `tool_calls`; `tool_choice: "required"` and a named
 function give a valid call whose arguments validate against the tool's schema in every one
-of 100 sampled runs; ids are distinct. Exits non-zero on a failed check.
+of 100 sampled runs; with `tool_choice: "auto"` every call that begins is valid (a lazy
+grammar); ids are distinct. Exits non-zero on a failed check.
 """
 import concurrent.futures
 import json
@@ -40,15 +41,20 @@ USER = {"role": "user", "content": "What is the weather in Paris right now?"}
 
 
 def valid_calls(calls, names):
+    """Checks `calls`: distinct ids, names among `names`, arguments valid against the schema
+    (`names` a dict of schemas, else those of SCHEMAS). Returns whether all hold."""
+    before = len(failures)
+    schemas = names if isinstance(names, dict) else SCHEMAS
     ids = [c.id for c in calls]
     check(len(set(ids)) == len(ids) and all(ids), f"ids {ids}")
     for c in calls:
         check(c.type == "function", f"type {c.type}")
         check(c.function.name in names, f"name {c.function.name}")
         try:
-            jsonschema.validate(json.loads(c.function.arguments), SCHEMAS[c.function.name])
+            jsonschema.validate(json.loads(c.function.arguments), schemas[c.function.name])
         except Exception as e:  # noqa: BLE001
-            check(False, f"arguments {c.function.arguments!r}: {e}")
+            check(False, f"arguments {c.function.arguments!r}: {e.message if hasattr(e, 'message') else e}")
+    return len(failures) == before
 
 
 # Turn 1, required: a call.
@@ -118,6 +124,36 @@ for named, ch in runs:
     check(ch.finish_reason == "tool_calls" and calls, f"run without a call: {ch.finish_reason} {ch.message}")
     valid_calls(calls, ["get_time"] if named else SCHEMAS)
     ok += bool(calls)
+
+# 40 sampled runs with tool_choice "auto": the answer is free, but a call once begun is
+# held to the grammar, so every answer is either text without a call tag or valid calls.
+# The tool's schema is one the model does not follow unaided (a city as a three-letter
+# code, a required unit).
+CODED = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city.",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "pattern": "^[A-Z]{3}$"},
+        "unit": {"type": "string", "enum": ["C", "F"]}},
+        "required": ["city", "unit"], "additionalProperties": False}}}
+
+def auto(seed):
+    r = client.chat.completions.create(model=model, messages=[USER], tools=[CODED, TIME], tool_choice="auto",
+                                       temperature=1.0, seed=seed, max_tokens=150)
+    return r.choices[0]
+
+with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+    autos = list(pool.map(auto, range(1000, 1040)))
+called = valid = 0
+for ch in autos:
+    calls = ch.message.tool_calls or []
+    if calls:
+        called += 1
+        check(ch.finish_reason == "tool_calls", f"auto: calls with finish {ch.finish_reason}")
+        valid += valid_calls(calls, {"get_weather": CODED["function"]["parameters"], "get_time": SCHEMAS["get_time"]})
+    elif ch.finish_reason != "length":
+        check("<tool_call>" not in (ch.message.content or ""), f"auto: a call left in the content: {ch.message}")
+check(called > 0, "auto: no run called a tool")
+print(f"auto: {called}/40 sampled runs called a tool, {valid} of them with valid calls")
 
 # Refusals: an unknown named function, tool_choice without tools.
 for kw, param in [({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),

@@ -13,7 +13,9 @@
 //! `POST /v1/completions`, `GET /v1/models`, `GET /health`, `GET /metrics`,
 //! `POST /tokenize`, `POST /detokenize`.
 
+pub mod answer;
 pub mod api;
+pub mod harmony;
 pub mod reasoning;
 pub mod tools;
 
@@ -94,13 +96,17 @@ impl Engine {
     fn constraints(
         &self,
         grammar: Option<(&'static str, frink_engine::constraint::Grammar)>,
+        triggers: Option<Vec<frink_engine::constraint::Trigger>>,
         n: usize,
     ) -> Result<Vec<Option<Constraint>>, ApiError> {
         let Some((param, g)) = grammar else {
             return Ok((0..n).map(|_| None).collect());
         };
         (0..n)
-            .map(|_| self.grammars.compile(&g).map(Some))
+            .map(|_| match &triggers {
+                Some(t) => self.grammars.compile_lazy(&g, t.clone()).map(Some),
+                None => self.grammars.compile(&g).map(Some),
+            })
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| {
                 ApiError::invalid(Some(param), format!("'{param}': {e}"))
@@ -579,12 +585,10 @@ struct Prepared {
     logprobs: Option<usize>,
     /// The grammar each choice must match (one entry per choice).
     constraints: Vec<Option<Constraint>>,
-    /// Parse tool calls out of the answer in this format.
-    tool_format: Option<tools::ToolFormat>,
-    /// The tools the answer may call.
-    tool_names: Vec<String>,
-    /// Split `<think>` reasoning off (`Some(answer starts inside it)`).
-    reasoning: Option<bool>,
+    /// What to read out of a chat answer (reasoning, tool calls).
+    answer: answer::AnswerFormat,
+    /// Control tokens the answer shows as text (a tool-call format's markers).
+    shown_tokens: Vec<u32>,
     model: String,
 }
 
@@ -618,8 +622,10 @@ async fn chat_completions(State(st): St, headers: HeaderMap, body: Bytes) -> Res
         // Tools: rendered by the template; calls parsed from the answer in the format the
         // template teaches; a required call enforced by a grammar.
         let mut grammar = api::grammar(&obj)?;
-        let mut tool_format = None;
-        let mut tool_names = Vec::new();
+        // A lazy grammar's trigger (tool_choice "auto": a call, once begun, is enforced).
+        let mut trigger = None;
+        let mut answer = answer::AnswerFormat::default();
+        let mut shown_tokens = Vec::new();
         let mut tools_for_template = None;
         // The template the prompt is rendered with: the server's override or the file's.
         let template = st.chat_template.as_deref().or(eng.tok.chat_template());
@@ -634,7 +640,7 @@ async fn chat_completions(State(st): St, headers: HeaderMap, body: Bytes) -> Res
                         bad(
                             "tools",
                             "this model's chat template teaches no tool-call format frink parses \
-                         (Hermes <tool_call> and Llama 3.x JSON are implemented)"
+                         (see `frink inspect` and the README's list of formats)"
                                 .into(),
                         )
                         .with_code("unsupported_field")
@@ -647,16 +653,34 @@ async fn chat_completions(State(st): St, headers: HeaderMap, body: Bytes) -> Res
                             format!("'{param}' and a required tool call both constrain the answer"),
                         ));
                     }
-                    let lark = format.call_grammar(&usable, parallel);
+                    let lark =
+                        format.call_grammar(&usable, parallel, &|m| eng.tok.control_token(m));
                     grammar = Some(("tool_choice", frink_engine::constraint::Grammar::Lark(lark)));
+                } else if grammar.is_none() && !usable.is_empty() {
+                    // `auto`: free text, and a call held to the grammar once it begins.
+                    let lark =
+                        format.auto_grammar(&usable, parallel, &|m| eng.tok.control_token(m));
+                    grammar = Some(("tools", frink_engine::constraint::Grammar::Lark(lark)));
+                    use frink_engine::constraint::Trigger;
+                    let triggers = format.triggers().into_iter().map(|(t, at_start)| {
+                        match (eng.tok.control_token(t), at_start) {
+                            (Some(id), _) => Trigger::Token(id),
+                            (None, true) => Trigger::Prefix(t.to_string()),
+                            (None, false) => Trigger::Text(t.to_string()),
+                        }
+                    });
+                    trigger = Some(triggers.collect());
                 }
                 // llama.cpp's `parse_tool_calls: false`: the calls stay in the text.
                 let parse_calls = api::opt_bool(&obj, "parse_tool_calls")?.unwrap_or(true);
                 if !usable.is_empty() && parse_calls {
-                    tool_format = Some(format);
-                    tool_names = usable
+                    // Harmony's calls come out of its channels (the reasoning splitter).
+                    answer.tool_format = Some(format).filter(|&f| f != tools::ToolFormat::Harmony);
+                    answer.tools = tools::ToolSet::new(&usable);
+                    shown_tokens = format
+                        .markers()
                         .iter()
-                        .filter_map(|t| t["function"]["name"].as_str().map(str::to_string))
+                        .filter_map(|m| eng.tok.control_token(m))
                         .collect();
                 }
                 tools_for_template = Some(Value::Array(tools));
@@ -708,17 +732,20 @@ async fn chat_completions(State(st): St, headers: HeaderMap, body: Bytes) -> Res
                 ))
             }
         };
-        let reasoning = (split && template.is_some_and(reasoning::detect))
-            .then(|| reasoning::starts_inside(&rendered.text));
-        let constraints = eng.constraints(grammar, opts.n)?;
+        answer.reasoning = reasoning::Mode::detect(template.unwrap_or(""), &rendered.text, split);
+        if matches!(answer.reasoning, Some(reasoning::Mode::Harmony { .. })) {
+            for m in crate::harmony::MARKERS {
+                shown_tokens.extend(eng.tok.control_token(m));
+            }
+        }
+        let constraints = eng.constraints(grammar, trigger, opts.n)?;
         Ok(Prepared {
             prompt,
             opts,
             logprobs,
             constraints,
-            tool_format,
-            tool_names,
-            reasoning,
+            answer,
+            shown_tokens,
             model: model_field(&st, &obj),
         })
     })();
@@ -766,15 +793,14 @@ async fn completions(State(st): St, headers: HeaderMap, body: Bytes) -> Response
                 format!("token id {t} is outside the vocabulary of {n_vocab}"),
             ));
         }
-        let constraints = eng.constraints(api::grammar(&obj)?, opts.n)?;
+        let constraints = eng.constraints(api::grammar(&obj)?, None, opts.n)?;
         Ok(Prepared {
             prompt,
             opts,
             logprobs,
             constraints,
-            tool_format: None,
-            tool_names: Vec::new(),
-            reasoning: None,
+            answer: answer::AnswerFormat::default(),
+            shown_tokens: Vec::new(),
             model: model_field(&st, &obj),
         })
     })();
@@ -859,6 +885,7 @@ async fn complete(st: &AppState, kind: Kind, p: Prepared) -> Response {
             constraint,
             prefix_group: (n > 1).then_some(group),
             follows_prefix: i > 0,
+            shown_tokens: p.shown_tokens.clone(),
             sink: Box::new(ChannelSink(tx.clone(), i)),
         };
         // On an error the choices already queued see their channel close and are dropped.
@@ -892,9 +919,7 @@ async fn complete(st: &AppState, kind: Kind, p: Prepared) -> Response {
         logprobs: p.logprobs.is_some(),
         include_usage: p.opts.include_usage,
         n,
-        tool_format: p.tool_format,
-        tool_names: p.tool_names,
-        reasoning: p.reasoning,
+        answer: p.answer,
     };
     if p.opts.stream {
         stream_response(fmt, rx)
@@ -914,12 +939,8 @@ struct Formatter {
     include_usage: bool,
     /// Choices (`n`).
     n: usize,
-    /// Parse tool calls in this format (chat requests with tools).
-    tool_format: Option<tools::ToolFormat>,
-    /// The tools the answer may call.
-    tool_names: Vec<String>,
-    /// Split `<think>` reasoning off (`Some(answer starts inside it)`).
-    reasoning: Option<bool>,
+    /// What to read out of a chat answer (reasoning, tool calls).
+    answer: answer::AnswerFormat,
 }
 
 /// The finished choices' counts as OpenAI's `usage` reports them: the prompt once, the
@@ -1092,14 +1113,13 @@ fn stream_response(fmt: Formatter, rx: mpsc::UnboundedReceiver<(usize, Event)>) 
         chars: Vec<usize>,
         finished: usize,
         totals: Totals,
-        /// Per choice: the tool-call parser (chat requests with tools) and calls sent.
-        parsers: Vec<Option<tools::StreamParser>>,
-        /// Per choice: the reasoning splitter (reasoning models).
-        splitters: Vec<Option<reasoning::Splitter>>,
+        /// Per choice: the answer's reader (chat requests) and the calls sent.
+        answers: Vec<Option<answer::AnswerStream>>,
         calls: Vec<usize>,
     }
     impl S {
-        /// Sends choice `i`'s reasoning as `reasoning_content` deltas and its answer on.
+        /// Sends choice `i`'s parts: reasoning as `reasoning_content` deltas, content as
+        /// content deltas, calls as tool-call deltas.
         fn push_parts(&mut self, i: usize, parts: Vec<reasoning::Part>, mut logprobs: Value) {
             for p in parts {
                 match p {
@@ -1108,35 +1128,12 @@ fn stream_response(fmt: Formatter, rx: mpsc::UnboundedReceiver<(usize, Event)>) 
                         self.out.push_back(sse(&self.fmt.chunk(Some(c), None)));
                     }
                     reasoning::Part::Content(t) => {
-                        self.push_answer(i, t, std::mem::take(&mut logprobs))
-                    }
-                }
-            }
-        }
-
-        /// Sends answer text of choice `i`: through its tool-call parser, or as content.
-        fn push_answer(&mut self, i: usize, text: String, logprobs: Value) {
-            match self.parsers[i].as_mut().map(|p| p.push(&text)) {
-                Some(items) => self.push_items(i, items, logprobs),
-                None => {
-                    let c = self.fmt.delta_choice(i, Some(&text), logprobs, None);
-                    self.out.push_back(sse(&self.fmt.chunk(Some(c), None)));
-                }
-            }
-        }
-
-        /// Sends what choice `i`'s tool-call parser decided: text as content deltas, calls
-        /// as tool-call deltas.
-        fn push_items(&mut self, i: usize, items: Vec<tools::Item>, mut logprobs: Value) {
-            for it in items {
-                match it {
-                    tools::Item::Text(t) => {
                         let c =
                             self.fmt
                                 .delta_choice(i, Some(&t), std::mem::take(&mut logprobs), None);
                         self.out.push_back(sse(&self.fmt.chunk(Some(c), None)));
                     }
-                    tools::Item::Call(call) => {
+                    reasoning::Part::Call(call) => {
                         for d in self.fmt.call_deltas(i, self.calls[i], &call) {
                             self.out.push_back(sse(&self.fmt.chunk(Some(d), None)));
                         }
@@ -1157,16 +1154,10 @@ fn stream_response(fmt: Formatter, rx: mpsc::UnboundedReceiver<(usize, Event)>) 
         }
     }
     let state = S {
-        parsers: (0..fmt.n)
-            .map(|_| {
-                fmt.tool_format
-                    .map(|f| tools::StreamParser::new(f, fmt.tool_names.clone()))
-            })
+        answers: (0..fmt.n)
+            .map(|_| (fmt.kind == Kind::Chat).then(|| fmt.answer.stream()))
             .collect(),
         calls: vec![0; fmt.n],
-        splitters: (0..fmt.n)
-            .map(|_| fmt.reasoning.map(reasoning::Splitter::new))
-            .collect(),
         chars: vec![0; fmt.n],
         fmt,
         rx,
@@ -1193,19 +1184,16 @@ fn stream_response(fmt: Formatter, rx: mpsc::UnboundedReceiver<(usize, Event)>) 
                         Value::Null
                     };
                     s.chars[i] += text.chars().count();
-                    match s.splitters[i].as_mut().map(|sp| sp.push(&text)) {
-                        Some(parts) => s.push_parts(i, parts, lp),
-                        None => s.push_answer(i, text, lp),
-                    }
+                    let parts = match s.answers[i].as_mut() {
+                        Some(a) => a.push(&text),
+                        None => vec![reasoning::Part::Content(text)],
+                    };
+                    s.push_parts(i, parts, lp);
                 }
                 Some((i, Event::Done(c))) => {
-                    if let Some(sp) = s.splitters[i].take() {
-                        let parts = sp.finish();
+                    if let Some(a) = s.answers[i].take() {
+                        let parts = a.finish();
                         s.push_parts(i, parts, Value::Null);
-                    }
-                    if let Some(p) = s.parsers[i].take() {
-                        let items = p.finish();
-                        s.push_items(i, items, Value::Null);
                     }
                     let finish = Some(if s.calls[i] > 0 {
                         "tool_calls"
@@ -1314,16 +1302,11 @@ async fn whole_response(
             } else {
                 Value::Null
             };
-            let (thinking, answer) = match fmt.reasoning {
-                Some(inside) if fmt.kind == Kind::Chat => reasoning::split(inside, &text[i]),
-                _ => (String::new(), std::mem::take(&mut text[i])),
-            };
+            let mut thinking = String::new();
             let mut choice = match fmt.kind {
                 Kind::Chat => {
-                    let (content, calls) = match fmt.tool_format {
-                        Some(format) => tools::parse(format, &fmt.tool_names, &answer),
-                        None => (answer, Vec::new()),
-                    };
+                    let (r, content, calls) = fmt.answer.parse(&text[i]);
+                    thinking = r;
                     let mut message = json!({"role": "assistant", "content": content});
                     let mut reason = finish[i];
                     if !calls.is_empty() {
@@ -1342,7 +1325,7 @@ async fn whole_response(
                 }
                 Kind::Text => json!({
                     "index": i,
-                    "text": answer,
+                    "text": text[i],
                     "logprobs": logprobs,
                     "finish_reason": finish[i],
                 }),

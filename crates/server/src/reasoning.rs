@@ -8,6 +8,9 @@
 //! (DeepSeek-R1's generation prompt `<｜Assistant｜><think>\n`); otherwise an answer that
 //! opens with `<think>` (after whitespace) is thinking up to `</think>`. A generation prompt
 //! that already closed the thinking (Qwen3 with `enable_thinking: false`) gives content only.
+//!
+//! Harmony templates (gpt-oss) mark reasoning by channel instead; [`Splitter`] runs
+//! [`crate::harmony::Parser`] for them, which also yields the answer's tool calls.
 
 const OPEN: &str = "<think>";
 const CLOSE: &str = "</think>";
@@ -29,6 +32,40 @@ pub enum Part {
     Reasoning(String),
     /// The answer, for `content`.
     Content(String),
+    /// A tool call (harmony answers carry them in their own channel).
+    Call(crate::tools::ToolCall),
+}
+
+/// How an answer's reasoning is marked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// `<think>…</think>`; `inside`: the answer starts inside the thinking.
+    Think {
+        /// The prompt opened the thinking.
+        inside: bool,
+    },
+    /// Harmony channels; `inline`: the analysis stays in the content.
+    Harmony {
+        /// `--reasoning-format none`.
+        inline: bool,
+    },
+}
+
+impl Mode {
+    /// The mode for an answer to `prompt` (the rendered text) under `template`, or `None`
+    /// when nothing is split off: a template without reasoning, or `split` false for
+    /// `<think>` templates (harmony is always parsed, for its final channel and calls).
+    pub fn detect(template: &str, prompt: &str, split: bool) -> Option<Mode> {
+        if crate::harmony::detect(template) {
+            Some(Mode::Harmony { inline: !split })
+        } else if split && detect(template) {
+            Some(Mode::Think {
+                inside: starts_inside(prompt),
+            })
+        } else {
+            None
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,18 +78,55 @@ enum State {
     Answer,
 }
 
-/// Splits an answer fed piece by piece into thinking and content; text that may still be
-/// the start of a tag is held back. Fed whole or token by token, the same split.
+/// Splits an answer fed piece by piece into thinking, content and (harmony) calls; text that
+/// may still be the start of a tag is held back. Fed whole or token by token, the same split.
 #[derive(Debug)]
-pub struct Splitter {
+pub enum Splitter {
+    /// `<think>` tags.
+    Think(ThinkSplitter),
+    /// Harmony channels.
+    Harmony(crate::harmony::Parser),
+}
+
+impl Splitter {
+    /// A splitter for `mode`; `tools` are those a harmony answer may call.
+    pub fn new(mode: Mode, tools: &crate::tools::ToolSet) -> Splitter {
+        match mode {
+            Mode::Think { inside } => Splitter::Think(ThinkSplitter::new(inside)),
+            Mode::Harmony { inline } => {
+                Splitter::Harmony(crate::harmony::Parser::new(inline, tools.clone()))
+            }
+        }
+    }
+
+    /// Feeds `text`; returns what is decided.
+    pub fn push(&mut self, text: &str) -> Vec<Part> {
+        match self {
+            Splitter::Think(s) => s.push(text),
+            Splitter::Harmony(p) => p.push(text),
+        }
+    }
+
+    /// The end of the answer: what was held.
+    pub fn finish(self) -> Vec<Part> {
+        match self {
+            Splitter::Think(s) => s.finish(),
+            Splitter::Harmony(p) => p.finish(),
+        }
+    }
+}
+
+/// The `<think>` splitter.
+#[derive(Debug)]
+pub struct ThinkSplitter {
     state: State,
     buf: String,
 }
 
-impl Splitter {
+impl ThinkSplitter {
     /// A splitter for an answer that starts inside the thinking or not.
-    pub fn new(inside: bool) -> Splitter {
-        Splitter {
+    pub fn new(inside: bool) -> ThinkSplitter {
+        ThinkSplitter {
             state: if inside {
                 State::Thinking
             } else {
@@ -129,21 +203,33 @@ impl Splitter {
     }
 }
 
-/// A whole answer split: (reasoning, content).
-pub fn split(inside: bool, text: &str) -> (String, String) {
-    let mut s = Splitter::new(inside);
+/// The parts of a whole answer.
+pub fn split_parts(mode: Mode, tools: &crate::tools::ToolSet, text: &str) -> Vec<Part> {
+    let mut s = Splitter::new(mode, tools);
     let mut parts = s.push(text);
     parts.extend(s.finish());
-    gather(parts)
+    parts
 }
 
-/// The reasoning and the content of `parts`, each joined.
-fn gather(parts: Vec<Part>) -> (String, String) {
+/// The calls among `parts`, in order.
+pub fn calls(parts: &[Part]) -> Vec<crate::tools::ToolCall> {
+    parts
+        .iter()
+        .filter_map(|p| match p {
+            Part::Call(c) => Some(c.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The reasoning and the content of `parts`, each joined (calls left out).
+pub fn gather(parts: Vec<Part>) -> (String, String) {
     let (mut r, mut c) = (String::new(), String::new());
     for p in parts {
         match p {
             Part::Reasoning(t) => r.push_str(&t),
             Part::Content(t) => c.push_str(&t),
+            Part::Call(_) => {}
         }
     }
     (r, c)
@@ -152,6 +238,14 @@ fn gather(parts: Vec<Part>) -> (String, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn split(inside: bool, text: &str) -> (String, String) {
+        gather(split_parts(
+            Mode::Think { inside },
+            &crate::tools::ToolSet::default(),
+            text,
+        ))
+    }
 
     /// Recorded shapes: Qwen3 thinking on (the answer opens the tag), DeepSeek-R1 (the
     /// prompt opened it), Qwen3 thinking off (the prompt closed it: no tags in the answer),
@@ -197,7 +291,7 @@ mod tests {
                 if !text.is_char_boundary(cut) {
                     continue;
                 }
-                let mut s = Splitter::new(inside);
+                let mut s = ThinkSplitter::new(inside);
                 let mut parts = s.push(&text[..cut]);
                 parts.extend(s.push(&text[cut..]));
                 parts.extend(s.finish());
