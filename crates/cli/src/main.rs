@@ -7,6 +7,7 @@
 mod bench;
 mod chat;
 mod common;
+mod embed;
 mod inspect;
 mod logits;
 mod perplexity;
@@ -41,6 +42,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Perplexity of a text file, computed the way llama-perplexity does.
     Perplexity(perplexity::PerplexityArgs),
+    /// Print the embedding of each text (pooled hidden states, normalised).
+    Embed(embed::EmbedArgs),
     /// Print the token ids of a text, as llama.cpp's tokenizer gives them.
     Tokenize(tokenize::TokenizeArgs),
     /// Print the text of token ids (special tokens rendered).
@@ -125,6 +128,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<()> {
     let store = Store::from_env()?;
     match cli.command {
+        Command::Embed(args) => embed::run(&args),
         Command::Tokenize(args) => tokenize::tokenize(&args),
         Command::Detokenize(args) => tokenize::detokenize(&args),
         Command::Inspect {

@@ -35,6 +35,10 @@ pub struct ServeArgs {
     /// stays in the content.
     #[arg(long = "reasoning-format", value_parser = ["auto", "none"], default_value = "auto")]
     pub reasoning_format: String,
+    /// How embeddings pool the prompt's hidden states (default: the file's
+    /// `pooling_type`, else mean).
+    #[arg(long, value_parser = crate::embed::parse_pooling)]
+    pub pooling: Option<frink_models::Pooling>,
 }
 
 /// Resolves the model (fetching a catalog model on first use) and serves until SIGINT or
@@ -58,6 +62,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             chat_template,
             chat_template_kwargs,
             split_reasoning: args.reasoning_format == "auto",
+            pooling: args.pooling,
         },
         // The same loading as every other command (thread pool, model options).
         Box::new(move || model.load_path(&path)),

@@ -1417,3 +1417,90 @@ fn every_tool_format_round_trips_through_the_server() {
         eprintln!("{file}: {arguments}");
     }
 }
+
+/// `/v1/embeddings` and llama-server's `/embeddings`: 16 inputs in one request give the
+/// vectors each gives alone (and `frink embed` gives), bit for bit: an embedding does not
+/// depend on its batch; base64 holds the same floats; `dimensions` other than the model's
+/// and an empty input are 400s naming the field.
+#[test]
+fn embeddings_are_batch_invariant_and_match_frink_embed() {
+    let _l = lock();
+    let srv = Server::start(&["--parallel", "8"]);
+    let texts: Vec<String> = (0..16)
+        .map(|i| {
+            format!(
+                "Sentence number {i} about {}.",
+                ["cats", "rust", "rain", "chess"][i % 4]
+            )
+        })
+        .collect();
+    let all = srv.post_ok("/v1/embeddings", &json!({"model": "x", "input": texts}));
+    let data = all["data"].as_array().unwrap();
+    assert_eq!(data.len(), 16);
+    assert!(all["usage"]["prompt_tokens"].as_u64().unwrap() > 16);
+    for (i, t) in texts.iter().enumerate() {
+        assert_eq!(data[i]["index"], i);
+        let one = srv.post_ok("/v1/embeddings", &json!({"input": t}));
+        assert_eq!(
+            one["data"][0]["embedding"], data[i]["embedding"],
+            "input {i}"
+        );
+    }
+    let cli = frink(&["embed", "--json", &texts[3]]);
+    assert!(cli.status.success(), "{}", stderr(&cli));
+    assert_eq!(last_json_line(&cli)["embeddings"][0], data[3]["embedding"]);
+    // base64: the little-endian f32 bytes of the same vector.
+    let b = srv.post_ok(
+        "/v1/embeddings",
+        &json!({"input": texts[3], "encoding_format": "base64"}),
+    );
+    let floats: Vec<Value> = data[3]["embedding"].as_array().unwrap().clone();
+    let b64 = b["data"][0]["embedding"].as_str().unwrap();
+    let bytes = decode_base64(b64);
+    assert_eq!(bytes.len(), floats.len() * 4);
+    for (k, f) in floats.iter().enumerate() {
+        let x = f32::from_le_bytes(bytes[k * 4..k * 4 + 4].try_into().unwrap());
+        assert_eq!(x as f64, f.as_f64().unwrap() as f32 as f64);
+    }
+    // llama-server's shape.
+    let l = srv.post_ok("/embeddings", &json!({"content": texts[3]}));
+    assert_eq!(l[0]["embedding"][0], data[3]["embedding"]);
+    for (body, param) in [
+        (json!({"input": "x", "dimensions": 7}), "dimensions"),
+        (json!({"input": []}), "input"),
+        (json!({"input": [[]]}), "input"),
+        (json!({"model": "x"}), "input"),
+        (
+            json!({"input": "x", "encoding_format": "hex"}),
+            "encoding_format",
+        ),
+    ] {
+        let r = srv.request("POST", "/v1/embeddings", Some(&body.to_string()));
+        let v = r.json();
+        assert_eq!(r.status, 400, "{body}: {v}");
+        assert_eq!(v["error"]["param"], param, "{body}: {v}");
+    }
+}
+
+/// Standard base64 (with padding) decoded, for the test above.
+fn decode_base64(s: &str) -> Vec<u8> {
+    let val = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        b'/' => 63,
+        _ => panic!("not base64: {c}"),
+    } as u32;
+    let mut out = Vec::new();
+    for chunk in s.as_bytes().chunks(4) {
+        let pad = chunk.iter().filter(|&&c| c == b'=').count();
+        let n = chunk
+            .iter()
+            .map(|&c| if c == b'=' { 0 } else { val(c) })
+            .fold(0u32, |acc, v| (acc << 6) | v);
+        let bytes = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
+        out.extend_from_slice(&bytes[..3 - pad]);
+    }
+    out
+}

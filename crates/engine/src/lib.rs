@@ -2,6 +2,7 @@
 //! and stop conditions, and the continuous-batching scheduler of the server.
 
 pub mod constraint;
+pub mod embed;
 pub mod gbnf;
 mod generate;
 mod perplexity;

@@ -109,6 +109,10 @@ pub struct Request {
     pub prefix_group: Option<u64>,
     /// This request waits for its group's prompt (see [`Request::prefix_group`]).
     pub follows_prefix: bool,
+    /// Compute the prompt's embedding with this pooling instead of generating: the
+    /// request gets one [`Event::Embedding`] (not normalised) and `Done`. Its prompt is
+    /// evaluated in full (no reused prefix: every token's hidden state is pooled).
+    pub embed: Option<frink_models::Pooling>,
     /// Control tokens whose text the answer shows (the markers of a tool-call format a
     /// parser reads, such as Mistral's `[TOOL_CALLS]`); other control tokens render empty.
     pub shown_tokens: Vec<u32>,
@@ -157,6 +161,9 @@ pub enum Event {
         /// The tokens' log-probabilities (empty unless asked for).
         tokens: Vec<TokenLogprob>,
     },
+    /// The embedding of an [`Request::embed`] request (`n_embd` values, pooled, not
+    /// normalised), sent before its `Done`.
+    Embedding(Vec<f32>),
     /// The request finished.
     Done(Completion),
     /// The request failed (the message says why).
@@ -396,6 +403,8 @@ struct Job<'t> {
     cached: usize,
     /// The last sampled token, not yet evaluated (decode phase).
     next: Option<u32>,
+    /// An embedding request's pooled rows so far.
+    pooler: Option<crate::embed::Pooler>,
     ids: Vec<u32>,
     arrived: Instant,
     first_token: Option<Instant>,
@@ -568,10 +577,23 @@ impl<'t> Worker<'t> {
                 .find(|&&t| t as usize >= n_vocab)
                 .map(|t| format!("token id {t} is outside the vocabulary of {n_vocab}"))
         };
+        let pooler = match req
+            .embed
+            .map(|p| crate::embed::Pooler::new(p, self.model.config.n_embd))
+        {
+            Some(Err(e)) => {
+                req.sink.send(Event::Error(e.to_string()));
+                return;
+            }
+            Some(Ok(p)) => Some(p),
+            None => None,
+        };
         if let Some(msg) = error {
             req.sink.send(Event::Error(msg));
             return;
         }
+        // An embedding pools every prompt token's hidden state: nothing is reused.
+        let keep = if pooler.is_some() { 0 } else { n - 1 };
         // Longest shared prefix among the free slots, keeping at least one prompt token to
         // evaluate (its logits give the first token); ties go to the slot holding the least.
         let (best, prefix) = self
@@ -582,7 +604,7 @@ impl<'t> Worker<'t> {
             .map(|(i, s)| {
                 (
                     i,
-                    common_prefix(&s.tokens, &req.prompt).min(n - 1),
+                    common_prefix(&s.tokens, &req.prompt).min(keep),
                     s.tokens.len(),
                 )
             })
@@ -600,7 +622,7 @@ impl<'t> Worker<'t> {
             .iter()
             .enumerate()
             .filter(|&(i, _)| i != best)
-            .map(|(i, s)| (i, common_prefix(&s.tokens, &req.prompt).min(n - 1)))
+            .map(|(i, s)| (i, common_prefix(&s.tokens, &req.prompt).min(keep)))
             .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
             .unwrap_or((best, 0));
         let prefix = if shared > prefix {
@@ -638,6 +660,7 @@ impl<'t> Worker<'t> {
             fed: prefix,
             cached: prefix,
             next: None,
+            pooler,
             ids: Vec::new(),
             arrived: now,
             first_token: None,
@@ -693,7 +716,9 @@ impl<'t> Worker<'t> {
             let take = rest.len().min(budget);
             budget -= take;
             n_prefill += take;
-            let want = if take == rest.len() {
+            let want = if job.pooler.is_some() {
+                Logits::Hidden
+            } else if take == rest.len() {
                 Logits::Last
             } else {
                 Logits::None
@@ -780,6 +805,15 @@ impl<'t> Worker<'t> {
             };
             if job.next.is_none() {
                 job.fed += toks.len();
+            }
+            if let Some(p) = job.pooler.as_mut() {
+                p.push(&logits);
+                if job.fed == job.req.prompt.len() {
+                    self.finish_embedding(job);
+                    continue;
+                }
+                self.slots[i].job = Some(job);
+                continue;
             }
             let job = if logits.is_empty() {
                 Some(job)
@@ -891,6 +925,37 @@ impl<'t> Worker<'t> {
             gen_ms: (now - first).as_secs_f64() * 1e3,
         }));
         None
+    }
+}
+
+impl Worker<'_> {
+    /// Sends an embedding request's vector and its end; its slot is free.
+    fn finish_embedding(&self, mut job: Job<'_>) {
+        let Some(pooler) = job.pooler.take() else {
+            return;
+        };
+        match pooler.finish() {
+            Ok(v) => {
+                job.req.sink.send(Event::Embedding(v));
+            }
+            Err(e) => {
+                job.req.sink.send(Event::Error(e.to_string()));
+                return;
+            }
+        }
+        let now = Instant::now();
+        self.shared
+            .requests_finished
+            .fetch_add(1, Ordering::Relaxed);
+        self.publish_busy();
+        job.req.sink.send(Event::Done(Completion {
+            finish_reason: FinishReason::Stop,
+            prompt_tokens: job.req.prompt.len(),
+            cached_tokens: 0,
+            ids: Vec::new(),
+            first_token_ms: (now - job.arrived).as_secs_f64() * 1e3,
+            gen_ms: 0.0,
+        }));
     }
 }
 

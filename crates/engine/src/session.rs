@@ -56,7 +56,8 @@ impl<'m> Session<'m> {
 
     /// Evaluates `tokens` after what the cache holds, in chunks of at most `n_batch` rows,
     /// and returns the requested logits (`Last`: `n_vocab` values of the final token;
-    /// `All`: one row per token; `From(i)`: rows of tokens `i..`).
+    /// `All`: one row per token; `From(i)`: rows of tokens `i..`; `Hidden`: every token's
+    /// hidden state, `n_embd` values each).
     ///
     /// Errors: [`ModelError::ContextFull`] before anything is written when the tokens do
     /// not fit; [`ModelError::TokenOutOfRange`].
@@ -69,6 +70,7 @@ impl<'m> Session<'m> {
             let offset = ci * self.n_batch;
             let want = match logits {
                 Logits::All => Logits::All,
+                Logits::Hidden => Logits::Hidden,
                 Logits::Last if ci + 1 == n_chunks => Logits::Last,
                 Logits::From(i) if i < offset + chunk.len() => {
                     Logits::From(i.saturating_sub(offset))

@@ -54,6 +54,7 @@ fn request(prompt: &[u32], seed: u64, n: usize) -> (Request, mpsc::Receiver<Even
         prefix_group: None,
         follows_prefix: false,
         shown_tokens: Vec::new(),
+        embed: None,
         sink: Box::new(tx),
     };
     (req, rx)
@@ -64,7 +65,7 @@ fn done(rx: &mpsc::Receiver<Event>) -> Completion {
         match rx.recv().expect("an event") {
             Event::Done(c) => return c,
             Event::Error(e) | Event::Cancelled(e) => panic!("{e}"),
-            Event::Delta { .. } => {}
+            Event::Delta { .. } | Event::Embedding(_) => {}
         }
     }
 }

@@ -59,6 +59,60 @@ impl YarnParams {
     }
 }
 
+/// How a sequence's hidden states become one embedding (llama.cpp's
+/// `enum llama_pooling_type`, include/llama.h: the values of `{arch}.pooling_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pooling {
+    /// One embedding per token (0).
+    None,
+    /// The mean over the sequence's tokens (1).
+    Mean,
+    /// The first token's (2).
+    Cls,
+    /// The last token's (3: decoder embedding models such as Qwen3-Embedding).
+    Last,
+    /// A reranker's score (4).
+    Rank,
+}
+
+impl Pooling {
+    /// The pooling of GGUF value `t`, if known.
+    pub fn from_gguf(t: usize) -> Option<Pooling> {
+        Some(match t {
+            0 => Pooling::None,
+            1 => Pooling::Mean,
+            2 => Pooling::Cls,
+            3 => Pooling::Last,
+            4 => Pooling::Rank,
+            _ => return None,
+        })
+    }
+
+    /// Its name as llama.cpp's `--pooling` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Pooling::None => "none",
+            Pooling::Mean => "mean",
+            Pooling::Cls => "cls",
+            Pooling::Last => "last",
+            Pooling::Rank => "rank",
+        }
+    }
+
+    /// The pooling `--pooling NAME` names.
+    pub fn from_name(name: &str) -> Option<Pooling> {
+        [
+            Pooling::None,
+            Pooling::Mean,
+            Pooling::Cls,
+            Pooling::Last,
+            Pooling::Rank,
+        ]
+        .into_iter()
+        .find(|p| p.name() == name)
+    }
+}
+
 /// Hyperparameters of a decoder model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
@@ -105,6 +159,9 @@ pub struct ModelConfig {
     pub residual_scale: f32,
     /// The logits are divided by this (`{arch}.logit_scale`: granite; else 1).
     pub logit_scale: f32,
+    /// How the file says its hidden states pool into one embedding
+    /// (`{arch}.pooling_type`; `None`: the key is absent, a generative model).
+    pub pooling: Option<Pooling>,
     /// Attention scores become `c · tanh(s / c)` (`{arch}.attn_logit_softcapping`: gemma2).
     pub attn_softcap: Option<f32>,
     /// Logits become `c · tanh(l / c)` (`{arch}.final_logit_softcapping`: gemma2).
@@ -510,6 +567,13 @@ impl ModelConfig {
         };
         let residual_scale = k.f32_opt("residual_scale")?.unwrap_or(1.0);
         let logit_scale = k.f32_opt("logit_scale")?.unwrap_or(1.0);
+        let pooling = match k.usize_opt("pooling_type")? {
+            None => None,
+            Some(t) => Some(
+                Pooling::from_gguf(t)
+                    .ok_or_else(|| k.err("pooling_type", format!("unknown pooling type {t}")))?,
+            ),
+        };
         let softcap =
             |key: &str| -> Result<Option<f32>> { Ok(k.f32_opt(key)?.filter(|&c| c > 0.0)) };
         let attn_softcap = softcap("attn_logit_softcapping")?;
@@ -548,6 +612,7 @@ impl ModelConfig {
             embed_scale,
             residual_scale,
             logit_scale,
+            pooling,
             attn_softcap,
             final_softcap,
             alibi_slopes,

@@ -33,6 +33,10 @@ pub enum Logits {
     All,
     /// Rows `i..n_tokens` of this call (perplexity scores the second half of a chunk).
     From(usize),
+    /// No logits: every row's hidden state after the output norm instead, `n_tokens ×
+    /// n_embd` values (the input of the LM head; what llama.cpp pools into embeddings,
+    /// its `result_norm` / `t_embd`).
+    Hidden,
 }
 
 impl Model {
@@ -640,13 +644,23 @@ impl Model {
             s.cache.n_past += s.tokens.len();
         }
 
+        // Sequences that want hidden states get their rows after the output norm (the same
+        // norm, row by row, as the LM head's input); the others are left out of the LM head.
+        let mut hidden: Vec<Option<Vec<f32>>> = vec![None; seqs.len()];
+        for (si, s) in seqs.iter().enumerate() {
+            if s.logits == Logits::Hidden {
+                let mut h = x[starts[si] * d..starts[si + 1] * d].to_vec();
+                self.norm(&mut h, &w.output_norm);
+                hidden[si] = Some(h);
+            }
+        }
         // The rows whose logits are wanted, gathered for one LM-head product.
         let mut wanted: Vec<(usize, usize)> = Vec::with_capacity(seqs.len()); // (first, count)
         let mut rows = Vec::new();
         for (si, s) in seqs.iter().enumerate() {
             let (r0, r1) = (starts[si], starts[si + 1]);
             let from = match s.logits {
-                Logits::None => r1,
+                Logits::None | Logits::Hidden => r1,
                 Logits::Last => r1.saturating_sub(1).max(r0),
                 Logits::All => r0,
                 Logits::From(i) => (r0 + i).min(r1),
@@ -654,6 +668,15 @@ impl Model {
             wanted.push((rows.len() / d, r1 - from));
             rows.extend_from_slice(&x[from * d..r1 * d]);
         }
+        // Each sequence's output: its hidden states, or its rows of the LM head's product.
+        let mut outputs = |mut per_seq: Vec<Vec<f32>>| -> Vec<Vec<f32>> {
+            for (o, h) in per_seq.iter_mut().zip(hidden.iter_mut()) {
+                if let Some(h) = h.take() {
+                    *o = h;
+                }
+            }
+            per_seq
+        };
         let n_rows = rows.len() / d;
         // The LM head's product: into the caller's vector for one sequence, else into a
         // reused per-thread buffer split per sequence afterwards (a fresh multi-megabyte
@@ -675,16 +698,17 @@ impl Model {
         if wanted.len() == 1 {
             let mut out = vec![0f32; n_rows * c.n_vocab];
             logits_of(&mut out)?;
-            return Ok(vec![out]);
+            return Ok(outputs(vec![out]));
         }
-        LOGITS_SCRATCH.with_borrow_mut(|out| -> Result<Vec<Vec<f32>>> {
+        let per_seq = LOGITS_SCRATCH.with_borrow_mut(|out| -> Result<Vec<Vec<f32>>> {
             out.resize(n_rows * c.n_vocab, 0.0);
             logits_of(out)?;
             Ok(wanted
                 .into_iter()
                 .map(|(first, count)| out[first * c.n_vocab..(first + count) * c.n_vocab].to_vec())
                 .collect())
-        })
+        })?;
+        Ok(outputs(per_seq))
     }
 }
 

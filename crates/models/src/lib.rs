@@ -12,7 +12,9 @@ pub mod kv;
 mod model;
 pub mod pool;
 
-pub use config::{alibi_slopes, Gating, MlaConfig, ModelConfig, MoeConfig, RopeParams, YarnParams};
+pub use config::{
+    alibi_slopes, Gating, MlaConfig, ModelConfig, MoeConfig, Pooling, RopeParams, YarnParams,
+};
 pub use error::{ModelError, Result};
 pub use forward::{route, Logits, Sequence};
 pub use kv::{KvCache, KvType};

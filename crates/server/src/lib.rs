@@ -74,6 +74,8 @@ pub struct ServeConfig {
     /// the default) or keep it in the content (`none`); a request's `reasoning_format`
     /// overrides it.
     pub split_reasoning: bool,
+    /// Embeddings' pooling (`--pooling`; `None`: the file's, else mean).
+    pub pooling: Option<frink_models::Pooling>,
 }
 
 /// How long in-flight requests may run on after SIGINT/SIGTERM before they are cancelled.
@@ -85,6 +87,10 @@ struct Engine {
     tok: Arc<Tokenizer>,
     /// Compiles requests' grammars against the vocabulary.
     grammars: GrammarCompiler,
+    /// How embeddings pool ([`frink_engine::embed::pooling`]).
+    pooling: frink_models::Pooling,
+    /// The model's hidden size (an embedding's length).
+    n_embd: usize,
 }
 
 impl Engine {
@@ -197,6 +203,8 @@ async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
         .route("/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings))
+        .route("/embeddings", post(embeddings_llamacpp))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .fallback(not_found)
@@ -251,6 +259,8 @@ async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
 /// Loads the model, builds the tokenizer and starts the scheduler.
 fn start_engine(config: &ServeConfig, load: Loader) -> Result<Engine> {
     let mut model = load()?;
+    let pooling = frink_engine::embed::pooling(config.pooling, model.config.pooling);
+    let n_embd = model.config.n_embd;
     let tok = Arc::new(
         Tokenizer::from_gguf_releasing(&mut model.file).context("cannot build the tokenizer")?,
     );
@@ -271,6 +281,8 @@ fn start_engine(config: &ServeConfig, load: Loader) -> Result<Engine> {
         sched,
         tok,
         grammars,
+        pooling,
+        n_embd,
     })
 }
 
@@ -831,6 +843,221 @@ impl EventSink for ChannelSink {
     }
 }
 
+/// The answer to a request the scheduler would not queue.
+fn submit_error(e: SubmitError) -> ApiError {
+    match e {
+        SubmitError::QueueFull => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_overloaded",
+            "the request queue is full; retry later",
+        )
+        .with_code("queue_full"),
+        SubmitError::Stopped => shutting_down("the server is shutting down".into()),
+    }
+}
+
+/// The inputs of an embedding request: `input` (OpenAI; llama-server's `content` too) as
+/// a string, an array of strings, an array of token ids (one input) or an array of such
+/// arrays; each tokenized as llama-server does (special tokens added and parsed).
+///
+/// Errors: a 400 naming the field (missing, empty, wrong type, a token outside the
+/// vocabulary, an empty input).
+fn embedding_inputs(eng: &Engine, obj: &Map<String, Value>) -> Result<Vec<Vec<u32>>, ApiError> {
+    let (field, v) = match (obj.get("input"), obj.get("content")) {
+        (Some(v), _) => ("input", v),
+        (None, Some(v)) => ("content", v),
+        (None, None) => return Err(ApiError::invalid(Some("input"), "'input' is required")),
+    };
+    let bad = |m: &str| ApiError::invalid(Some(field), format!("'{field}' {m}"));
+    let ids = |a: &[Value]| -> Result<Vec<u32>, ApiError> {
+        a.iter()
+            .map(|t| {
+                t.as_u64()
+                    .filter(|&t| (t as usize) < eng.tok.n_vocab())
+                    .map(|t| t as u32)
+                    .ok_or_else(|| bad("holds a value that is not a token id of this model"))
+            })
+            .collect()
+    };
+    let text = |t: &str| {
+        eng.tok
+            .encode(t, true, true)
+            .map_err(|e| ApiError::invalid(Some(field), e.to_string()))
+    };
+    let inputs = match v {
+        Value::String(t) => vec![text(t)?],
+        Value::Array(a) if a.is_empty() => return Err(bad("is empty")),
+        Value::Array(a) if a.iter().all(Value::is_number) => vec![ids(a)?],
+        Value::Array(a) => a
+            .iter()
+            .map(|x| match x {
+                Value::String(t) => text(t),
+                Value::Array(ids_) => ids(ids_),
+                _ => Err(bad("must be strings or arrays of token ids")),
+            })
+            .collect::<Result<_, _>>()?,
+        _ => return Err(bad("must be a string, an array of strings or token ids")),
+    };
+    if inputs.iter().any(Vec::is_empty) {
+        return Err(bad("holds an input without tokens"));
+    }
+    Ok(inputs)
+}
+
+/// Embeds `inputs` through the scheduler (several inputs batch together; a vector does
+/// not depend on its batch), each pooled with the server's pooling and normalised with
+/// `embd_norm` ([`frink_engine::embed::normalize`]; -1: raw). Returns the vectors in
+/// order and the prompt tokens counted.
+///
+/// Errors: a 400 for an input longer than the slot context, 503 for a full queue, 500 if
+/// an evaluation fails.
+async fn embed_inputs(
+    st: &AppState,
+    inputs: Vec<Vec<u32>>,
+    embd_norm: i32,
+) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
+    let eng = st.engine()?;
+    if let Some(long) = inputs.iter().find(|t| t.len() >= st.n_ctx) {
+        return Err(ApiError::invalid(
+            Some("input"),
+            format!(
+                "an input is {} tokens, longer than the slot context of {} tokens (--ctx)",
+                long.len(),
+                st.n_ctx
+            ),
+        )
+        .with_code("context_length_exceeded"));
+    }
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let n = inputs.len();
+    let tokens: usize = inputs.iter().map(Vec::len).sum();
+    for (i, prompt) in inputs.into_iter().enumerate() {
+        let req = Request {
+            prompt,
+            sampling: frink_engine::sampling::SamplingParams::default(),
+            max_tokens: Some(0),
+            stop: Vec::new(),
+            ignore_eos: false,
+            top_logprobs: None,
+            constraint: None,
+            prefix_group: None,
+            follows_prefix: false,
+            shown_tokens: Vec::new(),
+            embed: Some(eng.pooling),
+            sink: Box::new(ChannelSink(tx.clone(), i)),
+        };
+        eng.sched.submit(req).map_err(submit_error)?;
+    }
+    drop(tx);
+    let mut out: Vec<Option<Vec<f32>>> = vec![None; n];
+    let mut done = 0;
+    while done < n {
+        match rx.recv().await {
+            Some((i, Event::Embedding(mut v))) => {
+                frink_engine::embed::normalize(&mut v, embd_norm);
+                out[i] = Some(v);
+            }
+            Some((_, Event::Done(_))) => done += 1,
+            Some((_, Event::Delta { .. })) => {}
+            Some((_, Event::Error(msg))) => {
+                return Err(ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "server_error",
+                    msg,
+                ))
+            }
+            Some((_, Event::Cancelled(msg))) => return Err(shutting_down(msg)),
+            None => {
+                return Err(ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "server_error",
+                    "the request ended without an embedding",
+                ))
+            }
+        }
+    }
+    Ok((
+        out.into_iter().map(Option::unwrap_or_default).collect(),
+        tokens,
+    ))
+}
+
+/// `POST /v1/embeddings` (OpenAI's shape): `input`, `encoding_format` (`float`, or
+/// `base64`: the little-endian f32 bytes), `dimensions` (only the model's own width);
+/// vectors L2-normalised as llama-server's.
+async fn embeddings(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
+    let r = async {
+        st.authorize(&headers)?;
+        let eng = st.engine()?;
+        let obj = api::parse_object(&body)?;
+        let base64 = match api::opt_str(&obj, "encoding_format")? {
+            None | Some("float") => false,
+            Some("base64") => true,
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    Some("encoding_format"),
+                    format!("'encoding_format' must be \"float\" or \"base64\", got {other:?}"),
+                ))
+            }
+        };
+        let n_embd = eng.n_embd;
+        if let Some(d) = api::opt_i64(&obj, "dimensions")? {
+            if d != n_embd as i64 {
+                return Err(ApiError::invalid(
+                    Some("dimensions"),
+                    format!("this model's embeddings have {n_embd} dimensions and cannot be shortened (got {d})"),
+                )
+                .with_code("unsupported_field"));
+            }
+        }
+        let inputs = embedding_inputs(eng, &obj)?;
+        let (vectors, tokens) = embed_inputs(&st, inputs, 2).await?;
+        let data: Vec<Value> = vectors
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let embedding = if base64 {
+                    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                    json!(base64::encode(bytes))
+                } else {
+                    json!(v)
+                };
+                json!({"object": "embedding", "index": i, "embedding": embedding})
+            })
+            .collect();
+        Ok(json_response(
+            StatusCode::OK,
+            &json!({
+                "object": "list",
+                "data": data,
+                "model": model_field(&st, &obj),
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }),
+        ))
+    };
+    r.await.unwrap_or_else(ApiError::into_response)
+}
+
+/// `POST /embeddings` (llama-server's shape): `content` (or `input`), answered as
+/// `[{"index": i, "embedding": [[…]]}]`, normalised (`embd_normalize`, default 2).
+async fn embeddings_llamacpp(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
+    let r = async {
+        st.authorize(&headers)?;
+        let eng = st.engine()?;
+        let obj = api::parse_object(&body)?;
+        let norm = api::opt_i64(&obj, "embd_normalize")?.unwrap_or(2) as i32;
+        let inputs = embedding_inputs(eng, &obj)?;
+        let (vectors, _) = embed_inputs(&st, inputs, norm).await?;
+        let out: Vec<Value> = vectors
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| json!({"index": i, "embedding": [v]}))
+            .collect();
+        Ok(json_response(StatusCode::OK, &Value::Array(out)))
+    };
+    r.await.unwrap_or_else(ApiError::into_response)
+}
+
 /// Queues a prepared request and answers it, streamed or whole.
 async fn complete(st: &AppState, kind: Kind, p: Prepared) -> Response {
     let eng = match st.engine() {
@@ -886,23 +1113,12 @@ async fn complete(st: &AppState, kind: Kind, p: Prepared) -> Response {
             prefix_group: (n > 1).then_some(group),
             follows_prefix: i > 0,
             shown_tokens: p.shown_tokens.clone(),
+            embed: None,
             sink: Box::new(ChannelSink(tx.clone(), i)),
         };
         // On an error the choices already queued see their channel close and are dropped.
-        match eng.sched.submit(req) {
-            Ok(()) => {}
-            Err(SubmitError::QueueFull) => {
-                return ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "server_overloaded",
-                    "the request queue is full; retry later",
-                )
-                .with_code("queue_full")
-                .into_response()
-            }
-            Err(SubmitError::Stopped) => {
-                return shutting_down("the server is shutting down".into()).into_response()
-            }
+        if let Err(e) = eng.sched.submit(req) {
+            return submit_error(e).into_response();
         }
     }
     drop(tx);
@@ -1213,6 +1429,8 @@ fn stream_response(fmt: Formatter, rx: mpsc::UnboundedReceiver<(usize, Event)>) 
                         s.done = true;
                     }
                 }
+                // (Only embedding requests get one.)
+                Some((_, Event::Embedding(_))) => {}
                 Some((_, Event::Error(msg))) => {
                     let e = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", msg);
                     s.out.push_back(sse(&e.body()));
@@ -1276,6 +1494,8 @@ async fn whole_response(
                 finish[i] = Some(c.finish_reason.as_str());
                 totals.add(i, &c);
             }
+            // (Only embedding requests get one.)
+            Some((_, Event::Embedding(_))) => {}
             Some((_, Event::Error(msg))) => {
                 return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", msg)
                     .into_response()
