@@ -63,6 +63,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             chat_template_kwargs,
             split_reasoning: args.reasoning_format == "auto",
             pooling: args.pooling,
+            model_path: path.clone(),
         },
         // The same loading as every other command (thread pool, model options).
         Box::new(move || model.load_path(&path)),

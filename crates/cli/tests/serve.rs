@@ -652,7 +652,7 @@ fn openai_venv() -> Option<std::path::PathBuf> {
     let python = dir.join("bin/python");
     let has = |p: &std::path::Path| {
         std::process::Command::new(p)
-            .args(["-c", "import openai, jsonschema"])
+            .args(["-c", "import openai, jsonschema, ollama"])
             .output()
             .is_ok_and(|o| o.status.success())
     };
@@ -679,6 +679,7 @@ fn openai_venv() -> Option<std::path::PathBuf> {
             "--disable-pip-version-check",
             "openai",
             "jsonschema",
+            "ollama",
         ]))
     } else {
         (ok, err)
@@ -687,7 +688,7 @@ fn openai_venv() -> Option<std::path::PathBuf> {
         return Some(python);
     }
     let msg = format!(
-        "cannot install the openai and jsonschema packages into {}: {err}",
+        "cannot install the openai, jsonschema and ollama packages into {}: {err}",
         dir.display()
     );
     if std::env::var("CI").is_ok_and(|v| v == "true") {
@@ -1503,4 +1504,102 @@ fn decode_base64(s: &str) -> Vec<u8> {
         out.extend_from_slice(&bytes[..3 - pad]);
     }
     out
+}
+
+/// Ollama's API with the official `ollama` Python client (tests/ollama_e2e.py) on
+/// qwen2.5-coder-0.5b: chat streamed and not (greedy: the same answer as
+/// /v1/chat/completions), generate (templated and raw), list, show, ps, embed and the
+/// legacy embeddings, pull of a catalog name, `format` with a schema, a tool call with
+/// object arguments and its result in the history, images refused.
+#[test]
+fn ollama_python_client_end_to_end() {
+    let _l = lock();
+    let Some(python) = openai_venv() else {
+        return;
+    };
+    let model = "qwen2.5-coder-0.5b";
+    let srv = Server::start(&["-m", model, "--parallel", "2"]);
+    run_client_script(
+        &python,
+        "ollama_e2e.py",
+        &srv,
+        &[model],
+        "ollama checks passed",
+    );
+}
+
+/// Ollama's error shape and the refusals of what frink does not implement, over raw HTTP.
+#[test]
+fn ollama_endpoints_refuse_what_they_cannot_honour() {
+    let _l = lock();
+    let srv = Server::start(&[]);
+    for (path, body, needle) in [
+        (
+            "/api/chat",
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi", "images": ["aGk="]}]}),
+            "images",
+        ),
+        (
+            "/api/generate",
+            json!({"model": "m", "prompt": "def f(", "suffix": "return 1"}),
+            "suffix",
+        ),
+        (
+            "/api/generate",
+            json!({"model": "m", "prompt": "hi", "template": "{{ .Prompt }}"}),
+            "template",
+        ),
+        (
+            "/api/generate",
+            json!({"model": "m", "prompt": "hi", "context": [1, 2]}),
+            "context",
+        ),
+        (
+            "/api/chat",
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "options": {"tfs_z": 0.5}}),
+            "tfs_z",
+        ),
+        (
+            "/api/chat",
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "options": {"mirostat": 2}}),
+            "mirostat",
+        ),
+        (
+            "/api/chat",
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "options": {"num_ctx": 4}}),
+            "num_ctx",
+        ),
+        (
+            "/api/chat",
+            json!({"model": "m", "messages": "hi"}),
+            "messages",
+        ),
+        (
+            "/api/embed",
+            json!({"model": "m", "input": "hi", "dimensions": 3}),
+            "dimensions",
+        ),
+    ] {
+        let r = srv.request("POST", path, Some(&body.to_string()));
+        let v = r.json();
+        assert_eq!(r.status, 400, "{path} {body}: {v}");
+        let msg = v["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("not Ollama's shape: {v}"));
+        assert!(msg.contains(needle), "{path} {body}: {msg}");
+    }
+    // A request naming no work: Ollama's load answer.
+    let v = srv.post_ok("/api/generate", &json!({"model": "m"}));
+    assert_eq!(
+        (v["done"].clone(), v["done_reason"].clone()),
+        (json!(true), json!("load"))
+    );
+    // num_ctx bounds the answer: prompt plus answer fit it.
+    let v = srv.post_ok(
+        "/api/chat",
+        &json!({"model": "m", "stream": false, "messages": [{"role": "user", "content": "Tell me a story."}],
+                "options": {"num_ctx": 40, "temperature": 0}}),
+    );
+    let total = v["prompt_eval_count"].as_u64().unwrap() + v["eval_count"].as_u64().unwrap();
+    assert!(total <= 40 && v["done_reason"] == "length", "{v}");
 }

@@ -16,6 +16,7 @@
 pub mod answer;
 pub mod api;
 pub mod harmony;
+mod ollama;
 pub mod reasoning;
 pub mod tools;
 
@@ -76,6 +77,8 @@ pub struct ServeConfig {
     pub split_reasoning: bool,
     /// Embeddings' pooling (`--pooling`; `None`: the file's, else mean).
     pub pooling: Option<frink_models::Pooling>,
+    /// The model file (what Ollama's `/api/show` and `/api/tags` describe).
+    pub model_path: std::path::PathBuf,
 }
 
 /// How long in-flight requests may run on after SIGINT/SIGTERM before they are cancelled.
@@ -91,6 +94,8 @@ struct Engine {
     pooling: frink_models::Pooling,
     /// The model's hidden size (an embedding's length).
     n_embd: usize,
+    /// What Ollama's endpoints report about the model.
+    info: ollama::ModelInfo,
 }
 
 impl Engine {
@@ -205,6 +210,15 @@ async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
         .route("/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
         .route("/embeddings", post(embeddings_llamacpp))
+        .route("/api/chat", post(ollama::chat))
+        .route("/api/generate", post(ollama::generate))
+        .route("/api/embed", post(ollama::embed))
+        .route("/api/embeddings", post(ollama::embeddings))
+        .route("/api/show", post(ollama::show))
+        .route("/api/pull", post(ollama::pull))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/ps", get(ollama::ps))
+        .route("/api/version", get(ollama::version))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .fallback(not_found)
@@ -261,6 +275,11 @@ fn start_engine(config: &ServeConfig, load: Loader) -> Result<Engine> {
     let mut model = load()?;
     let pooling = frink_engine::embed::pooling(config.pooling, model.config.pooling);
     let n_embd = model.config.n_embd;
+    let info = ollama::ModelInfo::read(
+        &model,
+        &config.model_path.to_string_lossy(),
+        config.chat_template.as_deref(),
+    );
     let tok = Arc::new(
         Tokenizer::from_gguf_releasing(&mut model.file).context("cannot build the tokenizer")?,
     );
@@ -283,6 +302,7 @@ fn start_engine(config: &ServeConfig, load: Loader) -> Result<Engine> {
         grammars,
         pooling,
         n_embd,
+        info,
     })
 }
 
@@ -607,159 +627,8 @@ struct Prepared {
 async fn chat_completions(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
     let r = (|| {
         st.authorize(&headers)?;
-        let eng = st.engine()?;
         let obj = api::parse_object(&body)?;
-        let messages = api::messages(&obj)?;
-        let opts = api::gen_options(&obj, Endpoint::Chat, eng.tok.n_vocab())?;
-        let top = api::opt_i64(&obj, "top_logprobs")?;
-        let n_probs = api::opt_i64(&obj, "n_probs")?;
-        let logprobs = match api::opt_bool(&obj, "logprobs")? {
-            Some(true) => Some(top.or(n_probs).unwrap_or(0)),
-            // llama.cpp's n_probs > 0 asks for the probabilities by itself.
-            None => n_probs.filter(|&n| n > 0),
-            Some(false) => None,
-        };
-        if let Some(n) = logprobs.filter(|n| !(0..=20).contains(n)) {
-            let name = if top.is_some() {
-                "top_logprobs"
-            } else {
-                "n_probs"
-            };
-            return Err(ApiError::invalid(
-                Some(name),
-                format!("'{name}' must be between 0 and 20, got {n}"),
-            ));
-        }
-        let logprobs = logprobs.map(|n| n as usize);
-        // Tools: rendered by the template; calls parsed from the answer in the format the
-        // template teaches; a required call enforced by a grammar.
-        let mut grammar = api::grammar(&obj)?;
-        // A lazy grammar's trigger (tool_choice "auto": a call, once begun, is enforced).
-        let mut trigger = None;
-        let mut answer = answer::AnswerFormat::default();
-        let mut shown_tokens = Vec::new();
-        let mut tools_for_template = None;
-        // The template the prompt is rendered with: the server's override or the file's.
-        let template = st.chat_template.as_deref().or(eng.tok.chat_template());
-        if let Some(tv) = obj.get("tools").filter(|v| !v.is_null()) {
-            let bad = |p: &str, m: String| ApiError::invalid(Some(p), m);
-            let tools = tools::check_tools(tv).map_err(|m| bad("tools", m))?;
-            if !tools.is_empty() {
-                let (usable, required) = tools::choice(&tools, obj.get("tool_choice"))
-                    .map_err(|m| bad("tool_choice", m))?;
-                let format =
-                    tools::ToolFormat::detect(template.unwrap_or("")).ok_or_else(|| {
-                        bad(
-                            "tools",
-                            "this model's chat template teaches no tool-call format frink parses \
-                         (see `frink inspect` and the README's list of formats)"
-                                .into(),
-                        )
-                        .with_code("unsupported_field")
-                    })?;
-                let parallel = api::opt_bool(&obj, "parallel_tool_calls")?.unwrap_or(true);
-                if required {
-                    if let Some((param, _)) = &grammar {
-                        return Err(bad(
-                            param,
-                            format!("'{param}' and a required tool call both constrain the answer"),
-                        ));
-                    }
-                    let lark =
-                        format.call_grammar(&usable, parallel, &|m| eng.tok.control_token(m));
-                    grammar = Some(("tool_choice", frink_engine::constraint::Grammar::Lark(lark)));
-                } else if grammar.is_none() && !usable.is_empty() {
-                    // `auto`: free text, and a call held to the grammar once it begins.
-                    let lark =
-                        format.auto_grammar(&usable, parallel, &|m| eng.tok.control_token(m));
-                    grammar = Some(("tools", frink_engine::constraint::Grammar::Lark(lark)));
-                    use frink_engine::constraint::Trigger;
-                    let triggers = format.triggers().into_iter().map(|(t, at_start)| {
-                        match (eng.tok.control_token(t), at_start) {
-                            (Some(id), _) => Trigger::Token(id),
-                            (None, true) => Trigger::Prefix(t.to_string()),
-                            (None, false) => Trigger::Text(t.to_string()),
-                        }
-                    });
-                    trigger = Some(triggers.collect());
-                }
-                // llama.cpp's `parse_tool_calls: false`: the calls stay in the text.
-                let parse_calls = api::opt_bool(&obj, "parse_tool_calls")?.unwrap_or(true);
-                if !usable.is_empty() && parse_calls {
-                    // Harmony's calls come out of its channels (the reasoning splitter).
-                    answer.tool_format = Some(format).filter(|&f| f != tools::ToolFormat::Harmony);
-                    answer.tools = tools::ToolSet::new(&usable);
-                    shown_tokens = format
-                        .markers()
-                        .iter()
-                        .filter_map(|m| eng.tok.control_token(m))
-                        .collect();
-                }
-                tools_for_template = Some(Value::Array(tools));
-            }
-        } else if obj
-            .get("tool_choice")
-            .is_some_and(|c| !c.is_null() && c != "none" && c != "auto")
-        {
-            return Err(ApiError::invalid(
-                Some("tool_choice"),
-                "'tool_choice' requires 'tools'",
-            ));
-        }
-        let mut kwargs = st.chat_template_kwargs.clone();
-        match obj.get("chat_template_kwargs") {
-            None | Some(Value::Null) => {}
-            Some(Value::Object(m)) => kwargs.extend(m.clone()),
-            Some(_) => {
-                return Err(ApiError::invalid(
-                    Some("chat_template_kwargs"),
-                    "'chat_template_kwargs' must be an object",
-                ))
-            }
-        }
-        let inputs = TemplateInputs {
-            add_generation_prompt: true,
-            tools: tools_for_template,
-            kwargs,
-            ..TemplateInputs::default()
-        };
-        let rendered = eng
-            .tok
-            .apply_template_with(st.chat_template.as_deref(), &messages, &inputs)
-            .map_err(|e| ApiError::invalid(Some("messages"), e.to_string()))?;
-        let prompt = eng
-            .tok
-            .encode_chat(&rendered)
-            .map_err(|e| ApiError::invalid(Some("messages"), e.to_string()))?;
-        let split = match api::opt_str(&obj, "reasoning_format")? {
-            None => st.split_reasoning,
-            Some("none") => false,
-            Some("auto" | "deepseek") => true,
-            Some(other) => {
-                return Err(ApiError::invalid(
-                    Some("reasoning_format"),
-                    format!(
-                    "'reasoning_format' must be \"none\", \"auto\" or \"deepseek\", got {other:?}"
-                ),
-                ))
-            }
-        };
-        answer.reasoning = reasoning::Mode::detect(template.unwrap_or(""), &rendered.text, split);
-        if matches!(answer.reasoning, Some(reasoning::Mode::Harmony { .. })) {
-            for m in crate::harmony::MARKERS {
-                shown_tokens.extend(eng.tok.control_token(m));
-            }
-        }
-        let constraints = eng.constraints(grammar, trigger, opts.n)?;
-        Ok(Prepared {
-            prompt,
-            opts,
-            logprobs,
-            constraints,
-            answer,
-            shown_tokens,
-            model: model_field(&st, &obj),
-        })
+        prepare_chat(&st, &obj)
     })();
     match r {
         Ok(p) => complete(&st, Kind::Chat, p).await,
@@ -767,59 +636,223 @@ async fn chat_completions(State(st): St, headers: HeaderMap, body: Bytes) -> Res
     }
 }
 
+/// A chat request (OpenAI's fields, llama.cpp's extensions) parsed, rendered through the
+/// template and tokenized: everything `/v1/chat/completions` and Ollama's `/api/chat` share.
+///
+/// Errors: a 400 naming the field at fault.
+fn prepare_chat(st: &AppState, obj: &Map<String, Value>) -> Result<Prepared, ApiError> {
+    let eng = st.engine()?;
+    let messages = api::messages(obj)?;
+    let opts = api::gen_options(obj, Endpoint::Chat, eng.tok.n_vocab())?;
+    let top = api::opt_i64(obj, "top_logprobs")?;
+    let n_probs = api::opt_i64(obj, "n_probs")?;
+    let logprobs = match api::opt_bool(obj, "logprobs")? {
+        Some(true) => Some(top.or(n_probs).unwrap_or(0)),
+        // llama.cpp's n_probs > 0 asks for the probabilities by itself.
+        None => n_probs.filter(|&n| n > 0),
+        Some(false) => None,
+    };
+    if let Some(n) = logprobs.filter(|n| !(0..=20).contains(n)) {
+        let name = if top.is_some() {
+            "top_logprobs"
+        } else {
+            "n_probs"
+        };
+        return Err(ApiError::invalid(
+            Some(name),
+            format!("'{name}' must be between 0 and 20, got {n}"),
+        ));
+    }
+    let logprobs = logprobs.map(|n| n as usize);
+    // Tools: rendered by the template; calls parsed from the answer in the format the
+    // template teaches; a required call enforced by a grammar.
+    let mut grammar = api::grammar(obj)?;
+    // A lazy grammar's trigger (tool_choice "auto": a call, once begun, is enforced).
+    let mut trigger = None;
+    let mut answer = answer::AnswerFormat::default();
+    let mut shown_tokens = Vec::new();
+    let mut tools_for_template = None;
+    // The template the prompt is rendered with: the server's override or the file's.
+    let template = st.chat_template.as_deref().or(eng.tok.chat_template());
+    if let Some(tv) = obj.get("tools").filter(|v| !v.is_null()) {
+        let bad = |p: &str, m: String| ApiError::invalid(Some(p), m);
+        let tools = tools::check_tools(tv).map_err(|m| bad("tools", m))?;
+        if !tools.is_empty() {
+            let (usable, required) =
+                tools::choice(&tools, obj.get("tool_choice")).map_err(|m| bad("tool_choice", m))?;
+            let format = tools::ToolFormat::detect(template.unwrap_or("")).ok_or_else(|| {
+                bad(
+                    "tools",
+                    "this model's chat template teaches no tool-call format frink parses \
+                     (see `frink inspect` and the README's list of formats)"
+                        .into(),
+                )
+                .with_code("unsupported_field")
+            })?;
+            let parallel = api::opt_bool(obj, "parallel_tool_calls")?.unwrap_or(true);
+            if required {
+                if let Some((param, _)) = &grammar {
+                    return Err(bad(
+                        param,
+                        format!("'{param}' and a required tool call both constrain the answer"),
+                    ));
+                }
+                let lark = format.call_grammar(&usable, parallel, &|m| eng.tok.control_token(m));
+                grammar = Some(("tool_choice", frink_engine::constraint::Grammar::Lark(lark)));
+            } else if grammar.is_none() && !usable.is_empty() {
+                // `auto`: free text, and a call held to the grammar once it begins.
+                let lark = format.auto_grammar(&usable, parallel, &|m| eng.tok.control_token(m));
+                grammar = Some(("tools", frink_engine::constraint::Grammar::Lark(lark)));
+                use frink_engine::constraint::Trigger;
+                let triggers = format.triggers().into_iter().map(|(t, at_start)| {
+                    match (eng.tok.control_token(t), at_start) {
+                        (Some(id), _) => Trigger::Token(id),
+                        (None, true) => Trigger::Prefix(t.to_string()),
+                        (None, false) => Trigger::Text(t.to_string()),
+                    }
+                });
+                trigger = Some(triggers.collect());
+            }
+            // llama.cpp's `parse_tool_calls: false`: the calls stay in the text.
+            let parse_calls = api::opt_bool(obj, "parse_tool_calls")?.unwrap_or(true);
+            if !usable.is_empty() && parse_calls {
+                // Harmony's calls come out of its channels (the reasoning splitter).
+                answer.tool_format = Some(format).filter(|&f| f != tools::ToolFormat::Harmony);
+                answer.tools = tools::ToolSet::new(&usable);
+                shown_tokens = format
+                    .markers()
+                    .iter()
+                    .filter_map(|m| eng.tok.control_token(m))
+                    .collect();
+            }
+            tools_for_template = Some(Value::Array(tools));
+        }
+    } else if obj
+        .get("tool_choice")
+        .is_some_and(|c| !c.is_null() && c != "none" && c != "auto")
+    {
+        return Err(ApiError::invalid(
+            Some("tool_choice"),
+            "'tool_choice' requires 'tools'",
+        ));
+    }
+    let mut kwargs = st.chat_template_kwargs.clone();
+    match obj.get("chat_template_kwargs") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(m)) => kwargs.extend(m.clone()),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                Some("chat_template_kwargs"),
+                "'chat_template_kwargs' must be an object",
+            ))
+        }
+    }
+    let inputs = TemplateInputs {
+        add_generation_prompt: true,
+        tools: tools_for_template,
+        kwargs,
+        ..TemplateInputs::default()
+    };
+    let rendered = eng
+        .tok
+        .apply_template_with(st.chat_template.as_deref(), &messages, &inputs)
+        .map_err(|e| ApiError::invalid(Some("messages"), e.to_string()))?;
+    let prompt = eng
+        .tok
+        .encode_chat(&rendered)
+        .map_err(|e| ApiError::invalid(Some("messages"), e.to_string()))?;
+    let split = match api::opt_str(obj, "reasoning_format")? {
+        None => st.split_reasoning,
+        Some("none") => false,
+        Some("auto" | "deepseek") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                Some("reasoning_format"),
+                format!(
+                    "'reasoning_format' must be \"none\", \"auto\" or \"deepseek\", got {other:?}"
+                ),
+            ))
+        }
+    };
+    answer.reasoning = reasoning::Mode::detect(template.unwrap_or(""), &rendered.text, split);
+    if matches!(answer.reasoning, Some(reasoning::Mode::Harmony { .. })) {
+        for m in crate::harmony::MARKERS {
+            shown_tokens.extend(eng.tok.control_token(m));
+        }
+    }
+    let constraints = eng.constraints(grammar, trigger, opts.n)?;
+    Ok(Prepared {
+        prompt,
+        opts,
+        logprobs,
+        constraints,
+        answer,
+        shown_tokens,
+        model: model_field(st, obj),
+    })
+}
+
 async fn completions(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
     let r = (|| {
         st.authorize(&headers)?;
-        let eng = st.engine()?;
         let obj = api::parse_object(&body)?;
-        let prompt = api::prompt(&obj)?;
-        let opts = api::gen_options(&obj, Endpoint::Completions, eng.tok.n_vocab())?;
-        // OpenAI's integer `logprobs`, else llama.cpp's `n_probs` (0: none).
-        let logprobs = match api::opt_i64(&obj, "logprobs")? {
-            Some(n) => Some(("logprobs", n)),
-            None => api::opt_i64(&obj, "n_probs")?
-                .filter(|&n| n != 0)
-                .map(|n| ("n_probs", n)),
-        };
-        let logprobs = match logprobs {
-            Some((name, n)) if !(0..=20).contains(&n) => {
-                return Err(ApiError::invalid(
-                    Some(name),
-                    format!("'{name}' must be between 0 and 20, got {n}"),
-                ))
-            }
-            Some((_, n)) => Some(n as usize),
-            None => None,
-        };
-        let prompt = match prompt {
-            Prompt::Text(t) => eng
-                .tok
-                .encode(&t, true, true)
-                .map_err(|e| ApiError::invalid(Some("prompt"), e.to_string()))?,
-            Prompt::Ids(ids) => ids,
-        };
-        let n_vocab = eng.tok.n_vocab();
-        if let Some(t) = prompt.iter().find(|&&t| t as usize >= n_vocab) {
-            return Err(ApiError::invalid(
-                Some("prompt"),
-                format!("token id {t} is outside the vocabulary of {n_vocab}"),
-            ));
-        }
-        let constraints = eng.constraints(api::grammar(&obj)?, None, opts.n)?;
-        Ok(Prepared {
-            prompt,
-            opts,
-            logprobs,
-            constraints,
-            answer: answer::AnswerFormat::default(),
-            shown_tokens: Vec::new(),
-            model: model_field(&st, &obj),
-        })
+        prepare_completion(&st, &obj)
     })();
     match r {
         Ok(p) => complete(&st, Kind::Text, p).await,
         Err(e) => e.into_response(),
     }
+}
+
+/// A completion request (`prompt` as text or token ids) parsed and tokenized: what
+/// `/v1/completions` and Ollama's raw `/api/generate` share.
+///
+/// Errors: a 400 naming the field at fault.
+fn prepare_completion(st: &AppState, obj: &Map<String, Value>) -> Result<Prepared, ApiError> {
+    let eng = st.engine()?;
+    let prompt = api::prompt(obj)?;
+    let opts = api::gen_options(obj, Endpoint::Completions, eng.tok.n_vocab())?;
+    // OpenAI's integer `logprobs`, else llama.cpp's `n_probs` (0: none).
+    let logprobs = match api::opt_i64(obj, "logprobs")? {
+        Some(n) => Some(("logprobs", n)),
+        None => api::opt_i64(obj, "n_probs")?
+            .filter(|&n| n != 0)
+            .map(|n| ("n_probs", n)),
+    };
+    let logprobs = match logprobs {
+        Some((name, n)) if !(0..=20).contains(&n) => {
+            return Err(ApiError::invalid(
+                Some(name),
+                format!("'{name}' must be between 0 and 20, got {n}"),
+            ))
+        }
+        Some((_, n)) => Some(n as usize),
+        None => None,
+    };
+    let prompt = match prompt {
+        Prompt::Text(t) => eng
+            .tok
+            .encode(&t, true, true)
+            .map_err(|e| ApiError::invalid(Some("prompt"), e.to_string()))?,
+        Prompt::Ids(ids) => ids,
+    };
+    let n_vocab = eng.tok.n_vocab();
+    if let Some(t) = prompt.iter().find(|&&t| t as usize >= n_vocab) {
+        return Err(ApiError::invalid(
+            Some("prompt"),
+            format!("token id {t} is outside the vocabulary of {n_vocab}"),
+        ));
+    }
+    let constraints = eng.constraints(api::grammar(obj)?, None, opts.n)?;
+    Ok(Prepared {
+        prompt,
+        opts,
+        logprobs,
+        constraints,
+        answer: answer::AnswerFormat::default(),
+        shown_tokens: Vec::new(),
+        model: model_field(st, obj),
+    })
 }
 
 /// The `model` of a request (informational) or the loaded model's name.
@@ -1059,48 +1092,88 @@ async fn embeddings_llamacpp(State(st): St, headers: HeaderMap, body: Bytes) -> 
 }
 
 /// Queues a prepared request and answers it, streamed or whole.
-async fn complete(st: &AppState, kind: Kind, p: Prepared) -> Response {
-    let eng = match st.engine() {
-        Ok(e) => e,
+async fn complete(st: &AppState, kind: Kind, mut p: Prepared) -> Response {
+    let prompt_field = if kind == Kind::Chat {
+        "messages"
+    } else {
+        "prompt"
+    };
+    let rx = match queue(st, &mut p, prompt_field) {
+        Ok(rx) => rx,
         Err(e) => return e.into_response(),
     };
+    let Ok(eng) = st.engine() else {
+        return ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            "no model",
+        )
+        .into_response();
+    };
+    let fmt = Formatter {
+        kind,
+        id: st.next_id(if kind == Kind::Chat {
+            "chatcmpl"
+        } else {
+            "cmpl"
+        }),
+        created: unix_now(),
+        model: std::mem::take(&mut p.model),
+        tok: Arc::clone(&eng.tok),
+        logprobs: p.logprobs.is_some(),
+        include_usage: p.opts.include_usage,
+        n: p.opts.n,
+        answer: std::mem::take(&mut p.answer),
+    };
+    if p.opts.stream {
+        stream_response(fmt, rx)
+    } else {
+        whole_response(fmt, rx).await
+    }
+}
+
+/// Checks a prepared request against the server's limits and queues its choices (each a
+/// request of its own, with its own seed stream: the seed plus its index; several share
+/// one evaluation of the prompt). Returns the receiver of their events, tagged with the
+/// choice index. `prompt_field` names the field a too-long prompt came from.
+///
+/// Errors: a 400 for an empty or too-long prompt or `n` above `--parallel`; 503 for a full
+/// queue or a server shutting down.
+fn queue(
+    st: &AppState,
+    p: &mut Prepared,
+    prompt_field: &'static str,
+) -> Result<mpsc::UnboundedReceiver<(usize, Event)>, ApiError> {
+    let eng = st.engine()?;
     if p.prompt.is_empty() {
-        return ApiError::invalid(Some("prompt"), "the prompt is empty").into_response();
+        return Err(ApiError::invalid(Some("prompt"), "the prompt is empty"));
     }
     if p.prompt.len() >= st.n_ctx {
-        return ApiError::invalid(
-            Some(if kind == Kind::Chat {
-                "messages"
-            } else {
-                "prompt"
-            }),
+        return Err(ApiError::invalid(
+            Some(prompt_field),
             format!(
                 "the prompt is {} tokens, longer than the slot context of {} tokens (--ctx)",
                 p.prompt.len(),
                 st.n_ctx
             ),
         )
-        .with_code("context_length_exceeded")
-        .into_response();
+        .with_code("context_length_exceeded"));
     }
     let n = p.opts.n;
     if n > st.parallel {
-        return ApiError::invalid(
+        return Err(ApiError::invalid(
             Some("n"),
             format!(
                 "'n' is {n}; this server runs at most {} choices (--parallel)",
                 st.parallel
             ),
-        )
-        .into_response();
+        ));
     }
-    // Each choice is a request of its own (its own seed stream: the seed plus its index);
-    // several share one evaluation of the prompt.
     let group = st.next_group.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = mpsc::unbounded_channel();
     let mut sampling = p.opts.sampling.clone();
     let seed = sampling.seed;
-    for (i, constraint) in p.constraints.into_iter().enumerate() {
+    for (i, constraint) in std::mem::take(&mut p.constraints).into_iter().enumerate() {
         sampling.seed = seed.wrapping_add(i as u64);
         let req = Request {
             prompt: p.prompt.clone(),
@@ -1117,31 +1190,9 @@ async fn complete(st: &AppState, kind: Kind, p: Prepared) -> Response {
             sink: Box::new(ChannelSink(tx.clone(), i)),
         };
         // On an error the choices already queued see their channel close and are dropped.
-        if let Err(e) = eng.sched.submit(req) {
-            return submit_error(e).into_response();
-        }
+        eng.sched.submit(req).map_err(submit_error)?;
     }
-    drop(tx);
-    let fmt = Formatter {
-        kind,
-        id: st.next_id(if kind == Kind::Chat {
-            "chatcmpl"
-        } else {
-            "cmpl"
-        }),
-        created: unix_now(),
-        model: p.model,
-        tok: Arc::clone(&eng.tok),
-        logprobs: p.logprobs.is_some(),
-        include_usage: p.opts.include_usage,
-        n,
-        answer: p.answer,
-    };
-    if p.opts.stream {
-        stream_response(fmt, rx)
-    } else {
-        whole_response(fmt, rx).await
-    }
+    Ok(rx)
 }
 
 /// Builds the JSON of responses and chunks.

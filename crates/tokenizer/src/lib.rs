@@ -29,6 +29,14 @@ mod model;
 mod partition;
 mod pretok;
 mod strftime;
+
+/// `t` (UTC) formatted as Python's `time.strftime` formats it, for the directives chat
+/// templates use (`%Y %m %d %H %M %S %b %B %a %A %e %I %j %p %y %w %%`).
+///
+/// Errors: an unsupported directive, named.
+pub fn strftime(fmt: &str, t: std::time::SystemTime) -> std::result::Result<String, String> {
+    strftime::format(fmt, t)
+}
 mod vocab;
 
 use std::ops::Range;

@@ -1,0 +1,129 @@
+"""Ollama's API through `frink serve` with the official `ollama` Python client.
+
+Run by crates/cli/tests/serve.rs (ollama_python_client_end_to_end) with the server's base
+URL and model name (qwen2.5-coder-0.5b, whose template teaches tool calls). Checks: chat
+streamed and not (the greedy answer equal to /v1/chat/completions'), generate, list, show,
+ps, embed and embeddings (equal to /v1/embeddings, normalised and raw), pull of a catalog
+name, format with a schema, a tool call with object arguments, images refused. Exits
+non-zero on a failed check.
+"""
+import json
+import math
+import sys
+import urllib.request
+
+import jsonschema
+import ollama
+
+base_url, model = sys.argv[1].removesuffix("/v1"), sys.argv[2]
+client = ollama.Client(host=base_url, timeout=300)
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print(f"FAILED: {what}", file=sys.stderr)
+
+
+def post(path, body):
+    req = urllib.request.Request(base_url + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        return json.load(r)
+
+
+MESSAGES = [{"role": "user", "content": "Name three colours."}]
+GREEDY = {"temperature": 0, "num_predict": 24}
+
+# chat, whole and streamed; the same answer as the OpenAI endpoint.
+r = client.chat(model=model, messages=MESSAGES, options=GREEDY)
+check(r.done and r.done_reason in ("stop", "length"), f"chat done {r.done} {r.done_reason}")
+check(0 < r.eval_count <= 24 and r.prompt_eval_count > 0, f"counts {r.eval_count} {r.prompt_eval_count}")
+short = client.chat(model=model, messages=MESSAGES, options={"temperature": 0, "num_predict": 3})
+check(short.done_reason == "length" and short.eval_count == 3, f"num_predict 3: {short.done_reason} {short.eval_count}")
+check(all(isinstance(x, int) and x >= 0 for x in (r.total_duration, r.prompt_eval_duration, r.eval_duration)),
+      "durations")
+oa = post("/v1/chat/completions", {"messages": MESSAGES, "temperature": 0, "max_tokens": 24})
+check(r.message.content == oa["choices"][0]["message"]["content"],
+      f"chat {r.message.content!r} != openai {oa['choices'][0]['message']['content']!r}")
+parts = list(client.chat(model=model, messages=MESSAGES, options=GREEDY, stream=True))
+check(parts[-1].done and not any(p.done for p in parts[:-1]), "stream: done only on the last line")
+check("".join(p.message.content or "" for p in parts) == r.message.content, "stream != whole")
+
+# generate.
+g = client.generate(model=model, prompt="Name three colours.", options=GREEDY)
+check(g.response == r.message.content, f"generate {g.response!r} != chat {r.message.content!r}")
+check(g.context and len(g.context) == g.prompt_eval_count + g.eval_count, "generate context")
+gs = "".join(p.response for p in client.generate(model=model, prompt="Name three colours.", options=GREEDY, stream=True))
+check(gs == g.response, "generate stream != whole")
+raw = client.generate(model=model, prompt="def fib(n):", raw=True, options=GREEDY)
+check(len(raw.response) > 0, "raw generate")
+
+# list, show, ps.
+models = client.list().models
+check(len(models) == 1 and models[0].model == model and models[0].details.format == "gguf", f"list {models}")
+s = client.show(model)
+check("completion" in s.capabilities and "tools" in s.capabilities, f"capabilities {s.capabilities}")
+check(s.modelinfo.get("general.architecture") == "qwen2", "model_info")
+check(s.details.quantization_level == "Q4_K_M", f"quantization {s.details.quantization_level}")
+check(len(client.ps().models) == 1, "ps")
+
+# embed (normalised) and embeddings (raw) against /v1/embeddings.
+e = client.embed(model=model, input=["red", "a green apple"])
+check(len(e.embeddings) == 2, "embed count")
+v1 = post("/v1/embeddings", {"input": ["red", "a green apple"]})["data"]
+check(all(abs(a - b) < 1e-6 for a, b in zip(e.embeddings[1], v1[1]["embedding"])), "embed != /v1/embeddings")
+rawv = client.embeddings(model=model, prompt="red").embedding
+n = math.sqrt(sum(x * x for x in rawv))
+check(abs(n - 1) > 1e-3, "legacy embeddings are not normalised")
+check(all(abs(a / n - b) < 1e-5 for a, b in zip(rawv, e.embeddings[0])), "embeddings / norm != embed")
+
+# pull of a catalog name (already present: success at once).
+check(client.pull("smollm2-135m").status == "success", "pull")
+statuses = [p.status for p in client.pull("smollm2-135m", stream=True)]
+check(statuses and statuses[-1] == "success", f"pull stream {statuses}")
+try:
+    client.pull("no-such-model")
+    check(False, "pull of an unknown name succeeded")
+except ollama.ResponseError as err:
+    check("no-such-model" in str(err), f"pull error {err}")
+
+# format with a JSON schema.
+schema = {"type": "object", "properties": {"colour": {"type": "string", "maxLength": 20},
+                                            "rgb": {"type": "array", "items": {"type": "integer"}, "maxItems": 3}},
+          "required": ["colour", "rgb"]}
+f = client.chat(model=model, messages=[{"role": "user", "content": "A colour as JSON."}], format=schema,
+                options={"temperature": 0, "num_predict": 80})
+try:
+    jsonschema.validate(json.loads(f.message.content), schema)
+except Exception as err:  # noqa: BLE001
+    check(False, f"format: {f.message.content!r}: {err}")
+
+# A tool call: arguments come back as an object.
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+                   "required": ["city"]}}}
+t = client.chat(model=model, messages=[{"role": "user", "content": "What is the weather in Paris right now?"}],
+                tools=[WEATHER], options={"temperature": 0, "num_predict": 100})
+calls = t.message.tool_calls or []
+check(len(calls) >= 1 and calls[0].function.name == "get_weather" and isinstance(calls[0].function.arguments, dict)
+      and isinstance(calls[0].function.arguments.get("city"), str), f"tool call {t.message}")
+if calls:
+    # The tool's result goes back with the call in the history; the answer is text.
+    history = [{"role": "user", "content": "What is the weather in Paris right now?"}, t.message,
+               {"role": "tool", "content": "21 degrees, clear", "tool_name": "get_weather"}]
+    t2 = client.chat(model=model, messages=history, options={"temperature": 0, "num_predict": 40})
+    check(len(t2.message.content or "") > 0, f"answer after the tool result {t2.message}")
+
+# images are refused with an error in Ollama's shape.
+try:
+    client.chat(model=model, messages=[{"role": "user", "content": "What is this?", "images": [b"\x89PNG"]}])
+    check(False, "images accepted")
+except ollama.ResponseError as err:
+    check(err.status_code == 400 and "images" in err.error, f"images error {err.status_code} {err.error}")
+
+print(f"{len(failures)} failures")
+if failures:
+    sys.exit(1)
+print("ollama checks passed")

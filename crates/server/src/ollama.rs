@@ -1,0 +1,886 @@
+//! Ollama's native API on the same server and port (Ollama's `docs/api.md`; request and
+//! response types as the official `ollama` Python client declares them, `ollama/_types.py`):
+//! `POST /api/chat`, `/api/generate`, `/api/embed`, `/api/embeddings`, `/api/show`,
+//! `/api/pull`; `GET /api/tags`, `/api/ps`, `/api/version`. Errors are `{"error": "…"}`.
+//!
+//! A chat or generate request is translated into the OpenAI request it means and goes
+//! through the same preparation (template, tools, grammar, sampling) and scheduler as
+//! `/v1/chat/completions`, so the same messages give the same greedy answer; only the
+//! shapes differ: NDJSON lines (streaming is Ollama's default), `message.thinking`,
+//! `tool_calls` with `arguments` as an object, durations in nanoseconds.
+//!
+//! One model is served: the `model` field is informational, as on the OpenAI endpoints.
+
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::http::header;
+
+use super::*;
+
+/// What `/api/tags`, `/api/show` and `/api/ps` report about the loaded model, read from
+/// its file once at load.
+pub(crate) struct ModelInfo {
+    size: u64,
+    digest: Option<String>,
+    family: String,
+    parameter_size: String,
+    quantization_level: String,
+    model_info: Map<String, Value>,
+    template: String,
+    capabilities: Vec<&'static str>,
+    modified_at: String,
+    path: String,
+}
+
+/// llama.cpp's `enum llama_ftype` (include/llama.h): the names of `general.file_type`.
+fn file_type_name(t: u64) -> Option<&'static str> {
+    Some(match t {
+        0 => "F32",
+        1 => "F16",
+        2 => "Q4_0",
+        3 => "Q4_1",
+        7 => "Q8_0",
+        8 => "Q5_0",
+        9 => "Q5_1",
+        10 => "Q2_K",
+        11 => "Q3_K_S",
+        12 => "Q3_K_M",
+        13 => "Q3_K_L",
+        14 => "Q4_K_S",
+        15 => "Q4_K_M",
+        16 => "Q5_K_S",
+        17 => "Q5_K_M",
+        18 => "Q6_K",
+        19 => "IQ2_XXS",
+        20 => "IQ2_XS",
+        21 => "Q2_K_S",
+        22 => "IQ3_XS",
+        23 => "IQ3_XXS",
+        24 => "IQ1_S",
+        25 => "IQ4_NL",
+        26 => "IQ3_S",
+        27 => "IQ3_M",
+        28 => "IQ2_S",
+        29 => "IQ2_M",
+        30 => "IQ4_XS",
+        31 => "IQ1_M",
+        32 => "BF16",
+        36 => "TQ1_0",
+        37 => "TQ2_0",
+        38 => "MXFP4_MOE",
+        _ => return None,
+    })
+}
+
+/// A GGUF scalar as JSON (arrays are left out of `model_info`, as Ollama leaves the
+/// tokenizer's arrays out unless asked for them).
+fn scalar_json(v: &frink_gguf::MetaValue) -> Option<Value> {
+    use frink_gguf::MetaValue as M;
+    Some(match v {
+        M::U8(x) => json!(x),
+        M::I8(x) => json!(x),
+        M::U16(x) => json!(x),
+        M::I16(x) => json!(x),
+        M::U32(x) => json!(x),
+        M::I32(x) => json!(x),
+        M::U64(x) => json!(x),
+        M::I64(x) => json!(x),
+        M::F32(x) => json!(x),
+        M::F64(x) => json!(x),
+        M::Bool(x) => json!(x),
+        M::String(s) => json!(s),
+        M::Array(_) => return None,
+    })
+}
+
+/// `n` parameters as Ollama writes sizes (`135.0M`, `1.5B`).
+fn parameter_size(n: u64) -> String {
+    if n >= 1_000_000_000 {
+        format!("{:.1}B", n as f64 / 1e9)
+    } else {
+        format!("{:.1}M", n as f64 / 1e6)
+    }
+}
+
+/// RFC 3339 time in UTC with microseconds, as Ollama writes `created_at`.
+fn rfc3339(t: SystemTime) -> String {
+    let micros = t
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_micros());
+    let base = frink_tokenizer::strftime("%Y-%m-%dT%H:%M:%S", t).unwrap_or_default();
+    format!("{base}.{micros:06}Z")
+}
+
+impl ModelInfo {
+    /// Reads what the endpoints report from `model` (before the tokenizer's arrays are
+    /// released) and the template the server renders with.
+    pub(crate) fn read(model: &Model, path: &str, template: Option<&str>) -> ModelInfo {
+        let f = &model.file;
+        let arch = f.architecture().unwrap_or("unknown").to_string();
+        let model_info: Map<String, Value> = f
+            .metadata()
+            .iter()
+            .filter(|(k, _)| k != "tokenizer.chat_template")
+            .filter_map(|(k, v)| Some((k.clone(), scalar_json(v)?)))
+            .collect();
+        let params: u64 = f.tensor_infos().iter().map(|t| t.n_elements()).sum();
+        let quantization_level = f
+            .get("general.file_type")
+            .and_then(|v| v.as_u64())
+            .and_then(file_type_name)
+            .unwrap_or("unknown")
+            .to_string();
+        let template = template
+            .map(str::to_string)
+            .or_else(|| {
+                f.get("tokenizer.chat_template")
+                    .and_then(|v| v.as_str())
+                    .map(str::to_string)
+            })
+            .unwrap_or_default();
+        let mut capabilities = Vec::new();
+        if model.config.pooling.is_some() {
+            capabilities.push("embedding");
+        } else {
+            capabilities.push("completion");
+            if crate::tools::ToolFormat::detect(&template).is_some() {
+                capabilities.push("tools");
+            }
+            if crate::reasoning::detect(&template) || crate::harmony::detect(&template) {
+                capabilities.push("thinking");
+            }
+        }
+        let meta = std::fs::metadata(path).ok();
+        let modified = meta
+            .as_ref()
+            .and_then(|m| m.modified().ok())
+            .unwrap_or(UNIX_EPOCH);
+        // A catalog file's published sha256 (computing one for any file would read it all).
+        let digest = frink_store::catalog()
+            .into_iter()
+            .find(|e| path.ends_with(&e.file))
+            .map(|e| e.sha256);
+        ModelInfo {
+            size: meta.map_or(0, |m| m.len()),
+            digest,
+            family: arch,
+            parameter_size: parameter_size(params),
+            quantization_level,
+            model_info,
+            template,
+            capabilities,
+            modified_at: rfc3339(modified),
+            path: path.to_string(),
+        }
+    }
+
+    fn details(&self) -> Value {
+        json!({
+            "parent_model": "",
+            "format": "gguf",
+            "family": self.family,
+            "families": [self.family],
+            "parameter_size": self.parameter_size,
+            "quantization_level": self.quantization_level,
+        })
+    }
+}
+
+/// An error in Ollama's shape.
+fn error(e: ApiError) -> Response {
+    json_response(e.status, &json!({"error": e.message}))
+}
+
+fn bad(message: impl Into<String>) -> ApiError {
+    ApiError::invalid(None, message)
+}
+
+/// Ollama's `options` as the OpenAI and llama.cpp fields they mean, added to `out`.
+/// `num_ctx` is returned for the caller (a per-request context limit). Options about
+/// hardware and loading cannot change the output and are informational; an option whose
+/// value would change the output and that frink does not implement is refused by the
+/// same rules as on the OpenAI endpoints (`typical_p`, `mirostat`).
+fn options(
+    obj: &Map<String, Value>,
+    out: &mut Map<String, Value>,
+) -> Result<Option<usize>, ApiError> {
+    let Some(o) = obj.get("options").filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let o = o
+        .as_object()
+        .ok_or_else(|| bad("'options' must be an object"))?;
+    let mut num_ctx = None;
+    for (k, v) in o {
+        match k.as_str() {
+            "temperature" | "top_k" | "top_p" | "min_p" | "seed" | "stop" | "repeat_penalty"
+            | "repeat_last_n" | "presence_penalty" | "frequency_penalty" | "typical_p"
+            | "mirostat" | "mirostat_tau" | "mirostat_eta" => {
+                out.insert(k.clone(), v.clone());
+            }
+            "num_predict" => match v.as_i64() {
+                Some(n) if n > 0 => {
+                    out.insert("max_tokens".into(), json!(n));
+                }
+                // -1: no limit; -2: until the context is full (the same here).
+                Some(-1 | -2) => {}
+                _ => {
+                    return Err(bad(format!(
+                        "options.num_predict must be positive, -1 or -2, got {v}"
+                    )))
+                }
+            },
+            "num_ctx" => match v.as_u64() {
+                Some(n) if n >= 2 => num_ctx = Some(n as usize),
+                _ => return Err(bad(format!("options.num_ctx must be at least 2, got {v}"))),
+            },
+            "tfs_z" if v.as_f64() != Some(1.0) => {
+                return Err(bad(
+                    "options.tfs_z (tail-free sampling) is not implemented; 1 disables it",
+                ))
+            }
+            "penalize_newline" if v.as_bool() == Some(true) => {
+                return Err(bad("options.penalize_newline is not implemented"))
+            }
+            // Hardware, loading and context shifting: no effect on the answer.
+            _ => {}
+        }
+    }
+    Ok(num_ctx)
+}
+
+/// `format`: `"json"`, a JSON schema, or nothing, as the OpenAI `response_format`.
+fn format(obj: &Map<String, Value>, out: &mut Map<String, Value>) -> Result<(), ApiError> {
+    match obj.get("format") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if s.is_empty() => {}
+        Some(Value::String(s)) if s == "json" => {
+            out.insert("response_format".into(), json!({"type": "json_object"}));
+        }
+        Some(schema @ Value::Object(_)) => {
+            out.insert(
+                "response_format".into(),
+                json!({"type": "json_schema", "json_schema": {"name": "format", "schema": schema}}),
+            );
+        }
+        Some(v) => {
+            return Err(bad(format!(
+                "'format' must be \"json\" or a JSON schema, got {v}"
+            )))
+        }
+    }
+    Ok(())
+}
+
+/// `think`: `true`/`false` switch a reasoning template's thinking (`enable_thinking`), a
+/// level (`"low"`, `"medium"`, `"high"`) sets `reasoning_effort` (gpt-oss).
+fn think(obj: &Map<String, Value>, out: &mut Map<String, Value>) -> Result<(), ApiError> {
+    let kwargs = match obj.get("think") {
+        None | Some(Value::Null) => return Ok(()),
+        Some(Value::Bool(b)) => json!({"enable_thinking": b}),
+        Some(Value::String(level)) => json!({"reasoning_effort": level}),
+        Some(v) => {
+            return Err(bad(format!(
+                "'think' must be a boolean or a level, got {v}"
+            )))
+        }
+    };
+    out.insert("chat_template_kwargs".into(), kwargs);
+    Ok(())
+}
+
+/// Refuses what frink cannot honour in any request: images, and log-probabilities in
+/// Ollama's shape.
+fn refuse_unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
+    let has_images = |v: Option<&Value>| v.and_then(Value::as_array).is_some_and(|a| !a.is_empty());
+    if has_images(obj.get("images"))
+        || obj
+            .get("messages")
+            .and_then(Value::as_array)
+            .is_some_and(|ms| ms.iter().any(|m| has_images(m.get("images"))))
+    {
+        return Err(bad("images are not supported: frink runs text models"));
+    }
+    if obj.get("logprobs").and_then(Value::as_bool) == Some(true) {
+        return Err(bad(
+            "'logprobs' is not implemented on the Ollama endpoints (use /v1/chat/completions)",
+        ));
+    }
+    Ok(())
+}
+
+/// Ollama's chat messages as OpenAI's: `tool_calls` with `arguments` objects become
+/// OpenAI calls (JSON-string arguments, an id), `thinking` is kept for templates that
+/// read it (gpt-oss's `thinking`, Qwen3's `reasoning_content`), `tool_name` passes on.
+fn messages(v: &Value) -> Result<Value, ApiError> {
+    let ms = v
+        .as_array()
+        .ok_or_else(|| bad("'messages' must be an array"))?;
+    let mut out = Vec::with_capacity(ms.len());
+    for (i, m) in ms.iter().enumerate() {
+        let mut m = m
+            .as_object()
+            .cloned()
+            .ok_or_else(|| bad(format!("messages[{i}] must be an object")))?;
+        m.remove("images");
+        if let Some(calls) = m.get("tool_calls").and_then(Value::as_array) {
+            let calls: Vec<Value> = calls
+                .iter()
+                .enumerate()
+                .map(|(k, c)| {
+                    let f = &c["function"];
+                    let args = match &f["arguments"] {
+                        Value::String(s) => s.clone(),
+                        a => a.to_string(),
+                    };
+                    json!({"id": format!("call_{i}_{k}"), "type": "function",
+                           "function": {"name": f["name"], "arguments": args}})
+                })
+                .collect();
+            m.insert("tool_calls".into(), Value::Array(calls));
+        }
+        if let Some(t) = m.get("thinking").cloned() {
+            m.entry("reasoning_content").or_insert(t);
+        }
+        out.push(Value::Object(m));
+    }
+    Ok(Value::Array(out))
+}
+
+/// Applies `num_ctx` to a prepared request: the prompt must fit it, and generation stops
+/// where prompt and answer fill it (at most the server's `--ctx`).
+fn limit_context(st: &AppState, p: &mut Prepared, num_ctx: Option<usize>) -> Result<(), ApiError> {
+    let Some(n) = num_ctx else {
+        return Ok(());
+    };
+    let n = n.min(st.n_ctx);
+    if p.prompt.len() >= n {
+        return Err(bad(format!(
+            "the prompt is {} tokens, longer than options.num_ctx ({n})",
+            p.prompt.len()
+        )));
+    }
+    let room = n - p.prompt.len();
+    p.opts.max_tokens = Some(p.opts.max_tokens.map_or(room, |m| m.min(room)));
+    Ok(())
+}
+
+/// What a reply line carries: the chat's `message` or generate's `response`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    Chat,
+    Generate,
+}
+
+/// The lines of one reply, built as the answer is read.
+struct Reply {
+    shape: Shape,
+    model: String,
+    start: Instant,
+    prompt: Vec<u32>,
+}
+
+impl Reply {
+    fn line(&self, mut v: Value) -> Value {
+        v["model"] = json!(self.model);
+        v["created_at"] = json!(rfc3339(SystemTime::now()));
+        v
+    }
+
+    /// A line (or whole reply) with `content`, `thinking` and `calls`.
+    fn part(
+        &self,
+        content: &str,
+        thinking: &str,
+        calls: &[crate::tools::ToolCall],
+        done: bool,
+    ) -> Value {
+        let calls: Vec<Value> = calls
+            .iter()
+            .map(|c| {
+                let args: Value = serde_json::from_str(&c.arguments).unwrap_or(json!({}));
+                json!({"function": {"name": c.name, "arguments": args}})
+            })
+            .collect();
+        let mut v = match self.shape {
+            Shape::Chat => {
+                let mut m = json!({"role": "assistant", "content": content});
+                if !thinking.is_empty() {
+                    m["thinking"] = json!(thinking);
+                }
+                if !calls.is_empty() {
+                    m["tool_calls"] = Value::Array(calls);
+                }
+                json!({"message": m})
+            }
+            Shape::Generate => {
+                let mut v = json!({"response": content});
+                if !thinking.is_empty() {
+                    v["thinking"] = json!(thinking);
+                }
+                v
+            }
+        };
+        v["done"] = json!(done);
+        self.line(v)
+    }
+
+    /// The last line's fields: why it ended and the counts and durations (nanoseconds).
+    fn finish(&self, v: &mut Value, c: &Completion) {
+        let ns = |ms: f64| (ms * 1e6) as u64;
+        v["done"] = json!(true);
+        v["done_reason"] = json!(match c.finish_reason {
+            frink_engine::FinishReason::Length => "length",
+            _ => "stop",
+        });
+        v["total_duration"] = json!(self.start.elapsed().as_nanos() as u64);
+        v["load_duration"] = json!(0);
+        v["prompt_eval_count"] = json!(c.prompt_tokens);
+        v["prompt_eval_duration"] = json!(ns(c.first_token_ms));
+        v["eval_count"] = json!(c.ids.len());
+        v["eval_duration"] = json!(ns(c.gen_ms));
+        if self.shape == Shape::Generate {
+            let mut context = self.prompt.clone();
+            context.extend(&c.ids);
+            v["context"] = json!(context);
+        }
+    }
+}
+
+/// An NDJSON response from a stream of lines.
+fn ndjson(stream: impl futures_util::Stream<Item = Value> + Send + 'static) -> Response {
+    use futures_util::StreamExt;
+    let body = stream.map(|v| Ok::<Bytes, Infallible>(Bytes::from(format!("{v}\n"))));
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/x-ndjson")
+        .body(Body::from_stream(body))
+        .unwrap_or_default()
+}
+
+/// Queues `p` and answers in Ollama's shape, streamed (NDJSON) or whole.
+async fn answer(
+    st: &AppState,
+    mut p: Prepared,
+    shape: Shape,
+    stream: bool,
+    start: Instant,
+) -> Response {
+    let mut rx = match queue(
+        st,
+        &mut p,
+        if shape == Shape::Chat {
+            "messages"
+        } else {
+            "prompt"
+        },
+    ) {
+        Ok(rx) => rx,
+        Err(e) => return error(e),
+    };
+    let reply = Reply {
+        shape,
+        model: std::mem::take(&mut p.model),
+        start,
+        prompt: p.prompt.clone(),
+    };
+    let format = std::mem::take(&mut p.answer);
+    if !stream {
+        let mut text = String::new();
+        loop {
+            match rx.recv().await {
+                Some((_, Event::Delta { text: t, .. })) => text.push_str(&t),
+                Some((_, Event::Done(c))) => {
+                    let (thinking, content, calls) = format.parse(&text);
+                    let mut v = reply.part(&content, &thinking, &calls, true);
+                    reply.finish(&mut v, &c);
+                    return json_response(StatusCode::OK, &v);
+                }
+                Some((_, Event::Embedding(_))) => {}
+                Some((_, Event::Error(msg))) => {
+                    return error(ApiError::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "server_error",
+                        msg,
+                    ))
+                }
+                Some((_, Event::Cancelled(msg))) => return error(shutting_down(msg)),
+                None => {
+                    return error(ApiError::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "server_error",
+                        "the request ended without an answer",
+                    ))
+                }
+            }
+        }
+    }
+    struct S {
+        rx: mpsc::UnboundedReceiver<(usize, Event)>,
+        reader: Option<answer::AnswerStream>,
+        reply: Reply,
+        out: VecDeque<Value>,
+        done: bool,
+    }
+    impl S {
+        fn parts(&mut self, parts: Vec<reasoning::Part>) {
+            for part in parts {
+                let v = match part {
+                    reasoning::Part::Reasoning(t) => self.reply.part("", &t, &[], false),
+                    reasoning::Part::Content(t) if t.is_empty() => continue,
+                    reasoning::Part::Content(t) => self.reply.part(&t, "", &[], false),
+                    reasoning::Part::Call(c) => self.reply.part("", "", &[c], false),
+                };
+                self.out.push_back(v);
+            }
+        }
+    }
+    let state = S {
+        rx,
+        reader: Some(format.stream()),
+        reply,
+        out: VecDeque::new(),
+        done: false,
+    };
+    let lines = futures_util::stream::unfold(state, |mut s| async move {
+        loop {
+            if let Some(v) = s.out.pop_front() {
+                return Some((v, s));
+            }
+            if s.done {
+                return None;
+            }
+            match s.rx.recv().await {
+                Some((_, Event::Delta { text, .. })) => {
+                    let parts = s.reader.as_mut().map(|r| r.push(&text)).unwrap_or_default();
+                    s.parts(parts);
+                }
+                Some((_, Event::Done(c))) => {
+                    let parts = s.reader.take().map(|r| r.finish()).unwrap_or_default();
+                    s.parts(parts);
+                    let mut v = s.reply.part("", "", &[], true);
+                    s.reply.finish(&mut v, &c);
+                    s.out.push_back(v);
+                    s.done = true;
+                }
+                Some((_, Event::Embedding(_))) => {}
+                Some((_, Event::Error(msg) | Event::Cancelled(msg))) => {
+                    s.out.push_back(json!({"error": msg}));
+                    s.done = true;
+                }
+                None => {
+                    s.out
+                        .push_back(json!({"error": "the request ended without an answer"}));
+                    s.done = true;
+                }
+            }
+        }
+    });
+    ndjson(lines)
+}
+
+/// The reply to a request that names no work (`messages` or `prompt` empty): Ollama loads
+/// the model and answers `done_reason: "load"`.
+fn loaded(model: String, shape: Shape) -> Response {
+    let mut v = match shape {
+        Shape::Chat => json!({"message": {"role": "assistant", "content": ""}}),
+        Shape::Generate => json!({"response": ""}),
+    };
+    v["model"] = json!(model);
+    v["created_at"] = json!(rfc3339(SystemTime::now()));
+    v["done"] = json!(true);
+    v["done_reason"] = json!("load");
+    json_response(StatusCode::OK, &v)
+}
+
+/// `POST /api/chat`.
+pub(crate) async fn chat(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
+    let start = Instant::now();
+    let r = (|| {
+        st.authorize(&headers)?;
+        let obj = api::parse_object(&body)?;
+        refuse_unsupported(&obj)?;
+        let model = model_field(&st, &obj);
+        let stream = obj.get("stream").and_then(Value::as_bool).unwrap_or(true);
+        let msgs = obj.get("messages").cloned().unwrap_or(json!([]));
+        if msgs.as_array().is_some_and(Vec::is_empty) {
+            return Ok(Err(model));
+        }
+        let mut oa = Map::new();
+        oa.insert("model".into(), json!(model));
+        oa.insert("messages".into(), messages(&msgs)?);
+        if let Some(t) = obj.get("tools").filter(|t| !t.is_null()) {
+            oa.insert("tools".into(), t.clone());
+        }
+        let num_ctx = options(&obj, &mut oa)?;
+        format(&obj, &mut oa)?;
+        think(&obj, &mut oa)?;
+        let mut p = prepare_chat(&st, &oa)?;
+        limit_context(&st, &mut p, num_ctx)?;
+        Ok(Ok((p, stream)))
+    })();
+    match r {
+        Ok(Ok((p, stream))) => answer(&st, p, Shape::Chat, stream, start).await,
+        Ok(Err(model)) => loaded(model, Shape::Chat),
+        Err(e) => error(e),
+    }
+}
+
+/// `POST /api/generate`: `prompt` (and `system`) through the chat template, or as given
+/// with `raw`; `suffix` (fill-in-the-middle), a `template` of Ollama's Go syntax and a
+/// previous `context` are refused.
+pub(crate) async fn generate(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
+    let start = Instant::now();
+    let r = (|| {
+        st.authorize(&headers)?;
+        let obj = api::parse_object(&body)?;
+        refuse_unsupported(&obj)?;
+        let model = model_field(&st, &obj);
+        let stream = obj.get("stream").and_then(Value::as_bool).unwrap_or(true);
+        for (field, what) in [
+            ("suffix", "fill-in-the-middle ('suffix') is not implemented"),
+            ("template", "'template' is Ollama's Go template syntax; frink renders the file's Jinja template (use --chat-template)"),
+        ] {
+            if obj.get(field).and_then(Value::as_str).is_some_and(|s| !s.is_empty()) {
+                return Err(bad(what));
+            }
+        }
+        if obj
+            .get("context")
+            .and_then(Value::as_array)
+            .is_some_and(|a| !a.is_empty())
+        {
+            return Err(bad("'context' (a previous answer's token ids) is not implemented; send the conversation with /api/chat"));
+        }
+        let prompt = api::opt_str(&obj, "prompt")?.unwrap_or("");
+        if prompt.is_empty() {
+            return Ok(Err(model));
+        }
+        let mut oa = Map::new();
+        oa.insert("model".into(), json!(model));
+        let num_ctx = options(&obj, &mut oa)?;
+        format(&obj, &mut oa)?;
+        let raw = obj.get("raw").and_then(Value::as_bool).unwrap_or(false);
+        let mut p = if raw {
+            oa.insert("prompt".into(), json!(prompt));
+            prepare_completion(&st, &oa)?
+        } else {
+            let mut msgs = Vec::new();
+            if let Some(system) = api::opt_str(&obj, "system")?.filter(|s| !s.is_empty()) {
+                msgs.push(json!({"role": "system", "content": system}));
+            }
+            msgs.push(json!({"role": "user", "content": prompt}));
+            oa.insert("messages".into(), Value::Array(msgs));
+            think(&obj, &mut oa)?;
+            prepare_chat(&st, &oa)?
+        };
+        limit_context(&st, &mut p, num_ctx)?;
+        Ok(Ok((p, stream)))
+    })();
+    match r {
+        Ok(Ok((p, stream))) => answer(&st, p, Shape::Generate, stream, start).await,
+        Ok(Err(model)) => loaded(model, Shape::Generate),
+        Err(e) => error(e),
+    }
+}
+
+/// The loaded model's entry of `/api/tags` and `/api/ps`.
+fn entry(st: &AppState, info: &ModelInfo) -> Value {
+    let mut v = json!({
+        "name": st.model_name,
+        "model": st.model_name,
+        "modified_at": info.modified_at,
+        "size": info.size,
+        "details": info.details(),
+    });
+    if let Some(d) = &info.digest {
+        v["digest"] = json!(d);
+    }
+    v
+}
+
+/// `GET /api/tags`: the model this server runs.
+pub(crate) async fn tags(State(st): St, headers: HeaderMap) -> Response {
+    let r = (|| {
+        st.authorize(&headers)?;
+        let eng = st.engine()?;
+        Ok(json!({"models": [entry(&st, &eng.info)]}))
+    })();
+    match r {
+        Ok(v) => json_response(StatusCode::OK, &v),
+        Err(e) => error(e),
+    }
+}
+
+/// `GET /api/ps`: the loaded model (resident until the server stops; no GPU memory).
+pub(crate) async fn ps(State(st): St, headers: HeaderMap) -> Response {
+    let r = (|| {
+        st.authorize(&headers)?;
+        let eng = st.engine()?;
+        let mut v = entry(&st, &eng.info);
+        v["expires_at"] = json!("2318-01-01T00:00:00.000000Z");
+        v["size_vram"] = json!(0);
+        v["context_length"] = json!(st.n_ctx);
+        Ok(json!({"models": [v]}))
+    })();
+    match r {
+        Ok(v) => json_response(StatusCode::OK, &v),
+        Err(e) => error(e),
+    }
+}
+
+/// `GET /api/version`: frink's version.
+pub(crate) async fn version() -> Response {
+    json_response(
+        StatusCode::OK,
+        &json!({"version": env!("CARGO_PKG_VERSION")}),
+    )
+}
+
+/// `POST /api/show`: the model's details, metadata (`model_info`), template, default
+/// parameters and capabilities.
+pub(crate) async fn show(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
+    let r = (|| {
+        st.authorize(&headers)?;
+        let _ = api::parse_object(&body)?;
+        let eng = st.engine()?;
+        let i = &eng.info;
+        let mut model_info = i.model_info.clone();
+        model_info.insert("general.parameter_count".into(), json!(i.parameter_size));
+        Ok(json!({
+            "modelfile": format!("# served by frink\nFROM {}\n", i.path),
+            "parameters": "temperature 0.8\ntop_k 40\ntop_p 0.95\nmin_p 0.05\nrepeat_penalty 1",
+            "template": i.template,
+            "details": i.details(),
+            "model_info": model_info,
+            "capabilities": i.capabilities,
+            "modified_at": i.modified_at,
+        }))
+    })();
+    match r {
+        Ok(v) => json_response(StatusCode::OK, &v),
+        Err(e) => error(e),
+    }
+}
+
+/// `POST /api/embed`: `input` (a string or strings), L2-normalised vectors; `truncate`
+/// (default true) cuts an input longer than the context, false refuses it.
+pub(crate) async fn embed(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
+    let start = Instant::now();
+    let r = async {
+        st.authorize(&headers)?;
+        let obj = api::parse_object(&body)?;
+        let eng = st.engine()?;
+        if let Some(d) = api::opt_i64(&obj, "dimensions")? {
+            if d != eng.n_embd as i64 {
+                return Err(bad(format!(
+                    "this model's embeddings have {} dimensions and cannot be shortened (got {d})",
+                    eng.n_embd
+                )));
+            }
+        }
+        let mut inputs = embedding_inputs(eng, &obj)?;
+        if obj.get("truncate").and_then(Value::as_bool).unwrap_or(true) {
+            for t in &mut inputs {
+                t.truncate(st.n_ctx - 1);
+            }
+        }
+        let (vectors, tokens) = embed_inputs(&st, inputs, 2).await?;
+        Ok(json!({
+            "model": model_field(&st, &obj),
+            "embeddings": vectors,
+            "total_duration": start.elapsed().as_nanos() as u64,
+            "load_duration": 0,
+            "prompt_eval_count": tokens,
+        }))
+    };
+    match r.await {
+        Ok(v) => json_response(StatusCode::OK, &v),
+        Err(e) => error(e),
+    }
+}
+
+/// `POST /api/embeddings` (Ollama's older endpoint): `prompt`, the vector not normalised.
+pub(crate) async fn embeddings(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
+    let r = async {
+        st.authorize(&headers)?;
+        let obj = api::parse_object(&body)?;
+        let eng = st.engine()?;
+        let prompt = api::opt_str(&obj, "prompt")?.unwrap_or("");
+        if prompt.is_empty() {
+            return Ok(json!({"embedding": []}));
+        }
+        let mut q = Map::new();
+        q.insert("input".into(), json!(prompt));
+        let inputs = embedding_inputs(eng, &q)?;
+        let (mut vectors, _) = embed_inputs(&st, inputs, -1).await?;
+        Ok(json!({"embedding": vectors.pop().unwrap_or_default()}))
+    };
+    match r.await {
+        Ok(v) => json_response(StatusCode::OK, &v),
+        Err(e) => error(e),
+    }
+}
+
+/// `POST /api/pull`: a catalog model fetched into the store (what `frink pull` does),
+/// with Ollama's status lines; it does not change the model this server runs.
+pub(crate) async fn pull(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
+    let r = (|| {
+        st.authorize(&headers)?;
+        let obj = api::parse_object(&body)?;
+        let name = api::opt_str(&obj, "model")?
+            .or(api::opt_str(&obj, "name")?)
+            .ok_or_else(|| bad("'model' is required"))?
+            .to_string();
+        let stream = obj.get("stream").and_then(Value::as_bool).unwrap_or(true);
+        Ok((name, stream))
+    })();
+    let (name, stream) = match r {
+        Ok(x) => x,
+        Err(e) => return error(e),
+    };
+    let fetch = tokio::task::spawn_blocking(
+        move || -> Result<(std::path::PathBuf, u64, String), String> {
+            let store = frink_store::Store::from_env().map_err(|e| e.to_string())?;
+            let path = store.pull(&name).map_err(|e| e.to_string())?;
+            let size = std::fs::metadata(&path).map_or(0, |m| m.len());
+            let digest = store
+                .entry(&name)
+                .map(|e| e.sha256.clone())
+                .unwrap_or_default();
+            Ok((path, size, digest))
+        },
+    );
+    if !stream {
+        return match fetch.await {
+            Ok(Ok(_)) => json_response(StatusCode::OK, &json!({"status": "success"})),
+            Ok(Err(e)) => error(ApiError::new(StatusCode::NOT_FOUND, "not_found", e)),
+            Err(e) => error(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                e.to_string(),
+            )),
+        };
+    }
+    let lines = futures_util::stream::once(async move {
+        let mut out = vec![json!({"status": "pulling manifest"})];
+        match fetch.await {
+            Ok(Ok((_, size, digest))) => {
+                let digest = format!("sha256:{digest}");
+                out.push(
+                    json!({"status": format!("pulling {}", &digest[7..19.min(digest.len())]),
+                                "digest": digest, "total": size, "completed": size}),
+                );
+                out.push(json!({"status": "verifying sha256 digest"}));
+                out.push(json!({"status": "writing manifest"}));
+                out.push(json!({"status": "success"}));
+            }
+            Ok(Err(e)) => out.push(json!({"error": e})),
+            Err(e) => out.push(json!({"error": e.to_string()})),
+        }
+        futures_util::stream::iter(out)
+    });
+    use futures_util::StreamExt;
+    ndjson(lines.flatten())
+}
