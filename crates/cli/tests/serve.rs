@@ -1603,3 +1603,39 @@ fn ollama_endpoints_refuse_what_they_cannot_honour() {
     let total = v["prompt_eval_count"].as_u64().unwrap() + v["eval_count"].as_u64().unwrap();
     assert!(total <= 40 && v["done_reason"] == "length", "{v}");
 }
+
+/// The vLLM metric names the Gateway API Inference Extension routes by: while one stream
+/// runs, `vllm:num_requests_running` is 1 and `vllm:kv_cache_usage_perc` the positions it
+/// holds over all (`--parallel 2 --ctx 512`: a few percent); idle, both are 0.
+#[test]
+fn vllm_metrics_report_running_requests_and_kv_use() {
+    let _l = lock();
+    let srv = Server::start(&["--parallel", "2", "--ctx", "512"]);
+    assert_eq!(srv.metric("vllm:num_requests_running"), 0.0);
+    assert_eq!(srv.metric("vllm:kv_cache_usage_perc"), 0.0);
+    let mut stream = srv.stream(
+        "/v1/chat/completions",
+        &chat(
+            "Write a long story about a lighthouse.",
+            json!({"stream": true, "max_tokens": 200, "ignore_eos": true, "temperature": 0}),
+        ),
+    );
+    // Past the first tokens, the request holds its prompt and answer so far.
+    for _ in 0..10 {
+        stream.next_data();
+    }
+    let running = srv.metric("vllm:num_requests_running");
+    let usage = srv.metric("vllm:kv_cache_usage_perc");
+    assert_eq!(running, 1.0);
+    assert!(usage > 0.0 && usage < 0.5, "kv usage {usage}");
+    assert_eq!(srv.metric("vllm:num_requests_waiting"), 0.0);
+    let (_, done) = stream.collect();
+    assert!(done);
+    assert_eq!(srv.metric("vllm:num_requests_running"), 0.0);
+    assert_eq!(srv.metric("vllm:kv_cache_usage_perc"), 0.0);
+    let text = srv.request("GET", "/metrics", None).text();
+    assert!(
+        text.contains("vllm:cache_config_info{block_size=\"512\",num_gpu_blocks=\"2\""),
+        "{text}"
+    );
+}

@@ -236,6 +236,10 @@ pub struct MetricsSnapshot {
     pub slots_busy: usize,
     /// Slots in all.
     pub slots_total: usize,
+    /// KV cache positions held by running requests.
+    pub kv_positions_used: usize,
+    /// KV cache positions in all (`parallel × n_ctx`).
+    pub kv_positions_total: usize,
     /// Forward-pass time spent on prompt rows, in seconds (a mixed step is split by rows).
     pub prefill_seconds: f64,
     /// Forward-pass time spent on decode rows, in seconds.
@@ -263,6 +267,7 @@ struct Shared {
     prompt_tokens_cached: AtomicU64,
     queued: AtomicUsize,
     slots_busy: AtomicUsize,
+    kv_used: AtomicUsize,
     /// Prefill and decode time, in nanoseconds.
     prefill_ns: AtomicU64,
     decode_ns: AtomicU64,
@@ -370,6 +375,8 @@ impl Scheduler {
             queue_depth: s.queued.load(Ordering::SeqCst),
             slots_busy: s.slots_busy.load(Ordering::SeqCst),
             slots_total: self.config.parallel,
+            kv_positions_used: s.kv_used.load(Ordering::Relaxed),
+            kv_positions_total: self.config.parallel * self.config.n_ctx,
             prefill_seconds: s.prefill_ns.load(Ordering::Relaxed) as f64 * 1e-9,
             decode_seconds: s.decode_ns.load(Ordering::Relaxed) as f64 * 1e-9,
             grammar_seconds: s.grammar_ns.load(Ordering::Relaxed) as f64 * 1e-9,
@@ -461,9 +468,16 @@ impl<'t> Worker<'t> {
         self.slots.iter().filter(|s| s.job.is_some()).count()
     }
 
-    /// Updates the busy-slot gauge.
+    /// Updates the busy-slot gauge and the KV positions running requests hold.
     fn publish_busy(&self) {
         self.shared.slots_busy.store(self.busy(), Ordering::SeqCst);
+        let used: usize = self
+            .slots
+            .iter()
+            .filter(|s| s.job.is_some())
+            .map(|s| s.cache.n_past)
+            .sum();
+        self.shared.kv_used.store(used, Ordering::Relaxed);
     }
 
     /// Whether `req` should wait for its group's prompt: it follows one, no slot holds
@@ -822,6 +836,7 @@ impl<'t> Worker<'t> {
             };
             self.slots[i].job = job;
         }
+        self.publish_busy();
     }
 
     /// Samples the next token of `job` from `logits`, sends what it adds, and returns the

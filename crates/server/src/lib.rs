@@ -525,6 +525,31 @@ async fn metrics(State(st): St, headers: HeaderMap) -> Response {
         "counter",
         m.grammar_tokens as f64,
     );
+    // The names vLLM exports, which Kubernetes' Gateway API Inference Extension reads to
+    // route by load (its endpoint picker scores replicas by queue depth and KV-cache use).
+    counter(
+        "vllm:num_requests_waiting",
+        "Requests waiting for a slot (vLLM's name, for the Gateway API Inference Extension).",
+        "gauge",
+        m.queue_depth as f64,
+    );
+    counter(
+        "vllm:num_requests_running",
+        "Requests running in a slot (vLLM's name).",
+        "gauge",
+        m.slots_busy as f64,
+    );
+    counter(
+        "vllm:kv_cache_usage_perc",
+        "KV cache positions held by running requests over all positions, 0 to 1 (vLLM's name).",
+        "gauge",
+        m.kv_positions_used as f64 / m.kv_positions_total.max(1) as f64,
+    );
+    let _ = writeln!(
+        s,
+        "# HELP vllm:cache_config_info The KV cache's layout (vLLM's name): positions per slot as block_size, slots as num_gpu_blocks.\n# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{block_size=\"{}\",num_gpu_blocks=\"{}\",num_cpu_blocks=\"0\"}} 1",
+        st.n_ctx, m.slots_total
+    );
     histogram(
         &mut s,
         "frink_time_to_first_token_seconds",
