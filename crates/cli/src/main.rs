@@ -94,6 +94,17 @@ enum Command {
         #[arg(short = 't', long = "threads", env = "FRINK_THREADS")]
         threads: Option<usize>,
     },
+    /// Remove a model from the store (a catalog name or `hf:ORG/REPO/FILE.gguf`).
+    Rm {
+        /// The model's name as `frink list` shows it.
+        name: String,
+    },
+    /// Print what Ollama's `/api/show` gives for a model: details, metadata, template,
+    /// capabilities (JSON).
+    Show {
+        /// Catalog name, `hf:` name (fetched on first use) or path to a .gguf file.
+        model: String,
+    },
     /// List the catalog and which models are in the store.
     List {
         /// Print one JSON array of the stored models instead of text.
@@ -190,7 +201,28 @@ fn run(cli: Cli) -> Result<()> {
                         ),
                     }
                 }
+                for m in models.iter().filter(|m| m.name.starts_with("hf:")) {
+                    println!(
+                        "  {:<22} {:>12} bytes  {}",
+                        m.name,
+                        m.bytes,
+                        m.path.display()
+                    );
+                }
             }
+            Ok(())
+        }
+        Command::Rm { name } => {
+            for f in store.remove(&name)? {
+                eprintln!("removed {}", f.display());
+            }
+            Ok(())
+        }
+        Command::Show { model } => {
+            let path = store.resolve(&model)?;
+            let m = frink_models::Model::load(&path)?;
+            let info = frink_server::ollama::ModelInfo::read(&m, &path.to_string_lossy(), None);
+            println!("{}", info.show());
             Ok(())
         }
     }

@@ -54,6 +54,10 @@ pub enum GgufError {
         offset: u64,
         detail: String,
     },
+    /// A split model (`split.count` > 1, llama.cpp's `gguf-split`) whose shards are missing
+    /// or disagree.
+    #[error("{path}: split model: {detail}")]
+    Split { path: PathBuf, detail: String },
     /// The writer was given inconsistent input.
     #[error("cannot write GGUF: {0}")]
     Write(String),

@@ -93,6 +93,21 @@ pub struct GgufFile {
     tensor_index: HashMap<String, usize>,
     alignment: u64,
     data_offset: u64,
+    /// The other files of a split model (shards 2 … N), whose tensors are listed in
+    /// `tensors` after this file's own.
+    shards: Vec<GgufFile>,
+    /// For each tensor of `tensors`, the file holding its data: 0 this one, k `shards[k-1]`
+    /// (empty: all here).
+    tensor_shard: Vec<usize>,
+}
+
+/// `prefix-NNNNN-of-MMMMM.gguf`, llama.cpp's split file names (`llama_split_path`,
+/// src/llama.cpp: `"%s-%05d-of-%05d.gguf"`, shards numbered from 1).
+fn split_path(first: &Path, no: usize, count: usize) -> Option<std::path::PathBuf> {
+    let name = first.file_name()?.to_str()?;
+    let suffix = format!("-00001-of-{count:05}.gguf");
+    let prefix = name.strip_suffix(&suffix)?;
+    Some(first.with_file_name(format!("{prefix}-{no:05}-of-{count:05}.gguf")))
 }
 
 impl std::fmt::Debug for GgufFile {
@@ -112,8 +127,83 @@ impl GgufFile {
     ///
     /// Errors: [`GgufError::Io`] if the file cannot be opened or mapped, otherwise any
     /// parse error of [`GgufFile::from_bytes`].
+    ///
+    /// The first file of a split model (`split.count` > 1, named `…-00001-of-0000N.gguf`
+    /// as llama.cpp's `gguf-split` writes it) opens the other shards beside it and lists
+    /// all their tensors; [`GgufError::Split`] if one is missing or disagrees (its
+    /// `split.no`, `split.count`, a tensor named twice, `split.tensors.count`).
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
-        let path = path.as_ref();
+        Self::open_one(path.as_ref())?.join_split(path.as_ref(), Self::open_one)
+    }
+
+    /// Opens the shards of a split model after this, its first file, read from `path`.
+    fn join_split(
+        mut self,
+        path: &Path,
+        load: impl Fn(&Path) -> Result<GgufFile>,
+    ) -> Result<GgufFile> {
+        let count = self
+            .get("split.count")
+            .and_then(MetaValue::as_u64)
+            .unwrap_or(1) as usize;
+        if count <= 1 {
+            return Ok(self);
+        }
+        let err = |detail: String| GgufError::Split {
+            path: path.to_path_buf(),
+            detail,
+        };
+        let no = |f: &GgufFile| f.get("split.no").and_then(MetaValue::as_u64);
+        if no(&self) != Some(0) {
+            return Err(err(format!(
+                "this is shard {:?} of {count}; open the first (split.no 0)",
+                no(&self)
+            )));
+        }
+        if count > 4096 {
+            return Err(err(format!(
+                "split.count {count} is not a plausible shard count"
+            )));
+        }
+        self.tensor_shard = vec![0; self.tensors.len()];
+        for k in 2..=count {
+            let p = split_path(path, k, count).ok_or_else(|| {
+                err(format!(
+                    "the first shard's name must end in -00001-of-{count:05}.gguf"
+                ))
+            })?;
+            let shard = load(&p).map_err(|e| err(format!("shard {k}: {e}")))?;
+            if no(&shard) != Some(k as u64 - 1)
+                || shard.get("split.count").and_then(MetaValue::as_u64) != Some(count as u64)
+            {
+                return Err(err(format!(
+                    "{} does not say it is shard {k} of {count}",
+                    p.display()
+                )));
+            }
+            for t in &shard.tensors {
+                if self.tensor_index.contains_key(&t.name) {
+                    return Err(err(format!("tensor {:?} is in two shards", t.name)));
+                }
+                self.tensor_index.insert(t.name.clone(), self.tensors.len());
+                self.tensors.push(t.clone());
+                self.tensor_shard.push(k - 1);
+            }
+            self.shards.push(shard);
+        }
+        if let Some(n) = self.get("split.tensors.count").and_then(MetaValue::as_u64) {
+            if n != self.tensors.len() as u64 {
+                return Err(err(format!(
+                    "split.tensors.count is {n}, the shards hold {}",
+                    self.tensors.len()
+                )));
+            }
+        }
+        Ok(self)
+    }
+
+    /// Maps one file (no shards).
+    fn open_one(path: &Path) -> Result<GgufFile> {
         let io = |source| GgufError::Io {
             path: path.to_path_buf(),
             source,
@@ -136,12 +226,14 @@ impl GgufFile {
     /// Reads the whole file into memory and parses it: the safe twin of [`GgufFile::open`],
     /// used by tests to check that both give the same result.
     pub fn read(path: impl AsRef<Path>) -> Result<GgufFile> {
-        let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|source| GgufError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Self::from_bytes(bytes)
+        let read_one = |path: &Path| {
+            let bytes = std::fs::read(path).map_err(|source| GgufError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?;
+            Self::from_bytes(bytes)
+        };
+        read_one(path.as_ref())?.join_split(path.as_ref(), read_one)
     }
 
     /// Parses a GGUF image held in memory.
@@ -170,6 +262,8 @@ impl GgufFile {
             tensors: header.tensors,
             alignment: header.alignment,
             data_offset: header.data_offset,
+            shards: Vec::new(),
+            tensor_shard: Vec::new(),
         })
     }
 
@@ -223,9 +317,9 @@ impl GgufFile {
         Ok(())
     }
 
-    /// File size in bytes.
+    /// File size in bytes (of all shards of a split model).
     pub fn file_len(&self) -> u64 {
-        self.backing.bytes().len() as u64
+        self.backing.bytes().len() as u64 + self.shards.iter().map(|s| s.file_len()).sum::<u64>()
     }
 
     /// All metadata pairs in file order.
@@ -286,11 +380,16 @@ impl GgufFile {
     /// Panics if `i` is out of range (indices come from `tensor_infos`).
     pub fn tensor_at(&self, i: usize) -> Tensor<'_> {
         let info = &self.tensors[i];
-        // Bounds were checked in parse_tensor_infos: data_offset + offset + n_bytes <= len.
-        let start = (self.data_offset + info.offset) as usize;
+        let file = match self.tensor_shard.get(i) {
+            Some(&k) if k > 0 => &self.shards[k - 1],
+            _ => self,
+        };
+        // Bounds were checked in parse_tensor_infos (of the file holding the tensor):
+        // data_offset + offset + n_bytes <= len.
+        let start = (file.data_offset + info.offset) as usize;
         Tensor {
             info,
-            data: &self.backing.bytes()[start..start + info.n_bytes as usize],
+            data: &file.backing.bytes()[start..start + info.n_bytes as usize],
         }
     }
 }

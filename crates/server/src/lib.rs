@@ -16,7 +16,7 @@
 pub mod answer;
 pub mod api;
 pub mod harmony;
-mod ollama;
+pub mod ollama;
 pub mod reasoning;
 pub mod tools;
 

@@ -20,7 +20,7 @@ use super::*;
 
 /// What `/api/tags`, `/api/show` and `/api/ps` report about the loaded model, read from
 /// its file once at load.
-pub(crate) struct ModelInfo {
+pub struct ModelInfo {
     size: u64,
     digest: Option<String>,
     family: String,
@@ -115,7 +115,7 @@ fn rfc3339(t: SystemTime) -> String {
 impl ModelInfo {
     /// Reads what the endpoints report from `model` (before the tokenizer's arrays are
     /// released) and the template the server renders with.
-    pub(crate) fn read(model: &Model, path: &str, template: Option<&str>) -> ModelInfo {
+    pub fn read(model: &Model, path: &str, template: Option<&str>) -> ModelInfo {
         let f = &model.file;
         let arch = f.architecture().unwrap_or("unknown").to_string();
         let model_info: Map<String, Value> = f
@@ -173,6 +173,22 @@ impl ModelInfo {
             modified_at: rfc3339(modified),
             path: path.to_string(),
         }
+    }
+
+    /// What `/api/show` answers (and `frink show` prints): the modelfile line, default
+    /// parameters, template, details, metadata (`model_info`) and capabilities.
+    pub fn show(&self) -> Value {
+        let mut model_info = self.model_info.clone();
+        model_info.insert("general.parameter_count".into(), json!(self.parameter_size));
+        json!({
+            "modelfile": format!("# served by frink\nFROM {}\n", self.path),
+            "parameters": "temperature 0.8\ntop_k 40\ntop_p 0.95\nmin_p 0.05\nrepeat_penalty 1",
+            "template": self.template,
+            "details": self.details(),
+            "model_info": model_info,
+            "capabilities": self.capabilities,
+            "modified_at": self.modified_at,
+        })
     }
 
     fn details(&self) -> Value {
@@ -744,19 +760,7 @@ pub(crate) async fn show(State(st): St, headers: HeaderMap, body: Bytes) -> Resp
     let r = (|| {
         st.authorize(&headers)?;
         let _ = api::parse_object(&body)?;
-        let eng = st.engine()?;
-        let i = &eng.info;
-        let mut model_info = i.model_info.clone();
-        model_info.insert("general.parameter_count".into(), json!(i.parameter_size));
-        Ok(json!({
-            "modelfile": format!("# served by frink\nFROM {}\n", i.path),
-            "parameters": "temperature 0.8\ntop_k 40\ntop_p 0.95\nmin_p 0.05\nrepeat_penalty 1",
-            "template": i.template,
-            "details": i.details(),
-            "model_info": model_info,
-            "capabilities": i.capabilities,
-            "modified_at": i.modified_at,
-        }))
+        Ok(st.engine()?.info.show())
     })();
     match r {
         Ok(v) => json_response(StatusCode::OK, &v),

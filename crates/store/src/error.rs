@@ -113,6 +113,14 @@ pub enum StoreError {
         actual: String,
     },
 
+    /// The Hugging Face hub (or `HF_ENDPOINT`) refused or failed a request.
+    #[error("hub: {0}")]
+    Hub(String),
+
+    /// A `hf:` model name that does not parse.
+    #[error("{0:?} is not a hub model name (hf:ORG/REPO[/FILE.gguf][:QUANT])")]
+    BadHubName(String),
+
     /// A file-system operation failed.
     #[error("{context}: {source}")]
     Io {

