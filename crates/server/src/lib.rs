@@ -1017,21 +1017,7 @@ async fn embed_inputs(
             }
             Some((_, Event::Done(_))) => done += 1,
             Some((_, Event::Delta { .. })) => {}
-            Some((_, Event::Error(msg))) => {
-                return Err(ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "server_error",
-                    msg,
-                ))
-            }
-            Some((_, Event::Cancelled(msg))) => return Err(shutting_down(msg)),
-            None => {
-                return Err(ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "server_error",
-                    "the request ended without an embedding",
-                ))
-            }
+            other => return Err(failed(other.map(|(_, e)| e), "an embedding")),
         }
     }
     Ok((
@@ -1539,6 +1525,22 @@ fn stream_response(fmt: Formatter, rx: mpsc::UnboundedReceiver<(usize, Event)>) 
         .unwrap_or_default()
 }
 
+/// The error of a request whose events ended in `event` (an `Error`, a `Cancelled`, or
+/// the channel closing without `what`): 500, 503 at shutdown.
+fn failed(event: Option<Event>, what: &str) -> ApiError {
+    match event {
+        Some(Event::Error(msg)) => {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", msg)
+        }
+        Some(Event::Cancelled(msg)) => shutting_down(msg),
+        _ => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            format!("the request ended without {what}"),
+        ),
+    }
+}
+
 /// The answer to a request the scheduler cancelled at shutdown: 503, as for a request
 /// that arrives after shutdown began.
 fn shutting_down(msg: String) -> ApiError {
@@ -1572,19 +1574,7 @@ async fn whole_response(
             }
             // (Only embedding requests get one.)
             Some((_, Event::Embedding(_))) => {}
-            Some((_, Event::Error(msg))) => {
-                return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", msg)
-                    .into_response()
-            }
-            Some((_, Event::Cancelled(msg))) => return shutting_down(msg).into_response(),
-            None => {
-                return ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "server_error",
-                    "the request ended without an answer",
-                )
-                .into_response()
-            }
+            other => return failed(other.map(|(_, e)| e), "an answer").into_response(),
         }
     }
     let object = match fmt.kind {

@@ -514,21 +514,7 @@ async fn answer(
                     return json_response(StatusCode::OK, &v);
                 }
                 Some((_, Event::Embedding(_))) => {}
-                Some((_, Event::Error(msg))) => {
-                    return error(ApiError::new(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "server_error",
-                        msg,
-                    ))
-                }
-                Some((_, Event::Cancelled(msg))) => return error(shutting_down(msg)),
-                None => {
-                    return error(ApiError::new(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "server_error",
-                        "the request ended without an answer",
-                    ))
-                }
+                other => return error(failed(other.map(|(_, e)| e), "an answer")),
             }
         }
     }
@@ -610,15 +596,27 @@ fn loaded(model: String, shape: Shape) -> Response {
     json_response(StatusCode::OK, &v)
 }
 
+/// What every chat and generate request starts with: authorised, parsed, what frink
+/// cannot honour refused; (the request, its `model` field, whether it streams: Ollama's
+/// default is yes).
+fn begin(
+    st: &AppState,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<(Map<String, Value>, String, bool), ApiError> {
+    st.authorize(headers)?;
+    let obj = api::parse_object(body)?;
+    refuse_unsupported(&obj)?;
+    let model = model_field(st, &obj);
+    let stream = obj.get("stream").and_then(Value::as_bool).unwrap_or(true);
+    Ok((obj, model, stream))
+}
+
 /// `POST /api/chat`.
 pub(crate) async fn chat(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
     let start = Instant::now();
     let r = (|| {
-        st.authorize(&headers)?;
-        let obj = api::parse_object(&body)?;
-        refuse_unsupported(&obj)?;
-        let model = model_field(&st, &obj);
-        let stream = obj.get("stream").and_then(Value::as_bool).unwrap_or(true);
+        let (obj, model, stream) = begin(&st, &headers, &body)?;
         let msgs = obj.get("messages").cloned().unwrap_or(json!([]));
         if msgs.as_array().is_some_and(Vec::is_empty) {
             return Ok(Err(model));
@@ -649,11 +647,7 @@ pub(crate) async fn chat(State(st): St, headers: HeaderMap, body: Bytes) -> Resp
 pub(crate) async fn generate(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
     let start = Instant::now();
     let r = (|| {
-        st.authorize(&headers)?;
-        let obj = api::parse_object(&body)?;
-        refuse_unsupported(&obj)?;
-        let model = model_field(&st, &obj);
-        let stream = obj.get("stream").and_then(Value::as_bool).unwrap_or(true);
+        let (obj, model, stream) = begin(&st, &headers, &body)?;
         for (field, what) in [
             ("suffix", "fill-in-the-middle ('suffix') is not implemented"),
             ("template", "'template' is Ollama's Go template syntax; frink renders the file's Jinja template (use --chat-template)"),

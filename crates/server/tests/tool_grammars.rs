@@ -111,7 +111,12 @@ fn admits(tok: &Arc<Tokenizer>, compiler: &GrammarCompiler, lark: &str, text: &s
 }
 
 fn admits_ids(tok: &Arc<Tokenizer>, compiler: &GrammarCompiler, lark: &str, ids: &[u32]) -> bool {
-    let mut c = compiler.compile(&Grammar::Lark(lark.to_string())).unwrap();
+    let c = compiler.compile(&Grammar::Lark(lark.to_string())).unwrap();
+    follows(tok, c, ids)
+}
+
+/// Whether constraint `c` allows each of `ids` in turn and then the end of generation.
+fn follows(tok: &Arc<Tokenizer>, mut c: frink_engine::constraint::Constraint, ids: &[u32]) -> bool {
     let logits = vec![0.0f32; tok.n_vocab()];
     let mut out = Vec::new();
     for &id in ids {
@@ -289,20 +294,10 @@ fn lazy_grammars_leave_text_free_and_enforce_a_started_call() {
             })
             .collect();
         let admits_lazy = |text: &str| {
-            let mut c = compiler
+            let c = compiler
                 .compile_lazy(&Grammar::Lark(lark.clone()), triggers.clone())
                 .unwrap();
-            let logits = vec![0.0f32; tok.n_vocab()];
-            let mut out = Vec::new();
-            for id in tok.encode(text, false, true).unwrap() {
-                c.masked(&logits, &mut out).unwrap();
-                if out[id as usize] == f32::NEG_INFINITY {
-                    return false;
-                }
-                c.commit(id).unwrap();
-            }
-            c.masked(&logits, &mut out).unwrap();
-            out[0].is_finite()
+            follows(&tok, c, &tok.encode(text, false, true).unwrap())
         };
         let text = "No call needed: the answer is 42 {\"x\": 1}.";
         assert!(admits_lazy(text), "{f:?}: free text refused");
