@@ -350,6 +350,20 @@ impl GgufFile {
         Some(value)
     }
 
+    /// Sets metadata `key` to `value` in memory (replacing its value, or appending the
+    /// pair): what later reads of [`GgufFile::get`] see; the file is not touched. For an
+    /// override of one key, as llama.cpp's `--override-kv` does, and for tests that vary
+    /// one key of a large file without copying its tensors.
+    pub fn set_metadata(&mut self, key: &str, value: MetaValue) {
+        match self.key_index.get(key) {
+            Some(&i) => self.metadata[i].1 = value,
+            None => {
+                self.key_index.insert(key.to_string(), self.metadata.len());
+                self.metadata.push((key.to_string(), value));
+            }
+        }
+    }
+
     /// `general.architecture`, if present and a string.
     pub fn architecture(&self) -> Option<&str> {
         self.get("general.architecture")?.as_str()

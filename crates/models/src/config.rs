@@ -297,15 +297,43 @@ impl Keys<'_> {
             .ok_or_else(|| self.err(suffix, "missing"))
     }
 
+    /// A finite number (no hyperparameter is NaN or infinite).
     fn f32_opt(&self, suffix: &str) -> Result<Option<f32>> {
         match self.get(suffix) {
             None => Ok(None),
-            Some(v) => v
-                .as_f32()
-                .map(Some)
-                .ok_or_else(|| self.err(suffix, format!("expected a number, found {v}"))),
+            Some(v) => match v.as_f32() {
+                Some(x) if x.is_finite() => Ok(Some(x)),
+                Some(x) => Err(self.err(suffix, format!("{x} is not a finite number"))),
+                None => Err(self.err(suffix, format!("expected a number, found {v}"))),
+            },
         }
     }
+
+    /// A finite number greater than zero (an epsilon, a RoPE base, a scale).
+    fn f32_pos_opt(&self, suffix: &str) -> Result<Option<f32>> {
+        match self.f32_opt(suffix)? {
+            Some(x) if x <= 0.0 => Err(self.err(suffix, format!("{x} must be positive"))),
+            x => Ok(x),
+        }
+    }
+}
+
+/// The number of layers the tensors of `f` hold: one more than the largest `N` of a
+/// `blk.N.` tensor name (0 without any).
+fn layers_in_tensors(f: &GgufFile) -> usize {
+    f.tensor_infos()
+        .iter()
+        .filter_map(|t| {
+            t.name
+                .strip_prefix("blk.")?
+                .split('.')
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+        .map(|n| n + 1)
+        .max()
+        .unwrap_or(0)
 }
 
 impl ModelConfig {
@@ -366,6 +394,16 @@ impl ModelConfig {
                     format!("{n_expert} experts in {n_group} groups, {n_group_used} used"),
                 ));
             }
+            // Group-limited routing picks the experts among the used groups' only.
+            if n_group > 1 && n_used > n_expert / n_group * n_group_used {
+                return Err(k.err(
+                    "expert_used_count",
+                    format!(
+                        "{n_used}, but {n_group_used} of {n_group} groups hold {} of the {n_expert} experts",
+                        n_expert / n_group * n_group_used
+                    ),
+                ));
+            }
             let norm_topk = match k.get("expert_weights_norm") {
                 Some(v) => v
                     .as_bool()
@@ -387,12 +425,22 @@ impl ModelConfig {
                     .usize_opt("expert_shared_feed_forward_length")?
                     .unwrap_or(0),
                 norm_topk,
-                weights_scale: k.f32_opt("expert_weights_scale")?.unwrap_or(1.0),
+                weights_scale: k.f32_pos_opt("expert_weights_scale")?.unwrap_or(1.0),
             })
         } else {
             None
         };
         let n_layer = k.usize("block_count")?;
+        let in_tensors = layers_in_tensors(f);
+        if n_layer != in_tensors {
+            return Err(k.err(
+                "block_count",
+                format!(
+                    "{n_layer}, but the file's tensors hold {in_tensors} layers (blk.0 … blk.{})",
+                    in_tensors.saturating_sub(1)
+                ),
+            ));
+        }
         let n_embd = k.usize("embedding_length")?;
         let n_ff = k.usize("feed_forward_length")?;
         let n_head = k.usize("attention.head_count")?;
@@ -408,7 +456,8 @@ impl ModelConfig {
             .unwrap_or(n_embd / n_head);
         let head_dim_v = k.usize_opt("attention.value_length")?.unwrap_or(head_dim_k);
         let n_rot = k.usize_opt("rope.dimension_count")?.unwrap_or(head_dim_k);
-        if n_rot > head_dim_k || n_rot % 2 != 0 {
+        let rotary = matches!(arch.position, Position::Rope(_));
+        if n_rot > head_dim_k || n_rot % 2 != 0 || (rotary && n_rot == 0) {
             return Err(k.err(
                 "rope.dimension_count",
                 format!("{n_rot} with head size {head_dim_k}"),
@@ -419,7 +468,7 @@ impl ModelConfig {
             Norm::Layer => "attention.layer_norm_epsilon",
         };
         let norm_eps = k
-            .f32_opt(eps_key)?
+            .f32_pos_opt(eps_key)?
             .ok_or_else(|| k.err(eps_key, "missing"))?;
         if k.get("use_parallel_residual").and_then(|v| v.as_bool()) == Some(true)
             && !arch.parallel_residual
@@ -433,11 +482,11 @@ impl ModelConfig {
         // RoPE scaling: none or linear (llama.cpp LLAMA_ROPE_SCALING_TYPE_LINEAR).
         let mut freq_scale = 1.0f32;
         let mut yarn = None;
-        let freq_base = k.f32_opt("rope.freq_base")?.unwrap_or(10000.0);
+        let freq_base = k.f32_pos_opt("rope.freq_base")?.unwrap_or(10000.0);
         match k.get("rope.scaling.type").map(|v| v.as_str()) {
             None | Some(Some("none")) => {}
             Some(Some("linear")) => {
-                let factor = k.f32_opt("rope.scaling.factor")?.unwrap_or(1.0);
+                let factor = k.f32_pos_opt("rope.scaling.factor")?.unwrap_or(1.0);
                 if factor > 0.0 {
                     freq_scale = 1.0 / factor;
                 }
@@ -445,7 +494,7 @@ impl ModelConfig {
             // llama.cpp LLAMA_ROPE_SCALING_TYPE_YARN; ext_factor defaults to 1 and
             // attn_factor to 1 as in llama.cpp's context parameters.
             Some(Some("yarn")) => {
-                let factor = k.f32_opt("rope.scaling.factor")?.unwrap_or(1.0);
+                let factor = k.f32_pos_opt("rope.scaling.factor")?.unwrap_or(1.0);
                 if factor > 1.0 {
                     freq_scale = 1.0 / factor;
                     let n_ctx_orig = k
@@ -460,7 +509,8 @@ impl ModelConfig {
                         k.f32_opt("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
                         k.f32_opt("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
                         k.f32_opt("rope.scaling.yarn_ext_factor")?.unwrap_or(1.0),
-                        k.f32_opt("rope.scaling.yarn_attn_factor")?.unwrap_or(1.0),
+                        k.f32_pos_opt("rope.scaling.yarn_attn_factor")?
+                            .unwrap_or(1.0),
                     ));
                 }
             }
@@ -486,7 +536,7 @@ impl ModelConfig {
         // Windowed layers with their own base (gemma3) are unscaled; otherwise they share
         // the global RoPE (gpt-oss's YaRN applies to every layer).
         let rope_swa = match k
-            .f32_opt("rope.freq_base_swa")?
+            .f32_pos_opt("rope.freq_base_swa")?
             .or(arch.rope_base_swa_default)
         {
             Some(freq_base) => RopeParams {
@@ -507,6 +557,12 @@ impl ModelConfig {
                 }
                 (0, vec![false; n_layer])
             }
+            _ if n_swa_key == 0 && k.get("attention.sliding_window").is_some() => {
+                return Err(k.err(
+                    "attention.sliding_window",
+                    format!("0, but {arch_name} has sliding-window layers"),
+                ))
+            }
             _ if n_swa_key == 0 => (0, vec![false; n_layer]),
             SwaPattern::LastOfPeriodGlobal(period) => {
                 let layers = (0..n_layer).map(|il| il % period < period - 1).collect();
@@ -517,7 +573,7 @@ impl ModelConfig {
 
         let attn_scale = match arch.attn_scale {
             AttnScale::InvSqrtHeadDim => k
-                .f32_opt("attention.scale")?
+                .f32_pos_opt("attention.scale")?
                 .unwrap_or(1.0 / (head_dim_k as f32).sqrt()),
             AttnScale::Gemma => {
                 // llama.cpp: the 27B gemma models (46 layers for gemma2, 62 for gemma3)
@@ -563,10 +619,10 @@ impl ModelConfig {
         let embed_scale = if arch.embed_scale {
             (n_embd as f32).sqrt()
         } else {
-            k.f32_opt("embedding_scale")?.unwrap_or(1.0)
+            k.f32_pos_opt("embedding_scale")?.unwrap_or(1.0)
         };
-        let residual_scale = k.f32_opt("residual_scale")?.unwrap_or(1.0);
-        let logit_scale = k.f32_opt("logit_scale")?.unwrap_or(1.0);
+        let residual_scale = k.f32_pos_opt("residual_scale")?.unwrap_or(1.0);
+        let logit_scale = k.f32_pos_opt("logit_scale")?.unwrap_or(1.0);
         let pooling = match k.usize_opt("pooling_type")? {
             None => None,
             Some(t) => Some(
@@ -574,8 +630,13 @@ impl ModelConfig {
                     .ok_or_else(|| k.err("pooling_type", format!("unknown pooling type {t}")))?,
             ),
         };
-        let softcap =
-            |key: &str| -> Result<Option<f32>> { Ok(k.f32_opt(key)?.filter(|&c| c > 0.0)) };
+        // 0 disables a cap (as llama.cpp's `f_attn_logit_softcapping` reads it).
+        let softcap = |key: &str| -> Result<Option<f32>> {
+            match k.f32_opt(key)? {
+                Some(c) if c < 0.0 => Err(k.err(key, format!("{c} must not be negative"))),
+                c => Ok(c.filter(|&c| c > 0.0)),
+            }
+        };
         let attn_softcap = softcap("attn_logit_softcapping")?;
         let final_softcap = softcap("final_logit_softcapping")?;
         let alibi_slopes = match arch.position {

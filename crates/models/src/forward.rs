@@ -462,7 +462,8 @@ impl Model {
         let mut v = vec![0f32; n * c.v_dim()];
         let mut qkv = Vec::new();
         let mut attn = vec![0f32; n * c.n_head * c.head_dim_v];
-        let mut gate = vec![0f32; n * c.n_ff];
+        // Sized by each FFN as it runs (`dense_ffn`, the experts' widths).
+        let mut gate = Vec::new();
         let mut up = Vec::new();
         let mut ffn_out = Vec::new();
         let mut ffn_in = vec![0f32; n * d];
