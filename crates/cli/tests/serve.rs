@@ -1588,6 +1588,17 @@ fn ollama_endpoints_refuse_what_they_cannot_honour() {
             .unwrap_or_else(|| panic!("not Ollama's shape: {v}"));
         assert!(msg.contains(needle), "{path} {body}: {msg}");
     }
+    // `think` on a model whose template has no thinking (smollm2's), as Ollama refuses it.
+    let r = srv.request(
+        "POST",
+        "/api/chat",
+        Some(
+            &json!({"model": "m", "think": true, "messages": [{"role": "user", "content": "hi"}]})
+                .to_string(),
+        ),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.json()["error"].as_str().unwrap().contains("think"));
     // A request naming no work: Ollama's load answer.
     let v = srv.post_ok("/api/generate", &json!({"model": "m"}));
     assert_eq!(

@@ -290,8 +290,29 @@ fn format(obj: &Map<String, Value>, out: &mut Map<String, Value>) -> Result<(), 
 }
 
 /// `think`: `true`/`false` switch a reasoning template's thinking (`enable_thinking`), a
-/// level (`"low"`, `"medium"`, `"high"`) sets `reasoning_effort` (gpt-oss).
-fn think(obj: &Map<String, Value>, out: &mut Map<String, Value>) -> Result<(), ApiError> {
+/// level (`"low"`, `"medium"`, `"high"`) sets `reasoning_effort` (gpt-oss). Asking a model
+/// whose template has no thinking to think is refused, as Ollama refuses it; `false` is
+/// what such a model does anyway.
+fn think(
+    st: &AppState,
+    obj: &Map<String, Value>,
+    out: &mut Map<String, Value>,
+) -> Result<(), ApiError> {
+    let asked = !matches!(
+        obj.get("think"),
+        None | Some(Value::Null) | Some(Value::Bool(false))
+    );
+    if asked {
+        let eng = st.engine()?;
+        let template = st
+            .chat_template
+            .as_deref()
+            .or(eng.tok.chat_template())
+            .unwrap_or("");
+        if !(crate::reasoning::detect(template) || crate::harmony::detect(template)) {
+            return Err(bad("'think': this model's chat template has no thinking"));
+        }
+    }
     let kwargs = match obj.get("think") {
         None | Some(Value::Null) => return Ok(()),
         Some(Value::Bool(b)) => json!({"enable_thinking": b}),
@@ -389,12 +410,12 @@ enum Shape {
     Generate,
 }
 
-/// The lines of one reply, built as the answer is read.
+/// The lines of one reply, built as the answer is read. (Generate's deprecated `context`
+/// is not returned: frink does not take it back.)
 struct Reply {
     shape: Shape,
     model: String,
     start: Instant,
-    prompt: Vec<u32>,
 }
 
 impl Reply {
@@ -456,11 +477,6 @@ impl Reply {
         v["prompt_eval_duration"] = json!(ns(c.first_token_ms));
         v["eval_count"] = json!(c.ids.len());
         v["eval_duration"] = json!(ns(c.gen_ms));
-        if self.shape == Shape::Generate {
-            let mut context = self.prompt.clone();
-            context.extend(&c.ids);
-            v["context"] = json!(context);
-        }
     }
 }
 
@@ -499,7 +515,6 @@ async fn answer(
         shape,
         model: std::mem::take(&mut p.model),
         start,
-        prompt: p.prompt.clone(),
     };
     let format = std::mem::take(&mut p.answer);
     if !stream {
@@ -629,7 +644,7 @@ pub(crate) async fn chat(State(st): St, headers: HeaderMap, body: Bytes) -> Resp
         }
         let num_ctx = options(&obj, &mut oa)?;
         format(&obj, &mut oa)?;
-        think(&obj, &mut oa)?;
+        think(&st, &obj, &mut oa)?;
         let mut p = prepare_chat(&st, &oa)?;
         limit_context(&st, &mut p, num_ctx)?;
         Ok(Ok((p, stream)))
@@ -682,7 +697,7 @@ pub(crate) async fn generate(State(st): St, headers: HeaderMap, body: Bytes) -> 
             }
             msgs.push(json!({"role": "user", "content": prompt}));
             oa.insert("messages".into(), Value::Array(msgs));
-            think(&obj, &mut oa)?;
+            think(&st, &obj, &mut oa)?;
             prepare_chat(&st, &oa)?
         };
         limit_context(&st, &mut p, num_ctx)?;

@@ -156,7 +156,8 @@ impl Hub {
             Err(ureq::Error::Status(code, _)) => {
                 Err(StoreError::Hub(format!("{url}: HTTP {code}")))
             }
-            Err(e) => Err(StoreError::Hub(format!("{url}: {e}"))),
+            // (ureq's transport errors name the URL themselves.)
+            Err(e) => Err(StoreError::Hub(e.to_string())),
         }
     }
 
