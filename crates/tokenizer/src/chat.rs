@@ -392,8 +392,19 @@ fn without_generation_tags(source: &str) -> String {
     out
 }
 
+/// Instructions a template may run for one rendering: a real template renders a long
+/// conversation in well under a million (the 19 templates of the tests, with tools, in at
+/// most some tens of thousands), and a template that loops without end stops within a
+/// second instead of holding a server thread (minijinja's fuel).
+pub const TEMPLATE_FUEL: u64 = 50_000_000;
+
+/// The longest prompt text a template may render, in bytes; longer is an error (a
+/// template that renders megabytes of nothing, or a request too large for any context).
+pub const TEMPLATE_MAX_OUTPUT: usize = 64 << 20;
+
 fn environment(source: &str, now: std::time::SystemTime) -> Result<Environment<'static>> {
     let mut env = Environment::new();
+    env.set_fuel(Some(TEMPLATE_FUEL));
     env.set_syntax(
         minijinja::syntax::SyntaxConfig::builder()
             .trim_blocks(true)
@@ -464,11 +475,24 @@ pub fn render_template(
     for (k, v) in &inputs.kwargs {
         ctx.insert(k.clone(), v.clone());
     }
-    tmpl.render(Value::from(minijinja::value::Serde(&ctx)))
-        .map_err(template_error)
+    let out = tmpl
+        .render(Value::from(minijinja::value::Serde(&ctx)))
+        .map_err(template_error)?;
+    if out.len() > TEMPLATE_MAX_OUTPUT {
+        return Err(TokenizerError::Template(format!(
+            "the template rendered {} bytes, more than the {TEMPLATE_MAX_OUTPUT} a prompt may have",
+            out.len()
+        )));
+    }
+    Ok(out)
 }
 
 fn template_error(e: Error) -> TokenizerError {
+    if e.kind() == ErrorKind::OutOfFuel {
+        return TokenizerError::Template(format!(
+            "the template ran more than {TEMPLATE_FUEL} steps without finishing (does it loop without end?)"
+        ));
+    }
     let mut msg = e.to_string();
     let mut src = std::error::Error::source(&e);
     while let Some(s) = src {
