@@ -371,7 +371,7 @@ impl ModelConfig {
             if n_used == 0 || n_used > n_expert {
                 return Err(k.err(
                     "expert_used_count",
-                    format!("{n_used} of {n_expert} experts"),
+                    format!("{n_used} of {n_expert} experts ({})", k.key("expert_count")),
                 ));
             }
             // llama.cpp LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX = 1 (the default), _SIGMOID = 2.
@@ -391,7 +391,11 @@ impl ModelConfig {
             {
                 return Err(k.err(
                     "expert_group_count",
-                    format!("{n_expert} experts in {n_group} groups, {n_group_used} used"),
+                    format!(
+                        "{n_expert} experts ({}) in {n_group} groups, {n_group_used} used ({})",
+                        k.key("expert_count"),
+                        k.key("expert_group_used_count")
+                    ),
                 ));
             }
             // Group-limited routing picks the experts among the used groups' only.
@@ -399,7 +403,9 @@ impl ModelConfig {
                 return Err(k.err(
                     "expert_used_count",
                     format!(
-                        "{n_used}, but {n_group_used} of {n_group} groups hold {} of the {n_expert} experts",
+                        "{n_used}, but {n_group_used} of {n_group} groups ({}, {}) hold {} of the {n_expert} experts",
+                        k.key("expert_group_used_count"),
+                        k.key("expert_group_count"),
                         n_expert / n_group * n_group_used
                     ),
                 ));
@@ -445,10 +451,23 @@ impl ModelConfig {
         let n_ff = k.usize("feed_forward_length")?;
         let n_head = k.usize("attention.head_count")?;
         let n_head_kv = k.usize_opt("attention.head_count_kv")?.unwrap_or(n_head);
-        if n_layer == 0 || n_embd == 0 || n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 {
+        for (key, v) in [
+            ("block_count", n_layer),
+            ("embedding_length", n_embd),
+            ("attention.head_count", n_head),
+            ("attention.head_count_kv", n_head_kv),
+        ] {
+            if v == 0 {
+                return Err(k.err(key, "0"));
+            }
+        }
+        if n_head % n_head_kv != 0 {
             return Err(k.err(
-                "attention.head_count",
-                format!("inconsistent shape: {n_layer} layers, hidden {n_embd}, {n_head} heads, {n_head_kv} KV heads"),
+                "attention.head_count_kv",
+                format!(
+                    "{n_head_kv} KV heads do not divide the {n_head} heads ({})",
+                    k.key("attention.head_count")
+                ),
             ));
         }
         let head_dim_k = k
@@ -460,7 +479,12 @@ impl ModelConfig {
         if n_rot > head_dim_k || n_rot % 2 != 0 || (rotary && n_rot == 0) {
             return Err(k.err(
                 "rope.dimension_count",
-                format!("{n_rot} with head size {head_dim_k}"),
+                format!(
+                    "{n_rot} rotary dimensions with head size {head_dim_k} ({}, else {} / {}): must be even, non-zero and at most the head size",
+                    k.key("attention.key_length"),
+                    k.key("embedding_length"),
+                    k.key("attention.head_count")
+                ),
             ));
         }
         let eps_key = match arch.norm {
@@ -605,7 +629,15 @@ impl ModelConfig {
                 {
                     return Err(k.err(
                         "attention.kv_lora_rank",
-                        format!("an MLA layout this reader does not know: {n_head_kv} KV heads, key {head_dim_k}, value {head_dim_v}, rank {kv_lora_rank}, rope {n_rot}, qk {}", m.qk_head_dim),
+                        format!(
+                            "an MLA layout this reader does not know: {n_head_kv} KV heads ({}), key {head_dim_k} ({}), value {head_dim_v} ({}), rank {kv_lora_rank}, rope {n_rot} ({}), qk {} ({})",
+                            k.key("attention.head_count_kv"),
+                            k.key("attention.key_length"),
+                            k.key("attention.value_length"),
+                            k.key("rope.dimension_count"),
+                            m.qk_head_dim,
+                            k.key("attention.key_length_mla")
+                        ),
                     ));
                 }
                 Some(m)
