@@ -369,6 +369,12 @@ impl AppState {
         })
     }
 
+    /// The chat template prompts are rendered with: the server's override
+    /// (`--chat-template[-file]`) or the file's.
+    fn template<'a>(&'a self, eng: &'a Engine) -> Option<&'a str> {
+        self.chat_template.as_deref().or(eng.tok.chat_template())
+    }
+
     fn next_id(&self, prefix: &str) -> String {
         format!("{prefix}-{}", self.next_id.fetch_add(1, Ordering::Relaxed))
     }
@@ -695,10 +701,10 @@ fn prepare_chat(st: &AppState, obj: &Map<String, Value>) -> Result<Prepared, Api
     // A lazy grammar's trigger (tool_choice "auto": a call, once begun, is enforced).
     let mut trigger = None;
     let mut answer = answer::AnswerFormat::default();
-    let mut shown_tokens = Vec::new();
+    // The markers whose control tokens the answer must show.
+    let mut markers: Vec<&str> = Vec::new();
     let mut tools_for_template = None;
-    // The template the prompt is rendered with: the server's override or the file's.
-    let template = st.chat_template.as_deref().or(eng.tok.chat_template());
+    let template = st.template(eng);
     if let Some(tv) = obj.get("tools").filter(|v| !v.is_null()) {
         let bad = |p: &str, m: String| ApiError::invalid(Some(p), m);
         let tools = tools::check_tools(tv).map_err(|m| bad("tools", m))?;
@@ -728,15 +734,7 @@ fn prepare_chat(st: &AppState, obj: &Map<String, Value>) -> Result<Prepared, Api
                 // `auto`: free text, and a call held to the grammar once it begins.
                 let lark = format.auto_grammar(&usable, parallel, &|m| eng.tok.control_token(m));
                 grammar = Some(("tools", frink_engine::constraint::Grammar::Lark(lark)));
-                use frink_engine::constraint::Trigger;
-                let triggers = format.triggers().into_iter().map(|(t, at_start)| {
-                    match (eng.tok.control_token(t), at_start) {
-                        (Some(id), _) => Trigger::Token(id),
-                        (None, true) => Trigger::Prefix(t.to_string()),
-                        (None, false) => Trigger::Text(t.to_string()),
-                    }
-                });
-                trigger = Some(triggers.collect());
+                trigger = Some(format.triggers(&|m| eng.tok.control_token(m)));
             }
             // llama.cpp's `parse_tool_calls: false`: the calls stay in the text.
             let parse_calls = api::opt_bool(obj, "parse_tool_calls")?.unwrap_or(true);
@@ -744,11 +742,7 @@ fn prepare_chat(st: &AppState, obj: &Map<String, Value>) -> Result<Prepared, Api
                 // Harmony's calls come out of its channels (the reasoning splitter).
                 answer.tool_format = Some(format).filter(|&f| f != tools::ToolFormat::Harmony);
                 answer.tools = tools::ToolSet::new(&usable);
-                shown_tokens = format
-                    .markers()
-                    .iter()
-                    .filter_map(|m| eng.tok.control_token(m))
-                    .collect();
+                markers.extend(format.markers());
             }
             tools_for_template = Some(Value::Array(tools));
         }
@@ -801,10 +795,14 @@ fn prepare_chat(st: &AppState, obj: &Map<String, Value>) -> Result<Prepared, Api
     };
     answer.reasoning = reasoning::Mode::detect(template.unwrap_or(""), &rendered.text, split);
     if matches!(answer.reasoning, Some(reasoning::Mode::Harmony { .. })) {
-        for m in crate::harmony::MARKERS {
-            shown_tokens.extend(eng.tok.control_token(m));
-        }
+        markers.extend(crate::harmony::MARKERS);
     }
+    markers.sort_unstable();
+    markers.dedup();
+    let shown_tokens = markers
+        .iter()
+        .filter_map(|m| eng.tok.control_token(m))
+        .collect();
     let constraints = eng.constraints(grammar, trigger, opts.n)?;
     Ok(Prepared {
         prompt,
@@ -962,6 +960,22 @@ fn embedding_inputs(eng: &Engine, obj: &Map<String, Value>) -> Result<Vec<Vec<u3
     Ok(inputs)
 }
 
+/// Refuses an embedding request's `dimensions` unless it is the model's own width (frink
+/// does not shorten embeddings).
+fn check_dimensions(eng: &Engine, obj: &Map<String, Value>) -> Result<(), ApiError> {
+    match api::opt_i64(obj, "dimensions")? {
+        Some(d) if d != eng.n_embd as i64 => Err(ApiError::invalid(
+            Some("dimensions"),
+            format!(
+                "this model's embeddings have {} dimensions and cannot be shortened (got {d})",
+                eng.n_embd
+            ),
+        )
+        .with_code("unsupported_field")),
+        _ => Ok(()),
+    }
+}
+
 /// Embeds `inputs` through the scheduler (several inputs batch together; a vector does
 /// not depend on its batch), each pooled with the server's pooling and normalised with
 /// `embd_norm` ([`frink_engine::embed::normalize`]; -1: raw). Returns the vectors in
@@ -1044,16 +1058,7 @@ async fn embeddings(State(st): St, headers: HeaderMap, body: Bytes) -> Response 
                 ))
             }
         };
-        let n_embd = eng.n_embd;
-        if let Some(d) = api::opt_i64(&obj, "dimensions")? {
-            if d != n_embd as i64 {
-                return Err(ApiError::invalid(
-                    Some("dimensions"),
-                    format!("this model's embeddings have {n_embd} dimensions and cannot be shortened (got {d})"),
-                )
-                .with_code("unsupported_field"));
-            }
-        }
+        check_dimensions(eng, &obj)?;
         let inputs = embedding_inputs(eng, &obj)?;
         let (vectors, tokens) = embed_inputs(&st, inputs, 2).await?;
         let data: Vec<Value> = vectors

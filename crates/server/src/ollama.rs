@@ -147,7 +147,7 @@ impl ModelInfo {
             if crate::tools::ToolFormat::detect(&template).is_some() {
                 capabilities.push("tools");
             }
-            if crate::reasoning::detect(&template) || crate::harmony::detect(&template) {
+            if crate::reasoning::thinks(&template) {
                 capabilities.push("thinking");
             }
         }
@@ -302,16 +302,8 @@ fn think(
         obj.get("think"),
         None | Some(Value::Null) | Some(Value::Bool(false))
     );
-    if asked {
-        let eng = st.engine()?;
-        let template = st
-            .chat_template
-            .as_deref()
-            .or(eng.tok.chat_template())
-            .unwrap_or("");
-        if !(crate::reasoning::detect(template) || crate::harmony::detect(template)) {
-            return Err(bad("'think': this model's chat template has no thinking"));
-        }
+    if asked && !crate::reasoning::thinks(st.template(st.engine()?).unwrap_or("")) {
+        return Err(bad("'think': this model's chat template has no thinking"));
     }
     let kwargs = match obj.get("think") {
         None | Some(Value::Null) => return Ok(()),
@@ -785,14 +777,7 @@ pub(crate) async fn embed(State(st): St, headers: HeaderMap, body: Bytes) -> Res
         st.authorize(&headers)?;
         let obj = api::parse_object(&body)?;
         let eng = st.engine()?;
-        if let Some(d) = api::opt_i64(&obj, "dimensions")? {
-            if d != eng.n_embd as i64 {
-                return Err(bad(format!(
-                    "this model's embeddings have {} dimensions and cannot be shortened (got {d})",
-                    eng.n_embd
-                )));
-            }
-        }
+        check_dimensions(eng, &obj)?;
         let mut inputs = embedding_inputs(eng, &obj)?;
         if obj.get("truncate").and_then(Value::as_bool).unwrap_or(true) {
             for t in &mut inputs {

@@ -20,6 +20,12 @@ pub fn detect(template: &str) -> bool {
     template.contains(OPEN)
 }
 
+/// Whether `template` lets the model reason before answering, in `<think>` tags or in
+/// harmony's analysis channel.
+pub fn thinks(template: &str) -> bool {
+    detect(template) || crate::harmony::detect(template)
+}
+
 /// Whether an answer to `prompt` (the rendered text) starts inside the thinking.
 pub fn starts_inside(prompt: &str) -> bool {
     prompt.trim_end().ends_with(OPEN)

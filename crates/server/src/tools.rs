@@ -24,6 +24,7 @@
 //! of them) naming one of the tools. A template without a known format makes a request with
 //! tools a 400 naming the reason, rather than an answer whose calls are left in the text.
 
+use frink_engine::constraint::Trigger;
 use frink_engine::partial_match_len;
 use serde_json::{json, Map, Value};
 
@@ -239,14 +240,20 @@ impl ToolFormat {
         !matches!(self, ToolFormat::Llama3Json | ToolFormat::Harmony)
     }
 
-    /// What begins a call under `tool_choice: "auto"`: (text, only at the answer's start).
-    /// The format's opening marker anywhere; the JSON fallback's shapes at the start.
-    pub fn triggers(self) -> Vec<(&'static str, bool)> {
-        let mut t = vec![(self.trigger(), false)];
+    /// What begins a call under `tool_choice: "auto"` (the triggers of
+    /// [`ToolFormat::auto_grammar`]'s lazy constraint): the format's opening marker
+    /// anywhere (its token where `token` says it is one control token), and the JSON
+    /// fallback's shapes at the answer's start.
+    pub fn triggers(self, token: &dyn Fn(&str) -> Option<u32>) -> Vec<Trigger> {
+        let t = self.trigger();
+        let mut out = vec![match token(t) {
+            Some(id) => Trigger::Token(id),
+            None => Trigger::Text(t.to_string()),
+        }];
         if self.json_fallback_triggers() {
-            t.extend([("```json", true), ("{\"name\"", true)]);
+            out.extend(["```json", "{\"name\""].map(|p| Trigger::Prefix(p.to_string())));
         }
-        t
+        out
     }
 
     fn grammar(
@@ -817,28 +824,15 @@ fn strip_markers(text: &str, drop: &[&str]) -> String {
 }
 
 /// A whole output parsed: its content (text between calls, joined; surrounding whitespace
-/// of a reply that has calls trimmed) and its calls.
+/// of a reply that has calls trimmed) and its calls ([`crate::answer::AnswerFormat::parse`]
+/// with no reasoning to split).
 pub fn parse(format: ToolFormat, tools: &ToolSet, text: &str) -> (String, Vec<ToolCall>) {
-    let mut p = StreamParser::new(format, tools.clone());
-    let mut items = p.push(text);
-    items.extend(p.finish());
-    let (mut content, calls) = gather(items);
-    if !calls.is_empty() {
-        content = content.trim().to_string();
-    }
-    (content, calls)
-}
-
-/// The text of `items` joined, and their calls in order.
-pub fn gather(items: Vec<Item>) -> (String, Vec<ToolCall>) {
-    let mut content = String::new();
-    let mut calls = Vec::new();
-    for it in items {
-        match it {
-            Item::Text(t) => content.push_str(&t),
-            Item::Call(c) => calls.push(c),
-        }
-    }
+    let answer = crate::answer::AnswerFormat {
+        tool_format: Some(format),
+        tools: tools.clone(),
+        reasoning: None,
+    };
+    let (_, content, calls) = answer.parse(text);
     (content, calls)
 }
 
@@ -943,6 +937,19 @@ pub fn message_extra(m: &Map<String, Value>) -> Map<String, Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The text of `items` joined, and their calls in order.
+    fn gather(items: Vec<Item>) -> (String, Vec<ToolCall>) {
+        let mut content = String::new();
+        let mut calls = Vec::new();
+        for it in items {
+            match it {
+                Item::Text(t) => content.push_str(&t),
+                Item::Call(c) => calls.push(c),
+            }
+        }
+        (content, calls)
+    }
 
     fn weather() -> Value {
         json!({"type": "function", "function": {"name": "get_weather", "parameters": {

@@ -272,7 +272,6 @@ fn each_format_grammar_admits_its_call_and_refuses_a_bad_one() {
 /// call object, which small models write instead of their template's format).
 #[test]
 fn lazy_grammars_leave_text_free_and_enforce_a_started_call() {
-    use frink_engine::constraint::Trigger;
     let tok = tokenizer();
     let compiler = GrammarCompiler::new(Arc::clone(&tok)).unwrap();
     let w = weather();
@@ -284,15 +283,7 @@ fn lazy_grammars_leave_text_free_and_enforce_a_started_call() {
     use ToolFormat::*;
     for (f, good, bad) in [case(Hermes), case(Llama3Json), case(MistralArgs)] {
         let lark = f.auto_grammar(&[&w], true, &token);
-        let triggers: Vec<Trigger> = f
-            .triggers()
-            .into_iter()
-            .map(|(t, at_start)| match (tok.control_token(t), at_start) {
-                (Some(id), _) => Trigger::Token(id),
-                (None, true) => Trigger::Prefix(t.to_string()),
-                (None, false) => Trigger::Text(t.to_string()),
-            })
-            .collect();
+        let triggers = f.triggers(&token);
         let admits_lazy = |text: &str| {
             let c = compiler
                 .compile_lazy(&Grammar::Lark(lark.clone()), triggers.clone())
