@@ -94,7 +94,7 @@ pub struct Hub {
 }
 
 /// `-00001-of-00003.gguf`: (shard number, count) of a split model's file name.
-fn shard_of(path: &str) -> Option<(usize, usize)> {
+pub(crate) fn shard_of(path: &str) -> Option<(usize, usize)> {
     let stem = path.strip_suffix(".gguf")?;
     let (rest, count) = stem.rsplit_once("-of-")?;
     let (_, no) = rest.rsplit_once('-')?;
@@ -102,6 +102,21 @@ fn shard_of(path: &str) -> Option<(usize, usize)> {
         return None;
     }
     Some((no.parse().ok()?, count.parse().ok()?))
+}
+
+/// The files of the model whose (first) file is `first`: all shards in order for the first
+/// shard of a split model (`…-00001-of-00003.gguf`, llama.cpp's `gguf-split` names), else
+/// `first` alone.
+pub(crate) fn shards(first: &str) -> Vec<String> {
+    match shard_of(first) {
+        Some((1, n)) => {
+            let stem = first.trim_end_matches(&format!("-00001-of-{n:05}.gguf"));
+            (1..=n)
+                .map(|k| format!("{stem}-{k:05}-of-{n:05}.gguf"))
+                .collect()
+        }
+        _ => vec![first.to_string()],
+    }
 }
 
 impl Hub {
@@ -268,15 +283,9 @@ impl Hub {
                 listing()
             )));
         }
-        let Some((_, count)) = shard_of(&first.path) else {
-            return Ok(vec![(*first).clone()]);
-        };
-        let stem = first
-            .path
-            .trim_end_matches(&format!("-00001-of-{count:05}.gguf"));
-        (1..=count)
-            .map(|k| {
-                let p = format!("{stem}-{k:05}-of-{count:05}.gguf");
+        shards(&first.path)
+            .into_iter()
+            .map(|p| {
                 files
                     .iter()
                     .find(|f| f.path == p)
@@ -406,14 +415,7 @@ pub fn pull(hub: &Hub, root: &Path, name: &HubName) -> Result<PathBuf> {
     // A named file already complete (a split one with all its shards) needs no listing.
     if let Some(f) = &name.file {
         let p = dir.join(f);
-        let complete = match shard_of(f) {
-            Some((1, n)) => (2..=n).all(|k| {
-                let stem = f.trim_end_matches(&format!("-00001-of-{n:05}.gguf"));
-                dir.join(format!("{stem}-{k:05}-of-{n:05}.gguf")).is_file()
-            }),
-            _ => true,
-        };
-        if p.is_file() && complete {
+        if shards(f).iter().all(|s| dir.join(s).is_file()) {
             return Ok(p);
         }
     }

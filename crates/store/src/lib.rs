@@ -290,8 +290,7 @@ impl Store {
             };
             let rel = rel.to_string_lossy().replace('\\', "/");
             let file = rel.splitn(3, '/').nth(2).unwrap_or("");
-            let later_shard = file.contains("-of-") && !file.contains("-00001-of-");
-            if later_shard {
+            if hf::shard_of(file).is_some_and(|(no, _)| no > 1) {
                 continue;
             }
             out.push(ListedModel {
@@ -322,26 +321,15 @@ impl Store {
                     .collect::<Vec<_>>()
                     .join(", "),
             })?;
-        let mut files = vec![listed.path.clone()];
         let fname = listed
             .path
             .file_name()
             .and_then(|n| n.to_str())
             .unwrap_or("");
-        if let Some(pos) = fname.find("-00001-of-") {
-            let stem = &fname[..pos];
-            let count: usize = fname[pos + 10..]
-                .trim_end_matches(".gguf")
-                .parse()
-                .unwrap_or(1);
-            for k in 2..=count {
-                files.push(
-                    listed
-                        .path
-                        .with_file_name(format!("{stem}-{k:05}-of-{count:05}.gguf")),
-                );
-            }
-        }
+        let files: Vec<PathBuf> = hf::shards(fname)
+            .iter()
+            .map(|f| listed.path.with_file_name(f))
+            .collect();
         for f in &files {
             if f.exists() {
                 fs::remove_file(f).ctx(|| format!("removing {}", f.display()))?;
