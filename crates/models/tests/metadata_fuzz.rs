@@ -58,6 +58,67 @@ fn logits(file: GgufFile, ids: &[u32]) -> Result<Vec<f32>, String> {
         .map_err(|e| e.to_string())
 }
 
+/// The verdicts on a run of variants.
+#[derive(Default)]
+struct Tally {
+    cases: usize,
+    refused: usize,
+    same: usize,
+    changed: usize,
+    bad: Vec<String>,
+}
+
+impl Tally {
+    /// Judges the variant of `name` with `key = v`, run by `run`, against `base`: a
+    /// refusal must name the key (a consistency check names every key it reads) or the
+    /// tensor the value contradicts; logits must be finite.
+    fn judge(
+        &mut self,
+        name: &str,
+        key: &str,
+        v: &MetaValue,
+        base: &[f32],
+        run: impl FnOnce() -> Result<Vec<f32>, String>,
+    ) {
+        self.cases += 1;
+        match catch_unwind(AssertUnwindSafe(run)) {
+            Err(_) => self.bad.push(format!("{name}: {key} = {v}: panic")),
+            Ok(Err(e)) => {
+                self.refused += 1;
+                if !(e.contains(key) || e.contains("tensor")) {
+                    self.bad.push(format!(
+                        "{name}: {key} = {v}: error does not name the key: {e}"
+                    ));
+                }
+            }
+            Ok(Ok(l)) if l.iter().any(|x| !x.is_finite()) => self
+                .bad
+                .push(format!("{name}: {key} = {v}: non-finite logits")),
+            Ok(Ok(l)) if l == base => self.same += 1,
+            Ok(Ok(_)) => self.changed += 1,
+        }
+    }
+
+    /// Prints the counts and fails on any bad variant.
+    fn finish(self, what: &str, start: std::time::Instant) {
+        eprintln!(
+            "{what}: {} variants in {:.1} s: {} refused by name, {} identical, {} valid and different, {} bad",
+            self.cases,
+            start.elapsed().as_secs_f64(),
+            self.refused,
+            self.same,
+            self.changed,
+            self.bad.len()
+        );
+        assert!(
+            self.bad.is_empty(),
+            "{} bad variants:\n{}",
+            self.bad.len(),
+            self.bad.join("\n")
+        );
+    }
+}
+
 #[test]
 fn hostile_numeric_metadata_is_refused_by_name_or_harmless() {
     let Some(root) = frink_testdata::require("fixtures/tiny", "metadata fuzzing") else {
@@ -84,8 +145,7 @@ fn hostile_numeric_metadata_is_refused_by_name_or_harmless() {
         .map(|e| e.path())
         .collect();
     dirs.sort();
-    let (mut cases, mut refused, mut same, mut changed) = (0, 0, 0, 0);
-    let mut bad = Vec::new();
+    let mut tally = Tally::default();
     let start = std::time::Instant::now();
     for dir in dirs {
         let path = dir.join("model.gguf");
@@ -99,52 +159,22 @@ fn hostile_numeric_metadata_is_refused_by_name_or_harmless() {
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
         for (key, value) in file.metadata() {
             for v in variants(value, &extra) {
-                cases += 1;
                 let mut w = GgufWriter::from_file(&file).unwrap();
                 w.add_metadata(key.clone(), v.clone());
                 let variant = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
                 // (Printed so that an abort, which no test can catch, names its case.)
                 eprintln!("case {name} {key} = {v}");
-                match catch_unwind(AssertUnwindSafe(|| logits(variant, &ids))) {
-                    Err(_) => bad.push(format!("{name}: {key} = {v}: panic")),
-                    Ok(Err(e)) => {
-                        refused += 1;
-                        // The key itself (a consistency check names every key it
-                        // reads), or the tensor the value contradicts.
-                        let names_it = e.contains(key.as_str()) || e.contains("tensor");
-                        if !names_it {
-                            bad.push(format!(
-                                "{name}: {key} = {v}: error does not name the key: {e}"
-                            ));
-                        }
-                    }
-                    Ok(Ok(l)) if l.iter().any(|x| !x.is_finite()) => {
-                        bad.push(format!("{name}: {key} = {v}: non-finite logits"))
-                    }
-                    Ok(Ok(l)) if l == base => same += 1,
-                    Ok(Ok(_)) => changed += 1,
-                }
+                tally.judge(&name, key, &v, &base, || logits(variant, &ids));
             }
         }
     }
-    eprintln!(
-        "{cases} variants in {:.1} s: {refused} refused by name, {same} identical, {changed} valid and different, {} bad",
-        start.elapsed().as_secs_f64(),
-        bad.len()
-    );
-    assert!(
-        bad.is_empty(),
-        "{} bad variants:\n{}",
-        bad.len(),
-        bad.join("\n")
-    );
+    tally.finish("fixtures", start);
 }
 
 #[test]
 fn hostile_numeric_metadata_of_the_catalog_models_is_refused_or_harmless() {
     let store = frink_store::Store::from_env().unwrap();
-    let (mut cases, mut refused, mut same, mut changed) = (0, 0, 0, 0);
-    let mut bad = Vec::new();
+    let mut tally = Tally::default();
     let start = std::time::Instant::now();
     for name in ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"] {
         let path = store.resolve(name).unwrap();
@@ -160,40 +190,11 @@ fn hostile_numeric_metadata_of_the_catalog_models_is_refused_or_harmless() {
             .collect();
         for (key, value) in keys {
             for v in variants(&value, &[]) {
-                cases += 1;
                 let mut variant = GgufFile::open(&path).unwrap();
                 variant.set_metadata(&key, v.clone());
-                match catch_unwind(AssertUnwindSafe(|| logits(variant, &ids))) {
-                    Err(_) => bad.push(format!("{name}: {key} = {v}: panic")),
-                    Ok(Err(e)) => {
-                        refused += 1;
-                        if !(e.contains(key.as_str())
-                            || e.starts_with("metadata ")
-                            || e.contains("tensor"))
-                        {
-                            bad.push(format!(
-                                "{name}: {key} = {v}: error does not name the key: {e}"
-                            ));
-                        }
-                    }
-                    Ok(Ok(l)) if l.iter().any(|x| !x.is_finite()) => {
-                        bad.push(format!("{name}: {key} = {v}: non-finite logits"))
-                    }
-                    Ok(Ok(l)) if l == base => same += 1,
-                    Ok(Ok(_)) => changed += 1,
-                }
+                tally.judge(name, &key, &v, &base, || logits(variant, &ids));
             }
         }
     }
-    eprintln!(
-        "catalog: {cases} variants in {:.1} s: {refused} refused by name, {same} identical, {changed} valid and different, {} bad",
-        start.elapsed().as_secs_f64(),
-        bad.len()
-    );
-    assert!(
-        bad.is_empty(),
-        "{} bad variants:\n{}",
-        bad.len(),
-        bad.join("\n")
-    );
+    tally.finish("catalog", start);
 }
