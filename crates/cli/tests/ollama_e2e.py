@@ -14,16 +14,10 @@ import urllib.request
 
 import jsonschema
 import ollama
+from e2e_checks import check, failures
 
 base_url, model = sys.argv[1].removesuffix("/v1"), sys.argv[2]
 client = ollama.Client(host=base_url, timeout=300)
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print(f"FAILED: {what}", file=sys.stderr)
 
 
 def post(path, body):

@@ -18,16 +18,10 @@ import time
 
 import jsonschema
 import openai
+from e2e_checks import check, failures
 
 base_url, model = sys.argv[1], sys.argv[2]
 client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=300)
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print(f"FAILED: {what}", file=sys.stderr)
 
 
 S = {"type": "string", "maxLength": 24}
