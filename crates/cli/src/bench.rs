@@ -94,7 +94,12 @@ fn run_once(
     n_gen: usize,
     rep: u64,
 ) -> Result<f64> {
-    session.truncate(n_depth);
+    let kept = session.truncate(n_depth);
+    if kept < n_depth {
+        // A recurrent state cannot be cut back to the depth: it is evaluated again, untimed.
+        let depth = tokens(n_depth, session.model().config.n_vocab, u64::MAX);
+        session.eval(&depth[kept..], Logits::None)?;
+    }
     let ids = tokens(n_prompt + n_gen, session.model().config.n_vocab, rep);
     let start = Instant::now();
     if n_prompt > 0 {

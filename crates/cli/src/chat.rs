@@ -72,7 +72,8 @@ pub fn run(args: &ChatArgs) -> Result<()> {
         // Reuse the cached prefix; always evaluate at least one token for fresh logits.
         let keep = common_prefix(&cached, &ids).min(ids.len() - 1);
         args.gen.check_fits(ids.len())?;
-        session.truncate(keep);
+        // A recurrent model keeps its whole state or starts over.
+        let keep = session.truncate(keep);
         // Each answer starts afresh: the seed's stream, and the grammar from its start.
         let mut sampler = Sampler::new(sampling.clone())
             .with_constraint(grammar.as_ref().map(|g| g.fresh()).transpose()?);

@@ -11,6 +11,18 @@ use serde_json::{json, Value};
 /// lists, merges) are summarised as `{"type": "array", "elem_type", "len", "head"}`.
 const FULL_ARRAY_MAX: usize = 256;
 
+/// Prints the layer plan the file compiles to ([`frink_models::plan::Plan`]): one line
+/// per run of identical layers.
+///
+/// Errors: the file's, and [`frink_models::ModelConfig::from_gguf`]'s (an unsupported
+/// architecture, inconsistent metadata).
+pub fn plan(path: &Path) -> Result<()> {
+    let f = GgufFile::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let config = frink_models::ModelConfig::from_gguf(&f)?;
+    print!("{}", config.plan);
+    Ok(())
+}
+
 /// Prints the file's summary (and tensor table with `tensors`), as text or one JSON object:
 /// `{"path", "version", "architecture", "file_bytes", "alignment", "data_offset",
 /// "metadata": {key: value}, "tensor_count", "type_counts": {type: {"count", "bytes"}},

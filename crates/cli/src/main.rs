@@ -61,6 +61,10 @@ enum Command {
         /// Print one JSON object instead of text.
         #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = ArgAction::Set, default_value_t = false)]
         json: bool,
+        /// Print the layer plan instead: what each layer computes (token mixer, channel
+        /// mixer, norms, residual), runs of identical layers on one line.
+        #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = ArgAction::Set, default_value_t = false)]
+        plan: bool,
     },
     /// Fetch a catalog model into the store (a no-op when it is already there); prints its path.
     Pull {
@@ -146,9 +150,14 @@ fn run(cli: Cli) -> Result<()> {
             model,
             tensors,
             json,
+            plan,
         } => {
             let path = store.resolve(&model)?;
-            inspect::inspect(&path, tensors, json)
+            if plan {
+                inspect::plan(&path)
+            } else {
+                inspect::inspect(&path, tensors, json)
+            }
         }
         Command::Run(args) => run::run(&args),
         Command::InspectPlan(args) => plan::run(&args),

@@ -2,7 +2,7 @@
 //! (tools/perplexity/perplexity.cpp, `perplexity()`; rules restated in
 //! shared/golden/README.md, "perplexity.json").
 
-use frink_models::{KvCache, KvType, Logits, Model, ModelError};
+use frink_models::{KvType, Logits, Model, ModelError, SeqState};
 
 /// The result of [`perplexity`].
 #[derive(Clone, Debug, PartialEq)]
@@ -47,7 +47,7 @@ pub fn perplexity(
     let first = ctx / 2;
     let (mut sum, mut sum2, mut count) = (0f64, 0f64, 0usize);
     let mut running = Vec::with_capacity(n_chunks);
-    let mut cache = KvCache::new(&model.config, ctx, kv_type);
+    let mut cache = SeqState::new(&model.config, ctx, kv_type);
     for ci in 0..n_chunks {
         let mut chunk = tokens[ci * ctx..(ci + 1) * ctx].to_vec();
         if let Some(b) = bos {

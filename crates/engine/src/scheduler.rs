@@ -8,7 +8,9 @@
 //!    tokens share the longest prefix with its prompt (the cache is cut back to that prefix
 //!    and only the rest of the prompt is evaluated: prompt-prefix reuse); when another slot,
 //!    busy or free, shares a longer prefix (a common system prompt), those positions' keys
-//!    and values are copied from it instead of evaluated;
+//!    and values are copied from it instead of evaluated. A model with recurrent layers
+//!    reuses only a slot's whole state (its previous prompt and answer), never a part:
+//!    [`frink_models::SeqState::reusable`];
 //! 2. drops requests whose client has gone (their slot is free at once);
 //! 3. runs one [`Model::forward_batch`] over every active sequence: a decoding sequence
 //!    contributes its last sampled token, a sequence still in prefill a chunk of its
@@ -29,7 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use frink_models::{KvCache, KvType, Logits, Model, Sequence};
+use frink_models::{KvType, Logits, Model, SeqState, Sequence};
 use frink_tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::generate::{FinishReason, StopMatcher};
@@ -420,7 +422,7 @@ struct Job<'t> {
 
 /// A sequence slot: its cache and the ids the cache holds (`tokens.len() == cache.n_past`).
 struct Slot<'t> {
-    cache: KvCache,
+    cache: SeqState,
     tokens: Vec<u32>,
     job: Option<Job<'t>>,
 }
@@ -447,7 +449,7 @@ impl<'t> Worker<'t> {
     ) -> Self {
         let slots = (0..config.parallel)
             .map(|_| Slot {
-                cache: KvCache::new(&model.config, config.n_ctx, config.kv_type),
+                cache: SeqState::new(&model.config, config.n_ctx, config.kv_type),
                 tokens: Vec::new(),
                 job: None,
             })
@@ -618,7 +620,8 @@ impl<'t> Worker<'t> {
             .map(|(i, s)| {
                 (
                     i,
-                    common_prefix(&s.tokens, &req.prompt).min(keep),
+                    s.cache
+                        .reusable(common_prefix(&s.tokens, &req.prompt).min(keep)),
                     s.tokens.len(),
                 )
             })
@@ -636,7 +639,10 @@ impl<'t> Worker<'t> {
             .iter()
             .enumerate()
             .filter(|&(i, _)| i != best)
-            .map(|(i, s)| (i, common_prefix(&s.tokens, &req.prompt).min(keep)))
+            .map(|(i, s)| {
+                let common = common_prefix(&s.tokens, &req.prompt).min(keep);
+                (i, s.cache.reusable(common))
+            })
             .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
             .unwrap_or((best, 0));
         let prefix = if shared > prefix {
@@ -661,7 +667,7 @@ impl<'t> Worker<'t> {
             .prompt_tokens_cached
             .fetch_add(prefix as u64, Ordering::Relaxed);
         let slot = &mut self.slots[best];
-        slot.cache.truncate(prefix);
+        let prefix = slot.cache.truncate(prefix);
         slot.tokens.truncate(prefix);
         let now = Instant::now();
         let decoder = self.tok.stream_decoder(false).showing(&req.shown_tokens);
@@ -763,7 +769,7 @@ impl<'t> Worker<'t> {
                         }
                     }
                     seqs.push(Sequence {
-                        cache,
+                        state: cache,
                         tokens: &inp.1,
                         logits: inp.2,
                     });

@@ -1,6 +1,6 @@
-//! [`Session`]: one sequence over a loaded model, with its KV cache.
+//! [`Session`]: one sequence over a loaded model, with its state (KV cache, recurrent state).
 
-use frink_models::{KvCache, KvType, Logits, Model, ModelError};
+use frink_models::{KvType, Logits, Model, ModelError, SeqState};
 
 /// Default prefill chunk: prompt rows evaluated per forward call (llama.cpp's default
 /// `n_ubatch` is 512).
@@ -9,7 +9,7 @@ pub const DEFAULT_BATCH: usize = 512;
 /// One sequence: the model, a KV cache sized for `n_ctx` positions, and the prefill chunk.
 pub struct Session<'m> {
     model: &'m Model,
-    cache: KvCache,
+    cache: SeqState,
     n_batch: usize,
 }
 
@@ -18,7 +18,7 @@ impl<'m> Session<'m> {
     pub fn new(model: &'m Model, n_ctx: usize, kv_type: KvType) -> Session<'m> {
         Session {
             model,
-            cache: KvCache::new(&model.config, n_ctx, kv_type),
+            cache: SeqState::new(&model.config, n_ctx, kv_type),
             n_batch: DEFAULT_BATCH,
         }
     }
@@ -45,13 +45,15 @@ impl<'m> Session<'m> {
     }
 
     /// The KV cache (read-only, for tests and statistics).
-    pub fn cache(&self) -> &KvCache {
+    pub fn cache(&self) -> &SeqState {
         &self.cache
     }
 
-    /// Forgets the cache after position `n`.
-    pub fn truncate(&mut self, n: usize) {
-        self.cache.truncate(n);
+    /// Forgets the state after position `n`, as far as it can
+    /// ([`SeqState::truncate`]: a recurrent state is kept whole or cleared); returns the
+    /// positions kept, from which the caller evaluates again.
+    pub fn truncate(&mut self, n: usize) -> usize {
+        self.cache.truncate(n)
     }
 
     /// Evaluates `tokens` after what the cache holds, in chunks of at most `n_batch` rows,

@@ -10,7 +10,7 @@
 
 use std::time::Instant;
 
-use frink_models::{pool, KvCache, KvType, Logits, Model, Sequence};
+use frink_models::{pool, KvType, Logits, Model, SeqState, Sequence};
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -36,8 +36,8 @@ fn main() {
     let only: Option<usize> = std::env::var("FRINK_N").ok().and_then(|v| v.parse().ok());
     let sizes: Vec<usize> = only.map_or(vec![1, 2, 4, 8], |n| vec![n]);
     for n in sizes {
-        let mut caches: Vec<KvCache> = (0..n)
-            .map(|_| KvCache::new(&model.config, n_ctx.max(ctx + steps + 1), KvType::F16))
+        let mut caches: Vec<SeqState> = (0..n)
+            .map(|_| SeqState::new(&model.config, n_ctx.max(ctx + steps + 1), KvType::F16))
             .collect();
         // Each sequence's own history (different tokens per sequence).
         for (s, cache) in caches.iter_mut().enumerate() {
@@ -55,7 +55,7 @@ fn main() {
                 .iter_mut()
                 .zip(&toks)
                 .map(|(cache, t)| Sequence {
-                    cache,
+                    state: cache,
                     tokens: t,
                     logits: Logits::Last,
                 })

@@ -1,8 +1,8 @@
 //! The architecture table: what each supported GGUF architecture needs, as data.
 //!
-//! One row per `general.architecture`. The forward pass in [`crate::forward`] is a single
-//! body parameterised by these rows; an architecture whose topology really differs gets
-//! its own small graph function there, built from the same blocks. Sources for each row:
+//! One row per `general.architecture`. At load the row, the metadata and the tensors
+//! present compile into a [`crate::plan::Plan`], one entry per layer, which the forward
+//! pass in [`crate::forward`] walks, each block in [`crate::blocks`]. Sources for each row:
 //! llama.cpp `src/models/<arch>.cpp` (graph) and `src/llama-model.cpp` (hyperparameters
 //! and tensors), transformers `modeling_<arch>.py`.
 
@@ -48,10 +48,29 @@ pub enum AttnScale {
     /// `1/sqrt(head_dim_k)`, or `{arch}.attention.scale` when the file gives it (granite's
     /// `attention_multiplier`).
     InvSqrtHeadDim,
-    /// gemma2/gemma3: `1/sqrt(n_embd / n_head)` for the 27B models (62 layers for
-    /// gemma3), `1/sqrt(head_dim_k)` otherwise (llama.cpp `src/llama-model.cpp`,
-    /// `f_attention_scale`; the GGUF has no key for it).
-    Gemma,
+    /// gemma2/gemma3: `1/sqrt(n_embd / n_head)` for the 27B model, recognised (as
+    /// llama.cpp's `LLM_TYPE_27B` is) by its layer count `layers_27b`, `1/sqrt(head_dim_k)`
+    /// otherwise (llama.cpp `src/llama-model.cpp`, `f_attention_scale`; the GGUF has no key
+    /// for it).
+    Gemma { layers_27b: usize },
+}
+
+/// What mixes information across positions in every layer of an architecture (the token
+/// mixer of [`crate::plan::LayerPlan`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MixerKind {
+    /// Attention in every layer; multi-head latent attention where the row allows it
+    /// ([`ArchSpec::mla`]) and the file gives `attention.kv_lora_rank`.
+    Attention,
+    /// Mamba-1's selective scan in every layer (llama.cpp `src/models/mamba.cpp`,
+    /// `build_mamba_layer`; transformers `MambaMixer`).
+    Mamba,
+    /// Mamba-2's SSD mixer in every layer (llama.cpp `build_mamba2_layer`; transformers
+    /// `Mamba2Mixer`).
+    Mamba2,
+    /// LFM2: per layer, attention where `attention.head_count_kv[il] > 0`, else a gated
+    /// short convolution (llama.cpp `src/models/lfm2.cpp`; transformers `Lfm2ShortConv`).
+    ShortConvOrAttention,
 }
 
 /// The normalisation used everywhere in the model.
@@ -66,9 +85,11 @@ pub enum Norm {
 /// Where a layer's norms sit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NormPlacement {
-    /// Before attention and before the FFN (`attn_norm`, `ffn_norm`), plus, when the file
-    /// has them, after each (`post_attention_norm`, `post_ffw_norm`: gemma2/3's sandwich).
+    /// Before the token mixer and before the FFN (`attn_norm`, [`ArchSpec::ffn_norm_name`]).
     Pre,
+    /// Before and after each: `attn_norm`, `post_attention_norm`, `ffn_norm`,
+    /// `post_ffw_norm` (gemma2/3's sandwich).
+    Sandwich,
     /// Only after attention and after the FFN, before the residual adds (olmo2).
     PostOnly,
 }
@@ -103,6 +124,8 @@ pub enum Position {
     /// ALiBi: head `h` adds `slope_h · t` to the score of key position `t` (bloom; ggml
     /// `soft_max_ext` with `max_bias` 8).
     Alibi,
+    /// None (state-space models: order comes from the recurrence).
+    None,
 }
 
 /// Mixture-of-experts routing of an architecture (llama.cpp `build_moe_ffn` arguments in
@@ -150,6 +173,17 @@ pub struct ArchSpec {
     /// `ggml_rope_ext` (`src/models/llama.cpp`, `granite.cpp`); elsewhere the tensor is
     /// refused as unused.
     pub rope_freqs: bool,
+    /// Multi-head latent attention when the file gives `attention.kv_lora_rank` (deepseek2);
+    /// elsewhere the key is refused.
+    pub mla: bool,
+    /// The token mixer of the layers.
+    pub mixer: MixerKind,
+    /// The tensor of the norm after the last layer: `output_norm`, or LFM2's
+    /// `token_embd_norm` (its `embedding_norm`, applied at the end: llama.cpp
+    /// `src/llama-model.cpp` loads it as `output_norm`).
+    pub output_norm_name: &'static str,
+    /// The layers have a feed-forward block (Mamba's have none).
+    pub has_ffn: bool,
 }
 
 /// The defaults every row starts from: a llama-style decoder.
@@ -169,6 +203,10 @@ const BASE: ArchSpec = ArchSpec {
     moe: None,
     ffn_norm_name: "ffn_norm",
     rope_freqs: false,
+    mla: false,
+    mixer: MixerKind::Attention,
+    output_norm_name: "output_norm",
+    has_ffn: true,
 };
 
 /// The supported architectures. Sources per row: llama.cpp `src/models/<name>.cpp` and
@@ -211,8 +249,9 @@ pub const ARCHS: &[ArchSpec] = &[
         name: "gemma2",
         activation: Activation::GeluTanh,
         embed_scale: true,
+        norm_placement: NormPlacement::Sandwich,
         swa: SwaPattern::LastOfPeriodGlobal(2),
-        attn_scale: AttnScale::Gemma,
+        attn_scale: AttnScale::Gemma { layers_27b: 46 },
         ..BASE
     },
     // gemma3.cpp; Gemma3ForCausalLM.
@@ -221,8 +260,9 @@ pub const ARCHS: &[ArchSpec] = &[
         qk_norm: QkNorm::PerHead,
         activation: Activation::GeluTanh,
         embed_scale: true,
+        norm_placement: NormPlacement::Sandwich,
         swa: SwaPattern::LastOfPeriodGlobal(6),
-        attn_scale: AttnScale::Gemma,
+        attn_scale: AttnScale::Gemma { layers_27b: 62 },
         rope_base_swa_default: Some(10000.0),
         ..BASE
     },
@@ -256,6 +296,7 @@ pub const ARCHS: &[ArchSpec] = &[
         name: "deepseek2",
         position: Position::Rope(RopeLayout::Normal),
         moe: Some(MoeSpec { norm_topk: false }),
+        mla: true,
         ..BASE
     },
     // openai-moe-iswa.cpp (`gpt-oss`); GptOssForCausalLM: attention sinks (attn_sinks),

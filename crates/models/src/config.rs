@@ -5,7 +5,7 @@
 
 use frink_gguf::{GgufFile, MetaValue};
 
-use crate::arch::{arch_spec, ArchSpec, AttnScale, Norm, Position, SwaPattern, ARCHS};
+use crate::arch::{arch_spec, ArchSpec, AttnScale, MixerKind, Norm, Position, SwaPattern, ARCHS};
 use crate::error::{ModelError, Result};
 
 /// RoPE parameters of one class of layers.
@@ -141,14 +141,8 @@ pub struct ModelConfig {
     pub norm_eps: f32,
     /// `{arch}.rope.dimension_count` (default: `head_dim_k`): dimensions rotated per head.
     pub n_rot: usize,
-    /// RoPE of global-attention layers.
-    pub rope_global: RopeParams,
-    /// RoPE of sliding-window layers (`rope.freq_base_swa`; unscaled).
-    pub rope_swa: RopeParams,
     /// `{arch}.attention.sliding_window` (0 when the architecture has none).
     pub n_swa: usize,
-    /// Per layer: whether it uses the sliding window.
-    pub swa_layers: Vec<bool>,
     /// Factor applied to Q·K (llama.cpp `kq_scale` / `f_attention_scale`).
     pub attn_scale: f32,
     /// Factor applied to token embeddings (`sqrt(n_embd)` for gemma, `{arch}.embedding_scale`
@@ -162,8 +156,6 @@ pub struct ModelConfig {
     /// How the file says its hidden states pool into one embedding
     /// (`{arch}.pooling_type`; `None`: the key is absent, a generative model).
     pub pooling: Option<Pooling>,
-    /// Attention scores become `c · tanh(s / c)` (`{arch}.attn_logit_softcapping`: gemma2).
-    pub attn_softcap: Option<f32>,
     /// Logits become `c · tanh(l / c)` (`{arch}.final_logit_softcapping`: gemma2).
     pub final_softcap: Option<f32>,
     /// ALiBi slope per query head (empty unless the architecture uses ALiBi).
@@ -172,6 +164,39 @@ pub struct ModelConfig {
     pub moe: Option<MoeConfig>,
     /// Multi-head latent attention, when the file gives `attention.kv_lora_rank`.
     pub mla: Option<MlaConfig>,
+    /// The state-space mixer's sizes (`{arch}.ssm.*`: mamba, mamba2).
+    pub ssm: Option<SsmConfig>,
+    /// Taps of LFM2's short convolution (`{arch}.shortconv.l_cache`).
+    pub short_conv_taps: usize,
+    /// What each layer computes, compiled from the row, this metadata and the tensors
+    /// present ([`crate::plan::Plan::compile`]).
+    pub plan: crate::plan::Plan,
+}
+
+/// Sizes of a Mamba-1 or Mamba-2 mixer (llama.cpp `hparams.ssm_*`, keys `{arch}.ssm.*`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SsmConfig {
+    /// `ssm.conv_kernel`: taps of the causal depthwise convolution.
+    pub d_conv: usize,
+    /// `ssm.inner_size`: channels of the scan (`expand · n_embd`).
+    pub d_inner: usize,
+    /// `ssm.state_size`: state values per channel (Mamba-1) or per head dimension (Mamba-2).
+    pub d_state: usize,
+    /// `ssm.time_step_rank`: Mamba-1's rank of the Δ projection; Mamba-2's head count.
+    pub dt_rank: usize,
+    /// `ssm.group_count` (Mamba-2; 1 when absent): groups sharing B and C.
+    pub n_group: usize,
+}
+
+impl SsmConfig {
+    /// Channels the convolution runs over: `d_inner` (Mamba-1), or `x | B | C` (Mamba-2:
+    /// `d_inner + 2 · n_group · d_state`).
+    pub fn conv_channels(&self, kind: MixerKind) -> usize {
+        match kind {
+            MixerKind::Mamba2 => self.d_inner + 2 * self.n_group * self.d_state,
+            _ => self.d_inner,
+        }
+    }
 }
 
 /// How router logits become expert scores.
@@ -449,19 +474,72 @@ impl ModelConfig {
         }
         let n_embd = k.usize("embedding_length")?;
         let n_ff = k.usize("feed_forward_length")?;
-        let n_head = k.usize("attention.head_count")?;
-        let n_head_kv = k.usize_opt("attention.head_count_kv")?.unwrap_or(n_head);
+        // Attention layers: all, none (state-space models: their head counts are 0 or
+        // absent and unread), or LFM2's, marked by a nonzero per-layer KV head count.
+        let (n_head, n_head_kv, attn_layers) = match arch.mixer {
+            MixerKind::Attention => {
+                let n_head = k.usize("attention.head_count")?;
+                let n_kv = k.usize_opt("attention.head_count_kv")?.unwrap_or(n_head);
+                (n_head, n_kv, vec![true; n_layer])
+            }
+            MixerKind::Mamba | MixerKind::Mamba2 => (0, 0, vec![false; n_layer]),
+            MixerKind::ShortConvOrAttention => {
+                let key = "attention.head_count_kv";
+                let per_layer = match k.get(key) {
+                    Some(v) => match v.as_array() {
+                        Some(a) => a
+                            .to_i64_vec()
+                            .filter(|v| v.iter().all(|&x| x >= 0))
+                            .ok_or_else(|| k.err(key, "expected counts"))?,
+                        None => vec![k.usize(key)? as i64; n_layer],
+                    },
+                    None => return Err(k.err(key, "missing")),
+                };
+                if per_layer.len() != n_layer {
+                    return Err(k.err(
+                        key,
+                        format!(
+                            "{} values for {n_layer} layers ({})",
+                            per_layer.len(),
+                            k.key("block_count")
+                        ),
+                    ));
+                }
+                let kv = per_layer
+                    .iter()
+                    .copied()
+                    .filter(|&x| x > 0)
+                    .max()
+                    .unwrap_or(0);
+                if per_layer.iter().any(|&x| x > 0 && x != kv) {
+                    return Err(ModelError::Unsupported(format!(
+                        "{} differs between attention layers ({per_layer:?})",
+                        k.key(key)
+                    )));
+                }
+                let n_head = k.usize("attention.head_count")?;
+                (
+                    n_head,
+                    kv as usize,
+                    per_layer.iter().map(|&x| x > 0).collect(),
+                )
+            }
+        };
+        let attention = attn_layers.iter().any(|&a| a);
         for (key, v) in [
             ("block_count", n_layer),
             ("embedding_length", n_embd),
-            ("attention.head_count", n_head),
-            ("attention.head_count_kv", n_head_kv),
+            ("attention.head_count", if attention { n_head } else { 1 }),
+            (
+                "attention.head_count_kv",
+                if attention { n_head_kv } else { 1 },
+            ),
         ] {
             if v == 0 {
                 return Err(k.err(key, "0"));
             }
         }
-        if n_head % n_head_kv != 0 {
+        if attention && n_head % n_head_kv != 0 {
             return Err(k.err(
                 "attention.head_count_kv",
                 format!(
@@ -470,12 +548,15 @@ impl ModelConfig {
                 ),
             ));
         }
-        let head_dim_k = k
-            .usize_opt("attention.key_length")?
-            .unwrap_or(n_embd / n_head);
+        let head_dim_k = match attention {
+            true => k
+                .usize_opt("attention.key_length")?
+                .unwrap_or(n_embd / n_head),
+            false => 0,
+        };
         let head_dim_v = k.usize_opt("attention.value_length")?.unwrap_or(head_dim_k);
         let n_rot = k.usize_opt("rope.dimension_count")?.unwrap_or(head_dim_k);
-        let rotary = matches!(arch.position, Position::Rope(_));
+        let rotary = attention && matches!(arch.position, Position::Rope(_));
         if n_rot > head_dim_k || n_rot % 2 != 0 || (rotary && n_rot == 0) {
             return Err(k.err(
                 "rope.dimension_count",
@@ -572,6 +653,7 @@ impl ModelConfig {
         };
 
         let n_swa_key = k.usize_opt("attention.sliding_window")?.unwrap_or(0);
+        // Per layer: whether it uses the sliding window.
         let (n_swa, swa_layers) = match arch.swa {
             SwaPattern::None => {
                 if n_swa_key > 0 {
@@ -599,14 +681,10 @@ impl ModelConfig {
             AttnScale::InvSqrtHeadDim => k
                 .f32_pos_opt("attention.scale")?
                 .unwrap_or(1.0 / (head_dim_k as f32).sqrt()),
-            AttnScale::Gemma => {
-                // llama.cpp: the 27B gemma models (46 layers for gemma2, 62 for gemma3)
-                // scale by the hidden size per head, the others by the head size.
-                let is_27b = match arch.name {
-                    "gemma2" => n_layer == 46,
-                    _ => n_layer == 62,
-                };
-                if is_27b {
+            AttnScale::Gemma { layers_27b } => {
+                // llama.cpp: the 27B gemma models scale by the hidden size per head, the
+                // others by the head size.
+                if n_layer == layers_27b {
                     1.0 / ((n_embd / n_head) as f32).sqrt()
                 } else {
                     1.0 / (head_dim_k as f32).sqrt()
@@ -615,6 +693,12 @@ impl ModelConfig {
         };
         let mla = match k.usize_opt("attention.kv_lora_rank")?.filter(|&r| r > 0) {
             None => None,
+            Some(r) if !arch.mla => {
+                return Err(ModelError::Unsupported(format!(
+                    "multi-head latent attention on {arch_name} ({} = {r})",
+                    k.key("attention.kv_lora_rank")
+                )))
+            }
             Some(kv_lora_rank) => {
                 let m = MlaConfig {
                     q_lora_rank: k.usize_opt("attention.q_lora_rank")?.unwrap_or(0),
@@ -674,7 +758,67 @@ impl ModelConfig {
         let alibi_slopes = match arch.position {
             // llama.cpp src/llama-model.cpp: f_max_alibi_bias = 8 for bloom.
             Position::Alibi => alibi_slopes(n_head, 8.0),
-            Position::Rope(_) => Vec::new(),
+            Position::Rope(_) | Position::None => Vec::new(),
+        };
+        let ssm = match arch.mixer {
+            MixerKind::Mamba | MixerKind::Mamba2 => {
+                let ssm = SsmConfig {
+                    d_conv: k.usize("ssm.conv_kernel")?,
+                    d_inner: k.usize("ssm.inner_size")?,
+                    d_state: k.usize("ssm.state_size")?,
+                    dt_rank: k.usize("ssm.time_step_rank")?,
+                    n_group: match arch.mixer {
+                        MixerKind::Mamba2 => k.usize_opt("ssm.group_count")?.unwrap_or(1),
+                        _ => 1,
+                    },
+                };
+                for (key, v) in [
+                    ("ssm.conv_kernel", ssm.d_conv),
+                    ("ssm.inner_size", ssm.d_inner),
+                    ("ssm.state_size", ssm.d_state),
+                    ("ssm.time_step_rank", ssm.dt_rank),
+                    ("ssm.group_count", ssm.n_group),
+                ] {
+                    if v == 0 {
+                        return Err(k.err(key, "0"));
+                    }
+                }
+                if arch.mixer == MixerKind::Mamba2
+                    && (!ssm.d_inner.is_multiple_of(ssm.dt_rank)
+                        || !ssm.dt_rank.is_multiple_of(ssm.n_group))
+                {
+                    return Err(k.err(
+                        "ssm.time_step_rank",
+                        format!(
+                            "{} heads with {} channels ({}) in {} groups ({}): the heads must divide the channels and the groups the heads",
+                            ssm.dt_rank,
+                            ssm.d_inner,
+                            k.key("ssm.inner_size"),
+                            ssm.n_group,
+                            k.key("ssm.group_count")
+                        ),
+                    ));
+                }
+                // FalconMamba's RMSNorm of Δ, B and C (llama.cpp `ssm_dt_b_c_rms`).
+                if k.get("ssm.dt_b_c_rms").and_then(|v| v.as_bool()) == Some(true) {
+                    return Err(ModelError::Unsupported(format!(
+                        "RMSNorm of the SSM's dt, B and C ({} = true)",
+                        k.key("ssm.dt_b_c_rms")
+                    )));
+                }
+                Some(ssm)
+            }
+            _ => None,
+        };
+        let short_conv_taps = match arch.mixer {
+            MixerKind::ShortConvOrAttention => {
+                let taps = k.usize("shortconv.l_cache")?;
+                if taps < 2 {
+                    return Err(k.err("shortconv.l_cache", format!("{taps} taps (at least 2)")));
+                }
+                taps
+            }
+            _ => 0,
         };
         let n_vocab = f
             .tensor("token_embd.weight")
@@ -684,6 +828,20 @@ impl ModelConfig {
                 detail: "missing".into(),
             })?;
 
+        let plan = crate::plan::Plan::compile(
+            arch,
+            f,
+            &crate::plan::PlanInputs {
+                attn_layers: &attn_layers,
+                swa_layers: &swa_layers,
+                n_swa,
+                rope_global,
+                rope_swa,
+                attn_softcap,
+                mla: mla.is_some(),
+                n_leading_dense: moe.as_ref().map(|m| m.n_leading_dense),
+            },
+        );
         Ok(ModelConfig {
             arch,
             n_layer,
@@ -697,30 +855,20 @@ impl ModelConfig {
             n_ctx_train,
             norm_eps,
             n_rot,
-            rope_global,
-            rope_swa,
             n_swa,
-            swa_layers,
             attn_scale,
             embed_scale,
             residual_scale,
             logit_scale,
             pooling,
-            attn_softcap,
             final_softcap,
             alibi_slopes,
             moe,
             mla,
+            ssm,
+            short_conv_taps,
+            plan,
         })
-    }
-
-    /// RoPE parameters of layer `il`.
-    pub fn rope(&self, il: usize) -> RopeParams {
-        if self.swa_layers[il] {
-            self.rope_swa
-        } else {
-            self.rope_global
-        }
     }
 
     /// Width of the Q projection (`n_head * head_dim_k`).

@@ -1,8 +1,7 @@
-//! The KV cache: per layer, the keys and values of every position of one sequence.
+//! The KV cache's storage: per attention layer, the keys and values of every position of
+//! one sequence (held in a [`crate::SeqState`]).
 
 use half::f16;
-
-use crate::config::ModelConfig;
 
 /// Element type of the KV cache (`--kv-type`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -33,7 +32,7 @@ pub enum KvStore {
 }
 
 impl KvStore {
-    fn new(kv_type: KvType, len: usize) -> KvStore {
+    pub(crate) fn new(kv_type: KvType, len: usize) -> KvStore {
         match kv_type {
             KvType::F16 => KvStore::F16(vec![f16::ZERO; len]),
             KvType::F32 => KvStore::F32(vec![0.0; len]),
@@ -41,7 +40,7 @@ impl KvStore {
     }
 
     /// Copies `src`'s first `len` elements (same element type, checked by the caller).
-    fn copy_from(&mut self, src: &KvStore, len: usize) {
+    pub(crate) fn copy_from(&mut self, src: &KvStore, len: usize) {
         match (self, src) {
             (KvStore::F16(d), KvStore::F16(s)) => d[..len].copy_from_slice(&s[..len]),
             (KvStore::F32(d), KvStore::F32(s)) => d[..len].copy_from_slice(&s[..len]),
@@ -81,77 +80,4 @@ impl KvStore {
 pub struct KvLayer {
     pub k: KvStore,
     pub v: KvStore,
-}
-
-/// The KV cache of one sequence, sized for `n_ctx` positions.
-///
-/// Memory: `n_layer · n_ctx · (k_dim + v_dim)` elements of 2 (f16) or 4 (f32) bytes.
-#[derive(Clone, Debug, PartialEq)]
-pub struct KvCache {
-    pub kv_type: KvType,
-    pub n_ctx: usize,
-    pub k_dim: usize,
-    pub v_dim: usize,
-    pub layers: Vec<KvLayer>,
-    /// Positions `0..n_past` hold valid entries.
-    pub n_past: usize,
-}
-
-impl KvCache {
-    /// An empty cache for `n_ctx` positions of the model described by `config`.
-    pub fn new(config: &ModelConfig, n_ctx: usize, kv_type: KvType) -> KvCache {
-        let (k_dim, v_dim) = (config.k_dim(), config.v_dim());
-        KvCache {
-            kv_type,
-            n_ctx,
-            k_dim,
-            v_dim,
-            layers: (0..config.n_layer)
-                .map(|_| KvLayer {
-                    k: KvStore::new(kv_type, n_ctx * k_dim),
-                    v: KvStore::new(kv_type, n_ctx * v_dim),
-                })
-                .collect(),
-            n_past: 0,
-        }
-    }
-
-    /// Makes this cache hold `src`'s first `n` positions (and nothing after them): their
-    /// keys and values copied, `n_past = n`. Equal to evaluating the same `n` tokens here,
-    /// bit for bit: a position's keys and values depend only on the tokens up to it
-    /// ([`crate::Model::forward_batch`]).
-    ///
-    /// Panics if the caches differ in shape or element type, or `n` passes `src.n_past`
-    /// or this cache's `n_ctx`.
-    pub fn copy_prefix(&mut self, src: &KvCache, n: usize) {
-        assert!(
-            self.kv_type == src.kv_type
-                && (self.k_dim, self.v_dim, self.layers.len())
-                    == (src.k_dim, src.v_dim, src.layers.len()),
-            "copy_prefix: caches of different shapes"
-        );
-        assert!(
-            n <= src.n_past && n <= self.n_ctx,
-            "copy_prefix: {n} positions"
-        );
-        for (d, s) in self.layers.iter_mut().zip(&src.layers) {
-            d.k.copy_from(&s.k, n * self.k_dim);
-            d.v.copy_from(&s.v, n * self.v_dim);
-        }
-        self.n_past = n;
-    }
-
-    /// Forgets everything after position `n` (keeps `0..n`).
-    pub fn truncate(&mut self, n: usize) {
-        self.n_past = self.n_past.min(n);
-    }
-
-    /// Bytes held by the cache.
-    pub fn bytes(&self) -> usize {
-        let el = match self.kv_type {
-            KvType::F16 => 2,
-            KvType::F32 => 4,
-        };
-        self.layers.len() * self.n_ctx * (self.k_dim + self.v_dim) * el
-    }
 }

@@ -1,24 +1,33 @@
 //! frink's models: [`ModelConfig`] from GGUF metadata, the architecture table
-//! ([`arch::ARCHS`]), weight loading with tensor accounting ([`Model::load`]), the KV cache
-//! and the decoder forward pass ([`Model::forward`]).
+//! ([`arch::ARCHS`]) and the layer plan compiled from it ([`plan::Plan`]), weight loading
+//! with tensor accounting ([`Model::load`]), each sequence's state ([`SeqState`]: KV cache
+//! and recurrent state), the blocks ([`blocks`]) and the forward pass ([`Model::forward`]).
 
 pub mod arch;
+pub mod blocks;
 pub mod config;
 mod error;
 pub mod experts;
 mod forward;
 pub mod kernels;
 pub mod kv;
+mod load;
 mod model;
+pub mod plan;
 pub mod pool;
+pub mod state;
 
+pub use blocks::attention::{AttentionWeights, QkvWeights};
+pub use blocks::ffn::DenseFfn;
+pub use blocks::mla::MlaWeights;
+pub use blocks::moe::{route, MoeFfn};
+pub use blocks::{FfnWeights, MixerWeights};
 pub use config::{
-    alibi_slopes, Gating, MlaConfig, ModelConfig, MoeConfig, Pooling, RopeParams, YarnParams,
+    alibi_slopes, Gating, MlaConfig, ModelConfig, MoeConfig, Pooling, RopeParams, SsmConfig,
+    YarnParams,
 };
 pub use error::{ModelError, Result};
-pub use forward::{route, Logits, Sequence};
-pub use kv::{KvCache, KvType};
-pub use model::{
-    DenseFfn, Experts, FfnWeights, LayerWeights, MlaWeights, Model, MoeFfn, MoeStats, NormWeights,
-    QkvWeights, Weights,
-};
+pub use forward::{Logits, Sequence};
+pub use kv::KvType;
+pub use model::{Experts, LayerWeights, Model, MoeStats, NormWeights, Weights};
+pub use state::{LayerState, RecurrentLayer, SeqState};

@@ -5,7 +5,7 @@
 //! on two mixture-of-experts files and on the tiny qwen2 and gemma3 fixtures (biases, Q/K
 //! norm, sliding window).
 
-use frink_models::{pool, KvCache, KvType, Logits, Model, Sequence};
+use frink_models::{pool, KvType, Logits, Model, SeqState, Sequence};
 
 fn models() -> Vec<(String, Model)> {
     let mut out = Vec::new();
@@ -43,7 +43,7 @@ fn ids(model: &Model, s: u32, len: usize) -> Vec<u32> {
 const CTX: usize = 64;
 
 fn alone(model: &Model, tokens: &[u32]) -> Vec<f32> {
-    let mut cache = KvCache::new(&model.config, CTX, KvType::F16);
+    let mut cache = SeqState::new(&model.config, CTX, KvType::F16);
     model.forward(&mut cache, tokens, Logits::All).unwrap()
 }
 
@@ -57,7 +57,7 @@ fn logits_do_not_depend_on_batch_chunks_or_threads() {
 
         // Prefill chunks of 1 (token-by-token decode), 7 and 512.
         for chunk in [1, 7, 512] {
-            let mut cache = KvCache::new(&model.config, CTX, KvType::F16);
+            let mut cache = SeqState::new(&model.config, CTX, KvType::F16);
             let mut got = Vec::new();
             for part in seq.chunks(chunk) {
                 got.extend(model.forward(&mut cache, part, Logits::All).unwrap());
@@ -67,8 +67,8 @@ fn logits_do_not_depend_on_batch_chunks_or_threads() {
 
         // Inside a prefill batch of 7 other sequences of other lengths, some of them with
         // earlier tokens already cached.
-        let mut caches: Vec<KvCache> = (0..8)
-            .map(|_| KvCache::new(&model.config, CTX, KvType::F16))
+        let mut caches: Vec<SeqState> = (0..8)
+            .map(|_| SeqState::new(&model.config, CTX, KvType::F16))
             .collect();
         let others: Vec<Vec<u32>> = (1..8).map(|s| ids(model, s, 3 + 5 * s as usize)).collect();
         for (s, cache) in caches.iter_mut().enumerate().skip(1).step_by(2) {
@@ -82,13 +82,13 @@ fn logits_do_not_depend_on_batch_chunks_or_threads() {
         for (i, (cache, toks)) in rest.zip(&others).enumerate() {
             if i == 3 {
                 batch.push(Sequence {
-                    cache: mine.take().unwrap(),
+                    state: mine.take().unwrap(),
                     tokens: &seq,
                     logits: Logits::All,
                 });
             }
             batch.push(Sequence {
-                cache,
+                state: cache,
                 tokens: toks,
                 logits: if i % 2 == 0 {
                     Logits::Last
@@ -102,8 +102,8 @@ fn logits_do_not_depend_on_batch_chunks_or_threads() {
         assert!(out[3] == reference, "{name}: inside a prefill batch of 8");
 
         // A decode step of 8 sequences: the last token of ours among 7 others.
-        let mut caches: Vec<KvCache> = (0..8)
-            .map(|_| KvCache::new(&model.config, CTX, KvType::F16))
+        let mut caches: Vec<SeqState> = (0..8)
+            .map(|_| SeqState::new(&model.config, CTX, KvType::F16))
             .collect();
         for (s, cache) in caches.iter_mut().enumerate() {
             let prompt = if s == 5 {
@@ -120,7 +120,7 @@ fn logits_do_not_depend_on_batch_chunks_or_threads() {
             .iter_mut()
             .zip(&next)
             .map(|(cache, t)| Sequence {
-                cache,
+                state: cache,
                 tokens: t,
                 logits: Logits::Last,
             })

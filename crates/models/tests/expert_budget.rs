@@ -2,10 +2,10 @@
 //! miss when the budget is a fraction of the expert bytes, and never hold more than the
 //! budget.
 
-use frink_models::{KvCache, KvType, Logits, Model};
+use frink_models::{KvType, Logits, Model, SeqState};
 
 fn logits(model: &Model, ids: &[u32]) -> Vec<f32> {
-    let mut cache = KvCache::new(&model.config, 64, KvType::F16);
+    let mut cache = SeqState::new(&model.config, 64, KvType::F16);
     // Token by token after a prefill chunk: both paths through the experts.
     let mut out = model.forward(&mut cache, &ids[..16], Logits::All).unwrap();
     for &t in &ids[16..] {

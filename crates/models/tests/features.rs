@@ -4,8 +4,9 @@
 
 use std::path::PathBuf;
 
-use frink_models::arch::{Activation, ArchSpec};
-use frink_models::{FfnWeights, KvCache, KvType, Logits, Model};
+use frink_models::arch::Activation;
+use frink_models::plan::{AttentionPlan, Channel, Mixer, Residual};
+use frink_models::{AttentionWeights, FfnWeights, KvType, Logits, Model, SeqState};
 
 /// A loaded model and its fixture's input ids.
 type Fixture = (Model, Vec<u32>);
@@ -17,7 +18,7 @@ fn fixture(name: &str) -> Option<Fixture> {
 }
 
 fn batch_logits(model: &Model, ids: &[u32]) -> Vec<f32> {
-    let mut cache = KvCache::new(&model.config, 64, KvType::F32);
+    let mut cache = SeqState::new(&model.config, 64, KvType::F32);
     model.forward(&mut cache, ids, Logits::All).unwrap()
 }
 
@@ -44,16 +45,46 @@ fn ablate(name: &str, what: &str, change: impl FnOnce(&mut Model)) {
     );
 }
 
-fn with_arch(model: &mut Model, f: impl FnOnce(&mut ArchSpec)) {
-    let mut spec = *model.config.arch;
-    f(&mut spec);
-    model.config.arch = Box::leak(Box::new(spec));
+/// The attention weights of every attention layer.
+fn attn(m: &mut Model) -> impl Iterator<Item = &mut AttentionWeights> {
+    m.weights
+        .layers
+        .iter_mut()
+        .filter_map(|l| l.attention_mut())
+}
+
+/// Turns every attention layer's sliding window off (the plan's window 0).
+fn no_window(m: &mut Model) {
+    attn_plans(m).for_each(|a| a.window = 0);
+}
+
+/// The plans of every attention layer.
+fn attn_plans(m: &mut Model) -> impl Iterator<Item = &mut AttentionPlan> {
+    m.config
+        .plan
+        .layers
+        .iter_mut()
+        .filter_map(|l| match &mut l.mixer {
+            Mixer::Attention(a) => Some(a),
+            _ => None,
+        })
+}
+
+/// Every FFN (dense or experts) with activation `act` instead.
+fn set_activation(m: &mut Model, act: Activation) {
+    for l in &mut m.config.plan.layers {
+        l.channel = match l.channel {
+            Channel::Dense(kind, _) => Channel::Dense(kind, act),
+            Channel::Moe(_) => Channel::Moe(act),
+            Channel::None => Channel::None,
+        };
+    }
 }
 
 #[test]
 fn qkv_bias_matters() {
     ablate("qwen2", "the Q/K/V biases", |m| {
-        for l in &mut m.weights.layers {
+        for l in attn(m) {
             (l.bq, l.bk, l.bv) = (None, None, None);
         }
     });
@@ -69,7 +100,7 @@ fn embedding_scale_matters() {
 #[test]
 fn qk_norm_matters() {
     ablate("gemma3", "the per-head Q/K norms", |m| {
-        for l in &mut m.weights.layers {
+        for l in attn(m) {
             (l.q_norm, l.k_norm) = (None, None);
         }
     });
@@ -93,21 +124,21 @@ fn sandwich_norms_matter() {
 
 #[test]
 fn sliding_window_matters() {
-    ablate("gemma3", "the sliding window", |m| {
-        m.config.swa_layers.iter_mut().for_each(|s| *s = false)
-    });
+    ablate("gemma3", "the sliding window", no_window);
     ablate("gemma3", "the local layers' RoPE base", |m| {
-        m.config.rope_swa = m.config.rope_global
+        // The global layers' (unwindowed) RoPE on every layer.
+        let global = attn_plans(m).find(|a| a.window == 0).unwrap().rope;
+        attn_plans(m).for_each(|a| a.rope = global)
     });
 }
 
 #[test]
 fn activation_matters() {
     ablate("gemma3", "GELU (SiLU instead)", |m| {
-        with_arch(m, |a| a.activation = Activation::Silu)
+        set_activation(m, Activation::Silu)
     });
     ablate("llama", "SiLU (GELU instead)", |m| {
-        with_arch(m, |a| a.activation = Activation::GeluTanh)
+        set_activation(m, Activation::GeluTanh)
     });
 }
 
@@ -130,7 +161,7 @@ fn llama3_rope_freq_factors_matter() {
 #[test]
 fn rope_layout_matters() {
     ablate("llama", "normal RoPE (NeoX instead)", |m| {
-        with_arch(m, |a| {
+        attn_plans(m).for_each(|a| {
             a.position = frink_models::arch::Position::Rope(frink_models::arch::RopeLayout::Neox)
         })
     });
@@ -145,17 +176,15 @@ fn rope_layout_matters() {
 #[test]
 fn mistral_sliding_window_matters() {
     ablate("mistral", "the sliding window on every layer", |m| {
-        m.config.swa_layers.iter_mut().for_each(|s| *s = false)
+        no_window(m)
     });
 }
 
 #[test]
 fn gemma2_features_matter() {
-    ablate("gemma2", "the sliding window", |m| {
-        m.config.swa_layers.iter_mut().for_each(|s| *s = false)
-    });
+    ablate("gemma2", "the sliding window", no_window);
     ablate("gemma2", "attention soft-capping", |m| {
-        m.config.attn_softcap = None
+        attn_plans(m).for_each(|a| a.softcap = None)
     });
     ablate("gemma2", "final logit soft-capping", |m| {
         m.config.final_softcap = None
@@ -194,7 +223,7 @@ fn partial_rope_matters() {
 #[test]
 fn biases_matter() {
     ablate("stablelm", "the Q/K/V biases", |m| {
-        for l in &mut m.weights.layers {
+        for l in attn(m) {
             (l.bq, l.bk, l.bv) = (None, None, None);
         }
     });
@@ -206,7 +235,8 @@ fn biases_matter() {
     });
     ablate("starcoder2", "the projection biases", |m| {
         for l in &mut m.weights.layers {
-            (l.bq, l.bk, l.bv, l.bo) = (None, None, None, None);
+            let a = l.attention_mut().unwrap();
+            (a.bq, a.bk, a.bv, a.bo) = (None, None, None, None);
             let FfnWeights::Dense(f) = &mut l.ffn else {
                 unreachable!()
             };
@@ -214,14 +244,14 @@ fn biases_matter() {
         }
     });
     ablate("bloom", "the fused Q/K/V bias", |m| {
-        m.weights.layers.iter_mut().for_each(|l| l.bqkv = None)
+        attn(m).for_each(|l| l.bqkv = None)
     });
 }
 
 #[test]
 fn olmo2_whole_vector_qk_norm_matters() {
     ablate("olmo2", "the Q/K norm weights (set to 1)", |m| {
-        for l in &mut m.weights.layers {
+        for l in attn(m) {
             l.q_norm.as_mut().unwrap().iter_mut().for_each(|w| *w = 1.0);
             l.k_norm.as_mut().unwrap().iter_mut().for_each(|w| *w = 1.0);
         }
@@ -243,7 +273,9 @@ fn falcon_parallel_block_matters() {
     // Sequential instead of parallel: the FFN reads the residual after attention, normed
     // by the same attn_norm weights.
     ablate("falcon", "the parallel attention + MLP block", |m| {
-        with_arch(m, |a| a.parallel_residual = false);
+        for l in &mut m.config.plan.layers {
+            l.residual = Residual::Sequential;
+        }
         for l in &mut m.weights.layers {
             l.ffn_norm = l.attn_norm.clone();
         }
@@ -257,7 +289,7 @@ fn moe_layers(m: &mut Model) -> impl Iterator<Item = &mut frink_models::MoeFfn> 
         .iter_mut()
         .filter_map(|l| match &mut l.ffn {
             FfnWeights::Moe(e) => Some(&mut **e),
-            FfnWeights::Dense(_) => None,
+            FfnWeights::Dense(_) | FfnWeights::None => None,
         })
 }
 
@@ -291,7 +323,7 @@ fn routing_matters() {
         m.config.moe.as_mut().unwrap().n_used = 1
     });
     ablate("olmoe", "the Q/K norm weights (set to 1)", |m| {
-        for l in &mut m.weights.layers {
+        for l in attn(m) {
             l.q_norm.as_mut().unwrap().iter_mut().for_each(|w| *w = 1.0);
             l.k_norm.as_mut().unwrap().iter_mut().for_each(|w| *w = 1.0);
         }
@@ -318,14 +350,9 @@ fn deepseek_routing_features_matter() {
 
 #[test]
 fn gpt_oss_features_matter() {
-    ablate("gpt_oss", "the sliding window", |m| {
-        m.config.swa_layers.iter_mut().for_each(|s| *s = false)
-    });
+    ablate("gpt_oss", "the sliding window", no_window);
     ablate("gpt_oss", "attention sinks", |m| {
-        m.weights
-            .layers
-            .iter_mut()
-            .for_each(|l| l.attn_sinks = None)
+        attn(m).for_each(|l| l.attn_sinks = None)
     });
     ablate("gpt_oss", "the router bias", |m| {
         moe_layers(m).for_each(|e| e.router_bias = None)
@@ -335,13 +362,12 @@ fn gpt_oss_features_matter() {
             .for_each(|e| (e.gate_exps_bias, e.up_exps_bias, e.down_exps_bias) = (None, None, None))
     });
     ablate("gpt_oss", "YaRN (plain linear scaling instead)", |m| {
-        m.config.rope_global.yarn = None;
-        m.config.rope_swa.yarn = None;
+        attn_plans(m).for_each(|a| a.rope.yarn = None)
     });
     ablate(
         "gpt_oss",
         "the clamped SwiGLU (plain SwiGLU instead)",
-        |m| with_arch(m, |a| a.activation = Activation::Silu),
+        |m| set_activation(m, Activation::Silu),
     );
 }
 
@@ -471,9 +497,9 @@ fn batched_prefill_equals_token_by_token_decode() {
             return;
         };
         for kv_type in [KvType::F32, KvType::F16] {
-            let mut batch_cache = KvCache::new(&model.config, 64, kv_type);
+            let mut batch_cache = SeqState::new(&model.config, 64, kv_type);
             let batch = model.forward(&mut batch_cache, &ids, Logits::All).unwrap();
-            let mut step_cache = KvCache::new(&model.config, 64, kv_type);
+            let mut step_cache = SeqState::new(&model.config, 64, kv_type);
             let mut steps = Vec::new();
             for &id in &ids {
                 steps.extend(model.forward(&mut step_cache, &[id], Logits::All).unwrap());
@@ -496,7 +522,7 @@ fn context_overflow_is_refused_without_writing() {
     let Some((model, ids)) = fixture("llama") else {
         return;
     };
-    let mut cache = KvCache::new(&model.config, 30, KvType::F32);
+    let mut cache = SeqState::new(&model.config, 30, KvType::F32);
     model.forward(&mut cache, &ids[..20], Logits::None).unwrap();
     let before = cache.clone();
     let err = model

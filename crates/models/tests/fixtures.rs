@@ -4,14 +4,14 @@
 
 use std::path::Path;
 
-use frink_models::{KvCache, KvType, Logits, Model, ModelError};
+use frink_models::{KvType, Logits, Model, ModelError, SeqState};
 use frink_testdata::{fixture_input_ids, read_f32, rel_max_diff};
 
 /// Logits of the fixture's 24 input ids, evaluated in one batch with an f32 cache.
 fn fixture_logits(dir: &Path) -> (Vec<f32>, Vec<f32>) {
     let ids = fixture_input_ids(dir);
     let model = Model::load(dir.join("model.gguf")).unwrap();
-    let mut cache = KvCache::new(&model.config, 64, KvType::F32);
+    let mut cache = SeqState::new(&model.config, 64, KvType::F32);
     let logits = model.forward(&mut cache, &ids, Logits::All).unwrap();
     (logits, read_f32(&dir.join("logits_hf.bin")))
 }

@@ -11,7 +11,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use frink_gguf::{GgufFile, GgufWriter, MetaValue};
-use frink_models::{KvCache, KvType, Logits, Model};
+use frink_models::{KvType, Logits, Model, SeqState};
 
 /// The edge values of a key of `v`'s type (those the type can hold).
 fn variants(v: &MetaValue, extra: &[u64]) -> Vec<MetaValue> {
@@ -52,7 +52,7 @@ fn variants(v: &MetaValue, extra: &[u64]) -> Vec<MetaValue> {
 /// The first logits of `ids` under `file`, or the load/evaluation error.
 fn logits(file: GgufFile, ids: &[u32]) -> Result<Vec<f32>, String> {
     let model = Model::from_gguf(file).map_err(|e| e.to_string())?;
-    let mut cache = KvCache::new(&model.config, 8, KvType::F32);
+    let mut cache = SeqState::new(&model.config, 8, KvType::F32);
     model
         .forward(&mut cache, ids, Logits::All)
         .map_err(|e| e.to_string())

@@ -4,7 +4,7 @@
 //! a missing or mislabelled shard is refused by name.
 
 use frink_gguf::{GgufError, GgufFile};
-use frink_models::{KvCache, KvType, Logits, Model};
+use frink_models::{KvType, Logits, Model, SeqState};
 use frink_testdata::fixture_input_ids;
 
 /// Writes `file` as `n` shards named `tiny-0000k-of-0000n.gguf` in `dir`
@@ -28,7 +28,7 @@ fn a_split_model_loads_and_computes_as_the_whole_file() {
     let ids = fixture_input_ids(&fixture);
     let logits = |path: &std::path::Path| {
         let model = Model::load(path).unwrap();
-        let mut cache = KvCache::new(&model.config, 64, KvType::F32);
+        let mut cache = SeqState::new(&model.config, 64, KvType::F32);
         model.forward(&mut cache, &ids, Logits::All).unwrap()
     };
     let a = logits(&whole);

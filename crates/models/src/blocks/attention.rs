@@ -1,0 +1,499 @@
+//! Softmax attention, the token mixer of most layers (llama.cpp `build_attn` and the
+//! Q/K/V part of `src/models/{llama,qwen2,gemma3,...}.cpp`; transformers
+//! `LlamaAttention.forward` and its siblings): `attn_q/k/v` (or fused `attn_qkv`, or MLA)
+//! with their biases → Q/K norm → RoPE → keys and values into the sequence's KV cache →
+//! attention over the cache (causal, windowed, soft-capped, ALiBi, sinks as the plan says)
+//! → `attn_output` (+ bias).
+
+use crate::arch::{Position, QkNorm, RopeLayout};
+use crate::blocks::mla::MlaWeights;
+use crate::blocks::{rows_per_task, Rows};
+use crate::config::{ModelConfig, RopeParams};
+use crate::error::Result;
+use crate::kernels::{
+    add_bias, dot_multi_keys, matmul, matmul_many, rms_norm, rope_angles, rope_rotate,
+    softmax_with_sink, weighted_sum_multi, Matrix,
+};
+use crate::kv::KvLayer;
+use crate::load::Loader;
+use crate::model::Model;
+use crate::plan::{AttentionPlan, QkvLayout};
+use crate::pool::{self, Disjoint};
+use crate::Sequence;
+
+/// The Q, K and V projections: separate matrices, or one fused `attn_qkv` whose rows are
+/// Q, then K, then V (the converters reorder falcon's and bloom's interleaved layouts).
+#[derive(Clone, Debug)]
+pub enum QkvWeights {
+    Separate {
+        wq: Matrix,
+        wk: Matrix,
+        wv: Matrix,
+    },
+    Fused(Matrix),
+    /// Multi-head latent attention ([`crate::config::MlaConfig`]).
+    Mla(Box<MlaWeights>),
+}
+
+/// An attention layer's weights, named as llama.cpp names the tensors (`blk.N.<name>`).
+/// Optional parts are present exactly when the file has them (and the plan allows them).
+#[derive(Clone, Debug)]
+pub struct AttentionWeights {
+    pub qkv: QkvWeights,
+    /// Biases of separate projections, or of the fused one (`bqkv`).
+    pub bq: Option<Vec<f32>>,
+    pub bk: Option<Vec<f32>>,
+    pub bv: Option<Vec<f32>>,
+    pub bqkv: Option<Vec<f32>>,
+    pub wo: Matrix,
+    pub bo: Option<Vec<f32>>,
+    /// `attn_sinks`: one learned logit per query head that joins each softmax (gpt-oss).
+    pub attn_sinks: Option<Vec<f32>>,
+    /// RMSNorm weights of Q and K (`head_dim_k` each, or the whole projection width).
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+}
+
+impl AttentionWeights {
+    /// Loads layer `il`'s attention as `ap` plans it.
+    pub(crate) fn load(
+        l: &mut Loader<'_>,
+        il: usize,
+        c: &ModelConfig,
+        ap: &AttentionPlan,
+    ) -> Result<AttentionWeights> {
+        let n = |s: &str| format!("blk.{il}.{s}");
+        let qkv_rows = c.q_dim() + c.k_dim() + c.v_dim();
+        let (qkv, bqkv) = match ap.qkv {
+            QkvLayout::Latent => {
+                let mla = c.mla.as_ref().expect("a latent plan has an MLA config");
+                (
+                    QkvWeights::Mla(Box::new(MlaWeights::load(l, il, c, mla)?)),
+                    None,
+                )
+            }
+            QkvLayout::Fused => (
+                QkvWeights::Fused(l.matrix(&n("attn_qkv.weight"), qkv_rows, c.n_embd)?),
+                l.vector_opt(&n("attn_qkv.bias"), qkv_rows)?,
+            ),
+            QkvLayout::Separate => (
+                QkvWeights::Separate {
+                    wq: l.matrix(&n("attn_q.weight"), c.q_dim(), c.n_embd)?,
+                    wk: l.matrix(&n("attn_k.weight"), c.k_dim(), c.n_embd)?,
+                    wv: l.matrix(&n("attn_v.weight"), c.v_dim(), c.n_embd)?,
+                },
+                None,
+            ),
+        };
+        let separate = ap.qkv == QkvLayout::Separate;
+        let mut bias = |name: &str, len: usize| {
+            if separate {
+                l.vector_opt(&n(name), len)
+            } else {
+                Ok(None)
+            }
+        };
+        let (bq, bk, bv) = (
+            bias("attn_q.bias", c.q_dim())?,
+            bias("attn_k.bias", c.k_dim())?,
+            bias("attn_v.bias", c.v_dim())?,
+        );
+        let (q_norm_len, k_norm_len) = match ap.qk_norm {
+            QkNorm::Whole => (c.q_dim(), c.k_dim()),
+            _ => (c.head_dim_k, c.head_dim_k),
+        };
+        let qk_norm = ap.qk_norm != QkNorm::None;
+        Ok(AttentionWeights {
+            qkv,
+            bq,
+            bk,
+            bv,
+            bqkv,
+            wo: l.matrix(&n("attn_output.weight"), c.n_embd, c.attn_out_dim())?,
+            bo: l.vector_opt(&n("attn_output.bias"), c.n_embd)?,
+            attn_sinks: l.vector_if(ap.sinks, &n("attn_sinks.weight"), c.n_head)?,
+            q_norm: l.vector_if(qk_norm, &n("attn_q_norm.weight"), q_norm_len)?,
+            k_norm: l.vector_if(qk_norm, &n("attn_k_norm.weight"), k_norm_len)?,
+        })
+    }
+
+    /// The matrices it multiplies.
+    pub(crate) fn matrices(&self) -> Vec<&Matrix> {
+        let mut m: Vec<&Matrix> = match &self.qkv {
+            QkvWeights::Separate { wq, wk, wv } => vec![wq, wk, wv],
+            QkvWeights::Fused(w) => vec![w],
+            QkvWeights::Mla(a) => a.matrices().collect(),
+        };
+        m.push(&self.wo);
+        m
+    }
+}
+
+/// Buffers of the attention layers of one forward call, reused from layer to layer.
+#[derive(Default)]
+pub(crate) struct AttnScratch {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    qkv: Vec<f32>,
+    attn: Vec<f32>,
+    attn_out: Vec<f32>,
+    /// One table of rotations per position and parameter set, shared by every head and
+    /// every layer with the same parameters.
+    rope_tables: Vec<(RopeParams, Vec<(f32, f32)>)>,
+}
+
+impl Model {
+    /// Attention layer `il` on `input` (`n × n_embd`, the batch's rows), appending each
+    /// sequence's keys and values to its cache; the output projection into `out`
+    /// (`n × n_embd`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn attention_block(
+        &self,
+        il: usize,
+        ap: &AttentionPlan,
+        lw: &AttentionWeights,
+        seqs: &mut [Sequence<'_>],
+        rows: &Rows<'_>,
+        input: &[f32],
+        s: &mut AttnScratch,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let c = &self.config;
+        let w = &self.weights;
+        let n = rows.n();
+        let (starts, pos) = (rows.starts, rows.pos);
+        let cur = input;
+        let AttnScratch {
+            q,
+            k,
+            v,
+            qkv,
+            attn,
+            attn_out,
+            rope_tables,
+        } = s;
+        q.resize(n * c.q_dim(), 0.0);
+        k.resize(n * c.k_dim(), 0.0);
+        v.resize(n * c.v_dim(), 0.0);
+        attn.resize(n * c.n_head * c.head_dim_v, 0.0);
+        // Qcur, Kcur, Vcur
+        match &lw.qkv {
+            QkvWeights::Separate { wq, wk, wv } => {
+                matmul_many(
+                    &mut [
+                        self.projection(wq, q),
+                        self.projection(wk, k),
+                        self.projection(wv, v),
+                    ],
+                    cur,
+                    n,
+                )?;
+                for (t, b) in [(&mut *q, &lw.bq), (&mut *k, &lw.bk), (&mut *v, &lw.bv)] {
+                    if let Some(b) = b {
+                        add_bias(t, b);
+                    }
+                }
+            }
+            QkvWeights::Mla(mla) => self.mla_qkv(mla, cur, n, q, k, v)?,
+            QkvWeights::Fused(wqkv) => {
+                qkv.resize(n * wqkv.rows, 0.0);
+                matmul(wqkv, self.data(wqkv), cur, n, qkv)?;
+                if let Some(b) = &lw.bqkv {
+                    add_bias(qkv, b);
+                }
+                let (qd, kd, vd) = (c.q_dim(), c.k_dim(), c.v_dim());
+                for (i, row) in qkv.chunks_exact(qd + kd + vd).enumerate() {
+                    q[i * qd..(i + 1) * qd].copy_from_slice(&row[..qd]);
+                    k[i * kd..(i + 1) * kd].copy_from_slice(&row[qd..qd + kd]);
+                    v[i * vd..(i + 1) * vd].copy_from_slice(&row[qd + kd..]);
+                }
+            }
+        }
+        // Q/K norm: rows of head_dim_k values, or of the whole projection.
+        if let Some(qn) = &lw.q_norm {
+            rms_norm(q, qn, c.norm_eps);
+        }
+        if let Some(kn) = &lw.k_norm {
+            rms_norm(k, kn, c.norm_eps);
+        }
+        if let Position::Rope(layout) = ap.position {
+            let neox = layout == RopeLayout::Neox;
+            let rp = ap.rope;
+            let ti = match rope_tables.iter().position(|(k, _)| *k == rp) {
+                Some(i) => i,
+                None => {
+                    let mut table = Vec::with_capacity(n * c.n_rot / 2);
+                    let mut angles = Vec::new();
+                    for &p in pos {
+                        rope_angles(p, c.n_rot, &rp, w.rope_freqs.as_deref(), &mut angles);
+                        table.extend_from_slice(&angles);
+                    }
+                    rope_tables.push((rp, table));
+                    rope_tables.len() - 1
+                }
+            };
+            let table = &rope_tables[ti].1;
+            let half = c.n_rot / 2;
+            // The rotated dimensions: a head's first n_rot, or with MLA its last n_rot
+            // (the RoPE part after the latent).
+            let off = if ap.qkv == QkvLayout::Latent {
+                c.head_dim_k - c.n_rot
+            } else {
+                0
+            };
+            let rows = rows_per_task(n);
+            for (t, dim) in [(&mut *q, c.q_dim()), (&mut *k, c.k_dim())] {
+                pool::for_each_chunk(t, rows * dim, &|ci, part| {
+                    for (r, row) in part.chunks_exact_mut(dim).enumerate() {
+                        let i = ci * rows + r;
+                        let angles = &table[i * half..(i + 1) * half];
+                        for head in row.chunks_exact_mut(c.head_dim_k) {
+                            rope_rotate(&mut head[off..], angles, neox);
+                        }
+                    }
+                });
+            }
+        }
+        for (si, s) in seqs.iter_mut().enumerate() {
+            let (r0, r1) = (starts[si], starts[si + 1]);
+            let p0 = s.state.n_past;
+            let layer = s.state.kv_mut(il);
+            layer
+                .k
+                .write(p0 * c.k_dim(), &k[r0 * c.k_dim()..r1 * c.k_dim()]);
+            layer
+                .v
+                .write(p0 * c.v_dim(), &v[r0 * c.v_dim()..r1 * c.v_dim()]);
+        }
+        let parts: Vec<AttnSeq<'_>> = seqs
+            .iter()
+            .enumerate()
+            .map(|(si, s)| AttnSeq {
+                layer: s.state.kv(il),
+                p0: s.state.n_past,
+                r0: starts[si],
+                n: starts[si + 1] - starts[si],
+            })
+            .collect();
+        attention(
+            c,
+            &parts,
+            q,
+            ap.window,
+            ap.softcap,
+            lw.attn_sinks.as_deref(),
+            attn,
+        );
+        if let QkvWeights::Mla(mla) = &lw.qkv {
+            self.mla_output(mla, attn, n, attn_out)?;
+            matmul(&lw.wo, self.data(&lw.wo), attn_out, n, out)?;
+        } else {
+            matmul(&lw.wo, self.data(&lw.wo), attn, n, out)?;
+        }
+        if let Some(b) = &lw.bo {
+            add_bias(out, b);
+        }
+        Ok(())
+    }
+}
+
+/// Query rows per attention task (prefill): the block's units share each key and value row
+/// they load while it is in cache.
+const ATTN_ROWS_PER_TASK: usize = 16;
+
+/// One sequence's part of an attention step: its layer cache (keys and values already
+/// written for the new rows), its first new position, and its rows `r0..r0+n` of the
+/// batch.
+struct AttnSeq<'a> {
+    layer: &'a KvLayer,
+    p0: usize,
+    r0: usize,
+    n: usize,
+}
+
+/// Attention of every sequence's new query rows over its own cached keys and values of
+/// one layer, writing `n_rows × (n_head · head_dim_v)` values to `out` (rows in batch
+/// order).
+///
+/// Query head `h` reads KV head `h / (n_head / n_head_kv)` (GQA). Row at position `p` sees
+/// keys `0..=p` (causal), and with a `window` > 0 only keys `t` with `p - t < window`
+/// (llama.cpp `LLAMA_SWA_TYPE_STANDARD`). Scores are scaled by `attn_scale`, soft-capped
+/// (`c · tanh(s / c)`, gemma2) and given the ALiBi bias where the model has them,
+/// softmaxed (with the head's sink logit in the denominator where the layer has
+/// `attn_sinks`: gpt-oss), and the values summed in position order.
+///
+/// Work is split over (sequence, KV head, block of [`ATTN_ROWS_PER_TASK`] query rows),
+/// or per query head for blocks of fewer than 4 rows (decode) when there are too few
+/// sequences to occupy the threads otherwise, largest tasks first. A
+/// task reads the keys and values its block can see in place (f16 widened in registers),
+/// taking its (query head, row) pairs four at a time, each key and value row loaded once
+/// for the four: scores ([`dot_multi_keys`]) and weighted value sums ([`weighted_sum_multi`]); a
+/// decode step's four are the query heads that share a KV head. Each output element
+/// is the same sequence of operations whatever the block, the chunk, the batch or the
+/// thread: scores in `dot`'s order, one softmax over the visible keys, values
+/// accumulated in key order.
+fn attention(
+    c: &crate::config::ModelConfig,
+    seqs: &[AttnSeq<'_>],
+    q: &[f32],
+    window: usize,
+    softcap: Option<f32>,
+    sinks: Option<&[f32]>,
+    out: &mut [f32],
+) {
+    let (hd_k, hd_v) = (c.head_dim_k, c.head_dim_v);
+    let group = c.n_head / c.n_head_kv;
+    let row_out = c.n_head * hd_v;
+    // Keys visible from position `pos`: first_key(pos)..=pos.
+    let first_key = |pos: usize| {
+        if window > 0 {
+            (pos + 1).saturating_sub(window)
+        } else {
+            0
+        }
+    };
+    // Tasks: (sequence, first query head, heads, first row within the sequence).
+    let mut tasks: Vec<(usize, usize, usize, usize)> = Vec::new();
+    // Enough sequences to keep every thread busy with one task per KV head: then each KV
+    // row is widened once for all the heads that read it, even for one-row blocks.
+    let many = seqs.len() * c.n_head_kv >= 2 * crate::pool::threads();
+    for (si, s) in seqs.iter().enumerate() {
+        for i0 in (0..s.n).step_by(ATTN_ROWS_PER_TASK) {
+            if s.n - i0 >= 4 || many {
+                tasks.extend((0..c.n_head_kv).map(|g| (si, g * group, group, i0)));
+            } else {
+                tasks.extend((0..c.n_head).map(|h| (si, h, 1, i0)));
+            }
+        }
+    }
+    let work = |&(si, _, heads, i0): &(usize, usize, usize, usize)| {
+        let s = &seqs[si];
+        let i1 = (i0 + ATTN_ROWS_PER_TASK).min(s.n);
+        heads * (s.p0 + i1 - first_key(s.p0 + i0)) * (i1 - i0)
+    };
+    tasks.sort_by_key(|t| std::cmp::Reverse(work(t)));
+    // A raw score q·k of head h with key position t: scaled, soft-capped (gemma2), plus
+    // the ALiBi bias (bloom).
+    let score = |raw: f32, h: usize, t: usize| {
+        let mut s = raw * c.attn_scale;
+        if let Some(cap) = softcap {
+            s = cap * (s / cap).tanh();
+        }
+        if let Some(slope) = c.alibi_slopes.get(h) {
+            s += slope * t as f32;
+        }
+        s
+    };
+    let outs = Disjoint::new(out);
+    crate::pool::run(tasks.len(), &|task| {
+        let (si, h0, heads, i0) = tasks[task];
+        let AttnSeq { layer, p0, r0, n } = seqs[si];
+        let i1 = (i0 + ATTN_ROWS_PER_TASK).min(n);
+        let nr = i1 - i0;
+        let g = h0 / group;
+        ATTN_SCORES.with_borrow_mut(|scores| {
+            let (t0, t1) = (first_key(p0 + i0), p0 + i1); // keys t0..t1 are read
+            let span = t1 - t0;
+            // KV head g's keys and values of positions t0.., read in place.
+            let keys = layer.k.rows(t0 * c.k_dim() + g * hd_k, c.k_dim());
+            let values = layer.v.rows(t0 * c.v_dim() + g * hd_v, c.v_dim());
+            // The task's units are its (query head, row) pairs, head by head: unit `u` is
+            // head `h0 + u / nr`, row `u % nr` of the block. Units go through the kernels
+            // up to four at a time, sharing each key and value row they load (a decode
+            // step's units are the heads of one KV head).
+            let units = heads * nr;
+            let head = |u: usize| h0 + u / nr;
+            // Unit u sees keys lo(u)..hi(u), relative to t0.
+            let lo = |u: usize| first_key(p0 + i0 + u % nr) - t0;
+            let hi = |u: usize| p0 + i0 + u % nr + 1 - t0;
+            let qrow = |u: usize| &q[(r0 + i0 + u % nr) * c.q_dim() + head(u) * hd_k..][..hd_k];
+            scores.resize(units * span, 0.0);
+            for c0 in (0..units).step_by(4) {
+                let c1 = (c0 + 4).min(units);
+                let (a, b) = ((c0..c1).map(lo).min(), (c0..c1).map(hi).max());
+                let range = a.unwrap_or(0)..b.unwrap_or(0);
+                let mut rows = scores[c0 * span..c1 * span].chunks_exact_mut(span);
+                let mut row = || rows.next().expect("one score row per unit");
+                match c1 - c0 {
+                    4 => dot_multi_keys(
+                        [qrow(c0), qrow(c0 + 1), qrow(c0 + 2), qrow(c0 + 3)],
+                        keys,
+                        range,
+                        [row(), row(), row(), row()],
+                    ),
+                    3 => dot_multi_keys(
+                        [qrow(c0), qrow(c0 + 1), qrow(c0 + 2)],
+                        keys,
+                        range,
+                        [row(), row(), row()],
+                    ),
+                    2 => dot_multi_keys([qrow(c0), qrow(c0 + 1)], keys, range, [row(), row()]),
+                    _ => dot_multi_keys([qrow(c0)], keys, range, [row()]),
+                }
+            }
+            for u in 0..units {
+                let (h, row) = (head(u), &mut scores[u * span..(u + 1) * span]);
+                for (t, v) in row.iter_mut().enumerate().take(hi(u)).skip(lo(u)) {
+                    *v = score(*v, h, t0 + t);
+                }
+                softmax_with_sink(&mut row[lo(u)..hi(u)], sinks.map(|s| s[h]));
+            }
+            // Weighted sums of the values. Per unit: its keys before the range that all
+            // units of the chunk see, that shared range with the chunk's units together,
+            // then its keys after it: key order throughout. Without a shared range each
+            // unit does all its keys alone.
+            // SAFETY (for every `outs.range` below): this task alone writes head h of its
+            // rows, and the ranges of different (head, row) units are disjoint.
+            #[allow(unsafe_code)]
+            let orow = |u: usize| unsafe {
+                outs.range((r0 + i0 + u % nr) * row_out + head(u) * hd_v, hd_v)
+            };
+            let prow = |u: usize| &scores[u * span..(u + 1) * span];
+            for c0 in (0..units).step_by(4) {
+                let c1 = (c0 + 4).min(units);
+                let a = (c0..c1).map(lo).max().unwrap_or(0);
+                let b = (c0..c1).map(hi).min().unwrap_or(0);
+                let shared = a < b;
+                for u in c0..c1 {
+                    let o = orow(u);
+                    o.fill(0.0);
+                    let pre_end = if shared { a } else { hi(u) };
+                    weighted_sum_multi([o], [prow(u)], values, lo(u)..pre_end);
+                }
+                if shared {
+                    let v = values;
+                    match c1 - c0 {
+                        4 => weighted_sum_multi(
+                            [orow(c0), orow(c0 + 1), orow(c0 + 2), orow(c0 + 3)],
+                            [prow(c0), prow(c0 + 1), prow(c0 + 2), prow(c0 + 3)],
+                            v,
+                            a..b,
+                        ),
+                        3 => weighted_sum_multi(
+                            [orow(c0), orow(c0 + 1), orow(c0 + 2)],
+                            [prow(c0), prow(c0 + 1), prow(c0 + 2)],
+                            v,
+                            a..b,
+                        ),
+                        2 => weighted_sum_multi(
+                            [orow(c0), orow(c0 + 1)],
+                            [prow(c0), prow(c0 + 1)],
+                            v,
+                            a..b,
+                        ),
+                        _ => weighted_sum_multi([orow(c0)], [prow(c0)], v, a..b),
+                    }
+                    for u in c0..c1 {
+                        weighted_sum_multi([orow(u)], [prow(u)], values, b..hi(u));
+                    }
+                }
+            }
+        });
+    });
+}
+
+thread_local! {
+    /// Per-thread scores of an attention task: one row of its visible keys per unit.
+    static ATTN_SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}

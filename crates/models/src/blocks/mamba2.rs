@@ -1,0 +1,130 @@
+//! Mamba-2's SSD mixer (llama.cpp `build_mamba2_layer` in
+//! `src/models/graph-context-mamba.cpp` with ggml's `ssm_conv` and `ssm_scan`;
+//! transformers `Mamba2Mixer.torch_forward`), evaluated as its recurrence.
+//!
+//! `z | xBC | Δ = ssm_in · h`; `xBC = silu(conv(xBC) + conv_bias)`, split into `x`
+//! (`n_head` heads of `head_dim`), `B` and `C` (`n_group` groups of `d_state`; head `h`
+//! reads group `h / (n_head / n_group)`); `Δ = softplus(Δ + dt_bias)` per head; then per
+//! head, position by position: `s = exp(Δ · A) · s + Δ · x ⊗ B` (`head_dim × d_state`),
+//! `y = s · C + D · x`; `y = rmsnorm_groups(y · silu(z)) · ssm_norm` over groups of
+//! `d_inner / n_group`; `out = ssm_out · y`. The recurrence has no chunk boundaries, so a
+//! prefix always yields the same state.
+
+use crate::blocks::{causal_conv, columns, silu, softplus, Rows};
+use crate::config::{ModelConfig, SsmConfig};
+use crate::error::Result;
+use crate::kernels::{matmul, rms_norm, Matrix};
+use crate::load::Loader;
+use crate::model::Model;
+use crate::Sequence;
+
+/// A Mamba-2 layer's weights (llama.cpp names, `blk.N.ssm_*`).
+#[derive(Clone, Debug)]
+pub struct Mamba2Weights {
+    /// `ssm_in`: `2 · d_inner + 2 · n_group · d_state + n_head` rows (z, xBC, Δ).
+    pub ssm_in: Matrix,
+    /// `ssm_conv1d.weight` (`channels × d_conv` over x | B | C) and `.bias`.
+    pub conv_w: Vec<f32>,
+    pub conv_b: Vec<f32>,
+    /// `ssm_dt.bias`, `ssm_a` (`A = -exp(A_log)`), `ssm_d`: one per head.
+    pub dt_b: Vec<f32>,
+    pub a: Vec<f32>,
+    pub d: Vec<f32>,
+    /// `ssm_norm`: the gated RMSNorm's weight, `d_inner` (groups of `d_inner / n_group`).
+    pub norm: Vec<f32>,
+    pub ssm_out: Matrix,
+}
+
+impl Mamba2Weights {
+    pub(crate) fn load(l: &mut Loader<'_>, il: usize, c: &ModelConfig) -> Result<Mamba2Weights> {
+        let s = c.ssm.as_ref().expect("a Mamba-2 plan has an SSM config");
+        let n = |t: &str| format!("blk.{il}.{t}");
+        let (di, nh, ng) = (s.d_inner, s.dt_rank, s.n_group);
+        let ch = di + 2 * ng * s.d_state;
+        Ok(Mamba2Weights {
+            ssm_in: l.matrix(&n("ssm_in.weight"), di + ch + nh, c.n_embd)?,
+            conv_w: l.stacked(&n("ssm_conv1d.weight"), s.d_conv, ch)?,
+            conv_b: l.vector(&n("ssm_conv1d.bias"), ch)?,
+            dt_b: l.vector(&n("ssm_dt.bias"), nh)?,
+            a: l.stacked(&n("ssm_a"), 1, nh)?,
+            d: l.stacked(&n("ssm_d"), 1, nh)?,
+            norm: l.stacked(&n("ssm_norm.weight"), di / ng, ng)?,
+            ssm_out: l.matrix(&n("ssm_out.weight"), c.n_embd, di)?,
+        })
+    }
+}
+
+impl Model {
+    /// Mamba-2 layer `il` on `input` (`n × n_embd`), advancing each sequence's state;
+    /// the output projection into `out` (`n × n_embd`).
+    pub(crate) fn mamba2_block(
+        &self,
+        il: usize,
+        w: &Mamba2Weights,
+        seqs: &mut [Sequence<'_>],
+        rows: &Rows<'_>,
+        input: &[f32],
+        out: &mut [f32],
+    ) -> Result<()> {
+        let s: &SsmConfig = self.config.ssm.as_ref().expect("Mamba-2 has an SSM config");
+        let (di, ds, nh, ng) = (s.d_inner, s.d_state, s.dt_rank, s.n_group);
+        let (hd, ch) = (di / nh, di + 2 * ng * ds);
+        let width = di + ch + nh;
+        let n = rows.n();
+        let mut zxbcdt = vec![0f32; n * width];
+        matmul(&w.ssm_in, self.data(&w.ssm_in), input, n, &mut zxbcdt)?;
+        let mut xbc_in = Vec::new();
+        columns(&zxbcdt, width, di, ch, &mut xbc_in);
+        let mut xbc = vec![0f32; n * ch];
+        for (si, sq) in seqs.iter_mut().enumerate() {
+            let r = rows.of(si);
+            let st = sq.state.recurrent_mut(il);
+            causal_conv(
+                &mut st.conv,
+                &w.conv_w,
+                Some(&w.conv_b),
+                &xbc_in[r.start * ch..r.end * ch],
+                &mut xbc[r.start * ch..r.end * ch],
+                ch,
+            );
+        }
+        xbc.iter_mut().for_each(|v| *v = silu(*v));
+        let mut y = vec![0f32; n * di];
+        let per_group = nh / ng;
+        for (si, sq) in seqs.iter_mut().enumerate() {
+            let st = sq.state.recurrent_mut(il);
+            for r in rows.of(si) {
+                let row = &xbc[r * ch..(r + 1) * ch];
+                let (x, bc) = row.split_at(di);
+                let (b, cc) = bc.split_at(ng * ds);
+                for h in 0..nh {
+                    let delta = softplus(zxbcdt[r * width + di + ch + h] + w.dt_b[h]);
+                    let decay = (delta * w.a[h]).exp();
+                    let g = h / per_group;
+                    let (bg, cg) = (&b[g * ds..(g + 1) * ds], &cc[g * ds..(g + 1) * ds]);
+                    for p in 0..hd {
+                        let xv = x[h * hd + p];
+                        let sp = &mut st.ssm[(h * hd + p) * ds..(h * hd + p + 1) * ds];
+                        let mut acc = 0f32;
+                        for j in 0..ds {
+                            sp[j] = decay * sp[j] + delta * xv * bg[j];
+                            acc += sp[j] * cg[j];
+                        }
+                        y[r * di + h * hd + p] = acc + w.d[h] * xv;
+                    }
+                }
+            }
+        }
+        // The gate, then RMSNorm per group.
+        let gs = di / ng;
+        for (r, yr) in y.chunks_exact_mut(di).enumerate() {
+            let z = &zxbcdt[r * width..r * width + di];
+            yr.iter_mut().zip(z).for_each(|(v, &z)| *v *= silu(z));
+            for (yg, wg) in yr.chunks_exact_mut(gs).zip(w.norm.chunks_exact(gs)) {
+                rms_norm(yg, wg, self.config.norm_eps);
+            }
+        }
+        matmul(&w.ssm_out, self.data(&w.ssm_out), &y, n, out)?;
+        Ok(())
+    }
+}

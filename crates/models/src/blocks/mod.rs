@@ -1,0 +1,188 @@
+//! The blocks a layer is made of, one file each, each owning the loading of its weights
+//! (through [`crate::load::Loader`]) and its computation: token mixers ([`attention`] with
+//! [`mla`], [`mamba`], [`mamba2`], [`short_conv`]) and channel mixers ([`ffn`], [`moe`]).
+//! Which block a layer runs is the plan's decision ([`crate::plan::LayerPlan`]); the
+//! forward pass ([`crate::Model::forward_batch`]) is a loop over it.
+
+pub mod attention;
+pub mod ffn;
+pub mod mamba;
+pub mod mamba2;
+pub mod mla;
+pub mod moe;
+pub mod short_conv;
+
+use crate::config::ModelConfig;
+use crate::kernels::Matrix;
+use crate::plan::Mixer;
+use crate::pool;
+
+/// A layer's token-mixer weights, of the kind its plan names.
+#[derive(Clone, Debug)]
+pub enum MixerWeights {
+    Attention(Box<attention::AttentionWeights>),
+    Mamba(Box<mamba::MambaWeights>),
+    Mamba2(Box<mamba2::Mamba2Weights>),
+    ShortConv(Box<short_conv::ShortConvWeights>),
+}
+
+impl MixerWeights {
+    /// The matrices it multiplies.
+    pub(crate) fn matrices(&self) -> Vec<&Matrix> {
+        match self {
+            MixerWeights::Attention(a) => a.matrices(),
+            MixerWeights::Mamba(m) => vec![&m.ssm_in, &m.ssm_x, &m.ssm_dt, &m.ssm_out],
+            MixerWeights::Mamba2(m) => vec![&m.ssm_in, &m.ssm_out],
+            MixerWeights::ShortConv(s) => vec![&s.in_proj, &s.out_proj],
+        }
+    }
+}
+
+/// A layer's feed-forward block.
+#[derive(Clone, Debug)]
+#[allow(clippy::large_enum_variant)] // one per layer; the dense case is the common one
+pub enum FfnWeights {
+    Dense(ffn::DenseFfn),
+    Moe(Box<moe::MoeFfn>),
+    /// No channel mixer (Mamba).
+    None,
+}
+
+/// The rows of one forward call: sequence `si` owns rows `starts[si]..starts[si + 1]`,
+/// row `r` sits at position `pos[r]` of its sequence.
+pub(crate) struct Rows<'a> {
+    pub starts: &'a [usize],
+    pub pos: &'a [usize],
+}
+
+impl Rows<'_> {
+    /// Rows in all.
+    pub fn n(&self) -> usize {
+        self.pos.len()
+    }
+
+    /// Sequence `si`'s rows.
+    pub fn of(&self, si: usize) -> std::ops::Range<usize> {
+        self.starts[si]..self.starts[si + 1]
+    }
+}
+
+/// Values of a recurrent mixer's state (convolution window, scan state) in f32, for the
+/// model of `c`: Mamba-1 `(d_conv - 1) · d_inner` and `d_inner · d_state`; Mamba-2 the
+/// window over `x | B | C` and `d_inner · d_state`; LFM2's short convolution
+/// `(taps - 1) · n_embd` and none.
+pub(crate) fn recurrent_sizes(c: &ModelConfig, m: &Mixer) -> (usize, usize) {
+    match (m, &c.ssm) {
+        (Mixer::Mamba | Mixer::Mamba2, Some(s)) => {
+            let kind = match m {
+                Mixer::Mamba2 => crate::arch::MixerKind::Mamba2,
+                _ => crate::arch::MixerKind::Mamba,
+            };
+            (
+                (s.d_conv - 1) * s.conv_channels(kind),
+                s.d_inner * s.d_state,
+            )
+        }
+        (Mixer::ShortConv, _) => ((c.short_conv_taps - 1) * c.n_embd, 0),
+        _ => (0, 0),
+    }
+}
+
+/// Causal depthwise convolution of one sequence's new rows `x` (`n × channels`) into
+/// `out` (same shape), continuing from `window` (the previous `taps - 1` inputs, oldest
+/// first, zeros at the start of a sequence), which it then advances to end at the last new
+/// row: `out[t][c] = Σ_k w[c][k] · in[t - (taps - 1) + k][c] (+ bias[c])`, `w` being
+/// `channels × taps` (GGUF `ssm_conv1d.weight` / `shortconv.conv.weight`, shape
+/// `[taps, channels]`; ggml `ggml_ssm_conv`; torch `Conv1d(groups = channels, padding =
+/// taps - 1)` cut to the first `n` outputs). The one convolution of Mamba, Mamba-2 and
+/// LFM2.
+pub(crate) fn causal_conv(
+    window: &mut [f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    x: &[f32],
+    out: &mut [f32],
+    channels: usize,
+) {
+    let taps = w.len() / channels;
+    let hist = taps - 1;
+    let n = x.len() / channels;
+    // The input at relative time j (negative: from the window).
+    let at = |j: isize, ch: usize| -> f32 {
+        if j < 0 {
+            window[(hist as isize + j) as usize * channels + ch]
+        } else {
+            x[j as usize * channels + ch]
+        }
+    };
+    for t in 0..n {
+        let row = &mut out[t * channels..(t + 1) * channels];
+        for (ch, o) in row.iter_mut().enumerate() {
+            let taps_w = &w[ch * taps..(ch + 1) * taps];
+            let mut s = 0f32;
+            for (k, &wk) in taps_w.iter().enumerate() {
+                s += wk * at(t as isize - hist as isize + k as isize, ch);
+            }
+            *o = match bias {
+                Some(b) => s + b[ch],
+                None => s,
+            };
+        }
+    }
+    // The new window: the last `hist` inputs of window ++ x.
+    let mut next = vec![0f32; hist * channels];
+    for (i, row) in next.chunks_exact_mut(channels).enumerate() {
+        let j = n as isize - hist as isize + i as isize;
+        for (ch, v) in row.iter_mut().enumerate() {
+            *v = at(j, ch);
+        }
+    }
+    window.copy_from_slice(&next);
+}
+
+/// `softplus(x) = ln(1 + eˣ)`, `x` itself above 20 (torch's threshold; ggml's
+/// `ssm_scan` uses the same).
+pub(crate) fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+/// `x · sigmoid(x)`.
+pub(crate) fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// Copies columns `off..off + width` of each `stride`-wide row of `src` into `dst`
+/// (`rows × width`, resized).
+pub(crate) fn columns(src: &[f32], stride: usize, off: usize, width: usize, dst: &mut Vec<f32>) {
+    let rows = src.len() / stride;
+    dst.clear();
+    dst.reserve(rows * width);
+    for r in src.chunks_exact(stride) {
+        dst.extend_from_slice(&r[off..off + width]);
+    }
+}
+
+/// Rows per task of the row-wise steps of the forward pass (RoPE, the gated activation),
+/// at most.
+pub(crate) const ROWS_PER_TASK: usize = 16;
+
+/// Rows per task of a row-wise step over `n` rows: [`ROWS_PER_TASK`], or fewer so that a
+/// decode step's few rows still reach every thread.
+pub(crate) fn rows_per_task(n: usize) -> usize {
+    n.div_ceil(pool::threads()).clamp(1, ROWS_PER_TASK)
+}
+
+/// Elements per task of an element-wise step over `total` elements in rows of `width`:
+/// [`ROWS_PER_TASK`] rows, or an even share per thread (at least 256 elements) when that
+/// is less, so that even one row is split.
+pub(crate) fn elems_per_task(total: usize, width: usize) -> usize {
+    total
+        .div_ceil(pool::threads())
+        .max(256)
+        .min(ROWS_PER_TASK * width)
+        .max(1)
+}

@@ -1,0 +1,329 @@
+//! The layer plan: what each layer of a loaded model computes, compiled once at load from
+//! the architecture row ([`crate::arch::ArchSpec`]), the metadata ([`crate::ModelConfig`])
+//! and the tensors present. The forward pass walks it ([`crate::Model::forward_batch`]);
+//! `frink inspect MODEL --plan` prints it ([`Plan`]'s `Display`).
+//!
+//! Each layer is a token mixer (attention, a state-space scan, a short convolution) and a
+//! channel mixer (a dense FFN, experts, or none), with its norms and residual wiring. The
+//! weights each block reads are loaded by the block itself ([`crate::blocks`]).
+
+use frink_gguf::GgufFile;
+
+use crate::arch::{Activation, ArchSpec, Ffn, MixerKind, Norm, NormPlacement, Position, QkNorm};
+use crate::config::RopeParams;
+
+/// The plan of every layer, plus the model-level steps around them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    /// `general.architecture`.
+    pub arch: &'static str,
+    /// The norm kind of every norm of the model.
+    pub norm: Norm,
+    /// A norm right after the embedding lookup (bloom's `token_embd_norm`).
+    pub embd_norm: bool,
+    /// The tensor of the norm before the LM head (`output_norm`, LFM2's `token_embd_norm`).
+    pub output_norm: &'static str,
+    pub layers: Vec<LayerPlan>,
+}
+
+/// One layer: `x += mixer(norm(x))`, then `x += channel(norm(x))` (sequential), or both
+/// from one normed input (parallel), with the norms [`Norms`] says.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerPlan {
+    pub mixer: Mixer,
+    pub channel: Channel,
+    pub norms: Norms,
+    pub residual: Residual,
+}
+
+/// A layer's token mixer: what mixes information across positions.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Mixer {
+    /// Softmax attention over the sequence's KV cache ([`crate::blocks::attention`]).
+    Attention(AttentionPlan),
+    /// Mamba-1's selective scan ([`crate::blocks::mamba`]).
+    Mamba,
+    /// Mamba-2's SSD scan ([`crate::blocks::mamba2`]).
+    Mamba2,
+    /// LFM2's gated short convolution ([`crate::blocks::short_conv`]).
+    ShortConv,
+}
+
+impl Mixer {
+    /// Whether the mixer keeps a recurrent state (which cannot be cut back to an earlier
+    /// position, unlike a KV cache).
+    pub fn is_recurrent(&self) -> bool {
+        !matches!(self, Mixer::Attention(_))
+    }
+}
+
+/// How an attention layer computes Q, K and V.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkvLayout {
+    /// `attn_q`, `attn_k`, `attn_v`.
+    Separate,
+    /// One `attn_qkv` (rows Q, K, V).
+    Fused,
+    /// Multi-head latent attention ([`crate::blocks::mla`]).
+    Latent,
+}
+
+/// The options of one attention layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttentionPlan {
+    pub qkv: QkvLayout,
+    /// RoPE (with this layer's parameters), ALiBi, or no positions.
+    pub position: Position,
+    pub rope: RopeParams,
+    /// Keys older than this many positions are not seen (0: all are).
+    pub window: usize,
+    pub qk_norm: QkNorm,
+    /// `attn_sinks`: a learned logit per head in each softmax's denominator.
+    pub sinks: bool,
+    /// Scores become `c · tanh(s / c)`.
+    pub softcap: Option<f32>,
+}
+
+/// A layer's channel mixer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Channel {
+    /// A dense FFN of the row's kind and activation ([`crate::blocks::ffn`]).
+    Dense(Ffn, Activation),
+    /// Routed experts, with a shared expert where the file has one ([`crate::blocks::moe`]).
+    Moe(Activation),
+    /// None (Mamba's layers are the mixer alone).
+    None,
+}
+
+/// Which norms a layer has (all of the model's [`Norm`] kind).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Norms {
+    /// `attn_norm`, before the token mixer.
+    pub pre_mixer: bool,
+    /// `post_attention_norm`, on the mixer's output.
+    pub post_mixer: bool,
+    /// The tensor of the norm before the channel mixer (`ffn_norm`, gpt-oss's
+    /// `post_attention_norm`), if any.
+    pub pre_channel: Option<&'static str>,
+    /// `post_ffw_norm`, on the channel mixer's output.
+    pub post_channel: bool,
+}
+
+/// How a layer's two mixers reach the residual stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Residual {
+    /// The channel mixer reads the residual after the token mixer's add.
+    Sequential,
+    /// Both read the same normed input; both outputs are added (falcon).
+    Parallel,
+}
+
+/// What [`Plan::compile`] takes from the metadata, beside the row.
+pub struct PlanInputs<'a> {
+    /// Per layer: attention (else the row's recurrent mixer).
+    pub attn_layers: &'a [bool],
+    /// Per layer: the sliding window applies.
+    pub swa_layers: &'a [bool],
+    pub n_swa: usize,
+    pub rope_global: RopeParams,
+    pub rope_swa: RopeParams,
+    pub attn_softcap: Option<f32>,
+    /// Multi-head latent attention (`attention.kv_lora_rank` on a row that allows it).
+    pub mla: bool,
+    /// With experts: the first layers with a dense FFN.
+    pub n_leading_dense: Option<usize>,
+}
+
+impl Plan {
+    /// The plan of the model in `f` under row `arch`. Tensor presence decides only what
+    /// the row leaves to the file: fused or separate Q/K/V and attention sinks.
+    pub fn compile(arch: &'static ArchSpec, f: &GgufFile, m: &PlanInputs<'_>) -> Plan {
+        let has = |il: usize, name: &str| f.tensor_index(&format!("blk.{il}.{name}")).is_some();
+        let layers = (0..m.attn_layers.len())
+            .map(|il| {
+                let mixer = if m.attn_layers[il] {
+                    let swa = m.swa_layers[il];
+                    Mixer::Attention(AttentionPlan {
+                        qkv: if m.mla {
+                            QkvLayout::Latent
+                        } else if has(il, "attn_qkv.weight") {
+                            QkvLayout::Fused
+                        } else {
+                            QkvLayout::Separate
+                        },
+                        position: arch.position,
+                        rope: if swa { m.rope_swa } else { m.rope_global },
+                        window: if swa { m.n_swa } else { 0 },
+                        qk_norm: arch.qk_norm,
+                        sinks: has(il, "attn_sinks.weight"),
+                        softcap: m.attn_softcap,
+                    })
+                } else {
+                    match arch.mixer {
+                        MixerKind::Mamba => Mixer::Mamba,
+                        MixerKind::Mamba2 => Mixer::Mamba2,
+                        _ => Mixer::ShortConv,
+                    }
+                };
+                let channel = match m.n_leading_dense {
+                    _ if !arch.has_ffn => Channel::None,
+                    Some(dense) if il >= dense => Channel::Moe(arch.activation),
+                    _ => Channel::Dense(arch.ffn, arch.activation),
+                };
+                let (pre, sandwich) = match arch.norm_placement {
+                    NormPlacement::Pre => (true, false),
+                    NormPlacement::Sandwich => (true, true),
+                    NormPlacement::PostOnly => (false, true),
+                };
+                let parallel = arch.parallel_residual;
+                let has_channel = channel != Channel::None;
+                LayerPlan {
+                    mixer,
+                    channel,
+                    norms: Norms {
+                        pre_mixer: pre,
+                        post_mixer: sandwich,
+                        pre_channel: (pre && !parallel && has_channel)
+                            .then_some(arch.ffn_norm_name),
+                        post_channel: sandwich && has_channel,
+                    },
+                    residual: if parallel {
+                        Residual::Parallel
+                    } else {
+                        Residual::Sequential
+                    },
+                }
+            })
+            .collect();
+        Plan {
+            arch: arch.name,
+            norm: arch.norm,
+            embd_norm: arch.position == Position::Alibi,
+            output_norm: arch.output_norm_name,
+            layers,
+        }
+    }
+
+    /// Whether any layer keeps a recurrent state.
+    pub fn is_recurrent(&self) -> bool {
+        self.layers.iter().any(|l| l.mixer.is_recurrent())
+    }
+}
+
+impl std::fmt::Display for LayerPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.mixer {
+            Mixer::Attention(a) => {
+                let qkv = match a.qkv {
+                    QkvLayout::Separate => "q/k/v",
+                    QkvLayout::Fused => "fused qkv",
+                    QkvLayout::Latent => "latent (MLA)",
+                };
+                write!(f, "attention [{qkv}")?;
+                match a.position {
+                    Position::Rope(layout) => {
+                        write!(f, ", RoPE {layout:?} base {}", a.rope.freq_base)?;
+                        if a.rope.freq_scale != 1.0 {
+                            write!(f, " scale {}", a.rope.freq_scale)?;
+                        }
+                        if a.rope.yarn.is_some() {
+                            write!(f, " YaRN")?;
+                        }
+                    }
+                    Position::Alibi => write!(f, ", ALiBi")?,
+                    Position::None => write!(f, ", no positions")?,
+                }
+                if a.window > 0 {
+                    write!(f, ", window {}", a.window)?;
+                }
+                match a.qk_norm {
+                    QkNorm::None => {}
+                    QkNorm::PerHead => write!(f, ", per-head Q/K norm")?,
+                    QkNorm::Whole => write!(f, ", whole Q/K norm")?,
+                }
+                if a.sinks {
+                    write!(f, ", sinks")?;
+                }
+                if let Some(c) = a.softcap {
+                    write!(f, ", softcap {c}")?;
+                }
+                write!(f, "]")?;
+            }
+            Mixer::Mamba => write!(f, "mamba scan")?,
+            Mixer::Mamba2 => write!(f, "mamba2 scan")?,
+            Mixer::ShortConv => write!(f, "short conv")?,
+        }
+        match self.channel {
+            Channel::Dense(kind, act) => write!(f, " + {kind:?} FFN ({act:?})")?,
+            Channel::Moe(act) => write!(f, " + experts ({act:?})")?,
+            Channel::None => {}
+        }
+        let n = self.norms;
+        let mut norms = Vec::new();
+        if n.pre_mixer {
+            norms.push("attn_norm before the mixer".to_string());
+        }
+        if n.post_mixer {
+            norms.push("post_attention_norm after it".to_string());
+        }
+        if let Some(name) = n.pre_channel {
+            norms.push(format!("{name} before the FFN"));
+        }
+        if n.post_channel {
+            norms.push("post_ffw_norm after it".to_string());
+        }
+        write!(f, "; norms {}", norms.join(", "))?;
+        if self.residual == Residual::Parallel {
+            write!(f, "; parallel residual")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Display for Plan {
+    /// One line per run of identical layers, e.g. `layers 0-4, 6-10: attention [...] + ...`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "{} ({} layers, {:?} norms{}, final {})",
+            self.arch,
+            self.layers.len(),
+            self.norm,
+            if self.embd_norm {
+                ", token_embd_norm after the embedding"
+            } else {
+                ""
+            },
+            self.output_norm
+        )?;
+        // Distinct layer descriptions in first-seen order, with the layers of each.
+        let mut kinds: Vec<(String, Vec<usize>)> = Vec::new();
+        for (il, l) in self.layers.iter().enumerate() {
+            let d = l.to_string();
+            match kinds.iter_mut().find(|(k, _)| *k == d) {
+                Some((_, ls)) => ls.push(il),
+                None => kinds.push((d, vec![il])),
+            }
+        }
+        for (d, ls) in kinds {
+            // Runs of consecutive layers as `a-b`.
+            let mut runs: Vec<String> = Vec::new();
+            let mut i = 0;
+            while i < ls.len() {
+                let mut j = i;
+                while j + 1 < ls.len() && ls[j + 1] == ls[j] + 1 {
+                    j += 1;
+                }
+                runs.push(if i == j {
+                    ls[i].to_string()
+                } else {
+                    format!("{}-{}", ls[i], ls[j])
+                });
+                i = j + 1;
+            }
+            let word = if ls.len() == 1 { "layer" } else { "layers" };
+            writeln!(f, "  {word} {}: {d}", runs.join(", "))?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,201 @@
+//! [`SeqState`]: everything one sequence carries between calls of the forward pass, sized
+//! by the model's [`crate::plan::Plan`]: for each attention layer its keys and values (the
+//! KV cache), for each recurrent layer its convolution window and scan state.
+//!
+//! The two kinds differ in what they allow: a KV cache holds every position separately, so
+//! it can be cut back to any prefix and a prefix can be copied to another sequence; a
+//! recurrent state folds all positions into one value, so it can only be kept whole or
+//! cleared. [`SeqState::reusable`] is the one rule that the scheduler, the sessions and
+//! the benchmarks ask.
+
+use crate::config::ModelConfig;
+use crate::kv::{KvLayer, KvStore, KvType};
+use crate::plan::Mixer;
+
+/// A recurrent layer's state after the positions evaluated so far (f32).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecurrentLayer {
+    /// The convolution's window: the last `taps - 1` inputs, oldest first, `channels`
+    /// values each (zeros before the first position).
+    pub conv: Vec<f32>,
+    /// The scan's state: Mamba-1 `d_inner × d_state`, Mamba-2 `n_head × head_dim ×
+    /// d_state`; empty for a short convolution.
+    pub ssm: Vec<f32>,
+}
+
+/// One layer's part of a sequence's state.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LayerState {
+    /// An attention layer's keys and values; row `p` holds position `p`.
+    Kv(KvLayer),
+    Recurrent(RecurrentLayer),
+}
+
+/// The state of one sequence, sized for `n_ctx` positions.
+///
+/// Memory: per attention layer `n_ctx · (k_dim + v_dim)` elements of 2 (f16) or 4 (f32)
+/// bytes; per recurrent layer a fixed number of f32 values, whatever the length.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SeqState {
+    pub kv_type: KvType,
+    pub n_ctx: usize,
+    pub k_dim: usize,
+    pub v_dim: usize,
+    pub layers: Vec<LayerState>,
+    /// Positions `0..n_past` have been evaluated.
+    pub n_past: usize,
+}
+
+impl SeqState {
+    /// An empty state for `n_ctx` positions of the model described by `config`.
+    pub fn new(config: &ModelConfig, n_ctx: usize, kv_type: KvType) -> SeqState {
+        let (k_dim, v_dim) = (config.k_dim(), config.v_dim());
+        let layers = config
+            .plan
+            .layers
+            .iter()
+            .map(|l| match &l.mixer {
+                Mixer::Attention(_) => LayerState::Kv(KvLayer {
+                    k: KvStore::new(kv_type, n_ctx * k_dim),
+                    v: KvStore::new(kv_type, n_ctx * v_dim),
+                }),
+                m => {
+                    let (conv, ssm) = crate::blocks::recurrent_sizes(config, m);
+                    LayerState::Recurrent(RecurrentLayer {
+                        conv: vec![0.0; conv],
+                        ssm: vec![0.0; ssm],
+                    })
+                }
+            })
+            .collect();
+        SeqState {
+            kv_type,
+            n_ctx,
+            k_dim,
+            v_dim,
+            layers,
+            n_past: 0,
+        }
+    }
+
+    /// Whether this state has the layers `plan` asks for (a state made for this model).
+    pub fn fits(&self, plan: &crate::plan::Plan) -> bool {
+        self.layers.len() == plan.layers.len()
+            && self
+                .layers
+                .iter()
+                .zip(&plan.layers)
+                .all(|(s, l)| matches!(s, LayerState::Recurrent(_)) == l.mixer.is_recurrent())
+    }
+
+    /// Attention layer `il`'s keys and values. Panics if layer `il` is recurrent (the
+    /// forward pass checks [`SeqState::fits`] first).
+    pub fn kv(&self, il: usize) -> &KvLayer {
+        match &self.layers[il] {
+            LayerState::Kv(kv) => kv,
+            LayerState::Recurrent(_) => panic!("layer {il} has no KV cache"),
+        }
+    }
+
+    /// [`SeqState::kv`], writable.
+    pub fn kv_mut(&mut self, il: usize) -> &mut KvLayer {
+        match &mut self.layers[il] {
+            LayerState::Kv(kv) => kv,
+            LayerState::Recurrent(_) => panic!("layer {il} has no KV cache"),
+        }
+    }
+
+    /// Recurrent layer `il`'s state. Panics if layer `il` is attention.
+    pub fn recurrent_mut(&mut self, il: usize) -> &mut RecurrentLayer {
+        match &mut self.layers[il] {
+            LayerState::Recurrent(r) => r,
+            LayerState::Kv(_) => panic!("layer {il} has no recurrent state"),
+        }
+    }
+
+    /// Whether any layer keeps a recurrent state.
+    pub fn is_recurrent(&self) -> bool {
+        self.layers
+            .iter()
+            .any(|l| matches!(l, LayerState::Recurrent(_)))
+    }
+
+    /// The longest prefix of at most `n` positions this state can be cut back to (or
+    /// copied from): `min(n, n_past)` when every layer is attention; with recurrent
+    /// layers only the whole state (`n_past`, when `n >= n_past`) or nothing (0).
+    pub fn reusable(&self, n: usize) -> usize {
+        if !self.is_recurrent() {
+            n.min(self.n_past)
+        } else if n >= self.n_past {
+            self.n_past
+        } else {
+            0
+        }
+    }
+
+    /// Keeps the first [`SeqState::reusable`]`(n)` positions and forgets the rest (a
+    /// recurrent state cut before its end is cleared); returns how many were kept.
+    pub fn truncate(&mut self, n: usize) -> usize {
+        let keep = self.reusable(n);
+        if keep == 0 {
+            for l in &mut self.layers {
+                if let LayerState::Recurrent(r) = l {
+                    r.conv.fill(0.0);
+                    r.ssm.fill(0.0);
+                }
+            }
+        }
+        self.n_past = keep;
+        keep
+    }
+
+    /// Makes this state hold `src`'s first `n` positions (and nothing after them): keys and
+    /// values copied, recurrent states copied whole, `n_past = n`. Equal to evaluating the
+    /// same `n` tokens here, bit for bit: a position's keys and values depend only on the
+    /// tokens up to it ([`crate::Model::forward_batch`]).
+    ///
+    /// Panics if the states differ in shape or element type, or `n` passes `src.n_past`
+    /// or this state's `n_ctx`, or `n` is not [`SeqState::reusable`] from `src`.
+    pub fn copy_prefix(&mut self, src: &SeqState, n: usize) {
+        assert!(
+            self.kv_type == src.kv_type
+                && (self.k_dim, self.v_dim, self.layers.len())
+                    == (src.k_dim, src.v_dim, src.layers.len()),
+            "copy_prefix: states of different shapes"
+        );
+        assert!(
+            n <= src.n_past && n <= self.n_ctx && src.reusable(n) == n,
+            "copy_prefix: {n} positions"
+        );
+        if n == 0 {
+            self.truncate(0);
+            return;
+        }
+        for (d, s) in self.layers.iter_mut().zip(&src.layers) {
+            match (d, s) {
+                (LayerState::Kv(d), LayerState::Kv(s)) => {
+                    d.k.copy_from(&s.k, n * self.k_dim);
+                    d.v.copy_from(&s.v, n * self.v_dim);
+                }
+                (LayerState::Recurrent(d), LayerState::Recurrent(s)) => d.clone_from(s),
+                _ => panic!("copy_prefix: states of different layer kinds"),
+            }
+        }
+        self.n_past = n;
+    }
+
+    /// Bytes held by the state.
+    pub fn bytes(&self) -> usize {
+        let el = match self.kv_type {
+            KvType::F16 => 2,
+            KvType::F32 => 4,
+        };
+        self.layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Kv(_) => self.n_ctx * (self.k_dim + self.v_dim) * el,
+                LayerState::Recurrent(r) => (r.conv.len() + r.ssm.len()) * 4,
+            })
+            .sum()
+    }
+}
