@@ -79,6 +79,38 @@ fn inspect_catalog_models_reports_their_tensors() {
     assert!(text.contains("blk.23.ffn_down.weight"), "{text}");
 }
 
+/// `inspect --plan`: one line per run of identical layers, naming each layer's blocks.
+#[test]
+fn inspect_plan_prints_each_layers_blocks() {
+    let out = frink(&["inspect", "gemma3-270m", "--plan"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // 18 layers: every sixth global, the others windowed with their own RoPE base.
+    assert!(text.starts_with("gemma3 (18 layers"), "{text}");
+    assert!(
+        text.contains(
+            "layers 5, 11, 17: attention [q/k/v, RoPE Neox base 1000000, per-head Q/K norm]"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("window 512"), "{text}");
+    assert!(text.contains("post_ffw_norm after it"), "{text}");
+    let Some(dir) = frink_testdata::require("fixtures/tiny/lfm2", "inspect --plan") else {
+        return;
+    };
+    let out = frink(&[
+        "inspect",
+        dir.join("model.gguf").to_str().unwrap(),
+        "--plan",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("layers 0-1, 3, 5: short conv + Gated FFN"),
+        "{text}"
+    );
+    assert!(text.contains("layers 2, 4: attention"), "{text}");
+}
+
 #[test]
 fn pull_is_idempotent_and_list_shows_the_model() {
     let first = frink(&["pull", "smollm2-135m"]);

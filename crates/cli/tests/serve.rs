@@ -1650,3 +1650,74 @@ fn vllm_metrics_report_running_requests_and_kv_use() {
         "{text}"
     );
 }
+
+/// The recurrent families through the server (the mamba, mamba2 and lfm2 fixtures): 8
+/// concurrent sampled requests of 160 to 300 tokens, started 3 ms apart so that some
+/// prefill beside others' decoding, give each exactly the text it gives alone; a follow-up that extends a
+/// finished request's prompt reuses the slot's whole state and answers as on a cold slot.
+#[test]
+fn recurrent_models_serve_concurrent_requests_as_alone() {
+    let _l = lock();
+    for name in ["mamba", "mamba2", "lfm2"] {
+        let Some(dir) = frink_testdata::require(&format!("fixtures/tiny/{name}"), name) else {
+            return;
+        };
+        let path = dir.join("model.gguf");
+        let srv = Server::start(&[
+            "-m",
+            path.to_str().unwrap(),
+            "--parallel",
+            "8",
+            "--ctx",
+            "256",
+        ]);
+        let body = |i: usize| {
+            json!({"prompt": format!("This License {i} applies to any program"),
+                   "temperature": 0.9, "seed": 7 + i, "max_tokens": 160 + 20 * i, "ignore_eos": true})
+        };
+        let alone: Vec<String> = (0..8)
+            .map(|i| srv.post_ok("/v1/completions", &body(i))["choices"][0]["text"].to_string())
+            .collect();
+        let together: Vec<_> = (0..8)
+            .map(|i| {
+                let port = srv.port;
+                let b = body(i);
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(3 * i as u64));
+                    let c = common::http::Client::new(port);
+                    c.post_ok("/v1/completions", &b)["choices"][0]["text"].to_string()
+                })
+            })
+            .collect();
+        for (i, h) in together.into_iter().enumerate() {
+            assert_eq!(h.join().unwrap(), alone[i], "{name}: request {i}");
+        }
+        // A follow-up extending a finished request's prompt (as token ids: the slot then
+        // holds exactly them, the one sampled token not yet evaluated) reuses the whole
+        // state.
+        let ids: Vec<u32> = (0..20).map(|i| 40 + 7 * i).collect();
+        srv.post_ok(
+            "/v1/completions",
+            &json!({"prompt": ids, "temperature": 0, "max_tokens": 1}),
+        );
+        let longer: Vec<u32> = ids.iter().copied().chain([51, 52, 53]).collect();
+        let follow = json!({"prompt": longer, "temperature": 0, "max_tokens": 8});
+        let warm = srv.post_ok("/v1/completions", &follow);
+        let cached = warm["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
+        drop(srv);
+        let cold_srv = Server::start(&["-m", path.to_str().unwrap(), "--parallel", "1"]);
+        let cold = cold_srv.post_ok("/v1/completions", &follow);
+        eprintln!("{name}: the follow-up reused {cached} tokens");
+        assert!(
+            cached > 0,
+            "{name}: the finished conversation's state was not reused"
+        );
+        assert_eq!(cold["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+        assert_eq!(
+            warm["choices"][0]["text"], cold["choices"][0]["text"],
+            "{name}"
+        );
+    }
+}

@@ -53,6 +53,9 @@ fn tiny_fixtures_of_implemented_architectures() {
         "deepseek_v2",
         "deepseek_v3",
         "gpt_oss",
+        "mamba",
+        "mamba2",
+        "lfm2",
     ] {
         verify(&["--golden", root.join(name).to_str().unwrap()]);
     }

@@ -369,6 +369,33 @@ pub const ARCHS: &[ArchSpec] = &[
         activation: Activation::GeluTanh,
         ..BASE
     },
+    // mamba.cpp (build_mamba_layer); MambaForCausalLM: RMSNorm, a selective-scan mixer,
+    // no FFN, no positions.
+    ArchSpec {
+        name: "mamba",
+        position: Position::None,
+        mixer: MixerKind::Mamba,
+        has_ffn: false,
+        ..BASE
+    },
+    // mamba2.cpp (build_mamba2_layer); Mamba2ForCausalLM: the SSD mixer with a gated
+    // grouped RMSNorm, no FFN, no positions.
+    ArchSpec {
+        name: "mamba2",
+        position: Position::None,
+        mixer: MixerKind::Mamba2,
+        has_ffn: false,
+        ..BASE
+    },
+    // lfm2.cpp; Lfm2ForCausalLM: short-convolution and attention layers (per-head Q/K
+    // RMSNorm, NEOX RoPE), SwiGLU FFN, the final norm stored as token_embd_norm.
+    ArchSpec {
+        name: "lfm2",
+        qk_norm: QkNorm::PerHead,
+        mixer: MixerKind::ShortConvOrAttention,
+        output_norm_name: "token_embd_norm",
+        ..BASE
+    },
 ];
 
 /// The table row for `name`, if supported.

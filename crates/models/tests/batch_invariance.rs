@@ -2,8 +2,8 @@
 //! a batch of 7 other sequences (in prefill and in a decode step), with prefill chunks of
 //! 1, 7 and 512 tokens, and with 1 or 2 compute threads. Checked on every weight format
 //! with an integer dot kernel (the quant fixtures), on the dequantizing path (F16, IQ4_XS),
-//! on two mixture-of-experts files and on the tiny qwen2 and gemma3 fixtures (biases, Q/K
-//! norm, sliding window).
+//! on two mixture-of-experts files, on the tiny qwen2 and gemma3 fixtures (biases, Q/K
+//! norm, sliding window) and on the recurrent mamba, mamba2 and lfm2 fixtures.
 
 use frink_models::{pool, KvType, Logits, Model, SeqState, Sequence};
 
@@ -24,7 +24,8 @@ fn models() -> Vec<(String, Model)> {
         }
     }
     if let Some(t) = frink_testdata::require("fixtures/tiny", "batch invariance") {
-        for arch in ["qwen2", "gemma3"] {
+        // The recurrent families: each sequence's own conv window and scan state.
+        for arch in ["qwen2", "gemma3", "mamba", "mamba2", "lfm2"] {
             let m = Model::load(t.join(arch).join("model.gguf")).unwrap();
             out.push((arch.to_string(), m));
         }
@@ -131,7 +132,7 @@ fn logits_do_not_depend_on_batch_chunks_or_threads() {
             "{name}: inside a decode batch of 8"
         );
     }
-    assert!(models.is_empty() || models.len() == 16);
+    assert!(models.is_empty() || models.len() == 19);
 }
 
 /// 1 vs 2 compute threads. The pool is process-wide, so this is its own test binary

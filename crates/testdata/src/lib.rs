@@ -51,7 +51,7 @@ pub fn read_meta(dir: &Path) -> serde_json::Value {
 }
 
 /// `text` with Python's non-finite float tokens outside strings replaced by `null`.
-fn python_json(text: &str) -> String {
+pub fn python_json(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let (mut in_str, mut escaped) = (false, false);
     let mut rest = text;
