@@ -60,6 +60,20 @@ MODELS = {
         n_vocab=50304, n_layer=16, n_embd=2048, n_ff=1024, n_head=16, n_head_kv=16, head_dim=128,
         ctx=4096, rope_base=10000.0, eps=1e-5, tied=False, qk_norm="full",
         n_expert=64, n_expert_used=8, types=["Q4_K_M"]),
+    # LFM2-1.2B: 10 short-convolution layers (3 taps) and 6 attention layers (per-head
+    # Q/K norm), SwiGLU of 8192 (the converter's block_auto_adjust_ff_dim of 12288), the
+    # final norm stored as token_embd_norm.
+    "lfm2-1.2b": dict(
+        arch="lfm2", name="LFM2-1.2B (random weights)", vocab_from="smollm2-135m",
+        n_vocab=65536, n_layer=16, n_embd=2048, n_ff=8192, n_head=32, n_head_kv=8, head_dim=64,
+        ctx=128000, rope_base=1000000.0, eps=1e-5, tied=True, qk_norm="head",
+        attn_layers=[2, 5, 8, 10, 12, 14], conv_taps=3, types=["Q4_K_M"]),
+    # state-spaces/mamba-1.4b: 48 selective-scan layers, no attention, no FFN.
+    "mamba-1.4b": dict(
+        arch="mamba", name="mamba-1.4b (random weights)", vocab_from="smollm2-135m",
+        n_vocab=50280, n_layer=48, n_embd=2048, n_ff=0, n_head=0, n_head_kv=0, head_dim=0,
+        ctx=1048576, rope_base=10000.0, eps=1e-5, tied=True,
+        ssm=dict(d_conv=4, d_inner=4096, d_state=16, dt_rank=128), types=["Q4_K_M"]),
 }
 
 # llama.cpp's `llama_ftype` numbers (include/llama.h) for general.file_type.
@@ -161,10 +175,22 @@ def model_kv(m, template):
           (f"{a}.embedding_length", g.U32, m["n_embd"]),
           (f"{a}.feed_forward_length", g.U32, m["n_ff"]),
           (f"{a}.attention.head_count", g.U32, m["n_head"]),
-          (f"{a}.attention.head_count_kv", g.U32, m["n_head_kv"]),
+          (f"{a}.attention.head_count_kv", g.U32, m["n_head_kv"])
+          if "attn_layers" not in m else
+          # Per layer: 0 marks a short-convolution layer (llama.cpp's LFM2 converter).
+          (f"{a}.attention.head_count_kv", g.ARRAY,
+           (g.U32, [m["n_head_kv"] if il in m["attn_layers"] else 0
+                    for il in range(m["n_layer"])])),
           (f"{a}.rope.freq_base", g.F32, m["rope_base"]),
           (f"{a}.attention.layer_norm_rms_epsilon", g.F32, m["eps"])]
-    if m["head_dim"] != m["n_embd"] // m["n_head"] or a == "gemma3":
+    if "ssm" in m:
+        ssm = m["ssm"]
+        kv = [x for x in kv if not x[0].endswith("rope.freq_base")]
+        kv += [(f"{a}.ssm.conv_kernel", g.U32, ssm["d_conv"]),
+               (f"{a}.ssm.inner_size", g.U32, ssm["d_inner"]),
+               (f"{a}.ssm.state_size", g.U32, ssm["d_state"]),
+               (f"{a}.ssm.time_step_rank", g.U32, ssm["dt_rank"])]
+    elif m["head_dim"] != m["n_embd"] // m["n_head"] or a == "gemma3":
         kv += [(f"{a}.attention.key_length", g.U32, m["head_dim"]),
                (f"{a}.attention.value_length", g.U32, m["head_dim"])]
     if a == "llama":
@@ -172,6 +198,9 @@ def model_kv(m, template):
                (f"{a}.vocab_size", g.U32, m["n_vocab"])]
     if "swa" in m:
         kv.append((f"{a}.attention.sliding_window", g.U32, m["swa"]))
+    if "conv_taps" in m:
+        kv += [(f"{a}.shortconv.l_cache", g.U32, m["conv_taps"]),
+               (f"{a}.vocab_size", g.U32, m["n_vocab"])]
     if "n_expert" in m:
         kv += [(f"{a}.expert_count", g.U32, m["n_expert"]),
                (f"{a}.expert_used_count", g.U32, m["n_expert_used"])]
@@ -191,6 +220,30 @@ def model_tensors(m):
     for il in range(m["n_layer"]):
         b = f"blk.{il}."
         t.append((b + "attn_norm.weight", [d], F, ones(d)))
+        if "ssm" in m:
+            ssm = m["ssm"]
+            di, ds, dr, dc = ssm["d_inner"], ssm["d_state"], ssm["dt_rank"], ssm["d_conv"]
+            # A = -1 (a decaying state), D = 1, a zero Δ bias: finite values throughout.
+            t += [(b + "ssm_in.weight", [d, 2 * di], Q, fill_q8_0),
+                  (b + "ssm_conv1d.weight", [dc, di], F, fill_f32_random(dc * di)),
+                  (b + "ssm_conv1d.bias", [di], F, zeros),
+                  (b + "ssm_x.weight", [di, dr + 2 * ds], Q, fill_q8_0),
+                  (b + "ssm_dt.weight", [dr, di], Q, fill_q8_0),
+                  (b + "ssm_dt.bias", [di], F, zeros),
+                  (b + "ssm_a", [ds, di], F, fill_f32([-1.0] * (ds * di))),
+                  (b + "ssm_d", [di], F, ones(di)),
+                  (b + "ssm_out.weight", [di, d], Q, fill_q8_0)]
+            continue
+        if "attn_layers" in m and il not in m["attn_layers"]:
+            taps = m["conv_taps"]
+            t += [(b + "shortconv.conv.weight", [taps, d], F, fill_f32_random(taps * d)),
+                  (b + "shortconv.in_proj.weight", [d, 3 * d], Q, fill_q8_0),
+                  (b + "shortconv.out_proj.weight", [d, d], Q, fill_q8_0),
+                  (b + "ffn_norm.weight", [d], F, ones(d)),
+                  (b + "ffn_gate.weight", [d, ff], Q, fill_q8_0),
+                  (b + "ffn_up.weight", [d, ff], Q, fill_q8_0),
+                  (b + "ffn_down.weight", [ff, d], Q, fill_q8_0)]
+            continue
         t += [(b + "attn_q.weight", [d, qd], Q, fill_q8_0),
               (b + "attn_k.weight", [d, kvd], Q, fill_q8_0),
               (b + "attn_v.weight", [d, kvd], Q, fill_q8_0)]
@@ -219,7 +272,9 @@ def model_tensors(m):
                   (b + "ffn_down.weight", [ff, d], Q, fill_q8_0)]
         if m["arch"] == "gemma3":
             t.append((b + "post_ffw_norm.weight", [d], F, ones(d)))
-    t.append(("output_norm.weight", [d], F, ones(d)))
+    # LFM2's final norm is its embedding_norm, stored as token_embd_norm.
+    final = "token_embd_norm.weight" if m["arch"] == "lfm2" else "output_norm.weight"
+    t.append((final, [d], F, ones(d)))
     if not m["tied"]:
         t.append(("output.weight", [d, m["n_vocab"]], Q, fill_q8_0))
     return t

@@ -12,7 +12,9 @@ pub use attn::{
     dot_multi_keys, dot_multi_keys_portable, softmax_with_sink, softmax_with_sink_portable,
     weighted_sum_multi, weighted_sum_multi_portable, KvData, KvRows,
 };
-pub use math::{fast_exp, silu, silu_in_place, silu_in_place_portable};
+pub use math::{
+    fast_exp, silu, silu_in_place, silu_in_place_portable, ssm_step, ssm_step_portable, Decay,
+};
 
 use crate::error::Result;
 use crate::pool::Disjoint;

@@ -10,10 +10,10 @@
 //! rows of the call at once; the convolution and the scan per sequence, in position
 //! order, so a prompt evaluated in one batch and token by token give the same values.
 
-use crate::blocks::{causal_conv, columns, silu, softplus, Rows};
+use crate::blocks::{causal_conv, columns, scan_units, softplus, Rows};
 use crate::config::{ModelConfig, SsmConfig};
 use crate::error::Result;
-use crate::kernels::{matmul, Matrix};
+use crate::kernels::{matmul, silu, silu_in_place, ssm_step, Decay, Matrix};
 use crate::load::Loader;
 use crate::model::Model;
 use crate::Sequence;
@@ -90,7 +90,7 @@ impl Model {
                 di,
             );
         }
-        xc.iter_mut().for_each(|v| *v = silu(*v));
+        silu_in_place(&mut xc, None);
         // Δ (low rank), B, C per row; Δ projected up to one step per channel.
         let width = dr + 2 * ds;
         let mut xdb = vec![0f32; n * width];
@@ -99,27 +99,34 @@ impl Model {
         columns(&xdb, width, 0, dr, &mut dt_low);
         let mut dt = vec![0f32; n * di];
         matmul(&w.ssm_dt, self.data(&w.ssm_dt), &dt_low, n, &mut dt)?;
-        // The scan, position by position per sequence.
+        // The scan, position by position per sequence, its channels split over the pool.
         let mut y = vec![0f32; n * di];
         for (si, sq) in seqs.iter_mut().enumerate() {
+            let r = rows.of(si);
             let st = sq.state.recurrent_mut(il);
-            for r in rows.of(si) {
-                let bc = &xdb[r * width + dr..(r + 1) * width];
-                let (b, cc) = bc.split_at(ds);
-                for i in 0..di {
-                    let delta = softplus(dt[r * di + i] + w.dt_b[i]);
-                    let x = xc[r * di + i];
-                    let h = &mut st.ssm[i * ds..(i + 1) * ds];
-                    let a = &w.a[i * ds..(i + 1) * ds];
-                    let mut acc = 0f32;
-                    for j in 0..ds {
-                        h[j] = (delta * a[j]).exp() * h[j] + delta * b[j] * x;
-                        acc += h[j] * cc[j];
+            scan_units(
+                &mut st.ssm,
+                ds,
+                1,
+                &mut y[r.start * di..r.end * di],
+                &|c0, h_all, yb| {
+                    let nc = h_all.len() / ds;
+                    for (t, row) in r.clone().enumerate() {
+                        let bc = &xdb[row * width + dr..(row + 1) * width];
+                        let (b, cc) = bc.split_at(ds);
+                        for (k, h) in h_all.chunks_exact_mut(ds).enumerate() {
+                            let i = c0 + k;
+                            let delta = softplus(dt[row * di + i] + w.dt_b[i]);
+                            let x = xc[row * di + i];
+                            let a = &w.a[i * ds..(i + 1) * ds];
+                            let decay = Decay::PerState { delta, a };
+                            let acc = ssm_step(h, decay, b, cc, delta * x);
+                            let z = xz[row * 2 * di + di + i];
+                            yb[t * nc + k] = (acc + w.d[i] * x) * silu(z);
+                        }
                     }
-                    let z = xz[r * 2 * di + di + i];
-                    y[r * di + i] = (acc + w.d[i] * x) * silu(z);
-                }
-            }
+                },
+            );
         }
         matmul(&w.ssm_out, self.data(&w.ssm_out), &y, n, out)?;
         Ok(())

@@ -10,10 +10,10 @@
 //! `d_inner / n_group`; `out = ssm_out · y`. The recurrence has no chunk boundaries, so a
 //! prefix always yields the same state.
 
-use crate::blocks::{causal_conv, columns, silu, softplus, Rows};
+use crate::blocks::{causal_conv, columns, scan_units, softplus, Rows};
 use crate::config::{ModelConfig, SsmConfig};
 use crate::error::Result;
-use crate::kernels::{matmul, rms_norm, Matrix};
+use crate::kernels::{fast_exp, matmul, rms_norm, silu, silu_in_place, ssm_step, Decay, Matrix};
 use crate::load::Loader;
 use crate::model::Model;
 use crate::Sequence;
@@ -88,32 +88,39 @@ impl Model {
                 ch,
             );
         }
-        xbc.iter_mut().for_each(|v| *v = silu(*v));
+        silu_in_place(&mut xbc, None);
+        // The scan, position by position per sequence, its heads split over the pool.
         let mut y = vec![0f32; n * di];
         let per_group = nh / ng;
         for (si, sq) in seqs.iter_mut().enumerate() {
+            let r = rows.of(si);
             let st = sq.state.recurrent_mut(il);
-            for r in rows.of(si) {
-                let row = &xbc[r * ch..(r + 1) * ch];
-                let (x, bc) = row.split_at(di);
-                let (b, cc) = bc.split_at(ng * ds);
-                for h in 0..nh {
-                    let delta = softplus(zxbcdt[r * width + di + ch + h] + w.dt_b[h]);
-                    let decay = (delta * w.a[h]).exp();
-                    let g = h / per_group;
-                    let (bg, cg) = (&b[g * ds..(g + 1) * ds], &cc[g * ds..(g + 1) * ds]);
-                    for p in 0..hd {
-                        let xv = x[h * hd + p];
-                        let sp = &mut st.ssm[(h * hd + p) * ds..(h * hd + p + 1) * ds];
-                        let mut acc = 0f32;
-                        for j in 0..ds {
-                            sp[j] = decay * sp[j] + delta * xv * bg[j];
-                            acc += sp[j] * cg[j];
+            scan_units(
+                &mut st.ssm,
+                hd * ds,
+                hd,
+                &mut y[r.start * di..r.end * di],
+                &|h0, s_all, yb| {
+                    let cols = s_all.len() / ds;
+                    for (t, row) in r.clone().enumerate() {
+                        let xr = &xbc[row * ch..(row + 1) * ch];
+                        let (x, bc) = xr.split_at(di);
+                        let (b, cc) = bc.split_at(ng * ds);
+                        for (k, sh) in s_all.chunks_exact_mut(hd * ds).enumerate() {
+                            let h = h0 + k;
+                            let delta = softplus(zxbcdt[row * width + di + ch + h] + w.dt_b[h]);
+                            let decay = fast_exp(delta * w.a[h]);
+                            let g = h / per_group;
+                            let (bg, cg) = (&b[g * ds..(g + 1) * ds], &cc[g * ds..(g + 1) * ds]);
+                            for (p, sp) in sh.chunks_exact_mut(ds).enumerate() {
+                                let xv = x[h * hd + p];
+                                let acc = ssm_step(sp, Decay::Scalar(decay), bg, cg, delta * xv);
+                                yb[t * cols + k * hd + p] = acc + w.d[h] * xv;
+                            }
                         }
-                        y[r * di + h * hd + p] = acc + w.d[h] * xv;
                     }
-                }
-            }
+                },
+            );
         }
         // The gate, then RMSNorm per group.
         let gs = di / ng;

@@ -140,19 +140,54 @@ pub(crate) fn causal_conv(
     window.copy_from_slice(&next);
 }
 
+/// A block's scan: `(first unit, its state, its output columns)`.
+pub(crate) type ScanFn<'a> = dyn Fn(usize, &mut [f32], &mut [f32]) + Sync + 'a;
+
+/// One sequence's scan over `n` rows, split over the compute pool by blocks of its
+/// independent units (Mamba-1's channels, Mamba-2's heads): unit `u` owns state values
+/// `u · per_state ..` of `state` and output columns `u · width ..` of each row of `y`
+/// (`n × units · width`). `f(first, state, out)` scans the units `first..` whose state is
+/// `state` and writes their columns of every row into `out` (`n ×` the block's columns).
+/// A unit's values never depend on the block it falls in, so the split changes no bit.
+pub(crate) fn scan_units(
+    state: &mut [f32],
+    per_state: usize,
+    width: usize,
+    y: &mut [f32],
+    f: &ScanFn<'_>,
+) {
+    let units = state.len() / per_state;
+    let cols = units * width;
+    let n = y.len() / cols.max(1);
+    let per_block = units.div_ceil(2 * pool::threads()).max(1);
+    let mut blocks: Vec<(&mut [f32], Vec<f32>)> = state
+        .chunks_mut(per_block * per_state)
+        .map(|st| {
+            let w = st.len() / per_state * width;
+            (st, vec![0f32; n * w])
+        })
+        .collect();
+    pool::for_each_chunk(&mut blocks, 1, &|bi, b| {
+        let (st, out) = &mut b[0];
+        f(bi * per_block, st, out);
+    });
+    for (bi, (_, out)) in blocks.iter().enumerate() {
+        let c0 = bi * per_block * width;
+        let w = out.len() / n.max(1);
+        for (t, row) in out.chunks_exact(w).enumerate() {
+            y[t * cols + c0..t * cols + c0 + w].copy_from_slice(row);
+        }
+    }
+}
+
 /// `softplus(x) = ln(1 + eˣ)`, `x` itself above 20 (torch's threshold; ggml's
 /// `ssm_scan` uses the same).
 pub(crate) fn softplus(x: f32) -> f32 {
     if x > 20.0 {
         x
     } else {
-        x.exp().ln_1p()
+        crate::kernels::fast_exp(x).ln_1p()
     }
-}
-
-/// `x · sigmoid(x)`.
-pub(crate) fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
 }
 
 /// Copies columns `off..off + width` of each `stride`-wide row of `src` into `dst`

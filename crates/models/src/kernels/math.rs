@@ -138,6 +138,112 @@ fn tail(x: &mut [f32], m: Option<&[f32]>) {
     }
 }
 
+/// The decay of a state-space step ([`ssm_step`]).
+#[derive(Clone, Copy, Debug)]
+pub enum Decay<'a> {
+    /// Per state value: `e^(Δ · a[j])` (Mamba-1, [`fast_exp`]).
+    PerState { delta: f32, a: &'a [f32] },
+    /// One factor for every value (Mamba-2's `e^(Δ · A)` of the head).
+    Scalar(f32),
+}
+
+/// One position of a state-space scan over one channel's `d_state` values (Mamba-1's
+/// channel, a Mamba-2 head dimension): `h[j] = decay_j · h[j] + b[j] · dx` and the output
+/// `Σ_j h[j] · c[j]`, every product and sum rounded on its own. The sum's order: eight
+/// lane sums (lane `l` takes `j ≡ l mod 8` of the leading multiple of 8, in order), added
+/// as `((s0+s4)+(s2+s6)) + ((s1+s5)+(s3+s7))`, then the remaining `j` one by one. AVX2
+/// where available ([`ssm_step_portable`] is the twin, the same bits).
+///
+/// Panics if `a` (per-state decay), `b` or `c` is shorter than `h`.
+pub fn ssm_step(h: &mut [f32], decay: Decay<'_>, b: &[f32], c: &[f32], dx: f32) -> f32 {
+    let n = h.len();
+    assert!(b.len() >= n && c.len() >= n, "ssm_step: lengths");
+    if let Decay::PerState { a, .. } = decay {
+        assert!(a.len() >= n, "ssm_step: decay length");
+    }
+    #[cfg(target_arch = "x86_64")]
+    if n >= 8 && std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 is available (checked above); lengths asserted above.
+        #[allow(unsafe_code)]
+        return unsafe { ssm_step_avx2(h, decay, b, c, dx) };
+    }
+    ssm_step_portable(h, decay, b, c, dx)
+}
+
+/// The decay factor of state value `j`.
+#[inline(always)]
+fn decay_at(decay: Decay<'_>, j: usize) -> f32 {
+    match decay {
+        Decay::PerState { delta, a } => fast_exp(delta * a[j]),
+        Decay::Scalar(d) => d,
+    }
+}
+
+/// [`ssm_step`] compiled for the baseline ISA, in the same order.
+pub fn ssm_step_portable(h: &mut [f32], decay: Decay<'_>, b: &[f32], c: &[f32], dx: f32) -> f32 {
+    let n8 = h.len() / 8 * 8;
+    let mut lanes = [0f32; 8];
+    for k in (0..n8).step_by(8) {
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            let j = k + l;
+            h[j] = decay_at(decay, j) * h[j] + b[j] * dx;
+            *lane += h[j] * c[j];
+        }
+    }
+    let t = [
+        lanes[0] + lanes[4],
+        lanes[1] + lanes[5],
+        lanes[2] + lanes[6],
+        lanes[3] + lanes[7],
+    ];
+    let mut sum = (t[0] + t[2]) + (t[1] + t[3]);
+    for j in n8..h.len() {
+        h[j] = decay_at(decay, j) * h[j] + b[j] * dx;
+        sum += h[j] * c[j];
+    }
+    sum
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn ssm_step_avx2(h: &mut [f32], decay: Decay<'_>, b: &[f32], c: &[f32], dx: f32) -> f32 {
+    use std::arch::x86_64::*;
+    let n8 = h.len() / 8 * 8;
+    let vdx = _mm256_set1_ps(dx);
+    let mut acc = _mm256_setzero_ps();
+    let mut k = 0;
+    while k < n8 {
+        // SAFETY: k + 8 <= n8 <= h.len() <= a, b, c lengths (asserted by the caller).
+        #[allow(unsafe_code)]
+        unsafe {
+            let alpha = match decay {
+                Decay::PerState { delta, a } => exp8_avx2(_mm256_mul_ps(
+                    _mm256_set1_ps(delta),
+                    _mm256_loadu_ps(a.as_ptr().add(k)),
+                )),
+                Decay::Scalar(d) => _mm256_set1_ps(d),
+            };
+            let hp = h.as_mut_ptr().add(k);
+            let hv = _mm256_add_ps(
+                _mm256_mul_ps(alpha, _mm256_loadu_ps(hp)),
+                _mm256_mul_ps(_mm256_loadu_ps(b.as_ptr().add(k)), vdx),
+            );
+            _mm256_storeu_ps(hp, hv);
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(hv, _mm256_loadu_ps(c.as_ptr().add(k))));
+        }
+        k += 8;
+    }
+    // ((s0+s4)+(s2+s6)) + ((s1+s5)+(s3+s7)).
+    let t = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
+    let u = _mm_add_ps(t, _mm_movehl_ps(t, t));
+    let mut sum = _mm_cvtss_f32(_mm_add_ss(u, _mm_shuffle_ps::<1>(u, u)));
+    for j in n8..h.len() {
+        h[j] = decay_at(decay, j) * h[j] + b[j] * dx;
+        sum += h[j] * c[j];
+    }
+    sum
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,5 +329,35 @@ mod tests {
             }
         }
         eprintln!("silu: worst relative error {worst:e}");
+    }
+
+    /// The scan step's AVX2 path gives its twin's bits (per-state and scalar decay, with
+    /// and without a tail) and the plain formula's values within f32 rounding.
+    #[test]
+    fn ssm_step_lanes_agree_with_the_twin() {
+        for n in [1usize, 7, 8, 16, 19, 64, 128] {
+            let v =
+                |s: f32| -> Vec<f32> { (0..n).map(|i| ((i as f32 + s) * 0.73).sin()).collect() };
+            let (a, b, c, h0) = (v(1.0), v(2.0), v(3.0), v(4.0));
+            let a: Vec<f32> = a.iter().map(|x| -x.abs() - 0.1).collect();
+            for decay in [Decay::PerState { delta: 0.37, a: &a }, Decay::Scalar(0.81)] {
+                let (mut h1, mut h2) = (h0.clone(), h0.clone());
+                let y1 = ssm_step(&mut h1, decay, &b, &c, 0.29);
+                let y2 = ssm_step_portable(&mut h2, decay, &b, &c, 0.29);
+                assert_eq!(y1.to_bits(), y2.to_bits(), "n {n}");
+                assert_eq!(h1, h2, "n {n}");
+                let mut want = 0f64;
+                for j in 0..n {
+                    let d = match decay {
+                        Decay::PerState { delta, a } => ((delta * a[j]) as f64).exp(),
+                        Decay::Scalar(d) => d as f64,
+                    };
+                    let hj = d * h0[j] as f64 + b[j] as f64 * 0.29;
+                    assert!((h1[j] as f64 - hj).abs() < 1e-6, "n {n} j {j}");
+                    want += hj * c[j] as f64;
+                }
+                assert!((y1 as f64 - want).abs() < 1e-5, "n {n}: {y1} vs {want}");
+            }
+        }
     }
 }
