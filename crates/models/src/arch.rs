@@ -184,6 +184,8 @@ pub struct ArchSpec {
     pub output_norm_name: &'static str,
     /// The layers have a feed-forward block (Mamba's have none).
     pub has_ffn: bool,
+    /// A norm right after the embedding lookup, `token_embd_norm` (bloom).
+    pub embd_norm: bool,
 }
 
 /// The defaults every row starts from: a llama-style decoder.
@@ -207,6 +209,7 @@ const BASE: ArchSpec = ArchSpec {
     mixer: MixerKind::Attention,
     output_norm_name: "output_norm",
     has_ffn: true,
+    embd_norm: false,
 };
 
 /// The supported architectures. Sources per row: llama.cpp `src/models/<name>.cpp` and
@@ -364,6 +367,7 @@ pub const ARCHS: &[ArchSpec] = &[
     ArchSpec {
         name: "bloom",
         position: Position::Alibi,
+        embd_norm: true,
         norm: Norm::Layer,
         ffn: Ffn::Plain,
         activation: Activation::GeluTanh,

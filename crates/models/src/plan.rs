@@ -198,7 +198,7 @@ impl Plan {
         Plan {
             arch: arch.name,
             norm: arch.norm,
-            embd_norm: arch.position == Position::Alibi,
+            embd_norm: arch.embd_norm,
             output_norm: arch.output_norm_name,
             layers,
         }
