@@ -56,6 +56,9 @@ fn tiny_fixtures_of_implemented_architectures() {
         "mamba",
         "mamba2",
         "lfm2",
+        "falcon_h1",
+        "granitemoehybrid",
+        "qwen3_next",
     ] {
         verify(&["--golden", root.join(name).to_str().unwrap()]);
     }

@@ -55,22 +55,55 @@ pub enum AttnScale {
     Gemma { layers_27b: usize },
 }
 
-/// What mixes information across positions in every layer of an architecture (the token
+/// A recurrent token mixer: its state folds every position into one value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recurrent {
+    /// Mamba-1's selective scan (llama.cpp `build_mamba_layer`; transformers `MambaMixer`).
+    Mamba,
+    /// Mamba-2's SSD scan (llama.cpp `build_mamba2_layer`; transformers `Mamba2Mixer`).
+    Mamba2,
+    /// LFM2's gated short convolution (llama.cpp `src/models/lfm2.cpp`; transformers
+    /// `Lfm2ShortConv`).
+    ShortConv,
+    /// Qwen3-Next's gated DeltaNet (llama.cpp `src/models/qwen3next.cpp`; transformers
+    /// `Qwen3NextGatedDeltaNet`).
+    GatedDeltaNet,
+}
+
+/// Which layers of a hybrid are recurrent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HybridLayers {
+    /// Those whose `attention.head_count_kv[il]` is 0 (lfm2, granitehybrid).
+    ZeroKvHeads,
+    /// `attention.recurrent_layers[il]`, else every layer but each
+    /// `full_attention_interval`-th (qwen3next; llama.cpp's default interval 4).
+    RecurrentLayersKey,
+}
+
+/// What mixes information across positions in the layers of an architecture (the token
 /// mixer of [`crate::plan::LayerPlan`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MixerKind {
     /// Attention in every layer; multi-head latent attention where the row allows it
     /// ([`ArchSpec::mla`]) and the file gives `attention.kv_lora_rank`.
     Attention,
-    /// Mamba-1's selective scan in every layer (llama.cpp `src/models/mamba.cpp`,
-    /// `build_mamba_layer`; transformers `MambaMixer`).
-    Mamba,
-    /// Mamba-2's SSD mixer in every layer (llama.cpp `build_mamba2_layer`; transformers
-    /// `Mamba2Mixer`).
-    Mamba2,
-    /// LFM2: per layer, attention where `attention.head_count_kv[il] > 0`, else a gated
-    /// short convolution (llama.cpp `src/models/lfm2.cpp`; transformers `Lfm2ShortConv`).
-    ShortConvOrAttention,
+    /// The recurrent mixer in every layer, no attention (mamba, mamba2).
+    Recurrent(Recurrent),
+    /// Attention in some layers, the recurrent mixer in the others.
+    Hybrid(Recurrent, HybridLayers),
+    /// Attention and the recurrent mixer side by side in every layer, on the same normed
+    /// input, their outputs added (falcon-h1).
+    Parallel(Recurrent),
+}
+
+impl MixerKind {
+    /// The recurrent mixer of the architecture, if any.
+    pub fn recurrent(self) -> Option<Recurrent> {
+        match self {
+            MixerKind::Attention => None,
+            MixerKind::Recurrent(r) | MixerKind::Hybrid(r, _) | MixerKind::Parallel(r) => Some(r),
+        }
+    }
 }
 
 /// The normalisation used everywhere in the model.
@@ -165,8 +198,8 @@ pub struct ArchSpec {
     pub rope_base_swa_default: Option<f32>,
     /// Routing when the file has experts (`{arch}.expert_count`); `None`: experts refused.
     pub moe: Option<MoeSpec>,
-    /// The tensor name of the norm before the FFN: `ffn_norm`, or gpt-oss's
-    /// `post_attention_norm`.
+    /// The weight tensor of the norm before the FFN: `ffn_norm.weight`, gpt-oss's and
+    /// qwen3next's `post_attention_norm.weight`, falcon-h1's bare `ffn_norm`.
     pub ffn_norm_name: &'static str,
     /// `rope_freqs.weight` (per-pair RoPE frequency divisors, Llama 3.1+) is read and
     /// applied when the file has it: the architectures whose llama.cpp graph passes it to
@@ -186,6 +219,13 @@ pub struct ArchSpec {
     pub has_ffn: bool,
     /// A norm right after the embedding lookup, `token_embd_norm` (bloom).
     pub embd_norm: bool,
+    /// Attention uses RoPE only when the file says `rope.scaling.finetuned = true`, else
+    /// no positions (Granite 4.0-H's NoPE; llama.cpp `src/models/granite-hybrid.cpp`).
+    pub rope_if_finetuned: bool,
+    /// The Q projection yields a per-head output gate too (`attn_q` of `2 · n_head ·
+    /// head_dim` rows, each head's query then its gate): the attention output is multiplied
+    /// by `sigmoid(gate)` before `attn_output` (qwen3next).
+    pub attn_output_gate: bool,
 }
 
 /// The defaults every row starts from: a llama-style decoder.
@@ -203,13 +243,15 @@ const BASE: ArchSpec = ArchSpec {
     attn_scale: AttnScale::InvSqrtHeadDim,
     rope_base_swa_default: None,
     moe: None,
-    ffn_norm_name: "ffn_norm",
+    ffn_norm_name: "ffn_norm.weight",
     rope_freqs: false,
     mla: false,
     mixer: MixerKind::Attention,
     output_norm_name: "output_norm",
     has_ffn: true,
     embd_norm: false,
+    rope_if_finetuned: false,
+    attn_output_gate: false,
 };
 
 /// The supported architectures. Sources per row: llama.cpp `src/models/<name>.cpp` and
@@ -311,7 +353,7 @@ pub const ARCHS: &[ArchSpec] = &[
         activation: Activation::SwigluOai,
         swa: SwaPattern::LastOfPeriodGlobal(2),
         moe: Some(MoeSpec { norm_topk: true }),
-        ffn_norm_name: "post_attention_norm",
+        ffn_norm_name: "post_attention_norm.weight",
         ..BASE
     },
     // phi3.cpp; Phi3ForCausalLM: fused attn_qkv (from the file) and gate|up, partial RoPE
@@ -378,7 +420,7 @@ pub const ARCHS: &[ArchSpec] = &[
     ArchSpec {
         name: "mamba",
         position: Position::None,
-        mixer: MixerKind::Mamba,
+        mixer: MixerKind::Recurrent(Recurrent::Mamba),
         has_ffn: false,
         ..BASE
     },
@@ -387,7 +429,7 @@ pub const ARCHS: &[ArchSpec] = &[
     ArchSpec {
         name: "mamba2",
         position: Position::None,
-        mixer: MixerKind::Mamba2,
+        mixer: MixerKind::Recurrent(Recurrent::Mamba2),
         has_ffn: false,
         ..BASE
     },
@@ -396,8 +438,41 @@ pub const ARCHS: &[ArchSpec] = &[
     ArchSpec {
         name: "lfm2",
         qk_norm: QkNorm::PerHead,
-        mixer: MixerKind::ShortConvOrAttention,
+        mixer: MixerKind::Hybrid(Recurrent::ShortConv, HybridLayers::ZeroKvHeads),
         output_norm_name: "token_embd_norm",
+        ..BASE
+    },
+    // falcon-h1.cpp; FalconH1ForCausalLM: attention and Mamba-2 side by side on one
+    // RMSNorm, outputs added; SwiGLU; the muP multipliers folded into the weights by the
+    // converter; the FFN norm stored as a bare `ffn_norm`.
+    ArchSpec {
+        name: "falcon-h1",
+        mixer: MixerKind::Parallel(Recurrent::Mamba2),
+        ffn_norm_name: "ffn_norm",
+        ..BASE
+    },
+    // granite-hybrid.cpp; GraniteMoeHybridForCausalLM (Granite 4.0-H): Mamba-2 layers and
+    // attention layers (NoPE unless rope.scaling.finetuned), experts with a shared MLP in
+    // every layer (softmax over the top-k), granite's multipliers (metadata).
+    ArchSpec {
+        name: "granitehybrid",
+        position: Position::Rope(RopeLayout::Normal),
+        mixer: MixerKind::Hybrid(Recurrent::Mamba2, HybridLayers::ZeroKvHeads),
+        moe: Some(MoeSpec { norm_topk: true }),
+        rope_if_finetuned: true,
+        ..BASE
+    },
+    // qwen3next.cpp; Qwen3NextForCausalLM: gated DeltaNet layers and gated full attention
+    // (per-head Q/K norm, partial NEOX RoPE, sigmoid output gate from attn_q), experts
+    // with a sigmoid-gated shared expert, the FFN norm stored as post_attention_norm (the
+    // converter stores the (1 + w) norm weights with the 1 added).
+    ArchSpec {
+        name: "qwen3next",
+        qk_norm: QkNorm::PerHead,
+        mixer: MixerKind::Hybrid(Recurrent::GatedDeltaNet, HybridLayers::RecurrentLayersKey),
+        moe: Some(MoeSpec { norm_topk: true }),
+        ffn_norm_name: "post_attention_norm.weight",
+        attn_output_gate: true,
         ..BASE
     },
 ];

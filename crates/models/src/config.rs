@@ -5,7 +5,10 @@
 
 use frink_gguf::{GgufFile, MetaValue};
 
-use crate::arch::{arch_spec, ArchSpec, AttnScale, MixerKind, Norm, Position, SwaPattern, ARCHS};
+use crate::arch::{
+    arch_spec, ArchSpec, AttnScale, HybridLayers, MixerKind, Norm, Position, Recurrent, SwaPattern,
+    ARCHS,
+};
 use crate::error::{ModelError, Result};
 
 /// RoPE parameters of one class of layers.
@@ -180,21 +183,24 @@ pub struct SsmConfig {
     pub d_conv: usize,
     /// `ssm.inner_size`: channels of the scan (`expand · n_embd`).
     pub d_inner: usize,
-    /// `ssm.state_size`: state values per channel (Mamba-1) or per head dimension (Mamba-2).
+    /// `ssm.state_size`: state values per channel (Mamba-1) or per head dimension (Mamba-2);
+    /// DeltaNet's key and value head width.
     pub d_state: usize,
-    /// `ssm.time_step_rank`: Mamba-1's rank of the Δ projection; Mamba-2's head count.
+    /// `ssm.time_step_rank`: Mamba-1's rank of the Δ projection; Mamba-2's head count;
+    /// DeltaNet's value heads.
     pub dt_rank: usize,
-    /// `ssm.group_count` (Mamba-2; 1 when absent): groups sharing B and C.
+    /// `ssm.group_count` (1 when absent): Mamba-2's groups sharing B and C; DeltaNet's key
+    /// heads.
     pub n_group: usize,
 }
 
 impl SsmConfig {
-    /// Channels the convolution runs over: `d_inner` (Mamba-1), or `x | B | C` (Mamba-2:
-    /// `d_inner + 2 · n_group · d_state`).
-    pub fn conv_channels(&self, kind: MixerKind) -> usize {
+    /// Channels the convolution runs over: `d_inner` (Mamba-1), `x | B | C` (Mamba-2) or
+    /// `q | k | v` (DeltaNet), both `d_inner + 2 · n_group · d_state`.
+    pub fn conv_channels(&self, kind: Recurrent) -> usize {
         match kind {
-            MixerKind::Mamba2 => self.d_inner + 2 * self.n_group * self.d_state,
-            _ => self.d_inner,
+            Recurrent::Mamba => self.d_inner,
+            _ => self.d_inner + 2 * self.n_group * self.d_state,
         }
     }
 }
@@ -475,36 +481,41 @@ impl ModelConfig {
         let n_embd = k.usize("embedding_length")?;
         let n_ff = k.usize("feed_forward_length")?;
         // Attention layers: all, none (state-space models: their head counts are 0 or
-        // absent and unread), or LFM2's, marked by a nonzero per-layer KV head count.
+        // absent and unread), or a hybrid's (a zero per-layer KV head count, or
+        // `attention.recurrent_layers`, marks the recurrent ones).
+        let kv_heads_per_layer = || -> Result<Vec<i64>> {
+            let key = "attention.head_count_kv";
+            let per_layer = match k.get(key) {
+                Some(v) => match v.as_array() {
+                    Some(a) => a
+                        .to_i64_vec()
+                        .filter(|v| v.iter().all(|&x| x >= 0))
+                        .ok_or_else(|| k.err(key, "expected counts"))?,
+                    None => vec![k.usize(key)? as i64; n_layer],
+                },
+                None => return Err(k.err(key, "missing")),
+            };
+            if per_layer.len() != n_layer {
+                return Err(k.err(
+                    key,
+                    format!(
+                        "{} values for {n_layer} layers ({})",
+                        per_layer.len(),
+                        k.key("block_count")
+                    ),
+                ));
+            }
+            Ok(per_layer)
+        };
         let (n_head, n_head_kv, attn_layers) = match arch.mixer {
-            MixerKind::Attention => {
+            MixerKind::Attention | MixerKind::Parallel(_) => {
                 let n_head = k.usize("attention.head_count")?;
                 let n_kv = k.usize_opt("attention.head_count_kv")?.unwrap_or(n_head);
                 (n_head, n_kv, vec![true; n_layer])
             }
-            MixerKind::Mamba | MixerKind::Mamba2 => (0, 0, vec![false; n_layer]),
-            MixerKind::ShortConvOrAttention => {
-                let key = "attention.head_count_kv";
-                let per_layer = match k.get(key) {
-                    Some(v) => match v.as_array() {
-                        Some(a) => a
-                            .to_i64_vec()
-                            .filter(|v| v.iter().all(|&x| x >= 0))
-                            .ok_or_else(|| k.err(key, "expected counts"))?,
-                        None => vec![k.usize(key)? as i64; n_layer],
-                    },
-                    None => return Err(k.err(key, "missing")),
-                };
-                if per_layer.len() != n_layer {
-                    return Err(k.err(
-                        key,
-                        format!(
-                            "{} values for {n_layer} layers ({})",
-                            per_layer.len(),
-                            k.key("block_count")
-                        ),
-                    ));
-                }
+            MixerKind::Recurrent(_) => (0, 0, vec![false; n_layer]),
+            MixerKind::Hybrid(_, HybridLayers::ZeroKvHeads) => {
+                let per_layer = kv_heads_per_layer()?;
                 let kv = per_layer
                     .iter()
                     .copied()
@@ -514,7 +525,7 @@ impl ModelConfig {
                 if per_layer.iter().any(|&x| x > 0 && x != kv) {
                     return Err(ModelError::Unsupported(format!(
                         "{} differs between attention layers ({per_layer:?})",
-                        k.key(key)
+                        k.key("attention.head_count_kv")
                     )));
                 }
                 let n_head = k.usize("attention.head_count")?;
@@ -523,6 +534,40 @@ impl ModelConfig {
                     kv as usize,
                     per_layer.iter().map(|&x| x > 0).collect(),
                 )
+            }
+            MixerKind::Hybrid(_, HybridLayers::RecurrentLayersKey) => {
+                let key = "attention.recurrent_layers";
+                let recurrent: Vec<bool> = match k.get(key) {
+                    Some(v) => {
+                        let a = v
+                            .as_array()
+                            .ok_or_else(|| k.err(key, "expected an array of bools"))?;
+                        let flags: Option<Vec<bool>> =
+                            (0..a.len()).map(|i| a.get(i)?.as_bool()).collect();
+                        let flags = flags.ok_or_else(|| k.err(key, "expected bools"))?;
+                        if flags.len() != n_layer {
+                            return Err(k.err(
+                                key,
+                                format!(
+                                    "{} values for {n_layer} layers ({})",
+                                    flags.len(),
+                                    k.key("block_count")
+                                ),
+                            ));
+                        }
+                        flags
+                    }
+                    None => {
+                        let every = k.usize_opt("full_attention_interval")?.unwrap_or(4);
+                        if every == 0 {
+                            return Err(k.err("full_attention_interval", "0"));
+                        }
+                        (0..n_layer).map(|il| (il + 1) % every != 0).collect()
+                    }
+                };
+                let n_head = k.usize("attention.head_count")?;
+                let n_kv = k.usize_opt("attention.head_count_kv")?.unwrap_or(n_head);
+                (n_head, n_kv, recurrent.iter().map(|&r| !r).collect())
             }
         };
         let attention = attn_layers.iter().any(|&a| a);
@@ -556,7 +601,16 @@ impl ModelConfig {
         };
         let head_dim_v = k.usize_opt("attention.value_length")?.unwrap_or(head_dim_k);
         let n_rot = k.usize_opt("rope.dimension_count")?.unwrap_or(head_dim_k);
-        let rotary = attention && matches!(arch.position, Position::Rope(_));
+        // How attention sees positions: the row's, except that Granite 4.0-H's attention
+        // has none unless the file says its RoPE was fine-tuned (llama.cpp
+        // granite-hybrid.cpp: `use_rope = hparams.rope_finetuned`).
+        let position = match k.get("rope.scaling.finetuned").map(|v| v.as_bool()) {
+            _ if !arch.rope_if_finetuned => arch.position,
+            Some(Some(true)) => arch.position,
+            None | Some(Some(false)) => Position::None,
+            Some(None) => return Err(k.err("rope.scaling.finetuned", "expected a bool")),
+        };
+        let rotary = attention && matches!(position, Position::Rope(_));
         if n_rot > head_dim_k || n_rot % 2 != 0 || (rotary && n_rot == 0) {
             return Err(k.err(
                 "rope.dimension_count",
@@ -760,16 +814,16 @@ impl ModelConfig {
             Position::Alibi => alibi_slopes(n_head, 8.0),
             Position::Rope(_) | Position::None => Vec::new(),
         };
-        let ssm = match arch.mixer {
-            MixerKind::Mamba | MixerKind::Mamba2 => {
+        let ssm = match arch.mixer.recurrent() {
+            Some(r @ (Recurrent::Mamba | Recurrent::Mamba2 | Recurrent::GatedDeltaNet)) => {
                 let ssm = SsmConfig {
                     d_conv: k.usize("ssm.conv_kernel")?,
                     d_inner: k.usize("ssm.inner_size")?,
                     d_state: k.usize("ssm.state_size")?,
                     dt_rank: k.usize("ssm.time_step_rank")?,
-                    n_group: match arch.mixer {
-                        MixerKind::Mamba2 => k.usize_opt("ssm.group_count")?.unwrap_or(1),
-                        _ => 1,
+                    n_group: match r {
+                        Recurrent::Mamba => 1,
+                        _ => k.usize_opt("ssm.group_count")?.unwrap_or(1),
                     },
                 };
                 for (key, v) in [
@@ -783,7 +837,9 @@ impl ModelConfig {
                         return Err(k.err(key, "0"));
                     }
                 }
-                if arch.mixer == MixerKind::Mamba2
+                // Mamba-2's heads share B and C by groups; DeltaNet's value heads share
+                // key heads the same way.
+                if r != Recurrent::Mamba
                     && (!ssm.d_inner.is_multiple_of(ssm.dt_rank)
                         || !ssm.dt_rank.is_multiple_of(ssm.n_group))
                 {
@@ -799,6 +855,21 @@ impl ModelConfig {
                         ),
                     ));
                 }
+                // DeltaNet's value heads are d_state wide, as its key heads (llama.cpp
+                // qwen3next: head_k_dim = head_v_dim = ssm.state_size).
+                if r == Recurrent::GatedDeltaNet && ssm.d_inner != ssm.dt_rank * ssm.d_state {
+                    return Err(k.err(
+                        "ssm.inner_size",
+                        format!(
+                            "{}, but {} value heads ({}) of {} ({})",
+                            ssm.d_inner,
+                            ssm.dt_rank,
+                            k.key("ssm.time_step_rank"),
+                            ssm.d_state,
+                            k.key("ssm.state_size")
+                        ),
+                    ));
+                }
                 // FalconMamba's RMSNorm of Δ, B and C (llama.cpp `ssm_dt_b_c_rms`).
                 if k.get("ssm.dt_b_c_rms").and_then(|v| v.as_bool()) == Some(true) {
                     return Err(ModelError::Unsupported(format!(
@@ -810,8 +881,8 @@ impl ModelConfig {
             }
             _ => None,
         };
-        let short_conv_taps = match arch.mixer {
-            MixerKind::ShortConvOrAttention => {
+        let short_conv_taps = match arch.mixer.recurrent() {
+            Some(Recurrent::ShortConv) => {
                 let taps = k.usize("shortconv.l_cache")?;
                 if taps < 2 {
                     return Err(k.err("shortconv.l_cache", format!("{taps} taps (at least 2)")));
@@ -838,6 +909,7 @@ impl ModelConfig {
                 rope_global,
                 rope_swa,
                 attn_softcap,
+                position,
                 mla: mla.is_some(),
                 n_leading_dense: moe.as_ref().map(|m| m.n_leading_dense),
             },

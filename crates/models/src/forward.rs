@@ -88,32 +88,44 @@ impl Model {
         }
     }
 
-    /// Layer `il`'s token mixer on `input` (`n × n_embd`, the batch's rows), advancing each
-    /// sequence's state; its output into `out` (`n × n_embd`).
+    /// Layer `il`'s token mixer `mixer` (weights `w`) on `input` (`n × n_embd`, the batch's
+    /// rows), advancing each sequence's state; its output into `out` (`n × n_embd`).
     #[allow(clippy::too_many_arguments)]
     fn token_mixer(
         &self,
         il: usize,
-        lp: &LayerPlan,
-        lw: &LayerWeights,
+        mixer: &Mixer,
+        w: &MixerWeights,
         seqs: &mut [Sequence<'_>],
         rows: &Rows<'_>,
         input: &[f32],
         scratch: &mut AttnScratch,
         out: &mut [f32],
     ) -> Result<()> {
-        match (&lp.mixer, &lw.mixer) {
+        match (mixer, w) {
             (Mixer::Attention(ap), MixerWeights::Attention(aw)) => {
                 self.attention_block(il, ap, aw, seqs, rows, input, scratch, out)
             }
             (Mixer::Mamba, MixerWeights::Mamba(w)) => {
                 self.mamba_block(il, w, seqs, rows, input, out)
             }
-            (Mixer::Mamba2, MixerWeights::Mamba2(w)) => {
+            (Mixer::Mamba2 { .. }, MixerWeights::Mamba2(w)) => {
                 self.mamba2_block(il, w, seqs, rows, input, out)
             }
             (Mixer::ShortConv, MixerWeights::ShortConv(w)) => {
                 self.short_conv_block(il, w, seqs, rows, input, out)
+            }
+            (Mixer::GatedDeltaNet, MixerWeights::GatedDeltaNet(w)) => {
+                self.delta_net_block(il, w, seqs, rows, input, out)
+            }
+            (Mixer::Parallel(ma, mb), MixerWeights::Parallel(wa, wb)) => {
+                // Both on the same input: out = first + second (falcon-h1's attention +
+                // Mamba-2, llama.cpp falcon-h1.cpp).
+                let mut second = vec![0f32; out.len()];
+                self.token_mixer(il, ma, wa, seqs, rows, input, scratch, out)?;
+                self.token_mixer(il, mb, wb, seqs, rows, input, scratch, &mut second)?;
+                out.iter_mut().zip(&second).for_each(|(o, s)| *o += s);
+                Ok(())
             }
             _ => Err(plan_mismatch(il)),
         }
@@ -240,7 +252,16 @@ impl Model {
                 ffn_out.resize(n * d, 0.0);
                 self.channel_mixer(il, lp, lw, &cur, n, &mut gate, &mut up, &mut ffn_out)?;
             }
-            self.token_mixer(il, lp, lw, seqs, &rows, &cur, &mut scratch, &mut mixed)?;
+            self.token_mixer(
+                il,
+                &lp.mixer,
+                &lw.mixer,
+                seqs,
+                &rows,
+                &cur,
+                &mut scratch,
+                &mut mixed,
+            )?;
             if let Some(nw) = &lw.post_attn_norm {
                 self.norm(&mut mixed, nw);
             }

@@ -187,6 +187,17 @@ impl<'a> Loader<'a> {
         Ok(Some(NormWeights { weight, bias }))
     }
 
+    /// A norm whose weight tensor is `weight` (`….weight`, its bias `….bias` if present;
+    /// a bare name, as falcon-h1's `ffn_norm`, has no bias).
+    pub(crate) fn norm_tensor(&mut self, weight: &str, len: usize) -> Result<NormWeights> {
+        let w = self.vector(weight, len)?;
+        let bias = match weight.strip_suffix(".weight") {
+            Some(stem) => self.vector_opt(&format!("{stem}.bias"), len)?,
+            None => None,
+        };
+        Ok(NormWeights { weight: w, bias })
+    }
+
     pub(crate) fn norm(&mut self, name: &str, len: usize) -> Result<NormWeights> {
         self.norm_opt(name, len)?
             .ok_or_else(|| missing(&format!("{name}.weight")))

@@ -6,6 +6,7 @@ use std::path::Path;
 use frink_gguf::GgufFile;
 
 use crate::blocks::attention::AttentionWeights;
+use crate::blocks::delta_net::DeltaNetWeights;
 use crate::blocks::ffn::DenseFfn;
 use crate::blocks::mamba::MambaWeights;
 use crate::blocks::mamba2::Mamba2Weights;
@@ -176,6 +177,32 @@ impl std::fmt::Debug for Model {
     }
 }
 
+/// Loads layer `il`'s token-mixer weights as `mixer` plans them.
+fn load_mixer(
+    l: &mut Loader<'_>,
+    il: usize,
+    c: &ModelConfig,
+    mixer: &Mixer,
+) -> Result<MixerWeights> {
+    Ok(match mixer {
+        Mixer::Attention(ap) => {
+            MixerWeights::Attention(Box::new(AttentionWeights::load(l, il, c, ap)?))
+        }
+        Mixer::Mamba => MixerWeights::Mamba(Box::new(MambaWeights::load(l, il, c)?)),
+        Mixer::Mamba2 { gated_norm } => {
+            MixerWeights::Mamba2(Box::new(Mamba2Weights::load(l, il, c, *gated_norm)?))
+        }
+        Mixer::ShortConv => MixerWeights::ShortConv(Box::new(ShortConvWeights::load(l, il, c)?)),
+        Mixer::GatedDeltaNet => {
+            MixerWeights::GatedDeltaNet(Box::new(DeltaNetWeights::load(l, il, c)?))
+        }
+        Mixer::Parallel(a, b) => MixerWeights::Parallel(
+            Box::new(load_mixer(l, il, c, a)?),
+            Box::new(load_mixer(l, il, c, b)?),
+        ),
+    })
+}
+
 impl Model {
     /// Maps `path` and loads the model.
     pub fn load(path: impl AsRef<Path>) -> Result<Model> {
@@ -212,18 +239,7 @@ impl Model {
         let mut layers = Vec::with_capacity(c.n_layer);
         for (il, lp) in c.plan.layers.iter().enumerate() {
             let n = |s: &str| format!("blk.{il}.{s}");
-            let mixer = match &lp.mixer {
-                Mixer::Attention(ap) => {
-                    MixerWeights::Attention(Box::new(AttentionWeights::load(&mut l, il, c, ap)?))
-                }
-                Mixer::Mamba => MixerWeights::Mamba(Box::new(MambaWeights::load(&mut l, il, c)?)),
-                Mixer::Mamba2 => {
-                    MixerWeights::Mamba2(Box::new(Mamba2Weights::load(&mut l, il, c)?))
-                }
-                Mixer::ShortConv => {
-                    MixerWeights::ShortConv(Box::new(ShortConvWeights::load(&mut l, il, c)?))
-                }
-            };
+            let mixer = load_mixer(&mut l, il, c, &lp.mixer)?;
             let ffn = match lp.channel {
                 Channel::Moe(_) => {
                     let mc = c.moe.as_ref().expect("a MoE plan has a MoE config");
@@ -235,20 +251,20 @@ impl Model {
                 Channel::None => FfnWeights::None,
             };
             let norms = lp.norms;
-            let mut norm_if = |on: bool, name: &str| match on {
-                true => l.norm(&n(name), c.n_embd).map(Some),
+            let mut norm_if = |on: bool, weight: &str| match on {
+                true => l.norm_tensor(&n(weight), c.n_embd).map(Some),
                 false => Ok(None),
             };
             layers.push(LayerWeights {
-                attn_norm: norm_if(norms.pre_mixer, "attn_norm")?,
+                attn_norm: norm_if(norms.pre_mixer, "attn_norm.weight")?,
                 mixer,
-                post_attn_norm: norm_if(norms.post_mixer, "post_attention_norm")?,
+                post_attn_norm: norm_if(norms.post_mixer, "post_attention_norm.weight")?,
                 ffn_norm: match norms.pre_channel {
-                    Some(name) => norm_if(true, name)?,
+                    Some(weight) => norm_if(true, weight)?,
                     None => None,
                 },
                 ffn,
-                post_ffn_norm: norm_if(norms.post_channel, "post_ffw_norm")?,
+                post_ffn_norm: norm_if(norms.post_channel, "post_ffw_norm.weight")?,
             });
         }
         let unused = l.unused();

@@ -9,7 +9,9 @@
 
 use frink_gguf::GgufFile;
 
-use crate::arch::{Activation, ArchSpec, Ffn, MixerKind, Norm, NormPlacement, Position, QkNorm};
+use crate::arch::{
+    Activation, ArchSpec, Ffn, MixerKind, Norm, NormPlacement, Position, QkNorm, Recurrent,
+};
 use crate::config::RopeParams;
 
 /// The plan of every layer, plus the model-level steps around them.
@@ -43,17 +45,36 @@ pub enum Mixer {
     Attention(AttentionPlan),
     /// Mamba-1's selective scan ([`crate::blocks::mamba`]).
     Mamba,
-    /// Mamba-2's SSD scan ([`crate::blocks::mamba2`]).
-    Mamba2,
+    /// Mamba-2's SSD scan ([`crate::blocks::mamba2`]), with its gated grouped RMSNorm
+    /// where the file has `ssm_norm` (falcon-h1's has none: `y · silu(z)`).
+    Mamba2 { gated_norm: bool },
     /// LFM2's gated short convolution ([`crate::blocks::short_conv`]).
     ShortConv,
+    /// Qwen3-Next's gated DeltaNet ([`crate::blocks::delta_net`]).
+    GatedDeltaNet,
+    /// Attention and a recurrent mixer on the same input, outputs added in this order
+    /// (falcon-h1: `attention + mamba2`).
+    Parallel(Box<Mixer>, Box<Mixer>),
 }
 
 impl Mixer {
     /// Whether the mixer keeps a recurrent state (which cannot be cut back to an earlier
     /// position, unlike a KV cache).
     pub fn is_recurrent(&self) -> bool {
-        !matches!(self, Mixer::Attention(_))
+        match self {
+            Mixer::Attention(_) => false,
+            Mixer::Parallel(a, b) => a.is_recurrent() || b.is_recurrent(),
+            _ => true,
+        }
+    }
+
+    /// Whether the mixer keeps keys and values (attention).
+    pub fn has_attention(&self) -> bool {
+        match self {
+            Mixer::Attention(_) => true,
+            Mixer::Parallel(a, b) => a.has_attention() || b.has_attention(),
+            _ => false,
+        }
     }
 }
 
@@ -82,6 +103,9 @@ pub struct AttentionPlan {
     pub sinks: bool,
     /// Scores become `c · tanh(s / c)`.
     pub softcap: Option<f32>,
+    /// The output is multiplied by `sigmoid(gate)`, the gate from the Q projection
+    /// ([`crate::arch::ArchSpec::attn_output_gate`]).
+    pub output_gate: bool,
 }
 
 /// A layer's channel mixer.
@@ -102,8 +126,8 @@ pub struct Norms {
     pub pre_mixer: bool,
     /// `post_attention_norm`, on the mixer's output.
     pub post_mixer: bool,
-    /// The tensor of the norm before the channel mixer (`ffn_norm`, gpt-oss's
-    /// `post_attention_norm`), if any.
+    /// The weight tensor of the norm before the channel mixer (`ffn_norm.weight`,
+    /// gpt-oss's `post_attention_norm.weight`, falcon-h1's bare `ffn_norm`), if any.
     pub pre_channel: Option<&'static str>,
     /// `post_ffw_norm`, on the channel mixer's output.
     pub post_channel: bool,
@@ -128,6 +152,9 @@ pub struct PlanInputs<'a> {
     pub rope_global: RopeParams,
     pub rope_swa: RopeParams,
     pub attn_softcap: Option<f32>,
+    /// How attention sees positions (the row's, or none: Granite 4.0-H without fine-tuned
+    /// RoPE).
+    pub position: Position,
     /// Multi-head latent attention (`attention.kv_lora_rank` on a row that allows it).
     pub mla: bool,
     /// With experts: the first layers with a dense FFN.
@@ -141,7 +168,15 @@ impl Plan {
         let has = |il: usize, name: &str| f.tensor_index(&format!("blk.{il}.{name}")).is_some();
         let layers = (0..m.attn_layers.len())
             .map(|il| {
-                let mixer = if m.attn_layers[il] {
+                let recurrent = arch.mixer.recurrent().map(|r| match r {
+                    Recurrent::Mamba => Mixer::Mamba,
+                    Recurrent::Mamba2 => Mixer::Mamba2 {
+                        gated_norm: has(il, "ssm_norm.weight"),
+                    },
+                    Recurrent::ShortConv => Mixer::ShortConv,
+                    Recurrent::GatedDeltaNet => Mixer::GatedDeltaNet,
+                });
+                let attention = m.attn_layers[il].then(|| {
                     let swa = m.swa_layers[il];
                     Mixer::Attention(AttentionPlan {
                         qkv: if m.mla {
@@ -151,18 +186,23 @@ impl Plan {
                         } else {
                             QkvLayout::Separate
                         },
-                        position: arch.position,
+                        position: m.position,
                         rope: if swa { m.rope_swa } else { m.rope_global },
                         window: if swa { m.n_swa } else { 0 },
                         qk_norm: arch.qk_norm,
                         sinks: has(il, "attn_sinks.weight"),
                         softcap: m.attn_softcap,
+                        output_gate: arch.attn_output_gate,
                     })
-                } else {
-                    match arch.mixer {
-                        MixerKind::Mamba => Mixer::Mamba,
-                        MixerKind::Mamba2 => Mixer::Mamba2,
-                        _ => Mixer::ShortConv,
+                });
+                let mixer = match (attention, recurrent, arch.mixer) {
+                    (Some(a), Some(r), MixerKind::Parallel(_)) => {
+                        Mixer::Parallel(Box::new(a), Box::new(r))
+                    }
+                    (Some(a), _, _) => a,
+                    (None, Some(r), _) => r,
+                    (None, None, _) => {
+                        unreachable!("a layer without attention has a recurrent mixer")
                     }
                 };
                 let channel = match m.n_leading_dense {
@@ -210,9 +250,9 @@ impl Plan {
     }
 }
 
-impl std::fmt::Display for LayerPlan {
+impl std::fmt::Display for Mixer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.mixer {
+        match self {
             Mixer::Attention(a) => {
                 let qkv = match a.qkv {
                     QkvLayout::Separate => "q/k/v",
@@ -247,12 +287,24 @@ impl std::fmt::Display for LayerPlan {
                 if let Some(c) = a.softcap {
                     write!(f, ", softcap {c}")?;
                 }
-                write!(f, "]")?;
+                if a.output_gate {
+                    write!(f, ", output gate")?;
+                }
+                write!(f, "]")
             }
-            Mixer::Mamba => write!(f, "mamba scan")?,
-            Mixer::Mamba2 => write!(f, "mamba2 scan")?,
-            Mixer::ShortConv => write!(f, "short conv")?,
+            Mixer::Mamba => write!(f, "mamba scan"),
+            Mixer::Mamba2 { gated_norm: true } => write!(f, "mamba2 scan (gated norm)"),
+            Mixer::Mamba2 { gated_norm: false } => write!(f, "mamba2 scan"),
+            Mixer::ShortConv => write!(f, "short conv"),
+            Mixer::GatedDeltaNet => write!(f, "gated deltanet"),
+            Mixer::Parallel(a, b) => write!(f, "{a} ∥ {b}"),
         }
+    }
+}
+
+impl std::fmt::Display for LayerPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.mixer)?;
         match self.channel {
             Channel::Dense(kind, act) => write!(f, " + {kind:?} FFN ({act:?})")?,
             Channel::Moe(act) => write!(f, " + experts ({act:?})")?,
@@ -267,7 +319,8 @@ impl std::fmt::Display for LayerPlan {
             norms.push("post_attention_norm after it".to_string());
         }
         if let Some(name) = n.pre_channel {
-            norms.push(format!("{name} before the FFN"));
+            let stem = name.strip_suffix(".weight").unwrap_or(name);
+            norms.push(format!("{stem} before the FFN"));
         }
         if n.post_channel {
             norms.push("post_ffw_norm after it".to_string());

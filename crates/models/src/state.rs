@@ -10,7 +10,6 @@
 
 use crate::config::ModelConfig;
 use crate::kv::{KvLayer, KvStore, KvType};
-use crate::plan::Mixer;
 
 /// A recurrent layer's state after the positions evaluated so far (f32).
 #[derive(Clone, Debug, PartialEq)]
@@ -23,12 +22,13 @@ pub struct RecurrentLayer {
     pub ssm: Vec<f32>,
 }
 
-/// One layer's part of a sequence's state.
+/// One layer's part of a sequence's state: keys and values where the layer attends, a
+/// recurrent state where it scans (both for falcon-h1's parallel mixers).
 #[derive(Clone, Debug, PartialEq)]
-pub enum LayerState {
-    /// An attention layer's keys and values; row `p` holds position `p`.
-    Kv(KvLayer),
-    Recurrent(RecurrentLayer),
+pub struct LayerState {
+    /// Keys and values; row `p` holds position `p`.
+    pub kv: Option<KvLayer>,
+    pub recurrent: Option<RecurrentLayer>,
 }
 
 /// The state of one sequence, sized for `n_ctx` positions.
@@ -54,18 +54,18 @@ impl SeqState {
             .plan
             .layers
             .iter()
-            .map(|l| match &l.mixer {
-                Mixer::Attention(_) => LayerState::Kv(KvLayer {
+            .map(|l| LayerState {
+                kv: l.mixer.has_attention().then(|| KvLayer {
                     k: KvStore::new(kv_type, n_ctx * k_dim),
                     v: KvStore::new(kv_type, n_ctx * v_dim),
                 }),
-                m => {
-                    let (conv, ssm) = crate::blocks::recurrent_sizes(config, m);
-                    LayerState::Recurrent(RecurrentLayer {
+                recurrent: l.mixer.is_recurrent().then(|| {
+                    let (conv, ssm) = crate::blocks::recurrent_sizes(config, &l.mixer);
+                    RecurrentLayer {
                         conv: vec![0.0; conv],
                         ssm: vec![0.0; ssm],
-                    })
-                }
+                    }
+                }),
             })
             .collect();
         SeqState {
@@ -81,43 +81,40 @@ impl SeqState {
     /// Whether this state has the layers `plan` asks for (a state made for this model).
     pub fn fits(&self, plan: &crate::plan::Plan) -> bool {
         self.layers.len() == plan.layers.len()
-            && self
-                .layers
-                .iter()
-                .zip(&plan.layers)
-                .all(|(s, l)| matches!(s, LayerState::Recurrent(_)) == l.mixer.is_recurrent())
+            && self.layers.iter().zip(&plan.layers).all(|(s, l)| {
+                s.recurrent.is_some() == l.mixer.is_recurrent()
+                    && s.kv.is_some() == l.mixer.has_attention()
+            })
     }
 
     /// Attention layer `il`'s keys and values. Panics if layer `il` is recurrent (the
     /// forward pass checks [`SeqState::fits`] first).
     pub fn kv(&self, il: usize) -> &KvLayer {
-        match &self.layers[il] {
-            LayerState::Kv(kv) => kv,
-            LayerState::Recurrent(_) => panic!("layer {il} has no KV cache"),
+        match &self.layers[il].kv {
+            Some(kv) => kv,
+            None => panic!("layer {il} has no KV cache"),
         }
     }
 
     /// [`SeqState::kv`], writable.
     pub fn kv_mut(&mut self, il: usize) -> &mut KvLayer {
-        match &mut self.layers[il] {
-            LayerState::Kv(kv) => kv,
-            LayerState::Recurrent(_) => panic!("layer {il} has no KV cache"),
+        match &mut self.layers[il].kv {
+            Some(kv) => kv,
+            None => panic!("layer {il} has no KV cache"),
         }
     }
 
     /// Recurrent layer `il`'s state. Panics if layer `il` is attention.
     pub fn recurrent_mut(&mut self, il: usize) -> &mut RecurrentLayer {
-        match &mut self.layers[il] {
-            LayerState::Recurrent(r) => r,
-            LayerState::Kv(_) => panic!("layer {il} has no recurrent state"),
+        match &mut self.layers[il].recurrent {
+            Some(r) => r,
+            None => panic!("layer {il} has no recurrent state"),
         }
     }
 
     /// Whether any layer keeps a recurrent state.
     pub fn is_recurrent(&self) -> bool {
-        self.layers
-            .iter()
-            .any(|l| matches!(l, LayerState::Recurrent(_)))
+        self.layers.iter().any(|l| l.recurrent.is_some())
     }
 
     /// The longest prefix of at most `n` positions this state can be cut back to (or
@@ -138,11 +135,9 @@ impl SeqState {
     pub fn truncate(&mut self, n: usize) -> usize {
         let keep = self.reusable(n);
         if keep == 0 {
-            for l in &mut self.layers {
-                if let LayerState::Recurrent(r) = l {
-                    r.conv.fill(0.0);
-                    r.ssm.fill(0.0);
-                }
+            for r in self.layers.iter_mut().filter_map(|l| l.recurrent.as_mut()) {
+                r.conv.fill(0.0);
+                r.ssm.fill(0.0);
             }
         }
         self.n_past = keep;
@@ -172,12 +167,17 @@ impl SeqState {
             return;
         }
         for (d, s) in self.layers.iter_mut().zip(&src.layers) {
-            match (d, s) {
-                (LayerState::Kv(d), LayerState::Kv(s)) => {
+            match (&mut d.kv, &s.kv) {
+                (Some(d), Some(s)) => {
                     d.k.copy_from(&s.k, n * self.k_dim);
                     d.v.copy_from(&s.v, n * self.v_dim);
                 }
-                (LayerState::Recurrent(d), LayerState::Recurrent(s)) => d.clone_from(s),
+                (None, None) => {}
+                _ => panic!("copy_prefix: states of different layer kinds"),
+            }
+            match (&mut d.recurrent, &s.recurrent) {
+                (Some(d), Some(s)) => d.clone_from(s),
+                (None, None) => {}
                 _ => panic!("copy_prefix: states of different layer kinds"),
             }
         }
@@ -192,9 +192,14 @@ impl SeqState {
         };
         self.layers
             .iter()
-            .map(|l| match l {
-                LayerState::Kv(_) => self.n_ctx * (self.k_dim + self.v_dim) * el,
-                LayerState::Recurrent(r) => (r.conv.len() + r.ssm.len()) * 4,
+            .map(|l| {
+                let kv =
+                    l.kv.as_ref()
+                        .map_or(0, |_| self.n_ctx * (self.k_dim + self.v_dim) * el);
+                kv + l
+                    .recurrent
+                    .as_ref()
+                    .map_or(0, |r| (r.conv.len() + r.ssm.len()) * 4)
             })
             .sum()
     }

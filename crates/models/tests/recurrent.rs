@@ -1,4 +1,5 @@
-//! The state-space and convolution families (mamba, mamba2, lfm2) beyond the logits of
+//! The recurrent and hybrid families (mamba, mamba2, lfm2, falcon-h1, granitehybrid,
+//! qwen3next) beyond the logits of
 //! tests/fixtures.rs: each recorded feature ablation of the fixtures (fixtures README, the
 //! `feature_ablations` of each meta.json) measured on frink's forward pass, a 512-token
 //! prefill against token-by-token decode, and what a recurrent state allows (kept whole
@@ -8,12 +9,17 @@ use std::path::Path;
 use std::time::Instant;
 
 use frink_gguf::GgufFile;
-use frink_models::{KvType, LayerState, Logits, Model, SeqState};
+use frink_models::{KvType, Logits, Model, SeqState};
 use frink_testdata::{fixture_input_ids, read_meta, rel_max_diff};
 
 /// The fixture's GGUF with `edit` applied to the f32 values of every tensor whose name
 /// ends with `suffix` (all the fixtures' tensors are F32; the shape is ne0 first).
 fn edited(dir: &Path, suffix: &str, edit: impl Fn(&mut [f32], &[u64])) -> Model {
+    Model::from_gguf(edited_file(dir, suffix, edit)).unwrap()
+}
+
+/// [`edited`]'s file, before loading.
+fn edited_file(dir: &Path, suffix: &str, edit: impl Fn(&mut [f32], &[u64])) -> GgufFile {
     let mut bytes = std::fs::read(dir.join("model.gguf")).unwrap();
     let f = GgufFile::from_bytes(bytes.clone()).unwrap();
     let mut hit = 0;
@@ -33,8 +39,8 @@ fn edited(dir: &Path, suffix: &str, edit: impl Fn(&mut [f32], &[u64])) -> Model 
             b.copy_from_slice(&x.to_le_bytes());
         }
     }
-    assert!(hit > 0, "no tensor ends with {suffix}");
-    Model::from_gguf(GgufFile::from_bytes(bytes).unwrap()).unwrap()
+    assert!(hit > 0 || suffix.is_empty(), "no tensor ends with {suffix}");
+    GgufFile::from_bytes(bytes).unwrap()
 }
 
 fn logits(model: &Model, ids: &[u32]) -> Vec<f32> {
@@ -51,14 +57,15 @@ fn only_current_tap(v: &mut [f32], shape: &[u64]) {
     }
 }
 
-/// The fixture's recorded change for the ablation whose name starts with `what`.
+/// The fixture's recorded change for the ablation named `what`, or else the one whose
+/// name starts with it.
 fn recorded(dir: &Path, what: &str) -> f32 {
     let meta = read_meta(dir);
-    meta["feature_ablations"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["feature_disabled"].as_str().unwrap().starts_with(what))
+    let all = meta["feature_ablations"].as_array().unwrap();
+    let name = |a: &serde_json::Value| a["feature_disabled"].as_str().unwrap().to_string();
+    all.iter()
+        .find(|a| name(a) == what)
+        .or_else(|| all.iter().find(|a| name(a).starts_with(what)))
         .unwrap_or_else(|| panic!("no ablation {what}"))["rel_change_of_logits"]
         .as_f64()
         .unwrap() as f32
@@ -69,12 +76,29 @@ fn recorded(dir: &Path, what: &str) -> f32 {
 /// 0.7073; a block that ignored the ablated weights would show 0, one that misread them
 /// a different value), so the bound is 2% of the recorded change.
 fn ablation(name: &str, what: &str, suffix: &str, edit: impl Fn(&mut [f32], &[u64])) {
+    ablation_of(name, what, |dir| edited(dir, suffix, &edit));
+}
+
+/// [`ablation`] of a metadata switch: `key` (after the architecture's prefix) set to
+/// `value`.
+fn metadata_ablation(name: &str, what: &str, keys: &[(&str, frink_gguf::MetaValue)]) {
+    ablation_of(name, what, |dir| {
+        let mut f = edited_file(dir, "", |_, _| {});
+        let arch = f.architecture().unwrap().to_string();
+        for (key, value) in keys {
+            f.set_metadata(&format!("{arch}.{key}"), value.clone());
+        }
+        Model::from_gguf(f).unwrap()
+    });
+}
+
+fn ablation_of(name: &str, what: &str, ablated: impl FnOnce(&Path) -> Model) {
     let Some(dir) = frink_testdata::require(&format!("fixtures/tiny/{name}"), name) else {
         return;
     };
     let ids = fixture_input_ids(&dir);
     let full = logits(&Model::load(dir.join("model.gguf")).unwrap(), &ids);
-    let ablated = logits(&edited(&dir, suffix, edit), &ids);
+    let ablated = logits(&ablated(&dir), &ids);
     let ours = rel_max_diff(&ablated, &full);
     let theirs = recorded(&dir, what);
     eprintln!("{name}: {what}: frink {ours:.4}, transformers {theirs:.4}");
@@ -123,13 +147,87 @@ fn lfm2_ablations_match_transformers() {
     });
 }
 
+#[test]
+fn falcon_h1_ablations_match_transformers() {
+    ablation(
+        "falcon_h1",
+        "attention branch",
+        ".attn_output.weight",
+        |v, _| v.fill(0.0),
+    );
+    ablation("falcon_h1", "Mamba-2 branch", ".ssm_out.weight", |v, _| {
+        v.fill(0.0)
+    });
+    ablation("falcon_h1", "D skip", ".ssm_d", |v, _| v.fill(0.0));
+    // The fixture's fourth ablation, the muP multipliers, has no GGUF switch: the
+    // converter folds them into the weights (fixtures README).
+}
+
+#[test]
+fn granitehybrid_ablations_match_transformers() {
+    let g = "granitemoehybrid";
+    ablation(g, "shared MLP", ".ffn_down_shexp.weight", |v, _| {
+        v.fill(0.0)
+    });
+    ablation(g, "routed experts", ".ffn_down_exps.weight", |v, _| {
+        v.fill(0.0)
+    });
+    ablation(g, "attention layer", ".attn_output.weight", |v, _| {
+        v.fill(0.0)
+    });
+    ablation(g, "Mamba-2 D skip", ".ssm_d", |v, _| v.fill(0.0));
+    use frink_gguf::MetaValue::F32;
+    metadata_ablation(
+        g,
+        "residual and embedding multipliers",
+        &[("residual_scale", F32(1.0)), ("embedding_scale", F32(1.0))],
+    );
+}
+
+#[test]
+fn qwen3next_ablations_match_transformers() {
+    let q = "qwen3_next";
+    ablation(q, "shared expert", ".ffn_down_shexp.weight", |v, _| {
+        v.fill(0.0)
+    });
+    // A zero gate weight: sigmoid(0) = 0.5 on the shared expert.
+    ablation(
+        q,
+        "shared expert sigmoid gate",
+        ".ffn_gate_inp_shexp.weight",
+        |v, _| v.fill(0.0),
+    );
+    ablation(
+        q,
+        "DeltaNet short-conv history",
+        ".ssm_conv1d.weight",
+        only_current_tap,
+    );
+    // A_log = -30: the file stores A = -exp(A_log), so g = 0 (no forgetting).
+    ablation(q, "DeltaNet decay", ".ssm_a", |v, _| {
+        v.fill(-(-30f32).exp())
+    });
+    metadata_ablation(
+        q,
+        "top-k renormalisation",
+        &[("expert_weights_norm", frink_gguf::MetaValue::Bool(false))],
+    );
+}
+
 /// A 512-token prompt evaluated in one batch gives exactly the logits of evaluating it
 /// token by token (measured max |Δ| = 0 on all three: the convolution and the scan run
 /// position by position in both, and every projection's row is computed alone), and the
 /// batch is faster: the figures are printed, not bounded (timings stay out of pass/fail).
 #[test]
 fn prefill_of_512_tokens_equals_decode() {
-    for name in ["mamba", "mamba2", "lfm2"] {
+    for name in [
+        "mamba",
+        "mamba2",
+        "lfm2",
+        "falcon_h1",
+        "granitemoehybrid",
+        "qwen3_next",
+    ] {
         let Some(dir) = frink_testdata::require(&format!("fixtures/tiny/{name}"), name) else {
             return;
         };
@@ -183,10 +281,8 @@ fn a_recurrent_state_is_never_cut() {
     assert_eq!(s.truncate(10), 0);
     // (Keys and values past n_past stay as they were: they are never read.)
     assert_eq!(s.n_past, 0);
-    for l in &s.layers {
-        if let LayerState::Recurrent(r) = l {
-            assert!(r.conv.iter().chain(&r.ssm).all(|&v| v == 0.0));
-        }
+    for r in s.layers.iter().filter_map(|l| l.recurrent.as_ref()) {
+        assert!(r.conv.iter().chain(&r.ssm).all(|&v| v == 0.0));
     }
     let again = model.forward(&mut s, &ids, Logits::All).unwrap();
     assert!(again == fresh);

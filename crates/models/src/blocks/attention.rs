@@ -64,6 +64,11 @@ impl AttentionWeights {
     ) -> Result<AttentionWeights> {
         let n = |s: &str| format!("blk.{il}.{s}");
         let qkv_rows = c.q_dim() + c.k_dim() + c.v_dim();
+        let q_rows = if ap.output_gate {
+            2 * c.q_dim()
+        } else {
+            c.q_dim()
+        };
         let (qkv, bqkv) = match ap.qkv {
             QkvLayout::Latent => {
                 let mla = c.mla.as_ref().expect("a latent plan has an MLA config");
@@ -78,7 +83,8 @@ impl AttentionWeights {
             ),
             QkvLayout::Separate => (
                 QkvWeights::Separate {
-                    wq: l.matrix(&n("attn_q.weight"), c.q_dim(), c.n_embd)?,
+                    // With an output gate each head's query is followed by its gate.
+                    wq: l.matrix(&n("attn_q.weight"), q_rows, c.n_embd)?,
                     wk: l.matrix(&n("attn_k.weight"), c.k_dim(), c.n_embd)?,
                     wv: l.matrix(&n("attn_v.weight"), c.v_dim(), c.n_embd)?,
                 },
@@ -86,6 +92,11 @@ impl AttentionWeights {
             ),
         };
         let separate = ap.qkv == QkvLayout::Separate;
+        if ap.output_gate && !separate {
+            return Err(crate::ModelError::Unsupported(format!(
+                "layer {il}: an attention output gate with fused or latent Q/K/V"
+            )));
+        }
         let mut bias = |name: &str, len: usize| {
             if separate {
                 l.vector_opt(&n(name), len)
@@ -138,6 +149,8 @@ pub(crate) struct AttnScratch {
     qkv: Vec<f32>,
     attn: Vec<f32>,
     attn_out: Vec<f32>,
+    /// The output gate's logits (`n × n_head · head_dim`), for a gated layer.
+    gate: Vec<f32>,
     /// One table of rotations per position and parameter set, shared by every head and
     /// every layer with the same parameters.
     rope_tables: Vec<(RopeParams, Vec<(f32, f32)>)>,
@@ -171,6 +184,7 @@ impl Model {
             qkv,
             attn,
             attn_out,
+            gate,
             rope_tables,
         } = s;
         q.resize(n * c.q_dim(), 0.0);
@@ -179,6 +193,35 @@ impl Model {
         attn.resize(n * c.n_head * c.head_dim_v, 0.0);
         // Qcur, Kcur, Vcur
         match &lw.qkv {
+            QkvWeights::Separate { wq, wk, wv } if ap.output_gate => {
+                // Per head: its query, then its gate (llama.cpp qwen3next.cpp's Q/gate
+                // split of attn_q).
+                qkv.resize(n * 2 * c.q_dim(), 0.0);
+                gate.resize(n * c.q_dim(), 0.0);
+                matmul_many(
+                    &mut [
+                        self.projection(wq, qkv),
+                        self.projection(wk, k),
+                        self.projection(wv, v),
+                    ],
+                    cur,
+                    n,
+                )?;
+                let hd = c.head_dim_k;
+                for ((qg, qr), gr) in qkv
+                    .chunks_exact(2 * hd)
+                    .zip(q.chunks_exact_mut(hd))
+                    .zip(gate.chunks_exact_mut(hd))
+                {
+                    qr.copy_from_slice(&qg[..hd]);
+                    gr.copy_from_slice(&qg[hd..]);
+                }
+                for (t, b) in [(&mut *k, &lw.bk), (&mut *v, &lw.bv)] {
+                    if let Some(b) = b {
+                        add_bias(t, b);
+                    }
+                }
+            }
             QkvWeights::Separate { wq, wk, wv } => {
                 matmul_many(
                     &mut [
@@ -285,6 +328,11 @@ impl Model {
             lw.attn_sinks.as_deref(),
             attn,
         );
+        if ap.output_gate {
+            attn.iter_mut()
+                .zip(gate.iter())
+                .for_each(|(a, &g)| *a *= 1.0 / (1.0 + (-g).exp()));
+        }
         if let QkvWeights::Mla(mla) = &lw.qkv {
             self.mla_output(mla, attn, n, attn_out)?;
             matmul(&lw.wo, self.data(&lw.wo), attn_out, n, out)?;

@@ -7,7 +7,8 @@
 //! reads group `h / (n_head / n_group)`); `Δ = softplus(Δ + dt_bias)` per head; then per
 //! head, position by position: `s = exp(Δ · A) · s + Δ · x ⊗ B` (`head_dim × d_state`),
 //! `y = s · C + D · x`; `y = rmsnorm_groups(y · silu(z)) · ssm_norm` over groups of
-//! `d_inner / n_group`; `out = ssm_out · y`. The recurrence has no chunk boundaries, so a
+//! `d_inner / n_group` (just `y · silu(z)` without `ssm_norm`: falcon-h1); `out = ssm_out ·
+//! y`. The recurrence has no chunk boundaries, so a
 //! prefix always yields the same state.
 
 use crate::blocks::{causal_conv, columns, scan_units, softplus, Rows};
@@ -30,13 +31,19 @@ pub struct Mamba2Weights {
     pub dt_b: Vec<f32>,
     pub a: Vec<f32>,
     pub d: Vec<f32>,
-    /// `ssm_norm`: the gated RMSNorm's weight, `d_inner` (groups of `d_inner / n_group`).
-    pub norm: Vec<f32>,
+    /// `ssm_norm`: the gated RMSNorm's weight, `d_inner` (groups of `d_inner / n_group`);
+    /// without it the output is `y · silu(z)` alone (falcon-h1).
+    pub norm: Option<Vec<f32>>,
     pub ssm_out: Matrix,
 }
 
 impl Mamba2Weights {
-    pub(crate) fn load(l: &mut Loader<'_>, il: usize, c: &ModelConfig) -> Result<Mamba2Weights> {
+    pub(crate) fn load(
+        l: &mut Loader<'_>,
+        il: usize,
+        c: &ModelConfig,
+        gated_norm: bool,
+    ) -> Result<Mamba2Weights> {
         let s = c.ssm.as_ref().expect("a Mamba-2 plan has an SSM config");
         let n = |t: &str| format!("blk.{il}.{t}");
         let (di, nh, ng) = (s.d_inner, s.dt_rank, s.n_group);
@@ -48,7 +55,10 @@ impl Mamba2Weights {
             dt_b: l.vector(&n("ssm_dt.bias"), nh)?,
             a: l.stacked(&n("ssm_a"), 1, nh)?,
             d: l.stacked(&n("ssm_d"), 1, nh)?,
-            norm: l.stacked(&n("ssm_norm.weight"), di / ng, ng)?,
+            norm: match gated_norm {
+                true => Some(l.stacked(&n("ssm_norm.weight"), di / ng, ng)?),
+                false => None,
+            },
             ssm_out: l.matrix(&n("ssm_out.weight"), c.n_embd, di)?,
         })
     }
@@ -127,8 +137,10 @@ impl Model {
         for (r, yr) in y.chunks_exact_mut(di).enumerate() {
             let z = &zxbcdt[r * width..r * width + di];
             yr.iter_mut().zip(z).for_each(|(v, &z)| *v *= silu(z));
-            for (yg, wg) in yr.chunks_exact_mut(gs).zip(w.norm.chunks_exact(gs)) {
-                rms_norm(yg, wg, self.config.norm_eps);
+            if let Some(norm) = &w.norm {
+                for (yg, wg) in yr.chunks_exact_mut(gs).zip(norm.chunks_exact(gs)) {
+                    rms_norm(yg, wg, self.config.norm_eps);
+                }
             }
         }
         matmul(&w.ssm_out, self.data(&w.ssm_out), &y, n, out)?;

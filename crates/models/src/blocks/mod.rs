@@ -5,6 +5,7 @@
 //! forward pass ([`crate::Model::forward_batch`]) is a loop over it.
 
 pub mod attention;
+pub mod delta_net;
 pub mod ffn;
 pub mod mamba;
 pub mod mamba2;
@@ -24,6 +25,9 @@ pub enum MixerWeights {
     Mamba(Box<mamba::MambaWeights>),
     Mamba2(Box<mamba2::Mamba2Weights>),
     ShortConv(Box<short_conv::ShortConvWeights>),
+    GatedDeltaNet(Box<delta_net::DeltaNetWeights>),
+    /// Two mixers on the same input (falcon-h1: attention, then Mamba-2).
+    Parallel(Box<MixerWeights>, Box<MixerWeights>),
 }
 
 impl MixerWeights {
@@ -34,6 +38,12 @@ impl MixerWeights {
             MixerWeights::Mamba(m) => vec![&m.ssm_in, &m.ssm_x, &m.ssm_dt, &m.ssm_out],
             MixerWeights::Mamba2(m) => vec![&m.ssm_in, &m.ssm_out],
             MixerWeights::ShortConv(s) => vec![&s.in_proj, &s.out_proj],
+            MixerWeights::GatedDeltaNet(d) => vec![&d.qkv, &d.gate, &d.ba, &d.ssm_out],
+            MixerWeights::Parallel(a, b) => {
+                let mut m = a.matrices();
+                m.extend(b.matrices());
+                m
+            }
         }
     }
 }
@@ -69,22 +79,29 @@ impl Rows<'_> {
 
 /// Values of a recurrent mixer's state (convolution window, scan state) in f32, for the
 /// model of `c`: Mamba-1 `(d_conv - 1) · d_inner` and `d_inner · d_state`; Mamba-2 the
-/// window over `x | B | C` and `d_inner · d_state`; LFM2's short convolution
+/// window over `x | B | C` and `d_inner · d_state`; DeltaNet the window over `q | k | v`
+/// and a `d_state × d_state` matrix per value head; LFM2's short convolution
 /// `(taps - 1) · n_embd` and none.
 pub(crate) fn recurrent_sizes(c: &ModelConfig, m: &Mixer) -> (usize, usize) {
-    match (m, &c.ssm) {
-        (Mixer::Mamba | Mixer::Mamba2, Some(s)) => {
-            let kind = match m {
-                Mixer::Mamba2 => crate::arch::MixerKind::Mamba2,
-                _ => crate::arch::MixerKind::Mamba,
-            };
-            (
-                (s.d_conv - 1) * s.conv_channels(kind),
-                s.d_inner * s.d_state,
-            )
+    use crate::arch::Recurrent;
+    let ssm = |kind: Recurrent| {
+        let s = c.ssm.as_ref().expect("a scan has an SSM config");
+        (
+            (s.d_conv - 1) * s.conv_channels(kind),
+            s.d_inner * s.d_state,
+        )
+    };
+    match m {
+        Mixer::Mamba => ssm(Recurrent::Mamba),
+        Mixer::Mamba2 { .. } => ssm(Recurrent::Mamba2),
+        // Per value head a d_state × d_state matrix (d_inner = value heads · d_state).
+        Mixer::GatedDeltaNet => ssm(Recurrent::GatedDeltaNet),
+        Mixer::ShortConv => ((c.short_conv_taps - 1) * c.n_embd, 0),
+        Mixer::Parallel(a, b) => {
+            let (a, b) = (recurrent_sizes(c, a), recurrent_sizes(c, b));
+            (a.0 + b.0, a.1 + b.1)
         }
-        (Mixer::ShortConv, _) => ((c.short_conv_taps - 1) * c.n_embd, 0),
-        _ => (0, 0),
+        Mixer::Attention(_) => (0, 0),
     }
 }
 
