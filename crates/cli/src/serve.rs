@@ -39,6 +39,22 @@ pub struct ServeArgs {
     /// `pooling_type`, else mean).
     #[arg(long, value_parser = crate::embed::parse_pooling)]
     pub pooling: Option<frink_models::Pooling>,
+    /// Models with recurrent layers (Mamba, LFM2, hybrids): checkpoints of each slot's
+    /// state kept for prefix reuse (llama-server's flag; 0: a slot's state is reused only
+    /// whole).
+    #[arg(
+        long = "ctx-checkpoints",
+        env = "FRINK_CTX_CHECKPOINTS",
+        default_value_t = 8
+    )]
+    pub ctx_checkpoints: usize,
+    /// Positions between a prompt's periodic checkpoints (besides those around its last
+    /// token).
+    #[arg(long = "checkpoint-interval", default_value_t = 256)]
+    pub checkpoint_interval: usize,
+    /// Bytes all checkpoints may hold together (K, M or G suffix); the oldest go first.
+    #[arg(long = "checkpoint-budget", value_parser = crate::common::parse_bytes, default_value = "1G")]
+    pub checkpoint_budget: usize,
 }
 
 /// Resolves the model (fetching a catalog model on first use) and serves until SIGINT or
@@ -46,6 +62,10 @@ pub struct ServeArgs {
 pub fn run(args: &ServeArgs) -> Result<()> {
     anyhow::ensure!(args.parallel >= 1, "--parallel must be at least 1");
     anyhow::ensure!(args.ctx >= 2, "--ctx must be at least 2");
+    anyhow::ensure!(
+        args.checkpoint_interval >= 1,
+        "--checkpoint-interval must be at least 1"
+    );
     let path = args.model.path()?;
     let (chat_template, chat_template_kwargs) = args.template.resolve()?;
     let model = args.model.clone();
@@ -64,6 +84,9 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             split_reasoning: args.reasoning_format == "auto",
             pooling: args.pooling,
             model_path: path.clone(),
+            ctx_checkpoints: args.ctx_checkpoints,
+            checkpoint_interval: args.checkpoint_interval,
+            checkpoint_budget: args.checkpoint_budget,
         },
         // The same loading as every other command (thread pool, model options).
         Box::new(move || model.load_path(&path)),

@@ -1731,3 +1731,54 @@ fn recurrent_models_serve_concurrent_requests_as_alone() {
         );
     }
 }
+
+/// Checkpoints of recurrent states: a three-turn exchange (turn 1; turn 1 with its last
+/// part edited; turn 1 again) on each recurrent fixture gives every turn the tokens of a
+/// cold server, reusing a checkpoint where one applies (`cached_tokens` > 0) and never
+/// past the point where the prompts diverge.
+#[test]
+fn checkpoints_reuse_recurrent_prefixes_without_changing_answers() {
+    let _l = lock();
+    for name in RECURRENT_FIXTURES {
+        let Some(dir) = frink_testdata::require(&format!("fixtures/tiny/{name}"), name) else {
+            return;
+        };
+        let path = dir.join("model.gguf");
+        let m = path.to_str().unwrap();
+        let warm = Server::start(&["-m", m, "--parallel", "1", "--checkpoint-interval", "8"]);
+        let cold = Server::start(&["-m", m, "--parallel", "1", "--ctx-checkpoints", "0"]);
+        let turn1: Vec<u32> = (0..40).map(|i| 3 + (i * 37) % 300).collect();
+        // The last part edited: the prompts agree on their first 30 tokens.
+        let diverge = 30;
+        let mut turn2 = turn1[..diverge].to_vec();
+        turn2.extend((0..10).map(|i| 5 + (i * 11) % 290));
+        for (turn, prompt) in [(1, &turn1), (2, &turn2), (3, &turn1)] {
+            let body = json!({"prompt": prompt, "temperature": 0.8, "seed": 42, "max_tokens": 16});
+            let got = warm.post_ok("/v1/completions", &body);
+            // The cold server's slot holds an unrelated prompt first: nothing to reuse.
+            cold.post_ok(
+                "/v1/completions",
+                &json!({"prompt": [300, 301], "max_tokens": 1}),
+            );
+            let want = cold.post_ok("/v1/completions", &body);
+            assert_eq!(want["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+            let cached = got["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap() as usize;
+            eprintln!("{name}: turn {turn} reused {cached} tokens");
+            match turn {
+                1 => assert_eq!(cached, 0),
+                _ => assert!(
+                    cached > 0 && cached <= diverge,
+                    "{name} turn {turn}: {cached} cached tokens (divergence at {diverge})"
+                ),
+            }
+            assert_eq!(
+                got["choices"][0]["text"], want["choices"][0]["text"],
+                "{name} turn {turn}"
+            );
+        }
+        assert!(warm.metric("frink_checkpoints_restored_total") >= 2.0);
+        assert!(warm.metric("frink_checkpoint_bytes") > 0.0);
+    }
+}

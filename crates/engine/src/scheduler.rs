@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use frink_models::{KvType, Logits, Model, SeqState, Sequence};
+use frink_models::{Checkpoint, KvType, Logits, Model, SeqState, Sequence};
 use frink_tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::generate::{FinishReason, StopMatcher};
@@ -54,11 +54,26 @@ pub struct SchedulerConfig {
     /// The same limit when no sequence is decoding (nobody waits; larger chunks use the
     /// matrix kernels better).
     pub prefill_chunk_alone: usize,
+    /// Recurrent models: checkpoints of a slot's recurrent state kept per slot
+    /// (`--ctx-checkpoints`, as llama-server's; 0: none, a slot's state is reused only
+    /// whole). Taken during prefill at every multiple of
+    /// [`SchedulerConfig::checkpoint_interval`] and before and after each prompt's last
+    /// token; a new request whose prompt shares a slot's tokens up to a checkpoint
+    /// continues from it. The oldest goes first.
+    pub ctx_checkpoints: usize,
+    /// Positions between the periodic checkpoints (`--checkpoint-interval`; prefill chunks
+    /// end at its multiples, so a prefix's checkpoint does not depend on how its prompt
+    /// was chunked).
+    pub checkpoint_interval: usize,
+    /// Bytes all slots' checkpoints may hold together (`--checkpoint-budget`); the oldest
+    /// go first beyond it.
+    pub checkpoint_budget: usize,
 }
 
 impl Default for SchedulerConfig {
     /// 4 slots of 4096 positions, a queue of 64, f16 caches, prefill chunks of 256 rows
-    /// beside decoding sequences and 512 ([`crate::DEFAULT_BATCH`]) otherwise.
+    /// beside decoding sequences and 512 ([`crate::DEFAULT_BATCH`]) otherwise; for
+    /// recurrent models 8 checkpoints per slot, every 256 positions, 1 GiB in all.
     fn default() -> Self {
         SchedulerConfig {
             parallel: 4,
@@ -67,6 +82,9 @@ impl Default for SchedulerConfig {
             kv_type: KvType::F16,
             prefill_chunk: 256,
             prefill_chunk_alone: crate::DEFAULT_BATCH,
+            ctx_checkpoints: 8,
+            checkpoint_interval: 256,
+            checkpoint_budget: 1 << 30,
         }
     }
 }
@@ -232,6 +250,11 @@ pub struct MetricsSnapshot {
     pub prompt_tokens: u64,
     /// Of those, tokens reused from a slot's cache.
     pub prompt_tokens_cached: u64,
+    /// Requests that continued from a checkpoint of a recurrent state.
+    pub checkpoints_restored: u64,
+    /// Checkpoints held, and their bytes.
+    pub checkpoints: usize,
+    pub checkpoint_bytes: usize,
     /// Requests waiting in the queue.
     pub queue_depth: usize,
     /// Slots running a request.
@@ -267,6 +290,9 @@ struct Shared {
     tokens_generated: AtomicU64,
     prompt_tokens: AtomicU64,
     prompt_tokens_cached: AtomicU64,
+    checkpoints_restored: AtomicU64,
+    checkpoints: AtomicUsize,
+    checkpoint_bytes: AtomicUsize,
     queued: AtomicUsize,
     slots_busy: AtomicUsize,
     kv_used: AtomicUsize,
@@ -298,6 +324,7 @@ impl Scheduler {
         config.queue = config.queue.max(1);
         config.prefill_chunk = config.prefill_chunk.max(1);
         config.prefill_chunk_alone = config.prefill_chunk_alone.max(1);
+        config.checkpoint_interval = config.checkpoint_interval.max(1);
         let (tx, rx) = mpsc::sync_channel(config.queue);
         let shared = Arc::new(Shared::default());
         let thread = {
@@ -374,6 +401,9 @@ impl Scheduler {
             tokens_generated: s.tokens_generated.load(Ordering::Relaxed),
             prompt_tokens: s.prompt_tokens.load(Ordering::Relaxed),
             prompt_tokens_cached: s.prompt_tokens_cached.load(Ordering::Relaxed),
+            checkpoints_restored: s.checkpoints_restored.load(Ordering::Relaxed),
+            checkpoints: s.checkpoints.load(Ordering::Relaxed),
+            checkpoint_bytes: s.checkpoint_bytes.load(Ordering::Relaxed),
             queue_depth: s.queued.load(Ordering::SeqCst),
             slots_busy: s.slots_busy.load(Ordering::SeqCst),
             slots_total: self.config.parallel,
@@ -420,11 +450,29 @@ struct Job<'t> {
     last_token: Instant,
 }
 
-/// A sequence slot: its cache and the ids the cache holds (`tokens.len() == cache.n_past`).
+/// A sequence slot: its cache and the ids the cache holds (`tokens.len() == cache.n_past`),
+/// and for a recurrent model checkpoints of its state at positions up to there (each
+/// valid for `tokens[..n_past]`, which stay unchanged while it is kept).
 struct Slot<'t> {
     cache: SeqState,
     tokens: Vec<u32>,
     job: Option<Job<'t>>,
+    /// (creation order, checkpoint), oldest first.
+    checkpoints: Vec<(u64, Checkpoint)>,
+}
+
+impl Slot<'_> {
+    /// The longest prefix of at most `n` positions this slot can continue from: its
+    /// state cut back ([`SeqState::reusable`]) or one of its checkpoints (its index).
+    fn reusable(&self, n: usize) -> (usize, Option<usize>) {
+        let whole = self.cache.reusable(n);
+        self.checkpoints
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, c))| c.n_past <= n && c.n_past > whole)
+            .max_by_key(|(_, (_, c))| c.n_past)
+            .map_or((whole, None), |(i, (_, c))| (c.n_past, Some(i)))
+    }
 }
 
 struct Worker<'t> {
@@ -435,6 +483,8 @@ struct Worker<'t> {
     slots: Vec<Slot<'t>>,
     /// Requests waiting for their group's prompt to be evaluated.
     deferred: Vec<Request>,
+    /// Checkpoints taken so far (their creation order).
+    checkpoints_taken: u64,
     /// Whether the machine has a core the compute pool leaves free, where grammar masks
     /// are computed beside the forward pass (see `step`).
     spare_core: bool,
@@ -452,6 +502,7 @@ impl<'t> Worker<'t> {
                 cache: SeqState::new(&model.config, config.n_ctx, config.kv_type),
                 tokens: Vec::new(),
                 job: None,
+                checkpoints: Vec::new(),
             })
             .collect();
         Worker {
@@ -461,6 +512,7 @@ impl<'t> Worker<'t> {
             shared,
             slots,
             deferred: Vec::new(),
+            checkpoints_taken: 0,
             spare_core: std::thread::available_parallelism()
                 .is_ok_and(|n| n.get() > frink_models::pool::threads()),
         }
@@ -468,6 +520,64 @@ impl<'t> Worker<'t> {
 
     fn busy(&self) -> usize {
         self.slots.iter().filter(|s| s.job.is_some()).count()
+    }
+
+    /// Whether slots take checkpoints: a model with recurrent layers, checkpoints on.
+    fn checkpointing(&self) -> bool {
+        self.config.ctx_checkpoints > 0 && self.model.config.plan.is_recurrent()
+    }
+
+    /// Saves slot `i`'s state as a checkpoint at its current position (once per
+    /// position), then drops the oldest beyond the per-slot count and the byte budget.
+    fn save_checkpoint(&mut self, i: usize) {
+        let slot = &mut self.slots[i];
+        let at = slot.cache.n_past;
+        if slot.checkpoints.iter().any(|(_, c)| c.n_past == at) {
+            return;
+        }
+        self.checkpoints_taken += 1;
+        slot.checkpoints
+            .push((self.checkpoints_taken, slot.cache.checkpoint()));
+        if slot.checkpoints.len() > self.config.ctx_checkpoints {
+            slot.checkpoints.remove(0);
+        }
+        loop {
+            let bytes: usize = self
+                .slots
+                .iter()
+                .flat_map(|s| &s.checkpoints)
+                .map(|(_, c)| c.bytes())
+                .sum();
+            if bytes <= self.config.checkpoint_budget {
+                break;
+            }
+            // The oldest of all.
+            let Some((si, ci)) = self
+                .slots
+                .iter()
+                .enumerate()
+                .flat_map(|(si, s)| {
+                    s.checkpoints
+                        .iter()
+                        .enumerate()
+                        .map(move |(ci, c)| (c.0, si, ci))
+                })
+                .min()
+                .map(|(_, si, ci)| (si, ci))
+            else {
+                break;
+            };
+            self.slots[si].checkpoints.remove(ci);
+        }
+        self.publish_checkpoints();
+    }
+
+    /// Updates the checkpoint gauges.
+    fn publish_checkpoints(&self) {
+        let all = self.slots.iter().flat_map(|s| &s.checkpoints);
+        let (n, bytes) = all.fold((0, 0), |(n, b), (_, c)| (n + 1, b + c.bytes()));
+        self.shared.checkpoints.store(n, Ordering::Relaxed);
+        self.shared.checkpoint_bytes.store(bytes, Ordering::Relaxed);
     }
 
     /// Updates the busy-slot gauge and the KV positions running requests hold.
@@ -612,20 +722,23 @@ impl<'t> Worker<'t> {
         let keep = if pooler.is_some() { 0 } else { n - 1 };
         // Longest shared prefix among the free slots, keeping at least one prompt token to
         // evaluate (its logits give the first token); ties go to the slot holding the least.
-        let (best, prefix) = self
+        // A recurrent model's slot offers its whole state or a checkpoint.
+        let (best, (prefix, checkpoint)) = self
             .slots
             .iter()
             .enumerate()
             .filter(|(_, s)| s.job.is_none())
             .map(|(i, s)| {
-                (
-                    i,
-                    s.cache
-                        .reusable(common_prefix(&s.tokens, &req.prompt).min(keep)),
-                    s.tokens.len(),
-                )
+                let common = common_prefix(&s.tokens, &req.prompt).min(keep);
+                (i, s.reusable(common), s.tokens.len())
             })
-            .max_by(|a, b| a.1.cmp(&b.1).then(b.2.cmp(&a.2)).then(b.0.cmp(&a.0)))
+            .max_by(|a, b| {
+                (a.1)
+                    .0
+                    .cmp(&(b.1).0)
+                    .then(b.2.cmp(&a.2))
+                    .then(b.0.cmp(&a.0))
+            })
             .map(|(i, p, _)| (i, p))
             .expect("admit is called with a free slot");
         let mut sampler = Sampler::new(req.sampling.clone()).with_constraint(req.constraint.take());
@@ -633,18 +746,22 @@ impl<'t> Worker<'t> {
             sampler.accept(t);
         }
         // A longer prefix in another slot (busy or free: a shared system prompt, the
-        // same conversation): its keys and values are copied instead of recomputed.
-        let (donor, shared) = self
+        // same conversation): its keys and values (and checkpoint) are copied instead of
+        // recomputed.
+        let (donor, (shared, donor_checkpoint)) = self
             .slots
             .iter()
             .enumerate()
             .filter(|&(i, _)| i != best)
             .map(|(i, s)| {
-                let common = common_prefix(&s.tokens, &req.prompt).min(keep);
-                (i, s.cache.reusable(common))
+                (
+                    i,
+                    s.reusable(common_prefix(&s.tokens, &req.prompt).min(keep)),
+                )
             })
-            .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
-            .unwrap_or((best, 0));
+            .max_by(|a, b| (a.1).0.cmp(&(b.1).0).then(b.0.cmp(&a.0)))
+            .unwrap_or((best, (0, None)));
+        let restored;
         let prefix = if shared > prefix {
             let (dst, src) = if donor < best {
                 let (a, b) = self.slots.split_at_mut(best);
@@ -653,11 +770,24 @@ impl<'t> Worker<'t> {
                 let (a, b) = self.slots.split_at_mut(donor);
                 (&mut a[best], &b[0])
             };
-            dst.cache.copy_prefix(&src.cache, shared);
+            match donor_checkpoint {
+                Some(c) => dst.cache.copy_prefix_at(&src.cache, &src.checkpoints[c].1),
+                None => dst.cache.copy_prefix(&src.cache, shared),
+            }
             dst.tokens.clear();
             dst.tokens.extend_from_slice(&src.tokens[..shared]);
+            // Its own checkpoints saw other tokens.
+            dst.checkpoints.clear();
+            restored = donor_checkpoint.is_some();
             shared
         } else {
+            let Slot {
+                cache, checkpoints, ..
+            } = &mut self.slots[best];
+            if let Some(c) = checkpoint {
+                cache.restore(&checkpoints[c].1);
+            }
+            restored = checkpoint.is_some();
             prefix
         };
         self.shared
@@ -666,9 +796,16 @@ impl<'t> Worker<'t> {
         self.shared
             .prompt_tokens_cached
             .fetch_add(prefix as u64, Ordering::Relaxed);
+        if restored {
+            self.shared
+                .checkpoints_restored
+                .fetch_add(1, Ordering::Relaxed);
+        }
         let slot = &mut self.slots[best];
         let prefix = slot.cache.truncate(prefix);
         slot.tokens.truncate(prefix);
+        // Checkpoints past the prefix saw tokens the new prompt replaces.
+        slot.checkpoints.retain(|(_, c)| c.n_past <= prefix);
         let now = Instant::now();
         let decoder = self.tok.stream_decoder(false).showing(&req.shown_tokens);
         slot.job = Some(Job {
@@ -687,6 +824,7 @@ impl<'t> Worker<'t> {
             last_token: now,
         });
         self.publish_busy();
+        self.publish_checkpoints();
     }
 
     /// Frees the slots of requests whose client has gone (or all, at shutdown).
@@ -727,13 +865,24 @@ impl<'t> Worker<'t> {
         } else {
             self.config.prefill_chunk_alone
         };
+        let checkpointing = self.checkpointing();
         for (i, slot) in self.slots.iter().enumerate() {
             let Some(job) = &slot.job else { continue };
             if job.next.is_some() || budget == 0 {
                 continue;
             }
             let rest = &job.req.prompt[job.fed..];
-            let take = rest.len().min(budget);
+            let mut take = rest.len().min(budget);
+            if checkpointing && job.pooler.is_none() {
+                // End at the next checkpoint: a multiple of the interval, or the position
+                // before the prompt's last token.
+                let (pos, n) = (job.fed, job.req.prompt.len());
+                let t = self.config.checkpoint_interval;
+                take = take.min((pos / t + 1) * t - pos);
+                if pos + 1 < n {
+                    take = take.min(n - 1 - pos);
+                }
+            }
             budget -= take;
             n_prefill += take;
             let want = if job.pooler.is_some() {
@@ -825,6 +974,17 @@ impl<'t> Worker<'t> {
             };
             if job.next.is_none() {
                 job.fed += toks.len();
+                // Checkpoints at the interval's multiples and around the prompt's last
+                // token.
+                let (n, t) = (job.req.prompt.len(), self.config.checkpoint_interval);
+                if checkpointing
+                    && job.pooler.is_none()
+                    && (n_past.is_multiple_of(t) || n_past + 1 == n || n_past == n)
+                {
+                    self.slots[i].job = Some(job);
+                    self.save_checkpoint(i);
+                    job = self.slots[i].job.take().expect("just put back");
+                }
             }
             if let Some(p) = job.pooler.as_mut() {
                 p.push(&logits);

@@ -30,6 +30,7 @@ fn start(path: &std::path::Path, parallel: usize, chunk: usize) -> Scheduler {
             kv_type: KvType::F16,
             prefill_chunk: chunk,
             prefill_chunk_alone: chunk,
+            ..SchedulerConfig::default()
         },
     )
 }
@@ -239,4 +240,49 @@ fn constrained_requests_are_batch_invariant() {
     for o in &others {
         done(o);
     }
+}
+
+/// Checkpoints of a recurrent model's slots: at most `ctx_checkpoints` per slot, within
+/// the byte budget (the oldest go first), each at a multiple of the interval or around a
+/// prompt's last token; the answers equal a scheduler's without them.
+#[test]
+fn checkpoints_keep_to_their_count_and_budget() {
+    let Some(dir) = frink_testdata::require("fixtures/tiny/lfm2", "checkpoint limits") else {
+        return;
+    };
+    let path = dir.join("model.gguf");
+    let run = |ctx_checkpoints: usize, budget: usize| {
+        let model = Model::load(&path).unwrap();
+        let tok = Arc::new(Tokenizer::from_gguf(&model.file).unwrap());
+        let sched = Scheduler::start(
+            model,
+            tok,
+            SchedulerConfig {
+                parallel: 1,
+                n_ctx: 64,
+                queue: 4,
+                ctx_checkpoints,
+                checkpoint_interval: 4,
+                checkpoint_budget: budget,
+                ..SchedulerConfig::default()
+            },
+        );
+        let prompt: Vec<u32> = (0..30).map(|i| 3 + i * 7).collect();
+        let (req, rx) = request(&prompt, 9, 6);
+        sched.submit(req).unwrap();
+        let ids = done(&rx).ids;
+        (ids, sched.metrics())
+    };
+    let (base, m0) = run(0, 1 << 30);
+    assert_eq!((m0.checkpoints, m0.checkpoint_bytes), (0, 0));
+    // 30 positions at interval 4: 4, 8, …, 28, then 29 and 30: 9 checkpoints, 3 kept.
+    let (ids, m) = run(3, 1 << 30);
+    assert_eq!(ids, base);
+    assert_eq!(m.checkpoints, 3);
+    let one = m.checkpoint_bytes / 3;
+    assert!(one > 0);
+    // A budget of two checkpoints' bytes keeps two.
+    let (ids, m) = run(8, 2 * one);
+    assert_eq!(ids, base);
+    assert_eq!((m.checkpoints, m.checkpoint_bytes), (2, 2 * one));
 }

@@ -30,4 +30,4 @@ pub use error::{ModelError, Result};
 pub use forward::{Logits, Sequence};
 pub use kv::KvType;
 pub use model::{Experts, LayerWeights, Model, MoeStats, NormWeights, Weights};
-pub use state::{LayerState, RecurrentLayer, SeqState};
+pub use state::{Checkpoint, LayerState, RecurrentLayer, SeqState};

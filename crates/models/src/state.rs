@@ -31,6 +31,28 @@ pub struct LayerState {
     pub recurrent: Option<RecurrentLayer>,
 }
 
+/// A sequence's recurrent state saved after its first `n_past` positions
+/// ([`SeqState::checkpoint`]): what, with the KV cache of those positions, lets the
+/// sequence continue from there ([`SeqState::restore`]). Holds no keys or values.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Checkpoint {
+    /// The positions the saved state has seen.
+    pub n_past: usize,
+    /// Per layer, its recurrent state (`None` for an attention layer).
+    layers: Vec<Option<RecurrentLayer>>,
+}
+
+impl Checkpoint {
+    /// Bytes it holds.
+    pub fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .flatten()
+            .map(|r| (r.conv.len() + r.ssm.len()) * 4)
+            .sum()
+    }
+}
+
 /// The state of one sequence, sized for `n_ctx` positions.
 ///
 /// Memory: per attention layer `n_ctx · (k_dim + v_dim)` elements of 2 (f16) or 4 (f32)
@@ -182,6 +204,56 @@ impl SeqState {
             }
         }
         self.n_past = n;
+    }
+
+    /// Its recurrent state now, to continue from position `n_past` later.
+    pub fn checkpoint(&self) -> Checkpoint {
+        Checkpoint {
+            n_past: self.n_past,
+            layers: self.layers.iter().map(|l| l.recurrent.clone()).collect(),
+        }
+    }
+
+    /// Continues from `cp`: its recurrent state, `n_past = cp.n_past`, and the keys and
+    /// values this state holds for positions `0..cp.n_past`. Equal to having evaluated
+    /// those positions here, provided this state's first `cp.n_past` positions are the
+    /// tokens `cp` saw (the caller's bookkeeping: the scheduler keeps a slot's checkpoints
+    /// only while its tokens up to them are unchanged).
+    ///
+    /// Panics if `cp` is of another model's layers or passes what this state holds.
+    pub fn restore(&mut self, cp: &Checkpoint) {
+        assert!(
+            cp.layers.len() == self.layers.len() && cp.n_past <= self.n_past,
+            "restore: a checkpoint of other layers"
+        );
+        for (l, saved) in self.layers.iter_mut().zip(&cp.layers) {
+            match (&mut l.recurrent, saved) {
+                (Some(r), Some(s)) => r.clone_from(s),
+                (None, None) => {}
+                _ => panic!("restore: a checkpoint of other layers"),
+            }
+        }
+        self.n_past = cp.n_past;
+    }
+
+    /// Makes this state hold `src`'s first `cp.n_past` positions continued from `cp` (a
+    /// checkpoint of `src`'s): their keys and values copied from `src`, the recurrent
+    /// state from `cp`.
+    ///
+    /// Panics as [`SeqState::copy_prefix`] and [`SeqState::restore`] do.
+    pub fn copy_prefix_at(&mut self, src: &SeqState, cp: &Checkpoint) {
+        assert!(
+            cp.n_past <= src.n_past,
+            "copy_prefix_at: {} positions",
+            cp.n_past
+        );
+        for (d, s) in self.layers.iter_mut().zip(&src.layers) {
+            if let (Some(d), Some(s)) = (&mut d.kv, &s.kv) {
+                d.k.copy_from(&s.k, cp.n_past * self.k_dim);
+                d.v.copy_from(&s.v, cp.n_past * self.v_dim);
+            }
+        }
+        self.restore(cp);
     }
 
     /// Bytes held by the state.

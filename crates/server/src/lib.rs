@@ -79,6 +79,11 @@ pub struct ServeConfig {
     pub pooling: Option<frink_models::Pooling>,
     /// The model file (what Ollama's `/api/show` and `/api/tags` describe).
     pub model_path: std::path::PathBuf,
+    /// Recurrent models: checkpoints per slot, positions between them, bytes in all
+    /// ([`frink_engine::scheduler::SchedulerConfig::ctx_checkpoints`]).
+    pub ctx_checkpoints: usize,
+    pub checkpoint_interval: usize,
+    pub checkpoint_budget: usize,
 }
 
 /// How long in-flight requests may run on after SIGINT/SIGTERM before they are cancelled.
@@ -291,6 +296,9 @@ fn start_engine(config: &ServeConfig, load: Loader) -> Result<Engine> {
             n_ctx: config.ctx,
             queue: config.queue,
             kv_type: config.kv_type,
+            ctx_checkpoints: config.ctx_checkpoints,
+            checkpoint_interval: config.checkpoint_interval,
+            checkpoint_budget: config.checkpoint_budget,
             ..SchedulerConfig::default()
         },
     );
@@ -482,6 +490,24 @@ async fn metrics(State(st): St, headers: HeaderMap) -> Response {
         "Prompt tokens reused from a slot's cache instead of evaluated.",
         "counter",
         m.prompt_tokens_cached as f64,
+    );
+    counter(
+        "frink_checkpoints_restored_total",
+        "Requests that continued from a checkpoint of a recurrent state.",
+        "counter",
+        m.checkpoints_restored as f64,
+    );
+    counter(
+        "frink_checkpoints",
+        "Checkpoints of recurrent states held.",
+        "gauge",
+        m.checkpoints as f64,
+    );
+    counter(
+        "frink_checkpoint_bytes",
+        "Bytes the checkpoints of recurrent states hold.",
+        "gauge",
+        m.checkpoint_bytes as f64,
     );
     counter(
         "frink_requests_active",
