@@ -1651,24 +1651,14 @@ fn vllm_metrics_report_running_requests_and_kv_use() {
     );
 }
 
-/// The fixtures with recurrent layers: state-space, convolution and hybrid.
-const RECURRENT_FIXTURES: [&str; 6] = [
-    "mamba",
-    "mamba2",
-    "lfm2",
-    "falcon_h1",
-    "granitemoehybrid",
-    "qwen3_next",
-];
-
-/// The recurrent families through the server (the [`RECURRENT_FIXTURES`]): 8
+/// The recurrent families through the server (`frink_testdata::RECURRENT_FIXTURES`): 8
 /// concurrent sampled requests of 160 to 300 tokens, started 3 ms apart so that some
 /// prefill beside others' decoding, give each exactly the text it gives alone; a follow-up that extends a
 /// finished request's prompt reuses the slot's whole state and answers as on a cold slot.
 #[test]
 fn recurrent_models_serve_concurrent_requests_as_alone() {
     let _l = lock();
-    for name in RECURRENT_FIXTURES {
+    for name in frink_testdata::RECURRENT_FIXTURES {
         let Some(dir) = frink_testdata::require(&format!("fixtures/tiny/{name}"), name) else {
             return;
         };
@@ -1739,7 +1729,7 @@ fn recurrent_models_serve_concurrent_requests_as_alone() {
 #[test]
 fn checkpoints_reuse_recurrent_prefixes_without_changing_answers() {
     let _l = lock();
-    for name in RECURRENT_FIXTURES {
+    for name in frink_testdata::RECURRENT_FIXTURES {
         let Some(dir) = frink_testdata::require(&format!("fixtures/tiny/{name}"), name) else {
             return;
         };

@@ -53,13 +53,10 @@ fn tiny_fixtures_of_implemented_architectures() {
         "deepseek_v2",
         "deepseek_v3",
         "gpt_oss",
-        "mamba",
-        "mamba2",
-        "lfm2",
-        "falcon_h1",
-        "granitemoehybrid",
-        "qwen3_next",
-    ] {
+    ]
+    .into_iter()
+    .chain(frink_testdata::RECURRENT_FIXTURES)
+    {
         verify(&["--golden", root.join(name).to_str().unwrap()]);
     }
 }

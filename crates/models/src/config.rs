@@ -328,6 +328,20 @@ impl Keys<'_> {
             .ok_or_else(|| self.err(suffix, "missing"))
     }
 
+    /// A per-layer array `suffix` of `len` values must have one per layer.
+    fn per_layer_len(&self, suffix: &str, len: usize, n_layer: usize) -> Result<()> {
+        if len == n_layer {
+            return Ok(());
+        }
+        Err(self.err(
+            suffix,
+            format!(
+                "{len} values for {n_layer} layers ({})",
+                self.key("block_count")
+            ),
+        ))
+    }
+
     /// A finite number (no hyperparameter is NaN or infinite).
     fn f32_opt(&self, suffix: &str) -> Result<Option<f32>> {
         match self.get(suffix) {
@@ -495,16 +509,7 @@ impl ModelConfig {
                 },
                 None => return Err(k.err(key, "missing")),
             };
-            if per_layer.len() != n_layer {
-                return Err(k.err(
-                    key,
-                    format!(
-                        "{} values for {n_layer} layers ({})",
-                        per_layer.len(),
-                        k.key("block_count")
-                    ),
-                ));
-            }
+            k.per_layer_len(key, per_layer.len(), n_layer)?;
             Ok(per_layer)
         };
         let (n_head, n_head_kv, attn_layers) = match arch.mixer {
@@ -545,16 +550,7 @@ impl ModelConfig {
                         let flags: Option<Vec<bool>> =
                             (0..a.len()).map(|i| a.get(i)?.as_bool()).collect();
                         let flags = flags.ok_or_else(|| k.err(key, "expected bools"))?;
-                        if flags.len() != n_layer {
-                            return Err(k.err(
-                                key,
-                                format!(
-                                    "{} values for {n_layer} layers ({})",
-                                    flags.len(),
-                                    k.key("block_count")
-                                ),
-                            ));
-                        }
+                        k.per_layer_len(key, flags.len(), n_layer)?;
                         flags
                     }
                     None => {

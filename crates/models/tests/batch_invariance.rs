@@ -26,16 +26,10 @@ fn models() -> Vec<(String, Model)> {
     }
     if let Some(t) = frink_testdata::require("fixtures/tiny", "batch invariance") {
         // The recurrent families: each sequence's own conv window and scan state.
-        for arch in [
-            "qwen2",
-            "gemma3",
-            "mamba",
-            "mamba2",
-            "lfm2",
-            "falcon_h1",
-            "granitemoehybrid",
-            "qwen3_next",
-        ] {
+        for arch in ["qwen2", "gemma3"]
+            .into_iter()
+            .chain(frink_testdata::RECURRENT_FIXTURES)
+        {
             let m = Model::load(t.join(arch).join("model.gguf")).unwrap();
             out.push((arch.to_string(), m));
         }

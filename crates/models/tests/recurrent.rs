@@ -220,14 +220,7 @@ fn qwen3next_ablations_match_transformers() {
 /// batch is faster: the figures are printed, not bounded (timings stay out of pass/fail).
 #[test]
 fn prefill_of_512_tokens_equals_decode() {
-    for name in [
-        "mamba",
-        "mamba2",
-        "lfm2",
-        "falcon_h1",
-        "granitemoehybrid",
-        "qwen3_next",
-    ] {
+    for name in frink_testdata::RECURRENT_FIXTURES {
         let Some(dir) = frink_testdata::require(&format!("fixtures/tiny/{name}"), name) else {
             return;
         };

@@ -75,6 +75,17 @@ pub fn python_json(text: &str) -> String {
     out
 }
 
+/// The tiny fixtures (`fixtures/tiny/<name>`) of the architectures with recurrent layers:
+/// state-space, convolution and hybrid models, which the recurrent-state tests cover.
+pub const RECURRENT_FIXTURES: [&str; 6] = [
+    "mamba",
+    "mamba2",
+    "lfm2",
+    "falcon_h1",
+    "granitemoehybrid",
+    "qwen3_next",
+];
+
 /// The 24 `input_ids` of a tiny fixture directory's `meta.json` (fixtures README: random
 /// ids, fed as they are at positions 0..23).
 ///

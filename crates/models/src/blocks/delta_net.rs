@@ -16,10 +16,10 @@
 //! a prefix gives the same state however it was chunked, and a prompt in one batch the
 //! same bits as token by token.
 
-use crate::blocks::{causal_conv, columns, scan_units, softplus, Rows};
+use crate::blocks::{columns, conv_sequences, scan_sequences, softplus, Rows};
 use crate::config::{ModelConfig, SsmConfig};
 use crate::error::Result;
-use crate::kernels::{matmul_many, rms_norm, silu, silu_in_place, Matrix, Projection};
+use crate::kernels::{matmul_many, rms_norm, silu, Matrix, Projection};
 use crate::load::Loader;
 use crate::model::Model;
 use crate::Sequence;
@@ -114,20 +114,7 @@ impl Model {
             input,
             n,
         )?;
-        let mut qkv = vec![0f32; n * ch];
-        for (si, sq) in seqs.iter_mut().enumerate() {
-            let r = rows.of(si);
-            let st = sq.state.recurrent_mut(il);
-            causal_conv(
-                &mut st.conv,
-                &w.conv_w,
-                None,
-                &mixed[r.start * ch..r.end * ch],
-                &mut qkv[r.start * ch..r.end * ch],
-                ch,
-            );
-        }
-        silu_in_place(&mut qkv, None);
+        let mut qkv = conv_sequences(seqs, rows, il, &w.conv_w, None, &mixed, ch, true);
         // q and k: L2-normalised per key head, q scaled.
         let scale = 1.0 / (dk as f32).sqrt();
         for row in qkv.chunks_exact_mut(ch) {
@@ -140,59 +127,49 @@ impl Model {
         let mut o_tmp = Vec::new();
         columns(&qkv, ch, 2 * kd, vd, &mut o_tmp); // v, row by row (read in the scan)
         let v_rows = o_tmp;
-        for (si, sq) in seqs.iter_mut().enumerate() {
-            let r = rows.of(si);
-            let st = sq.state.recurrent_mut(il);
-            scan_units(
-                &mut st.ssm,
-                dk * dk,
-                dk,
-                &mut y[r.start * vd..r.end * vd],
-                &|h0, s_all, yb| {
-                    let cols = s_all.len() / dk;
-                    let mut kv_mem = vec![0f32; dk];
-                    for (t, row) in r.clone().enumerate() {
-                        let qr = &qkv[row * ch..(row + 1) * ch];
-                        for (u, sh) in s_all.chunks_exact_mut(dk * dk).enumerate() {
-                            let h = h0 + u;
-                            let g = h / per_k;
-                            let (q, k) = (
-                                &qr[g * dk..(g + 1) * dk],
-                                &qr[kd + g * dk..kd + (g + 1) * dk],
-                            );
-                            let v = &v_rows[row * vd + h * dk..row * vd + (h + 1) * dk];
-                            // b and a of value head h: in key head g's group, its j-th.
-                            let (gi, j) = (h / per_k, h % per_k);
-                            let b = ba[row * 2 * nv + gi * 2 * per_k + j];
-                            let a = ba[row * 2 * nv + gi * 2 * per_k + per_k + j];
-                            let beta = 1.0 / (1.0 + (-b).exp());
-                            let decay = (softplus(a + w.dt_b[h]) * w.a[h]).exp();
-                            sh.iter_mut().for_each(|x| *x *= decay);
-                            kv_mem.fill(0.0);
-                            for (i, srow) in sh.chunks_exact(dk).enumerate() {
-                                kv_mem
-                                    .iter_mut()
-                                    .zip(srow)
-                                    .for_each(|(m, s)| *m += s * k[i]);
-                            }
-                            // δ = (v − Sᵀk) · β, reusing kv_mem.
-                            kv_mem
-                                .iter_mut()
-                                .zip(v)
-                                .for_each(|(m, v)| *m = (v - *m) * beta);
-                            let o = &mut yb[t * cols + u * dk..t * cols + (u + 1) * dk];
-                            o.fill(0.0);
-                            for (i, srow) in sh.chunks_exact_mut(dk).enumerate() {
-                                srow.iter_mut()
-                                    .zip(&kv_mem)
-                                    .for_each(|(s, d)| *s += k[i] * d);
-                                o.iter_mut().zip(&*srow).for_each(|(o, s)| *o += s * q[i]);
-                            }
-                        }
+        scan_sequences(seqs, rows, il, dk * dk, dk, &mut y, &|r, h0, s_all, yb| {
+            let cols = s_all.len() / dk;
+            let mut kv_mem = vec![0f32; dk];
+            for (t, row) in r.clone().enumerate() {
+                let qr = &qkv[row * ch..(row + 1) * ch];
+                for (u, sh) in s_all.chunks_exact_mut(dk * dk).enumerate() {
+                    let h = h0 + u;
+                    let g = h / per_k;
+                    let (q, k) = (
+                        &qr[g * dk..(g + 1) * dk],
+                        &qr[kd + g * dk..kd + (g + 1) * dk],
+                    );
+                    let v = &v_rows[row * vd + h * dk..row * vd + (h + 1) * dk];
+                    // b and a of value head h: in key head g's group, its j-th.
+                    let (gi, j) = (h / per_k, h % per_k);
+                    let b = ba[row * 2 * nv + gi * 2 * per_k + j];
+                    let a = ba[row * 2 * nv + gi * 2 * per_k + per_k + j];
+                    let beta = 1.0 / (1.0 + (-b).exp());
+                    let decay = (softplus(a + w.dt_b[h]) * w.a[h]).exp();
+                    sh.iter_mut().for_each(|x| *x *= decay);
+                    kv_mem.fill(0.0);
+                    for (i, srow) in sh.chunks_exact(dk).enumerate() {
+                        kv_mem
+                            .iter_mut()
+                            .zip(srow)
+                            .for_each(|(m, s)| *m += s * k[i]);
                     }
-                },
-            );
-        }
+                    // δ = (v − Sᵀk) · β, reusing kv_mem.
+                    kv_mem
+                        .iter_mut()
+                        .zip(v)
+                        .for_each(|(m, v)| *m = (v - *m) * beta);
+                    let o = &mut yb[t * cols + u * dk..t * cols + (u + 1) * dk];
+                    o.fill(0.0);
+                    for (i, srow) in sh.chunks_exact_mut(dk).enumerate() {
+                        srow.iter_mut()
+                            .zip(&kv_mem)
+                            .for_each(|(s, d)| *s += k[i] * d);
+                        o.iter_mut().zip(&*srow).for_each(|(o, s)| *o += s * q[i]);
+                    }
+                }
+            }
+        });
         // rmsnorm(o) · ssm_norm · silu(z), per value head.
         for (yr, zr) in y.chunks_exact_mut(vd).zip(z.chunks_exact(vd)) {
             rms_norm(yr, &w.norm, c.norm_eps);

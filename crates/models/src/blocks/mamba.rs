@@ -10,10 +10,10 @@
 //! rows of the call at once; the convolution and the scan per sequence, in position
 //! order, so a prompt evaluated in one batch and token by token give the same values.
 
-use crate::blocks::{causal_conv, columns, scan_units, softplus, Rows};
+use crate::blocks::{columns, conv_sequences, scan_sequences, softplus, Rows};
 use crate::config::{ModelConfig, SsmConfig};
 use crate::error::Result;
-use crate::kernels::{matmul, silu, silu_in_place, ssm_step, Decay, Matrix};
+use crate::kernels::{matmul, silu, ssm_step, Decay, Matrix};
 use crate::load::Loader;
 use crate::model::Model;
 use crate::Sequence;
@@ -77,20 +77,7 @@ impl Model {
         // x: the convolution (per sequence, from its window), its bias, SiLU.
         let mut xs = Vec::new();
         columns(&xz, 2 * di, 0, di, &mut xs);
-        let mut xc = vec![0f32; n * di];
-        for (si, sq) in seqs.iter_mut().enumerate() {
-            let r = rows.of(si);
-            let st = sq.state.recurrent_mut(il);
-            causal_conv(
-                &mut st.conv,
-                &w.conv_w,
-                Some(&w.conv_b),
-                &xs[r.start * di..r.end * di],
-                &mut xc[r.start * di..r.end * di],
-                di,
-            );
-        }
-        silu_in_place(&mut xc, None);
+        let xc = conv_sequences(seqs, rows, il, &w.conv_w, Some(&w.conv_b), &xs, di, true);
         // Δ (low rank), B, C per row; Δ projected up to one step per channel.
         let width = dr + 2 * ds;
         let mut xdb = vec![0f32; n * width];
@@ -101,33 +88,23 @@ impl Model {
         matmul(&w.ssm_dt, self.data(&w.ssm_dt), &dt_low, n, &mut dt)?;
         // The scan, position by position per sequence, its channels split over the pool.
         let mut y = vec![0f32; n * di];
-        for (si, sq) in seqs.iter_mut().enumerate() {
-            let r = rows.of(si);
-            let st = sq.state.recurrent_mut(il);
-            scan_units(
-                &mut st.ssm,
-                ds,
-                1,
-                &mut y[r.start * di..r.end * di],
-                &|c0, h_all, yb| {
-                    let nc = h_all.len() / ds;
-                    for (t, row) in r.clone().enumerate() {
-                        let bc = &xdb[row * width + dr..(row + 1) * width];
-                        let (b, cc) = bc.split_at(ds);
-                        for (k, h) in h_all.chunks_exact_mut(ds).enumerate() {
-                            let i = c0 + k;
-                            let delta = softplus(dt[row * di + i] + w.dt_b[i]);
-                            let x = xc[row * di + i];
-                            let a = &w.a[i * ds..(i + 1) * ds];
-                            let decay = Decay::PerState { delta, a };
-                            let acc = ssm_step(h, decay, b, cc, delta * x);
-                            let z = xz[row * 2 * di + di + i];
-                            yb[t * nc + k] = (acc + w.d[i] * x) * silu(z);
-                        }
-                    }
-                },
-            );
-        }
+        scan_sequences(seqs, rows, il, ds, 1, &mut y, &|r, c0, h_all, yb| {
+            let nc = h_all.len() / ds;
+            for (t, row) in r.clone().enumerate() {
+                let bc = &xdb[row * width + dr..(row + 1) * width];
+                let (b, cc) = bc.split_at(ds);
+                for (k, h) in h_all.chunks_exact_mut(ds).enumerate() {
+                    let i = c0 + k;
+                    let delta = softplus(dt[row * di + i] + w.dt_b[i]);
+                    let x = xc[row * di + i];
+                    let a = &w.a[i * ds..(i + 1) * ds];
+                    let decay = Decay::PerState { delta, a };
+                    let acc = ssm_step(h, decay, b, cc, delta * x);
+                    let z = xz[row * 2 * di + di + i];
+                    yb[t * nc + k] = (acc + w.d[i] * x) * silu(z);
+                }
+            }
+        });
         matmul(&w.ssm_out, self.data(&w.ssm_out), &y, n, out)?;
         Ok(())
     }

@@ -11,10 +11,10 @@
 //! y`. The recurrence has no chunk boundaries, so a
 //! prefix always yields the same state.
 
-use crate::blocks::{causal_conv, columns, scan_units, softplus, Rows};
+use crate::blocks::{columns, conv_sequences, scan_sequences, softplus, Rows};
 use crate::config::{ModelConfig, SsmConfig};
 use crate::error::Result;
-use crate::kernels::{fast_exp, matmul, rms_norm, silu, silu_in_place, ssm_step, Decay, Matrix};
+use crate::kernels::{fast_exp, matmul, rms_norm, silu, ssm_step, Decay, Matrix};
 use crate::load::Loader;
 use crate::model::Model;
 use crate::Sequence;
@@ -85,53 +85,39 @@ impl Model {
         matmul(&w.ssm_in, self.data(&w.ssm_in), input, n, &mut zxbcdt)?;
         let mut xbc_in = Vec::new();
         columns(&zxbcdt, width, di, ch, &mut xbc_in);
-        let mut xbc = vec![0f32; n * ch];
-        for (si, sq) in seqs.iter_mut().enumerate() {
-            let r = rows.of(si);
-            let st = sq.state.recurrent_mut(il);
-            causal_conv(
-                &mut st.conv,
-                &w.conv_w,
-                Some(&w.conv_b),
-                &xbc_in[r.start * ch..r.end * ch],
-                &mut xbc[r.start * ch..r.end * ch],
-                ch,
-            );
-        }
-        silu_in_place(&mut xbc, None);
+        let xbc = conv_sequences(
+            seqs,
+            rows,
+            il,
+            &w.conv_w,
+            Some(&w.conv_b),
+            &xbc_in,
+            ch,
+            true,
+        );
         // The scan, position by position per sequence, its heads split over the pool.
         let mut y = vec![0f32; n * di];
         let per_group = nh / ng;
-        for (si, sq) in seqs.iter_mut().enumerate() {
-            let r = rows.of(si);
-            let st = sq.state.recurrent_mut(il);
-            scan_units(
-                &mut st.ssm,
-                hd * ds,
-                hd,
-                &mut y[r.start * di..r.end * di],
-                &|h0, s_all, yb| {
-                    let cols = s_all.len() / ds;
-                    for (t, row) in r.clone().enumerate() {
-                        let xr = &xbc[row * ch..(row + 1) * ch];
-                        let (x, bc) = xr.split_at(di);
-                        let (b, cc) = bc.split_at(ng * ds);
-                        for (k, sh) in s_all.chunks_exact_mut(hd * ds).enumerate() {
-                            let h = h0 + k;
-                            let delta = softplus(zxbcdt[row * width + di + ch + h] + w.dt_b[h]);
-                            let decay = fast_exp(delta * w.a[h]);
-                            let g = h / per_group;
-                            let (bg, cg) = (&b[g * ds..(g + 1) * ds], &cc[g * ds..(g + 1) * ds]);
-                            for (p, sp) in sh.chunks_exact_mut(ds).enumerate() {
-                                let xv = x[h * hd + p];
-                                let acc = ssm_step(sp, Decay::Scalar(decay), bg, cg, delta * xv);
-                                yb[t * cols + k * hd + p] = acc + w.d[h] * xv;
-                            }
-                        }
+        scan_sequences(seqs, rows, il, hd * ds, hd, &mut y, &|r, h0, s_all, yb| {
+            let cols = s_all.len() / ds;
+            for (t, row) in r.clone().enumerate() {
+                let xr = &xbc[row * ch..(row + 1) * ch];
+                let (x, bc) = xr.split_at(di);
+                let (b, cc) = bc.split_at(ng * ds);
+                for (k, sh) in s_all.chunks_exact_mut(hd * ds).enumerate() {
+                    let h = h0 + k;
+                    let delta = softplus(zxbcdt[row * width + di + ch + h] + w.dt_b[h]);
+                    let decay = fast_exp(delta * w.a[h]);
+                    let g = h / per_group;
+                    let (bg, cg) = (&b[g * ds..(g + 1) * ds], &cc[g * ds..(g + 1) * ds]);
+                    for (p, sp) in sh.chunks_exact_mut(ds).enumerate() {
+                        let xv = x[h * hd + p];
+                        let acc = ssm_step(sp, Decay::Scalar(decay), bg, cg, delta * xv);
+                        yb[t * cols + k * hd + p] = acc + w.d[h] * xv;
                     }
-                },
-            );
-        }
+                }
+            }
+        });
         // The gate, then RMSNorm per group.
         let gs = di / ng;
         for (r, yr) in y.chunks_exact_mut(di).enumerate() {

@@ -160,6 +160,69 @@ pub(crate) fn causal_conv(
 /// A block's scan: `(first unit, its state, its output columns)`.
 pub(crate) type ScanFn<'a> = dyn Fn(usize, &mut [f32], &mut [f32]) + Sync + 'a;
 
+/// A sequence's scan over its rows: `(its rows of the batch, first unit, the units'
+/// state, their output columns)`.
+pub(crate) type SeqScanFn<'a> =
+    dyn Fn(std::ops::Range<usize>, usize, &mut [f32], &mut [f32]) + Sync + 'a;
+
+/// Each sequence's rows of `x` (`n × channels`) through [`causal_conv`] with its layer
+/// `il` window (weights `w`, `bias`), then SiLU where `silu`: the convolution step of
+/// every recurrent block. Returns the `n × channels` result.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn conv_sequences(
+    seqs: &mut [crate::Sequence<'_>],
+    rows: &Rows<'_>,
+    il: usize,
+    w: &[f32],
+    bias: Option<&[f32]>,
+    x: &[f32],
+    channels: usize,
+    silu: bool,
+) -> Vec<f32> {
+    let mut out = vec![0f32; x.len()];
+    for (si, sq) in seqs.iter_mut().enumerate() {
+        let r = rows.of(si);
+        let (a, b) = (r.start * channels, r.end * channels);
+        causal_conv(
+            &mut sq.state.recurrent_mut(il).conv,
+            w,
+            bias,
+            &x[a..b],
+            &mut out[a..b],
+            channels,
+        );
+    }
+    if silu {
+        crate::kernels::silu_in_place(&mut out, None);
+    }
+    out
+}
+
+/// Each sequence's scan of layer `il` over its rows ([`scan_units`] on its state: units
+/// of `per_state` values writing `width` columns of `y`, `n ×` all units' columns).
+pub(crate) fn scan_sequences(
+    seqs: &mut [crate::Sequence<'_>],
+    rows: &Rows<'_>,
+    il: usize,
+    per_state: usize,
+    width: usize,
+    y: &mut [f32],
+    f: &SeqScanFn<'_>,
+) {
+    let cols = y.len() / rows.n().max(1);
+    for (si, sq) in seqs.iter_mut().enumerate() {
+        let r = rows.of(si);
+        let ys = &mut y[r.start * cols..r.end * cols];
+        scan_units(
+            &mut sq.state.recurrent_mut(il).ssm,
+            per_state,
+            width,
+            ys,
+            &|u0, st, out| f(r.clone(), u0, st, out),
+        );
+    }
+}
+
 /// One sequence's scan over `n` rows, split over the compute pool by blocks of its
 /// independent units (Mamba-1's channels, Mamba-2's heads): unit `u` owns state values
 /// `u · per_state ..` of `state` and output columns `u · width ..` of each row of `y`

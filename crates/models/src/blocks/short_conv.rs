@@ -3,7 +3,7 @@
 //! in_proj · h`, `y = C · conv(B · x)` (causal, depthwise, `shortconv.l_cache` taps, no
 //! bias), `out = out_proj · y`. Its state is the convolution's window of `B · x`.
 
-use crate::blocks::{causal_conv, Rows};
+use crate::blocks::{conv_sequences, Rows};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::kernels::{matmul, Matrix};
@@ -57,19 +57,7 @@ impl Model {
                 .zip(b.iter().zip(x))
                 .for_each(|(o, (b, x))| *o = b * x);
         }
-        let mut y = vec![0f32; n * d];
-        for (si, sq) in seqs.iter_mut().enumerate() {
-            let r = rows.of(si);
-            let st = sq.state.recurrent_mut(il);
-            causal_conv(
-                &mut st.conv,
-                &w.conv,
-                None,
-                &bx[r.start * d..r.end * d],
-                &mut y[r.start * d..r.end * d],
-                d,
-            );
-        }
+        let mut y = conv_sequences(seqs, rows, il, &w.conv, None, &bx, d, false);
         for (yr, r) in y.chunks_exact_mut(d).zip(bcx.chunks_exact(3 * d)) {
             yr.iter_mut().zip(&r[d..2 * d]).for_each(|(y, c)| *y *= c);
         }
