@@ -109,6 +109,28 @@ fn inspect_plan_prints_each_layers_blocks() {
         "{text}"
     );
     assert!(text.contains("layers 2, 4: attention"), "{text}");
+    // The hybrids: each layer's mixer kinds.
+    for (name, line) in [
+        (
+            "falcon_h1",
+            "layers 0-2: attention [q/k/v, RoPE Neox base 10000] ∥ mamba2 scan + Gated FFN",
+        ),
+        (
+            "granitemoehybrid",
+            "layer 2: attention [q/k/v, no positions] + experts",
+        ),
+        (
+            "granitemoehybrid",
+            "layers 0-1, 3: mamba2 scan (gated norm) + experts",
+        ),
+        ("qwen3_next", "layers 0-2: gated deltanet + experts"),
+        ("qwen3_next", "per-head Q/K norm, output gate] + experts"),
+    ] {
+        let path = dir.parent().unwrap().join(name).join("model.gguf");
+        let out = frink(&["inspect", path.to_str().unwrap(), "--plan"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains(line), "{name}: {text}");
+    }
 }
 
 #[test]
