@@ -74,6 +74,17 @@ MODELS = {
         n_vocab=50280, n_layer=48, n_embd=2048, n_ff=0, n_head=0, n_head_kv=0, head_dim=0,
         ctx=1048576, rope_base=10000.0, eps=1e-5, tied=True,
         ssm=dict(d_conv=4, d_inner=4096, d_state=16, dt_rank=128), types=["Q4_K_M"]),
+    # Qwen3-Next-80B-A3B's layer shapes (hidden 2048; DeltaNet 16 key / 32 value heads of
+    # 128, conv 4; gated attention 16 heads / 2 KV of 256, partial RoPE 64; experts of
+    # 512 with a shared one of 512, top-10), cut to 8 layers and 64 experts so the file
+    # fits a small machine: the per-token work of each kind of layer is the real one.
+    "qwen3next-a3b-8l": dict(
+        arch="qwen3next", name="Qwen3-Next-80B-A3B shapes, 8 layers, 64 experts (random weights)",
+        vocab_from="qwen2.5-coder-0.5b",
+        n_vocab=151936, n_layer=8, n_embd=2048, n_ff=512, n_head=16, n_head_kv=2, head_dim=256,
+        ctx=262144, rope_base=10000000.0, eps=1e-6, tied=False, qk_norm="head",
+        n_expert=64, n_expert_used=10, n_ff_shexp=512, n_rot=64,
+        delta=dict(d_conv=4, n_k=16, n_v=32, d_state=128, interval=4), types=["Q4_K_M"]),
 }
 
 # llama.cpp's `llama_ftype` numbers (include/llama.h) for general.file_type.
@@ -198,6 +209,17 @@ def model_kv(m, template):
                (f"{a}.vocab_size", g.U32, m["n_vocab"])]
     if "swa" in m:
         kv.append((f"{a}.attention.sliding_window", g.U32, m["swa"]))
+    if "delta" in m:
+        dn = m["delta"]
+        kv += [(f"{a}.ssm.conv_kernel", g.U32, dn["d_conv"]),
+               (f"{a}.ssm.state_size", g.U32, dn["d_state"]),
+               (f"{a}.ssm.group_count", g.U32, dn["n_k"]),
+               (f"{a}.ssm.time_step_rank", g.U32, dn["n_v"]),
+               (f"{a}.ssm.inner_size", g.U32, dn["n_v"] * dn["d_state"]),
+               (f"{a}.full_attention_interval", g.U32, dn["interval"]),
+               (f"{a}.rope.dimension_count", g.U32, m["n_rot"]),
+               (f"{a}.expert_feed_forward_length", g.U32, m["n_ff"]),
+               (f"{a}.expert_shared_feed_forward_length", g.U32, m["n_ff_shexp"])]
     if "conv_taps" in m:
         kv += [(f"{a}.shortconv.l_cache", g.U32, m["conv_taps"]),
                (f"{a}.vocab_size", g.U32, m["n_vocab"])]
@@ -220,6 +242,9 @@ def model_tensors(m):
     for il in range(m["n_layer"]):
         b = f"blk.{il}."
         t.append((b + "attn_norm.weight", [d], F, ones(d)))
+        if "delta" in m:
+            t += qwen3next_layer(m, il, b)
+            continue
         if "ssm" in m:
             ssm = m["ssm"]
             di, ds, dr, dc = ssm["d_inner"], ssm["d_state"], ssm["dt_rank"], ssm["d_conv"]
@@ -277,6 +302,47 @@ def model_tensors(m):
     t.append((final, [d], F, ones(d)))
     if not m["tied"]:
         t.append(("output.weight", [d, m["n_vocab"]], Q, fill_q8_0))
+    return t
+
+
+def qwen3next_layer(m, il, b):
+    """One Qwen3-Next layer after its attn_norm (llama.cpp qwen3next.cpp's tensors): gated
+    DeltaNet, or gated full attention every `interval`-th layer; experts with a gated
+    shared expert."""
+    Q, F = g.GGML_Q8_0, g.GGML_F32
+    d, ff, dn = m["n_embd"], m["n_ff"], m["delta"]
+    t = [(b + "post_attention_norm.weight", [d], F, ones(d))]
+    if (il + 1) % dn["interval"] == 0:
+        hd, qd, kvd = m["head_dim"], m["n_head"] * m["head_dim"], m["n_head_kv"] * m["head_dim"]
+        t += [(b + "attn_q.weight", [d, 2 * qd], Q, fill_q8_0),
+              (b + "attn_k.weight", [d, kvd], Q, fill_q8_0),
+              (b + "attn_v.weight", [d, kvd], Q, fill_q8_0),
+              (b + "attn_output.weight", [qd, d], Q, fill_q8_0),
+              (b + "attn_q_norm.weight", [hd], F, ones(hd)),
+              (b + "attn_k_norm.weight", [hd], F, ones(hd))]
+    else:
+        ds, nk, nv = dn["d_state"], dn["n_k"], dn["n_v"]
+        kd, vd = nk * ds, nv * ds
+        ch = 2 * kd + vd
+        # A = -1 (a decaying state), zero Δ bias: finite values throughout.
+        t += [(b + "attn_qkv.weight", [d, ch], Q, fill_q8_0),
+              (b + "attn_gate.weight", [d, vd], Q, fill_q8_0),
+              (b + "ssm_ba.weight", [d, 2 * nv], F, fill_f32_random(d * 2 * nv)),
+              (b + "ssm_conv1d.weight", [dn["d_conv"], ch], F,
+               fill_f32_random(dn["d_conv"] * ch)),
+              (b + "ssm_dt.bias", [nv], F, zeros),
+              (b + "ssm_a", [nv], F, fill_f32([-1.0] * nv)),
+              (b + "ssm_norm.weight", [ds], F, ones(ds)),
+              (b + "ssm_out.weight", [vd, d], Q, fill_q8_0)]
+    e, sh = m["n_expert"], m["n_ff_shexp"]
+    t += [(b + "ffn_gate_inp.weight", [d, e], F, fill_f32_random(d * e)),
+          (b + "ffn_gate_exps.weight", [d, ff, e], Q, fill_q8_0),
+          (b + "ffn_up_exps.weight", [d, ff, e], Q, fill_q8_0),
+          (b + "ffn_down_exps.weight", [ff, d, e], Q, fill_q8_0),
+          (b + "ffn_gate_inp_shexp.weight", [d], F, fill_f32_random(d)),
+          (b + "ffn_gate_shexp.weight", [d, sh], Q, fill_q8_0),
+          (b + "ffn_up_shexp.weight", [d, sh], Q, fill_q8_0),
+          (b + "ffn_down_shexp.weight", [sh, d], Q, fill_q8_0)]
     return t
 
 

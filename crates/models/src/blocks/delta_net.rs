@@ -146,7 +146,8 @@ impl Model {
                     let a = ba[row * 2 * nv + gi * 2 * per_k + per_k + j];
                     let beta = 1.0 / (1.0 + (-b).exp());
                     let decay = (softplus(a + w.dt_b[h]) * w.a[h]).exp();
-                    sh.iter_mut().for_each(|x| *x *= decay);
+                    // Two passes over S: Sᵀk of the decayed state is e^g · (Sᵀk); the
+                    // decay is applied in the update's pass.
                     kv_mem.fill(0.0);
                     for (i, srow) in sh.chunks_exact(dk).enumerate() {
                         kv_mem
@@ -154,17 +155,17 @@ impl Model {
                             .zip(srow)
                             .for_each(|(m, s)| *m += s * k[i]);
                     }
-                    // δ = (v − Sᵀk) · β, reusing kv_mem.
+                    // δ = (v − e^g · Sᵀk) · β, reusing kv_mem.
                     kv_mem
                         .iter_mut()
                         .zip(v)
-                        .for_each(|(m, v)| *m = (v - *m) * beta);
+                        .for_each(|(m, v)| *m = (v - decay * *m) * beta);
                     let o = &mut yb[t * cols + u * dk..t * cols + (u + 1) * dk];
                     o.fill(0.0);
                     for (i, srow) in sh.chunks_exact_mut(dk).enumerate() {
                         srow.iter_mut()
                             .zip(&kv_mem)
-                            .for_each(|(s, d)| *s += k[i] * d);
+                            .for_each(|(s, d)| *s = decay * *s + k[i] * d);
                         o.iter_mut().zip(&*srow).for_each(|(o, s)| *o += s * q[i]);
                     }
                 }
