@@ -23,6 +23,31 @@ pub struct ModelArgs {
     /// models): an integer with an optional K, M or G suffix (powers of 1024).
     #[arg(long = "expert-budget", env = "FRINK_EXPERT_BUDGET", value_parser = parse_bytes)]
     pub expert_budget: Option<usize>,
+    /// A LoRA adapter (llama.cpp's GGUF form) applied at scale 1; repeatable, or
+    /// comma-separated.
+    #[arg(long = "lora", value_delimiter = ',')]
+    pub lora: Vec<PathBuf>,
+    /// A LoRA adapter at a scale, `FILE:SCALE`; repeatable, or comma-separated.
+    #[arg(long = "lora-scaled", value_delimiter = ',', value_parser = parse_lora_scaled)]
+    pub lora_scaled: Vec<(PathBuf, f32)>,
+    /// Load the adapters at scale 0 (the server's requests and `/lora-adapters` apply
+    /// them).
+    #[arg(long = "lora-init-without-apply", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
+    pub lora_init_without_apply: bool,
+}
+
+/// `FILE:SCALE` of `--lora-scaled` (the last colon splits, so paths may hold colons).
+pub fn parse_lora_scaled(s: &str) -> std::result::Result<(PathBuf, f32), String> {
+    let (file, scale) = s
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{s:?}: expected FILE:SCALE"))?;
+    let scale: f32 = scale
+        .parse()
+        .map_err(|_| format!("{s:?}: {scale:?} is not a number"))?;
+    if !scale.is_finite() {
+        return Err(format!("{s:?}: the scale must be finite"));
+    }
+    Ok((PathBuf::from(file), scale))
 }
 
 /// `4096`, `512K`, `1.5G`: bytes, with binary K/M/G suffixes.
@@ -60,6 +85,17 @@ impl ModelArgs {
         let mut model =
             Model::load(path).with_context(|| format!("cannot load {}", path.display()))?;
         model.set_expert_budget(self.expert_budget)?;
+        let adapters = self.lora.iter().map(|p| (p.clone(), 1.0));
+        for (file, scale) in adapters.chain(self.lora_scaled.iter().cloned()) {
+            let scale = if self.lora_init_without_apply {
+                0.0
+            } else {
+                scale
+            };
+            model
+                .add_lora(&file, scale)
+                .with_context(|| format!("cannot load the LoRA adapter {}", file.display()))?;
+        }
         Ok(model)
     }
 }

@@ -181,6 +181,9 @@ fn run(cli: Cli) -> Result<()> {
                 threads,
                 kv_type: kv_type.unwrap_or_default(),
                 expert_budget: None,
+                lora: Vec::new(),
+                lora_scaled: Vec::new(),
+                lora_init_without_apply: false,
             };
             verify::run(&args, model.is_some(), &golden, kv_type)
         }

@@ -921,6 +921,7 @@ impl<'t> Worker<'t> {
                         state: cache,
                         tokens: &inp.1,
                         logits: inp.2,
+                        lora: None,
                     });
                 }
             }

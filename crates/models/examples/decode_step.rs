@@ -58,6 +58,7 @@ fn main() {
                     state: cache,
                     tokens: t,
                     logits: Logits::Last,
+                    lora: None,
                 })
                 .collect();
             let t = Instant::now();

@@ -13,6 +13,7 @@ use crate::blocks::attention::AttnScratch;
 use crate::blocks::{FfnWeights, MixerWeights, Rows};
 use crate::error::{ModelError, Result};
 use crate::kernels::{add_bias, layer_norm, matmul, matrix_row, rms_norm, Matrix, Projection};
+use crate::lora::LoraRows;
 use crate::model::{LayerWeights, Model, NormWeights};
 use crate::plan::{Channel, LayerPlan, Mixer, Residual};
 use crate::state::SeqState;
@@ -69,6 +70,7 @@ impl Model {
         gate: &mut Vec<f32>,
         up: &mut Vec<f32>,
         out: &mut [f32],
+        lora: &LoraRows,
     ) -> Result<()> {
         match (lp.channel, &lw.ffn) {
             (Channel::Dense(kind, act), FfnWeights::Dense(d)) => self.dense_ffn(
@@ -82,8 +84,11 @@ impl Model {
                 up,
                 out,
                 None,
+                lora,
             ),
-            (Channel::Moe(act), FfnWeights::Moe(m)) => self.moe_ffn(il, m, act, input, n, out),
+            (Channel::Moe(act), FfnWeights::Moe(m)) => {
+                self.moe_ffn(il, m, act, input, n, out, lora)
+            }
             _ => Err(plan_mismatch(il)),
         }
     }
@@ -101,10 +106,11 @@ impl Model {
         input: &[f32],
         scratch: &mut AttnScratch,
         out: &mut [f32],
+        lora: &LoraRows,
     ) -> Result<()> {
         match (mixer, w) {
             (Mixer::Attention(ap), MixerWeights::Attention(aw)) => {
-                self.attention_block(il, ap, aw, seqs, rows, input, scratch, out)
+                self.attention_block(il, ap, aw, seqs, rows, input, scratch, out, lora)
             }
             (Mixer::Mamba, MixerWeights::Mamba(w)) => {
                 self.mamba_block(il, w, seqs, rows, input, out)
@@ -122,8 +128,8 @@ impl Model {
                 // Both on the same input: out = first + second (falcon-h1's attention +
                 // Mamba-2, llama.cpp falcon-h1.cpp).
                 let mut second = vec![0f32; out.len()];
-                self.token_mixer(il, ma, wa, seqs, rows, input, scratch, out)?;
-                self.token_mixer(il, mb, wb, seqs, rows, input, scratch, &mut second)?;
+                self.token_mixer(il, ma, wa, seqs, rows, input, scratch, out, lora)?;
+                self.token_mixer(il, mb, wb, seqs, rows, input, scratch, &mut second, lora)?;
                 out.iter_mut().zip(&second).for_each(|(o, s)| *o += s);
                 Ok(())
             }
@@ -176,6 +182,7 @@ impl Model {
             state,
             tokens,
             logits,
+            lora: None,
         }];
         Ok(self.forward_batch(&mut seqs)?.pop().unwrap_or_default())
     }
@@ -217,16 +224,22 @@ impl Model {
             starts: &starts,
             pos: &pos,
         };
+        // Each sequence's adapters (the model's default scales unless it names its own),
+        // grouped by adapter over the batch's rows.
+        let defaults: Vec<(usize, f32)> = self.lora_scales.iter().copied().enumerate().collect();
+        let sets: Vec<&[(usize, f32)]> = seqs.iter().map(|s| s.lora.unwrap_or(&defaults)).collect();
+        let lora = LoraRows::new(&sets, &rows);
 
-        // inp_embd (× sqrt(n_embd) for gemma, × embedding_scale for granite), then bloom's
-        // token_embd_norm.
+        // inp_embd (+ the adapters' deltas; × sqrt(n_embd) for gemma, × embedding_scale for
+        // granite), then bloom's token_embd_norm.
         let mut x = vec![0f32; n * d];
-        let tokens = seqs.iter().flat_map(|s| s.tokens.iter());
-        for (row, &t) in x.chunks_exact_mut(d).zip(tokens) {
+        let tokens: Vec<u32> = seqs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
+        for (row, &t) in x.chunks_exact_mut(d).zip(&tokens) {
             matrix_row(&w.token_embd, self.data(&w.token_embd), t as usize, row)?;
-            if c.embed_scale != 1.0 {
-                row.iter_mut().for_each(|v| *v *= c.embed_scale);
-            }
+        }
+        self.lora_embed(&tokens, &lora, &mut x)?;
+        if c.embed_scale != 1.0 {
+            x.iter_mut().for_each(|v| *v *= c.embed_scale);
         }
         if let Some(nw) = &w.token_embd_norm {
             self.norm(&mut x, nw);
@@ -250,7 +263,7 @@ impl Model {
             // A parallel block's FFN reads the token mixer's normed input.
             if lp.residual == Residual::Parallel {
                 ffn_out.resize(n * d, 0.0);
-                self.channel_mixer(il, lp, lw, &cur, n, &mut gate, &mut up, &mut ffn_out)?;
+                self.channel_mixer(il, lp, lw, &cur, n, &mut gate, &mut up, &mut ffn_out, &lora)?;
             }
             self.token_mixer(
                 il,
@@ -261,6 +274,7 @@ impl Model {
                 &cur,
                 &mut scratch,
                 &mut mixed,
+                &lora,
             )?;
             if let Some(nw) = &lw.post_attn_norm {
                 self.norm(&mut mixed, nw);
@@ -285,7 +299,7 @@ impl Model {
             if let Some(nw) = &lw.ffn_norm {
                 self.norm(&mut ffn_in, nw);
             }
-            self.channel_mixer(il, lp, lw, &ffn_in, n, &mut gate, &mut up, &mut cur)?;
+            self.channel_mixer(il, lp, lw, &ffn_in, n, &mut gate, &mut up, &mut cur, &lora)?;
             if let Some(nw) = &lw.post_ffn_norm {
                 self.norm(&mut cur, nw);
             }
@@ -312,6 +326,8 @@ impl Model {
         // The rows whose logits are wanted, gathered for one LM-head product.
         let mut wanted: Vec<(usize, usize)> = Vec::with_capacity(seqs.len()); // (first, count)
         let mut wanted_rows = Vec::new();
+        // Batch row → its index among the wanted rows (for the adapters of the LM head).
+        let mut wanted_at: Vec<Option<usize>> = vec![None; n];
         for (si, s) in seqs.iter().enumerate() {
             let (r0, r1) = (starts[si], starts[si + 1]);
             let from = match s.logits {
@@ -320,9 +336,12 @@ impl Model {
                 Logits::All => r0,
                 Logits::From(i) => (r0 + i).min(r1),
             };
-            wanted.push((wanted_rows.len() / d, r1 - from));
+            let first = wanted_rows.len() / d;
+            wanted.push((first, r1 - from));
+            (from..r1).for_each(|r| wanted_at[r] = Some(first + r - from));
             wanted_rows.extend_from_slice(&x[from * d..r1 * d]);
         }
+        let lora_head = lora.select(&wanted_at);
         // Each sequence's output: its hidden states, or its rows of the LM head's product.
         let mut outputs = |mut per_seq: Vec<Vec<f32>>| -> Vec<Vec<f32>> {
             for (o, h) in per_seq.iter_mut().zip(hidden.iter_mut()) {
@@ -340,6 +359,7 @@ impl Model {
             if n_rows > 0 {
                 self.norm(&mut wanted_rows, &w.output_norm);
                 matmul(&w.output, self.data(&w.output), &wanted_rows, n_rows, out)?;
+                self.lora_add(&w.output, &wanted_rows, &lora_head, out)?;
                 if c.logit_scale != 1.0 {
                     out.iter_mut().for_each(|v| *v /= c.logit_scale);
                 }
@@ -386,4 +406,7 @@ pub struct Sequence<'a> {
     pub tokens: &'a [u32],
     /// Which of its rows' logits to return.
     pub logits: Logits,
+    /// Its LoRA adapters (index into [`Model::adapters`], user scale), or `None` for the
+    /// model's defaults ([`Model::lora_scales`]).
+    pub lora: Option<&'a [(usize, f32)]>,
 }

@@ -12,6 +12,7 @@ mod forward;
 pub mod kernels;
 pub mod kv;
 mod load;
+pub mod lora;
 mod model;
 pub mod plan;
 pub mod pool;

@@ -106,6 +106,10 @@ pub struct Model {
     pub moe_stats: MoeStats,
     /// The routed-expert cache under `--expert-budget` ([`Model::set_expert_budget`]).
     pub expert_cache: Option<crate::experts::ExpertCache>,
+    /// Loaded LoRA adapters ([`Model::add_lora`]).
+    pub adapters: Vec<crate::lora::LoraAdapter>,
+    /// Each adapter's default user scale (what a sequence that names no adapters gets).
+    pub lora_scales: Vec<f32>,
 }
 
 /// How often each routed expert was selected, per layer, since load (or [`MoeStats::reset`]);
@@ -292,6 +296,8 @@ impl Model {
             weights,
             moe_stats,
             expert_cache: None,
+            adapters: Vec::new(),
+            lora_scales: Vec::new(),
         })
     }
 
@@ -354,6 +360,18 @@ impl Model {
         }
         self.expert_cache = Some(crate::experts::ExpertCache::new(budget));
         Ok(())
+    }
+
+    /// Loads the LoRA adapter at `path` ([`crate::lora::LoraAdapter::load`]) with default
+    /// user scale `scale` (0: loaded but not applied unless a sequence asks for it);
+    /// returns its index.
+    ///
+    /// Errors: those of [`crate::lora::LoraAdapter::load`].
+    pub fn add_lora(&mut self, path: impl AsRef<Path>, scale: f32) -> Result<usize> {
+        let adapter = crate::lora::LoraAdapter::load(path, self)?;
+        self.adapters.push(adapter);
+        self.lora_scales.push(scale);
+        Ok(self.adapters.len() - 1)
     }
 
     /// The stored bytes of a matrix.

@@ -90,6 +90,7 @@ fn logits_do_not_depend_on_batch_chunks_or_threads() {
                     state: mine.take().unwrap(),
                     tokens: &seq,
                     logits: Logits::All,
+                    lora: None,
                 });
             }
             batch.push(Sequence {
@@ -100,6 +101,7 @@ fn logits_do_not_depend_on_batch_chunks_or_threads() {
                 } else {
                     Logits::All
                 },
+                lora: None,
             });
         }
         let out = model.forward_batch(&mut batch).unwrap();
@@ -128,6 +130,7 @@ fn logits_do_not_depend_on_batch_chunks_or_threads() {
                 state: cache,
                 tokens: t,
                 logits: Logits::Last,
+                lora: None,
             })
             .collect();
         let out = model.forward_batch(&mut batch).unwrap();

@@ -16,6 +16,7 @@ use crate::kernels::{
 };
 use crate::kv::KvLayer;
 use crate::load::Loader;
+use crate::lora::LoraRows;
 use crate::model::Model;
 use crate::plan::{AttentionPlan, QkvLayout};
 use crate::pool::{self, Disjoint};
@@ -171,6 +172,7 @@ impl Model {
         input: &[f32],
         s: &mut AttnScratch,
         out: &mut [f32],
+        lora: &LoraRows,
     ) -> Result<()> {
         let c = &self.config;
         let w = &self.weights;
@@ -207,6 +209,9 @@ impl Model {
                     cur,
                     n,
                 )?;
+                self.lora_add(wq, cur, lora, qkv)?;
+                self.lora_add(wk, cur, lora, k)?;
+                self.lora_add(wv, cur, lora, v)?;
                 let hd = c.head_dim_k;
                 for ((qg, qr), gr) in qkv
                     .chunks_exact(2 * hd)
@@ -232,6 +237,9 @@ impl Model {
                     cur,
                     n,
                 )?;
+                self.lora_add(wq, cur, lora, q)?;
+                self.lora_add(wk, cur, lora, k)?;
+                self.lora_add(wv, cur, lora, v)?;
                 for (t, b) in [(&mut *q, &lw.bq), (&mut *k, &lw.bk), (&mut *v, &lw.bv)] {
                     if let Some(b) = b {
                         add_bias(t, b);
@@ -242,6 +250,7 @@ impl Model {
             QkvWeights::Fused(wqkv) => {
                 qkv.resize(n * wqkv.rows, 0.0);
                 matmul(wqkv, self.data(wqkv), cur, n, qkv)?;
+                self.lora_add(wqkv, cur, lora, qkv)?;
                 if let Some(b) = &lw.bqkv {
                     add_bias(qkv, b);
                 }
@@ -336,8 +345,10 @@ impl Model {
         if let QkvWeights::Mla(mla) = &lw.qkv {
             self.mla_output(mla, attn, n, attn_out)?;
             matmul(&lw.wo, self.data(&lw.wo), attn_out, n, out)?;
+            self.lora_add(&lw.wo, attn_out, lora, out)?;
         } else {
             matmul(&lw.wo, self.data(&lw.wo), attn, n, out)?;
+            self.lora_add(&lw.wo, attn, lora, out)?;
         }
         if let Some(b) = &lw.bo {
             add_bias(out, b);

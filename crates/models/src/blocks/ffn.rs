@@ -10,6 +10,7 @@ use crate::kernels::{
     add_bias, gelu_tanh, matmul, matmul_many, silu_in_place, swiglu_oai, Matrix, Projection,
 };
 use crate::load::Loader;
+use crate::lora::LoraRows;
 use crate::model::Model;
 use crate::pool;
 
@@ -69,7 +70,7 @@ impl Model {
     /// plain (`down(act(up))`), with the biases the file has, activation `act`. `gate` and
     /// `up` are scratch.
     /// `bytes` gives the gate, up and down matrices' bytes when they do not come from
-    /// the file mapping (the expert cache).
+    /// the file mapping (the expert cache); `lora` the adapters of the rows.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn dense_ffn(
         &self,
@@ -83,6 +84,7 @@ impl Model {
         up: &mut Vec<f32>,
         out: &mut [f32],
         bytes: Option<[&[u8]; 3]>,
+        lora: &LoraRows,
     ) -> Result<()> {
         up.resize(n * f.up.rows, 0.0);
         gate.resize(n * nf, 0.0);
@@ -111,6 +113,10 @@ impl Model {
             )?,
             None => matmul(&f.up, data(1, &f.up), input, n, up)?,
         }
+        if let Some(wg) = &f.gate {
+            self.lora_add(wg, input, lora, gate)?;
+        }
+        self.lora_add(&f.up, input, lora, up)?;
         if let Some(b) = &f.b_up {
             add_bias(up, b);
         }
@@ -156,6 +162,7 @@ impl Model {
             }),
         }
         matmul(&f.down, data(2, &f.down), gate, n, out)?;
+        self.lora_add(&f.down, gate, lora, out)?;
         if let Some(b) = &f.b_down {
             add_bias(out, b);
         }

@@ -9,6 +9,7 @@ use crate::config::{Gating, MoeConfig};
 use crate::error::{ModelError, Result};
 use crate::kernels::{add_bias, matmul, softmax, Matrix};
 use crate::load::Loader;
+use crate::lora::LoraRows;
 use crate::model::{Experts, Model};
 
 /// A mixture-of-experts block: the router (`ffn_gate_inp`), the routed experts
@@ -101,6 +102,7 @@ impl Model {
     /// then each expert once over all the rows that chose it (its weights read once per
     /// call), each row's expert outputs summed with their weights in selection order,
     /// plus the shared expert (× `sigmoid(shared_gate · x)` where it has a gate).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn moe_ffn(
         &self,
         il: usize,
@@ -109,6 +111,7 @@ impl Model {
         input: &[f32],
         n: usize,
         out: &mut [f32],
+        lora: &LoraRows,
     ) -> Result<()> {
         let c = &self.config;
         let mc = c.moe.as_ref().expect("a MoE layer has a MoE config");
@@ -180,6 +183,8 @@ impl Model {
                     &mut up,
                     &mut ys,
                     bytes,
+                    // Stacked expert tensors take no adapters (refused at load).
+                    &LoraRows::default(),
                 )?;
                 for (&s, y) in picks.iter().zip(ys.chunks_exact(d)) {
                     slots[s * d..(s + 1) * d].copy_from_slice(y);
@@ -211,6 +216,7 @@ impl Model {
                 &mut up,
                 &mut ys,
                 None,
+                lora,
             )?;
             let mut g = vec![1f32; n];
             if let Some(wg) = &m.shared_gate {

@@ -1,0 +1,424 @@
+//! LoRA adapters in llama.cpp's GGUF form (`convert_lora_to_gguf.py`; the rules of
+//! llama.cpp `src/llama-adapter.cpp`, `llama_adapter_lora_init_impl`, and of its graphs'
+//! `build_lora_mm`): `general.type = "adapter"`, `adapter.type = "lora"`,
+//! `adapter.lora.alpha`, and per adapted base matrix `W` (`<name>`) a pair
+//! `<name>.lora_a` (GGUF shape `[n_in, r]`) and `<name>.lora_b` (`[r, n_out]`), so that
+//! `y = W·x + s · B·(A·x)` with `s = user_scale · alpha / r` (`user_scale` alone when the
+//! file has no alpha). For `token_embd.weight` the two are swapped: `lora_a` is `[r,
+//! n_vocab]` (a row per token) and the lookup of token `t` gains `s · B·a_t`.
+//!
+//! Adapters are applied, never merged: the base weights stay as mapped, and each sequence
+//! of a batch names its own adapters and scales ([`crate::Sequence::lora`]).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use frink_gguf::{GgmlType, GgufFile};
+
+use crate::error::{ModelError, Result};
+use crate::kernels::{matmul, Matrix};
+use crate::model::Model;
+
+/// One adapted matrix: `A` (`rank × n_in`) and `B` (`n_out × rank`) as matrices of the
+/// adapter file; for `token_embd`, `A` is the `n_vocab × rank` table and `B` `n_embd ×
+/// rank`.
+#[derive(Clone, Debug)]
+pub struct LoraWeight {
+    pub a: Matrix,
+    pub b: Matrix,
+    pub rank: usize,
+}
+
+/// A loaded LoRA adapter.
+pub struct LoraAdapter {
+    /// Where it was read from (what `/lora-adapters` reports).
+    pub path: String,
+    pub file: GgufFile,
+    /// `adapter.lora.alpha` (0: absent).
+    pub alpha: f32,
+    /// The adapted base matrices, by their tensor index in the base file.
+    pub weights: HashMap<usize, LoraWeight>,
+    /// The adapted base tensors' names, in the adapter file's order.
+    pub targets: Vec<String>,
+}
+
+impl std::fmt::Debug for LoraAdapter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoraAdapter")
+            .field("path", &self.path)
+            .field("alpha", &self.alpha)
+            .field("targets", &self.targets.len())
+            .finish()
+    }
+}
+
+/// The adapter types frink multiplies (llama.cpp accepts the same for LoRA tensors).
+const LORA_TYPES: [GgmlType; 4] = [GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0];
+
+fn bad(name: &str, detail: impl Into<String>) -> ModelError {
+    ModelError::Tensor {
+        name: name.into(),
+        detail: detail.into(),
+    }
+}
+
+impl LoraAdapter {
+    /// Reads the adapter at `path` for `model`.
+    ///
+    /// Errors: [`ModelError::Metadata`] for a file that is not a LoRA adapter or is for
+    /// another architecture; [`ModelError::Tensor`] naming the tensor for one that is not
+    /// a `.lora_a`/`.lora_b` of an existing base matrix, a pair missing its other half,
+    /// shapes that do not fit the base matrix, an unsupported type, or an adapted
+    /// stacked-expert tensor; the reader's errors for a truncated or hostile file.
+    pub fn load(path: impl AsRef<Path>, model: &Model) -> Result<LoraAdapter> {
+        let path = path.as_ref();
+        Self::from_gguf(GgufFile::open(path)?, path.display().to_string(), model)
+    }
+
+    /// As [`LoraAdapter::load`], from an opened file (`path` is what it reports).
+    pub fn from_gguf(file: GgufFile, path: String, model: &Model) -> Result<LoraAdapter> {
+        let meta_err = |key: &str, detail: String| ModelError::Metadata {
+            key: key.into(),
+            detail,
+        };
+        let text = |key: &str| file.get(key).and_then(|v| v.as_str()).map(str::to_string);
+        match text("general.type").as_deref() {
+            Some("adapter") => {}
+            other => {
+                return Err(meta_err(
+                    "general.type",
+                    format!("{other:?}, expected \"adapter\" (a LoRA adapter file)"),
+                ))
+            }
+        }
+        match text("adapter.type").as_deref() {
+            Some("lora") => {}
+            other => {
+                return Err(meta_err(
+                    "adapter.type",
+                    format!("{other:?}, expected \"lora\""),
+                ))
+            }
+        }
+        let base_arch = model.config.arch.name;
+        match text("general.architecture") {
+            Some(a) if a == base_arch => {}
+            other => {
+                return Err(meta_err(
+                    "general.architecture",
+                    format!("{other:?}, but the base model is {base_arch:?}"),
+                ))
+            }
+        }
+        let alpha = match file.get("adapter.lora.alpha") {
+            None => 0.0,
+            Some(v) => match v.as_f32() {
+                Some(a) if a.is_finite() && a >= 0.0 => a,
+                _ => {
+                    return Err(meta_err(
+                        "adapter.lora.alpha",
+                        format!("{v} is not a non-negative number"),
+                    ))
+                }
+            },
+        };
+        // Pair the halves by base tensor name, in file order.
+        let mut pairs: Vec<(String, Option<usize>, Option<usize>)> = Vec::new();
+        for (i, t) in file.tensor_infos().iter().enumerate() {
+            let (base, is_a) = if let Some(b) = t.name.strip_suffix(".lora_a") {
+                (b, true)
+            } else if let Some(b) = t.name.strip_suffix(".lora_b") {
+                (b, false)
+            } else {
+                return Err(bad(
+                    &t.name,
+                    "not a LoRA tensor (expected a .lora_a or .lora_b suffix)",
+                ));
+            };
+            let at = match pairs.iter().position(|p| p.0 == base) {
+                Some(at) => at,
+                None => {
+                    pairs.push((base.to_string(), None, None));
+                    pairs.len() - 1
+                }
+            };
+            let slot = if is_a {
+                &mut pairs[at].1
+            } else {
+                &mut pairs[at].2
+            };
+            if slot.replace(i).is_some() {
+                return Err(bad(&t.name, "given twice"));
+            }
+        }
+        let base = &model.file;
+        let adaptable = model.adaptable_tensors();
+        let mut weights = HashMap::new();
+        let mut targets = Vec::new();
+        for (name, a, b) in pairs {
+            let (Some(a), Some(b)) = (a, b) else {
+                let half = if a.is_none() { "lora_a" } else { "lora_b" };
+                return Err(bad(&name, format!("the LoRA pair has no {half}")));
+            };
+            let Some(bi) = base.tensor_index(&name) else {
+                return Err(bad(&name, "an adapter tensor naming no base matrix"));
+            };
+            let (ta, tb) = (&file.tensor_infos()[a], &file.tensor_infos()[b]);
+            let wshape = &base.tensor_infos()[bi].shape;
+            for t in [ta, tb] {
+                if !LORA_TYPES.contains(&t.ggml_type) {
+                    return Err(bad(
+                        &t.name,
+                        format!(
+                            "type {} (LoRA tensors are F32, F16, BF16 or Q8_0)",
+                            t.ggml_type
+                        ),
+                    ));
+                }
+                if t.shape.len() != 2 {
+                    return Err(bad(
+                        &t.name,
+                        format!("shape {:?}: expected two dimensions", t.shape),
+                    ));
+                }
+            }
+            if wshape.len() != 2 {
+                return Err(bad(
+                    &name,
+                    format!("shape {wshape:?}: LoRA on stacked (expert) tensors is not supported"),
+                ));
+            }
+            if !adaptable.contains(&bi) {
+                return Err(bad(
+                    &name,
+                    "LoRA on this matrix is not supported (frink applies adapters to attention's Q/K/V and output, dense and shared-expert FFNs, the LM head and the token embeddings)",
+                ));
+            }
+            let token_embd = name == "token_embd.weight";
+            // GGUF order ne0 first: W [n_in, n_out]; A [n_in, r], B [r, n_out]; for
+            // token_embd W [n_embd, n_vocab], A [r, n_vocab], B [r, n_embd].
+            let (n_in, n_out) = (wshape[0] as usize, wshape[1] as usize);
+            let rank = tb.shape[0] as usize;
+            let fits = if token_embd {
+                ta.shape == [rank as u64, n_out as u64] && tb.shape == [rank as u64, n_in as u64]
+            } else {
+                ta.shape == [n_in as u64, rank as u64] && tb.shape == [rank as u64, n_out as u64]
+            };
+            if !fits || rank == 0 {
+                return Err(bad(
+                    &name,
+                    format!(
+                        "lora_a {:?} and lora_b {:?} do not fit the base matrix {wshape:?}",
+                        ta.shape, tb.shape
+                    ),
+                ));
+            }
+            if token_embd && model.weights.output.tensor == bi {
+                return Err(bad(
+                    &name,
+                    "LoRA on token_embd of a model whose LM head is tied to it",
+                ));
+            }
+            let matrix = |i: usize, rows: usize, cols: usize| {
+                let t = &file.tensor_infos()[i];
+                Matrix {
+                    ty: t.ggml_type,
+                    rows,
+                    cols,
+                    row_bytes: (t.n_bytes / rows as u64) as usize,
+                    tensor: i,
+                    offset: 0,
+                }
+            };
+            let (am, bm) = if token_embd {
+                (matrix(a, n_out, rank), matrix(b, n_in, rank))
+            } else {
+                (matrix(a, rank, n_in), matrix(b, n_out, rank))
+            };
+            weights.insert(bi, LoraWeight { a: am, b: bm, rank });
+            targets.push(name);
+        }
+        Ok(LoraAdapter {
+            path,
+            file,
+            alpha,
+            weights,
+            targets,
+        })
+    }
+
+    /// The factor on `B·(A·x)` at user scale `scale` for a matrix of rank `rank`:
+    /// `scale · alpha / rank`, or `scale` without an alpha (llama.cpp `build_lora_mm`).
+    pub fn factor(&self, scale: f32, rank: usize) -> f32 {
+        if self.alpha == 0.0 {
+            scale
+        } else {
+            scale * self.alpha / rank as f32
+        }
+    }
+
+    /// The stored bytes of one of its matrices.
+    pub fn data(&self, m: &Matrix) -> &[u8] {
+        &self.file.tensor_at(m.tensor).data[..m.rows * m.row_bytes]
+    }
+
+    /// The largest rank of its matrices.
+    pub fn max_rank(&self) -> usize {
+        self.weights.values().map(|w| w.rank).max().unwrap_or(0)
+    }
+}
+
+/// A forward call's rows grouped by adapter: for each adapter some sequence uses, the
+/// batch rows it applies to and the user scale of each (rows of scale 0 are left out:
+/// they compute exactly the base model).
+#[derive(Default)]
+pub(crate) struct LoraRows {
+    pub groups: Vec<(usize, Vec<(usize, f32)>)>,
+}
+
+impl LoraRows {
+    /// The groups of the sequences' rows (`rows.of(si)` are sequence `si`'s).
+    pub fn new(sets: &[&[(usize, f32)]], rows: &crate::blocks::Rows<'_>) -> LoraRows {
+        let mut groups: Vec<(usize, Vec<(usize, f32)>)> = Vec::new();
+        for (si, set) in sets.iter().enumerate() {
+            for &(ai, scale) in set.iter().filter(|(_, s)| *s != 0.0) {
+                let g = match groups.iter().position(|g| g.0 == ai) {
+                    Some(g) => g,
+                    None => {
+                        groups.push((ai, Vec::new()));
+                        groups.len() - 1
+                    }
+                };
+                groups[g].1.extend(rows.of(si).map(|r| (r, scale)));
+            }
+        }
+        LoraRows { groups }
+    }
+
+    /// The same groups over a subset of the rows: `map[r]` is row `r`'s index in the
+    /// subset, if it is in it.
+    pub fn select(&self, map: &[Option<usize>]) -> LoraRows {
+        LoraRows {
+            groups: self
+                .groups
+                .iter()
+                .map(|(ai, rows)| {
+                    let kept = rows
+                        .iter()
+                        .filter_map(|&(r, s)| map[r].map(|i| (i, s)))
+                        .collect();
+                    (*ai, kept)
+                })
+                .collect(),
+        }
+    }
+}
+
+impl Model {
+    /// The base tensors adapters may change: where [`Model::lora_add`] runs (attention's
+    /// Q/K/V, fused QKV and output projections outside MLA, dense and shared-expert FFN
+    /// matrices, the LM head) and the token embeddings ([`Model::lora_embed`]).
+    pub fn adaptable_tensors(&self) -> Vec<usize> {
+        use crate::blocks::attention::QkvWeights;
+        use crate::blocks::{FfnWeights, MixerWeights};
+        let w = &self.weights;
+        let mut out = vec![w.token_embd.tensor, w.output.tensor];
+        fn mixer(m: &MixerWeights, out: &mut Vec<usize>) {
+            match m {
+                MixerWeights::Attention(a) => {
+                    match &a.qkv {
+                        QkvWeights::Separate { wq, wk, wv } => {
+                            out.extend([wq.tensor, wk.tensor, wv.tensor])
+                        }
+                        QkvWeights::Fused(m) => out.push(m.tensor),
+                        QkvWeights::Mla(_) => return,
+                    }
+                    out.push(a.wo.tensor);
+                }
+                MixerWeights::Parallel(a, b) => {
+                    mixer(a, out);
+                    mixer(b, out);
+                }
+                _ => {}
+            }
+        }
+        for l in &w.layers {
+            mixer(&l.mixer, &mut out);
+            let dense = match &l.ffn {
+                FfnWeights::Dense(d) => Some(d),
+                FfnWeights::Moe(m) => m.shared.as_ref(),
+                FfnWeights::None => None,
+            };
+            if let Some(d) = dense {
+                out.extend(d.matrices().map(|m| m.tensor));
+            }
+        }
+        out
+    }
+
+    /// Adds every adapter's `s · B·(A·x)` for matrix `w` to `out` (`n × w.rows`), on the
+    /// rows of `x` (`n × w.cols`) each adapter applies to: the base product was computed
+    /// once for all rows, each row's low-rank product with its own adapters.
+    pub(crate) fn lora_add(
+        &self,
+        w: &Matrix,
+        x: &[f32],
+        lora: &LoraRows,
+        out: &mut [f32],
+    ) -> Result<()> {
+        if w.offset != 0 {
+            return Ok(()); // an expert's slice: adapters of stacked tensors are refused
+        }
+        for (ai, rows) in &lora.groups {
+            let ad = &self.adapters[*ai];
+            let Some(lw) = ad.weights.get(&w.tensor) else {
+                continue;
+            };
+            if rows.is_empty() {
+                continue;
+            }
+            let (n_in, n_out) = (w.cols, w.rows);
+            let xs: Vec<f32> = rows
+                .iter()
+                .flat_map(|&(r, _)| x[r * n_in..(r + 1) * n_in].iter().copied())
+                .collect();
+            let mut t = vec![0f32; rows.len() * lw.rank];
+            matmul(&lw.a, ad.data(&lw.a), &xs, rows.len(), &mut t)?;
+            let mut y = vec![0f32; rows.len() * n_out];
+            matmul(&lw.b, ad.data(&lw.b), &t, rows.len(), &mut y)?;
+            for (&(r, scale), yr) in rows.iter().zip(y.chunks_exact(n_out)) {
+                let f = ad.factor(scale, lw.rank);
+                out[r * n_out..(r + 1) * n_out]
+                    .iter_mut()
+                    .zip(yr)
+                    .for_each(|(o, y)| *o += f * y);
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds the adapters' token-embedding deltas `s · B·a_t` to the embedded rows `x`
+    /// (`n × n_embd`) of `tokens`.
+    pub(crate) fn lora_embed(&self, tokens: &[u32], lora: &LoraRows, x: &mut [f32]) -> Result<()> {
+        let d = self.config.n_embd;
+        let e = self.weights.token_embd.tensor;
+        for (ai, rows) in &lora.groups {
+            let ad = &self.adapters[*ai];
+            let Some(lw) = ad.weights.get(&e) else {
+                continue;
+            };
+            let mut a_row = vec![0f32; lw.rank];
+            let mut y = vec![0f32; d];
+            for &(r, scale) in rows {
+                crate::kernels::matrix_row(&lw.a, ad.data(&lw.a), tokens[r] as usize, &mut a_row)?;
+                matmul(&lw.b, ad.data(&lw.b), &a_row, 1, &mut y)?;
+                let f = ad.factor(scale, lw.rank);
+                x[r * d..(r + 1) * d]
+                    .iter_mut()
+                    .zip(&y)
+                    .for_each(|(o, y)| *o += f * y);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,201 @@
+//! LoRA adapters against shared/fixtures/tiny/llama_lora (a PEFT adapter converted by
+//! llama.cpp; transformers' logits with it at scales 1 and 0.5 are the reference), the
+//! identities an adapter must keep (scale 0 and a zero B change nothing), a batch whose
+//! sequences use different adapters, and the refusals of malformed adapters.
+
+use std::path::{Path, PathBuf};
+
+use frink_gguf::{GgmlType, GgufFile, GgufWriter, MetaValue};
+use frink_models::{KvType, Logits, Model, SeqState, Sequence};
+use frink_testdata::{fixture_input_ids, read_f32, rel_max_diff};
+
+fn dir() -> Option<PathBuf> {
+    frink_testdata::require("fixtures/tiny/llama_lora", "lora")
+}
+
+fn with_adapter(dir: &Path, scale: f32) -> Model {
+    let mut m = Model::load(dir.join("model.gguf")).unwrap();
+    m.add_lora(dir.join("adapter.gguf"), scale).unwrap();
+    m
+}
+
+fn logits(model: &Model, ids: &[u32]) -> Vec<f32> {
+    let mut s = SeqState::new(&model.config, 64, KvType::F32);
+    model.forward(&mut s, ids, Logits::All).unwrap()
+}
+
+/// At scales 1 and 0.5 the logits match transformers + PEFT (measured 1.2e-6 and
+/// 1.1e-6; llama.cpp 1.2e-6 and 1.1e-6; the adapter moves them by 0.40 and 0.23, so 1e-4
+/// separates right from wrong).
+#[test]
+fn adapter_logits_match_transformers() {
+    let Some(dir) = dir() else { return };
+    let ids = fixture_input_ids(&dir);
+    for (scale, file) in [
+        (1.0, "logits_hf_lora_scale1.bin"),
+        (0.5, "logits_hf_lora_scale0.5.bin"),
+    ] {
+        let got = logits(&with_adapter(&dir, scale), &ids);
+        let err = rel_max_diff(&got, &read_f32(&dir.join(file)));
+        eprintln!("scale {scale}: max|Δ|/max|ref| vs transformers = {err:.2e}");
+        assert!(err < 1e-4, "scale {scale}: {err}");
+    }
+}
+
+/// Scale 0, and an adapter whose B is all zeros, give the base model's logits exactly;
+/// the adapter at scale 1 does not (the feature changes the output).
+#[test]
+fn scale_zero_and_a_zero_b_change_nothing() {
+    let Some(dir) = dir() else { return };
+    let ids = fixture_input_ids(&dir);
+    let base = logits(&Model::load(dir.join("model.gguf")).unwrap(), &ids);
+    assert!(logits(&with_adapter(&dir, 0.0), &ids) == base);
+    assert!(rel_max_diff(&logits(&with_adapter(&dir, 1.0), &ids), &base) > 0.1);
+    let zero_b = rebuilt(&dir.join("adapter.gguf"), |name, ty, shape, data| {
+        let data = if name.ends_with(".lora_b") {
+            vec![0; data.len()]
+        } else {
+            data
+        };
+        Some((name.to_string(), ty, shape.to_vec(), data))
+    });
+    let mut m = Model::load(dir.join("model.gguf")).unwrap();
+    let a = frink_models::lora::LoraAdapter::from_gguf(zero_b, "zero-b".into(), &m).unwrap();
+    m.adapters.push(a);
+    m.lora_scales.push(1.0);
+    assert!(logits(&m, &ids) == base);
+}
+
+/// One batch of three sequences: the adapter at 1, at 0.5, and none: each equals the
+/// same sequence evaluated alone with its own adapter setting.
+#[test]
+fn sequences_with_different_adapters_share_a_batch() {
+    let Some(dir) = dir() else { return };
+    let ids = fixture_input_ids(&dir);
+    let model = with_adapter(&dir, 0.0);
+    let sets: [&[(usize, f32)]; 3] = [&[(0, 1.0)], &[(0, 0.5)], &[]];
+    let alone: Vec<Vec<f32>> = sets
+        .iter()
+        .map(|set| {
+            let mut s = SeqState::new(&model.config, 64, KvType::F32);
+            let mut seq = [Sequence {
+                state: &mut s,
+                tokens: &ids,
+                logits: Logits::All,
+                lora: Some(set),
+            }];
+            model.forward_batch(&mut seq).unwrap().pop().unwrap()
+        })
+        .collect();
+    let mut states: Vec<SeqState> = (0..3)
+        .map(|_| SeqState::new(&model.config, 64, KvType::F32))
+        .collect();
+    let mut batch: Vec<Sequence<'_>> = states
+        .iter_mut()
+        .zip(sets)
+        .map(|(state, set)| Sequence {
+            state,
+            tokens: &ids,
+            logits: Logits::All,
+            lora: Some(set),
+        })
+        .collect();
+    let together = model.forward_batch(&mut batch).unwrap();
+    for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+        assert!(a == t, "sequence {i}");
+    }
+    assert!(alone[0] != alone[1] && alone[1] != alone[2]);
+}
+
+/// The adapter file with each tensor passed through `edit` (`None` drops it).
+fn rebuilt(
+    path: &Path,
+    edit: impl Fn(&str, GgmlType, &[u64], Vec<u8>) -> Option<(String, GgmlType, Vec<u64>, Vec<u8>)>,
+) -> GgufFile {
+    let f = GgufFile::open(path).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in f.metadata() {
+        w.add_metadata(k.clone(), v.clone());
+    }
+    for t in f.tensors() {
+        if let Some((n, ty, shape, data)) = edit(
+            &t.info.name,
+            t.info.ggml_type,
+            &t.info.shape,
+            t.data.to_vec(),
+        ) {
+            w.add_tensor(n, ty, &shape, data).unwrap();
+        }
+    }
+    GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap()
+}
+
+/// Each malformed adapter is refused with an error naming what is wrong, never a panic.
+#[test]
+fn malformed_adapters_are_refused_by_name() {
+    let Some(dir) = dir() else { return };
+    let model = Model::load(dir.join("model.gguf")).unwrap();
+    let path = dir.join("adapter.gguf");
+    let load =
+        |f: GgufFile| frink_models::lora::LoraAdapter::from_gguf(f, "variant".into(), &model);
+    let expect = |f: GgufFile, what: &str| {
+        let e = load(f).map(|_| ()).unwrap_err().to_string();
+        eprintln!("{what}: {e}");
+        assert!(e.contains(what), "{e}");
+    };
+    // Another architecture.
+    let mut f = GgufFile::open(&path).unwrap();
+    f.set_metadata("general.architecture", MetaValue::String("qwen2".into()));
+    expect(f, "general.architecture");
+    // Not an adapter.
+    let mut f = GgufFile::open(&path).unwrap();
+    f.set_metadata("general.type", MetaValue::String("model".into()));
+    expect(f, "general.type");
+    // A tensor naming no base matrix.
+    expect(
+        rebuilt(&path, |n, ty, s, d| {
+            Some((n.replace("blk.0.attn_q", "blk.0.attn_z"), ty, s.to_vec(), d))
+        }),
+        "blk.0.attn_z.weight",
+    );
+    // A pair missing its half.
+    expect(
+        rebuilt(&path, |n, ty, s, d| {
+            (n != "blk.1.ffn_up.weight.lora_b").then(|| (n.to_string(), ty, s.to_vec(), d))
+        }),
+        "blk.1.ffn_up.weight",
+    );
+    // A wrong rank on one side.
+    expect(
+        rebuilt(&path, |n, ty, s, d| {
+            if n == "blk.0.attn_k.weight.lora_a" {
+                let mut s = s.to_vec();
+                s[1] = 2;
+                Some((n.to_string(), ty, s, d[..d.len() / 2].to_vec()))
+            } else {
+                Some((n.to_string(), ty, s.to_vec(), d))
+            }
+        }),
+        "blk.0.attn_k.weight",
+    );
+    // An unexpected tensor.
+    expect(
+        rebuilt(&path, |n, ty, s, d| {
+            Some((
+                n.replace("blk.0.ffn_gate.weight.lora_a", "blk.0.extra"),
+                ty,
+                s.to_vec(),
+                d,
+            ))
+        }),
+        "blk.0.extra",
+    );
+    // A truncated file: the reader's error.
+    let bytes = std::fs::read(&path).unwrap();
+    let cut = GgufFile::from_bytes(bytes[..bytes.len() / 2].to_vec());
+    assert!(cut.is_err());
+    // Through Model::add_lora: a missing file is an error too.
+    let mut m = Model::load(dir.join("model.gguf")).unwrap();
+    assert!(m.add_lora(dir.join("no-such.gguf"), 1.0).is_err());
+    assert!(m.adapters.is_empty());
+}
