@@ -76,6 +76,12 @@ pub fn inspect(path: &Path, tensors: bool, json: bool) -> Result<()> {
             "tensor_count": f.tensor_infos().len(),
             "type_counts": type_counts,
             "tool_format": tool_format_name(&f),
+            "lora": lora_summary(&f).map(|l| json!({
+                "base_architecture": f.architecture(),
+                "alpha": l.alpha,
+                "ranks": l.ranks,
+                "targets": l.targets,
+            })),
             "tensors": table,
         });
         println!("{}", serde_json::to_string(&out)?);
@@ -97,7 +103,35 @@ pub fn inspect(path: &Path, tensors: bool, json: bool) -> Result<()> {
         f.alignment()
     );
     println!("tensors:       {} ({total} bytes)", f.tensor_infos().len());
-    println!("tool calls:    {}", tool_format_name(&f));
+    if let Some(l) = lora_summary(&f) {
+        let ranks = match (l.ranks.first(), l.ranks.last()) {
+            (Some(a), Some(b)) if a == b => format!("rank {a}"),
+            (Some(a), Some(b)) => format!("ranks {a}..{b}"),
+            _ => "no matrices".into(),
+        };
+        // The targets by kind (the part after `blk.N.`), with how many layers each.
+        let mut kinds: Vec<(String, usize)> = Vec::new();
+        for t in &l.targets {
+            let kind = t
+                .split_once("blk.")
+                .and_then(|(_, r)| r.split_once('.'))
+                .map_or(t.as_str(), |(_, k)| k);
+            match kinds.iter_mut().find(|(k, _)| k == kind) {
+                Some((_, n)) => *n += 1,
+                None => kinds.push((kind.to_string(), 1)),
+            }
+        }
+        let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} ×{n}")).collect();
+        println!(
+            "LoRA adapter:  for {}, alpha {}, {ranks}, {} matrices: {}",
+            f.architecture().unwrap_or("(none)"),
+            l.alpha,
+            l.targets.len(),
+            kinds.join(", ")
+        );
+    } else {
+        println!("tool calls:    {}", tool_format_name(&f));
+    }
     for (t, (n, b)) in &by_count {
         println!("  {:<8} {n:>5} tensors {b:>12} bytes", t.name());
     }
@@ -119,6 +153,39 @@ pub fn inspect(path: &Path, tensors: bool, json: bool) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// What a LoRA adapter file holds (`general.type = adapter`): its alpha, the distinct
+/// ranks (sorted) and the adapted base tensors.
+struct LoraSummary {
+    alpha: f32,
+    ranks: Vec<u64>,
+    targets: Vec<String>,
+}
+
+fn lora_summary(f: &GgufFile) -> Option<LoraSummary> {
+    if f.get("general.type").and_then(|v| v.as_str()) != Some("adapter") {
+        return None;
+    }
+    let alpha = f
+        .get("adapter.lora.alpha")
+        .and_then(|v| v.as_f32())
+        .unwrap_or(0.0);
+    let mut ranks = Vec::new();
+    let mut targets = Vec::new();
+    for t in f.tensor_infos() {
+        if let Some(base) = t.name.strip_suffix(".lora_b") {
+            targets.push(base.to_string());
+            ranks.extend(t.shape.first().copied());
+        }
+    }
+    ranks.sort_unstable();
+    ranks.dedup();
+    Some(LoraSummary {
+        alpha,
+        ranks,
+        targets,
+    })
 }
 
 /// The tool-call format the file's chat template teaches, as `frink serve` parses it

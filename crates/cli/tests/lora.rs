@@ -67,3 +67,24 @@ fn logits_with_adapters_match_transformers() {
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("general.type"), "{}", stderr(&o));
 }
+
+/// `inspect` on an adapter: its base architecture, alpha, rank and target matrices.
+#[test]
+fn inspect_describes_an_adapter() {
+    let Some(dir) = frink_testdata::require("fixtures/tiny/llama_lora", "lora inspect") else {
+        return;
+    };
+    let adapter = dir.join("adapter.gguf");
+    let o = frink(&["inspect", adapter.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("LoRA adapter:  for llama, alpha 8, rank 4, 14 matrices: ffn_down.weight ×2"),
+        "{text}"
+    );
+    let o = frink(&["inspect", adapter.to_str().unwrap(), "--json"]);
+    let v = common::last_json_line(&o);
+    assert_eq!(v["lora"]["alpha"], 8.0);
+    assert_eq!(v["lora"]["ranks"], serde_json::json!([4]));
+    assert_eq!(v["lora"]["targets"].as_array().unwrap().len(), 14);
+    assert_eq!(v["lora"]["base_architecture"], "llama");
+}

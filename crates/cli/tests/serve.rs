@@ -1772,3 +1772,144 @@ fn checkpoints_reuse_recurrent_prefixes_without_changing_answers() {
         assert!(warm.metric("frink_checkpoint_bytes") > 0.0);
     }
 }
+
+/// Two random adapters for smollm2-135m (rank 8 on attn_q, attn_v and ffn_down of every
+/// layer), written into `dir`: (a, b).
+fn smollm2_adapters(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let pulled = frink(&["pull", "smollm2-135m"]);
+    assert!(pulled.status.success(), "{}", stderr(&pulled));
+    let base_path = String::from_utf8_lossy(&pulled.stdout).trim().to_string();
+    let base = frink_gguf::GgufFile::open(&base_path).unwrap();
+    let targets = ["attn_q.weight", "attn_v.weight", "ffn_down.weight"];
+    let (a, b) = (dir.join("a.gguf"), dir.join("b.gguf"));
+    frink_testdata::write_lora(&base, &targets, 8, 16.0, 0.05, 1, &a);
+    frink_testdata::write_lora(&base, &targets, 8, 16.0, 0.05, 2, &b);
+    (a, b)
+}
+
+/// `frink run --greedy --raw` of `prompt` with `flags` (adapters), its text.
+fn run_text(prompt: &str, n: &str, flags: &[&str]) -> String {
+    let mut args = vec!["run", "--json", "--greedy", "--raw", "-t", "2", "-n", n];
+    args.extend(flags);
+    args.push(prompt);
+    let out = frink(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    last_json_line(&out)["text"].as_str().unwrap().to_string()
+}
+
+/// LoRA in the server: 8 concurrent requests mixing adapter A, adapter B, both and none
+/// give each its `frink run --lora…` answer and share their decode steps; the
+/// `/lora-adapters` endpoints round-trip; a slot's cache is never reused across adapter
+/// settings; loaded-but-not-applied, `lora: []` and scale 0 are the base model's answer.
+#[test]
+fn lora_adapters_per_request_in_one_batch() {
+    let _l = lock();
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = smollm2_adapters(tmp.path());
+    let (a_s, b_s) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let a_half = format!("{a_s}:0.5");
+    let b_07 = format!("{b_s}:0.7");
+    // (request's lora, frink run's flags)
+    let configs: [(Value, Vec<&str>); 4] = [
+        (json!([]), vec![]),
+        (json!([{"id": 0, "scale": 1.0}]), vec!["--lora", a_s]),
+        (
+            json!([{"id": 1, "scale": 0.7}]),
+            vec!["--lora-scaled", &b_07],
+        ),
+        (
+            json!([{"id": 0, "scale": 1.0}, {"id": 1, "scale": 0.7}]),
+            vec!["--lora", a_s, "--lora-scaled", &b_07],
+        ),
+    ];
+    let prompts = ["The capital of France is", "Once upon a time"];
+    let want: Vec<Vec<String>> = prompts
+        .iter()
+        .map(|p| configs.iter().map(|(_, f)| run_text(p, "16", f)).collect())
+        .collect();
+    assert_ne!(want[0][0], want[0][1], "adapter A changes the answer");
+    assert_ne!(want[0][1], want[0][2], "A and B differ");
+
+    let srv = Server::start(&[
+        "--lora",
+        a_s,
+        "--lora",
+        b_s,
+        "--lora-init-without-apply",
+        "--parallel",
+        "8",
+    ]);
+    let listed = srv.request("GET", "/lora-adapters", None).json();
+    assert_eq!(listed.as_array().unwrap().len(), 2, "{listed}");
+    assert_eq!(listed[0]["scale"], 0.0);
+    assert_eq!(listed[1]["path"], b_s);
+    let steps0 = srv.metric("frink_forward_steps_total");
+    let handles: Vec<_> = (0..8)
+        .map(|i| {
+            let port = srv.port;
+            let body = json!({"prompt": prompts[i / 4], "temperature": 0, "max_tokens": 16,
+                              "lora": configs[i % 4].0});
+            std::thread::spawn(move || {
+                let c = common::http::Client::new(port);
+                c.post_ok("/v1/completions", &body)["choices"][0]["text"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+        })
+        .collect();
+    for (i, h) in handles.into_iter().enumerate() {
+        assert_eq!(h.join().unwrap(), want[i / 4][i % 4], "request {i}");
+    }
+    // 8 requests of 16 tokens: sharing their steps, far fewer than 128 passes.
+    let steps = srv.metric("frink_forward_steps_total") - steps0;
+    eprintln!("8 mixed-adapter requests of 16 tokens took {steps} forward passes");
+    assert!(steps < 64.0, "{steps} forward passes");
+
+    // Unknown ids are refused.
+    let bad = srv.post_raw(
+        "/v1/completions",
+        json!({"prompt": "x", "lora": [{"id": 5, "scale": 1}]})
+            .to_string()
+            .as_bytes(),
+    );
+    assert_eq!(bad.status, 400, "{}", bad.text());
+    let bad = srv.post_raw("/lora-adapters", b"[{\"id\": 2, \"scale\": 1}]");
+    assert_eq!(bad.status, 400, "{}", bad.text());
+    // POST sets the defaults (unnamed adapters to 0): a request without `lora` uses them.
+    let set = srv
+        .post_raw("/lora-adapters", b"[{\"id\": 0, \"scale\": 1.0}]")
+        .json();
+    assert_eq!(
+        (set[0]["scale"].as_f64(), set[1]["scale"].as_f64()),
+        (Some(1.0), Some(0.0))
+    );
+    let body = json!({"prompt": prompts[0], "temperature": 0, "max_tokens": 16});
+    assert_eq!(
+        srv.post_ok("/v1/completions", &body)["choices"][0]["text"],
+        want[0][1]
+    );
+    drop(srv);
+
+    // The prefix cache: one slot, the same prompt under each setting in turn.
+    let srv = Server::start(&["--lora", a_s, "--parallel", "1"]);
+    let half = run_text(prompts[0], "16", &["--lora-scaled", &a_half]);
+    for (lora, expect) in [
+        (json!([{"id": 0, "scale": 1.0}]), &want[0][1]),
+        (json!([{"id": 0, "scale": 0.5}]), &half),
+        (json!([]), &want[0][0]),
+        (json!([{"id": 0, "scale": 0.0}]), &want[0][0]),
+        (json!([{"id": 0, "scale": 1.0}]), &want[0][1]),
+    ] {
+        let body = json!({"prompt": prompts[0], "temperature": 0, "max_tokens": 16, "lora": lora});
+        let got = srv.post_ok("/v1/completions", &body);
+        assert_eq!(&got["choices"][0]["text"], expect, "lora {lora}");
+    }
+    // After POST changes the default scale, a request without `lora` follows it.
+    srv.post_raw("/lora-adapters", b"[{\"id\": 0, \"scale\": 0.5}]");
+    let body = json!({"prompt": prompts[0], "temperature": 0, "max_tokens": 16});
+    assert_eq!(
+        srv.post_ok("/v1/completions", &body)["choices"][0]["text"],
+        half
+    );
+}

@@ -136,6 +136,10 @@ pub struct Request {
     /// Control tokens whose text the answer shows (the markers of a tool-call format a
     /// parser reads, such as Mistral's `[TOOL_CALLS]`); other control tokens render empty.
     pub shown_tokens: Vec<u32>,
+    /// The LoRA adapters it runs with: (index into the model's adapters, user scale); the
+    /// others do not apply. A slot's cache is reused only by a request of the same
+    /// adapters and scales.
+    pub lora: Vec<(usize, f32)>,
     /// Where the events go.
     pub sink: Box<dyn EventSink>,
 }
@@ -252,6 +256,8 @@ pub struct MetricsSnapshot {
     pub prompt_tokens_cached: u64,
     /// Requests that continued from a checkpoint of a recurrent state.
     pub checkpoints_restored: u64,
+    /// Forward passes run (one per step: every active sequence's rows together).
+    pub forward_steps: u64,
     /// Checkpoints held, and their bytes.
     pub checkpoints: usize,
     pub checkpoint_bytes: usize,
@@ -291,6 +297,7 @@ struct Shared {
     prompt_tokens: AtomicU64,
     prompt_tokens_cached: AtomicU64,
     checkpoints_restored: AtomicU64,
+    forward_steps: AtomicU64,
     checkpoints: AtomicUsize,
     checkpoint_bytes: AtomicUsize,
     queued: AtomicUsize,
@@ -402,6 +409,7 @@ impl Scheduler {
             prompt_tokens: s.prompt_tokens.load(Ordering::Relaxed),
             prompt_tokens_cached: s.prompt_tokens_cached.load(Ordering::Relaxed),
             checkpoints_restored: s.checkpoints_restored.load(Ordering::Relaxed),
+            forward_steps: s.forward_steps.load(Ordering::Relaxed),
             checkpoints: s.checkpoints.load(Ordering::Relaxed),
             checkpoint_bytes: s.checkpoint_bytes.load(Ordering::Relaxed),
             queue_depth: s.queued.load(Ordering::SeqCst),
@@ -459,12 +467,31 @@ struct Slot<'t> {
     job: Option<Job<'t>>,
     /// (creation order, checkpoint), oldest first.
     checkpoints: Vec<(u64, Checkpoint)>,
+    /// The adapters its tokens were evaluated with ([`lora_key`]).
+    lora: Vec<(usize, u32)>,
+}
+
+/// The identity of an adapter set for prefix reuse: the adapters of nonzero scale, by
+/// index, with their scales' bits (scale 0 computes exactly the base model).
+fn lora_key(set: &[(usize, f32)]) -> Vec<(usize, u32)> {
+    let mut k: Vec<(usize, u32)> = set
+        .iter()
+        .filter(|(_, s)| *s != 0.0)
+        .map(|&(i, s)| (i, s.to_bits()))
+        .collect();
+    k.sort_unstable();
+    k.dedup_by_key(|e| e.0);
+    k
 }
 
 impl Slot<'_> {
     /// The longest prefix of at most `n` positions this slot can continue from: its
-    /// state cut back ([`SeqState::reusable`]) or one of its checkpoints (its index).
-    fn reusable(&self, n: usize) -> (usize, Option<usize>) {
+    /// state cut back ([`SeqState::reusable`]) or one of its checkpoints (its index);
+    /// nothing when its tokens were evaluated with other adapters than `lora`.
+    fn reusable(&self, n: usize, lora: &[(usize, u32)]) -> (usize, Option<usize>) {
+        if self.lora != lora {
+            return (0, None);
+        }
         let whole = self.cache.reusable(n);
         self.checkpoints
             .iter()
@@ -503,6 +530,7 @@ impl<'t> Worker<'t> {
                 tokens: Vec::new(),
                 job: None,
                 checkpoints: Vec::new(),
+                lora: Vec::new(),
             })
             .collect();
         Worker {
@@ -722,7 +750,9 @@ impl<'t> Worker<'t> {
         let keep = if pooler.is_some() { 0 } else { n - 1 };
         // Longest shared prefix among the free slots, keeping at least one prompt token to
         // evaluate (its logits give the first token); ties go to the slot holding the least.
-        // A recurrent model's slot offers its whole state or a checkpoint.
+        // A recurrent model's slot offers its whole state or a checkpoint; only slots of
+        // the same adapters offer anything.
+        let lora = lora_key(&req.lora);
         let (best, (prefix, checkpoint)) = self
             .slots
             .iter()
@@ -730,7 +760,7 @@ impl<'t> Worker<'t> {
             .filter(|(_, s)| s.job.is_none())
             .map(|(i, s)| {
                 let common = common_prefix(&s.tokens, &req.prompt).min(keep);
-                (i, s.reusable(common), s.tokens.len())
+                (i, s.reusable(common, &lora), s.tokens.len())
             })
             .max_by(|a, b| {
                 (a.1)
@@ -756,7 +786,7 @@ impl<'t> Worker<'t> {
             .map(|(i, s)| {
                 (
                     i,
-                    s.reusable(common_prefix(&s.tokens, &req.prompt).min(keep)),
+                    s.reusable(common_prefix(&s.tokens, &req.prompt).min(keep), &lora),
                 )
             })
             .max_by(|a, b| (a.1).0.cmp(&(b.1).0).then(b.0.cmp(&a.0)))
@@ -806,6 +836,7 @@ impl<'t> Worker<'t> {
         slot.tokens.truncate(prefix);
         // Checkpoints past the prefix saw tokens the new prompt replaces.
         slot.checkpoints.retain(|(_, c)| c.n_past <= prefix);
+        slot.lora = lora;
         let now = Instant::now();
         let decoder = self.tok.stream_decoder(false).showing(&req.shown_tokens);
         slot.job = Some(Job {
@@ -897,6 +928,7 @@ impl<'t> Worker<'t> {
         inputs.sort_by_key(|x| x.0);
 
         let t0 = Instant::now();
+        self.shared.forward_steps.fetch_add(1, Ordering::Relaxed);
         let result = {
             let mut seqs = Vec::with_capacity(inputs.len());
             // Samplers whose grammar mask the next sampling needs: computed on another
@@ -912,16 +944,18 @@ impl<'t> Worker<'t> {
             for (i, slot) in self.slots.iter_mut().enumerate() {
                 if let Some(inp) = it.next_if(|x| x.0 == i) {
                     let Slot { cache, job, .. } = slot;
-                    if let Some(job) = job.as_mut() {
-                        if spare_core && inp.2 == Logits::Last && job.sampler.is_constrained() {
-                            masks.push(&mut job.sampler);
+                    let mut lora = None;
+                    if let Some(Job { sampler, req, .. }) = job.as_mut() {
+                        if spare_core && inp.2 == Logits::Last && sampler.is_constrained() {
+                            masks.push(sampler);
                         }
+                        lora = Some(&req.lora[..]);
                     }
                     seqs.push(Sequence {
                         state: cache,
                         tokens: &inp.1,
                         logits: inp.2,
-                        lora: None,
+                        lora,
                     });
                 }
             }

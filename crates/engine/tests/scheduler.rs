@@ -56,6 +56,7 @@ fn request(prompt: &[u32], seed: u64, n: usize) -> (Request, mpsc::Receiver<Even
         follows_prefix: false,
         shown_tokens: Vec::new(),
         embed: None,
+        lora: Vec::new(),
         sink: Box::new(tx),
     };
     (req, rx)

@@ -427,11 +427,7 @@ pub const FIELDS: &[Field] = &[
         LlamaCpp,
         refused(never, "a custom sampler order is not supported"),
     ),
-    field_of(
-        "lora",
-        LlamaCpp,
-        refused(empty, "LoRA adapters per request are not supported yet"),
-    ),
+    field_of("lora", LlamaCpp, Honoured),
     field_of(
         "image_data",
         LlamaCpp,
@@ -571,6 +567,49 @@ pub struct GenOptions {
     pub include_usage: bool,
     /// Choices to generate (`n`, at least 1).
     pub n: usize,
+    /// llama.cpp's `lora`: `[{"id", "scale"}]`, the request's adapters (the others at
+    /// scale 0; [`lora_list`] reads it against the loaded adapters). `None`: the server's
+    /// current scales.
+    pub lora: Option<Value>,
+}
+
+/// Reads a `[{"id": N, "scale": S}]` list (a request's `lora`, `POST /lora-adapters`) for
+/// `n` loaded adapters: each id once, each scale a finite number.
+///
+/// Errors: a 400 naming `field` for any other shape, an id that is not loaded, an id
+/// given twice.
+pub fn lora_list(v: &Value, n: usize, field: &'static str) -> Result<Vec<(usize, f32)>, ApiError> {
+    let bad = |m: String| ApiError::invalid(Some(field), m);
+    let items = v.as_array().ok_or_else(|| {
+        bad(format!(
+            "'{field}' must be an array of {{\"id\", \"scale\"}}"
+        ))
+    })?;
+    let mut out: Vec<(usize, f32)> = Vec::with_capacity(items.len());
+    for item in items {
+        let id = item
+            .get("id")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| bad(format!("'{field}' entries need an integer \"id\"")))?;
+        let scale = match item.get("scale") {
+            None => 1.0,
+            Some(s) => s.as_f64().filter(|x| x.is_finite()).ok_or_else(|| {
+                bad(format!(
+                    "'{field}': the scale of adapter {id} must be a number"
+                ))
+            })?,
+        };
+        let id = usize::try_from(id).ok().filter(|&i| i < n).ok_or_else(|| {
+            bad(format!(
+                "'{field}': adapter {id} is not loaded ({n} adapters: ids 0..{n})"
+            ))
+        })?;
+        if out.iter().any(|&(i, _)| i == id) {
+            return Err(bad(format!("'{field}': adapter {id} is given twice")));
+        }
+        out.push((id, scale as f32));
+    }
+    Ok(out)
 }
 
 /// Reads `logit_bias`: OpenAI's object of token id (a decimal string) → bias in -100..=100,
@@ -762,6 +801,7 @@ pub fn gen_options(
         stream,
         include_usage,
         n,
+        lora: field(obj, "lora").cloned(),
     })
 }
 

@@ -101,9 +101,29 @@ struct Engine {
     n_embd: usize,
     /// What Ollama's endpoints report about the model.
     info: ollama::ModelInfo,
+    /// The loaded LoRA adapters (path, current default scale), by id: `--lora`, changed by
+    /// `POST /lora-adapters`.
+    lora: std::sync::Mutex<Vec<(String, f32)>>,
 }
 
 impl Engine {
+    /// A request's adapters: its own `lora` list (the adapters it does not name at scale 0,
+    /// as llama-server does), else the current default scales.
+    ///
+    /// Errors: a 400 for a malformed list or an id that is not loaded.
+    fn lora_set(&self, requested: Option<&Value>) -> Result<Vec<(usize, f32)>, ApiError> {
+        let cur = self.lora.lock().unwrap_or_else(|e| e.into_inner());
+        match requested {
+            None | Some(Value::Null) => Ok(cur.iter().map(|(_, s)| *s).enumerate().collect()),
+            Some(v) => {
+                let list = api::lora_list(v, cur.len(), "lora")?;
+                Ok((0..cur.len())
+                    .map(|i| (i, list.iter().find(|e| e.0 == i).map_or(0.0, |e| e.1)))
+                    .collect())
+            }
+        }
+    }
+
     /// The compiled constraint of a request's grammar (from its grammar fields, or a
     /// required tool call) for each of its `n` choices
     /// (each its own grammar state), or `n` times `None` without one.
@@ -224,6 +244,7 @@ async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
         .route("/api/tags", get(ollama::tags))
         .route("/api/ps", get(ollama::ps))
         .route("/api/version", get(ollama::version))
+        .route("/lora-adapters", get(lora_adapters).post(set_lora_adapters))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .fallback(not_found)
@@ -278,6 +299,12 @@ async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
 /// Loads the model, builds the tokenizer and starts the scheduler.
 fn start_engine(config: &ServeConfig, load: Loader) -> Result<Engine> {
     let mut model = load()?;
+    let lora = model
+        .adapters
+        .iter()
+        .map(|a| a.path.clone())
+        .zip(model.lora_scales.iter().copied())
+        .collect();
     let pooling = frink_engine::embed::pooling(config.pooling, model.config.pooling);
     let n_embd = model.config.n_embd;
     let info = ollama::ModelInfo::read(
@@ -305,6 +332,7 @@ fn start_engine(config: &ServeConfig, load: Loader) -> Result<Engine> {
     let grammars = GrammarCompiler::new(Arc::clone(&tok))
         .context("cannot index the vocabulary for grammars")?;
     Ok(Engine {
+        lora: std::sync::Mutex::new(lora),
         sched,
         tok,
         grammars,
@@ -492,6 +520,12 @@ async fn metrics(State(st): St, headers: HeaderMap) -> Response {
         m.prompt_tokens_cached as f64,
     );
     counter(
+        "frink_forward_steps_total",
+        "Forward passes run (each over every active sequence's rows).",
+        "counter",
+        m.forward_steps as f64,
+    );
+    counter(
         "frink_checkpoints_restored_total",
         "Requests that continued from a checkpoint of a recurrent state.",
         "counter",
@@ -610,6 +644,51 @@ fn histogram(s: &mut String, name: &str, help: &str, h: &Histogram) {
     }
     let _ = writeln!(s, "{name}_bucket{{le=\"+Inf\"}} {}", h.count);
     let _ = writeln!(s, "{name}_sum {}\n{name}_count {}", h.sum, h.count);
+}
+
+/// llama-server's `GET /lora-adapters`: `[{"id", "path", "scale"}]`, the default scales.
+async fn lora_adapters(State(st): St, headers: HeaderMap) -> Response {
+    let r = (|| {
+        st.authorize(&headers)?;
+        Ok::<_, ApiError>(lora_json(st.engine()?))
+    })();
+    match r {
+        Ok(v) => json_response(StatusCode::OK, &v),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// llama-server's `POST /lora-adapters` `[{"id", "scale"}]`: sets the default scales (the
+/// adapters it does not name to 0) and answers with the new list.
+async fn set_lora_adapters(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
+    let r = (|| {
+        st.authorize(&headers)?;
+        let eng = st.engine()?;
+        let v: Value = serde_json::from_slice(&body)
+            .map_err(|e| ApiError::invalid(None, format!("the body is not JSON: {e}")))?;
+        {
+            let mut cur = eng.lora.lock().unwrap_or_else(|e| e.into_inner());
+            let list = api::lora_list(&v, cur.len(), "lora-adapters")?;
+            for (i, (_, s)) in cur.iter_mut().enumerate() {
+                *s = list.iter().find(|e| e.0 == i).map_or(0.0, |e| e.1);
+            }
+        }
+        Ok::<_, ApiError>(lora_json(eng))
+    })();
+    match r {
+        Ok(v) => json_response(StatusCode::OK, &v),
+        Err(e) => e.into_response(),
+    }
+}
+
+fn lora_json(eng: &Engine) -> Value {
+    let cur = eng.lora.lock().unwrap_or_else(|e| e.into_inner());
+    Value::Array(
+        cur.iter()
+            .enumerate()
+            .map(|(i, (path, scale))| json!({"id": i, "path": path, "scale": scale}))
+            .collect(),
+    )
 }
 
 async fn tokenize(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
@@ -1042,6 +1121,7 @@ async fn embed_inputs(
             follows_prefix: false,
             shown_tokens: Vec::new(),
             embed: Some(eng.pooling),
+            lora: eng.lora_set(None)?,
             sink: Box::new(ChannelSink(tx.clone(), i)),
         };
         eng.sched.submit(req).map_err(submit_error)?;
@@ -1211,6 +1291,7 @@ fn queue(
             ),
         ));
     }
+    let lora = eng.lora_set(p.opts.lora.as_ref())?;
     let group = st.next_group.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = mpsc::unbounded_channel();
     let mut sampling = p.opts.sampling.clone();
@@ -1229,6 +1310,7 @@ fn queue(
             follows_prefix: i > 0,
             shown_tokens: p.shown_tokens.clone(),
             embed: None,
+            lora: lora.clone(),
             sink: Box::new(ChannelSink(tx.clone(), i)),
         };
         // On an error the choices already queued see their channel close and are dropped.

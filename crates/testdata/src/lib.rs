@@ -152,6 +152,64 @@ pub fn split_gguf(file: &frink_gguf::GgufFile, stem: &str, n: usize) -> Vec<(Str
         .collect()
 }
 
+/// Writes a random LoRA adapter for `base` in llama.cpp's GGUF form (the layout of
+/// `convert_lora_to_gguf.py`: `general.type = adapter`, `adapter.type = lora`,
+/// `adapter.lora.alpha`, `<tensor>.lora_a` `[n_in, rank]` and `<tensor>.lora_b` `[rank,
+/// n_out]` in F32) on every base matrix whose name ends with one of `targets` (e.g.
+/// `attn_q.weight`): A and B uniform in ±`amp`, from a fixed `seed`.
+pub fn write_lora(
+    base: &frink_gguf::GgufFile,
+    targets: &[&str],
+    rank: u64,
+    alpha: f32,
+    amp: f32,
+    seed: u64,
+    path: &Path,
+) {
+    use frink_gguf::{GgmlType, GgufWriter, MetaValue};
+    let mut w = GgufWriter::new();
+    let arch = base.architecture().expect("an architecture").to_string();
+    w.add_metadata("general.architecture", MetaValue::String(arch));
+    w.add_metadata("general.type", MetaValue::String("adapter".into()));
+    w.add_metadata("adapter.type", MetaValue::String("lora".into()));
+    w.add_metadata("adapter.lora.alpha", MetaValue::F32(alpha));
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let mut values = |n: u64| -> Vec<u8> {
+        (0..n)
+            .flat_map(|_| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let u = (state >> 40) as f32 / (1u64 << 24) as f32; // [0, 1)
+                ((u * 2.0 - 1.0) * amp).to_le_bytes()
+            })
+            .collect()
+    };
+    for t in base.tensor_infos() {
+        if t.shape.len() != 2 || !targets.iter().any(|s| t.name.ends_with(s)) {
+            continue;
+        }
+        let (n_in, n_out) = (t.shape[0], t.shape[1]);
+        w.add_tensor(
+            format!("{}.lora_a", t.name),
+            GgmlType::F32,
+            &[n_in, rank],
+            values(n_in * rank),
+        )
+        .expect("lora_a");
+        w.add_tensor(
+            format!("{}.lora_b", t.name),
+            GgmlType::F32,
+            &[rank, n_out],
+            values(rank * n_out),
+        )
+        .expect("lora_b");
+    }
+    w.write_to_file(path).expect("write the adapter");
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
