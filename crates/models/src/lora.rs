@@ -16,17 +16,19 @@ use std::path::Path;
 use frink_gguf::{GgmlType, GgufFile};
 
 use crate::error::{ModelError, Result};
-use crate::kernels::{matmul, Matrix};
+use crate::kernels::Matrix;
 use crate::model::Model;
 
-/// One adapted matrix: `A` (`rank × n_in`) and `B` (`n_out × rank`) as matrices of the
-/// adapter file; for `token_embd`, `A` is the `n_vocab × rank` table and `B` `n_embd ×
-/// rank`.
+/// One adapted matrix, in f32 (dequantized at load; adapters are small): `a` is `A`,
+/// `rank × n_in` (for `token_embd` the `n_vocab × rank` table), `bt` is `Bᵀ`, `rank ×
+/// n_out`.
 #[derive(Clone, Debug)]
 pub struct LoraWeight {
-    pub a: Matrix,
-    pub b: Matrix,
+    pub a: Vec<f32>,
+    pub bt: Vec<f32>,
     pub rank: usize,
+    pub n_in: usize,
+    pub n_out: usize,
 }
 
 /// A loaded LoRA adapter.
@@ -219,23 +221,26 @@ impl LoraAdapter {
                     "LoRA on token_embd of a model whose LM head is tied to it",
                 ));
             }
-            let matrix = |i: usize, rows: usize, cols: usize| {
-                let t = &file.tensor_infos()[i];
-                Matrix {
-                    ty: t.ggml_type,
-                    rows,
-                    cols,
-                    row_bytes: (t.n_bytes / rows as u64) as usize,
-                    tensor: i,
-                    offset: 0,
+            let a_f32 = frink_quant::dequantize_tensor(&file.tensor_at(a))?;
+            // B is stored n_out rows of rank values; kept transposed.
+            let b_rows = frink_quant::dequantize_tensor(&file.tensor_at(b))?;
+            let n_b_out = b_rows.len() / rank;
+            let mut bt = vec![0f32; b_rows.len()];
+            for (o, row) in b_rows.chunks_exact(rank).enumerate() {
+                for (j, &v) in row.iter().enumerate() {
+                    bt[j * n_b_out + o] = v;
                 }
-            };
-            let (am, bm) = if token_embd {
-                (matrix(a, n_out, rank), matrix(b, n_in, rank))
-            } else {
-                (matrix(a, rank, n_in), matrix(b, n_out, rank))
-            };
-            weights.insert(bi, LoraWeight { a: am, b: bm, rank });
+            }
+            weights.insert(
+                bi,
+                LoraWeight {
+                    a: a_f32,
+                    bt,
+                    rank,
+                    n_in,
+                    n_out: n_b_out,
+                },
+            );
             targets.push(name);
         }
         Ok(LoraAdapter {
@@ -257,59 +262,47 @@ impl LoraAdapter {
         }
     }
 
-    /// The stored bytes of one of its matrices.
-    pub fn data(&self, m: &Matrix) -> &[u8] {
-        &self.file.tensor_at(m.tensor).data[..m.rows * m.row_bytes]
-    }
-
     /// The largest rank of its matrices.
     pub fn max_rank(&self) -> usize {
         self.weights.values().map(|w| w.rank).max().unwrap_or(0)
     }
 }
 
-/// A forward call's rows grouped by adapter: for each adapter some sequence uses, the
-/// batch rows it applies to and the user scale of each (rows of scale 0 are left out:
-/// they compute exactly the base model).
+/// Each row's adapters in a forward call: (adapter, user scale) per batch row (rows of
+/// scale 0 are left out: they compute exactly the base model).
 #[derive(Default)]
 pub(crate) struct LoraRows {
-    pub groups: Vec<(usize, Vec<(usize, f32)>)>,
+    per_row: Vec<Vec<(usize, f32)>>,
+    any: bool,
 }
 
 impl LoraRows {
-    /// The groups of the sequences' rows (`rows.of(si)` are sequence `si`'s).
+    /// The rows of each sequence (`rows.of(si)`) with that sequence's adapters.
     pub fn new(sets: &[&[(usize, f32)]], rows: &crate::blocks::Rows<'_>) -> LoraRows {
-        let mut groups: Vec<(usize, Vec<(usize, f32)>)> = Vec::new();
+        let mut per_row = vec![Vec::new(); rows.n()];
         for (si, set) in sets.iter().enumerate() {
-            for &(ai, scale) in set.iter().filter(|(_, s)| *s != 0.0) {
-                let g = match groups.iter().position(|g| g.0 == ai) {
-                    Some(g) => g,
-                    None => {
-                        groups.push((ai, Vec::new()));
-                        groups.len() - 1
-                    }
-                };
-                groups[g].1.extend(rows.of(si).map(|r| (r, scale)));
+            let used: Vec<(usize, f32)> = set.iter().copied().filter(|e| e.1 != 0.0).collect();
+            for r in rows.of(si) {
+                per_row[r].clone_from(&used);
             }
         }
-        LoraRows { groups }
+        let any = per_row.iter().any(|r| !r.is_empty());
+        LoraRows { per_row, any }
     }
 
-    /// The same groups over a subset of the rows: `map[r]` is row `r`'s index in the
-    /// subset, if it is in it.
+    /// The same over a subset of the rows: `map[r]` is row `r`'s index in the subset, if
+    /// it is in it.
     pub fn select(&self, map: &[Option<usize>]) -> LoraRows {
+        let n = map.iter().flatten().count();
+        let mut per_row = vec![Vec::new(); n];
+        for (r, at) in map.iter().enumerate() {
+            if let (Some(i), Some(set)) = (at, self.per_row.get(r)) {
+                per_row[*i].clone_from(set);
+            }
+        }
         LoraRows {
-            groups: self
-                .groups
-                .iter()
-                .map(|(ai, rows)| {
-                    let kept = rows
-                        .iter()
-                        .filter_map(|&(r, s)| map[r].map(|i| (i, s)))
-                        .collect();
-                    (*ai, kept)
-                })
-                .collect(),
+            per_row,
+            any: self.any,
         }
     }
 }
@@ -357,8 +350,10 @@ impl Model {
     }
 
     /// Adds every adapter's `s · B·(A·x)` for matrix `w` to `out` (`n × w.rows`), on the
-    /// rows of `x` (`n × w.cols`) each adapter applies to: the base product was computed
-    /// once for all rows, each row's low-rank product with its own adapters.
+    /// rows of `x` (`n × w.cols`) whose sequences use it: the base product was computed
+    /// once for all rows, each row's low-rank product with its own adapters, the rows
+    /// split over the compute pool (one dispatch per matrix, whatever the adapters). A
+    /// row's result depends only on its own input and adapters.
     pub(crate) fn lora_add(
         &self,
         w: &Matrix,
@@ -366,57 +361,61 @@ impl Model {
         lora: &LoraRows,
         out: &mut [f32],
     ) -> Result<()> {
-        if w.offset != 0 {
-            return Ok(()); // an expert's slice: adapters of stacked tensors are refused
+        // An expert's slice (offset ≠ 0) takes none: adapters of stacked tensors are refused.
+        if !lora.any || w.offset != 0 {
+            return Ok(());
         }
-        for (ai, rows) in &lora.groups {
-            let ad = &self.adapters[*ai];
-            let Some(lw) = ad.weights.get(&w.tensor) else {
-                continue;
-            };
-            if rows.is_empty() {
-                continue;
-            }
-            let (n_in, n_out) = (w.cols, w.rows);
-            let xs: Vec<f32> = rows
-                .iter()
-                .flat_map(|&(r, _)| x[r * n_in..(r + 1) * n_in].iter().copied())
-                .collect();
-            let mut t = vec![0f32; rows.len() * lw.rank];
-            matmul(&lw.a, ad.data(&lw.a), &xs, rows.len(), &mut t)?;
-            let mut y = vec![0f32; rows.len() * n_out];
-            matmul(&lw.b, ad.data(&lw.b), &t, rows.len(), &mut y)?;
-            for (&(r, scale), yr) in rows.iter().zip(y.chunks_exact(n_out)) {
-                let f = ad.factor(scale, lw.rank);
-                out[r * n_out..(r + 1) * n_out]
-                    .iter_mut()
-                    .zip(yr)
-                    .for_each(|(o, y)| *o += f * y);
-            }
+        let adapts = |ai: usize| self.adapters[ai].weights.contains_key(&w.tensor);
+        if !lora.per_row.iter().flatten().any(|&(ai, _)| adapts(ai)) {
+            return Ok(());
         }
+        let (n_in, n_out) = (w.cols, w.rows);
+        let rows = crate::blocks::rows_per_task(out.len() / n_out);
+        crate::pool::for_each_chunk(out, rows * n_out, &|ci, part| {
+            let mut t = Vec::new();
+            for (k, orow) in part.chunks_exact_mut(n_out).enumerate() {
+                let r = ci * rows + k;
+                let xr = &x[r * n_in..(r + 1) * n_in];
+                for &(ai, scale) in &lora.per_row[r] {
+                    let ad = &self.adapters[ai];
+                    let Some(lw) = ad.weights.get(&w.tensor) else {
+                        continue;
+                    };
+                    let f = ad.factor(scale, lw.rank);
+                    // t = A·x, then out += f · Σ_j t_j · (Bᵀ)_j.
+                    t.clear();
+                    t.extend(lw.a.chunks_exact(n_in).map(|a| crate::kernels::dot(a, xr)));
+                    for (&tj, btj) in t.iter().zip(lw.bt.chunks_exact(n_out)) {
+                        let c = f * tj;
+                        orow.iter_mut().zip(btj).for_each(|(o, b)| *o += c * b);
+                    }
+                }
+            }
+        });
         Ok(())
     }
 
     /// Adds the adapters' token-embedding deltas `s · B·a_t` to the embedded rows `x`
     /// (`n × n_embd`) of `tokens`.
     pub(crate) fn lora_embed(&self, tokens: &[u32], lora: &LoraRows, x: &mut [f32]) -> Result<()> {
+        if !lora.any {
+            return Ok(());
+        }
         let d = self.config.n_embd;
         let e = self.weights.token_embd.tensor;
-        for (ai, rows) in &lora.groups {
-            let ad = &self.adapters[*ai];
-            let Some(lw) = ad.weights.get(&e) else {
-                continue;
-            };
-            let mut a_row = vec![0f32; lw.rank];
-            let mut y = vec![0f32; d];
-            for &(r, scale) in rows {
-                crate::kernels::matrix_row(&lw.a, ad.data(&lw.a), tokens[r] as usize, &mut a_row)?;
-                matmul(&lw.b, ad.data(&lw.b), &a_row, 1, &mut y)?;
+        for (r, set) in lora.per_row.iter().enumerate() {
+            for &(ai, scale) in set {
+                let ad = &self.adapters[ai];
+                let Some(lw) = ad.weights.get(&e) else {
+                    continue;
+                };
                 let f = ad.factor(scale, lw.rank);
-                x[r * d..(r + 1) * d]
-                    .iter_mut()
-                    .zip(&y)
-                    .for_each(|(o, y)| *o += f * y);
+                let a_t = &lw.a[tokens[r] as usize * lw.rank..][..lw.rank];
+                let xr = &mut x[r * d..(r + 1) * d];
+                for (&aj, btj) in a_t.iter().zip(lw.bt.chunks_exact(d)) {
+                    let c = f * aj;
+                    xr.iter_mut().zip(btj).for_each(|(o, b)| *o += c * b);
+                }
             }
         }
         Ok(())
