@@ -771,7 +771,6 @@ fn refused_sample(name: &str) -> (Value, Option<Value>) {
         "n_indent" => (json!(4), Some(json!(0))),
         "t_max_predict_ms" => (json!(1000), Some(json!(0))),
         "samplers" => (json!(["top_k", "temperature"]), None),
-        "lora" => (json!([{"id": 0, "scale": 1.0}]), Some(json!([]))),
         "image_data" => (json!([{"data": "", "id": 1}]), Some(json!([]))),
         "multimodal_data" => (json!(["aGk="]), Some(json!([]))),
         "return_tokens" => (json!(true), Some(json!(false))),
