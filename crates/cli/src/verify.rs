@@ -214,6 +214,45 @@ fn tiny_fixture(path: &Path, dir: &Path, kv_type: KvType, report: &mut Report) -
             want.len()
         ),
     );
+    lora_fixture(path, dir, &meta, &input, kv_type, bound, report)
+}
+
+/// A LoRA fixture's adapter (`meta.json`'s `lora` section: `adapter_file`, `scales`, and
+/// per scale its `logits_hf` file): the logits with the adapter at each scale against
+/// transformers + PEFT, to the base model's bound. Nothing for other fixtures.
+fn lora_fixture(
+    path: &Path,
+    dir: &Path,
+    meta: &Value,
+    input: &[u32],
+    kv_type: KvType,
+    bound: f32,
+    report: &mut Report,
+) -> Result<()> {
+    let lora = &meta["lora"];
+    let Some(file) = lora["adapter_file"].as_str() else {
+        return Ok(());
+    };
+    for scale in lora["scales"].as_array().into_iter().flatten() {
+        let s = scale.as_f64().context("a LoRA scale")? as f32;
+        let key = format!("{s}");
+        let reference = lora["per_scale"][&key]["logits_hf"]
+            .as_str()
+            .with_context(|| format!("meta.json lora.per_scale[{key:?}].logits_hf"))?;
+        let mut model =
+            Model::load(path).with_context(|| format!("cannot load {}", path.display()))?;
+        model
+            .add_lora(dir.join(file), s)
+            .with_context(|| format!("cannot load the adapter {file}"))?;
+        let ours = all_logits(&model, input, kv_type)?;
+        let reference = read_f32(&dir.join(reference))?;
+        let err = rel_max(&ours, &reference);
+        report.check(
+            &format!("logits with the adapter at scale {key} vs transformers + PEFT"),
+            err <= bound && ours.len() == reference.len(),
+            format!("max|Δ|/max|ref| = {err:.2e} (bound {bound:.0e}, KV {kv_type:?})"),
+        );
+    }
     Ok(())
 }
 

@@ -59,6 +59,12 @@ fn tiny_fixtures_of_implemented_architectures() {
     {
         verify(&["--golden", root.join(name).to_str().unwrap()]);
     }
+    // The LoRA fixture: its base model, and its adapter at each recorded scale.
+    let out = verify(&["--golden", root.join("llama_lora").to_str().unwrap()]);
+    for scale in ["1", "0.5"] {
+        let line = format!("PASS logits with the adapter at scale {scale} vs transformers + PEFT");
+        assert!(out.contains(&line), "{out}");
+    }
 }
 
 #[test]
