@@ -16,11 +16,13 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import threading
 import time
 import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import frink_serve  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FRINK = os.environ.get("FRINK", os.path.join(ROOT, "target", "release", "frink"))
@@ -74,17 +76,7 @@ def main():
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("-r", type=int, default=3)
     a = ap.parse_args()
-    srv = subprocess.Popen([FRINK, "serve", "-m", a.m, "-t", str(a.t), "--port", "0",
-                            "--parallel", "8"], stderr=subprocess.PIPE, text=True)
-    port = None
-    for line in srv.stderr:
-        m = re.search(r"ready on http://127\.0\.0\.1:(\d+)", line)
-        if m:
-            port = int(m.group(1))
-            break
-    if port is None:
-        sys.exit("frink serve did not start")
-    threading.Thread(target=lambda: [None for _ in srv.stderr], daemon=True).start()
+    srv, port = frink_serve.start(FRINK, ["-m", a.m, "-t", str(a.t), "--parallel", "8"])
     try:
         batch(port, 1, 8, True, -1)  # warm-up (also builds nothing lazily: a check)
         print(f"| {a.m} | streams | free t/s | constrained t/s | ratio | mask ms/token |")

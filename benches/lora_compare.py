@@ -32,6 +32,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import frink_serve  # noqa: E402
 import gguf_min as g  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -99,15 +100,7 @@ def llama_ppl(model, corpus, ctx, flags):
 
 def serve_rate(model, flags, loras):
     """Aggregate decode t/s of 8 concurrent streams; `loras[i]` is stream i's `lora`."""
-    p = subprocess.Popen([FRINK, "serve", "-m", model, "--port", "0", "-t", "2",
-                          "--parallel", "8"] + flags, stderr=subprocess.PIPE, text=True)
-    port = None
-    for line in p.stderr:
-        m = re.search(r"ready on http://127.0.0.1:(\d+)", line)
-        if m:
-            port = int(m.group(1))
-            break
-    threading.Thread(target=lambda: [None for _ in p.stderr], daemon=True).start()
+    p, port = frink_serve.start(FRINK, ["-m", model, "-t", "2", "--parallel", "8"] + flags)
     rates = []
     try:
         for rnd in range(3):
