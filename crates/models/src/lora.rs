@@ -38,8 +38,9 @@ pub struct LoraAdapter {
     pub file: GgufFile,
     /// `adapter.lora.alpha` (0: absent).
     pub alpha: f32,
-    /// The adapted base matrices, by their tensor index in the base file.
-    pub weights: HashMap<usize, LoraWeight>,
+    /// The adapted base matrices, by their tensor index in the base file and the expert
+    /// (0 for a plain matrix; each expert of a stacked `*_exps` tensor its own).
+    pub weights: HashMap<(usize, usize), LoraWeight>,
     /// The adapted base tensors' names, in the adapter file's order.
     pub targets: Vec<String>,
 }
@@ -70,8 +71,9 @@ impl LoraAdapter {
     /// Errors: [`ModelError::Metadata`] for a file that is not a LoRA adapter or is for
     /// another architecture; [`ModelError::Tensor`] naming the tensor for one that is not
     /// a `.lora_a`/`.lora_b` of an existing base matrix, a pair missing its other half,
-    /// shapes that do not fit the base matrix, an unsupported type, or an adapted
-    /// stacked-expert tensor; the reader's errors for a truncated or hostile file.
+    /// shapes that do not fit the base matrix (per expert for a stacked tensor), an
+    /// unsupported type, or a matrix frink does not adapt; the reader's errors for a
+    /// truncated or hostile file.
     pub fn load(path: impl AsRef<Path>, model: &Model) -> Result<LoraAdapter> {
         let path = path.as_ref();
         Self::from_gguf(GgufFile::open(path)?, path.display().to_string(), model)
@@ -177,23 +179,32 @@ impl LoraAdapter {
                         ),
                     ));
                 }
-                if t.shape.len() != 2 {
+                if t.shape.len() != wshape.len() {
                     return Err(bad(
                         &t.name,
-                        format!("shape {:?}: expected two dimensions", t.shape),
+                        format!("shape {:?}, but the base matrix is {wshape:?}", t.shape),
                     ));
                 }
             }
-            if wshape.len() != 2 {
-                return Err(bad(
-                    &name,
-                    format!("shape {wshape:?}: LoRA on stacked (expert) tensors is not supported"),
-                ));
-            }
+            // Stacked experts (`[n_in, n_out, n_expert]`): A `[n_in, r, n_expert]` and B
+            // `[r, n_out, n_expert]`, one pair per expert (llama.cpp `build_lora_mm_id`).
+            let n_expert = match wshape.len() {
+                2 => 1,
+                3 if ta.shape[2] == wshape[2] && tb.shape[2] == wshape[2] => wshape[2] as usize,
+                _ => {
+                    return Err(bad(
+                        &name,
+                        format!(
+                            "lora_a {:?} and lora_b {:?} do not fit the base tensor {wshape:?}",
+                            ta.shape, tb.shape
+                        ),
+                    ))
+                }
+            };
             if !adaptable.contains(&bi) {
                 return Err(bad(
                     &name,
-                    "LoRA on this matrix is not supported (frink applies adapters to attention's Q/K/V and output, dense and shared-expert FFNs, the LM head and the token embeddings)",
+                    "LoRA on this matrix is not supported (frink applies adapters to attention's Q/K/V and output, dense, shared and routed expert FFNs, the LM head and the token embeddings)",
                 ));
             }
             let token_embd = name == "token_embd.weight";
@@ -202,9 +213,11 @@ impl LoraAdapter {
             let (n_in, n_out) = (wshape[0] as usize, wshape[1] as usize);
             let rank = tb.shape[0] as usize;
             let fits = if token_embd {
-                ta.shape == [rank as u64, n_out as u64] && tb.shape == [rank as u64, n_in as u64]
+                ta.shape[..2] == [rank as u64, n_out as u64]
+                    && tb.shape[..2] == [rank as u64, n_in as u64]
             } else {
-                ta.shape == [n_in as u64, rank as u64] && tb.shape == [rank as u64, n_out as u64]
+                ta.shape[..2] == [n_in as u64, rank as u64]
+                    && tb.shape[..2] == [rank as u64, n_out as u64]
             };
             if !fits || rank == 0 {
                 return Err(bad(
@@ -221,26 +234,30 @@ impl LoraAdapter {
                     "LoRA on token_embd of a model whose LM head is tied to it",
                 ));
             }
-            let a_f32 = frink_quant::dequantize_tensor(&file.tensor_at(a))?;
-            // B is stored n_out rows of rank values; kept transposed.
-            let b_rows = frink_quant::dequantize_tensor(&file.tensor_at(b))?;
-            let n_b_out = b_rows.len() / rank;
-            let mut bt = vec![0f32; b_rows.len()];
-            for (o, row) in b_rows.chunks_exact(rank).enumerate() {
-                for (j, &v) in row.iter().enumerate() {
-                    bt[j * n_b_out + o] = v;
+            let a_all = frink_quant::dequantize_tensor(&file.tensor_at(a))?;
+            let b_all = frink_quant::dequantize_tensor(&file.tensor_at(b))?;
+            let (per_a, per_b) = (a_all.len() / n_expert, b_all.len() / n_expert);
+            for e in 0..n_expert {
+                // B is stored n_out rows of rank values; kept transposed.
+                let b_rows = &b_all[e * per_b..(e + 1) * per_b];
+                let n_b_out = b_rows.len() / rank;
+                let mut bt = vec![0f32; b_rows.len()];
+                for (o, row) in b_rows.chunks_exact(rank).enumerate() {
+                    for (j, &v) in row.iter().enumerate() {
+                        bt[j * n_b_out + o] = v;
+                    }
                 }
+                weights.insert(
+                    (bi, e),
+                    LoraWeight {
+                        a: a_all[e * per_a..(e + 1) * per_a].to_vec(),
+                        bt,
+                        rank,
+                        n_in,
+                        n_out: n_b_out,
+                    },
+                );
             }
-            weights.insert(
-                bi,
-                LoraWeight {
-                    a: a_f32,
-                    bt,
-                    rank,
-                    n_in,
-                    n_out: n_b_out,
-                },
-            );
             targets.push(name);
         }
         Ok(LoraAdapter {
@@ -290,6 +307,16 @@ impl LoraRows {
         LoraRows { per_row, any }
     }
 
+    /// The rows `rows` (batch rows, in this order) as rows `0..` of a gathered input (an
+    /// expert's rows).
+    pub fn gather(&self, rows: impl Iterator<Item = usize>) -> LoraRows {
+        if !self.any {
+            return LoraRows::default();
+        }
+        let per_row = rows.map(|r| self.per_row[r].clone()).collect();
+        LoraRows { per_row, any: true }
+    }
+
     /// The same over a subset of the rows: `map[r]` is row `r`'s index in the subset, if
     /// it is in it.
     pub fn select(&self, map: &[Option<usize>]) -> LoraRows {
@@ -309,8 +336,9 @@ impl LoraRows {
 
 impl Model {
     /// The base tensors adapters may change: where [`Model::lora_add`] runs (attention's
-    /// Q/K/V, fused QKV and output projections outside MLA, dense and shared-expert FFN
-    /// matrices, the LM head) and the token embeddings ([`Model::lora_embed`]).
+    /// Q/K/V, fused QKV and output projections outside MLA, dense, shared-expert and
+    /// routed-expert FFN matrices, the LM head) and the token embeddings
+    /// ([`Model::lora_embed`]).
     pub fn adaptable_tensors(&self) -> Vec<usize> {
         use crate::blocks::attention::QkvWeights;
         use crate::blocks::{FfnWeights, MixerWeights};
@@ -345,6 +373,9 @@ impl Model {
             if let Some(d) = dense {
                 out.extend(d.matrices().map(|m| m.tensor));
             }
+            if let FfnWeights::Moe(m) = &l.ffn {
+                out.extend([&m.gate_exps, &m.up_exps, &m.down_exps].map(|e| e.first.tensor));
+            }
         }
         out
     }
@@ -361,11 +392,12 @@ impl Model {
         lora: &LoraRows,
         out: &mut [f32],
     ) -> Result<()> {
-        // An expert's slice (offset ≠ 0) takes none: adapters of stacked tensors are refused.
-        if !lora.any || w.offset != 0 {
+        if !lora.any {
             return Ok(());
         }
-        let adapts = |ai: usize| self.adapters[ai].weights.contains_key(&w.tensor);
+        // Expert e of a stacked tensor starts e matrices into it.
+        let key = (w.tensor, w.offset / (w.rows * w.row_bytes).max(1));
+        let adapts = |ai: usize| self.adapters[ai].weights.contains_key(&key);
         if !lora.per_row.iter().flatten().any(|&(ai, _)| adapts(ai)) {
             return Ok(());
         }
@@ -378,7 +410,7 @@ impl Model {
                 let xr = &x[r * n_in..(r + 1) * n_in];
                 for &(ai, scale) in &lora.per_row[r] {
                     let ad = &self.adapters[ai];
-                    let Some(lw) = ad.weights.get(&w.tensor) else {
+                    let Some(lw) = ad.weights.get(&key) else {
                         continue;
                     };
                     let f = ad.factor(scale, lw.rank);
@@ -406,7 +438,7 @@ impl Model {
         for (r, set) in lora.per_row.iter().enumerate() {
             for &(ai, scale) in set {
                 let ad = &self.adapters[ai];
-                let Some(lw) = ad.weights.get(&e) else {
+                let Some(lw) = ad.weights.get(&(e, 0)) else {
                     continue;
                 };
                 let f = ad.factor(scale, lw.rank);

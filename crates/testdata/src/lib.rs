@@ -188,22 +188,28 @@ pub fn write_lora(
             .collect()
     };
     for t in base.tensor_infos() {
-        if t.shape.len() != 2 || !targets.iter().any(|s| t.name.ends_with(s)) {
+        if !(2..=3).contains(&t.shape.len()) || !targets.iter().any(|s| t.name.ends_with(s)) {
             continue;
         }
+        // A stacked-expert tensor gets one pair per expert (a third dimension).
         let (n_in, n_out) = (t.shape[0], t.shape[1]);
+        let n_exp = t.shape.get(2).copied();
+        let dims = |a: u64, b: u64| -> Vec<u64> { [a, b].into_iter().chain(n_exp).collect() };
+        let per = n_exp.unwrap_or(1);
+        let a = values(n_in * rank * per);
         w.add_tensor(
             format!("{}.lora_a", t.name),
             GgmlType::F32,
-            &[n_in, rank],
-            values(n_in * rank),
+            &dims(n_in, rank),
+            a,
         )
         .expect("lora_a");
+        let b = values(rank * n_out * per);
         w.add_tensor(
             format!("{}.lora_b", t.name),
             GgmlType::F32,
-            &[rank, n_out],
-            values(rank * n_out),
+            &dims(rank, n_out),
+            b,
         )
         .expect("lora_b");
     }

@@ -183,8 +183,8 @@ impl Model {
                     &mut up,
                     &mut ys,
                     bytes,
-                    // Stacked expert tensors take no adapters (refused at load).
-                    &LoraRows::default(),
+                    // The picking rows' adapters, on this expert's slices.
+                    &lora.gather(picks.iter().map(|&s| s / k)),
                 )?;
                 for (&s, y) in picks.iter().zip(ys.chunks_exact(d)) {
                     slots[s * d..(s + 1) * d].copy_from_slice(y);
