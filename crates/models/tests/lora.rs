@@ -87,7 +87,17 @@ fn sequences_with_different_adapters_share_a_batch() {
             model.forward_batch(&mut seq).unwrap().pop().unwrap()
         })
         .collect();
-    let mut states: Vec<SeqState> = (0..3)
+    let together = in_one_batch(&model, &ids, &sets);
+    for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+        assert!(a == t, "sequence {i}");
+    }
+    assert!(alone[0] != alone[1] && alone[1] != alone[2]);
+}
+
+/// `ids` evaluated once per adapter set, all in one forward batch: each sequence's logits.
+fn in_one_batch(model: &Model, ids: &[u32], sets: &[&[(usize, f32)]]) -> Vec<Vec<f32>> {
+    let mut states: Vec<SeqState> = sets
+        .iter()
         .map(|_| SeqState::new(&model.config, 64, KvType::F32))
         .collect();
     let mut batch: Vec<Sequence<'_>> = states
@@ -95,16 +105,12 @@ fn sequences_with_different_adapters_share_a_batch() {
         .zip(sets)
         .map(|(state, set)| Sequence {
             state,
-            tokens: &ids,
+            tokens: ids,
             logits: Logits::All,
             lora: Some(set),
         })
         .collect();
-    let together = model.forward_batch(&mut batch).unwrap();
-    for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
-        assert!(a == t, "sequence {i}");
-    }
-    assert!(alone[0] != alone[1] && alone[1] != alone[2]);
+    model.forward_batch(&mut batch).unwrap()
 }
 
 /// The adapter file with each tensor passed through `edit` (`None` drops it).
@@ -267,20 +273,6 @@ fn expert_adapters_equal_merged_weights() {
     );
     assert!(err < 1e-4, "{err}");
     assert!(effect > 1e-2, "{effect}");
-    let mut states: Vec<SeqState> = (0..2)
-        .map(|_| SeqState::new(&adapted.config, 64, KvType::F32))
-        .collect();
-    let sets: [&[(usize, f32)]; 2] = [&[(0, scale)], &[]];
-    let mut batch: Vec<Sequence<'_>> = states
-        .iter_mut()
-        .zip(sets)
-        .map(|(state, set)| Sequence {
-            state,
-            tokens: &ids,
-            logits: Logits::All,
-            lora: Some(set),
-        })
-        .collect();
-    let together = adapted.forward_batch(&mut batch).unwrap();
+    let together = in_one_batch(&adapted, &ids, &[&[(0, scale)], &[]]);
     assert!(together[0] == got && together[1] == base_logits);
 }

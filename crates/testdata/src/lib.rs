@@ -196,22 +196,16 @@ pub fn write_lora(
         let n_exp = t.shape.get(2).copied();
         let dims = |a: u64, b: u64| -> Vec<u64> { [a, b].into_iter().chain(n_exp).collect() };
         let per = n_exp.unwrap_or(1);
-        let a = values(n_in * rank * per);
-        w.add_tensor(
-            format!("{}.lora_a", t.name),
-            GgmlType::F32,
-            &dims(n_in, rank),
-            a,
-        )
-        .expect("lora_a");
-        let b = values(rank * n_out * per);
-        w.add_tensor(
-            format!("{}.lora_b", t.name),
-            GgmlType::F32,
-            &dims(rank, n_out),
-            b,
-        )
-        .expect("lora_b");
+        for (half, (d0, d1)) in [("lora_a", (n_in, rank)), ("lora_b", (rank, n_out))] {
+            let data = values(d0 * d1 * per);
+            w.add_tensor(
+                format!("{}.{half}", t.name),
+                GgmlType::F32,
+                &dims(d0, d1),
+                data,
+            )
+            .expect(half);
+        }
     }
     w.write_to_file(path).expect("write the adapter");
 }
