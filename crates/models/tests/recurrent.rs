@@ -295,3 +295,24 @@ fn a_recurrent_state_is_never_cut() {
     assert!(!s.is_recurrent());
     assert_eq!((s.reusable(10), s.truncate(10)), (10, 10));
 }
+
+/// Qwen3-Next's gated Q projection takes no bias: a file with `attn_q.bias` there is
+/// refused (naming the tensor), not read and ignored.
+#[test]
+fn a_bias_on_a_gated_q_projection_is_refused() {
+    let Some(dir) = frink_testdata::require("fixtures/tiny/qwen3_next", "gated q bias") else {
+        return;
+    };
+    let f = GgufFile::open(dir.join("model.gguf")).unwrap();
+    let mut w = frink_gguf::GgufWriter::from_file(&f).unwrap();
+    let q_dim = 4 * 32;
+    w.add_tensor(
+        "blk.3.attn_q.bias",
+        frink_gguf::GgmlType::F32,
+        &[q_dim],
+        vec![0; 4 * q_dim as usize],
+    )
+    .unwrap();
+    let e = Model::from_gguf(GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap()).unwrap_err();
+    assert!(e.to_string().contains("blk.3.attn_q.bias"), "{e}");
+}

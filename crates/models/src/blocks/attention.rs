@@ -105,8 +105,14 @@ impl AttentionWeights {
                 Ok(None)
             }
         };
+        // A gated Q projection has no bias frink would add: a file with one is refused
+        // as unused rather than read and ignored.
         let (bq, bk, bv) = (
-            bias("attn_q.bias", c.q_dim())?,
+            if ap.output_gate {
+                None
+            } else {
+                bias("attn_q.bias", c.q_dim())?
+            },
             bias("attn_k.bias", c.k_dim())?,
             bias("attn_v.bias", c.v_dim())?,
         );
