@@ -178,15 +178,6 @@ impl<'a> Loader<'a> {
         self.vector_opt(name, len)?.ok_or_else(|| missing(name))
     }
 
-    /// A norm `{name}.weight` (+ `{name}.bias` if present), if present.
-    pub(crate) fn norm_opt(&mut self, name: &str, len: usize) -> Result<Option<NormWeights>> {
-        let Some(weight) = self.vector_opt(&format!("{name}.weight"), len)? else {
-            return Ok(None);
-        };
-        let bias = self.vector_opt(&format!("{name}.bias"), len)?;
-        Ok(Some(NormWeights { weight, bias }))
-    }
-
     /// A norm whose weight tensor is `weight` (`….weight`, its bias `….bias` if present;
     /// a bare name, as falcon-h1's `ffn_norm`, has no bias).
     pub(crate) fn norm_tensor(&mut self, weight: &str, len: usize) -> Result<NormWeights> {
@@ -198,9 +189,9 @@ impl<'a> Loader<'a> {
         Ok(NormWeights { weight: w, bias })
     }
 
+    /// The norm `{name}.weight` (+ `{name}.bias` if present).
     pub(crate) fn norm(&mut self, name: &str, len: usize) -> Result<NormWeights> {
-        self.norm_opt(name, len)?
-            .ok_or_else(|| missing(&format!("{name}.weight")))
+        self.norm_tensor(&format!("{name}.weight"), len)
     }
 
     /// A vector read only when the architecture `needed`s it; when it does not, the tensor

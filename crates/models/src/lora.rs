@@ -27,8 +27,6 @@ pub struct LoraWeight {
     pub a: Vec<f32>,
     pub bt: Vec<f32>,
     pub rank: usize,
-    pub n_in: usize,
-    pub n_out: usize,
 }
 
 /// A loaded LoRA adapter.
@@ -253,8 +251,6 @@ impl LoraAdapter {
                         a: a_all[e * per_a..(e + 1) * per_a].to_vec(),
                         bt,
                         rank,
-                        n_in,
-                        n_out: n_b_out,
                     },
                 );
             }
@@ -296,6 +292,10 @@ pub(crate) struct LoraRows {
 impl LoraRows {
     /// The rows of each sequence (`rows.of(si)`) with that sequence's adapters.
     pub fn new(sets: &[&[(usize, f32)]], rows: &crate::blocks::Rows<'_>) -> LoraRows {
+        // Without an applied adapter (the common case) nothing is built per row.
+        if sets.iter().all(|set| set.iter().all(|e| e.1 == 0.0)) {
+            return LoraRows::default();
+        }
         let mut per_row = vec![Vec::new(); rows.n()];
         for (si, set) in sets.iter().enumerate() {
             let used: Vec<(usize, f32)> = set.iter().copied().filter(|e| e.1 != 0.0).collect();

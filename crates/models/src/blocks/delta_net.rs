@@ -16,7 +16,7 @@
 //! a prefix gives the same state however it was chunked, and a prompt in one batch the
 //! same bits as token by token.
 
-use crate::blocks::{columns, conv_sequences, scan_sequences, softplus, Rows};
+use crate::blocks::{conv_sequences, scan_sequences, softplus, Rows};
 use crate::config::{ModelConfig, SsmConfig};
 use crate::error::Result;
 use crate::kernels::{matmul_many, rms_norm, silu, Matrix, Projection};
@@ -124,9 +124,6 @@ impl Model {
             row[..kd].iter_mut().for_each(|v| *v *= scale);
         }
         let mut y = vec![0f32; n * vd];
-        let mut o_tmp = Vec::new();
-        columns(&qkv, ch, 2 * kd, vd, &mut o_tmp); // v, row by row (read in the scan)
-        let v_rows = o_tmp;
         scan_sequences(seqs, rows, il, dk * dk, dk, &mut y, &|r, h0, s_all, yb| {
             let cols = s_all.len() / dk;
             let mut kv_mem = vec![0f32; dk];
@@ -139,7 +136,7 @@ impl Model {
                         &qr[g * dk..(g + 1) * dk],
                         &qr[kd + g * dk..kd + (g + 1) * dk],
                     );
-                    let v = &v_rows[row * vd + h * dk..row * vd + (h + 1) * dk];
+                    let v = &qr[2 * kd + h * dk..2 * kd + (h + 1) * dk];
                     // b and a of value head h: in key head g's group, its j-th.
                     let (gi, j) = (h / per_k, h % per_k);
                     let b = ba[row * 2 * nv + gi * 2 * per_k + j];
