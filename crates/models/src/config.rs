@@ -174,6 +174,55 @@ pub struct ModelConfig {
     /// What each layer computes, compiled from the row, this metadata and the tensors
     /// present ([`crate::plan::Plan::compile`]).
     pub plan: crate::plan::Plan,
+    /// Where the sizes the tensors must have come from (the keys a shape error names).
+    pub sizes: SizeSources,
+}
+
+/// The metadata behind the sizes a file's tensors must have, so that a tensor that
+/// contradicts them is refused naming the keys (hostile-metadata rule: an error names the
+/// key, the value and what it contradicts).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SizeSources {
+    /// Each count read and each size derived from counts: (value, the keys it comes from,
+    /// e.g. `llama.attention.head_count_kv × llama.attention.key_length`).
+    pub sizes: Vec<(usize, String)>,
+    /// The keys that decide which tensors a layer has, as `key = value`
+    /// (`deepseek2.leading_dense_block_count = 1`).
+    pub layout: Vec<String>,
+}
+
+/// Keys whose values decide which tensors a layer has (not only their sizes).
+const LAYOUT_KEYS: [&str; 6] = [
+    "expert_count",
+    "leading_dense_block_count",
+    "expert_shared_count",
+    "attention.q_lora_rank",
+    "attention.kv_lora_rank",
+    "full_attention_interval",
+];
+
+impl SizeSources {
+    /// Why a tensor dimension should be `want`: the sources with that value, joined by
+    /// "or"; without one, every count read (the size is derived in a way this ledger does
+    /// not spell out, and one of them contradicts the tensor).
+    pub fn explain(&self, want: usize) -> String {
+        let named: Vec<&str> = self
+            .sizes
+            .iter()
+            .filter(|(v, _)| *v == want)
+            .map(|(_, from)| from.as_str())
+            .collect();
+        if !named.is_empty() {
+            return format!("{want} from {}", named.join(" or "));
+        }
+        let all: Vec<String> = self
+            .sizes
+            .iter()
+            .filter(|(_, from)| !from.contains(' '))
+            .map(|(v, from)| format!("{from} = {v}"))
+            .collect();
+        format!("{want} from the metadata ({})", all.join(", "))
+    }
 }
 
 /// Sizes of a Mamba-1 or Mamba-2 mixer (llama.cpp `hparams.ssm_*`, keys `{arch}.ssm.*`).
@@ -248,8 +297,12 @@ pub struct MoeConfig {
     pub n_used: usize,
     /// `expert_feed_forward_length` (default: `feed_forward_length`).
     pub n_ff_exp: usize,
-    /// `expert_shared_feed_forward_length` (0: the file's shared-expert tensors decide).
+    /// `expert_shared_feed_forward_length` (0 or absent: see `n_shared`).
     pub n_ff_shexp: usize,
+    /// `expert_shared_count`: with no shared width key, the shared expert is this many
+    /// experts wide (`n_shared · n_ff_exp`, llama.cpp deepseek2's `n_ff_shexp`); absent,
+    /// the file's shared-expert tensors decide.
+    pub n_shared: Option<usize>,
     /// Renormalise the selected weights to sum to 1 (the architecture's rule).
     pub norm_topk: bool,
     /// `expert_weights_scale`: factor on the selected weights (routed scaling).
@@ -279,6 +332,8 @@ pub fn alibi_slopes(n_head: usize, max_bias: f32) -> Vec<f32> {
 struct Keys<'a> {
     f: &'a GgufFile,
     arch: &'a str,
+    /// Every count read so far (full key, value): what tensor shapes are checked against.
+    counts: std::cell::RefCell<Vec<(String, usize)>>,
 }
 
 impl Keys<'_> {
@@ -309,6 +364,9 @@ impl Keys<'_> {
                 .ok_or_else(|| self.err(suffix, "array is not of integers"))?;
             return match vals.first() {
                 Some(&first) if vals.iter().all(|&x| x == first) && first >= 0 => {
+                    self.counts
+                        .borrow_mut()
+                        .push((self.key(suffix), first as usize));
                     Ok(Some(first as usize))
                 }
                 _ => Err(ModelError::Unsupported(format!(
@@ -319,8 +377,10 @@ impl Keys<'_> {
         }
         let n = v
             .as_u64()
-            .ok_or_else(|| self.err(suffix, format!("expected an unsigned integer, found {v}")))?;
-        Ok(Some(n as usize))
+            .ok_or_else(|| self.err(suffix, format!("expected an unsigned integer, found {v}")))?
+            as usize;
+        self.counts.borrow_mut().push((self.key(suffix), n));
+        Ok(Some(n))
     }
 
     fn usize(&self, suffix: &str) -> Result<usize> {
@@ -363,6 +423,108 @@ impl Keys<'_> {
     }
 }
 
+/// The derived sizes [`size_sources`] spells out.
+struct SizeInputs<'a> {
+    attention: bool,
+    n_head: usize,
+    n_head_kv: usize,
+    head_dim_k: usize,
+    head_dim_v: usize,
+    moe: Option<&'a MoeConfig>,
+    mla: Option<&'a MlaConfig>,
+}
+
+/// The counts `k` read and the projection widths derived from them, each with its keys.
+fn size_sources(k: &Keys, d: &SizeInputs) -> SizeSources {
+    let counts = k.counts.borrow();
+    let value = |suffix: &str| {
+        counts
+            .iter()
+            .find(|(key, _)| *key == k.key(suffix))
+            .map(|&(_, v)| v)
+    };
+    let read = |suffix: &str| value(suffix).is_some();
+    let mut sizes: Vec<(usize, String)> = Vec::new();
+    for (key, v) in counts.iter() {
+        if !sizes.iter().any(|(_, from)| from == key) {
+            sizes.push((*v, key.clone()));
+        }
+    }
+    // Fused pairs: gate and up in one matrix (phi3), Mamba's x and z.
+    for suffix in ["feed_forward_length", "ssm.inner_size"] {
+        if let Some(v) = value(suffix) {
+            sizes.push((2 * v, format!("2 × {}", k.key(suffix))));
+        }
+    }
+    let layout = counts
+        .iter()
+        .filter(|(key, _)| LAYOUT_KEYS.iter().any(|s| *key == k.key(s)))
+        .map(|(key, v)| format!("{key} = {v}"))
+        .collect();
+    if d.attention {
+        let hdk = match read("attention.key_length") {
+            true => k.key("attention.key_length"),
+            false => format!(
+                "{} / {}",
+                k.key("embedding_length"),
+                k.key("attention.head_count")
+            ),
+        };
+        let hdv = match read("attention.value_length") {
+            true => k.key("attention.value_length"),
+            false => hdk.clone(),
+        };
+        let (h, kv) = (
+            k.key("attention.head_count"),
+            k.key("attention.head_count_kv"),
+        );
+        sizes.extend([
+            (d.head_dim_k, hdk.clone()),
+            (d.head_dim_v, hdv.clone()),
+            (d.n_head * d.head_dim_k, format!("{h} × {hdk}")),
+            (d.n_head_kv * d.head_dim_k, format!("{kv} × {hdk}")),
+            (d.n_head_kv * d.head_dim_v, format!("{kv} × {hdv}")),
+            (d.n_head * d.head_dim_v, format!("{h} × {hdv}")),
+        ]);
+    }
+    if let Some(m) = d.moe {
+        if let Some(c) = m.n_shared {
+            sizes.push((
+                c * m.n_ff_exp,
+                format!(
+                    "{} × {}",
+                    k.key("expert_shared_count"),
+                    k.key("expert_feed_forward_length")
+                ),
+            ));
+        }
+        if value("expert_feed_forward_length").unwrap_or(0) == 0 {
+            sizes.push((
+                m.n_ff_exp,
+                format!(
+                    "{} (absent or 0: {})",
+                    k.key("expert_feed_forward_length"),
+                    k.key("feed_forward_length")
+                ),
+            ));
+        }
+    }
+    if let Some(m) = d.mla {
+        let h = k.key("attention.head_count");
+        sizes.extend([
+            (
+                d.n_head * m.qk_head_dim,
+                format!("{h} × {}", k.key("attention.key_length_mla")),
+            ),
+            (
+                d.n_head * m.v_head_dim,
+                format!("{h} × {}", k.key("attention.value_length_mla")),
+            ),
+        ]);
+    }
+    SizeSources { sizes, layout }
+}
+
 /// The number of layers the tensors of `f` hold: one more than the largest `N` of a
 /// `blk.N.` tensor name (0 without any).
 fn layers_in_tensors(f: &GgufFile) -> usize {
@@ -403,7 +565,11 @@ impl ModelConfig {
                 ARCHS.iter().map(|a| a.name).collect::<Vec<_>>().join(", "),
             )
         })?;
-        let k = Keys { f, arch: arch_name };
+        let k = Keys {
+            f,
+            arch: arch_name,
+            counts: Default::default(),
+        };
 
         let n_expert = k.usize_opt("expert_count")?.unwrap_or(0);
         let moe = if n_expert > 0 {
@@ -475,6 +641,7 @@ impl ModelConfig {
                 n_ff_shexp: k
                     .usize_opt("expert_shared_feed_forward_length")?
                     .unwrap_or(0),
+                n_shared: k.usize_opt("expert_shared_count")?,
                 norm_topk,
                 weights_scale: k.f32_pos_opt("expert_weights_scale")?.unwrap_or(1.0),
             })
@@ -895,6 +1062,18 @@ impl ModelConfig {
                 detail: "missing".into(),
             })?;
 
+        let sizes = size_sources(
+            &k,
+            &SizeInputs {
+                attention,
+                n_head,
+                n_head_kv,
+                head_dim_k,
+                head_dim_v,
+                moe: moe.as_ref(),
+                mla: mla.as_ref(),
+            },
+        );
         let plan = crate::plan::Plan::compile(
             arch,
             f,
@@ -936,6 +1115,7 @@ impl ModelConfig {
             ssm,
             short_conv_taps,
             plan,
+            sizes,
         })
     }
 

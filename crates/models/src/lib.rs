@@ -24,8 +24,8 @@ pub use blocks::mla::MlaWeights;
 pub use blocks::moe::{route, MoeFfn};
 pub use blocks::{FfnWeights, MixerWeights};
 pub use config::{
-    alibi_slopes, Gating, MlaConfig, ModelConfig, MoeConfig, Pooling, RopeParams, SsmConfig,
-    YarnParams,
+    alibi_slopes, Gating, MlaConfig, ModelConfig, MoeConfig, Pooling, RopeParams, SizeSources,
+    SsmConfig, YarnParams,
 };
 pub use error::{ModelError, Result};
 pub use forward::{Logits, Sequence};

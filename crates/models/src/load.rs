@@ -4,6 +4,7 @@
 
 use frink_gguf::GgufFile;
 
+use crate::config::SizeSources;
 use crate::error::{ModelError, Result};
 use crate::kernels::Matrix;
 use crate::model::{Experts, NormWeights};
@@ -12,14 +13,17 @@ use crate::model::{Experts, NormWeights};
 pub(crate) struct Loader<'a> {
     pub(crate) f: &'a GgufFile,
     pub(crate) used: Vec<bool>,
+    /// The metadata the expected shapes come from, named when a tensor contradicts it.
+    sizes: &'a SizeSources,
 }
 
 impl<'a> Loader<'a> {
-    /// A loader of `f`'s tensors, none taken yet.
-    pub(crate) fn new(f: &'a GgufFile) -> Loader<'a> {
+    /// A loader of `f`'s tensors, none taken yet, whose expected shapes come from `sizes`.
+    pub(crate) fn new(f: &'a GgufFile, sizes: &'a SizeSources) -> Loader<'a> {
         Loader {
             f,
             used: vec![false; f.tensor_infos().len()],
+            sizes,
         }
     }
 
@@ -45,13 +49,46 @@ impl<'a> Loader<'a> {
         Some(i)
     }
 
+    /// Tensor `i` (`name`) does not have shape `want`: the error names the metadata each
+    /// contradicted dimension comes from.
     pub(crate) fn shape_err(&self, name: &str, want: &[usize], i: usize) -> ModelError {
+        let shape = &self.f.tensor_infos()[i].shape;
+        let why: Vec<String> = want
+            .iter()
+            .enumerate()
+            .filter(|&(d, &w)| shape.len() != want.len() || shape[d] != w as u64)
+            .map(|(_, &w)| self.sizes.explain(w))
+            .collect();
         ModelError::Tensor {
             name: name.into(),
             detail: format!(
-                "shape {:?}, expected {want:?}",
-                self.f.tensor_infos()[i].shape
+                "shape {shape:?}, expected {want:?} ({}): the metadata contradicts the tensor",
+                why.join("; ")
             ),
+        }
+    }
+
+    /// Tensor `name`, which the layer layout needs, is absent: the error names the keys
+    /// that decided the layout.
+    fn missing(&self, name: &str) -> ModelError {
+        self.missing_for(name, "")
+    }
+
+    /// [`Loader::missing`], with `why` (e.g. the key that asked for the tensor) first.
+    pub(crate) fn missing_for(&self, name: &str, why: &str) -> ModelError {
+        let mut detail = "missing".to_string();
+        if !why.is_empty() {
+            detail += &format!(": {why}");
+        }
+        if !self.sizes.layout.is_empty() {
+            detail += &format!(
+                " (the layer layout follows {})",
+                self.sizes.layout.join(", ")
+            );
+        }
+        ModelError::Tensor {
+            name: name.into(),
+            detail,
         }
     }
 
@@ -132,12 +169,12 @@ impl<'a> Loader<'a> {
         cols: usize,
     ) -> Result<Experts> {
         self.experts_opt(name, n, rows, cols)?
-            .ok_or_else(|| missing(name))
+            .ok_or_else(|| self.missing(name))
     }
 
     pub(crate) fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
         self.matrix_opt(name, rows, cols)?
-            .ok_or_else(|| missing(name))
+            .ok_or_else(|| self.missing(name))
     }
 
     /// A vector of `len` values, dequantized to f32, if present.
@@ -171,11 +208,13 @@ impl<'a> Loader<'a> {
 
     /// `n` stacked vectors of `len` values (GGUF shape `[len, n]`), dequantized.
     pub(crate) fn stacked(&mut self, name: &str, len: usize, n: usize) -> Result<Vec<f32>> {
-        self.stacked_opt(name, len, n)?.ok_or_else(|| missing(name))
+        self.stacked_opt(name, len, n)?
+            .ok_or_else(|| self.missing(name))
     }
 
     pub(crate) fn vector(&mut self, name: &str, len: usize) -> Result<Vec<f32>> {
-        self.vector_opt(name, len)?.ok_or_else(|| missing(name))
+        self.vector_opt(name, len)?
+            .ok_or_else(|| self.missing(name))
     }
 
     /// A norm whose weight tensor is `weight` (`….weight`, its bias `….bias` if present;
@@ -207,12 +246,5 @@ impl<'a> Loader<'a> {
         } else {
             Ok(None)
         }
-    }
-}
-
-pub(crate) fn missing(name: &str) -> ModelError {
-    ModelError::Tensor {
-        name: name.into(),
-        detail: "missing".into(),
     }
 }

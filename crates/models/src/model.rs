@@ -223,7 +223,7 @@ impl Model {
         let config = ModelConfig::from_gguf(&file)?;
         let c = &config;
         let a = c.arch;
-        let mut l = Loader::new(&file);
+        let mut l = Loader::new(&file, &c.sizes);
         let token_embd = l.matrix("token_embd.weight", c.n_vocab, c.n_embd)?;
         let token_embd_norm = match c.plan.embd_norm {
             true => Some(l.norm("token_embd_norm", c.n_embd)?),

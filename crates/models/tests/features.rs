@@ -390,6 +390,7 @@ fn group_limited_routing_and_selection_bias() {
         n_used: 2,
         n_ff_exp: 1,
         n_ff_shexp: 0,
+        n_shared: None,
         norm_topk: true,
         weights_scale: 2.0,
     };
@@ -420,6 +421,7 @@ fn routing_picks_the_most_probable_experts_in_order() {
         n_used: 2,
         n_ff_exp: 1,
         n_ff_shexp: 0,
+        n_shared: None,
         norm_topk: false,
         weights_scale: 1.0,
     };

@@ -1,12 +1,15 @@
 //! Hostile metadata: every numeric metadata key of every tiny fixture rewritten to each of
 //! a set of edge values (integers 0, 1, 3, 7, 2^20, 2^31 − 1; floats 0, −1, NaN, ∞, 1e30)
 //! with the project's own GGUF writer, loaded in-process and evaluated. Each variant must
-//! load and give finite logits, or fail with an error naming the key (or the tensor the
-//! value contradicts). Measured: 2462 fixture variants in ~7 s (1359 refused naming the
-//! key, 1004 identical, 99 valid and different), 168 catalog variants, 0 bad. No panic, no abort (an allocation the file cannot justify), no
-//! NaN. `FRINK_FUZZ_CASES=N` adds N random values per key. The catalog models (fetched
-//! through the store) get the same for the keys of their architecture, set in memory
-//! ([`GgufFile::set_metadata`]: the same reads, without copying their tensors).
+//! load and give finite logits, or fail with an error naming the key (a tensor whose shape
+//! the value contradicts is refused naming the keys its expected size comes from).
+//! Measured: 3156 fixture variants in ~6 s (1778 refused naming the key, 1261 identical,
+//! 117 valid and different), 168 catalog variants (131, 29, 8), 0 bad; before the shape
+//! errors named their keys, 595 fixture and 42 catalog refusals named only the tensor. No
+//! panic, no abort (an allocation the file cannot justify), no NaN. `FRINK_FUZZ_CASES=N`
+//! adds N random values per key. The catalog models (fetched through the store) get the
+//! same for the keys of their architecture, set in memory ([`GgufFile::set_metadata`]: the
+//! same reads, without copying their tensors).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -70,8 +73,8 @@ struct Tally {
 
 impl Tally {
     /// Judges the variant of `name` with `key = v`, run by `run`, against `base`: a
-    /// refusal must name the key (a consistency check names every key it reads) or the
-    /// tensor the value contradicts; logits must be finite.
+    /// refusal must name the key (a consistency check names every key it reads, a shape
+    /// error the keys of the size it expected); logits must be finite.
     fn judge(
         &mut self,
         name: &str,
@@ -85,7 +88,7 @@ impl Tally {
             Err(_) => self.bad.push(format!("{name}: {key} = {v}: panic")),
             Ok(Err(e)) => {
                 self.refused += 1;
-                if !(e.contains(key) || e.contains("tensor")) {
+                if !e.contains(key) {
                     self.bad.push(format!(
                         "{name}: {key} = {v}: error does not name the key: {e}"
                     ));

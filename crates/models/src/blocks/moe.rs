@@ -47,11 +47,29 @@ impl MoeFfn {
     ) -> Result<MoeFfn> {
         let n = |s: &str| format!("blk.{il}.{s}");
         let (e, ff) = (mc.n_expert, mc.n_ff_exp);
+        // The shared expert's width: the key's, else `expert_shared_count` experts', else
+        // its tensor's (ne1 of ffn_up_shexp).
+        let width_key = match (mc.n_ff_shexp, mc.n_shared) {
+            (0, None) => None,
+            (0, Some(c)) => Some((c * ff, "expert_shared_count")),
+            (w, _) => Some((w, "expert_shared_feed_forward_length")),
+        };
         let shared = match l.f.tensor_index(&n("ffn_up_shexp.weight")) {
-            None => None,
+            None => match width_key {
+                Some((w, key)) if w > 0 => {
+                    let arch = l.f.architecture().unwrap_or("");
+                    return Err(l.missing_for(
+                        &n("ffn_up_shexp.weight"),
+                        &format!("{arch}.{key} asks for a shared expert {w} wide"),
+                    ));
+                }
+                _ => None,
+            },
             Some(i) => {
-                // The shared expert's width from its tensor (ne1 of ffn_up_shexp).
-                let ff_sh = l.f.tensor_infos()[i].shape.get(1).copied().unwrap_or(0) as usize;
+                let ff_sh = match width_key {
+                    Some((w, _)) => w,
+                    None => l.f.tensor_infos()[i].shape.get(1).copied().unwrap_or(0) as usize,
+                };
                 Some(DenseFfn::load(
                     l,
                     &n(""),
