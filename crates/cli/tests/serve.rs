@@ -747,6 +747,116 @@ fn a_model_that_fails_to_load_ends_the_server_with_an_error() {
     );
 }
 
+/// The hostile-metadata cases of the issue that asked for their validation, each on a tiny
+/// fixture: `frink run` and `frink serve` both exit 1 at load with the same error line,
+/// and it names the key. (Before the validation: block_count aborted allocating 1.7 TB,
+/// expert_used_count panicked, the NaN/0 values ran and gave NaN or other logits.)
+#[test]
+fn hostile_metadata_ends_run_and_serve_with_the_same_error_naming_the_key() {
+    use frink_gguf::{GgufFile, GgufWriter, MetaValue};
+    let Some(root) = frink_testdata::require("fixtures/tiny", "hostile metadata at startup") else {
+        return;
+    };
+    let _l = lock();
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("llama", "llama.block_count", MetaValue::U32((1 << 31) - 1)),
+        ("llama", "llama.feed_forward_length", MetaValue::U32(7)),
+        ("llama", "llama.rope.freq_base", MetaValue::F32(f32::NAN)),
+        (
+            "llama",
+            "llama.attention.layer_norm_rms_epsilon",
+            MetaValue::F32(0.0),
+        ),
+        ("llama", "llama.rope.dimension_count", MetaValue::U32(0)),
+        (
+            "qwen2_moe",
+            "qwen2moe.expert_shared_feed_forward_length",
+            MetaValue::U32(7),
+        ),
+        (
+            "deepseek_v3",
+            "deepseek2.expert_used_count",
+            MetaValue::U32(7),
+        ),
+        (
+            "deepseek_v3",
+            "deepseek2.expert_weights_scale",
+            MetaValue::F32(f32::INFINITY),
+        ),
+        (
+            "deepseek_v2",
+            "deepseek2.expert_shared_count",
+            MetaValue::U32(3),
+        ),
+        (
+            "gemma3",
+            "gemma3.attention.sliding_window",
+            MetaValue::U32(0),
+        ),
+        ("gemma3", "gemma3.rope.scaling.factor", MetaValue::F32(-1.0)),
+    ];
+    for (fixture, key, value) in cases {
+        let file = GgufFile::read(root.join(fixture).join("model.gguf")).unwrap();
+        let mut w = GgufWriter::from_file(&file).unwrap();
+        w.add_metadata(key.to_string(), value.clone());
+        let path = dir.path().join(format!("{key}.gguf"));
+        std::fs::write(&path, w.to_bytes().unwrap()).unwrap();
+        let m = path.to_str().unwrap();
+        let error_line = |out: &std::process::Output| -> String {
+            let err = stderr(out);
+            assert_eq!(out.status.code(), Some(1), "{key} = {value}: {err}");
+            err.lines()
+                .find(|l| l.starts_with("error:"))
+                .unwrap_or_else(|| panic!("{key} = {value}: no error line: {err}"))
+                .to_string()
+        };
+        let run = error_line(&frink(&[
+            "run",
+            "-m",
+            m,
+            "--raw",
+            "--greedy",
+            "-n",
+            "2",
+            "--prompt-ids",
+            "1,2,3",
+        ]));
+        let serve = error_line(&frink(&["serve", "--port", "0", "-m", m]));
+        eprintln!("{key} = {value}: {run}");
+        assert!(run.contains(key), "{key} = {value}: {run}");
+        assert_eq!(run, serve, "{key} = {value}: run and serve differ");
+    }
+    // A key this file's layers never use (every qwen2moe layer is a mixture of experts,
+    // whose width is `expert_feed_forward_length`): the same tokens, nothing allocated by it
+    // (before the validation: an abort allocating its scratch).
+    let original = root.join("qwen2_moe").join("model.gguf");
+    let file = GgufFile::read(&original).unwrap();
+    let mut w = GgufWriter::from_file(&file).unwrap();
+    w.add_metadata(
+        "qwen2moe.feed_forward_length".to_string(),
+        MetaValue::U32((1 << 31) - 1),
+    );
+    let path = dir.path().join("unused.gguf");
+    std::fs::write(&path, w.to_bytes().unwrap()).unwrap();
+    let tokens = |m: &std::path::Path| {
+        let out = frink(&[
+            "run",
+            "-m",
+            m.to_str().unwrap(),
+            "--raw",
+            "--greedy",
+            "-n",
+            "4",
+            "--prompt-ids",
+            "1,2,3",
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        out.stdout
+    };
+    assert_eq!(tokens(&original), tokens(&path));
+}
+
 /// A value of each refused field that asks for something frink cannot do, and the value
 /// that changes nothing (where the field has one).
 fn refused_sample(name: &str) -> (Value, Option<Value>) {

@@ -99,6 +99,9 @@ pub struct GgufFile {
     /// For each tensor of `tensors`, the file holding its data: 0 this one, k `shards[k-1]`
     /// (empty: all here).
     tensor_shard: Vec<usize>,
+    /// Every key [`GgufFile::get`] was asked for, present or not: which metadata the
+    /// engine reads ([`GgufFile::keys_looked_up`]).
+    looked_up: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 /// `prefix-NNNNN-of-MMMMM.gguf`, llama.cpp's split file names (`llama_split_path`,
@@ -264,6 +267,7 @@ impl GgufFile {
             data_offset: header.data_offset,
             shards: Vec::new(),
             tensor_shard: Vec::new(),
+            looked_up: Default::default(),
         })
     }
 
@@ -327,9 +331,22 @@ impl GgufFile {
         &self.metadata
     }
 
-    /// The value of metadata key `key`.
+    /// The value of metadata key `key` (the lookup is remembered:
+    /// [`GgufFile::keys_looked_up`]).
     pub fn get(&self, key: &str) -> Option<&MetaValue> {
+        if let Ok(mut seen) = self.looked_up.lock() {
+            if !seen.contains(key) {
+                seen.insert(key.to_string());
+            }
+        }
         self.key_index.get(key).map(|&i| &self.metadata[i].1)
+    }
+
+    /// Every key [`GgufFile::get`] has been asked for so far, present in the file or not:
+    /// after loading a model, the metadata it reads (the keys of [`GgufFile::metadata`]
+    /// not in this set change nothing).
+    pub fn keys_looked_up(&self) -> std::collections::BTreeSet<String> {
+        self.looked_up.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
     /// Removes metadata key `key` and returns its value (`None` if absent); later [`get`]s of
