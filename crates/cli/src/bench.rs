@@ -78,8 +78,14 @@ fn session_at_depth<'m>(
     n_gen: usize,
 ) -> Result<Session<'m>> {
     let n_vocab = model.config.n_vocab;
-    let mut session = Session::new(model, n_depth + n_prompt + n_gen + 1, args.model.kv_type)
-        .with_batch(frink_engine::DEFAULT_BATCH);
+    let n_ctx = n_depth
+        .checked_add(n_prompt)
+        .and_then(|n| n.checked_add(n_gen + 1))
+        .ok_or_else(|| anyhow::anyhow!("-d + -p + -n overflow"))?;
+    frink_engine::check_kv_memory(model, n_ctx, 1, args.model.kv_type, "-d + -p + -n")
+        .map_err(anyhow::Error::msg)?;
+    let mut session =
+        Session::new(model, n_ctx, args.model.kv_type).with_batch(frink_engine::DEFAULT_BATCH);
     if n_depth > 0 {
         session.eval(&tokens(n_depth, n_vocab, u64::MAX), Logits::None)?;
     }

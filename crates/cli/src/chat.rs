@@ -35,6 +35,8 @@ pub fn run(args: &ChatArgs) -> Result<()> {
         Tokenizer::from_gguf_releasing(&mut model.file).context("cannot build the tokenizer")?,
     );
     let grammar = args.sampling.grammar_for(&tok)?;
+    frink_engine::check_kv_memory(&model, args.gen.ctx, 1, args.model.kv_type, "--ctx")
+        .map_err(anyhow::Error::msg)?;
     let mut session = Session::new(&model, args.gen.ctx, args.model.kv_type);
     let sampling = args.sampling.params(tok.n_vocab())?;
     let params = GenerateParams {

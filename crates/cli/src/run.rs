@@ -95,6 +95,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
     anyhow::ensure!(!prompt.is_empty(), "the prompt is empty");
     args.gen.check_fits(prompt.len())?;
     let max_tokens = args.gen.max_tokens();
+    frink_engine::check_kv_memory(&model, args.gen.ctx, 1, args.model.kv_type, "--ctx")
+        .map_err(anyhow::Error::msg)?;
     let mut session = Session::new(&model, args.gen.ctx, args.model.kv_type);
     let mut sampler = Sampler::new(args.sampling.params(tok.n_vocab())?)
         .with_constraint(grammar.as_ref().map(|g| g.fresh()).transpose()?);

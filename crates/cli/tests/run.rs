@@ -278,3 +278,59 @@ fn json_schema_regex_and_grammar_flags_constrain_the_answer() {
     ]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }
+
+/// A context no machine holds is refused before anything is allocated, naming the flag
+/// (before the check: `--ctx 999999999999` aborted with "memory allocation of
+/// 63999999999936 bytes failed", exit 134).
+#[test]
+fn a_context_larger_than_memory_is_refused_naming_the_flag() {
+    let Some(root) = frink_testdata::require("fixtures/tiny", "KV memory check") else {
+        return;
+    };
+    let m = root.join("llama").join("model.gguf");
+    let m = m.to_str().unwrap();
+    for (args, flag) in [
+        (
+            vec![
+                "run",
+                "-m",
+                m,
+                "--raw",
+                "--greedy",
+                "-n",
+                "2",
+                "--prompt-ids",
+                "1,2,3",
+                "--ctx",
+                "999999999999",
+            ],
+            "--ctx",
+        ),
+        (
+            vec![
+                "serve",
+                "--port",
+                "0",
+                "-m",
+                m,
+                "--ctx",
+                "99999999",
+                "--parallel",
+                "64",
+            ],
+            "--parallel × --ctx",
+        ),
+        (
+            vec!["bench", "-m", m, "-p", "999999999999", "-n", "1", "-r", "1"],
+            "-d + -p + -n",
+        ),
+    ] {
+        let out = frink(&args);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains(&format!("error: {flag}: a KV cache of")) && err.contains("GiB"),
+            "{args:?}: {err}"
+        );
+    }
+}

@@ -15,4 +15,4 @@ pub use generate::{
     StopMatcher, Timings,
 };
 pub use perplexity::{perplexity, Perplexity};
-pub use session::{Session, DEFAULT_BATCH};
+pub use session::{check_kv_memory, Session, DEFAULT_BATCH};

@@ -85,3 +85,36 @@ impl<'m> Session<'m> {
         Ok(out)
     }
 }
+
+/// Refuses a context whose KV caches cannot fit: `n_seq` sequences of `n_ctx` positions of
+/// `model` with elements of `kv_type`, before anything is allocated (without it a huge
+/// `--ctx` aborts the process in the allocator). The bound is the machine's memory
+/// (`MemTotal` of /proc/meminfo; where that cannot be read, only the arithmetic is checked).
+///
+/// Errors: a message naming the sizes and `what` (the flag that set them).
+pub fn check_kv_memory(
+    model: &Model,
+    n_ctx: usize,
+    n_seq: usize,
+    kv_type: KvType,
+    what: &str,
+) -> Result<(), String> {
+    let need = SeqState::kv_bytes(&model.config, n_ctx, kv_type).and_then(|b| b.checked_mul(n_seq));
+    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+        let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+        kib.checked_mul(1024)
+    });
+    let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+    match (need, total) {
+        (None, _) => Err(format!(
+            "{what}: a KV cache of {n_seq} × {n_ctx} positions is larger than any machine's memory"
+        )),
+        (Some(need), Some(total)) if need > total => Err(format!(
+            "{what}: a KV cache of {n_seq} × {n_ctx} positions needs {:.1} GiB, more than this machine's {:.1} GiB",
+            gib(need),
+            gib(total)
+        )),
+        _ => Ok(()),
+    }
+}

@@ -13,6 +13,16 @@ pub enum KvType {
     F32,
 }
 
+impl KvType {
+    /// Bytes of one element.
+    pub fn element_bytes(self) -> usize {
+        match self {
+            KvType::F16 => 2,
+            KvType::F32 => 4,
+        }
+    }
+}
+
 impl std::str::FromStr for KvType {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {

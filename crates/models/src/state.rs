@@ -69,6 +69,22 @@ pub struct SeqState {
 }
 
 impl SeqState {
+    /// Bytes the KV cache of one sequence of `n_ctx` positions takes (what
+    /// [`SeqState::new`] allocates for its attention layers), or `None` when that does not
+    /// fit in a `usize` (a context no machine holds).
+    pub fn kv_bytes(config: &ModelConfig, n_ctx: usize, kv_type: KvType) -> Option<usize> {
+        let layers = config
+            .plan
+            .layers
+            .iter()
+            .filter(|l| l.mixer.has_attention())
+            .count();
+        n_ctx
+            .checked_mul(config.k_dim() + config.v_dim())?
+            .checked_mul(kv_type.element_bytes())?
+            .checked_mul(layers)
+    }
+
     /// An empty state for `n_ctx` positions of the model described by `config`.
     pub fn new(config: &ModelConfig, n_ctx: usize, kv_type: KvType) -> SeqState {
         let (k_dim, v_dim) = (config.k_dim(), config.v_dim());

@@ -315,6 +315,14 @@ fn start_engine(config: &ServeConfig, load: Loader) -> Result<Engine> {
     let tok = Arc::new(
         Tokenizer::from_gguf_releasing(&mut model.file).context("cannot build the tokenizer")?,
     );
+    frink_engine::check_kv_memory(
+        &model,
+        config.ctx,
+        config.parallel,
+        config.kv_type,
+        "--parallel × --ctx",
+    )
+    .map_err(anyhow::Error::msg)?;
     let sched = Scheduler::start(
         model,
         Arc::clone(&tok),
