@@ -17,6 +17,7 @@ _SCALAR = {U8: "<B", I8: "<b", U16: "<H", I16: "<h", U32: "<I", I32: "<i", F32: 
 # ggml tensor types used here: (id, block size, bytes per block), from ggml.h / ggml.c
 # type_traits.
 GGML_F32 = (0, 1, 4)
+GGML_F16 = (1, 1, 2)
 GGML_Q8_0 = (8, 32, 34)
 TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0",
               10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 30: "BF16"}

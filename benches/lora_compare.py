@@ -2,11 +2,12 @@
 """LoRA beside llama.cpp, and its cost in decoding, on a catalog model.
 
     python3 benches/lora_compare.py [-m MODEL] [--rank 16] [--targets attn_q,attn_v,...]
-                                    [--ctx 128] [--speed]
+                                    [--type f16|f32] [--ctx 128] [--speed]
 
 Writes a random LoRA adapter for MODEL (catalog name or .gguf) in llama.cpp's GGUF form
 (`convert_lora_to_gguf.py`'s layout: general.type adapter, adapter.type lora,
-adapter.lora.alpha, `<tensor>.lora_a` [n_in, r] / `.lora_b` [r, n_out], F32) on every
+adapter.lora.alpha, `<tensor>.lora_a` [n_in, r] / `.lora_b` [r, n_out], F16 as
+`convert_lora_to_gguf.py --outtype f16` writes them, or F32 with `--type f32`) on every
 matrix whose name ends with a target, into a temporary directory, then:
 
 - perplexity of the golden corpus (shared/golden/corpus/gpl3.txt, `--ctx` tokens per
@@ -54,17 +55,19 @@ def resolve(model):
     return out.stdout.strip().splitlines()[-1]
 
 
-def write_adapter(base_path, targets, rank, alpha, amp, seed, path):
+def write_adapter(base_path, targets, rank, alpha, amp, seed, path, ty="f16"):
     base = g.Reader(base_path)
     arch = base.kv["general.architecture"][1]
     kv = [("general.architecture", g.STRING, arch), ("general.type", g.STRING, "adapter"),
           ("adapter.type", g.STRING, "lora"), ("adapter.lora.alpha", g.F32, alpha)]
     rng = random.Random(seed)
 
+    gt, fmt = (g.GGML_F16, "e") if ty == "f16" else (g.GGML_F32, "f")
+
     def rand(n):
         def fill(f, nbytes):
             vals = [rng.uniform(-amp, amp) for _ in range(n)]
-            f.write(struct.pack(f"<{n}f", *vals))
+            f.write(struct.pack(f"<{n}{fmt}", *vals))
         return fill
 
     tensors = []
@@ -72,8 +75,8 @@ def write_adapter(base_path, targets, rank, alpha, amp, seed, path):
         if len(dims) != 2 or not any(name.endswith(t + ".weight") for t in targets):
             continue
         n_in, n_out = dims
-        tensors.append((name + ".lora_a", [n_in, rank], g.GGML_F32, rand(n_in * rank)))
-        tensors.append((name + ".lora_b", [rank, n_out], g.GGML_F32, rand(rank * n_out)))
+        tensors.append((name + ".lora_a", [n_in, rank], gt, rand(n_in * rank)))
+        tensors.append((name + ".lora_b", [rank, n_out], gt, rand(rank * n_out)))
     g.write(path, kv, tensors)
     return len(tensors) // 2
 
@@ -133,6 +136,7 @@ def main():
     ap.add_argument("-m", "--model", default="smollm2-135m")
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--targets", default="attn_q,attn_k,attn_v,attn_output,ffn_gate,ffn_up,ffn_down")
+    ap.add_argument("--type", choices=["f16", "f32"], default="f16")
     ap.add_argument("--ctx", type=int, default=128)
     ap.add_argument("--amp", type=float, default=0.06,
                     help="A and B uniform in +-amp (large enough to move the perplexity)")
@@ -144,8 +148,9 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         paths = [os.path.join(d, f"lora{i}.gguf") for i in range(8 if a.speed else 1)]
         for i, p in enumerate(paths):
-            n = write_adapter(model, targets, a.rank, 2.0 * a.rank, a.amp, i, p)
-        print(f"{os.path.basename(model)}: random rank-{a.rank} adapters on {n} matrices each")
+            n = write_adapter(model, targets, a.rank, 2.0 * a.rank, a.amp, i, p, a.type)
+        print(f"{os.path.basename(model)}: random rank-{a.rank} {a.type.upper()} adapters "
+              f"on {n} matrices each")
         lora = paths[0]
         print("| adapter | frink PPL | llama.cpp PPL | ratio |")
         print("| --- | ---: | ---: | ---: |")

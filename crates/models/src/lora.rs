@@ -16,17 +16,79 @@ use std::path::Path;
 use frink_gguf::{GgmlType, GgufFile};
 
 use crate::error::{ModelError, Result};
-use crate::kernels::Matrix;
+use crate::kernels::{dot_multi_keys, weighted_sum_multi, KvData, KvRows, Matrix};
 use crate::model::Model;
 
-/// One adapted matrix, in f32 (dequantized at load; adapters are small): `a` is `A`,
-/// `rank × n_in` (for `token_embd` the `n_vocab × rank` table), `bt` is `Bᵀ`, `rank ×
-/// n_out`.
+/// One adapted matrix: `a` is `A`, `rank × n_in` (for `token_embd` the `n_vocab × rank`
+/// table), `bt` is `Bᵀ`, `rank × n_out`, each row-major.
 #[derive(Clone, Debug)]
 pub struct LoraWeight {
-    pub a: Vec<f32>,
-    pub bt: Vec<f32>,
+    pub a: LoraData,
+    pub bt: LoraData,
     pub rank: usize,
+}
+
+/// The elements of one LoRA half as kept in memory: F16 tensors as they are (half the
+/// bytes each decode step streams per adapter, read by widening, which is exact), every
+/// other type (F32, BF16, Q8_0) dequantized to f32, exactly.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LoraData {
+    F32(Vec<f32>),
+    F16(Vec<half::f16>),
+}
+
+impl LoraData {
+    /// `values` (the dequantized tensor, or one expert's part of it) kept as a tensor of
+    /// type `ty` is kept: f16 when `ty` is F16 (the conversion back is exact), else f32.
+    fn new(ty: GgmlType, values: &[f32]) -> LoraData {
+        match ty {
+            GgmlType::F16 => {
+                LoraData::F16(values.iter().map(|&v| half::f16::from_f32(v)).collect())
+            }
+            _ => LoraData::F32(values.to_vec()),
+        }
+    }
+
+    /// Its rows of `width` elements, as the attention kernels read them.
+    fn rows(&self, width: usize) -> KvRows<'_> {
+        KvRows {
+            data: match self {
+                LoraData::F32(v) => KvData::F32(v),
+                LoraData::F16(v) => KvData::F16(v),
+            },
+            start: 0,
+            stride: width,
+        }
+    }
+
+    /// Elements `range`, as f32.
+    fn slice_f32(&self, range: std::ops::Range<usize>) -> Vec<f32> {
+        match self {
+            LoraData::F32(v) => v[range].to_vec(),
+            LoraData::F16(v) => v[range].iter().map(|x| x.to_f32()).collect(),
+        }
+    }
+
+    /// Elements held.
+    pub fn len(&self) -> usize {
+        match self {
+            LoraData::F32(v) => v.len(),
+            LoraData::F16(v) => v.len(),
+        }
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        match self {
+            LoraData::F32(v) => v.len() * 4,
+            LoraData::F16(v) => v.len() * 2,
+        }
+    }
 }
 
 /// A loaded LoRA adapter.
@@ -248,8 +310,8 @@ impl LoraAdapter {
                 weights.insert(
                     (bi, e),
                     LoraWeight {
-                        a: a_all[e * per_a..(e + 1) * per_a].to_vec(),
-                        bt,
+                        a: LoraData::new(ta.ggml_type, &a_all[e * per_a..(e + 1) * per_a]),
+                        bt: LoraData::new(tb.ggml_type, &bt),
                         rank,
                     },
                 );
@@ -413,14 +475,14 @@ impl Model {
                     let Some(lw) = ad.weights.get(&key) else {
                         continue;
                     };
-                    let f = ad.factor(scale, lw.rank);
-                    // t = A·x, then out += f · Σ_j t_j · (Bᵀ)_j.
+                    // t = A·x (each element `dot`'s bits), then out += Σ_j (f·t_j)·(Bᵀ)_j
+                    // (`axpy`'s bits per j, in order).
                     t.clear();
-                    t.extend(lw.a.chunks_exact(n_in).map(|a| crate::kernels::dot(a, xr)));
-                    for (&tj, btj) in t.iter().zip(lw.bt.chunks_exact(n_out)) {
-                        let c = f * tj;
-                        orow.iter_mut().zip(btj).for_each(|(o, b)| *o += c * b);
-                    }
+                    t.resize(lw.rank, 0.0);
+                    dot_multi_keys([xr], lw.a.rows(n_in), 0..lw.rank, [&mut t[..]]);
+                    let f = ad.factor(scale, lw.rank);
+                    t.iter_mut().for_each(|tj| *tj *= f);
+                    weighted_sum_multi([&mut *orow], [&t[..]], lw.bt.rows(n_out), 0..lw.rank);
                 }
             }
         });
@@ -442,12 +504,11 @@ impl Model {
                     continue;
                 };
                 let f = ad.factor(scale, lw.rank);
-                let a_t = &lw.a[tokens[r] as usize * lw.rank..][..lw.rank];
+                let start = tokens[r] as usize * lw.rank;
+                let mut p = lw.a.slice_f32(start..start + lw.rank);
+                p.iter_mut().for_each(|aj| *aj *= f);
                 let xr = &mut x[r * d..(r + 1) * d];
-                for (&aj, btj) in a_t.iter().zip(lw.bt.chunks_exact(d)) {
-                    let c = f * aj;
-                    xr.iter_mut().zip(btj).for_each(|(o, b)| *o += c * b);
-                }
+                weighted_sum_multi([xr], [&p[..]], lw.bt.rows(d), 0..lw.rank);
             }
         }
         Ok(())

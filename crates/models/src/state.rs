@@ -274,10 +274,7 @@ impl SeqState {
 
     /// Bytes held by the state.
     pub fn bytes(&self) -> usize {
-        let el = match self.kv_type {
-            KvType::F16 => 2,
-            KvType::F32 => 4,
-        };
+        let el = self.kv_type.element_bytes();
         self.layers
             .iter()
             .map(|l| {

@@ -94,6 +94,70 @@ fn sequences_with_different_adapters_share_a_batch() {
     assert!(alone[0] != alone[1] && alone[1] != alone[2]);
 }
 
+/// An F16 adapter is kept in f16 and read by exact widening: its logits equal those of
+/// the same values stored as F32 bit for bit (a rounding on the way would show here), and
+/// alone and beside an adapter-free sequence in one batch; the F16 copy of the fixture's
+/// F32 adapter still moves the logits (by 0.40, as the original).
+#[test]
+fn an_f16_adapter_equals_its_f32_widening() {
+    let Some(dir) = dir() else { return };
+    let ids = fixture_input_ids(&dir);
+    let f16_bytes = |data: &[u8]| -> Vec<u8> {
+        data.chunks_exact(4)
+            .flat_map(|c| {
+                half::f16::from_f32(f32::from_le_bytes(c.try_into().unwrap())).to_le_bytes()
+            })
+            .collect()
+    };
+    let as_f16 = rebuilt(&dir.join("adapter.gguf"), |name, ty, shape, data| {
+        assert_eq!(ty, GgmlType::F32);
+        Some((
+            name.to_string(),
+            GgmlType::F16,
+            shape.to_vec(),
+            f16_bytes(&data),
+        ))
+    });
+    let tmp = tempfile::tempdir().unwrap();
+    let p16 = tmp.path().join("f16.gguf");
+    std::fs::write(
+        &p16,
+        GgufWriter::from_file(&as_f16).unwrap().to_bytes().unwrap(),
+    )
+    .unwrap();
+    let widened = rebuilt(&p16, |name, ty, shape, data| {
+        assert_eq!(ty, GgmlType::F16);
+        let data = data
+            .chunks_exact(2)
+            .flat_map(|c| {
+                half::f16::from_le_bytes([c[0], c[1]])
+                    .to_f32()
+                    .to_le_bytes()
+            })
+            .collect();
+        Some((name.to_string(), GgmlType::F32, shape.to_vec(), data))
+    });
+    let load = |file: GgufFile| {
+        let mut m = Model::load(dir.join("model.gguf")).unwrap();
+        let a = frink_models::lora::LoraAdapter::from_gguf(file, "a".into(), &m).unwrap();
+        m.adapters.push(a);
+        m.lora_scales.push(1.0);
+        m
+    };
+    let (m16, m32) = (load(GgufFile::open(&p16).unwrap()), load(widened));
+    let kept_f16 = m16.adapters[0]
+        .weights
+        .values()
+        .all(|w| matches!(w.a, frink_models::lora::LoraData::F16(_)));
+    assert!(kept_f16, "an F16 adapter is kept in f16");
+    let (l16, l32) = (logits(&m16, &ids), logits(&m32, &ids));
+    assert!(l16 == l32, "f16 storage vs its f32 widening");
+    let base = logits(&Model::load(dir.join("model.gguf")).unwrap(), &ids);
+    assert!(rel_max_diff(&l16, &base) > 0.1);
+    let together = in_one_batch(&m16, &ids, &[&[(0, 1.0)], &[]]);
+    assert!(together[0] == l16 && together[1] == base);
+}
+
 /// `ids` evaluated once per adapter set, all in one forward batch: each sequence's logits.
 fn in_one_batch(model: &Model, ids: &[u32], sets: &[&[(usize, f32)]]) -> Vec<Vec<f32>> {
     let mut states: Vec<SeqState> = sets
