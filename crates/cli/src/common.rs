@@ -16,7 +16,8 @@ pub struct ModelArgs {
     /// Compute threads (default: the machine's physical cores).
     #[arg(short = 't', long = "threads", env = "FRINK_THREADS")]
     pub threads: Option<usize>,
-    /// KV cache element type: f16 (llama.cpp's default) or f32.
+    /// KV cache element type: f16 (llama.cpp's default), f32 or q8_0 (llama.cpp's
+    /// `-ctk q8_0 -ctv q8_0`: about half the memory of f16).
     #[arg(long = "kv-type", default_value = "f16")]
     pub kv_type: KvType,
     /// Keep at most this many bytes of routed-expert weights resident (mixture-of-experts
@@ -85,6 +86,10 @@ impl ModelArgs {
         let mut model =
             Model::load(path).with_context(|| format!("cannot load {}", path.display()))?;
         model.set_expert_budget(self.expert_budget)?;
+        let c = &model.config;
+        self.kv_type
+            .check_heads(c.head_dim_k, c.head_dim_v)
+            .map_err(anyhow::Error::msg)?;
         let adapters = self.lora.iter().map(|p| (p.clone(), 1.0));
         for (file, scale) in adapters.chain(self.lora_scaled.iter().cloned()) {
             let scale = if self.lora_init_without_apply {

@@ -334,3 +334,33 @@ fn a_context_larger_than_memory_is_refused_naming_the_flag() {
         );
     }
 }
+
+/// `--kv-type q8_0` on a model whose heads are not whole 32-value blocks (the tiny
+/// fixtures' 16) is refused at load, naming the sizes (llama.cpp refuses the same).
+#[test]
+fn a_q8_0_cache_on_heads_of_16_is_refused() {
+    let Some(root) = frink_testdata::require("fixtures/tiny", "q8_0 KV refusal") else {
+        return;
+    };
+    let m = root.join("llama").join("model.gguf");
+    let out = frink(&[
+        "run",
+        "-m",
+        m.to_str().unwrap(),
+        "--kv-type",
+        "q8_0",
+        "--raw",
+        "-n",
+        "1",
+        "--prompt-ids",
+        "1,2",
+    ]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(
+            "--kv-type q8_0 needs head sizes that are multiples of 32 (this model's are 16 and 16)"
+        ),
+        "{err}"
+    );
+}

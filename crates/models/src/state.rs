@@ -79,9 +79,8 @@ impl SeqState {
             .iter()
             .filter(|l| l.mixer.has_attention())
             .count();
-        n_ctx
-            .checked_mul(config.k_dim() + config.v_dim())?
-            .checked_mul(kv_type.element_bytes())?
+        kv_type
+            .bytes(n_ctx.checked_mul(config.k_dim() + config.v_dim())?)?
             .checked_mul(layers)
     }
 
@@ -274,13 +273,12 @@ impl SeqState {
 
     /// Bytes held by the state.
     pub fn bytes(&self) -> usize {
-        let el = self.kv_type.element_bytes();
+        let row = self.kv_type.bytes(self.k_dim).unwrap_or(0)
+            + self.kv_type.bytes(self.v_dim).unwrap_or(0);
         self.layers
             .iter()
             .map(|l| {
-                let kv =
-                    l.kv.as_ref()
-                        .map_or(0, |_| self.n_ctx * (self.k_dim + self.v_dim) * el);
+                let kv = l.kv.as_ref().map_or(0, |_| self.n_ctx * row);
                 kv + l
                     .recurrent
                     .as_ref()

@@ -11,8 +11,8 @@ use crate::blocks::{rows_per_task, Rows};
 use crate::config::{ModelConfig, RopeParams};
 use crate::error::Result;
 use crate::kernels::{
-    add_bias, dot_multi_keys, matmul, matmul_many, rms_norm, rope_angles, rope_rotate,
-    softmax_with_sink, weighted_sum_multi, Matrix,
+    add_bias, dot_multi_keys, hadamard_rotate, matmul, matmul_many, rms_norm, rope_angles,
+    rope_rotate, softmax_with_sink, weighted_sum_multi, Matrix,
 };
 use crate::kv::KvLayer;
 use crate::load::Loader;
@@ -313,6 +313,19 @@ impl Model {
                 });
             }
         }
+        // A quantized cache holds rotated keys and values (llama.cpp PR #21038): each
+        // sequence's queries and keys by its key block, values by its value block.
+        for (si, s) in seqs.iter().enumerate() {
+            let (r0, r1) = (starts[si], starts[si + 1]);
+            let kv = s.state.kv_type;
+            if let Some(b) = kv.key_rotation(c.head_dim_k) {
+                hadamard_rotate(&mut q[r0 * c.q_dim()..r1 * c.q_dim()], b);
+                hadamard_rotate(&mut k[r0 * c.k_dim()..r1 * c.k_dim()], b);
+            }
+            if let Some(b) = kv.value_rotation(c.head_dim_v) {
+                hadamard_rotate(&mut v[r0 * c.v_dim()..r1 * c.v_dim()], b);
+            }
+        }
         for (si, s) in seqs.iter_mut().enumerate() {
             let (r0, r1) = (starts[si], starts[si + 1]);
             let p0 = s.state.n_past;
@@ -343,6 +356,14 @@ impl Model {
             lw.attn_sinks.as_deref(),
             attn,
         );
+        // The output is a sum of rotated values: rotated back (the block is its own
+        // inverse).
+        let row_out = c.n_head * c.head_dim_v;
+        for (si, s) in seqs.iter().enumerate() {
+            if let Some(b) = s.state.kv_type.value_rotation(c.head_dim_v) {
+                hadamard_rotate(&mut attn[starts[si] * row_out..starts[si + 1] * row_out], b);
+            }
+        }
         if ap.output_gate {
             attn.iter_mut()
                 .zip(gate.iter())

@@ -1,8 +1,10 @@
-//! Attention's inner kernels over cached keys and values read in place (f16 or f32):
-//! scores of up to four query rows against a run of key rows, and weighted sums of value
-//! rows for up to four query rows. Every element has the bits of the scalar rule whatever
-//! the number of rows sharing a call and however the cache stores the rows: the f16 →
-//! f32 widening is exact, so reading f16 in place (F16C) equals widening to f32 first.
+//! Attention's inner kernels over cached keys and values read in place (f16, f32 or Q8_0
+//! blocks): scores of up to four query rows against a run of key rows, and weighted sums
+//! of value rows for up to four query rows. Every element has the bits of the scalar rule
+//! whatever the number of rows sharing a call and however the cache stores the rows: the
+//! f16 → f32 widening is exact, and so is a Q8_0 element's `d · q` (an 11-bit scale times
+//! an 8-bit integer fits f32's 24 bits), so reading either in place equals widening to f32
+//! first.
 
 use half::f16;
 
@@ -17,7 +19,16 @@ pub enum KvData<'a> {
     F32(&'a [f32]),
     /// Half precision (llama.cpp's default cache type), widened exactly when read.
     F16(&'a [f16]),
+    /// ggml Q8_0 blocks (34 bytes per 32 elements: f16 `d`, then 32 `i8`); element `i`
+    /// is `d · q` of block `i / 32`, lane `i % 32`. The kernels' vector paths need rows
+    /// and heads that start on a block (start and stride multiples of 32).
+    Q8_0(&'a [u8]),
 }
+
+/// The storage kinds, as the vector kernels' const parameter.
+const F32: u8 = 0;
+const F16: u8 = 1;
+const Q8: u8 = 2;
 
 /// Rows of one head in a KV cache: row `t` is the elements `start + t·stride ..` (as many
 /// as the kernel's head size), i.e. one KV head's part of consecutive positions.
@@ -45,6 +56,7 @@ impl<'a> KvRows<'a> {
         match self.data {
             KvData::F32(s) => s.len(),
             KvData::F16(s) => s.len(),
+            KvData::Q8_0(s) => s.len() / 34 * 32,
         }
     }
 
@@ -63,6 +75,10 @@ impl<'a> KvRows<'a> {
         match self.data {
             KvData::F32(s) => s[i],
             KvData::F16(s) => s[i].to_f32(),
+            KvData::Q8_0(s) => {
+                let b = &s[i / 32 * 34..][..34];
+                f16::from_le_bytes([b[0], b[1]]).to_f32() * (b[2 + i % 32] as i8) as f32
+            }
         }
     }
 }
@@ -72,32 +88,50 @@ fn has_avx2_f16c() -> bool {
     std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("f16c")
 }
 
-/// Eight elements at `p` (f16 if `H`, else f32) as f32.
+/// Elements `i .. i + 8` of the data at `base` (of kind `K`) as f32; for Q8_0 `i` is a
+/// multiple of 8, so the eight lie in one block.
 ///
 /// # Safety
-/// Eight elements readable at `p`.
+/// Those eight elements readable at `base`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
-unsafe fn load8<const H: bool>(p: *const u8) -> std::arch::x86_64::__m256 {
+unsafe fn load8<const K: u8>(base: *const u8, i: usize) -> std::arch::x86_64::__m256 {
     use std::arch::x86_64::*;
-    // SAFETY: eight elements readable (caller).
+    // SAFETY: eight elements readable (caller); a Q8_0 block's scale and lanes are inside
+    // its 34 bytes.
     unsafe {
-        if H {
-            _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
-        } else {
-            _mm256_loadu_ps(p.cast())
+        match K {
+            F16 => _mm256_cvtph_ps(_mm_loadu_si128(base.add(i * 2).cast())),
+            Q8 => {
+                let b = base.add(i / 32 * 34);
+                let d = f16::from_bits(u16::from_le_bytes([*b, *b.add(1)])).to_f32();
+                let q = _mm_loadl_epi64(b.add(2 + i % 32).cast());
+                _mm256_mul_ps(
+                    _mm256_set1_ps(d),
+                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)),
+                )
+            }
+            _ => _mm256_loadu_ps(base.add(i * 4).cast()),
         }
     }
 }
 
-/// The base pointer and the element size in bytes of `rows`.
+/// The base pointer of `rows`' data.
 #[cfg(target_arch = "x86_64")]
-fn raw(rows: &KvRows<'_>) -> (*const u8, usize) {
+fn raw(rows: &KvRows<'_>) -> *const u8 {
     match rows.data {
-        KvData::F32(s) => (s.as_ptr().cast(), 4),
-        KvData::F16(s) => (s.as_ptr().cast(), 2),
+        KvData::F32(s) => s.as_ptr().cast(),
+        KvData::F16(s) => s.as_ptr().cast(),
+        KvData::Q8_0(s) => s.as_ptr(),
     }
+}
+
+/// Whether the vector kernels can read `rows` (Q8_0: rows and heads on block starts).
+#[cfg(target_arch = "x86_64")]
+fn vector_ok(rows: &KvRows<'_>) -> bool {
+    !matches!(rows.data, KvData::Q8_0(_))
+        || (rows.start.is_multiple_of(32) && rows.stride.is_multiple_of(32))
 }
 
 /// Scores of `R` query rows against a run of key rows: `out_r[t]` = the dot product of
@@ -115,13 +149,14 @@ pub fn dot_multi_keys<const R: usize>(
     out: [&mut [f32]; R],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if has_avx2_f16c() {
+    if has_avx2_f16c() && vector_ok(&keys) {
         // SAFETY: AVX2 and F16C are available (checked above).
         #[allow(unsafe_code)]
         return unsafe {
             match keys.data {
-                KvData::F16(_) => dot_multi_keys_avx2::<R, true>(q, keys, range, out),
-                KvData::F32(_) => dot_multi_keys_avx2::<R, false>(q, keys, range, out),
+                KvData::F16(_) => dot_multi_keys_avx2::<R, F16>(q, keys, range, out),
+                KvData::F32(_) => dot_multi_keys_avx2::<R, F32>(q, keys, range, out),
+                KvData::Q8_0(_) => dot_multi_keys_avx2::<R, Q8>(q, keys, range, out),
             }
         };
     }
@@ -151,7 +186,7 @@ fn check_keys<const R: usize>(
 /// `dot`'s tree, then the tail.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c")]
-fn dot_multi_keys_avx2<const R: usize, const H: bool>(
+fn dot_multi_keys_avx2<const R: usize, const K: u8>(
     q: [&[f32]; R],
     keys: KvRows<'_>,
     range: std::ops::Range<usize>,
@@ -159,7 +194,7 @@ fn dot_multi_keys_avx2<const R: usize, const H: bool>(
 ) {
     use std::arch::x86_64::*;
     let hd = check_keys(&q, &keys, &range, &out);
-    let (base, el) = raw(&keys);
+    let base = raw(&keys);
     let n8 = hd / 8 * 8;
     for t in range {
         let row = keys.start + t * keys.stride;
@@ -170,7 +205,7 @@ fn dot_multi_keys_avx2<const R: usize, const H: bool>(
             // above) and inside every query row (length hd).
             #[allow(unsafe_code)]
             unsafe {
-                let kc = load8::<H>(base.add((row + c) * el));
+                let kc = load8::<K>(base, row + c);
                 for (a, qr) in acc.iter_mut().zip(&q) {
                     let qc = _mm256_loadu_ps(qr.as_ptr().add(c));
                     *a = _mm256_add_ps(*a, _mm256_mul_ps(qc, kc));
@@ -241,13 +276,14 @@ pub fn weighted_sum_multi<const R: usize>(
     keys: std::ops::Range<usize>,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if has_avx2_f16c() {
+    if has_avx2_f16c() && vector_ok(&v) {
         // SAFETY: AVX2 and F16C are available (checked above).
         #[allow(unsafe_code)]
         return unsafe {
             match v.data {
-                KvData::F16(_) => weighted_sum_multi_avx2::<R, true>(o, p, v, keys),
-                KvData::F32(_) => weighted_sum_multi_avx2::<R, false>(o, p, v, keys),
+                KvData::F16(_) => weighted_sum_multi_avx2::<R, F16>(o, p, v, keys),
+                KvData::F32(_) => weighted_sum_multi_avx2::<R, F32>(o, p, v, keys),
+                KvData::Q8_0(_) => weighted_sum_multi_avx2::<R, Q8>(o, p, v, keys),
             }
         };
     }
@@ -277,7 +313,7 @@ fn check_values<const R: usize>(
 /// code does them.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c")]
-fn weighted_sum_multi_avx2<const R: usize, const H: bool>(
+fn weighted_sum_multi_avx2<const R: usize, const K: u8>(
     mut o: [&mut [f32]; R],
     p: [&[f32]; R],
     v: KvRows<'_>,
@@ -285,7 +321,7 @@ fn weighted_sum_multi_avx2<const R: usize, const H: bool>(
 ) {
     use std::arch::x86_64::*;
     let hd = check_values(&o, &p, &v, &keys);
-    let (base, el) = raw(&v);
+    let base = raw(&v);
     let n16 = hd / 16 * 16;
     let mut e0 = 0;
     while e0 < n16 {
@@ -299,8 +335,8 @@ fn weighted_sum_multi_avx2<const R: usize, const H: bool>(
                 a[1] = _mm256_loadu_ps(or.as_ptr().add(e0 + 8));
             }
             for t in keys.clone() {
-                let vp = base.add((v.start + t * v.stride + e0) * el);
-                let (v0, v1) = (load8::<H>(vp), load8::<H>(vp.add(8 * el)));
+                let i = v.start + t * v.stride + e0;
+                let (v0, v1) = (load8::<K>(base, i), load8::<K>(base, i + 8));
                 for (a, pr) in acc.iter_mut().zip(&p) {
                     let pt = _mm256_set1_ps(*pr.get_unchecked(t));
                     a[0] = _mm256_add_ps(a[0], _mm256_mul_ps(pt, v0));
@@ -445,13 +481,13 @@ mod tests {
     use crate::kernels::{axpy, dot, test_rng};
 
     /// The multi-row kernels give the bits of `dot` and of `axpy` per key on the widened
-    /// rows, on every build, for f32 and f16 rows, strided and contiguous, for head sizes
+    /// rows, on every build, for f32, f16 and Q8_0 rows, strided and contiguous, for head sizes
     /// with and without a tail, and for 1 to 4 rows.
     #[test]
     fn attention_kernels_match_dot_and_axpy() {
         let mut rnd = test_rng(0x2545_f491_4f6c_dd1du64);
-        for hd in [1, 8, 20, 64, 72, 256] {
-            let n_keys = 9;
+        for hd in [1, 8, 20, 32, 64, 72, 256] {
+            let n_keys: usize = 9;
             let stride = hd * 3 + 5; // another head's elements between the rows
             let start = hd + 2;
             let raw: Vec<f32> = (0..start + n_keys * stride).map(|_| rnd() * 5.0).collect();
@@ -460,7 +496,22 @@ mod tests {
             let p: Vec<Vec<f32>> = (0..4)
                 .map(|_| (0..n_keys).map(|_| rnd().abs()).collect())
                 .collect();
-            for data in [KvData::F32(&raw), KvData::F16(&half)] {
+            // Q8_0 rows (heads of whole blocks): block-aligned (the vector path) and,
+            // to exercise the fallback, starting 8 elements into a block.
+            let (qstart, qstride) = (hd * 2, hd * 3 + 32);
+            let n_q8 = (qstart + 8 + n_keys * qstride).div_ceil(32) * 32;
+            let mut q8 = vec![0u8; n_q8 / 32 * 34];
+            let src: Vec<f32> = (0..n_q8).map(|_| rnd() * 5.0).collect();
+            frink_quant::dot::quantize_row_q8_0(&src, &mut q8).unwrap();
+            let mut layouts = vec![
+                (KvData::F32(&raw), start, stride),
+                (KvData::F16(&half), start, stride),
+            ];
+            if hd % 32 == 0 {
+                layouts.push((KvData::Q8_0(&q8), qstart, qstride));
+                layouts.push((KvData::Q8_0(&q8), qstart + 8, qstride));
+            }
+            for (data, start, stride) in layouts {
                 let rows = KvRows {
                     data,
                     start,

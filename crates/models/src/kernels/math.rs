@@ -244,6 +244,38 @@ fn ssm_step_avx2(h: &mut [f32], decay: Decay<'_>, b: &[f32], c: &[f32], dx: f32)
     sum
 }
 
+/// Rotates every block of `n` consecutive values of `x` by the orthonormal Walsh–Hadamard
+/// matrix `H_n / sqrt(n)` (Sylvester's `H_2n = [[H_n, H_n], [H_n, −H_n]]`; `n` a power
+/// of two): symmetric and its own inverse, so it preserves dot products. The fast
+/// transform: butterflies `(a, b) → (a + b, a − b)` at strides 1, 2, 4 … `n/2`, then the
+/// scale. llama.cpp rotates a quantized KV cache's rows by the same matrix
+/// (`ggml_gen_hadamard` in src/llama-kv-cache.cpp, PR #21038), multiplied as a matrix.
+///
+/// Panics unless `n` is a power of two dividing `x.len()`.
+pub fn hadamard_rotate(x: &mut [f32], n: usize) {
+    assert!(
+        n.is_power_of_two() && x.len().is_multiple_of(n),
+        "hadamard_rotate: {n} of {}",
+        x.len()
+    );
+    let scale = 1.0 / (n as f32).sqrt();
+    for block in x.chunks_exact_mut(n) {
+        let mut h = 1;
+        while h < n {
+            for pair in block.chunks_exact_mut(2 * h) {
+                let (lo, hi) = pair.split_at_mut(h);
+                for (a, b) in lo.iter_mut().zip(hi.iter_mut()) {
+                    let (u, v) = (*a, *b);
+                    *a = u + v;
+                    *b = u - v;
+                }
+            }
+            h *= 2;
+        }
+        block.iter_mut().for_each(|v| *v *= scale);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -358,6 +390,45 @@ mod tests {
                 }
                 assert!((y1 as f64 - want).abs() < 1e-5, "n {n}: {y1} vs {want}");
             }
+        }
+    }
+
+    /// The fast transform equals the Sylvester matrix `H_n / sqrt(n)` built as llama.cpp
+    /// builds it (element (i, j) is `(−1)^popcount(i & j) / sqrt(n)`), block by block;
+    /// applied twice it gives the input back, and it keeps dot products.
+    #[test]
+    fn hadamard_rotation_is_the_orthonormal_sylvester_matrix() {
+        let mut rnd = crate::kernels::test_rng(0x1234_5678_9abc_def1);
+        for n in [1usize, 2, 64, 128, 256] {
+            let x: Vec<f32> = (0..3 * n).map(|_| rnd() * 4.0).collect();
+            let y: Vec<f32> = (0..3 * n).map(|_| rnd() * 4.0).collect();
+            let mut hx = x.clone();
+            hadamard_rotate(&mut hx, n);
+            for (b, xb) in x.chunks_exact(n).enumerate() {
+                for i in 0..n {
+                    let want: f64 = (0..n)
+                        .map(|j| {
+                            let sign = if (i & j).count_ones() % 2 == 0 {
+                                1.0
+                            } else {
+                                -1.0
+                            };
+                            sign * xb[j] as f64 / (n as f64).sqrt()
+                        })
+                        .sum();
+                    assert!((hx[b * n + i] as f64 - want).abs() < 1e-4, "n {n} row {i}");
+                }
+            }
+            let mut back = hx.clone();
+            hadamard_rotate(&mut back, n);
+            for (a, b) in back.iter().zip(&x) {
+                assert!((a - b).abs() < 1e-4 * (1.0 + b.abs()), "n {n}: H·H ≠ I");
+            }
+            let mut hy = y.clone();
+            hadamard_rotate(&mut hy, n);
+            let dot =
+                |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(p, q)| (p * q) as f64).sum::<f64>();
+            assert!((dot(&hx, &hy) - dot(&x, &y)).abs() < 1e-3 * (1.0 + dot(&x, &y).abs()));
         }
     }
 }
