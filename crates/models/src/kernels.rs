@@ -167,13 +167,38 @@ pub fn matmul(w: &Matrix, wdata: &[u8], x: &[f32], n: usize, out: &mut [f32]) ->
 /// Errors: the weight type has no dequantization ([`frink_quant::QuantError`]), or its
 /// columns are not whole activation blocks.
 pub fn matmul_many<'a>(projs: &mut [Projection<'a>], x: &[f32], n: usize) -> Result<()> {
+    matmul_inputs(projs, &[x], n)
+}
+
+/// [`matmul_many`] with one input of its own per projection (`xs[i]`, `n` rows of
+/// projection `i`'s columns): the experts of a decode step, each on its own hidden row,
+/// in one parallel step instead of one per expert. Each output element has the bits
+/// [`matmul_many`] gives it alone.
+///
+/// Errors: as [`matmul_many`].
+pub fn matmul_each<'a>(projs: &mut [Projection<'a>], xs: &[&[f32]], n: usize) -> Result<()> {
+    assert_eq!(
+        xs.len(),
+        projs.len(),
+        "matmul_each: one input per projection"
+    );
+    matmul_inputs(projs, xs, n)
+}
+
+/// The body of [`matmul_many`] (`xs` = one shared input) and [`matmul_each`] (one per
+/// projection).
+fn matmul_inputs<'a>(projs: &mut [Projection<'a>], xs: &[&[f32]], n: usize) -> Result<()> {
     use frink_quant::dot::{best_kernel, has_dot, quantize_activation, DotKernel};
     let Some(cols) = projs.first().map(|p| p.w.cols) else {
         return Ok(());
     };
-    assert_eq!(x.len(), n * cols, "matmul input shape");
-    for p in projs.iter() {
-        assert_eq!(p.w.cols, cols, "matmul_many: projections of one input");
+    let shared = xs.len() == 1;
+    let input = |pi: usize| if shared { 0 } else { pi };
+    for (pi, p) in projs.iter().enumerate() {
+        assert_eq!(xs[input(pi)].len(), n * p.w.cols, "matmul input shape");
+        if shared {
+            assert_eq!(p.w.cols, cols, "matmul_many: projections of one input");
+        }
         assert_eq!(p.out.len(), n * p.w.rows, "matmul output shape");
         assert_eq!(
             p.data.len(),
@@ -184,12 +209,13 @@ pub fn matmul_many<'a>(projs: &mut [Projection<'a>], x: &[f32], n: usize) -> Res
     if n == 0 {
         return Ok(());
     }
-    // Input rows quantized once per activation type (and, for a prefill, prepared once
-    // for the tile kernels that want it).
-    let mut acts: Vec<(frink_gguf::GgmlType, usize, Vec<u8>)> = Vec::new();
+    // Input rows quantized once per input and activation type (and, for a prefill,
+    // prepared once for the tile kernels that want it).
+    let mut acts: Vec<(usize, frink_gguf::GgmlType, usize, Vec<u8>)> = Vec::new();
     let mut preps: Vec<frink_quant::dot::ActPrep> = Vec::new();
     let mut kernels: Vec<Option<(DotKernel, usize)>> = Vec::with_capacity(projs.len());
-    for p in projs.iter() {
+    for (pi, p) in projs.iter().enumerate() {
+        let (xi, x, cols) = (input(pi), xs[input(pi)], p.w.cols);
         let k = if has_dot(p.w.ty) {
             best_kernel(p.w.ty).ok()
         } else {
@@ -200,7 +226,7 @@ pub fn matmul_many<'a>(projs: &mut [Projection<'a>], x: &[f32], n: usize) -> Res
             continue;
         };
         let act = k.act_type();
-        let slot = match acts.iter().position(|a| a.0 == act) {
+        let slot = match acts.iter().position(|a| a.0 == xi && a.1 == act) {
             Some(i) => i,
             None => {
                 let ab = act
@@ -211,30 +237,38 @@ pub fn matmul_many<'a>(projs: &mut [Projection<'a>], x: &[f32], n: usize) -> Res
                     })? as usize;
                 let mut q = vec![0u8; n * ab];
                 let failed = std::sync::Mutex::new(None);
-                // A decode step's few rows are spread over the threads too.
-                let per = n
-                    .div_ceil(crate::pool::threads())
-                    .clamp(1, ROWS_PER_QUANTIZE_TASK);
-                crate::pool::for_each_chunk(&mut q, per * ab, &|i, part| {
-                    let rows = &x[i * per * cols..];
-                    for (xi, ai) in rows.chunks_exact(cols).zip(part.chunks_exact_mut(ab)) {
-                        if let Err(e) = quantize_activation(act, xi, ai) {
+                let quantize = |rows: &[f32], part: &mut [u8]| {
+                    for (xr, ar) in rows.chunks_exact(cols).zip(part.chunks_exact_mut(ab)) {
+                        if let Err(e) = quantize_activation(act, xr, ar) {
                             *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
                         }
                     }
-                });
+                };
+                if shared {
+                    // A decode step's few rows are spread over the threads too.
+                    let per = n
+                        .div_ceil(crate::pool::threads())
+                        .clamp(1, ROWS_PER_QUANTIZE_TASK);
+                    crate::pool::for_each_chunk(&mut q, per * ab, &|i, part| {
+                        quantize(&x[i * per * cols..], part)
+                    });
+                } else {
+                    // One input per projection (a decode step's experts): on this thread,
+                    // no dispatch per input.
+                    quantize(x, &mut q);
+                }
                 if let Some(e) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
                     return Err(crate::ModelError::Unsupported(format!(
                         "activation quantization: {e}"
                     )));
                 }
-                acts.push((act, ab, q));
+                acts.push((xi, act, ab, q));
                 preps.push(frink_quant::dot::ActPrep::default());
                 acts.len() - 1
             }
         };
         if n > SMALL_BATCH && k.wants_prep() && preps[slot].is_empty() {
-            preps[slot] = k.prepare(&acts[slot].2, n);
+            preps[slot] = k.prepare(&acts[slot].3, n);
         }
         kernels.push(Some((k, slot)));
     }
@@ -284,13 +318,13 @@ pub fn matmul_many<'a>(projs: &mut [Projection<'a>], x: &[f32], n: usize) -> Res
                     // pi's output; tasks have distinct (pi, j0).
                     #[allow(unsafe_code)]
                     let dst = unsafe { outs[pi].range(j0, n_w) };
-                    k.dot_tile(ws, n_w, &acts[slot].2, 1, dst);
+                    k.dot_tile(ws, n_w, &acts[slot].3, 1, dst);
                 }
                 Some((k, slot)) => {
                     k.dot_tile_prepared(
                         ws,
                         n_w,
-                        &acts[slot].2,
+                        &acts[slot].3,
                         n,
                         &preps[slot],
                         &mut |i, c, src| {
@@ -303,13 +337,14 @@ pub fn matmul_many<'a>(projs: &mut [Projection<'a>], x: &[f32], n: usize) -> Res
                     );
                 }
                 None => {
+                    let cols = w.cols;
                     buf.resize(cols, 0.0);
                     for (jj, wrow) in ws.chunks_exact(rb).enumerate() {
                         if let Err(e) = frink_quant::dequantize(w.ty, wrow, buf) {
                             *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
                             return;
                         }
-                        for (i, xi) in x.chunks_exact(cols).enumerate() {
+                        for (i, xi) in xs[input(pi)].chunks_exact(cols).enumerate() {
                             // SAFETY: as above, element (i, j0 + jj) belongs to this task.
                             #[allow(unsafe_code)]
                             let dst = unsafe { outs[pi].range(i * rows + j0 + jj, 1) };

@@ -339,4 +339,12 @@ fn expert_adapters_equal_merged_weights() {
     assert!(effect > 1e-2, "{effect}");
     let together = in_one_batch(&adapted, &ids, &[&[(0, scale)], &[]]);
     assert!(together[0] == got && together[1] == base_logits);
+    // Token by token (a decode step's one row takes every expert in two dispatches, with
+    // each expert's adapter pair): the same bits as the batched prefill.
+    let mut s = SeqState::new(&adapted.config, 64, KvType::F32);
+    let mut stepped = Vec::new();
+    for &t in &ids {
+        stepped.extend(adapted.forward(&mut s, &[t], Logits::All).unwrap());
+    }
+    assert!(stepped == got, "decode steps with expert adapters");
 }

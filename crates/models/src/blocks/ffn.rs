@@ -64,6 +64,26 @@ impl DenseFfn {
     }
 }
 
+/// In place over a slice: `x = act(x) · u` for the gated kinds (`Some(u)`), `act(x)` for
+/// the plain one (`None`; gelu for every non-SiLU activation). SiLU on eight lanes. Each
+/// element's value depends only on its own inputs.
+pub(crate) fn activate(act: Activation, x: &mut [f32], u: Option<&[f32]>) {
+    match (act, u) {
+        (Activation::Silu, _) => silu_in_place(x, u),
+        (Activation::GeluTanh, Some(u)) => x
+            .iter_mut()
+            .zip(u)
+            .for_each(|(g, u)| *g = gelu_tanh(*g) * u),
+        (Activation::SwigluOai, Some(u)) => x
+            .iter_mut()
+            .zip(u)
+            .for_each(|(g, u)| *g = swiglu_oai(*g, *u)),
+        (Activation::GeluTanh | Activation::SwigluOai, None) => {
+            x.iter_mut().for_each(|v| *v = gelu_tanh(*v))
+        }
+    }
+}
+
 impl Model {
     /// A dense FFN of width `nf` on `input` (`n × n_embd`), into `out`: gated
     /// (`down(act(gate) · up)`, gate and up from separate matrices or one fused matrix) or
@@ -123,22 +143,7 @@ impl Model {
         if let Some(b) = &f.b_gate {
             add_bias(gate, b);
         }
-        // In place over a slice: x = act(x) · u for the gated kinds (`Some(u)`), act(x) for
-        // the plain one (`None`; gelu for every non-SiLU activation). SiLU on eight lanes.
-        let activate = |x: &mut [f32], u: Option<&[f32]>| match (act, u) {
-            (Activation::Silu, _) => silu_in_place(x, u),
-            (Activation::GeluTanh, Some(u)) => x
-                .iter_mut()
-                .zip(u)
-                .for_each(|(g, u)| *g = gelu_tanh(*g) * u),
-            (Activation::SwigluOai, Some(u)) => x
-                .iter_mut()
-                .zip(u)
-                .for_each(|(g, u)| *g = swiglu_oai(*g, *u)),
-            (Activation::GeluTanh | Activation::SwigluOai, None) => {
-                x.iter_mut().for_each(|v| *v = gelu_tanh(*v))
-            }
-        };
+        let activate = |x: &mut [f32], u: Option<&[f32]>| activate(act, x, u);
         let up = &*up;
         // Element-wise: even a decode step's one row is split over the threads.
         let per = elems_per_task(n * nf, nf);

@@ -4,10 +4,11 @@
 //! ([`crate::blocks::ffn`]) and an optional gated shared expert.
 
 use crate::arch::{Activation, Ffn};
+use crate::blocks::ffn::activate;
 use crate::blocks::ffn::DenseFfn;
 use crate::config::{Gating, MoeConfig};
 use crate::error::{ModelError, Result};
-use crate::kernels::{add_bias, matmul, softmax, Matrix};
+use crate::kernels::{add_bias, matmul, matmul_each, matmul_many, softmax, Matrix, Projection};
 use crate::load::Loader;
 use crate::lora::LoraRows;
 use crate::model::{Experts, Model};
@@ -146,6 +147,64 @@ impl Model {
         self.moe_stats.record(il, sel.iter().map(|&(e, _)| e));
         // Each expert over the rows that chose it; results land in slot (row, j).
         let mut slots = vec![0f32; n * k * d];
+        if n == 1 && self.expert_cache.is_none() {
+            self.experts_of_one_row(m, act, mc, input, &sel, lora, &mut slots)?;
+        } else {
+            self.experts_by_rows(m, act, mc, input, n, &sel, lora, &mut slots)?;
+        }
+        for (r, o) in out.chunks_exact_mut(d).enumerate() {
+            for j in 0..k {
+                let (_, wt) = sel[r * k + j];
+                let y = &slots[(r * k + j) * d..][..d];
+                if j == 0 {
+                    o.iter_mut().zip(y).for_each(|(o, y)| *o = y * wt);
+                } else {
+                    o.iter_mut().zip(y).for_each(|(o, y)| *o += y * wt);
+                }
+            }
+        }
+        if let Some(sh) = &m.shared {
+            let (mut gate, mut up) = (Vec::new(), Vec::new());
+            let mut ys = vec![0f32; n * d];
+            self.dense_ffn(
+                sh,
+                Ffn::Gated,
+                act,
+                sh.up.rows,
+                input,
+                n,
+                &mut gate,
+                &mut up,
+                &mut ys,
+                None,
+                lora,
+            )?;
+            let mut g = vec![1f32; n];
+            if let Some(wg) = &m.shared_gate {
+                matmul(wg, self.data(wg), input, n, &mut g)?;
+                g.iter_mut().for_each(|v| *v = 1.0 / (1.0 + (-*v).exp()));
+            }
+            for ((o, y), g) in out.chunks_exact_mut(d).zip(ys.chunks_exact(d)).zip(&g) {
+                o.iter_mut().zip(y).for_each(|(o, y)| *o += y * g);
+            }
+        }
+        Ok(())
+    }
+    /// The routed experts of `n` rows (`sel`: each row's `k` choices), each expert once
+    /// over all the rows that chose it, into `slots` (slot `row · k + j` of `n_embd`).
+    #[allow(clippy::too_many_arguments)]
+    fn experts_by_rows(
+        &self,
+        m: &MoeFfn,
+        act: Activation,
+        mc: &MoeConfig,
+        input: &[f32],
+        n: usize,
+        sel: &[(usize, f32)],
+        lora: &LoraRows,
+        slots: &mut [f32],
+    ) -> Result<()> {
+        let (d, ne, k) = (self.config.n_embd, mc.n_expert, mc.n_used);
         let (mut gate, mut up) = (Vec::new(), Vec::new());
         // The chosen experts, in index order; under a budget the next one's matrices are
         // read into the cache (prefetched) while the current one computes.
@@ -209,40 +268,92 @@ impl Model {
                 }
             }
             Ok(())
-        })?;
-        for (r, o) in out.chunks_exact_mut(d).enumerate() {
-            for j in 0..k {
-                let (_, wt) = sel[r * k + j];
-                let y = &slots[(r * k + j) * d..][..d];
-                if j == 0 {
-                    o.iter_mut().zip(y).for_each(|(o, y)| *o = y * wt);
-                } else {
-                    o.iter_mut().zip(y).for_each(|(o, y)| *o += y * wt);
-                }
+        })
+    }
+
+    /// [`Model::experts_by_rows`] for one row (a decode step of one sequence): every
+    /// chosen expert's gate and up products in one parallel step, the activations on
+    /// this thread, every down product in one more ([`matmul_each`]) — two dispatches of
+    /// the compute pool instead of five per expert. Each value has the bits the
+    /// per-expert path gives it (the same products, biases, adapters and activation,
+    /// element by element).
+    #[allow(clippy::too_many_arguments)]
+    fn experts_of_one_row(
+        &self,
+        m: &MoeFfn,
+        act: Activation,
+        mc: &MoeConfig,
+        input: &[f32],
+        sel: &[(usize, f32)],
+        lora: &LoraRows,
+        slots: &mut [f32],
+    ) -> Result<()> {
+        let (d, ff) = (self.config.n_embd, mc.n_ff_exp);
+        let k = sel.len();
+        let mats: Vec<[Matrix; 3]> = sel
+            .iter()
+            .map(|&(e, _)| {
+                [
+                    m.gate_exps.expert(e),
+                    m.up_exps.expert(e),
+                    m.down_exps.expert(e),
+                ]
+            })
+            .collect();
+        let (mut gate, mut up) = (vec![0f32; k * ff], vec![0f32; k * ff]);
+        {
+            let mut projs: Vec<Projection<'_>> = Vec::with_capacity(2 * k);
+            for ((w, g), u) in mats
+                .iter()
+                .zip(gate.chunks_exact_mut(ff))
+                .zip(up.chunks_exact_mut(ff))
+            {
+                projs.push(Projection {
+                    w: &w[0],
+                    data: self.data(&w[0]),
+                    out: g,
+                });
+                projs.push(Projection {
+                    w: &w[1],
+                    data: self.data(&w[1]),
+                    out: u,
+                });
             }
+            matmul_many(&mut projs, input, 1)?;
         }
-        if let Some(sh) = &m.shared {
-            let mut ys = vec![0f32; n * d];
-            self.dense_ffn(
-                sh,
-                Ffn::Gated,
-                act,
-                sh.up.rows,
-                input,
-                n,
-                &mut gate,
-                &mut up,
-                &mut ys,
-                None,
-                lora,
-            )?;
-            let mut g = vec![1f32; n];
-            if let Some(wg) = &m.shared_gate {
-                matmul(wg, self.data(wg), input, n, &mut g)?;
-                g.iter_mut().for_each(|v| *v = 1.0 / (1.0 + (-*v).exp()));
+        for (j, &(e, _)) in sel.iter().enumerate() {
+            let (g, u) = (
+                &mut gate[j * ff..(j + 1) * ff],
+                &mut up[j * ff..(j + 1) * ff],
+            );
+            self.lora_add(&mats[j][0], input, lora, g)?;
+            self.lora_add(&mats[j][1], input, lora, u)?;
+            if let Some(b) = &m.up_exps_bias {
+                add_bias(u, &b[e * ff..(e + 1) * ff]);
             }
-            for ((o, y), g) in out.chunks_exact_mut(d).zip(ys.chunks_exact(d)).zip(&g) {
-                o.iter_mut().zip(y).for_each(|(o, y)| *o += y * g);
+            if let Some(b) = &m.gate_exps_bias {
+                add_bias(g, &b[e * ff..(e + 1) * ff]);
+            }
+            activate(act, g, Some(u));
+        }
+        {
+            let mut projs: Vec<Projection<'_>> = mats
+                .iter()
+                .zip(slots.chunks_exact_mut(d))
+                .map(|(w, y)| Projection {
+                    w: &w[2],
+                    data: self.data(&w[2]),
+                    out: y,
+                })
+                .collect();
+            let xs: Vec<&[f32]> = gate.chunks_exact(ff).collect();
+            matmul_each(&mut projs, &xs, 1)?;
+        }
+        for (j, &(e, _)) in sel.iter().enumerate() {
+            let y = &mut slots[j * d..(j + 1) * d];
+            self.lora_add(&mats[j][2], &gate[j * ff..(j + 1) * ff], lora, y)?;
+            if let Some(b) = &m.down_exps_bias {
+                add_bias(y, &b[e * d..(e + 1) * d]);
             }
         }
         Ok(())
