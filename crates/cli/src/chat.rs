@@ -42,6 +42,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
     let params = GenerateParams {
         max_tokens: args.gen.max_tokens(),
         eog: tok.eog_ids().iter().copied().collect(),
+        speculation: args.gen.speculation(),
     };
     let mut messages = Vec::new();
     if let Some(s) = &args.gen.system {

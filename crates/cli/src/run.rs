@@ -103,6 +103,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let params = GenerateParams {
         max_tokens,
         eog: tok.eog_ids().iter().copied().collect(),
+        speculation: args.gen.speculation(),
     };
     let mut decoder = tok.stream_decoder(false);
     let mut stops = StopMatcher::new(&args.sampling.stop);

@@ -169,6 +169,7 @@ fn greedy(
     let params = GenerateParams {
         max_tokens: n,
         eog: eog.iter().copied().collect(),
+        speculation: None,
     };
     Ok(generate(&mut s, prompt, &mut sampler, &params, |_| Flow::Continue)?.ids)
 }

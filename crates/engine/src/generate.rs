@@ -81,6 +81,65 @@ pub struct GenerateParams {
     pub max_tokens: usize,
     /// End-of-generation token ids (the model's EOG set).
     pub eog: HashSet<u32>,
+    /// Speculative decoding by prompt lookup (`None`: off). It never changes the tokens.
+    pub speculation: Option<Speculation>,
+}
+
+/// Prompt-lookup speculation ([`NgramLookup`]) with at most `draft_max` proposed tokens a
+/// step (`--spec ngram --draft-max N`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Speculation {
+    pub draft_max: usize,
+}
+
+impl Default for Speculation {
+    /// 7 proposals: with the token they follow, 8 rows, the most a decode step takes at
+    /// nearly the cost of one (frink-models' small-batch kernels read each weight once).
+    fn default() -> Self {
+        Speculation { draft_max: 7 }
+    }
+}
+
+/// Proposes the tokens that may follow `history` (the prompt and the tokens generated so
+/// far): at most `max` of them, possibly none. A proposal only decides what is verified;
+/// the tokens generated are those the model and the sampler choose (see [`generate_with`]).
+pub trait Propose {
+    fn propose(&mut self, history: &[u32], max: usize) -> Vec<u32>;
+}
+
+/// Prompt lookup (Saxena's prompt-lookup decoding; llama.cpp's `ngram` speculative
+/// modes): the longest of the last `n_max` down to `n_min` tokens that occurred earlier in
+/// the history, at its latest earlier occurrence, proposes the tokens that followed it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NgramLookup {
+    pub n_min: usize,
+    pub n_max: usize,
+}
+
+impl Default for NgramLookup {
+    fn default() -> Self {
+        NgramLookup { n_min: 2, n_max: 4 }
+    }
+}
+
+impl Propose for NgramLookup {
+    fn propose(&mut self, h: &[u32], max: usize) -> Vec<u32> {
+        if max == 0 {
+            return Vec::new();
+        }
+        for n in (self.n_min.max(1)..=self.n_max).rev() {
+            if h.len() <= n {
+                continue;
+            }
+            let tail = &h[h.len() - n..];
+            // Latest p < len − n with h[p..p+n] == tail: what followed is h[p+n..].
+            if let Some(p) = (0..h.len() - n).rev().find(|&p| &h[p..p + n] == tail) {
+                let from = p + n;
+                return h[from..(from + max).min(h.len())].to_vec();
+            }
+        }
+        Vec::new()
+    }
 }
 
 /// Evaluates `prompt` after what `session` holds, then samples up to `max_tokens` tokens,
@@ -102,10 +161,36 @@ pub fn generate(
     prompt: &[u32],
     sampler: &mut Sampler,
     params: &GenerateParams,
+    on_token: impl FnMut(u32) -> Flow,
+) -> Result<Generation, GenerateError> {
+    let mut lookup = NgramLookup::default();
+    let proposer: Option<(&mut dyn Propose, usize)> = params
+        .speculation
+        .map(|s| (&mut lookup as &mut dyn Propose, s.draft_max));
+    generate_with(session, prompt, sampler, params, proposer, on_token)
+}
+
+/// [`generate`] with speculation by `proposer` (and at most that many proposals a step),
+/// or none. The tokens, the finish reason and the session's state at the end are those of
+/// plain decoding, whatever is proposed: a step evaluates the token just chosen and the
+/// proposals in one batch (its rows have the bits a one-token step gives them: the
+/// forward pass is batch-invariant), then the sampler chooses from each row in turn as it
+/// would have — penalties, grammar and random draws advanced only by the tokens it emits —
+/// and the first choice that differs from the proposal ends the step; the keys and values
+/// of the rejected proposals are cut off. Models with recurrent layers (a state that
+/// cannot be cut back) decode without it.
+///
+/// Errors: as [`generate`].
+pub fn generate_with(
+    session: &mut Session<'_>,
+    prompt: &[u32],
+    sampler: &mut Sampler,
+    params: &GenerateParams,
+    mut proposer: Option<(&mut dyn Propose, usize)>,
     mut on_token: impl FnMut(u32) -> Flow,
 ) -> Result<Generation, GenerateError> {
     let start = Instant::now();
-    let mut logits = session.eval(prompt, Logits::Last)?;
+    let logits = session.eval(prompt, Logits::Last)?;
     let prompt_ms = ms(start);
     for &t in prompt {
         sampler.accept(t);
@@ -120,9 +205,16 @@ pub fn generate(
             ..Timings::default()
         },
     };
+    if session.cache().layers.iter().any(|l| l.recurrent.is_some()) {
+        proposer = None;
+    }
+    // What the session held after the prompt: at every exit it holds that plus every
+    // emitted token but the last (which plain decoding never evaluates).
+    let base = session.n_past();
+    let nv = session.model().config.n_vocab;
     let mut steady_start = None;
-    while out.ids.len() < params.max_tokens {
-        let id = sampler.try_sample(&logits)?;
+    // Emits `id`: true when generation ends with it.
+    let mut emit = |id: u32, out: &mut Generation, sampler: &mut Sampler| -> bool {
         sampler.accept(id);
         out.ids.push(id);
         if out.ids.len() == 1 {
@@ -134,17 +226,70 @@ pub fn generate(
         let flow = on_token(id);
         if params.eog.contains(&id) || flow == Flow::Stop {
             out.finish_reason = FinishReason::Stop;
-            break;
+            return true;
         }
-        if out.ids.len() == params.max_tokens {
-            break;
-        }
+        out.ids.len() == params.max_tokens
+    };
+    // Either the logits of the next position (to sample from) or a token chosen but not
+    // yet evaluated.
+    let mut next = Ok(logits);
+    while out.ids.len() < params.max_tokens {
+        let id = match next {
+            Ok(logits) => {
+                let id = sampler.try_sample(&logits)?;
+                if emit(id, &mut out, sampler) {
+                    break;
+                }
+                id
+            }
+            Err(id) => id,
+        };
         if session.n_past() >= session.n_ctx() {
             out.context_full = true;
             break;
         }
-        logits = session.eval(&[id], Logits::Last)?;
+        let drafts = match proposer.as_mut() {
+            Some((p, k)) => {
+                let history: Vec<u32> = prompt.iter().chain(&out.ids).copied().collect();
+                let room = (session.n_ctx() - session.n_past() - 1)
+                    .min(params.max_tokens - out.ids.len())
+                    .min(*k);
+                p.propose(&history, room)
+            }
+            None => Vec::new(),
+        };
+        if drafts.is_empty() {
+            next = Ok(session.eval(&[id], Logits::Last)?);
+            continue;
+        }
+        let batch: Vec<u32> = std::iter::once(id).chain(drafts.iter().copied()).collect();
+        let rows = session.eval(&batch, Logits::All)?;
+        let at = session.n_past() - batch.len(); // where `id` went
+        let mut ended = false;
+        let mut rejected = None;
+        for (j, &d) in drafts.iter().enumerate() {
+            let t = sampler.try_sample(&rows[j * nv..(j + 1) * nv])?;
+            if emit(t, &mut out, sampler) {
+                ended = true;
+                break;
+            }
+            if t != d {
+                // Keep `id` and the proposals before j; `t` is evaluated next step.
+                session.truncate(at + 1 + j);
+                rejected = Some(t);
+                break;
+            }
+        }
+        if ended {
+            break;
+        }
+        next = match rejected {
+            Some(t) => Err(t),
+            None => Ok(rows[drafts.len() * nv..].to_vec()),
+        };
     }
+    // Plain decoding's state: the prompt and every emitted token but the last.
+    session.truncate(base + out.ids.len().saturating_sub(1));
     if let Some(s) = steady_start {
         out.timings.gen_ms = ms(s);
     }

@@ -11,8 +11,8 @@ pub mod scheduler;
 mod session;
 
 pub use generate::{
-    generate, partial_match_len, FinishReason, Flow, GenerateError, GenerateParams, Generation,
-    StopMatcher, Timings,
+    generate, generate_with, partial_match_len, FinishReason, Flow, GenerateError, GenerateParams,
+    Generation, NgramLookup, Propose, Speculation, StopMatcher, Timings,
 };
 pub use perplexity::{perplexity, Perplexity};
 pub use session::{check_kv_memory, Session, DEFAULT_BATCH};

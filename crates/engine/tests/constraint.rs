@@ -47,21 +47,31 @@ impl Fixture {
         grammar: Option<&Grammar>,
         n: usize,
     ) -> (Vec<u32>, FinishReason) {
-        let mut session = Session::new(&self.model, 512, KvType::F16);
-        let constraint = grammar.map(|g| self.compiler.compile(g).unwrap());
-        let mut sampler = Sampler::new(params.clone()).with_constraint(constraint);
-        let g = generate(
-            &mut session,
-            prompt,
-            &mut sampler,
-            &GenerateParams {
-                max_tokens: n,
-                eog: self.tok.eog_ids().iter().copied().collect(),
-            },
-            |_| Flow::Continue,
-        )
-        .unwrap();
-        (g.ids, g.finish_reason)
+        // Plain, then with prompt-lookup speculation: the grammar advances only by the
+        // tokens emitted, so both give the same answer.
+        let [plain, speculative] = [None, Some(frink_engine::Speculation::default())].map(|spec| {
+            let mut session = Session::new(&self.model, 512, KvType::F16);
+            let constraint = grammar.map(|g| self.compiler.compile(g).unwrap());
+            let mut sampler = Sampler::new(params.clone()).with_constraint(constraint);
+            let g = generate(
+                &mut session,
+                prompt,
+                &mut sampler,
+                &GenerateParams {
+                    max_tokens: n,
+                    eog: self.tok.eog_ids().iter().copied().collect(),
+                    speculation: spec,
+                },
+                |_| Flow::Continue,
+            )
+            .unwrap();
+            (g.ids, g.finish_reason)
+        });
+        assert_eq!(
+            plain, speculative,
+            "speculation changed a constrained answer"
+        );
+        plain
     }
 
     fn text(&self, ids: &[u32]) -> String {

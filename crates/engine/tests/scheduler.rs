@@ -88,6 +88,7 @@ fn tokens_do_not_depend_on_batching_chunking_or_prefix_reuse() {
         &GenerateParams {
             max_tokens: 12,
             eog: Default::default(),
+            speculation: None,
         },
         |_| Flow::Continue,
     )
