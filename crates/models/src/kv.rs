@@ -19,7 +19,8 @@ pub enum KvType {
 }
 
 /// Values per Q8_0 block, and its bytes (ggml-common.h `block_q8_0`: `ggml_half d` then
-/// `int8_t qs[32]`).
+/// `int8_t qs[32]`; the same as frink-gguf's `GgmlType::Q8_0` row, checked by a test):
+/// constants, for the attention kernels' inner loops.
 pub const Q8_0_BLOCK: usize = 32;
 pub const Q8_0_BLOCK_BYTES: usize = 34;
 
@@ -74,7 +75,7 @@ impl KvType {
     ///
     /// Errors: a message naming the sizes.
     pub fn check_heads(self, hd_k: usize, hd_v: usize) -> Result<(), String> {
-        if self == KvType::Q8_0
+        if self.is_quantized()
             && (!hd_k.is_multiple_of(Q8_0_BLOCK) || !hd_v.is_multiple_of(Q8_0_BLOCK))
         {
             return Err(format!(
@@ -171,4 +172,18 @@ impl KvStore {
 pub struct KvLayer {
     pub k: KvStore,
     pub v: KvStore,
+}
+
+#[cfg(test)]
+mod tests {
+    /// The Q8_0 block the KV cache and its kernels use is ggml's, as frink-gguf's type
+    /// table records it.
+    #[test]
+    fn q8_0_block_is_ggmls() {
+        let t = frink_gguf::GgmlType::Q8_0;
+        assert_eq!(
+            (super::Q8_0_BLOCK, super::Q8_0_BLOCK_BYTES),
+            (t.block_size(), t.type_size())
+        );
+    }
 }

@@ -8,6 +8,8 @@
 
 use half::f16;
 
+use crate::kv::{Q8_0_BLOCK, Q8_0_BLOCK_BYTES};
+
 #[cfg(target_arch = "x86_64")]
 use super::math::exp8_avx2;
 use super::math::fast_exp;
@@ -56,7 +58,7 @@ impl<'a> KvRows<'a> {
         match self.data {
             KvData::F32(s) => s.len(),
             KvData::F16(s) => s.len(),
-            KvData::Q8_0(s) => s.len() / 34 * 32,
+            KvData::Q8_0(s) => s.len() / Q8_0_BLOCK_BYTES * Q8_0_BLOCK,
         }
     }
 
@@ -76,8 +78,8 @@ impl<'a> KvRows<'a> {
             KvData::F32(s) => s[i],
             KvData::F16(s) => s[i].to_f32(),
             KvData::Q8_0(s) => {
-                let b = &s[i / 32 * 34..][..34];
-                f16::from_le_bytes([b[0], b[1]]).to_f32() * (b[2 + i % 32] as i8) as f32
+                let b = &s[i / Q8_0_BLOCK * Q8_0_BLOCK_BYTES..][..Q8_0_BLOCK_BYTES];
+                f16::from_le_bytes([b[0], b[1]]).to_f32() * (b[2 + i % Q8_0_BLOCK] as i8) as f32
             }
         }
     }
@@ -104,9 +106,9 @@ unsafe fn load8<const K: u8>(base: *const u8, i: usize) -> std::arch::x86_64::__
         match K {
             F16 => _mm256_cvtph_ps(_mm_loadu_si128(base.add(i * 2).cast())),
             Q8 => {
-                let b = base.add(i / 32 * 34);
+                let b = base.add(i / Q8_0_BLOCK * Q8_0_BLOCK_BYTES);
                 let d = f16::from_bits(u16::from_le_bytes([*b, *b.add(1)])).to_f32();
-                let q = _mm_loadl_epi64(b.add(2 + i % 32).cast());
+                let q = _mm_loadl_epi64(b.add(2 + i % Q8_0_BLOCK).cast());
                 _mm256_mul_ps(
                     _mm256_set1_ps(d),
                     _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)),
@@ -131,7 +133,7 @@ fn raw(rows: &KvRows<'_>) -> *const u8 {
 #[cfg(target_arch = "x86_64")]
 fn vector_ok(rows: &KvRows<'_>) -> bool {
     !matches!(rows.data, KvData::Q8_0(_))
-        || (rows.start.is_multiple_of(32) && rows.stride.is_multiple_of(32))
+        || (rows.start.is_multiple_of(Q8_0_BLOCK) && rows.stride.is_multiple_of(Q8_0_BLOCK))
 }
 
 /// Scores of `R` query rows against a run of key rows: `out_r[t]` = the dot product of
