@@ -68,27 +68,6 @@ impl LoraData {
             LoraData::F16(v) => v[range].iter().map(|x| x.to_f32()).collect(),
         }
     }
-
-    /// Elements held.
-    pub fn len(&self) -> usize {
-        match self {
-            LoraData::F32(v) => v.len(),
-            LoraData::F16(v) => v.len(),
-        }
-    }
-
-    /// Whether it holds none.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Bytes held.
-    pub fn bytes(&self) -> usize {
-        match self {
-            LoraData::F32(v) => v.len() * 4,
-            LoraData::F16(v) => v.len() * 2,
-        }
-    }
 }
 
 /// A loaded LoRA adapter.
