@@ -456,10 +456,10 @@ fn size_sources(k: &Keys, d: &SizeInputs) -> SizeSources {
             sizes.push((2 * v, format!("2 × {}", k.key(suffix))));
         }
     }
-    let layout = counts
+    let layout = sizes
         .iter()
-        .filter(|(key, _)| LAYOUT_KEYS.iter().any(|s| *key == k.key(s)))
-        .map(|(key, v)| format!("{key} = {v}"))
+        .filter(|(_, key)| LAYOUT_KEYS.iter().any(|s| *key == k.key(s)))
+        .map(|(v, key)| format!("{key} = {v}"))
         .collect();
     if d.attention {
         let hdk = match read("attention.key_length") {
