@@ -230,19 +230,22 @@ pub fn generate_with(
         }
         out.ids.len() == params.max_tokens
     };
-    // Either the logits of the next position (to sample from) or a token chosen but not
-    // yet evaluated.
-    let mut next = Ok(logits);
+    // The prompt and the tokens emitted, for the proposer (extended as they are emitted).
+    let mut history: Vec<u32> = Vec::new();
+    if proposer.is_some() {
+        history.extend_from_slice(prompt);
+    }
+    let mut next = Next::Sample(logits);
     while out.ids.len() < params.max_tokens {
         let id = match next {
-            Ok(logits) => {
+            Next::Sample(logits) => {
                 let id = sampler.try_sample(&logits)?;
                 if emit(id, &mut out, sampler) {
                     break;
                 }
                 id
             }
-            Err(id) => id,
+            Next::Evaluate(id) => id,
         };
         if session.n_past() >= session.n_ctx() {
             out.context_full = true;
@@ -250,7 +253,7 @@ pub fn generate_with(
         }
         let drafts = match proposer.as_mut() {
             Some((p, k)) => {
-                let history: Vec<u32> = prompt.iter().chain(&out.ids).copied().collect();
+                history.extend_from_slice(&out.ids[history.len() - prompt.len()..]);
                 let room = (session.n_ctx() - session.n_past() - 1)
                     .min(params.max_tokens - out.ids.len())
                     .min(*k);
@@ -259,7 +262,7 @@ pub fn generate_with(
             None => Vec::new(),
         };
         if drafts.is_empty() {
-            next = Ok(session.eval(&[id], Logits::Last)?);
+            next = Next::Sample(session.eval(&[id], Logits::Last)?);
             continue;
         }
         let batch: Vec<u32> = std::iter::once(id).chain(drafts.iter().copied()).collect();
@@ -284,8 +287,8 @@ pub fn generate_with(
             break;
         }
         next = match rejected {
-            Some(t) => Err(t),
-            None => Ok(rows[drafts.len() * nv..].to_vec()),
+            Some(t) => Next::Evaluate(t),
+            None => Next::Sample(rows[drafts.len() * nv..].to_vec()),
         };
     }
     // Plain decoding's state: the prompt and every emitted token but the last.
@@ -294,6 +297,13 @@ pub fn generate_with(
         out.timings.gen_ms = ms(s);
     }
     Ok(out)
+}
+
+/// Where [`generate_with`]'s loop stands: the logits of the next position, to sample
+/// from, or a token chosen (and emitted) but not yet evaluated.
+enum Next {
+    Sample(Vec<f32>),
+    Evaluate(u32),
 }
 
 fn ms(since: Instant) -> f64 {
