@@ -35,6 +35,11 @@ pub struct ModelArgs {
     /// them).
     #[arg(long = "lora-init-without-apply", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
     pub lora_init_without_apply: bool,
+    /// Read the weights as stored instead of repacking them at load (llama.cpp's
+    /// `--no-repack`; repacking is done where the AVX2 kernels are the machine's best, and
+    /// never changes a result).
+    #[arg(long = "no-repack", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
+    pub no_repack: bool,
 }
 
 /// `FILE:SCALE` of `--lora-scaled` (the last colon splits, so paths may hold colons).
@@ -83,8 +88,8 @@ impl ModelArgs {
     /// Sizes the compute thread pool and loads the model at `path` (already resolved).
     pub fn load_path(&self, path: &std::path::Path) -> Result<Model> {
         init_threads(self.threads)?;
-        let mut model =
-            Model::load(path).with_context(|| format!("cannot load {}", path.display()))?;
+        let mut model = Model::load_with(path, !self.no_repack)
+            .with_context(|| format!("cannot load {}", path.display()))?;
         model.set_expert_budget(self.expert_budget)?;
         let c = &model.config;
         self.kv_type

@@ -184,6 +184,7 @@ fn run(cli: Cli) -> Result<()> {
                 lora: Vec::new(),
                 lora_scaled: Vec::new(),
                 lora_init_without_apply: false,
+                no_repack: false,
             };
             verify::run(&args, model.is_some(), &golden, kv_type)
         }

@@ -5,7 +5,8 @@
 //! Run: `cargo run --release -p frink-models --example logits_digest [> before.txt]`.
 //! Per model: one batch over 24 ids with an f32 cache (`Logits::All`), and the same ids
 //! token by token with an f16 cache (`Logits::Last` each step): the prefill and the decode
-//! paths. Models that do not load print their error instead.
+//! paths. Models that do not load print their error instead. `FRINK_REPACK=0|1` runs with
+//! the stored or the repacked weights (`Model::set_repack`): the digests must be equal.
 
 use std::path::{Path, PathBuf};
 
@@ -22,10 +23,15 @@ fn digest(v: &[f32]) -> u64 {
 }
 
 fn run(path: &Path, ids: &[u32]) -> String {
-    let model = match Model::load(path) {
+    let mut model = match Model::load(path) {
         Ok(m) => m,
         Err(e) => return format!("error: {e}"),
     };
+    // `FRINK_REPACK=0|1` forces the stored or the packed weights (the digests must not
+    // change).
+    if let Ok(v) = std::env::var("FRINK_REPACK") {
+        model.set_repack(v == "1");
+    }
     let mut cache = SeqState::new(&model.config, 64, KvType::F32);
     let batch = model.forward(&mut cache, ids, Logits::All).expect("batch");
     let mut cache = SeqState::new(&model.config, 64, KvType::F16);

@@ -40,7 +40,7 @@ impl Model {
     pub(crate) fn projection<'a>(&'a self, w: &'a Matrix, out: &'a mut [f32]) -> Projection<'a> {
         Projection {
             w,
-            data: self.data(w),
+            data: self.weight(w),
             out,
         }
     }
@@ -235,7 +235,7 @@ impl Model {
         let mut x = vec![0f32; n * d];
         let tokens: Vec<u32> = seqs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
         for (row, &t) in x.chunks_exact_mut(d).zip(&tokens) {
-            matrix_row(&w.token_embd, self.data(&w.token_embd), t as usize, row)?;
+            matrix_row(&w.token_embd, self.weight(&w.token_embd), t as usize, row)?;
         }
         self.lora_embed(&tokens, &lora, &mut x)?;
         if c.embed_scale != 1.0 {
@@ -358,7 +358,7 @@ impl Model {
         let logits_of = |out: &mut [f32]| -> Result<()> {
             if n_rows > 0 {
                 self.norm(&mut wanted_rows, &w.output_norm);
-                matmul(&w.output, self.data(&w.output), &wanted_rows, n_rows, out)?;
+                matmul(&w.output, self.weight(&w.output), &wanted_rows, n_rows, out)?;
                 self.lora_add(&w.output, &wanted_rows, &lora_head, out)?;
                 if c.logit_scale != 1.0 {
                     out.iter_mut().for_each(|v| *v /= c.logit_scale);

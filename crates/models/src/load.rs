@@ -13,6 +13,9 @@ use crate::model::{Experts, NormWeights};
 pub(crate) struct Loader<'a> {
     pub(crate) f: &'a GgufFile,
     pub(crate) used: Vec<bool>,
+    /// Every whole-tensor matrix handed out, in order (what [`crate::Model::set_repack`]
+    /// may repack).
+    pub(crate) matrices: Vec<Matrix>,
     /// The metadata the expected shapes come from, named when a tensor contradicts it.
     sizes: &'a SizeSources,
 }
@@ -23,6 +26,7 @@ impl<'a> Loader<'a> {
         Loader {
             f,
             used: vec![false; f.tensor_infos().len()],
+            matrices: Vec::new(),
             sizes,
         }
     }
@@ -115,14 +119,16 @@ impl<'a> Loader<'a> {
                 detail: format!("tensor type {} is not supported", t.ggml_type),
             });
         }
-        Ok(Some(Matrix {
+        let m = Matrix {
             ty: t.ggml_type,
             rows,
             cols,
             row_bytes: (t.n_bytes / rows as u64) as usize,
             tensor: i,
             offset: 0,
-        }))
+        };
+        self.matrices.push(m);
+        Ok(Some(m))
     }
 
     /// `n` stacked `rows × cols` matrices (GGUF shape `[cols, rows, n]`: llama.cpp's

@@ -110,6 +110,12 @@ pub struct Model {
     pub adapters: Vec<crate::lora::LoraAdapter>,
     /// Each adapter's default user scale (what a sequence that names no adapters gets).
     pub lora_scales: Vec<f32>,
+    /// The matrices the forward pass multiplies by (every whole-tensor matrix but a token
+    /// embedding table that is not also the LM head): what [`Model::set_repack`] packs.
+    matmul_weights: Vec<Matrix>,
+    /// Repacked matrices by (tensor index, byte offset: an expert of a stacked tensor),
+    /// with the matrix each was packed from.
+    packed: std::collections::BTreeMap<(usize, usize), (Matrix, frink_quant::dot::pack::Packed)>,
 }
 
 /// How often each routed expert was selected, per layer, since load (or [`MoeStats::reset`]);
@@ -207,10 +213,20 @@ fn load_mixer(
     })
 }
 
+/// Bytes of packed weights made per step of [`Model::set_repack`] before the stored pages
+/// they came from are released.
+const PACK_PIECE: usize = 8 << 20;
+
 impl Model {
     /// Maps `path` and loads the model.
     pub fn load(path: impl AsRef<Path>) -> Result<Model> {
         Self::from_gguf(GgufFile::open(path)?)
+    }
+
+    /// [`Model::load`], repacking the weights only if `repack` (and the machine prefers
+    /// it: [`Model::set_repack`]).
+    pub fn load_with(path: impl AsRef<Path>, repack: bool) -> Result<Model> {
+        Self::from_gguf_with(GgufFile::open(path)?, repack)
     }
 
     /// Loads the model held by `file`.
@@ -220,6 +236,11 @@ impl Model {
     /// when the file holds tensors the architecture's graph would not read (llama.cpp's
     /// loader refuses those too: "wrong number of tensors").
     pub fn from_gguf(file: GgufFile) -> Result<Model> {
+        Self::from_gguf_with(file, true)
+    }
+
+    /// [`Model::from_gguf`], repacking only if `repack` and the machine prefers it.
+    fn from_gguf_with(file: GgufFile, repack: bool) -> Result<Model> {
         let config = ModelConfig::from_gguf(&file)?;
         let c = &config;
         let a = c.arch;
@@ -278,6 +299,14 @@ impl Model {
                 names: unused,
             });
         }
+        // The embedding table is read by rows (and then only a few pages of it are ever
+        // resident) unless it is the LM head as well.
+        let matmul_weights = l
+            .matrices
+            .iter()
+            .filter(|m| **m != token_embd || output == token_embd)
+            .copied()
+            .collect();
         let weights = Weights {
             token_embd,
             token_embd_norm,
@@ -290,7 +319,7 @@ impl Model {
             Some(m) => MoeStats::new(config.n_layer, m.n_expert),
             None => MoeStats::default(),
         };
-        Ok(Model {
+        let mut model = Model {
             file,
             config,
             weights,
@@ -298,7 +327,81 @@ impl Model {
             expert_cache: None,
             adapters: Vec::new(),
             lora_scales: Vec::new(),
-        })
+            matmul_weights,
+            packed: Default::default(),
+        };
+        model.set_repack(repack && frink_quant::dot::pack::preferred());
+        Ok(model)
+    }
+
+    /// Repacks (`on`) every matrix the forward pass multiplies by whose type has a packed
+    /// layout ([`frink_quant::dot::pack`]: eight rows interleaved for the AVX2 kernels),
+    /// routed experts included unless an expert budget keeps them in a cache
+    /// ([`Model::set_expert_budget`]), or drops the packed copies (`off`). Results are
+    /// bit-identical either way; the packed copies replace the mapped bytes in resident
+    /// memory (their pages are released from the mapping once packed; a tied LM head's
+    /// embedding rows are read back from the packed copy). [`Model::from_gguf`] repacks
+    /// where the AVX2 kernels are this machine's best
+    /// ([`frink_quant::dot::pack::preferred`]; llama.cpp repacks its CPU weights the same
+    /// way unless `--no-repack`).
+    pub fn set_repack(&mut self, on: bool) {
+        use frink_quant::dot::pack::{block_bytes, pack_groups, Packed, GROUP};
+        if !on {
+            self.packed.clear();
+            return;
+        }
+        let mut todo = self.matmul_weights.clone();
+        if self.expert_cache.is_none() {
+            for (_, m) in self.routed_experts() {
+                for set in [&m.gate_exps, &m.up_exps, &m.down_exps] {
+                    todo.extend((0..set.n).map(|e| set.expert(e)));
+                }
+            }
+        }
+        for m in todo {
+            let key = (m.tensor, m.offset);
+            if self.packed.contains_key(&key) || block_bytes(m.ty).is_none() || m.rows < GROUP {
+                continue;
+            }
+            let data = self.data(&m);
+            let Ok(mut p) = Packed::empty(m.ty, data.len(), m.rows, m.cols) else {
+                continue;
+            };
+            let t = self.file.tensor_at(m.tensor);
+            let start = self.file.data_offset() as usize + t.info.offset as usize + m.offset;
+            // A few megabytes of stored rows at a time, their pages released once packed,
+            // so the peak resident memory is the packed copy and one piece of the stored
+            // one (measured: a 191 MB LM head packed whole raised the peak by its size).
+            let gb = p.group_bytes();
+            let piece = (PACK_PIECE / gb).max(1);
+            let per = piece.div_ceil(crate::pool::threads() * 4).max(1);
+            let stored_group = GROUP * m.row_bytes;
+            for (k, out) in p.data_mut().chunks_mut(piece * gb).enumerate() {
+                crate::pool::for_each_chunk(out, per * gb, &|i, part| {
+                    pack_groups(m.ty, data, m.rows, m.cols, k * piece + i * per, part)
+                });
+                let from = k * piece * stored_group;
+                let to = ((k + 1) * piece * stored_group).min(data.len());
+                // Releasing is advice; a failure only leaves the stored pages resident.
+                let _ = self.file.release(start + from..start + to);
+            }
+            self.packed.insert(key, (m, p));
+        }
+    }
+
+    /// Bytes held by repacked matrices.
+    pub fn repacked_bytes(&self) -> usize {
+        self.packed.values().map(|(_, p)| p.bytes()).sum()
+    }
+
+    /// Matrix `m`'s weights as the kernels read them: its packed copy when it has one,
+    /// else its stored bytes.
+    pub fn weight(&self, m: &Matrix) -> crate::kernels::WeightData<'_> {
+        use crate::kernels::WeightData;
+        match self.packed.get(&(m.tensor, m.offset)) {
+            Some((pm, p)) if pm == m => WeightData::Packed(p),
+            _ => WeightData::Stored(self.data(m)),
+        }
     }
 
     /// The routed experts' matrices of every layer: (layer, gate, up, down).
@@ -359,6 +462,19 @@ impl Model {
             )));
         }
         self.expert_cache = Some(crate::experts::ExpertCache::new(budget));
+        // The cache reads the experts as stored: packed copies would keep them all
+        // resident.
+        let experts: Vec<usize> = self
+            .routed_experts()
+            .flat_map(|(_, m)| {
+                [
+                    m.gate_exps.first.tensor,
+                    m.up_exps.first.tensor,
+                    m.down_exps.first.tensor,
+                ]
+            })
+            .collect();
+        self.packed.retain(|(t, _), _| !experts.contains(t));
         Ok(())
     }
 

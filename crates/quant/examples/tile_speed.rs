@@ -157,6 +157,51 @@ fn prefill(ty: GgmlType, rows: usize, cols: usize, n_a: usize) {
     );
 }
 
+/// The packed layout (`frink_quant::dot::pack`) on the same shapes: decode GB/s of the
+/// stored bytes and products GOP/s for `n_a` activation rows, tasks of `FRINK_NW` rows.
+fn packed(ty: GgmlType, rows: usize, cols: usize, n_a: usize) {
+    use frink_quant::dot::pack::{Packed, GROUP};
+    let (rows, cols) = shape(ty, rows, cols);
+    let w = weights(ty, rows, cols);
+    let p = Packed::new(ty, &w, rows, cols).unwrap();
+    let a = acts(ty, n_a, cols);
+    let per = (n_w() / GROUP).max(1);
+    let reps = if n_a == 1 {
+        (2_000_000_000 / w.len()).clamp(5, 200)
+    } else if n_a <= 16 {
+        40
+    } else {
+        3
+    };
+    let mut sum = 0f32;
+    let s = best(reps, || {
+        let mut g = 0;
+        while g < p.groups() {
+            let n = per.min(p.groups() - g);
+            p.dot_groups(g, n, black_box(&a), n_a, &mut |_, _, v| sum += v[0]);
+            g += n;
+        }
+    });
+    black_box(sum);
+    if n_a == 1 {
+        println!(
+            "packed  {:>5} {rows:>6}x{cols:<5} {:>7.1} MB  {:6.2} GB/s  ({:.3} ms)",
+            format!("{ty}"),
+            w.len() as f64 / 1e6,
+            w.len() as f64 / s / 1e9,
+            s * 1e3
+        );
+    } else {
+        let ops = 2.0 * rows as f64 * cols as f64 * n_a as f64;
+        println!(
+            "packed  {:>5} {rows:>6}x{cols:<5} n_a={n_a}  {:6.1} GOP/s  ({:.1} ms)",
+            format!("{ty}"),
+            ops / s / 1e9,
+            s * 1e3
+        );
+    }
+}
+
 fn main() {
     use GgmlType as T;
     let filter = std::env::args().nth(1).unwrap_or_default();
@@ -197,6 +242,23 @@ fn main() {
     for (ty, r, c) in pre {
         if want(&format!("prefill {ty}")) {
             prefill(ty, r, c, 512);
+        }
+    }
+    for (ty, r, c) in [
+        (T::Q4_K, 896, 4864),
+        (T::Q6_K, 896, 4864),
+        (T::Q4_K, 1536, 1536),
+        (T::Q4_K, 1536, 8960),
+        (T::Q6_K, 1536, 8960),
+        (T::Q4_0, 8960, 1536),
+        (T::Q4_1, 1536, 576),
+        (T::Q5_0, 6912, 1152),
+        (T::Q8_0, 8960, 1536),
+    ] {
+        if frink_quant::dot::pack::block_bytes(ty).is_some() && want(&format!("packed {ty}")) {
+            for n_a in [1, 2, 4, 8, 512] {
+                packed(ty, r, c, n_a);
+            }
         }
     }
     // Small batches (continuous batching's decode steps): ideally the time of n_a = 1.

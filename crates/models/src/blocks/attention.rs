@@ -255,7 +255,7 @@ impl Model {
             QkvWeights::Mla(mla) => self.mla_qkv(mla, cur, n, q, k, v)?,
             QkvWeights::Fused(wqkv) => {
                 qkv.resize(n * wqkv.rows, 0.0);
-                matmul(wqkv, self.data(wqkv), cur, n, qkv)?;
+                matmul(wqkv, self.weight(wqkv), cur, n, qkv)?;
                 self.lora_add(wqkv, cur, lora, qkv)?;
                 if let Some(b) = &lw.bqkv {
                     add_bias(qkv, b);
@@ -371,10 +371,10 @@ impl Model {
         }
         if let QkvWeights::Mla(mla) = &lw.qkv {
             self.mla_output(mla, attn, n, attn_out)?;
-            matmul(&lw.wo, self.data(&lw.wo), attn_out, n, out)?;
+            matmul(&lw.wo, self.weight(&lw.wo), attn_out, n, out)?;
             self.lora_add(&lw.wo, attn_out, lora, out)?;
         } else {
-            matmul(&lw.wo, self.data(&lw.wo), attn, n, out)?;
+            matmul(&lw.wo, self.weight(&lw.wo), attn, n, out)?;
             self.lora_add(&lw.wo, attn, lora, out)?;
         }
         if let Some(b) = &lw.bo {

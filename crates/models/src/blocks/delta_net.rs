@@ -97,17 +97,17 @@ impl Model {
             &mut [
                 Projection {
                     w: &w.qkv,
-                    data: self.data(&w.qkv),
+                    data: self.weight(&w.qkv),
                     out: &mut mixed,
                 },
                 Projection {
                     w: &w.gate,
-                    data: self.data(&w.gate),
+                    data: self.weight(&w.gate),
                     out: &mut z,
                 },
                 Projection {
                     w: &w.ba,
-                    data: self.data(&w.ba),
+                    data: self.weight(&w.ba),
                     out: &mut ba,
                 },
             ],
@@ -173,7 +173,7 @@ impl Model {
             rms_norm(yr, &w.norm, c.norm_eps);
             yr.iter_mut().zip(zr).for_each(|(y, &z)| *y *= silu(z));
         }
-        crate::kernels::matmul(&w.ssm_out, self.data(&w.ssm_out), &y, n, out)?;
+        crate::kernels::matmul(&w.ssm_out, self.weight(&w.ssm_out), &y, n, out)?;
         Ok(())
     }
 }

@@ -8,6 +8,7 @@ use crate::blocks::{elems_per_task, rows_per_task};
 use crate::error::Result;
 use crate::kernels::{
     add_bias, gelu_tanh, matmul, matmul_many, silu_in_place, swiglu_oai, Matrix, Projection,
+    WeightData,
 };
 use crate::load::Loader;
 use crate::lora::LoraRows;
@@ -108,10 +109,10 @@ impl Model {
     ) -> Result<()> {
         up.resize(n * f.up.rows, 0.0);
         gate.resize(n * nf, 0.0);
-        let data = |i: usize, m: &Matrix| -> &[u8] {
+        let data = |i: usize, m: &Matrix| -> WeightData<'_> {
             match &bytes {
-                Some(b) => b[i],
-                None => self.data(m),
+                Some(b) => WeightData::Stored(b[i]),
+                None => self.weight(m),
             }
         };
         match &f.gate {

@@ -73,7 +73,7 @@ impl Model {
         let (di, ds, dr) = (s.d_inner, s.d_state, s.dt_rank);
         let n = rows.n();
         let mut xz = vec![0f32; n * 2 * di];
-        matmul(&w.ssm_in, self.data(&w.ssm_in), input, n, &mut xz)?;
+        matmul(&w.ssm_in, self.weight(&w.ssm_in), input, n, &mut xz)?;
         // x: the convolution (per sequence, from its window), its bias, SiLU.
         let mut xs = Vec::new();
         columns(&xz, 2 * di, 0, di, &mut xs);
@@ -81,11 +81,11 @@ impl Model {
         // Δ (low rank), B, C per row; Δ projected up to one step per channel.
         let width = dr + 2 * ds;
         let mut xdb = vec![0f32; n * width];
-        matmul(&w.ssm_x, self.data(&w.ssm_x), &xc, n, &mut xdb)?;
+        matmul(&w.ssm_x, self.weight(&w.ssm_x), &xc, n, &mut xdb)?;
         let mut dt_low = Vec::new();
         columns(&xdb, width, 0, dr, &mut dt_low);
         let mut dt = vec![0f32; n * di];
-        matmul(&w.ssm_dt, self.data(&w.ssm_dt), &dt_low, n, &mut dt)?;
+        matmul(&w.ssm_dt, self.weight(&w.ssm_dt), &dt_low, n, &mut dt)?;
         // The scan, position by position per sequence, its channels split over the pool.
         let mut y = vec![0f32; n * di];
         scan_sequences(seqs, rows, il, ds, 1, &mut y, &|r, c0, h_all, yb| {
@@ -105,7 +105,7 @@ impl Model {
                 }
             }
         });
-        matmul(&w.ssm_out, self.data(&w.ssm_out), &y, n, out)?;
+        matmul(&w.ssm_out, self.weight(&w.ssm_out), &y, n, out)?;
         Ok(())
     }
 }

@@ -82,7 +82,7 @@ impl Model {
         let width = di + ch + nh;
         let n = rows.n();
         let mut zxbcdt = vec![0f32; n * width];
-        matmul(&w.ssm_in, self.data(&w.ssm_in), input, n, &mut zxbcdt)?;
+        matmul(&w.ssm_in, self.weight(&w.ssm_in), input, n, &mut zxbcdt)?;
         let mut xbc_in = Vec::new();
         columns(&zxbcdt, width, di, ch, &mut xbc_in);
         let xbc = conv_sequences(
@@ -129,7 +129,7 @@ impl Model {
                 }
             }
         }
-        matmul(&w.ssm_out, self.data(&w.ssm_out), &y, n, out)?;
+        matmul(&w.ssm_out, self.weight(&w.ssm_out), &y, n, out)?;
         Ok(())
     }
 }

@@ -96,14 +96,14 @@ impl Model {
         match &w.q_a {
             Some((qa, qa_norm)) => {
                 let mut t = vec![0f32; n * qa.rows];
-                matmul(qa, self.data(qa), input, n, &mut t)?;
+                matmul(qa, self.weight(qa), input, n, &mut t)?;
                 rms_norm(&mut t, qa_norm, c.norm_eps);
-                matmul(&w.q_b, self.data(&w.q_b), &t, n, &mut qf)?;
+                matmul(&w.q_b, self.weight(&w.q_b), &t, n, &mut qf)?;
             }
-            None => matmul(&w.q_b, self.data(&w.q_b), input, n, &mut qf)?,
+            None => matmul(&w.q_b, self.weight(&w.q_b), input, n, &mut qf)?,
         }
         let mut kv = vec![0f32; n * (rank + rope)];
-        matmul(&w.kv_a, self.data(&w.kv_a), input, n, &mut kv)?;
+        matmul(&w.kv_a, self.weight(&w.kv_a), input, n, &mut kv)?;
         let (kd, vd, qd) = (c.k_dim(), c.v_dim(), c.q_dim());
         for i in 0..n {
             let row = &kv[i * (rank + rope)..(i + 1) * (rank + rope)];
@@ -120,7 +120,7 @@ impl Model {
                     .copy_from_slice(&qf[(i * c.n_head + h) * qk..][..nope]);
             }
             let kb = w.k_b.expert(h);
-            matmul(&kb, self.data(&kb), &nope_rows, n, &mut absorbed)?;
+            matmul(&kb, self.weight(&kb), &nope_rows, n, &mut absorbed)?;
             for i in 0..n {
                 let head = &mut q[i * qd + h * (rank + rope)..][..rank + rope];
                 head[..rank].copy_from_slice(&absorbed[i * rank..(i + 1) * rank]);
@@ -151,7 +151,7 @@ impl Model {
                     .copy_from_slice(&attn[(i * c.n_head + h) * rank..][..rank]);
             }
             let vb = w.v_b.expert(h);
-            matmul(&vb, self.data(&vb), &lat, n, &mut o)?;
+            matmul(&vb, self.weight(&vb), &lat, n, &mut o)?;
             for i in 0..n {
                 out[(i * c.n_head + h) * vh..][..vh].copy_from_slice(&o[i * vh..(i + 1) * vh]);
             }

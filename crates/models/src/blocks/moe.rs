@@ -136,7 +136,7 @@ impl Model {
         let mc = c.moe.as_ref().expect("a MoE layer has a MoE config");
         let (d, ne, k) = (c.n_embd, mc.n_expert, mc.n_used);
         let mut logits = vec![0f32; n * ne];
-        matmul(&m.router, self.data(&m.router), input, n, &mut logits)?;
+        matmul(&m.router, self.weight(&m.router), input, n, &mut logits)?;
         if let Some(b) = &m.router_bias {
             add_bias(&mut logits, b);
         }
@@ -181,7 +181,7 @@ impl Model {
             )?;
             let mut g = vec![1f32; n];
             if let Some(wg) = &m.shared_gate {
-                matmul(wg, self.data(wg), input, n, &mut g)?;
+                matmul(wg, self.weight(wg), input, n, &mut g)?;
                 g.iter_mut().for_each(|v| *v = 1.0 / (1.0 + (-*v).exp()));
             }
             for ((o, y), g) in out.chunks_exact_mut(d).zip(ys.chunks_exact(d)).zip(&g) {
@@ -310,12 +310,12 @@ impl Model {
             {
                 projs.push(Projection {
                     w: &w[0],
-                    data: self.data(&w[0]),
+                    data: self.weight(&w[0]),
                     out: g,
                 });
                 projs.push(Projection {
                     w: &w[1],
-                    data: self.data(&w[1]),
+                    data: self.weight(&w[1]),
                     out: u,
                 });
             }
@@ -342,7 +342,7 @@ impl Model {
                 .zip(slots.chunks_exact_mut(d))
                 .map(|(w, y)| Projection {
                     w: &w[2],
-                    data: self.data(&w[2]),
+                    data: self.weight(&w[2]),
                     out: y,
                 })
                 .collect();

@@ -48,7 +48,7 @@ impl Model {
         let d = self.config.n_embd;
         let n = rows.n();
         let mut bcx = vec![0f32; n * 3 * d];
-        matmul(&w.in_proj, self.data(&w.in_proj), input, n, &mut bcx)?;
+        matmul(&w.in_proj, self.weight(&w.in_proj), input, n, &mut bcx)?;
         // B · x per row, then the convolution per sequence, then C · conv.
         let mut bx = vec![0f32; n * d];
         for (o, r) in bx.chunks_exact_mut(d).zip(bcx.chunks_exact(3 * d)) {
@@ -61,7 +61,7 @@ impl Model {
         for (yr, r) in y.chunks_exact_mut(d).zip(bcx.chunks_exact(3 * d)) {
             yr.iter_mut().zip(&r[d..2 * d]).for_each(|(y, c)| *y *= c);
         }
-        matmul(&w.out_proj, self.data(&w.out_proj), &y, n, out)?;
+        matmul(&w.out_proj, self.weight(&w.out_proj), &y, n, out)?;
         Ok(())
     }
 }

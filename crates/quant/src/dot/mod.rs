@@ -85,6 +85,7 @@
 #[cfg(target_arch = "aarch64")]
 #[allow(unsafe_code)]
 mod aarch64;
+pub mod pack;
 mod quantize;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
@@ -93,6 +94,9 @@ mod x86;
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod x86_512;
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod x86_pack;
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod x86_tile;

@@ -1,0 +1,628 @@
+//! AVX2 kernels on the packed layout of `super::pack`: eight weight rows in the lanes of
+//! every register, up to four activation rows per pass.
+//!
+//! Per block and activation row, the integers are those of `super::scalar` (exact sums in
+//! another order, which integers do not see):
+//! - Q4_K: per chunk, `maddubs(u, y)` pair sums (each `|.| <= 15 * 128 * 2 = 3840`) are
+//!   added in i16 over the chunk's four steps of two products (`<= 8 * 3840 = 30720 <
+//!   2^15`), then multiplied by the chunk's scale as i16 pairs (`madd`, exact in i32);
+//!   `summ = sum_p madd((min 2p, min 2p+1), (bsum pair 2p, bsum pair 2p+1))`, the
+//!   activation's pair sums `|bsum_2j + bsum_2j+1| <= 4096`.
+//! - Q6_K: the unsigned 6-bit values (`<= 63`: pair sums `<= 16128`) are added in i16 over
+//!   two steps (`<= 32256 < 2^15`), then multiplied by the group's signed scale; the
+//!   offset term `32 * sum_g sc_g * bsum_g` by `madd` of the scale pairs with the bsum
+//!   pairs.
+//!
+//! The block value is `super::block_k_min` / `super::block_k` on eight lanes (the same
+//! `f32` operations, no FMA), added into accumulator `b % 8`; the accumulators are
+//! combined in `super::Lanes::finish`'s tree. So every lane has the bits of the scalar
+//! kernel on its row.
+//!
+//! Safety: [`dot_groups`] is called only after `Isa::Avx2.is_available()` (AVX2 and F16C
+//! detected at run time) and after `Packed::dot_groups` checked that the groups lie in the
+//! packed matrix and `acts` holds `n_a` rows of `nb` Q8_K blocks; every pointer below is
+//! derived from those two slices within those bounds.
+
+use std::arch::x86_64::*;
+
+use super::pack::{
+    Legacy, Packed, GROUP, Q4K_DMIN, Q4K_MINS, Q4K_QS, Q4K_SCALES, Q6K_D, Q6K_QH, Q6K_SCALES,
+};
+use super::TileSink;
+use crate::GgmlType;
+
+/// Bytes of one Q8_K activation block: f32 d, 256 i8 quants, 16 i16 bsums.
+const KAB: usize = 292;
+
+/// Activation rows per pass over a group (registers: four rows' accumulators, the
+/// weights and their decoded halves).
+const RA: usize = 4;
+
+/// Bytes of one Q8_0 activation block: f16 d, 32 i8 quants.
+const LAB: usize = 34;
+
+thread_local! {
+    /// Per activation row and block, the sum of its quants (legacy formats).
+    static YSUMS: std::cell::RefCell<Vec<i32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// See the module documentation: requires AVX2 + F16C and checked bounds.
+pub(super) fn dot_groups(
+    p: &Packed,
+    g0: usize,
+    n_g: usize,
+    acts: &[u8],
+    n_a: usize,
+    sink: &mut TileSink<'_>,
+) {
+    let (pb, nb) = p.geometry();
+    let data = p.data();
+    let legacy = p.ty().block_size() == 32;
+    let ab = nb * if legacy { LAB } else { KAB };
+    assert!((g0 + n_g) * nb * pb <= data.len() && acts.len() == n_a * ab);
+    let run: GroupFn = match p.ty() {
+        GgmlType::Q4_K => group_q4_k,
+        GgmlType::Q6_K => group_q6_k,
+        GgmlType::Q4_0 => group_legacy::<Q4_0>,
+        GgmlType::Q4_1 => group_legacy::<Q4_1>,
+        GgmlType::Q5_0 => group_legacy::<Q5_0>,
+        GgmlType::Q5_1 => group_legacy::<Q5_1>,
+        _ => group_legacy::<Q8_0>,
+    };
+    YSUMS.with_borrow_mut(|ys| {
+        ys.clear();
+        if legacy {
+            ys.resize(n_a * nb, 0);
+            // SAFETY: AVX2 detected (module note); `acts` is `n_a * nb` Q8_0 blocks.
+            let exact = unsafe { block_sums(acts, ys) };
+            if !exact && p.ty() == GgmlType::Q8_0 {
+                // A -128 activation quant (which ggml's Q8_0 quantizer never makes)
+                // would overflow the sign trick: the scalar kernel instead.
+                p.dot_groups_scalar(g0, n_g, acts, n_a, sink);
+                return;
+            }
+        }
+        // Activation rows per chunk: what stays in a core's L2 beside a group's weights
+        // while every group of the call passes over them.
+        let chunk = ((256 << 10) / ab.max(1)).max(RA) / RA * RA;
+        for r0 in (0..n_a).step_by(chunk) {
+            let na = chunk.min(n_a - r0);
+            for g in g0..g0 + n_g {
+                let valid = (p.rows() - g * GROUP).min(GROUP);
+                let mut r = 0;
+                while r < na {
+                    let k = (na - r).min(RA);
+                    let mut res = [[0f32; GROUP]; RA];
+                    let rows: [usize; RA] = std::array::from_fn(|q| r0 + r + q.min(k - 1));
+                    let sums =
+                        rows.map(|q| ys.get(q * nb..).map_or(std::ptr::null(), <[i32]>::as_ptr));
+                    // SAFETY: AVX2 + F16C were detected (module note); group `g` lies in
+                    // `data`, rows `rows[q] < n_a` lie in `acts` (asserted above) and
+                    // have `nb` block sums each (legacy formats).
+                    unsafe {
+                        run(
+                            data.as_ptr().add(g * nb * pb),
+                            nb,
+                            rows.map(|q| acts.as_ptr().add(q * ab)),
+                            sums,
+                            k,
+                            &mut res,
+                        );
+                    }
+                    for (q, v) in res.iter().enumerate().take(k) {
+                        sink(r0 + r + q, (g - g0) * GROUP, &v[..valid]);
+                    }
+                    r += k;
+                }
+            }
+        }
+    });
+}
+
+/// The sum of each Q8_0 block's 32 quants of `acts` into `out` (one per block); whether
+/// no quant is -128.
+///
+/// # Safety
+/// AVX2; `acts` is `out.len()` whole Q8_0 blocks.
+#[target_feature(enable = "avx2")]
+unsafe fn block_sums(acts: &[u8], out: &mut [i32]) -> bool {
+    assert_eq!(acts.len(), out.len() * LAB);
+    let ones8 = _mm256_set1_epi8(1);
+    let ones16 = _mm256_set1_epi16(1);
+    let low = _mm256_set1_epi8(-128);
+    let mut seen = _mm256_setzero_si256();
+    for (blk, o) in acts.chunks_exact(LAB).zip(out.iter_mut()) {
+        // SAFETY: the block's quants are bytes 2..34.
+        let y = unsafe { _mm256_loadu_si256(blk.as_ptr().add(2).cast()) };
+        seen = _mm256_or_si256(seen, _mm256_cmpeq_epi8(y, low));
+        // |pair sums| <= 256: exact in i16, then in i32.
+        let s = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, y), ones16);
+        let h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+        let h = _mm_add_epi32(h, _mm_shuffle_epi32::<0x4E>(h));
+        let h = _mm_add_epi32(h, _mm_shuffle_epi32::<0xB1>(h));
+        *o = _mm_cvtsi128_si32(h);
+    }
+    _mm256_movemask_epi8(seen) == 0
+}
+
+/// A group kernel: `nb` packed blocks at `w`, `k` (1..=4) activation rows at `a[..k]`
+/// with their block sums at `ys[..k]` (legacy formats; null otherwise).
+type GroupFn =
+    unsafe fn(*const u8, usize, [*const u8; RA], [*const i32; RA], usize, &mut [[f32; GROUP]; RA]);
+
+/// The row-count dispatch of a group kernel: `$f::<..., R>` for `R = k`.
+macro_rules! by_rows {
+    ($f:ident $(, $c:ident)?; $w:ident, $nb:ident, $a:ident, $ys:ident, $k:ident, $res:ident) => {
+        match $k {
+            1 => $f::<$($c,)? 1>($w, $nb, [$a[0]], [$ys[0]], $res),
+            2 => $f::<$($c,)? 2>($w, $nb, [$a[0], $a[1]], [$ys[0], $ys[1]], $res),
+            3 => $f::<$($c,)? 3>($w, $nb, [$a[0], $a[1], $a[2]], [$ys[0], $ys[1], $ys[2]], $res),
+            _ => $f::<$($c,)? 4>($w, $nb, $a, $ys, $res),
+        }
+    };
+}
+
+/// # Safety
+/// AVX2 + F16C; `nb` packed Q4_K blocks readable at `w`; `nb` Q8_K blocks at each `a[q]`.
+unsafe fn group_q4_k(
+    w: *const u8,
+    nb: usize,
+    a: [*const u8; RA],
+    ys: [*const i32; RA],
+    k: usize,
+    res: &mut [[f32; GROUP]; RA],
+) {
+    // SAFETY: the caller's bounds and ISA.
+    unsafe { by_rows!(rows_q4_k; w, nb, a, ys, k, res) }
+}
+
+/// # Safety
+/// AVX2 + F16C; `nb` packed Q6_K blocks readable at `w`; `nb` Q8_K blocks at each `a[q]`.
+unsafe fn group_q6_k(
+    w: *const u8,
+    nb: usize,
+    a: [*const u8; RA],
+    ys: [*const i32; RA],
+    k: usize,
+    res: &mut [[f32; GROUP]; RA],
+) {
+    // SAFETY: the caller's bounds and ISA.
+    unsafe { by_rows!(rows_q6_k; w, nb, a, ys, k, res) }
+}
+
+/// # Safety
+/// AVX2 + F16C; `nb` packed blocks of format `F` readable at `w`; `nb` Q8_0 blocks at
+/// each `a[q]` and their `nb` quant sums at each `ys[q]`.
+unsafe fn group_legacy<const F: u8>(
+    w: *const u8,
+    nb: usize,
+    a: [*const u8; RA],
+    ys: [*const i32; RA],
+    k: usize,
+    res: &mut [[f32; GROUP]; RA],
+) {
+    // SAFETY: the caller's bounds and ISA.
+    unsafe { by_rows!(rows_legacy, F; w, nb, a, ys, k, res) }
+}
+
+/// Legacy format codes of [`rows_legacy`] (ggml's type ids).
+const Q4_0: u8 = 2;
+const Q4_1: u8 = 3;
+const Q5_0: u8 = 6;
+const Q5_1: u8 = 7;
+const Q8_0: u8 = 8;
+
+/// The type of format code `f`.
+const fn legacy_type(f: u8) -> GgmlType {
+    match f {
+        Q4_0 => GgmlType::Q4_0,
+        Q4_1 => GgmlType::Q4_1,
+        Q5_0 => GgmlType::Q5_0,
+        Q5_1 => GgmlType::Q5_1,
+        _ => GgmlType::Q8_0,
+    }
+}
+
+/// `shuffle_epi8` control giving each row lane `(s, s)` as i16 from the u8 scales of
+/// eight rows at bytes `base .. base + 8` of a register holding 16 bytes twice.
+const fn dup_u8(base: i8) -> [i8; 32] {
+    let mut c = [0i8; 32];
+    let mut i = 0;
+    while i < 32 {
+        let row = (i / 4) as i8; // lanes 0..4 in the low half, 4..8 in the high half
+        c[i] = if i % 2 == 0 { base + row } else { -128 };
+        i += 1;
+    }
+    c
+}
+
+/// `shuffle_epi8` control repeating i16 `half` (0 or 1) of each 32-bit lane twice.
+const fn dup_i16(half: i8) -> [i8; 32] {
+    let mut c = [0i8; 32];
+    let mut i = 0;
+    while i < 32 {
+        let lane = (i / 4) as i8 % 4;
+        c[i] = 4 * lane + 2 * half + (i % 2) as i8;
+        i += 1;
+    }
+    c
+}
+
+const SCALE_EVEN: [i8; 32] = dup_u8(0);
+const SCALE_ODD: [i8; 32] = dup_u8(8);
+const PAIR_LO: [i8; 32] = dup_i16(0);
+const PAIR_HI: [i8; 32] = dup_i16(1);
+
+#[inline(always)]
+fn ctrl(c: &[i8; 32]) -> __m256i {
+    // SAFETY: `c` is 32 readable bytes; loadu has no alignment requirement.
+    unsafe { _mm256_loadu_si256(c.as_ptr().cast()) }
+}
+
+/// The activation dword at `p`, broadcast to every lane.
+///
+/// # Safety
+/// Four readable bytes at `p`.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn bcast(p: *const u8) -> __m256i {
+    // SAFETY: the caller's bound.
+    _mm256_set1_epi32(unsafe { p.cast::<i32>().read_unaligned() })
+}
+
+/// Eight f16 at `p`, widened.
+///
+/// # Safety
+/// 16 readable bytes at `p`.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn f16x8(p: *const u8) -> __m256 {
+    // SAFETY: the caller's bound.
+    _mm256_cvtph_ps(unsafe { _mm_loadu_si128(p.cast()) })
+}
+
+/// Blocks ahead that the kernels prefetch, an eighth of a block per chunk. Measured on
+/// one core of a Zen 1 VM (`tile_speed packed`, matrices of 7.7 and 11.3 MB): Q4_K / Q6_K
+/// 8.2-9.0 / 5.1-5.4 GB/s without, 10.0-10.3 / 8.4-8.8 one block ahead, 9.9-10.0 /
+/// 9.1-9.2 two ahead, 9.8-10.2 / 9.0-9.1 four ahead (the hardware prefetchers stop at page
+/// boundaries).
+const PREFETCH_BLOCKS: usize = 2;
+
+/// Prefetches the cache lines of `base` that start in bytes `from .. to` (consecutive
+/// ranges prefetch each line once; a prefetch never faults, so the range may pass the
+/// matrix's end).
+#[inline(always)]
+fn prefetch_range(base: *const u8, from: usize, to: usize) {
+    for line in from.div_ceil(64)..to.div_ceil(64) {
+        // SAFETY: `_mm_prefetch` is a hint that reads no memory architecturally; the
+        // pointer is only computed (wrapping), never dereferenced.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(64 * line).cast()) };
+    }
+}
+
+/// Prefetches the eighth `c` of the `pb`-byte block at `next`.
+#[inline(always)]
+fn prefetch_part(next: *const u8, pb: usize, c: usize) {
+    prefetch_range(next, c * pb / 8, (c + 1) * pb / 8);
+}
+
+/// Adds block value `v` of block `b` into accumulator `b % 8` of each row.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn accumulate<const R: usize>(acc: &mut [[__m256; 8]; R], b: usize, v: [__m256; R]) {
+    for r in 0..R {
+        acc[r][b % 8] = _mm256_add_ps(acc[r][b % 8], v[r]);
+    }
+}
+
+/// `Lanes::finish`'s tree on eight accumulators, lane by lane, into `out`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn finish<const R: usize>(acc: &[[__m256; 8]; R], out: &mut [[f32; GROUP]; RA]) {
+    for r in 0..R {
+        let l = &acc[r];
+        let t = _mm256_add_ps(
+            _mm256_add_ps(_mm256_add_ps(l[0], l[1]), _mm256_add_ps(l[2], l[3])),
+            _mm256_add_ps(_mm256_add_ps(l[4], l[5]), _mm256_add_ps(l[6], l[7])),
+        );
+        // SAFETY: `out[r]` is 8 writable f32.
+        unsafe { _mm256_storeu_ps(out[r].as_mut_ptr(), t) };
+    }
+}
+
+/// Q4_K: `R` activation rows against one group.
+///
+/// # Safety
+/// As [`group_q4_k`].
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn rows_q4_k<const R: usize>(
+    w: *const u8,
+    nb: usize,
+    a: [*const u8; R],
+    _ys: [*const i32; R],
+    res: &mut [[f32; GROUP]; RA],
+) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let (even, odd) = (ctrl(&SCALE_EVEN), ctrl(&SCALE_ODD));
+    let mut acc = [[_mm256_setzero_ps(); 8]; R];
+    let ahead = PREFETCH_BLOCKS * super::pack::Q4K_BYTES;
+    for b in 0..nb {
+        // SAFETY (whole body): block `b < nb` of the group and of each activation row
+        // (caller); every offset below is inside its block.
+        unsafe {
+            let p = w.add(b * super::pack::Q4K_BYTES);
+            let ab = a.map(|x| x.add(b * KAB));
+            let mut sumi = [_mm256_setzero_si256(); R];
+            for c in 0..8 {
+                prefetch_part(p.wrapping_add(ahead), super::pack::Q4K_BYTES, c);
+                let mut s16 = [_mm256_setzero_si256(); R];
+                for s in 0..4 {
+                    let wv = _mm256_loadu_si256(p.add(Q4K_QS + (4 * c + s) * 32).cast());
+                    let lo = _mm256_and_si256(wv, m4);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(wv), m4);
+                    for r in 0..R {
+                        let y = ab[r].add(4 + 32 * c + 4 * s);
+                        s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(lo, bcast(y)));
+                        s16[r] =
+                            _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(hi, bcast(y.add(16))));
+                    }
+                }
+                let scb = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                    p.add(Q4K_SCALES + 16 * (c / 2)).cast(),
+                ));
+                let sc = _mm256_shuffle_epi8(scb, if c % 2 == 0 { even } else { odd });
+                for r in 0..R {
+                    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(s16[r], sc));
+                }
+            }
+            let d = f16x8(p);
+            let dm = f16x8(p.add(Q4K_DMIN));
+            let mn: [__m256i; 4] = std::array::from_fn(|q| {
+                _mm256_cvtepu8_epi16(_mm_loadu_si128(p.add(Q4K_MINS + 16 * q).cast()))
+            });
+            let v: [__m256; R] = std::array::from_fn(|r| {
+                let x = ab[r];
+                let pairs = _mm_hadd_epi16(
+                    _mm_loadu_si128(x.add(260).cast()),
+                    _mm_loadu_si128(x.add(276).cast()),
+                );
+                let summ = _mm256_add_epi32(
+                    _mm256_add_epi32(
+                        _mm256_madd_epi16(mn[0], _mm256_broadcastd_epi32(pairs)),
+                        _mm256_madd_epi16(
+                            mn[1],
+                            _mm256_broadcastd_epi32(_mm_shuffle_epi32::<0x55>(pairs)),
+                        ),
+                    ),
+                    _mm256_add_epi32(
+                        _mm256_madd_epi16(
+                            mn[2],
+                            _mm256_broadcastd_epi32(_mm_shuffle_epi32::<0xAA>(pairs)),
+                        ),
+                        _mm256_madd_epi16(
+                            mn[3],
+                            _mm256_broadcastd_epi32(_mm_shuffle_epi32::<0xFF>(pairs)),
+                        ),
+                    ),
+                );
+                let dx = _mm256_set1_ps(x.cast::<f32>().read_unaligned());
+                _mm256_sub_ps(
+                    _mm256_mul_ps(_mm256_mul_ps(dx, d), _mm256_cvtepi32_ps(sumi[r])),
+                    _mm256_mul_ps(_mm256_mul_ps(dx, dm), _mm256_cvtepi32_ps(summ)),
+                )
+            });
+            accumulate(&mut acc, b, v);
+        }
+    }
+    finish(&acc, res);
+}
+
+/// Q6_K: `R` activation rows against one group.
+///
+/// # Safety
+/// As [`group_q6_k`].
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn rows_q6_k<const R: usize>(
+    w: *const u8,
+    nb: usize,
+    a: [*const u8; R],
+    _ys: [*const i32; R],
+    res: &mut [[f32; GROUP]; RA],
+) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m30 = _mm256_set1_epi8(0x30);
+    let (plo, phi) = (ctrl(&PAIR_LO), ctrl(&PAIR_HI));
+    let mut acc = [[_mm256_setzero_ps(); 8]; R];
+    let ahead = PREFETCH_BLOCKS * super::pack::Q6K_BYTES;
+    for b in 0..nb {
+        // SAFETY (whole body): as in `rows_q4_k`.
+        unsafe {
+            let p = w.add(b * super::pack::Q6K_BYTES);
+            let ab = a.map(|x| x.add(b * KAB));
+            let mut sumi = [_mm256_setzero_si256(); R];
+            let mut off = [_mm256_setzero_si256(); R];
+            for c in 0..8 {
+                prefetch_part(p.wrapping_add(ahead), super::pack::Q6K_BYTES, c);
+                let qhl = _mm256_loadu_si256(p.add(Q6K_QH + 64 * c).cast());
+                let qhh = _mm256_loadu_si256(p.add(Q6K_QH + 64 * c + 32).cast());
+                let scp = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(Q6K_SCALES + 16 * c).cast()));
+                let (slo, shi) = (_mm256_shuffle_epi8(scp, plo), _mm256_shuffle_epi8(scp, phi));
+                for r in 0..R {
+                    let bs = bcast(ab[r].add(260 + 4 * c));
+                    off[r] = _mm256_add_epi32(off[r], _mm256_madd_epi16(scp, bs));
+                }
+                for half in 0..2 {
+                    let mut l16 = [_mm256_setzero_si256(); R];
+                    let mut h16 = [_mm256_setzero_si256(); R];
+                    for s in 2 * half..2 * half + 2 {
+                        let wv = _mm256_loadu_si256(p.add((4 * c + s) * 32).cast());
+                        let (hl, hh) = match s {
+                            0 => (_mm256_slli_epi16::<4>(qhl), _mm256_slli_epi16::<4>(qhh)),
+                            1 => (_mm256_slli_epi16::<2>(qhl), _mm256_slli_epi16::<2>(qhh)),
+                            2 => (qhl, qhh),
+                            _ => (_mm256_srli_epi16::<2>(qhl), _mm256_srli_epi16::<2>(qhh)),
+                        };
+                        let lo =
+                            _mm256_or_si256(_mm256_and_si256(wv, m4), _mm256_and_si256(hl, m30));
+                        let hi = _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(wv), m4),
+                            _mm256_and_si256(hh, m30),
+                        );
+                        for r in 0..R {
+                            let y = ab[r].add(4 + 32 * c + 4 * s);
+                            l16[r] = _mm256_add_epi16(l16[r], _mm256_maddubs_epi16(lo, bcast(y)));
+                            h16[r] = _mm256_add_epi16(
+                                h16[r],
+                                _mm256_maddubs_epi16(hi, bcast(y.add(16))),
+                            );
+                        }
+                    }
+                    for r in 0..R {
+                        sumi[r] = _mm256_add_epi32(
+                            sumi[r],
+                            _mm256_add_epi32(
+                                _mm256_madd_epi16(l16[r], slo),
+                                _mm256_madd_epi16(h16[r], shi),
+                            ),
+                        );
+                    }
+                }
+            }
+            let d = f16x8(p.add(Q6K_D));
+            let v: [__m256; R] = std::array::from_fn(|r| {
+                let dx = _mm256_set1_ps(ab[r].cast::<f32>().read_unaligned());
+                let isum = _mm256_sub_epi32(sumi[r], _mm256_slli_epi32::<5>(off[r]));
+                _mm256_mul_ps(_mm256_mul_ps(dx, d), _mm256_cvtepi32_ps(isum))
+            });
+            accumulate(&mut acc, b, v);
+        }
+    }
+    finish(&acc, res);
+}
+
+/// Bytes ahead that the legacy kernels prefetch (about the K-quants' two blocks).
+const PREFETCH_LEGACY: usize = 2048;
+
+/// The f16 activation scale at `p`, widened and broadcast.
+///
+/// # Safety
+/// Two readable bytes at `p`.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn f16_bcast(p: *const u8) -> __m256 {
+    // SAFETY: the caller's bound.
+    let bits = unsafe { p.cast::<u16>().read_unaligned() };
+    _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
+/// A legacy format (`F`): `R` activation rows against one group. Integers per block and
+/// row: 4-bit values (`<= 15`) with the activation dword pair of a step summed in i16
+/// over the block's four steps (`<= 4 * 2 * 15 * 128 * 2 = 30720`); 5-bit values (`<= 31`)
+/// in two i16 sums, one per half (`<= 4 * 31 * 128 * 2 = 31744` each); Q8_0 by the sign
+/// trick (`maddubs(|w|, sign(y, w))`, pair sums `<= 128 * 127 * 2`, exact as long as no
+/// activation quant is -128: [`dot_groups`] checks) widened per step. The offset `c *
+/// sum y` (Q4_0, Q5_0) comes from the activation's block sums, as does the min term.
+///
+/// # Safety
+/// As [`group_legacy`].
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn rows_legacy<const F: u8, const R: usize>(
+    w: *const u8,
+    nb: usize,
+    a: [*const u8; R],
+    ys: [*const i32; R],
+    res: &mut [[f32; GROUP]; RA],
+) {
+    let l = const { Legacy::of(legacy_type(F)) };
+    let offset: i32 = match F {
+        Q4_0 => 8,
+        Q5_0 => 16,
+        _ => 0,
+    };
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m10 = _mm256_set1_epi8(0x10);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_ps(); 8]; R];
+    for b in 0..nb {
+        // SAFETY (whole body): block `b < nb` of the group, of each activation row and
+        // of its sums (caller); every offset below is inside its block.
+        unsafe {
+            let p = w.add(b * l.bytes);
+            prefetch_range(
+                w,
+                b * l.bytes + PREFETCH_LEGACY,
+                (b + 1) * l.bytes + PREFETCH_LEGACY,
+            );
+            let ab = a.map(|x| x.add(b * LAB));
+            let mut isum = [_mm256_setzero_si256(); R];
+            if F == Q8_0 {
+                for s in 0..8 {
+                    let wv = _mm256_loadu_si256(p.add(l.qs + 32 * s).cast());
+                    let aw = _mm256_abs_epi8(wv);
+                    for r in 0..R {
+                        let y = _mm256_sign_epi8(bcast(ab[r].add(2 + 4 * s)), wv);
+                        isum[r] = _mm256_add_epi32(
+                            isum[r],
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(aw, y), ones),
+                        );
+                    }
+                }
+            } else {
+                let qh = l.qh.map(|h| _mm256_loadu_si256(p.add(h).cast()));
+                let mut lo16 = [_mm256_setzero_si256(); R];
+                let mut hi16 = [_mm256_setzero_si256(); R];
+                for s in 0..4 {
+                    let wv = _mm256_loadu_si256(p.add(l.qs + 32 * s).cast());
+                    let mut lo = _mm256_and_si256(wv, m4);
+                    let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(wv), m4);
+                    if let Some(qh) = qh {
+                        let (hl, hh) = match s {
+                            0 => (_mm256_slli_epi16::<4>(qh), qh),
+                            1 => (_mm256_slli_epi16::<3>(qh), _mm256_srli_epi16::<1>(qh)),
+                            2 => (_mm256_slli_epi16::<2>(qh), _mm256_srli_epi16::<2>(qh)),
+                            _ => (_mm256_slli_epi16::<1>(qh), _mm256_srli_epi16::<3>(qh)),
+                        };
+                        lo = _mm256_or_si256(lo, _mm256_and_si256(hl, m10));
+                        hi = _mm256_or_si256(hi, _mm256_and_si256(hh, m10));
+                    }
+                    for r in 0..R {
+                        let y = ab[r].add(2 + 4 * s);
+                        let pl = _mm256_maddubs_epi16(lo, bcast(y));
+                        let ph = _mm256_maddubs_epi16(hi, bcast(y.add(16)));
+                        if qh.is_some() {
+                            lo16[r] = _mm256_add_epi16(lo16[r], pl);
+                            hi16[r] = _mm256_add_epi16(hi16[r], ph);
+                        } else {
+                            lo16[r] = _mm256_add_epi16(lo16[r], _mm256_add_epi16(pl, ph));
+                        }
+                    }
+                }
+                for r in 0..R {
+                    isum[r] = _mm256_madd_epi16(lo16[r], ones);
+                    if qh.is_some() {
+                        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(hi16[r], ones));
+                    }
+                    if offset != 0 {
+                        let c = _mm256_set1_epi32(offset * *ys[r].add(b));
+                        isum[r] = _mm256_sub_epi32(isum[r], c);
+                    }
+                }
+            }
+            let d = f16x8(p);
+            let m = l.m.map(|m| f16x8(p.add(m)));
+            let v: [__m256; R] = std::array::from_fn(|r| {
+                let dx = f16_bcast(ab[r]);
+                let v = _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(isum[r]));
+                match m {
+                    Some(m) => _mm256_add_ps(
+                        v,
+                        _mm256_mul_ps(_mm256_mul_ps(m, dx), _mm256_set1_ps(*ys[r].add(b) as f32)),
+                    ),
+                    None => v,
+                }
+            });
+            accumulate(&mut acc, b, v);
+        }
+    }
+    finish(&acc, res);
+}
