@@ -440,17 +440,25 @@ unsafe fn rows_q6_k<const R: usize>(
             let p = w.add(b * super::pack::Q6K_BYTES);
             let ab = a.map(|x| x.add(b * KAB));
             let mut sumi = [_mm256_setzero_si256(); R];
+            // The offset term first, in a pass of its own (fewer live registers in the
+            // main loop).
             let mut off = [_mm256_setzero_si256(); R];
+            for c in 0..8 {
+                let scp = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(Q6K_SCALES + 16 * c).cast()));
+                for r in 0..R {
+                    let bs = bcast(ab[r].add(260 + 4 * c));
+                    off[r] = _mm256_add_epi32(off[r], _mm256_madd_epi16(scp, bs));
+                }
+            }
+            for r in 0..R {
+                sumi[r] = _mm256_sub_epi32(sumi[r], _mm256_slli_epi32::<5>(off[r]));
+            }
             for c in 0..8 {
                 prefetch_part(p.wrapping_add(ahead), super::pack::Q6K_BYTES, c);
                 let qhl = _mm256_loadu_si256(p.add(Q6K_QH + 64 * c).cast());
                 let qhh = _mm256_loadu_si256(p.add(Q6K_QH + 64 * c + 32).cast());
                 let scp = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(Q6K_SCALES + 16 * c).cast()));
                 let (slo, shi) = (_mm256_shuffle_epi8(scp, plo), _mm256_shuffle_epi8(scp, phi));
-                for r in 0..R {
-                    let bs = bcast(ab[r].add(260 + 4 * c));
-                    off[r] = _mm256_add_epi32(off[r], _mm256_madd_epi16(scp, bs));
-                }
                 for half in 0..2 {
                     let mut l16 = [_mm256_setzero_si256(); R];
                     let mut h16 = [_mm256_setzero_si256(); R];
@@ -491,8 +499,7 @@ unsafe fn rows_q6_k<const R: usize>(
             let d = f16x8(p.add(Q6K_D));
             let v: [__m256; R] = std::array::from_fn(|r| {
                 let dx = _mm256_set1_ps(ab[r].cast::<f32>().read_unaligned());
-                let isum = _mm256_sub_epi32(sumi[r], _mm256_slli_epi32::<5>(off[r]));
-                _mm256_mul_ps(_mm256_mul_ps(dx, d), _mm256_cvtepi32_ps(isum))
+                _mm256_mul_ps(_mm256_mul_ps(dx, d), _mm256_cvtepi32_ps(sumi[r]))
             });
             accumulate(&mut acc, b, v);
         }
