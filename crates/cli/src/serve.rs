@@ -20,9 +20,16 @@ pub struct ServeArgs {
     /// Sequence slots decoded together (continuous batching).
     #[arg(long, env = "FRINK_PARALLEL", default_value_t = 4)]
     pub parallel: usize,
-    /// Context size per slot in tokens (memory ≈ parallel × ctx).
+    /// The longest context one request may use, in tokens (not a reservation: requests
+    /// share the KV pool).
     #[arg(long, env = "FRINK_CTX", default_value_t = 4096)]
     pub ctx: usize,
+    /// Positions of the KV block pool all requests share (default: parallel × ctx).
+    #[arg(long = "kv-size", env = "FRINK_KV_SIZE", conflicts_with = "kv_mem")]
+    pub kv_size: Option<usize>,
+    /// Bytes of the KV block pool (K, M or G suffix), instead of --kv-size.
+    #[arg(long = "kv-mem", env = "FRINK_KV_MEM", value_parser = crate::common::parse_bytes)]
+    pub kv_mem: Option<usize>,
     /// Requests that may wait for a free slot; beyond it requests get 503.
     #[arg(long, env = "FRINK_QUEUE", default_value_t = 64)]
     pub queue: usize,
@@ -63,6 +70,10 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     anyhow::ensure!(args.parallel >= 1, "--parallel must be at least 1");
     anyhow::ensure!(args.ctx >= 2, "--ctx must be at least 2");
     anyhow::ensure!(
+        args.kv_size.is_none_or(|n| n >= 2),
+        "--kv-size must be at least 2"
+    );
+    anyhow::ensure!(
         args.checkpoint_interval >= 1,
         "--checkpoint-interval must be at least 1"
     );
@@ -76,6 +87,8 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             port: args.port,
             parallel: args.parallel,
             ctx: args.ctx,
+            kv_size: args.kv_size.unwrap_or(0),
+            kv_mem: args.kv_mem,
             queue: args.queue.max(1),
             api_key: args.api_key.clone(),
             kv_type: args.model.kv_type,

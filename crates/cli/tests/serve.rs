@@ -475,18 +475,32 @@ fn a_shared_prompt_prefix_is_reused_without_changing_the_answer() {
         cached >= prompt1,
         "reused {cached} of turn 1's {prompt1} tokens"
     );
-    // The same request on a cold slot (an unrelated prompt took it in between).
+    // After an unrelated prompt took the only slot, the conversation's full blocks are
+    // still in the prefix cache: whole blocks of 16 positions are reused.
     srv.post_ok(
         "/v1/completions",
         &json!({"prompt": "Zebras", "max_tokens": 2}),
     );
+    let again = srv.post_ok("/v1/chat/completions", &turn2);
+    let from_cache = again["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    let prompt2 = b["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(
+        from_cache.is_multiple_of(16) && from_cache >= prompt1 / 16 * 16 && from_cache < prompt2,
+        "{from_cache} of {prompt2} from the prefix cache"
+    );
+    assert_eq!(message(&again), message(&b));
+    assert_eq!(
+        srv.metric("frink_prompt_tokens_cached_total"),
+        (cached + from_cache) as f64
+    );
+    // The same request on a cold server.
+    drop(srv);
+    let srv = Server::start(&["--parallel", "1"]);
     let cold = srv.post_ok("/v1/chat/completions", &turn2);
     assert_eq!(cold["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
     assert_eq!(message(&cold), message(&b));
-    assert_eq!(
-        srv.metric("frink_prompt_tokens_cached_total"),
-        cached as f64
-    );
 }
 
 #[test]
@@ -1725,8 +1739,9 @@ fn ollama_endpoints_refuse_what_they_cannot_honour() {
 }
 
 /// The vLLM metric names the Gateway API Inference Extension routes by: while one stream
-/// runs, `vllm:num_requests_running` is 1 and `vllm:kv_cache_usage_perc` the positions it
-/// holds over all (`--parallel 2 --ctx 512`: a few percent); idle, both are 0.
+/// runs, `vllm:num_requests_running` is 1 and `vllm:kv_cache_usage_perc` the pool blocks
+/// it holds over all (`--parallel 2 --ctx 512`: 64 blocks of 16, a few percent); idle,
+/// both are 0.
 #[test]
 fn vllm_metrics_report_running_requests_and_kv_use() {
     let _l = lock();
@@ -1755,7 +1770,7 @@ fn vllm_metrics_report_running_requests_and_kv_use() {
     assert_eq!(srv.metric("vllm:kv_cache_usage_perc"), 0.0);
     let text = srv.request("GET", "/metrics", None).text();
     assert!(
-        text.contains("vllm:cache_config_info{block_size=\"512\",num_gpu_blocks=\"2\""),
+        text.contains("vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"64\""),
         "{text}"
     );
 }

@@ -5,6 +5,7 @@ pub mod constraint;
 pub mod embed;
 pub mod gbnf;
 mod generate;
+pub mod kv_blocks;
 mod perplexity;
 pub mod sampling;
 pub mod scheduler;

@@ -31,19 +31,23 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use frink_models::{Checkpoint, KvType, Logits, Model, SeqState, Sequence};
+use frink_models::{Checkpoint, KvPool, KvType, Logits, Model, SeqState, Sequence};
 use frink_tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::generate::{FinishReason, StopMatcher};
+use crate::kv_blocks::{block_hash, block_hashes, BlockManager};
 use crate::sampling::{Sampler, SamplingParams};
 
 /// Sizes of the scheduler.
 #[derive(Clone, Debug)]
 pub struct SchedulerConfig {
-    /// Sequence slots decoded together (`--parallel`).
+    /// Sequences decoded together at most (`--parallel`).
     pub parallel: usize,
-    /// Positions of each slot's KV cache (`--ctx`).
+    /// Positions one request may use at most (`--ctx`); not a reservation.
     pub n_ctx: usize,
+    /// Positions of the KV block pool all sequences share (`--kv-size`; 0: `parallel ×
+    /// n_ctx`), in blocks of [`frink_models::KV_BLOCK`].
+    pub kv_size: usize,
     /// Requests that may wait for a slot (`--queue`); at least 1.
     pub queue: usize,
     /// KV cache element type.
@@ -70,14 +74,28 @@ pub struct SchedulerConfig {
     pub checkpoint_budget: usize,
 }
 
+impl SchedulerConfig {
+    /// Blocks of the KV pool: `kv_size` positions, or `parallel × n_ctx`, rounded up to
+    /// whole blocks.
+    pub fn kv_blocks(&self) -> usize {
+        let size = if self.kv_size > 0 {
+            self.kv_size
+        } else {
+            self.parallel.max(1).saturating_mul(self.n_ctx)
+        };
+        size.div_ceil(frink_models::KV_BLOCK)
+    }
+}
+
 impl Default for SchedulerConfig {
-    /// 4 slots of 4096 positions, a queue of 64, f16 caches, prefill chunks of 256 rows
+    /// 4 sequences of at most 4096 positions sharing a pool of 4 × 4096, a queue of 64, f16 caches, prefill chunks of 256 rows
     /// beside decoding sequences and 512 ([`crate::DEFAULT_BATCH`]) otherwise; for
     /// recurrent models 8 checkpoints per slot, every 256 positions, 1 GiB in all.
     fn default() -> Self {
         SchedulerConfig {
             parallel: 4,
             n_ctx: 4096,
+            kv_size: 0,
             queue: 64,
             kv_type: KvType::F16,
             prefill_chunk: 256,
@@ -269,8 +287,17 @@ pub struct MetricsSnapshot {
     pub slots_total: usize,
     /// KV cache positions held by running requests.
     pub kv_positions_used: usize,
-    /// KV cache positions in all (`parallel × n_ctx`).
+    /// KV cache positions in all (the pool's blocks × [`frink_models::KV_BLOCK`]).
     pub kv_positions_total: usize,
+    /// Blocks of the KV pool.
+    pub kv_blocks_total: usize,
+    /// Blocks running sequences hold.
+    pub kv_blocks_used: usize,
+    /// Blocks that keep reusable tokens and are not running sequences': the prefix
+    /// cache's, idle slots' conversations.
+    pub kv_blocks_cached: usize,
+    /// Sequences preempted (their blocks given to older ones, evaluated again later).
+    pub preemptions: u64,
     /// Forward-pass time spent on prompt rows, in seconds (a mixed step is split by rows).
     pub prefill_seconds: f64,
     /// Forward-pass time spent on decode rows, in seconds.
@@ -303,6 +330,10 @@ struct Shared {
     queued: AtomicUsize,
     slots_busy: AtomicUsize,
     kv_used: AtomicUsize,
+    kv_blocks_total: AtomicUsize,
+    kv_blocks_used: AtomicUsize,
+    kv_blocks_cached: AtomicUsize,
+    preemptions: AtomicU64,
     /// Prefill and decode time, in nanoseconds.
     prefill_ns: AtomicU64,
     decode_ns: AtomicU64,
@@ -416,7 +447,11 @@ impl Scheduler {
             slots_busy: s.slots_busy.load(Ordering::SeqCst),
             slots_total: self.config.parallel,
             kv_positions_used: s.kv_used.load(Ordering::Relaxed),
-            kv_positions_total: self.config.parallel * self.config.n_ctx,
+            kv_positions_total: s.kv_blocks_total.load(Ordering::Relaxed) * frink_models::KV_BLOCK,
+            kv_blocks_total: s.kv_blocks_total.load(Ordering::Relaxed),
+            kv_blocks_used: s.kv_blocks_used.load(Ordering::Relaxed),
+            kv_blocks_cached: s.kv_blocks_cached.load(Ordering::Relaxed),
+            preemptions: s.preemptions.load(Ordering::Relaxed),
             prefill_seconds: s.prefill_ns.load(Ordering::Relaxed) as f64 * 1e-9,
             decode_seconds: s.decode_ns.load(Ordering::Relaxed) as f64 * 1e-9,
             grammar_seconds: s.grammar_ns.load(Ordering::Relaxed) as f64 * 1e-9,
@@ -437,7 +472,7 @@ impl Drop for Scheduler {
     }
 }
 
-/// A request running in a slot.
+/// A request running in a slot, or waiting for one.
 struct Job<'t> {
     req: Request,
     sampler: Sampler,
@@ -445,9 +480,15 @@ struct Job<'t> {
     grammar_counted: Duration,
     decoder: StreamDecoder<'t>,
     stops: StopMatcher,
-    /// Prompt tokens already in the cache.
+    /// The tokens its cache must hold before it decodes: the prompt, and after a
+    /// preemption also the answer so far (all but the sampled token not yet evaluated).
+    input: Vec<u32>,
+    /// Tokens of `input` already in the cache.
     fed: usize,
+    /// Prompt tokens reused from a cache when it was first placed.
     cached: usize,
+    /// Whether it has been placed in a slot before (a preempted job has).
+    placed: bool,
     /// The last sampled token, not yet evaluated (decode phase).
     next: Option<u32>,
     /// An embedding request's pooled rows so far.
@@ -458,17 +499,23 @@ struct Job<'t> {
     last_token: Instant,
 }
 
-/// A sequence slot: its cache and the ids the cache holds (`tokens.len() == cache.n_past`),
-/// and for a recurrent model checkpoints of its state at positions up to there (each
-/// valid for `tokens[..n_past]`, which stay unchanged while it is kept).
+/// A sequence slot: its state (keys and values in blocks of the shared pool), the ids its
+/// blocks hold (`tokens.len() == cache.n_past`) and the keys of its full blocks, and for a
+/// recurrent model checkpoints of its state at positions up to there (each valid for
+/// `tokens[..n_past]`, which stay unchanged while it is kept). An idle slot keeps its
+/// blocks (a conversation's next turn continues from them) until the pool needs them.
 struct Slot<'t> {
     cache: SeqState,
     tokens: Vec<u32>,
+    /// Prefix-cache keys of its full blocks (block `i`: `hashes[i]`).
+    hashes: Vec<u64>,
     job: Option<Job<'t>>,
     /// (creation order, checkpoint), oldest first.
     checkpoints: Vec<(u64, Checkpoint)>,
     /// The adapters its tokens were evaluated with ([`lora_key`]).
     lora: Vec<(usize, u32)>,
+    /// When it was last given a job (idle slots give their blocks back oldest first).
+    used: u64,
 }
 
 /// The identity of an adapter set for prefix reuse: the adapters of nonzero scale, by
@@ -502,16 +549,50 @@ impl Slot<'_> {
     }
 }
 
+/// Where a placed job's reused prefix comes from.
+enum Source {
+    /// The chosen slot's own tokens (or one of its checkpoints).
+    Own(usize, Option<usize>),
+    /// Full blocks of the prefix cache, and the tokens after them another slot holds
+    /// in its next block (that slot, how many): copied into a block of its own
+    /// (copy-on-write for the partial last block).
+    Cache(Vec<u32>, Option<(usize, usize)>),
+    /// Another slot's tokens (a recurrent model: with its checkpoint).
+    Donor(usize, usize, Option<usize>),
+}
+
+impl Source {
+    fn len(&self) -> usize {
+        match self {
+            Source::Own(n, _) | Source::Donor(_, n, _) => *n,
+            Source::Cache(b, tail) => b.len() * frink_models::KV_BLOCK + tail.map_or(0, |t| t.1),
+        }
+    }
+}
+
+/// Blocks a new sequence may hold beyond its prompt's before others must wait: room
+/// for its first generated tokens.
+const RESERVE_BLOCKS: usize = 1;
+
 struct Worker<'t> {
     model: &'t Model,
     tok: &'t Tokenizer,
     config: SchedulerConfig,
     shared: Arc<Shared>,
+    /// The keys and values of every slot, in blocks.
+    pool: KvPool,
+    /// Which blocks are free, held, cached.
+    blocks: BlockManager,
     slots: Vec<Slot<'t>>,
     /// Requests waiting for their group's prompt to be evaluated.
     deferred: Vec<Request>,
+    /// Jobs waiting for a slot and blocks, oldest first: new ones the pool could not
+    /// take yet, and preempted ones.
+    waiting: std::collections::VecDeque<Box<Job<'t>>>,
     /// Checkpoints taken so far (their creation order).
     checkpoints_taken: u64,
+    /// Jobs placed so far (the slots' `used` order).
+    placements: u64,
     /// Whether the machine has a core the compute pool leaves free, where grammar masks
     /// are computed beside the forward pass (see `step`).
     spare_core: bool,
@@ -524,23 +605,32 @@ impl<'t> Worker<'t> {
         config: SchedulerConfig,
         shared: Arc<Shared>,
     ) -> Self {
+        let n_blocks = config.kv_blocks();
+        let pool = KvPool::new(&model.config, n_blocks, config.kv_type);
         let slots = (0..config.parallel)
             .map(|_| Slot {
-                cache: SeqState::new(&model.config, config.n_ctx, config.kv_type),
+                cache: SeqState::pooled(&model.config, config.n_ctx, &pool),
                 tokens: Vec::new(),
+                hashes: Vec::new(),
                 job: None,
                 checkpoints: Vec::new(),
                 lora: Vec::new(),
+                used: 0,
             })
             .collect();
+        shared.kv_blocks_total.store(n_blocks, Ordering::Relaxed);
         Worker {
             model,
             tok,
             config,
             shared,
+            pool,
+            blocks: BlockManager::new(n_blocks),
             slots,
             deferred: Vec::new(),
+            waiting: Default::default(),
             checkpoints_taken: 0,
+            placements: 0,
             spare_core: std::thread::available_parallelism()
                 .is_ok_and(|n| n.get() > frink_models::pool::threads()),
         }
@@ -553,6 +643,12 @@ impl<'t> Worker<'t> {
     /// Whether slots take checkpoints: a model with recurrent layers, checkpoints on.
     fn checkpointing(&self) -> bool {
         self.config.ctx_checkpoints > 0 && self.model.config.plan.is_recurrent()
+    }
+
+    /// Whether the prefix cache serves this model: attention only (a recurrent layer's
+    /// state at a prefix is not in the blocks).
+    fn prefix_caching(&self) -> bool {
+        !self.model.config.plan.is_recurrent()
     }
 
     /// Saves slot `i`'s state as a checkpoint at its current position (once per
@@ -608,7 +704,8 @@ impl<'t> Worker<'t> {
         self.shared.checkpoint_bytes.store(bytes, Ordering::Relaxed);
     }
 
-    /// Updates the busy-slot gauge and the KV positions running requests hold.
+    /// Updates the busy-slot gauge, the KV positions running requests hold, the pool's
+    /// block counts and the waiting jobs.
     fn publish_busy(&self) {
         self.shared.slots_busy.store(self.busy(), Ordering::SeqCst);
         let used: usize = self
@@ -618,6 +715,155 @@ impl<'t> Worker<'t> {
             .map(|s| s.cache.n_past)
             .sum();
         self.shared.kv_used.store(used, Ordering::Relaxed);
+        // Used: the blocks of running sequences (vLLM's usage); cached: the rest that is
+        // not free (the prefix cache's blocks nobody holds, idle slots' conversations).
+        let mut running: Vec<u32> = self
+            .slots
+            .iter()
+            .filter(|s| s.job.is_some())
+            .flat_map(|s| s.cache.blocks.iter().copied())
+            .collect();
+        running.sort_unstable();
+        running.dedup();
+        let b = self.blocks.stats();
+        let held = b.total - self.blocks.free_blocks();
+        self.shared
+            .kv_blocks_used
+            .store(running.len(), Ordering::Relaxed);
+        self.shared
+            .kv_blocks_cached
+            .store(held - running.len(), Ordering::Relaxed);
+    }
+
+    /// Cuts slot `i` back to its first `keep` positions (fewer for a recurrent state
+    /// that cannot be cut there: [`SeqState::truncate`]); returns how many it kept. The
+    /// blocks past them go back to the pool; a partial last block that another slot
+    /// holds too or the prefix cache keeps is replaced by a copy of its kept rows (the
+    /// slot will write after them), or dropped when no block is left for the copy.
+    fn cut(&mut self, i: usize, keep: usize) -> usize {
+        let slot = &mut self.slots[i];
+        let mut keep = slot.cache.truncate(keep);
+        let nb = SeqState::blocks_for(keep);
+        for b in slot.cache.blocks.drain(nb..) {
+            self.blocks.release(b);
+        }
+        let rem = keep % frink_models::KV_BLOCK;
+        if rem != 0 {
+            let last = slot.cache.blocks[nb - 1];
+            if self.blocks.needs_copy(last) {
+                match self.blocks.alloc() {
+                    Some(copy) => {
+                        self.pool.copy_block(last, copy, rem);
+                        slot.cache.blocks[nb - 1] = copy;
+                    }
+                    None => {
+                        slot.cache.blocks.pop();
+                        keep -= rem;
+                        keep = slot.cache.truncate(keep);
+                    }
+                }
+                self.blocks.release(last);
+            }
+        }
+        slot.tokens.truncate(keep);
+        slot.hashes.truncate(keep / frink_models::KV_BLOCK);
+        // Checkpoints past the prefix saw tokens a new prompt replaces.
+        slot.checkpoints.retain(|(_, c)| c.n_past <= keep);
+        keep
+    }
+
+    /// Gives slot `i` blocks for `n` positions, taking them from idle slots (least
+    /// recently used first) when the pool has too few free; `false` (nothing taken)
+    /// when even that is not enough.
+    fn grow(&mut self, i: usize, n: usize) -> bool {
+        let need = SeqState::blocks_for(n).saturating_sub(self.slots[i].cache.blocks.len());
+        if need > self.blocks.available() {
+            self.reclaim(need, &[i]);
+        }
+        if need > self.blocks.available() {
+            return false;
+        }
+        for _ in 0..need {
+            let b = self.blocks.alloc().expect("counted available");
+            self.slots[i].cache.blocks.push(b);
+        }
+        true
+    }
+
+    /// Idle slots (not `except`) give their blocks back, least recently used first,
+    /// until `need` blocks are available or none is left to give.
+    fn reclaim(&mut self, need: usize, except: &[usize]) {
+        while self.blocks.available() < need {
+            let Some(i) = (0..self.slots.len())
+                .filter(|i| !except.contains(i))
+                .filter(|&i| self.slots[i].job.is_none() && !self.slots[i].cache.blocks.is_empty())
+                .min_by_key(|&i| self.slots[i].used)
+            else {
+                return;
+            };
+            self.cut(i, 0);
+        }
+    }
+
+    /// Blocks idle slots (not `except`) hold alone: what [`Worker::reclaim`] could free.
+    fn reclaimable(&self, except: &[usize]) -> usize {
+        (0..self.slots.len())
+            .filter(|i| !except.contains(i) && self.slots[*i].job.is_none())
+            .flat_map(|i| &self.slots[i].cache.blocks)
+            .filter(|&&b| self.blocks.refs(b) == 1)
+            .count()
+    }
+
+    /// Registers the full blocks slot `i` has filled since the last call in the prefix
+    /// cache.
+    fn register_full_blocks(&mut self, i: usize) {
+        if !self.prefix_caching() {
+            return;
+        }
+        let slot = &mut self.slots[i];
+        let full = slot.cache.n_past / frink_models::KV_BLOCK;
+        while slot.hashes.len() < full {
+            let k = slot.hashes.len();
+            let parent = k.checked_sub(1).map_or(0, |p| slot.hashes[p]);
+            let toks = &slot.tokens[k * frink_models::KV_BLOCK..(k + 1) * frink_models::KV_BLOCK];
+            let h = block_hash(parent, toks, &slot.lora);
+            self.blocks.register(slot.cache.blocks[k], h);
+            slot.hashes.push(h);
+        }
+    }
+
+    /// Stops slot `i`'s job to give its blocks to older ones (vLLM's recompute
+    /// preemption): its blocks go back to the pool (the full ones stay in the prefix
+    /// cache) and the job waits, in arrival order, to be evaluated again from its prompt
+    /// and the answer so far. Its client sees nothing of it: the same tokens follow.
+    fn preempt(&mut self, i: usize) {
+        let Some(mut job) = self.slots[i].job.take() else {
+            return;
+        };
+        self.cut(i, 0);
+        self.slots[i].tokens.clear();
+        self.slots[i].hashes.clear();
+        if job.next.is_some() {
+            // Every generated token but the last (sampled, not evaluated) is in the
+            // cache: all of them are evaluated again before the last one is.
+            let evaluated = job.ids.len() - 1;
+            job.input.truncate(job.req.prompt.len());
+            job.input.extend_from_slice(&job.ids[..evaluated]);
+        }
+        job.fed = 0;
+        if let Some(p) = job.req.embed {
+            job.pooler = crate::embed::Pooler::new(p, self.model.config.n_embd).ok();
+        }
+        self.shared.preemptions.fetch_add(1, Ordering::Relaxed);
+        // Waiting again (counted until placed).
+        self.shared.queued.fetch_add(1, Ordering::SeqCst);
+        let at = self
+            .waiting
+            .iter()
+            .position(|w| w.arrived > job.arrived)
+            .unwrap_or(self.waiting.len());
+        self.waiting.insert(at, Box::new(job));
+        self.publish_busy();
     }
 
     /// Whether `req` should wait for its group's prompt: it follows one, no slot holds
@@ -648,10 +894,10 @@ impl<'t> Worker<'t> {
         }
     }
 
-    /// Admits the deferred requests that need not wait any longer, while slots are free.
+    /// Admits the deferred requests that need not wait any longer.
     fn admit_deferred(&mut self) {
         let mut i = 0;
-        while i < self.deferred.len() && self.slots.iter().any(|s| s.job.is_none()) {
+        while i < self.deferred.len() {
             if self.must_wait(&self.deferred[i]) {
                 i += 1;
             } else {
@@ -661,13 +907,17 @@ impl<'t> Worker<'t> {
         }
     }
 
+    /// Whether a job could be placed now: a free slot, and nobody waiting before it.
+    fn can_take(&self) -> bool {
+        self.waiting.is_empty() && self.slots.iter().any(|s| s.job.is_none())
+    }
+
     fn run(mut self, rx: Receiver<Request>) {
         let mut open = true;
         loop {
-            if self.busy() == 0 {
-                self.admit_deferred();
-            }
-            if self.busy() == 0 {
+            self.admit_deferred();
+            self.place_waiting();
+            if self.busy() == 0 && self.waiting.is_empty() {
                 if !open {
                     return;
                 }
@@ -676,11 +926,14 @@ impl<'t> Worker<'t> {
                     Ok(req) => self.admit_or_defer(req),
                     Err(_) => return,
                 }
+                self.place_waiting();
             }
-            self.admit_deferred();
-            while open && self.slots.iter().any(|s| s.job.is_none()) {
+            while open && self.can_take() {
                 match rx.try_recv() {
-                    Ok(req) => self.admit_or_defer(req),
+                    Ok(req) => {
+                        self.admit_or_defer(req);
+                        self.place_waiting();
+                    }
                     Err(TryRecvError::Empty) => break,
                     Err(TryRecvError::Disconnected) => open = false,
                 }
@@ -693,6 +946,12 @@ impl<'t> Worker<'t> {
                     req.sink
                         .send(Event::Cancelled("the server is shutting down".into()));
                 }
+                for mut job in std::mem::take(&mut self.waiting) {
+                    self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+                    job.req
+                        .sink
+                        .send(Event::Cancelled("the server is shutting down".into()));
+                }
             }
             self.drop_cancelled();
             if self.busy() > 0 {
@@ -702,28 +961,34 @@ impl<'t> Worker<'t> {
         }
     }
 
-    /// Puts a request in the free slot that shares the longest prefix with its prompt.
+    /// Checks `req`, makes its job and queues it for a slot ([`Worker::place_waiting`]).
     fn admit(&mut self, mut req: Request) {
-        self.shared.queued.fetch_sub(1, Ordering::SeqCst);
         if req.sink.is_closed() {
+            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
             self.shared
                 .requests_cancelled
                 .fetch_add(1, Ordering::Relaxed);
             return;
         }
         if self.shared.cancel_all.load(Ordering::SeqCst) {
+            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
             req.sink
                 .send(Event::Cancelled("the server is shutting down".into()));
             return;
         }
         let n = req.prompt.len();
         let n_vocab = self.model.config.n_vocab;
+        let pool = self.pool.n_blocks * frink_models::KV_BLOCK;
         let error = if n == 0 {
             Some("the prompt is empty".to_string())
         } else if n >= self.config.n_ctx {
             Some(format!(
-                "the prompt is {n} tokens, the slot context holds {}",
+                "the prompt is {n} tokens, the context holds {}",
                 self.config.n_ctx
+            ))
+        } else if n >= pool {
+            Some(format!(
+                "the prompt is {n} tokens, the KV pool holds {pool} positions"
             ))
         } else {
             req.prompt
@@ -735,31 +1000,86 @@ impl<'t> Worker<'t> {
             .embed
             .map(|p| crate::embed::Pooler::new(p, self.model.config.n_embd))
         {
-            Some(Err(e)) => {
-                req.sink.send(Event::Error(e.to_string()));
-                return;
-            }
-            Some(Ok(p)) => Some(p),
+            Some(Err(e)) => Some(Err(e.to_string())),
+            Some(Ok(p)) => Some(Ok(p)),
             None => None,
         };
-        if let Some(msg) = error {
-            req.sink.send(Event::Error(msg));
-            return;
+        let pooler = match (error, pooler) {
+            (Some(msg), _) | (None, Some(Err(msg))) => {
+                self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+                req.sink.send(Event::Error(msg));
+                return;
+            }
+            (None, p) => p.map(|p| p.expect("errors handled above")),
+        };
+        let mut sampler = Sampler::new(req.sampling.clone()).with_constraint(req.constraint.take());
+        for &t in &req.prompt {
+            sampler.accept(t);
         }
+        let now = Instant::now();
+        let decoder = self.tok.stream_decoder(false).showing(&req.shown_tokens);
+        self.waiting.push_back(Box::new(Job {
+            stops: StopMatcher::new(&req.stop),
+            input: req.prompt.clone(),
+            req,
+            sampler,
+            grammar_counted: Duration::ZERO,
+            decoder,
+            fed: 0,
+            cached: 0,
+            placed: false,
+            next: None,
+            pooler,
+            ids: Vec::new(),
+            arrived: now,
+            first_token: None,
+            last_token: now,
+        }));
+    }
+
+    /// Places waiting jobs in slots, oldest first, while a slot is free and the pool can
+    /// hold the next one's tokens (so a large request is not passed by small ones).
+    fn place_waiting(&mut self) {
+        while let Some(job) = self.waiting.pop_front() {
+            if job.req.sink.is_closed() {
+                self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+                self.shared
+                    .requests_cancelled
+                    .fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            match self.place(job) {
+                Ok(()) => {}
+                Err(job) => {
+                    self.waiting.push_front(job);
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Puts `job` in the free slot that reuses the longest prefix of its input (the
+    /// slot's own tokens or one of its checkpoints, full blocks of the prefix cache, or
+    /// for a recurrent model another slot's tokens), when the pool can hold the rest of
+    /// its input and a first reserve; gives it back otherwise.
+    fn place(&mut self, mut job: Box<Job<'t>>) -> Result<(), Box<Job<'t>>> {
+        let Some(free) = self.slots.iter().position(|s| s.job.is_none()) else {
+            return Err(job);
+        };
+        let n = job.input.len();
         // An embedding pools every prompt token's hidden state: nothing is reused.
-        let keep = if pooler.is_some() { 0 } else { n - 1 };
-        // Longest shared prefix among the free slots, keeping at least one prompt token to
-        // evaluate (its logits give the first token); ties go to the slot holding the least.
-        // A recurrent model's slot offers its whole state or a checkpoint; only slots of
-        // the same adapters offer anything.
-        let lora = lora_key(&req.lora);
-        let (best, (prefix, checkpoint)) = self
+        // Otherwise at least one token is evaluated (its logits give the next token).
+        let keep = if job.pooler.is_some() { 0 } else { n - 1 };
+        let lora = lora_key(&job.req.lora);
+        // The free slot whose own tokens give the longest prefix; ties go to the slot
+        // holding the least.
+        let (best, (own, checkpoint)) = self
             .slots
             .iter()
             .enumerate()
             .filter(|(_, s)| s.job.is_none())
             .map(|(i, s)| {
-                let common = common_prefix(&s.tokens, &req.prompt).min(keep);
+                let common = common_prefix(&s.tokens, &job.input).min(keep);
                 (i, s.reusable(common, &lora), s.tokens.len())
             })
             .max_by(|a, b| {
@@ -769,98 +1089,216 @@ impl<'t> Worker<'t> {
                     .then(b.2.cmp(&a.2))
                     .then(b.0.cmp(&a.0))
             })
-            .map(|(i, p, _)| (i, p))
-            .expect("admit is called with a free slot");
-        let mut sampler = Sampler::new(req.sampling.clone()).with_constraint(req.constraint.take());
-        for &t in &req.prompt {
-            sampler.accept(t);
-        }
-        // A longer prefix in another slot (busy or free: a shared system prompt, the
-        // same conversation): its keys and values (and checkpoint) are copied instead of
-        // recomputed.
-        let (donor, (shared, donor_checkpoint)) = self
-            .slots
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| i != best)
-            .map(|(i, s)| {
-                (
-                    i,
-                    s.reusable(common_prefix(&s.tokens, &req.prompt).min(keep), &lora),
-                )
-            })
-            .max_by(|a, b| (a.1).0.cmp(&(b.1).0).then(b.0.cmp(&a.0)))
-            .unwrap_or((best, (0, None)));
-        let restored;
-        let prefix = if shared > prefix {
-            let (dst, src) = if donor < best {
-                let (a, b) = self.slots.split_at_mut(best);
-                (&mut b[0], &a[donor])
-            } else {
-                let (a, b) = self.slots.split_at_mut(donor);
-                (&mut a[best], &b[0])
-            };
-            match donor_checkpoint {
-                Some(c) => dst.cache.copy_prefix_at(&src.cache, &src.checkpoints[c].1),
-                None => dst.cache.copy_prefix(&src.cache, shared),
+            .map_or((free, (0, None)), |(i, p, _)| (i, p));
+        let mut source = Source::Own(own, checkpoint);
+        if self.prefix_caching() {
+            let mut hit = Vec::new();
+            for h in block_hashes(&job.input[..keep], &lora) {
+                match self.blocks.lookup(h) {
+                    Some(b) => hit.push(b),
+                    None => break,
+                }
             }
-            dst.tokens.clear();
-            dst.tokens.extend_from_slice(&src.tokens[..shared]);
-            // Its own checkpoints saw other tokens.
-            dst.checkpoints.clear();
-            restored = donor_checkpoint.is_some();
-            shared
+            // A slot (busy or idle) holding the tokens after the hit in its next block.
+            let p = hit.len() * frink_models::KV_BLOCK;
+            let tail = self
+                .slots
+                .iter()
+                .enumerate()
+                .filter(|&(i, s)| i != best && s.cache.blocks.len() > hit.len())
+                .map(|(i, s)| {
+                    (
+                        i,
+                        s.reusable(common_prefix(&s.tokens, &job.input).min(keep), &lora)
+                            .0,
+                    )
+                })
+                .filter(|&(_, c)| c > p)
+                .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
+                .map(|(i, c)| (i, (c - p).min(frink_models::KV_BLOCK)));
+            let cached = Source::Cache(hit, tail);
+            if cached.len() > source.len() {
+                source = cached;
+            }
         } else {
-            let Slot {
-                cache, checkpoints, ..
-            } = &mut self.slots[best];
-            if let Some(c) = checkpoint {
-                cache.restore(&checkpoints[c].1);
+            // A recurrent model: another slot's state (or checkpoint), busy or free.
+            if let Some((d, (shared, cp))) = self
+                .slots
+                .iter()
+                .enumerate()
+                .filter(|&(i, _)| i != best)
+                .map(|(i, s)| {
+                    (
+                        i,
+                        s.reusable(common_prefix(&s.tokens, &job.input).min(keep), &lora),
+                    )
+                })
+                .max_by(|a, b| (a.1).0.cmp(&(b.1).0).then(b.0.cmp(&a.0)))
+            {
+                if shared > source.len() {
+                    source = Source::Donor(d, shared, cp);
+                }
             }
-            restored = checkpoint.is_some();
-            prefix
-        };
-        self.shared
-            .prompt_tokens
-            .fetch_add(n as u64, Ordering::Relaxed);
-        self.shared
-            .prompt_tokens_cached
-            .fetch_add(prefix as u64, Ordering::Relaxed);
-        if restored {
-            self.shared
-                .checkpoints_restored
-                .fetch_add(1, Ordering::Relaxed);
         }
+        // Blocks it needs beyond the reused ones (a partial reused block may need a
+        // copy), against what the pool has and idle slots could give back.
+        let reused = source.len();
+        let need = SeqState::blocks_for(n + 1) + RESERVE_BLOCKS - reused / frink_models::KV_BLOCK;
+        let mut keep_slots = vec![best];
+        if let Source::Donor(d, ..) | Source::Cache(_, Some((d, _))) = source {
+            keep_slots.push(d);
+        }
+        let own_blocks = match &source {
+            Source::Own(..) => 0,
+            _ => self.slots[best]
+                .cache
+                .blocks
+                .iter()
+                .filter(|&&b| self.blocks.refs(b) == 1)
+                .count(),
+        };
+        let available = self.blocks.available() + self.reclaimable(&keep_slots) + own_blocks;
+        if need > available && self.busy() > 0 {
+            return Err(job);
+        }
+        let prefix = match source {
+            Source::Own(p, cp) => {
+                if let Some(c) = cp {
+                    let Slot {
+                        cache, checkpoints, ..
+                    } = &mut self.slots[best];
+                    cache.restore(&checkpoints[c].1);
+                }
+                if cp.is_some() {
+                    self.shared
+                        .checkpoints_restored
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                self.cut(best, p)
+            }
+            Source::Cache(hit, tail) => {
+                self.cut(best, 0);
+                for &b in &hit {
+                    self.blocks.retain(b);
+                }
+                let mut p = hit.len() * frink_models::KV_BLOCK;
+                let mut table = hit;
+                if let Some((d, extra)) = tail {
+                    if self.blocks.available() == 0 {
+                        self.reclaim(1, &[best, d]);
+                    }
+                    if let Some(copy) = self.blocks.alloc() {
+                        let src = self.slots[d].cache.blocks[table.len()];
+                        self.pool.copy_block(src, copy, extra);
+                        table.push(copy);
+                        p += extra;
+                    }
+                }
+                let slot = &mut self.slots[best];
+                slot.cache.blocks = table;
+                slot.cache.n_past = p;
+                slot.tokens = job.input[..p].to_vec();
+                slot.hashes = block_hashes(&slot.tokens, &lora);
+                slot.checkpoints.clear();
+                p
+            }
+            Source::Donor(d, shared, cp) => {
+                self.cut(best, 0);
+                // Its full blocks shared, a partial last one copied; its state (or
+                // checkpoint) copied.
+                let full = shared / frink_models::KV_BLOCK;
+                let src: Vec<u32> =
+                    self.slots[d].cache.blocks[..SeqState::blocks_for(shared)].to_vec();
+                let mut table = Vec::with_capacity(src.len());
+                for &b in &src[..full] {
+                    self.blocks.retain(b);
+                    table.push(b);
+                }
+                let mut p = shared;
+                if shared % frink_models::KV_BLOCK != 0 {
+                    match self.blocks.alloc() {
+                        Some(copy) => {
+                            self.pool
+                                .copy_block(src[full], copy, shared % frink_models::KV_BLOCK);
+                            table.push(copy);
+                        }
+                        None => p = full * frink_models::KV_BLOCK,
+                    }
+                }
+                let (dst, srcs) = if d < best {
+                    let (a, b) = self.slots.split_at_mut(best);
+                    (&mut b[0], &a[d])
+                } else {
+                    let (a, b) = self.slots.split_at_mut(d);
+                    (&mut a[best], &b[0])
+                };
+                dst.cache.blocks = table;
+                match cp {
+                    Some(c) if srcs.checkpoints[c].1.n_past == p => {
+                        dst.cache.n_past = srcs.cache.n_past.max(p);
+                        dst.cache.restore(&srcs.checkpoints[c].1);
+                        self.shared
+                            .checkpoints_restored
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                    _ if p == srcs.cache.n_past => {
+                        for (dl, sl) in dst.cache.layers.iter_mut().zip(&srcs.cache.layers) {
+                            dl.recurrent.clone_from(&sl.recurrent);
+                        }
+                        dst.cache.n_past = p;
+                    }
+                    _ => {
+                        // The state at `p` is not at hand: start over.
+                        for b in std::mem::take(&mut dst.cache.blocks) {
+                            self.blocks.release(b);
+                        }
+                        dst.cache.truncate(0);
+                        p = 0;
+                    }
+                }
+                dst.tokens = srcs.tokens[..p].to_vec();
+                dst.hashes.clear();
+                dst.checkpoints.clear();
+                p
+            }
+        };
+        if !job.placed {
+            job.placed = true;
+            job.cached = prefix;
+            self.shared
+                .prompt_tokens
+                .fetch_add(job.req.prompt.len() as u64, Ordering::Relaxed);
+            self.shared
+                .prompt_tokens_cached
+                .fetch_add(prefix as u64, Ordering::Relaxed);
+        }
+        self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+        self.placements += 1;
+        job.fed = prefix;
         let slot = &mut self.slots[best];
-        let prefix = slot.cache.truncate(prefix);
-        slot.tokens.truncate(prefix);
-        // Checkpoints past the prefix saw tokens the new prompt replaces.
-        slot.checkpoints.retain(|(_, c)| c.n_past <= prefix);
         slot.lora = lora;
-        let now = Instant::now();
-        let decoder = self.tok.stream_decoder(false).showing(&req.shown_tokens);
-        slot.job = Some(Job {
-            stops: StopMatcher::new(&req.stop),
-            req,
-            sampler,
-            grammar_counted: Duration::ZERO,
-            decoder,
-            fed: prefix,
-            cached: prefix,
-            next: None,
-            pooler,
-            ids: Vec::new(),
-            arrived: now,
-            first_token: None,
-            last_token: now,
-        });
+        slot.used = self.placements;
+        slot.job = Some(*job);
         self.publish_busy();
         self.publish_checkpoints();
+        Ok(())
     }
 
-    /// Frees the slots of requests whose client has gone (or all, at shutdown).
+    /// Frees the slots of requests whose client has gone (or all, at shutdown), and
+    /// forgets waiting jobs whose client has gone.
     fn drop_cancelled(&mut self) {
         let all = self.shared.cancel_all.load(Ordering::SeqCst);
+        let before = self.waiting.len();
+        self.waiting.retain(|j| !j.req.sink.is_closed());
+        let gone = (before - self.waiting.len()) as u64;
+        if gone > 0 {
+            self.shared
+                .queued
+                .fetch_sub(gone as usize, Ordering::SeqCst);
+            self.shared
+                .requests_cancelled
+                .fetch_add(gone, Ordering::Relaxed);
+        }
         for slot in &mut self.slots {
             let gone = slot.job.as_ref().is_some_and(|j| j.req.sink.is_closed());
             if gone || (all && slot.job.is_some()) {
@@ -883,10 +1321,10 @@ impl<'t> Worker<'t> {
     fn step(&mut self) {
         // Inputs: decode tokens first, then prompt chunks within the step's prefill budget.
         let mut inputs: Vec<(usize, Vec<u32>, Logits)> = Vec::new();
-        let (mut n_prefill, mut n_decode) = (0usize, 0usize);
+        let mut n_decode = 0usize;
         for (i, slot) in self.slots.iter().enumerate() {
             let Some(job) = &slot.job else { continue };
-            if let Some(t) = job.next {
+            if let Some(t) = job.next.filter(|_| job.fed == job.input.len()) {
                 inputs.push((i, vec![t], Logits::Last));
                 n_decode += 1;
             }
@@ -899,15 +1337,15 @@ impl<'t> Worker<'t> {
         let checkpointing = self.checkpointing();
         for (i, slot) in self.slots.iter().enumerate() {
             let Some(job) = &slot.job else { continue };
-            if job.next.is_some() || budget == 0 {
+            if job.fed == job.input.len() || budget == 0 {
                 continue;
             }
-            let rest = &job.req.prompt[job.fed..];
+            let rest = &job.input[job.fed..];
             let mut take = rest.len().min(budget);
             if checkpointing && job.pooler.is_none() {
                 // End at the next checkpoint: a multiple of the interval, or the position
                 // before the prompt's last token.
-                let (pos, n) = (job.fed, job.req.prompt.len());
+                let (pos, n) = (job.fed, job.input.len());
                 let t = self.config.checkpoint_interval;
                 take = take.min((pos / t + 1) * t - pos);
                 if pos + 1 < n {
@@ -915,16 +1353,64 @@ impl<'t> Worker<'t> {
                 }
             }
             budget -= take;
-            n_prefill += take;
             let want = if job.pooler.is_some() {
                 Logits::Hidden
-            } else if take == rest.len() {
+            } else if take == rest.len() && job.next.is_none() {
                 Logits::Last
             } else {
+                // A chunk before the last, or a preempted job's evaluation again (its
+                // next token is already sampled).
                 Logits::None
             };
             inputs.push((i, rest[..take].to_vec(), want));
         }
+        // Blocks for every input, oldest job first; when the pool runs out, the youngest
+        // job gives its blocks back (perhaps the one that needed them).
+        let arrived = |w: &Self, i: usize| w.slots[i].job.as_ref().map(|j| j.arrived);
+        inputs.sort_by_key(|x| arrived(self, x.0));
+        let mut k = 0;
+        while k < inputs.len() {
+            let (i, ref toks, _) = inputs[k];
+            if self.slots[i].job.is_none() {
+                inputs.remove(k);
+                continue;
+            }
+            let n = self.slots[i].cache.n_past + toks.len();
+            if self.grow(i, n) {
+                k += 1;
+                continue;
+            }
+            let running: Vec<usize> = (0..self.slots.len())
+                .filter(|&j| self.slots[j].job.is_some())
+                .collect();
+            let youngest = *running
+                .iter()
+                .max_by_key(|&&j| arrived(self, j))
+                .expect("slot i runs a job");
+            if running.len() == 1 {
+                // Alone and the pool is full: its context ends here.
+                let job = self.slots[i].job.take().expect("slot i runs a job");
+                self.complete(
+                    job,
+                    FinishReason::Length,
+                    String::new(),
+                    Vec::new(),
+                    Instant::now(),
+                );
+                inputs.remove(k);
+                continue;
+            }
+            self.preempt(youngest);
+        }
+        inputs.retain(|x| self.slots[x.0].job.is_some());
+        if inputs.is_empty() {
+            return;
+        }
+        n_decode = inputs
+            .iter()
+            .filter(|x| x.1.len() == 1 && x.2 == Logits::Last)
+            .count();
+        let n_prefill = inputs.iter().map(|x| x.1.len()).sum::<usize>() - n_decode;
         inputs.sort_by_key(|x| x.0);
 
         let t0 = Instant::now();
@@ -960,6 +1446,7 @@ impl<'t> Worker<'t> {
                 }
             }
             let model = &self.model;
+            let pool = &mut self.pool;
             std::thread::scope(|scope| {
                 let ahead = (!masks.is_empty()).then(|| {
                     scope.spawn(move || {
@@ -968,7 +1455,7 @@ impl<'t> Worker<'t> {
                         }
                     })
                 });
-                let r = model.forward_batch(&mut seqs);
+                let r = model.forward_batch_in(Some(pool), &mut seqs);
                 // A panic in the mask thread only loses the head start: sampling computes
                 // the mask itself then.
                 if let Some(h) = ahead {
@@ -1004,14 +1491,15 @@ impl<'t> Worker<'t> {
             let slot = &mut self.slots[i];
             slot.tokens.extend_from_slice(&toks);
             let n_past = slot.cache.n_past;
-            let Some(mut job) = slot.job.take() else {
+            self.register_full_blocks(i);
+            let Some(mut job) = self.slots[i].job.take() else {
                 continue;
             };
-            if job.next.is_none() {
+            if job.fed < job.input.len() {
                 job.fed += toks.len();
                 // Checkpoints at the interval's multiples and around the prompt's last
                 // token.
-                let (n, t) = (job.req.prompt.len(), self.config.checkpoint_interval);
+                let (n, t) = (job.input.len(), self.config.checkpoint_interval);
                 if checkpointing
                     && job.pooler.is_none()
                     && (n_past.is_multiple_of(t) || n_past + 1 == n || n_past == n)
@@ -1023,7 +1511,7 @@ impl<'t> Worker<'t> {
             }
             if let Some(p) = job.pooler.as_mut() {
                 p.push(&logits);
-                if job.fed == job.req.prompt.len() {
+                if job.fed == job.input.len() {
                     self.finish_embedding(job);
                     continue;
                 }
@@ -1113,6 +1601,20 @@ impl<'t> Worker<'t> {
             job.next = Some(id);
             return Some(job);
         };
+        self.complete(job, finish_reason, text, tokens, now);
+        None
+    }
+
+    /// Ends `job` with `finish_reason`: the text its decoder and stop matcher still hold
+    /// (after `text`), then `Done`.
+    fn complete(
+        &self,
+        job: Job<'t>,
+        finish_reason: FinishReason,
+        mut text: String,
+        tokens: Vec<TokenLogprob>,
+        now: Instant,
+    ) {
         let Job {
             mut req,
             decoder,
@@ -1140,7 +1642,6 @@ impl<'t> Worker<'t> {
             first_token_ms: (first - job.arrived).as_secs_f64() * 1e3,
             gen_ms: (now - first).as_secs_f64() * 1e3,
         }));
-        None
     }
 }
 

@@ -18,6 +18,10 @@ fn fixture() -> Option<(std::path::PathBuf, Vec<u32>)> {
 }
 
 fn start(path: &std::path::Path, parallel: usize, chunk: usize) -> Scheduler {
+    start_ctx(path, parallel, chunk, 64)
+}
+
+fn start_ctx(path: &std::path::Path, parallel: usize, chunk: usize, n_ctx: usize) -> Scheduler {
     let model = Model::load(path).unwrap();
     let tok = Arc::new(Tokenizer::from_gguf(&model.file).unwrap());
     Scheduler::start(
@@ -25,7 +29,7 @@ fn start(path: &std::path::Path, parallel: usize, chunk: usize) -> Scheduler {
         tok,
         SchedulerConfig {
             parallel,
-            n_ctx: 64,
+            n_ctx,
             queue: 16,
             kv_type: KvType::F16,
             prefill_chunk: chunk,
@@ -155,21 +159,22 @@ fn a_request_whose_receiver_is_gone_is_dropped() {
     assert_eq!(m.slots_busy, 0, "{m:?}");
 }
 
-/// A request sharing a prefix with a busy slot gets those positions' keys and values
-/// copied from it (counted as cached) and the same tokens as on a fresh scheduler.
+/// A request sharing a prefix with a busy slot takes that slot's full blocks from the
+/// prefix cache and a copy of the part of its next block it shares (copy-on-write: the
+/// busy slot keeps writing its own), and gets the same tokens as on a fresh scheduler.
 #[test]
-fn a_prefix_held_by_a_busy_slot_is_copied_not_recomputed() {
+fn a_prefix_held_by_a_busy_slot_is_shared_not_recomputed() {
     let Some((path, ids)) = fixture() else {
         return;
     };
-    let mut prompt_b = ids[..15].to_vec();
+    // 40 tokens: the fixture's 24 ids, then its first 16 again.
+    let prompt_a: Vec<u32> = ids.iter().chain(&ids[..16]).copied().collect();
+    let mut prompt_b = prompt_a[..35].to_vec();
     prompt_b.extend(ids[16..].iter().rev().take(4));
-    let shared = ids[..20]
-        .iter()
-        .zip(&prompt_b)
-        .take_while(|(a, b)| a == b)
-        .count();
-    assert!(shared >= 15);
+    // 36 tokens in common (the fixture's ids 11 and 23 are both 112): two full blocks
+    // and 4 tokens of the third.
+    let shared = prompt_a.iter().zip(&prompt_b).take_while(|(x, y)| x == y).count();
+    assert_eq!(shared, 36);
     let want = {
         let sched = start(&path, 2, 512);
         let (req, rx) = request(&prompt_b, 9, 10);
@@ -178,18 +183,153 @@ fn a_prefix_held_by_a_busy_slot_is_copied_not_recomputed() {
         assert_eq!(c.cached_tokens, 0);
         c.ids
     };
-    let sched = start(&path, 2, 512);
-    // A runs 40 tokens; B arrives once A's prompt is in its cache (A's first token).
-    let (req, rx_a) = request(&ids[..20], 1, 40);
+    // A runs up to 4000 tokens (it is still running when B is placed) and is cancelled
+    // once B is done. B arrives once A's prompt is in its cache.
+    let sched = start_ctx(&path, 2, 512, 4096);
+    let (req, rx_a) = request(&prompt_a, 1, 4000);
     sched.submit(req).unwrap();
     assert!(matches!(rx_a.recv().unwrap(), Event::Delta { .. }));
     let (req, rx_b) = request(&prompt_b, 9, 10);
     sched.submit(req).unwrap();
     let b = done(&rx_b);
-    assert_eq!(b.ids, want, "tokens after a copied prefix");
-    assert_eq!(b.cached_tokens, shared, "the shared prefix is reused");
-    assert_eq!(done(&rx_a).ids.len(), 40);
+    assert_eq!(b.ids, want, "tokens after a shared prefix");
+    assert_eq!(b.cached_tokens, shared, "the shared blocks are reused");
+    drop(rx_a);
     assert_eq!(sched.metrics().prompt_tokens_cached, shared as u64);
+}
+
+/// A pool too small for every request at once: requests wait for blocks or are
+/// preempted mid-generation (their blocks given to older ones) and evaluated again later,
+/// and each gets exactly the tokens it gets alone; none is refused or cut short.
+#[test]
+fn a_small_pool_preempts_and_every_request_keeps_its_tokens() {
+    let Some((path, ids)) = fixture() else {
+        return;
+    };
+    let prompts: Vec<Vec<u32>> = (0..8)
+        .map(|i| {
+            ids.iter()
+                .cycle()
+                .skip(i)
+                .take(14 + i)
+                .map(|&t| t ^ (i as u32 & 1))
+                .collect()
+        })
+        .collect();
+    let alone: Vec<Vec<u32>> = {
+        let sched = start(&path, 1, 512);
+        prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let (req, rx) = request(p, 40 + i as u64, 30);
+                sched.submit(req).unwrap();
+                done(&rx).ids
+            })
+            .collect()
+    };
+    // 8 sequences of up to 50 positions need 32 blocks; the pool has 10 (160 positions).
+    let model = Model::load(&path).unwrap();
+    let tok = Arc::new(Tokenizer::from_gguf(&model.file).unwrap());
+    let sched = Scheduler::start(
+        model,
+        tok,
+        SchedulerConfig {
+            parallel: 8,
+            n_ctx: 64,
+            kv_size: 160,
+            queue: 16,
+            kv_type: KvType::F16,
+            prefill_chunk: 7,
+            prefill_chunk_alone: 7,
+            ..SchedulerConfig::default()
+        },
+    );
+    let rxs: Vec<_> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let (req, rx) = request(p, 40 + i as u64, 30);
+            sched.submit(req).unwrap();
+            rx
+        })
+        .collect();
+    for (i, rx) in rxs.iter().enumerate() {
+        let c = done(rx);
+        assert_eq!(c.ids, alone[i], "request {i}");
+    }
+    let m = sched.metrics();
+    assert!(m.preemptions > 0, "the pool ran out: {m:?}");
+    assert_eq!(m.requests_finished, 8);
+    assert_eq!((m.kv_blocks_total, m.kv_positions_total), (10, 160));
+    assert!(m.kv_blocks_used <= 10);
+}
+
+/// The prefix cache: a 48-token prefix shared by four requests is evaluated once (the
+/// others reuse its three blocks), a released prefix stays cached until the pool needs
+/// its blocks, and other adapters' prefixes are not shared.
+#[test]
+fn a_shared_prefix_is_evaluated_once() {
+    let Some((path, ids)) = fixture() else {
+        return;
+    };
+    let prefix: Vec<u32> = ids.iter().chain(&ids).copied().collect(); // 48
+    let prompt = |i: u32| {
+        let mut p = prefix.clone();
+        p.extend([5 + i, 9 + i]);
+        p
+    };
+    let want: Vec<Vec<u32>> = (0..4)
+        .map(|i| {
+            let sched = start(&path, 1, 512);
+            let (req, rx) = request(&prompt(i), 7, 6);
+            sched.submit(req).unwrap();
+            done(&rx).ids
+        })
+        .collect();
+    let sched = start(&path, 4, 512);
+    let mut cached = Vec::new();
+    for i in 0..4 {
+        let (req, rx) = request(&prompt(i), 7, 6);
+        sched.submit(req).unwrap();
+        let c = done(&rx);
+        assert_eq!(c.ids, want[i as usize], "request {i}");
+        cached.push(c.cached_tokens);
+    }
+    assert_eq!(cached, [0, 48, 48, 48]);
+    let m = sched.metrics();
+    assert_eq!(m.prompt_tokens_cached, 3 * 48);
+    assert!(m.kv_blocks_cached + m.kv_blocks_used >= 3, "{m:?}");
+}
+
+/// A prompt the pool cannot hold even empty is refused before anything runs; one that
+/// fits runs.
+#[test]
+fn a_prompt_longer_than_the_pool_is_refused() {
+    let Some((path, ids)) = fixture() else {
+        return;
+    };
+    let model = Model::load(&path).unwrap();
+    let tok = Arc::new(Tokenizer::from_gguf(&model.file).unwrap());
+    let sched = Scheduler::start(
+        model,
+        tok,
+        SchedulerConfig {
+            parallel: 2,
+            n_ctx: 64,
+            kv_size: 16,
+            ..SchedulerConfig::default()
+        },
+    );
+    let (req, rx) = request(&ids[..20], 1, 4);
+    sched.submit(req).unwrap();
+    match rx.recv().unwrap() {
+        Event::Error(e) => assert!(e.contains("20 tokens") && e.contains("16 positions"), "{e}"),
+        e => panic!("{e:?}"),
+    }
+    let (req, rx) = request(&ids[..10], 1, 4);
+    sched.submit(req).unwrap();
+    assert_eq!(done(&rx).ids.len(), 4);
 }
 
 /// A constrained request gives the same tokens alone and beside seven others, constrained

@@ -30,6 +30,7 @@ fn main() {
                 data: KvData::F16(layer),
                 start: (g % 3) * hd,
                 stride,
+                blocks: None,
             };
             let [s0, s1, s2] = &mut s[..] else {
                 unreachable!()

@@ -25,6 +25,10 @@ pub enum ModelError {
     /// Positions past the KV cache.
     #[error("context full: {needed} positions needed, the KV cache holds {n_ctx}")]
     ContextFull { needed: usize, n_ctx: usize },
+    /// Positions past the blocks a pooled sequence holds (its caller allocates them first),
+    /// or a pooled sequence evaluated without its pool.
+    #[error("KV pool: {needed} positions needed, the sequence holds blocks for {held}")]
+    KvBlocks { needed: usize, held: usize },
     #[error(transparent)]
     Gguf(#[from] frink_gguf::GgufError),
     #[error(transparent)]

@@ -13,6 +13,7 @@ use crate::blocks::attention::AttnScratch;
 use crate::blocks::{FfnWeights, MixerWeights, Rows};
 use crate::error::{ModelError, Result};
 use crate::kernels::{add_bias, layer_norm, matmul, matrix_row, rms_norm, Matrix, Projection};
+use crate::kv::KvPool;
 use crate::lora::LoraRows;
 use crate::model::{LayerWeights, Model, NormWeights};
 use crate::plan::{Channel, LayerPlan, Mixer, Residual};
@@ -107,10 +108,11 @@ impl Model {
         scratch: &mut AttnScratch,
         out: &mut [f32],
         lora: &LoraRows,
+        mut pool: Option<&mut KvPool>,
     ) -> Result<()> {
         match (mixer, w) {
             (Mixer::Attention(ap), MixerWeights::Attention(aw)) => {
-                self.attention_block(il, ap, aw, seqs, rows, input, scratch, out, lora)
+                self.attention_block(il, ap, aw, seqs, rows, input, scratch, out, lora, pool)
             }
             (Mixer::Mamba, MixerWeights::Mamba(w)) => {
                 self.mamba_block(il, w, seqs, rows, input, out)
@@ -128,8 +130,20 @@ impl Model {
                 // Both on the same input: out = first + second (falcon-h1's attention +
                 // Mamba-2, llama.cpp falcon-h1.cpp).
                 let mut second = vec![0f32; out.len()];
-                self.token_mixer(il, ma, wa, seqs, rows, input, scratch, out, lora)?;
-                self.token_mixer(il, mb, wb, seqs, rows, input, scratch, &mut second, lora)?;
+                let p = pool.as_deref_mut();
+                self.token_mixer(il, ma, wa, seqs, rows, input, scratch, out, lora, p)?;
+                self.token_mixer(
+                    il,
+                    mb,
+                    wb,
+                    seqs,
+                    rows,
+                    input,
+                    scratch,
+                    &mut second,
+                    lora,
+                    pool,
+                )?;
                 out.iter_mut().zip(&second).for_each(|(o, s)| *o += s);
                 Ok(())
             }
@@ -154,6 +168,12 @@ impl Model {
             return Err(ModelError::ContextFull {
                 needed,
                 n_ctx: state.n_ctx,
+            });
+        }
+        if needed > state.capacity() {
+            return Err(ModelError::KvBlocks {
+                needed,
+                held: state.capacity(),
             });
         }
         let n_vocab = self.config.n_vocab;
@@ -202,8 +222,29 @@ impl Model {
     /// Errors: those of [`Model::check_input`], checked for every sequence before anything
     /// is written to any state.
     pub fn forward_batch(&self, seqs: &mut [Sequence<'_>]) -> Result<Vec<Vec<f32>>> {
+        self.forward_batch_in(None, seqs)
+    }
+
+    /// [`Model::forward_batch`] where sequences may keep their keys and values in `pool`
+    /// ([`SeqState::pooled`]: written and read through their block tables, with the
+    /// same bits as in a cache of their own). Each pooled sequence must hold blocks for
+    /// its new positions, and a block it writes must be no other sequence's.
+    ///
+    /// Errors: as [`Model::forward_batch`]; [`ModelError::KvBlocks`] for a pooled
+    /// sequence without `pool` or without blocks for its new positions.
+    pub fn forward_batch_in(
+        &self,
+        mut pool: Option<&mut KvPool>,
+        seqs: &mut [Sequence<'_>],
+    ) -> Result<Vec<Vec<f32>>> {
         for s in seqs.iter() {
             self.check_input(s.state, s.tokens)?;
+            if s.state.is_pooled() && pool.is_none() {
+                return Err(ModelError::KvBlocks {
+                    needed: s.state.n_past + s.tokens.len(),
+                    held: 0,
+                });
+            }
         }
         let c = &self.config;
         let w = &self.weights;
@@ -275,6 +316,7 @@ impl Model {
                 &mut scratch,
                 &mut mixed,
                 &lora,
+                pool.as_deref_mut(),
             )?;
             if let Some(nw) = &lw.post_attn_norm {
                 self.norm(&mut mixed, nw);

@@ -96,6 +96,10 @@ impl std::str::FromStr for KvType {
     }
 }
 
+/// Positions per block of a [`KvPool`] (vLLM's default block size): a sequence's
+/// positions `16i .. 16i + 16` live in the pool block its block table names at `i`.
+pub const KV_BLOCK: usize = 16;
+
 /// Storage of one layer's keys or values: `n_ctx` rows of `dim` elements.
 #[derive(Clone, Debug, PartialEq)]
 pub enum KvStore {
@@ -151,6 +155,18 @@ impl KvStore {
         }
     }
 
+    /// Copies rows `src .. src + n` (of `dim` elements) to rows `dst ..` (no overlap).
+    pub(crate) fn copy_rows(&mut self, src: usize, dst: usize, n: usize, dim: usize) {
+        match self {
+            KvStore::F16(v) => v.copy_within(src * dim..(src + n) * dim, dst * dim),
+            KvStore::F32(v) => v.copy_within(src * dim..(src + n) * dim, dst * dim),
+            KvStore::Q8_0(v) => {
+                let rb = dim / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
+                v.copy_within(src * rb..(src + n) * rb, dst * rb)
+            }
+        }
+    }
+
     /// Rows of one head in place: row `t` starts at element `start + t · stride`.
     pub fn rows(&self, start: usize, stride: usize) -> crate::kernels::KvRows<'_> {
         use crate::kernels::{KvData, KvRows};
@@ -163,15 +179,124 @@ impl KvStore {
             data,
             start,
             stride,
+            blocks: None,
         }
     }
 }
 
-/// Keys and values of one layer; row `p` holds position `p` (`k_dim`/`v_dim` wide).
+/// Keys and values of one layer; row `p` holds position `p` (`k_dim`/`v_dim` wide), or
+/// in a [`KvPool`] pool position `p` (block `p / 16`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct KvLayer {
     pub k: KvStore,
     pub v: KvStore,
+}
+
+impl KvLayer {
+    /// Writes the keys `k` and values `v` of consecutive logical positions `p0 ..` (rows
+    /// of `k_dim` / `v_dim`), each at its physical row: through `blocks` (a block table
+    /// of [`KV_BLOCK`]-position blocks) or, without one, at the position itself. A row
+    /// gets the same bits wherever it is stored.
+    ///
+    /// # Panics
+    /// If a position has no block in `blocks` or passes the storage.
+    pub(crate) fn write_rows(
+        &mut self,
+        blocks: Option<&[u32]>,
+        p0: usize,
+        (k_dim, v_dim): (usize, usize),
+        k: &[f32],
+        v: &[f32],
+    ) {
+        let n = k.len() / k_dim.max(1);
+        let mut i = 0;
+        while i < n {
+            let p = p0 + i;
+            // A run of rows that stay in one block (all of them without a table).
+            let (phys, run) = match blocks {
+                None => (p, n - i),
+                Some(b) => (
+                    b[p / KV_BLOCK] as usize * KV_BLOCK + p % KV_BLOCK,
+                    (KV_BLOCK - p % KV_BLOCK).min(n - i),
+                ),
+            };
+            self.k.write(phys * k_dim, &k[i * k_dim..(i + run) * k_dim]);
+            self.v.write(phys * v_dim, &v[i * v_dim..(i + run) * v_dim]);
+            i += run;
+        }
+    }
+}
+
+/// The keys and values of every attention layer for `n_blocks` blocks of [`KV_BLOCK`]
+/// positions, shared by the sequences whose states hold block tables into it
+/// ([`crate::SeqState::pooled`]; vLLM's PagedAttention block pool, llama.cpp's unified KV
+/// cache). The forward pass of such sequences takes the pool
+/// ([`crate::Model::forward_batch_in`]); which blocks a sequence owns is its caller's
+/// bookkeeping.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KvPool {
+    pub kv_type: KvType,
+    pub k_dim: usize,
+    pub v_dim: usize,
+    pub n_blocks: usize,
+    /// Per layer of the plan: its keys and values (`None` for a layer without attention).
+    pub layers: Vec<Option<KvLayer>>,
+}
+
+impl KvPool {
+    /// A pool of `n_blocks` blocks for the model described by `config`.
+    pub fn new(config: &crate::ModelConfig, n_blocks: usize, kv_type: KvType) -> KvPool {
+        let (k_dim, v_dim) = (config.k_dim(), config.v_dim());
+        let rows = n_blocks * KV_BLOCK;
+        KvPool {
+            kv_type,
+            k_dim,
+            v_dim,
+            n_blocks,
+            layers: config
+                .plan
+                .layers
+                .iter()
+                .map(|l| {
+                    l.mixer.has_attention().then(|| KvLayer {
+                        k: KvStore::new(kv_type, rows * k_dim),
+                        v: KvStore::new(kv_type, rows * v_dim),
+                    })
+                })
+                .collect(),
+        }
+    }
+
+    /// Bytes one block takes over all layers (what [`KvPool::new`] allocates per block),
+    /// or `None` when that does not fit a `usize`.
+    pub fn block_bytes(config: &crate::ModelConfig, kv_type: KvType) -> Option<usize> {
+        crate::SeqState::kv_bytes(config, KV_BLOCK, kv_type)
+    }
+
+    /// Attention layer `il`'s keys and values. Panics if the layer has none.
+    pub fn layer(&self, il: usize) -> &KvLayer {
+        self.layers[il]
+            .as_ref()
+            .unwrap_or_else(|| panic!("layer {il} has no KV cache"))
+    }
+
+    /// [`KvPool::layer`], writable.
+    pub fn layer_mut(&mut self, il: usize) -> &mut KvLayer {
+        self.layers[il]
+            .as_mut()
+            .unwrap_or_else(|| panic!("layer {il} has no KV cache"))
+    }
+
+    /// Copies the first `n` positions of block `src` to block `dst` in every layer (the
+    /// copy of a shared partial block that a sequence is about to extend).
+    pub fn copy_block(&mut self, src: u32, dst: u32, n: usize) {
+        let (k_dim, v_dim) = (self.k_dim, self.v_dim);
+        let (s, d) = (src as usize * KV_BLOCK, dst as usize * KV_BLOCK);
+        for l in self.layers.iter_mut().flatten() {
+            l.k.copy_rows(s, d, n, k_dim);
+            l.v.copy_rows(s, d, n, v_dim);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -29,6 +29,6 @@ pub use config::{
 };
 pub use error::{ModelError, Result};
 pub use forward::{Logits, Sequence};
-pub use kv::KvType;
+pub use kv::{KvPool, KvType, KV_BLOCK};
 pub use model::{Experts, LayerWeights, Model, MoeStats, NormWeights, Weights};
 pub use state::{Checkpoint, LayerState, RecurrentLayer, SeqState};

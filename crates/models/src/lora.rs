@@ -58,6 +58,7 @@ impl LoraData {
             },
             start: 0,
             stride: width,
+            blocks: None,
         }
     }
 

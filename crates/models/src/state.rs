@@ -9,7 +9,7 @@
 //! the benchmarks ask.
 
 use crate::config::ModelConfig;
-use crate::kv::{KvLayer, KvStore, KvType};
+use crate::kv::{KvLayer, KvPool, KvStore, KvType, KV_BLOCK};
 
 /// A recurrent layer's state after the positions evaluated so far (f32).
 #[derive(Clone, Debug, PartialEq)]
@@ -55,8 +55,14 @@ impl Checkpoint {
 
 /// The state of one sequence, sized for `n_ctx` positions.
 ///
+/// Its keys and values are either its own (contiguous: row `p` holds position `p`) or
+/// blocks of a shared [`KvPool`] named by its block table ([`SeqState::pooled`]: block
+/// `i` of [`SeqState::blocks`] holds positions `16i .. 16i + 16`); the forward pass gives
+/// the same bits either way.
+///
 /// Memory: per attention layer `n_ctx · (k_dim + v_dim)` elements of 2 (f16) or 4 (f32)
-/// bytes; per recurrent layer a fixed number of f32 values, whatever the length.
+/// bytes (none for a pooled state: the pool holds them); per recurrent layer a fixed
+/// number of f32 values, whatever the length.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SeqState {
     pub kv_type: KvType,
@@ -64,6 +70,10 @@ pub struct SeqState {
     pub k_dim: usize,
     pub v_dim: usize,
     pub layers: Vec<LayerState>,
+    /// A pooled state's block table (empty for a state with its own cache).
+    pub blocks: Vec<u32>,
+    /// Whether its keys and values live in a shared pool.
+    pooled: bool,
     /// Positions `0..n_past` have been evaluated.
     pub n_past: usize,
 }
@@ -86,13 +96,25 @@ impl SeqState {
 
     /// An empty state for `n_ctx` positions of the model described by `config`.
     pub fn new(config: &ModelConfig, n_ctx: usize, kv_type: KvType) -> SeqState {
+        Self::with_kv(config, n_ctx, kv_type, false)
+    }
+
+    /// An empty state of at most `n_ctx` positions whose keys and values live in `pool`
+    /// (its recurrent layers' states are its own): the caller gives it blocks
+    /// ([`SeqState::blocks`]) before evaluating positions in them and passes the pool to
+    /// the forward pass ([`crate::Model::forward_batch_in`]).
+    pub fn pooled(config: &ModelConfig, n_ctx: usize, pool: &KvPool) -> SeqState {
+        Self::with_kv(config, n_ctx, pool.kv_type, true)
+    }
+
+    fn with_kv(config: &ModelConfig, n_ctx: usize, kv_type: KvType, pooled: bool) -> SeqState {
         let (k_dim, v_dim) = (config.k_dim(), config.v_dim());
         let layers = config
             .plan
             .layers
             .iter()
             .map(|l| LayerState {
-                kv: l.mixer.has_attention().then(|| KvLayer {
+                kv: (l.mixer.has_attention() && !pooled).then(|| KvLayer {
                     k: KvStore::new(kv_type, n_ctx * k_dim),
                     v: KvStore::new(kv_type, n_ctx * v_dim),
                 }),
@@ -111,8 +133,30 @@ impl SeqState {
             k_dim,
             v_dim,
             layers,
+            blocks: Vec::new(),
+            pooled,
             n_past: 0,
         }
+    }
+
+    /// Whether its keys and values live in a shared pool ([`SeqState::pooled`]).
+    pub fn is_pooled(&self) -> bool {
+        self.pooled
+    }
+
+    /// Positions it can hold now: `n_ctx`, or for a pooled state what its blocks hold
+    /// (at most `n_ctx`).
+    pub fn capacity(&self) -> usize {
+        if self.pooled {
+            (self.blocks.len() * KV_BLOCK).min(self.n_ctx)
+        } else {
+            self.n_ctx
+        }
+    }
+
+    /// Blocks a pooled state needs to hold `n` positions.
+    pub fn blocks_for(n: usize) -> usize {
+        n.div_ceil(KV_BLOCK)
     }
 
     /// Whether this state has the layers `plan` asks for (a state made for this model).
@@ -120,7 +164,7 @@ impl SeqState {
         self.layers.len() == plan.layers.len()
             && self.layers.iter().zip(&plan.layers).all(|(s, l)| {
                 s.recurrent.is_some() == l.mixer.is_recurrent()
-                    && s.kv.is_some() == l.mixer.has_attention()
+                    && s.kv.is_some() == (l.mixer.has_attention() && !self.pooled)
             })
     }
 
@@ -189,6 +233,10 @@ impl SeqState {
     /// Panics if the states differ in shape or element type, or `n` passes `src.n_past`
     /// or this state's `n_ctx`, or `n` is not [`SeqState::reusable`] from `src`.
     pub fn copy_prefix(&mut self, src: &SeqState, n: usize) {
+        assert!(
+            !self.pooled && !src.pooled,
+            "copy_prefix: pooled states share blocks instead"
+        );
         assert!(
             self.kv_type == src.kv_type
                 && (self.k_dim, self.v_dim, self.layers.len())
@@ -271,7 +319,7 @@ impl SeqState {
         self.restore(cp);
     }
 
-    /// Bytes held by the state.
+    /// Bytes held by the state (a pooled state's keys and values are the pool's).
     pub fn bytes(&self) -> usize {
         let row = self.kv_type.bytes(self.k_dim).unwrap_or(0)
             + self.kv_type.bytes(self.v_dim).unwrap_or(0);

@@ -58,8 +58,13 @@ pub struct ServeConfig {
     pub port: u16,
     /// Sequence slots decoded together.
     pub parallel: usize,
-    /// Positions per slot.
+    /// Positions one request may use at most (`--ctx`).
     pub ctx: usize,
+    /// Positions of the KV block pool all requests share (`--kv-size`; 0: from
+    /// `kv_mem`, else `parallel × ctx`).
+    pub kv_size: usize,
+    /// Bytes of the KV block pool (`--kv-mem`), when `kv_size` is 0.
+    pub kv_mem: Option<usize>,
     /// Requests that may wait for a slot.
     pub queue: usize,
     /// Bearer token required on every endpoint but `/health`.
@@ -104,6 +109,8 @@ struct Engine {
     /// The loaded LoRA adapters (path, current default scale), by id: `--lora`, changed by
     /// `POST /lora-adapters`.
     lora: std::sync::Mutex<Vec<(String, f32)>>,
+    /// Positions of the KV block pool (a longer prompt can never run).
+    kv_positions: usize,
 }
 
 impl Engine {
@@ -315,28 +322,40 @@ fn start_engine(config: &ServeConfig, load: Loader) -> Result<Engine> {
     let tok = Arc::new(
         Tokenizer::from_gguf_releasing(&mut model.file).context("cannot build the tokenizer")?,
     );
-    frink_engine::check_kv_memory(
-        &model,
-        config.ctx,
-        config.parallel,
-        config.kv_type,
-        "--parallel × --ctx",
-    )
-    .map_err(anyhow::Error::msg)?;
-    let sched = Scheduler::start(
-        model,
-        Arc::clone(&tok),
-        SchedulerConfig {
-            parallel: config.parallel,
-            n_ctx: config.ctx,
-            queue: config.queue,
-            kv_type: config.kv_type,
-            ctx_checkpoints: config.ctx_checkpoints,
-            checkpoint_interval: config.checkpoint_interval,
-            checkpoint_budget: config.checkpoint_budget,
-            ..SchedulerConfig::default()
-        },
-    );
+    // The pool: --kv-size positions, else --kv-mem bytes, else --parallel × --ctx.
+    let (kv_size, what) = match (config.kv_size, config.kv_mem) {
+        (0, Some(bytes)) => {
+            let block = frink_models::KvPool::block_bytes(&model.config, config.kv_type)
+                .unwrap_or(usize::MAX)
+                .max(1);
+            anyhow::ensure!(
+                bytes >= block,
+                "--kv-mem {bytes}: one KV block of {} positions takes {block} bytes",
+                frink_models::KV_BLOCK
+            );
+            (bytes / block * frink_models::KV_BLOCK, "--kv-mem")
+        }
+        (0, None) => (
+            config.parallel.saturating_mul(config.ctx),
+            "--parallel × --ctx",
+        ),
+        (n, _) => (n, "--kv-size"),
+    };
+    frink_engine::check_kv_memory(&model, kv_size, 1, config.kv_type, what)
+        .map_err(anyhow::Error::msg)?;
+    let sched_config = SchedulerConfig {
+        parallel: config.parallel,
+        n_ctx: config.ctx,
+        kv_size,
+        queue: config.queue,
+        kv_type: config.kv_type,
+        ctx_checkpoints: config.ctx_checkpoints,
+        checkpoint_interval: config.checkpoint_interval,
+        checkpoint_budget: config.checkpoint_budget,
+        ..SchedulerConfig::default()
+    };
+    let kv_positions = sched_config.kv_blocks() * frink_models::KV_BLOCK;
+    let sched = Scheduler::start(model, Arc::clone(&tok), sched_config);
     let grammars = GrammarCompiler::new(Arc::clone(&tok))
         .context("cannot index the vocabulary for grammars")?;
     Ok(Engine {
@@ -347,6 +366,7 @@ fn start_engine(config: &ServeConfig, load: Loader) -> Result<Engine> {
         pooling,
         n_embd,
         info,
+        kv_positions,
     })
 }
 
@@ -615,14 +635,39 @@ async fn metrics(State(st): St, headers: HeaderMap) -> Response {
     );
     counter(
         "vllm:kv_cache_usage_perc",
-        "KV cache positions held by running requests over all positions, 0 to 1 (vLLM's name).",
+        "KV pool blocks held by running sequences over all blocks, 0 to 1 (vLLM's name).",
         "gauge",
-        m.kv_positions_used as f64 / m.kv_positions_total.max(1) as f64,
+        m.kv_blocks_used as f64 / m.kv_blocks_total.max(1) as f64,
+    );
+    counter(
+        "frink_kv_blocks_total",
+        "Blocks of the KV pool.",
+        "gauge",
+        m.kv_blocks_total as f64,
+    );
+    counter(
+        "frink_kv_blocks_used",
+        "KV pool blocks held by running sequences.",
+        "gauge",
+        m.kv_blocks_used as f64,
+    );
+    counter(
+        "frink_kv_blocks_cached",
+        "KV pool blocks that keep reusable tokens (the prefix cache, idle slots' conversations).",
+        "gauge",
+        m.kv_blocks_cached as f64,
+    );
+    counter(
+        "frink_preemptions_total",
+        "Sequences whose blocks went to older ones (evaluated again later, same tokens).",
+        "counter",
+        m.preemptions as f64,
     );
     let _ = writeln!(
         s,
-        "# HELP vllm:cache_config_info The KV cache's layout (vLLM's name): positions per slot as block_size, slots as num_gpu_blocks.\n# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{block_size=\"{}\",num_gpu_blocks=\"{}\",num_cpu_blocks=\"0\"}} 1",
-        st.n_ctx, m.slots_total
+        "# HELP vllm:cache_config_info The KV pool's layout (vLLM's name): positions per block, blocks.\n# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{block_size=\"{}\",num_gpu_blocks=\"{}\",num_cpu_blocks=\"0\"}} 1",
+        frink_models::KV_BLOCK,
+        m.kv_blocks_total
     );
     histogram(
         &mut s,
@@ -1106,9 +1151,20 @@ async fn embed_inputs(
         return Err(ApiError::invalid(
             Some("input"),
             format!(
-                "an input is {} tokens, longer than the slot context of {} tokens (--ctx)",
+                "an input is {} tokens, longer than the context of {} tokens (--ctx)",
                 long.len(),
                 st.n_ctx
+            ),
+        )
+        .with_code("context_length_exceeded"));
+    }
+    if let Some(long) = inputs.iter().find(|t| t.len() >= eng.kv_positions) {
+        return Err(ApiError::invalid(
+            Some("input"),
+            format!(
+                "an input is {} tokens, longer than the KV pool of {} positions (--kv-size)",
+                long.len(),
+                eng.kv_positions
             ),
         )
         .with_code("context_length_exceeded"));
@@ -1282,9 +1338,20 @@ fn queue(
         return Err(ApiError::invalid(
             Some(prompt_field),
             format!(
-                "the prompt is {} tokens, longer than the slot context of {} tokens (--ctx)",
+                "the prompt is {} tokens, longer than the context of {} tokens (--ctx)",
                 p.prompt.len(),
                 st.n_ctx
+            ),
+        )
+        .with_code("context_length_exceeded"));
+    }
+    if p.prompt.len() >= eng.kv_positions {
+        return Err(ApiError::invalid(
+            Some(prompt_field),
+            format!(
+                "the prompt is {} tokens, longer than the KV pool of {} positions (--kv-size)",
+                p.prompt.len(),
+                eng.kv_positions
             ),
         )
         .with_code("context_length_exceeded"));

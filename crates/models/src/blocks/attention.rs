@@ -14,7 +14,7 @@ use crate::kernels::{
     add_bias, dot_multi_keys, hadamard_rotate, matmul, matmul_many, rms_norm, rope_angles,
     rope_rotate, softmax_with_sink, weighted_sum_multi, Matrix,
 };
-use crate::kv::KvLayer;
+use crate::kv::{KvLayer, KvPool};
 use crate::load::Loader;
 use crate::lora::LoraRows;
 use crate::model::Model;
@@ -179,6 +179,7 @@ impl Model {
         s: &mut AttnScratch,
         out: &mut [f32],
         lora: &LoraRows,
+        mut pool: Option<&mut KvPool>,
     ) -> Result<()> {
         let c = &self.config;
         let w = &self.weights;
@@ -326,22 +327,31 @@ impl Model {
                 hadamard_rotate(&mut v[r0 * c.v_dim()..r1 * c.v_dim()], b);
             }
         }
+        let dims = (c.k_dim(), c.v_dim());
         for (si, s) in seqs.iter_mut().enumerate() {
             let (r0, r1) = (starts[si], starts[si + 1]);
+            let (kr, vr) = (&k[r0 * dims.0..r1 * dims.0], &v[r0 * dims.1..r1 * dims.1]);
             let p0 = s.state.n_past;
-            let layer = s.state.kv_mut(il);
-            layer
-                .k
-                .write(p0 * c.k_dim(), &k[r0 * c.k_dim()..r1 * c.k_dim()]);
-            layer
-                .v
-                .write(p0 * c.v_dim(), &v[r0 * c.v_dim()..r1 * c.v_dim()]);
+            if s.state.is_pooled() {
+                let pool = pool
+                    .as_deref_mut()
+                    .expect("forward_batch_in checked that pooled sequences have their pool");
+                pool.layer_mut(il)
+                    .write_rows(Some(&s.state.blocks), p0, dims, kr, vr);
+            } else {
+                s.state.kv_mut(il).write_rows(None, p0, dims, kr, vr);
+            }
         }
+        let pool = pool.as_deref();
         let parts: Vec<AttnSeq<'_>> = seqs
             .iter()
             .enumerate()
             .map(|(si, s)| AttnSeq {
-                layer: s.state.kv(il),
+                layer: match pool.filter(|_| s.state.is_pooled()) {
+                    Some(p) => p.layer(il),
+                    None => s.state.kv(il),
+                },
+                blocks: s.state.is_pooled().then_some(&s.state.blocks[..]),
                 p0: s.state.n_past,
                 r0: starts[si],
                 n: starts[si + 1] - starts[si],
@@ -393,6 +403,8 @@ const ATTN_ROWS_PER_TASK: usize = 16;
 /// batch.
 struct AttnSeq<'a> {
     layer: &'a KvLayer,
+    /// A pooled sequence's block table.
+    blocks: Option<&'a [u32]>,
     p0: usize,
     r0: usize,
     n: usize,
@@ -474,16 +486,31 @@ fn attention(
     let outs = Disjoint::new(out);
     crate::pool::run(tasks.len(), &|task| {
         let (si, h0, heads, i0) = tasks[task];
-        let AttnSeq { layer, p0, r0, n } = seqs[si];
+        let AttnSeq {
+            layer,
+            blocks,
+            p0,
+            r0,
+            n,
+        } = seqs[si];
         let i1 = (i0 + ATTN_ROWS_PER_TASK).min(n);
         let nr = i1 - i0;
         let g = h0 / group;
         ATTN_SCORES.with_borrow_mut(|scores| {
             let (t0, t1) = (first_key(p0 + i0), p0 + i1); // keys t0..t1 are read
             let span = t1 - t0;
-            // KV head g's keys and values of positions t0.., read in place.
-            let keys = layer.k.rows(t0 * c.k_dim() + g * hd_k, c.k_dim());
-            let values = layer.v.rows(t0 * c.v_dim() + g * hd_v, c.v_dim());
+            // KV head g's keys and values of positions t0.., read in place (through the
+            // block table of a pooled sequence).
+            let (keys, values) = match blocks {
+                None => (
+                    layer.k.rows(t0 * c.k_dim() + g * hd_k, c.k_dim()),
+                    layer.v.rows(t0 * c.v_dim() + g * hd_v, c.v_dim()),
+                ),
+                Some(b) => (
+                    layer.k.rows(g * hd_k, c.k_dim()).through(b, t0),
+                    layer.v.rows(g * hd_v, c.v_dim()).through(b, t0),
+                ),
+            };
             // The task's units are its (query head, row) pairs, head by head: unit `u` is
             // head `h0 + u / nr`, row `u % nr` of the block. Units go through the kernels
             // up to four at a time, sharing each key and value row they load (a decode

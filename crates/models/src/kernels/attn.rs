@@ -32,8 +32,10 @@ const F32: u8 = 0;
 const F16: u8 = 1;
 const Q8: u8 = 2;
 
-/// Rows of one head in a KV cache: row `t` is the elements `start + t·stride ..` (as many
-/// as the kernel's head size), i.e. one KV head's part of consecutive positions.
+/// Rows of one head in a KV cache: row `t` is the elements `start + phys(t)·stride ..` (as
+/// many as the kernel's head size), i.e. one KV head's part of consecutive positions;
+/// `phys(t) = t` in a contiguous cache, or through a block table in a block pool
+/// (`crate::kv::KvPool`: logical row `t` is physical row `blocks[t / 16] · 16 + t % 16`).
 #[derive(Clone, Copy, Debug)]
 pub struct KvRows<'a> {
     /// The stored elements.
@@ -42,6 +44,9 @@ pub struct KvRows<'a> {
     pub start: usize,
     /// Elements from one row's start to the next's.
     pub stride: usize,
+    /// The block table of a pooled cache and the logical position of row 0: row `t` is
+    /// position `first + t`.
+    pub blocks: Option<(&'a [u32], usize)>,
 }
 
 impl<'a> KvRows<'a> {
@@ -51,7 +56,36 @@ impl<'a> KvRows<'a> {
             data: KvData::F32(v),
             start: 0,
             stride: width,
+            blocks: None,
         }
+    }
+
+    /// Rows read through the block table `blocks`, row 0 being position `first` (see
+    /// [`KvRows::blocks`]).
+    pub fn through(self, blocks: &'a [u32], first: usize) -> KvRows<'a> {
+        KvRows {
+            blocks: Some((blocks, first)),
+            ..self
+        }
+    }
+
+    /// The physical row of row `t`.
+    #[inline(always)]
+    fn phys(&self, t: usize) -> usize {
+        use crate::kv::KV_BLOCK;
+        match self.blocks {
+            None => t,
+            Some((b, first)) => {
+                let p = first + t;
+                b[p / KV_BLOCK] as usize * KV_BLOCK + p % KV_BLOCK
+            }
+        }
+    }
+
+    /// Element index of row `t`'s first element.
+    #[inline(always)]
+    fn row_start(&self, t: usize) -> usize {
+        self.start + self.phys(t) * self.stride
     }
 
     fn len(&self) -> usize {
@@ -62,18 +96,30 @@ impl<'a> KvRows<'a> {
         }
     }
 
-    /// Panics unless rows `range` of `width` elements lie inside the data.
+    /// Panics unless rows `range` of `width` elements lie inside the data (through the
+    /// block table: every block the range touches, each at its last row).
     fn check(&self, range: &std::ops::Range<usize>, width: usize, what: &str) {
-        if let Some(last) = range.end.checked_sub(1).filter(|_| !range.is_empty()) {
-            let end = self.start + last * self.stride + width;
-            assert!(end <= self.len(), "{what}: rows {range:?} pass the data");
+        use crate::kv::KV_BLOCK;
+        if range.is_empty() {
+            return;
         }
+        let last = range.end - 1;
+        let end = match self.blocks {
+            None => self.row_start(last) + width,
+            Some((b, first)) => {
+                let (b0, b1) = ((first + range.start) / KV_BLOCK, (first + last) / KV_BLOCK);
+                assert!(b1 < b.len(), "{what}: rows {range:?} pass the block table");
+                let top = b[b0..=b1].iter().max().copied().unwrap_or(0) as usize;
+                self.start + (top * KV_BLOCK + KV_BLOCK - 1) * self.stride + width
+            }
+        };
+        assert!(end <= self.len(), "{what}: rows {range:?} pass the data");
     }
 
     /// Element `e` of row `t`, as f32.
     #[inline(always)]
     fn get(&self, t: usize, e: usize) -> f32 {
-        let i = self.start + t * self.stride + e;
+        let i = self.row_start(t) + e;
         match self.data {
             KvData::F32(s) => s[i],
             KvData::F16(s) => s[i].to_f32(),
@@ -199,7 +245,7 @@ fn dot_multi_keys_avx2<const R: usize, const K: u8>(
     let base = raw(&keys);
     let n8 = hd / 8 * 8;
     for t in range {
-        let row = keys.start + t * keys.stride;
+        let row = keys.row_start(t);
         let mut acc = [_mm256_setzero_ps(); R];
         let mut c = 0;
         while c < n8 {
@@ -337,7 +383,7 @@ fn weighted_sum_multi_avx2<const R: usize, const K: u8>(
                 a[1] = _mm256_loadu_ps(or.as_ptr().add(e0 + 8));
             }
             for t in keys.clone() {
-                let i = v.start + t * v.stride + e0;
+                let i = v.row_start(t) + e0;
                 let (v0, v1) = (load8::<K>(base, i), load8::<K>(base, i + 8));
                 for (a, pr) in acc.iter_mut().zip(&p) {
                     let pt = _mm256_set1_ps(*pr.get_unchecked(t));
@@ -518,6 +564,7 @@ mod tests {
                     data,
                     start,
                     stride,
+                    blocks: None,
                 };
                 // The widened rows, contiguous: the reference's input.
                 let wide: Vec<f32> = (0..n_keys)
