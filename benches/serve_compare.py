@@ -29,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -74,7 +75,10 @@ def chat(url, i, n):
     try:
         with urllib.request.urlopen(req, timeout=1200) as r:
             got = json.load(r)["usage"]["completion_tokens"]
-    except Exception as e:  # a refusal or a dropped connection: counted, not fatal
+    except urllib.error.HTTPError as e:  # a refusal: counted, not fatal
+        FAILURES.append(f"request {i}: {e}: {e.read()[:200]!r}")
+        return 0
+    except Exception as e:  # a dropped connection
         FAILURES.append(f"request {i}: {e}")
         return 0
     if got < n:
@@ -162,8 +166,9 @@ def main():
     print("| --- | ---: | ---: | ---: |")
     for name, one, many in rows:
         print(f"| {name} | {one:.1f} | {many:.1f} | {many / one:.2f}x |")
-    print(f"frink / llama-server: 1 stream {rows[0][1] / rows[1][1]:.2f}x, "
-          f"{a.streams} streams {rows[0][2] / rows[1][2]:.2f}x")
+    ratio = lambda x, y: f"{x / y:.2f}x" if y else "n/a (llama-server completed none)"
+    print(f"frink / llama-server: 1 stream {ratio(rows[0][1], rows[1][1])}, "
+          f"{a.streams} streams {ratio(rows[0][2], rows[1][2])}")
 
 
 if __name__ == "__main__":

@@ -173,7 +173,11 @@ fn a_prefix_held_by_a_busy_slot_is_shared_not_recomputed() {
     prompt_b.extend(ids[16..].iter().rev().take(4));
     // 36 tokens in common (the fixture's ids 11 and 23 are both 112): two full blocks
     // and 4 tokens of the third.
-    let shared = prompt_a.iter().zip(&prompt_b).take_while(|(x, y)| x == y).count();
+    let shared = prompt_a
+        .iter()
+        .zip(&prompt_b)
+        .take_while(|(x, y)| x == y)
+        .count();
     assert_eq!(shared, 36);
     let want = {
         let sched = start(&path, 2, 512);
@@ -201,12 +205,15 @@ fn a_prefix_held_by_a_busy_slot_is_shared_not_recomputed() {
 /// A pool too small for every request at once: requests wait for blocks or are
 /// preempted mid-generation (their blocks given to older ones) and evaluated again later,
 /// and each gets exactly the tokens it gets alone; none is refused or cut short.
+/// Admission keeps room for 256 answer tokens per sequence, so preemption comes from
+/// answers longer than that: here each runs to the end of its 400-position context.
 #[test]
 fn a_small_pool_preempts_and_every_request_keeps_its_tokens() {
     let Some((path, ids)) = fixture() else {
         return;
     };
-    let prompts: Vec<Vec<u32>> = (0..8)
+    const CTX: usize = 400;
+    let prompts: Vec<Vec<u32>> = (0..4)
         .map(|i| {
             ids.iter()
                 .cycle()
@@ -217,27 +224,32 @@ fn a_small_pool_preempts_and_every_request_keeps_its_tokens() {
         })
         .collect();
     let alone: Vec<Vec<u32>> = {
-        let sched = start(&path, 1, 512);
+        let sched = start_ctx(&path, 1, 512, CTX);
         prompts
             .iter()
             .enumerate()
             .map(|(i, p)| {
-                let (req, rx) = request(p, 40 + i as u64, 30);
+                let (req, rx) = request(p, 40 + i as u64, 1000);
                 sched.submit(req).unwrap();
-                done(&rx).ids
+                let c = done(&rx);
+                // The last token is sampled from the logits of position CTX - 1.
+                assert_eq!(c.ids.len(), CTX + 1 - p.len(), "request {i} alone");
+                c.ids
             })
             .collect()
     };
-    // 8 sequences of up to 50 positions need 32 blocks; the pool has 10 (160 positions).
+    // 4 sequences of 400 positions need 100 blocks; the pool has 40 (640 positions):
+    // two are placed (17 blocks each, and 16 more for the first's growth), grow past
+    // their 256 reserved tokens and the younger is preempted.
     let model = Model::load(&path).unwrap();
     let tok = Arc::new(Tokenizer::from_gguf(&model.file).unwrap());
     let sched = Scheduler::start(
         model,
         tok,
         SchedulerConfig {
-            parallel: 8,
-            n_ctx: 64,
-            kv_size: 160,
+            parallel: 4,
+            n_ctx: CTX,
+            kv_size: 640,
             queue: 16,
             kv_type: KvType::F16,
             prefill_chunk: 7,
@@ -249,7 +261,7 @@ fn a_small_pool_preempts_and_every_request_keeps_its_tokens() {
         .iter()
         .enumerate()
         .map(|(i, p)| {
-            let (req, rx) = request(p, 40 + i as u64, 30);
+            let (req, rx) = request(p, 40 + i as u64, 1000);
             sched.submit(req).unwrap();
             rx
         })
@@ -260,9 +272,9 @@ fn a_small_pool_preempts_and_every_request_keeps_its_tokens() {
     }
     let m = sched.metrics();
     assert!(m.preemptions > 0, "the pool ran out: {m:?}");
-    assert_eq!(m.requests_finished, 8);
-    assert_eq!((m.kv_blocks_total, m.kv_positions_total), (10, 160));
-    assert!(m.kv_blocks_used <= 10);
+    assert_eq!(m.requests_finished, 4);
+    assert_eq!((m.kv_blocks_total, m.kv_positions_total), (40, 640));
+    assert!(m.kv_blocks_used <= 40);
 }
 
 /// The prefix cache: a 48-token prefix shared by four requests is evaluated once (the
