@@ -15,7 +15,6 @@ the last request's time to first token as a fraction of the first's.
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -23,14 +22,8 @@ import time
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_compare import free_port  # noqa: E402
 
 
 def metrics(url):

@@ -22,11 +22,8 @@ fn start(path: &std::path::Path, parallel: usize, chunk: usize) -> Scheduler {
 }
 
 fn start_ctx(path: &std::path::Path, parallel: usize, chunk: usize, n_ctx: usize) -> Scheduler {
-    let model = Model::load(path).unwrap();
-    let tok = Arc::new(Tokenizer::from_gguf(&model.file).unwrap());
-    Scheduler::start(
-        model,
-        tok,
+    start_with(
+        path,
         SchedulerConfig {
             parallel,
             n_ctx,
@@ -37,6 +34,12 @@ fn start_ctx(path: &std::path::Path, parallel: usize, chunk: usize, n_ctx: usize
             ..SchedulerConfig::default()
         },
     )
+}
+
+fn start_with(path: &std::path::Path, config: SchedulerConfig) -> Scheduler {
+    let model = Model::load(path).unwrap();
+    let tok = Arc::new(Tokenizer::from_gguf(&model.file).unwrap());
+    Scheduler::start(model, tok, config)
 }
 
 fn params(seed: u64) -> SamplingParams {
@@ -241,11 +244,8 @@ fn a_small_pool_preempts_and_every_request_keeps_its_tokens() {
     // 4 sequences of 400 positions need 100 blocks; the pool has 40 (640 positions):
     // two are placed (17 blocks each, and 16 more for the first's growth), grow past
     // their 256 reserved tokens and the younger is preempted.
-    let model = Model::load(&path).unwrap();
-    let tok = Arc::new(Tokenizer::from_gguf(&model.file).unwrap());
-    let sched = Scheduler::start(
-        model,
-        tok,
+    let sched = start_with(
+        &path,
         SchedulerConfig {
             parallel: 4,
             n_ctx: CTX,
@@ -321,11 +321,8 @@ fn a_prompt_longer_than_the_pool_is_refused() {
     let Some((path, ids)) = fixture() else {
         return;
     };
-    let model = Model::load(&path).unwrap();
-    let tok = Arc::new(Tokenizer::from_gguf(&model.file).unwrap());
-    let sched = Scheduler::start(
-        model,
-        tok,
+    let sched = start_with(
+        &path,
         SchedulerConfig {
             parallel: 2,
             n_ctx: 64,
