@@ -23,7 +23,7 @@ import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_compare import free_port  # noqa: E402
+from serve_compare import free_port, wait_ready  # noqa: E402
 
 
 def metrics(url):
@@ -76,13 +76,7 @@ def main():
                              "--parallel", "4", "--ctx", "4096", "--queue", str(4 * a.requests)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        for _ in range(600):
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except Exception:
-                time.sleep(0.2)
+        wait_ready(url, proc)
         words = " ".join(f"item {k} is the {['red', 'green', 'blue', 'old'][k % 4]} one."
                          for k in range(a.words // 6))
         system = "You are a careful assistant. Facts: " + words

@@ -284,6 +284,36 @@ fn a_client_that_disconnects_mid_stream_frees_its_slot() {
     assert!(v["usage"]["completion_tokens"].as_u64().unwrap() >= 1);
 }
 
+/// A prompt or embedding input within `--ctx` but as long as the KV pool (`--kv-size`)
+/// could never run: a 400 `context_length_exceeded` naming the pool, before anything is
+/// queued; a prompt that fits still runs.
+#[test]
+fn a_prompt_longer_than_the_kv_pool_is_a_400() {
+    let _l = lock();
+    let srv = Server::start(&["--ctx", "512", "--kv-size", "64"]);
+    let long = "word ".repeat(200); // 201 tokens
+    for (path, body, param) in [
+        ("/v1/completions", json!({"prompt": long}), "prompt"),
+        ("/v1/embeddings", json!({"input": long}), "input"),
+    ] {
+        let r = srv.post_raw(path, body.to_string().as_bytes());
+        assert_eq!(r.status, 400, "{path}: {}", r.text());
+        let e = &r.json()["error"];
+        assert_eq!(e["code"], "context_length_exceeded", "{e}");
+        assert_eq!(e["param"], param, "{e}");
+        let msg = e["message"].as_str().unwrap();
+        assert!(
+            msg.contains("201 tokens") && msg.contains("KV pool of 64 positions"),
+            "{msg}"
+        );
+    }
+    let v = srv.post_ok(
+        "/v1/completions",
+        &json!({"prompt": "Once upon", "max_tokens": 4}),
+    );
+    assert!(v["usage"]["completion_tokens"].as_u64().unwrap() >= 1);
+}
+
 #[test]
 fn malformed_requests_get_4xx_and_the_server_keeps_serving() {
     let _l = lock();

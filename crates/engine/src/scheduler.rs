@@ -736,8 +736,7 @@ impl<'t> Worker<'t> {
             .collect();
         running.sort_unstable();
         running.dedup();
-        let b = self.blocks.stats();
-        let held = b.total - self.blocks.free_blocks();
+        let held = self.pool.n_blocks - self.blocks.free_blocks();
         self.shared
             .kv_blocks_used
             .store(running.len(), Ordering::Relaxed);
@@ -762,25 +761,30 @@ impl<'t> Worker<'t> {
         if rem != 0 {
             let last = slot.cache.blocks[nb - 1];
             if self.blocks.needs_copy(last) {
-                match self.blocks.alloc() {
-                    Some(copy) => {
-                        self.pool.copy_block(last, copy, rem);
-                        slot.cache.blocks[nb - 1] = copy;
-                    }
+                match self.copied(last, rem) {
+                    Some(copy) => self.slots[i].cache.blocks[nb - 1] = copy,
                     None => {
-                        slot.cache.blocks.pop();
-                        keep -= rem;
-                        keep = slot.cache.truncate(keep);
+                        self.slots[i].cache.blocks.pop();
+                        keep = self.slots[i].cache.truncate(keep - rem);
                     }
                 }
                 self.blocks.release(last);
             }
         }
+        let slot = &mut self.slots[i];
         slot.tokens.truncate(keep);
         slot.hashes.truncate(keep / frink_models::KV_BLOCK);
         // Checkpoints past the prefix saw tokens a new prompt replaces.
         slot.checkpoints.retain(|(_, c)| c.n_past <= keep);
         keep
+    }
+
+    /// A new block holding a copy of the first `rows` positions of block `src` (a shared
+    /// partial block a sequence is about to extend); `None` when no block is left.
+    fn copied(&mut self, src: u32, rows: usize) -> Option<u32> {
+        let copy = self.blocks.alloc()?;
+        self.pool.copy_block(src, copy, rows);
+        Some(copy)
     }
 
     /// Gives slot `i` blocks for `n` positions, taking them from idle slots (least
@@ -882,8 +886,6 @@ impl<'t> Worker<'t> {
             return;
         };
         self.cut(i, 0);
-        self.slots[i].tokens.clear();
-        self.slots[i].hashes.clear();
         if job.next.is_some() {
             // Every generated token but the last (sampled, not evaluated) is in the
             // cache: all of them are evaluated again before the last one is.
@@ -1037,21 +1039,18 @@ impl<'t> Worker<'t> {
                 .find(|&&t| t as usize >= n_vocab)
                 .map(|t| format!("token id {t} is outside the vocabulary of {n_vocab}"))
         };
-        let pooler = match req
+        let pooler = req
             .embed
             .map(|p| crate::embed::Pooler::new(p, self.model.config.n_embd))
-        {
-            Some(Err(e)) => Some(Err(e.to_string())),
-            Some(Ok(p)) => Some(Ok(p)),
-            None => None,
-        };
-        let pooler = match (error, pooler) {
-            (Some(msg), _) | (None, Some(Err(msg))) => {
+            .transpose()
+            .map_err(|e| e.to_string());
+        let pooler = match error.map_or(pooler, Err) {
+            Ok(p) => p,
+            Err(msg) => {
                 self.shared.queued.fetch_sub(1, Ordering::SeqCst);
                 req.sink.send(Event::Error(msg));
                 return;
             }
-            (None, p) => p.map(|p| p.expect("errors handled above")),
         };
         let mut sampler = Sampler::new(req.sampling.clone()).with_constraint(req.constraint.take());
         for &t in &req.prompt {
@@ -1233,9 +1232,8 @@ impl<'t> Worker<'t> {
                     if self.blocks.available() == 0 {
                         self.reclaim(1, &[best, d]);
                     }
-                    if let Some(copy) = self.blocks.alloc() {
-                        let src = self.slots[d].cache.blocks[table.len()];
-                        self.pool.copy_block(src, copy, extra);
+                    if let Some(copy) = self.copied(self.slots[d].cache.blocks[table.len()], extra)
+                    {
                         table.push(copy);
                         p += extra;
                     }
@@ -1262,12 +1260,8 @@ impl<'t> Worker<'t> {
                 }
                 let mut p = shared;
                 if shared % frink_models::KV_BLOCK != 0 {
-                    match self.blocks.alloc() {
-                        Some(copy) => {
-                            self.pool
-                                .copy_block(src[full], copy, shared % frink_models::KV_BLOCK);
-                            table.push(copy);
-                        }
+                    match self.copied(src[full], shared % frink_models::KV_BLOCK) {
+                        Some(copy) => table.push(copy),
                         None => p = full * frink_models::KV_BLOCK,
                     }
                 }
@@ -1281,16 +1275,14 @@ impl<'t> Worker<'t> {
                 dst.cache.blocks = table;
                 match cp {
                     Some(c) if srcs.checkpoints[c].1.n_past == p => {
-                        dst.cache.n_past = srcs.cache.n_past.max(p);
+                        dst.cache.n_past = p;
                         dst.cache.restore(&srcs.checkpoints[c].1);
                         self.shared
                             .checkpoints_restored
                             .fetch_add(1, Ordering::Relaxed);
                     }
                     _ if p == srcs.cache.n_past => {
-                        for (dl, sl) in dst.cache.layers.iter_mut().zip(&srcs.cache.layers) {
-                            dl.recurrent.clone_from(&sl.recurrent);
-                        }
+                        dst.cache.copy_recurrent(&srcs.cache);
                         dst.cache.n_past = p;
                     }
                     _ => {

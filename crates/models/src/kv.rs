@@ -100,6 +100,16 @@ impl std::str::FromStr for KvType {
 /// positions `16i .. 16i + 16` live in the pool block its block table names at `i`.
 pub const KV_BLOCK: usize = 16;
 
+/// The row of a [`KvPool`] layer that holds position `p` of a sequence whose block table
+/// is `blocks`: row `p % 16` of block `blocks[p / 16]`.
+///
+/// # Panics
+/// If `blocks` has no block for `p`.
+#[inline(always)]
+pub(crate) fn pool_row(blocks: &[u32], p: usize) -> usize {
+    blocks[p / KV_BLOCK] as usize * KV_BLOCK + p % KV_BLOCK
+}
+
 /// Storage of one layer's keys or values: `n_ctx` rows of `dim` elements.
 #[derive(Clone, Debug, PartialEq)]
 pub enum KvStore {
@@ -215,10 +225,7 @@ impl KvLayer {
             // A run of rows that stay in one block (all of them without a table).
             let (phys, run) = match blocks {
                 None => (p, n - i),
-                Some(b) => (
-                    b[p / KV_BLOCK] as usize * KV_BLOCK + p % KV_BLOCK,
-                    (KV_BLOCK - p % KV_BLOCK).min(n - i),
-                ),
+                Some(b) => (pool_row(b, p), (KV_BLOCK - p % KV_BLOCK).min(n - i)),
             };
             self.k.write(phys * k_dim, &k[i * k_dim..(i + run) * k_dim]);
             self.v.write(phys * v_dim, &v[i * v_dim..(i + run) * v_dim]);

@@ -260,13 +260,30 @@ impl SeqState {
                 (None, None) => {}
                 _ => panic!("copy_prefix: states of different layer kinds"),
             }
+        }
+        self.copy_recurrent(src);
+        self.n_past = n;
+    }
+
+    /// Takes `src`'s recurrent layers' states (after `src.n_past` positions); with the
+    /// keys and values of the same tokens in place (a pooled state sharing `src`'s blocks,
+    /// or [`SeqState::copy_prefix`]) and `n_past = src.n_past`, equal to having evaluated
+    /// them here.
+    ///
+    /// Panics if the states' layers differ in kind.
+    pub fn copy_recurrent(&mut self, src: &SeqState) {
+        assert_eq!(
+            self.layers.len(),
+            src.layers.len(),
+            "copy_recurrent: other layers"
+        );
+        for (d, s) in self.layers.iter_mut().zip(&src.layers) {
             match (&mut d.recurrent, &s.recurrent) {
                 (Some(d), Some(s)) => d.clone_from(s),
                 (None, None) => {}
-                _ => panic!("copy_prefix: states of different layer kinds"),
+                _ => panic!("copy_recurrent: states of different layer kinds"),
             }
         }
-        self.n_past = n;
     }
 
     /// Its recurrent state now, to continue from position `n_past` later.
@@ -297,26 +314,6 @@ impl SeqState {
             }
         }
         self.n_past = cp.n_past;
-    }
-
-    /// Makes this state hold `src`'s first `cp.n_past` positions continued from `cp` (a
-    /// checkpoint of `src`'s): their keys and values copied from `src`, the recurrent
-    /// state from `cp`.
-    ///
-    /// Panics as [`SeqState::copy_prefix`] and [`SeqState::restore`] do.
-    pub fn copy_prefix_at(&mut self, src: &SeqState, cp: &Checkpoint) {
-        assert!(
-            cp.n_past <= src.n_past,
-            "copy_prefix_at: {} positions",
-            cp.n_past
-        );
-        for (d, s) in self.layers.iter_mut().zip(&src.layers) {
-            if let (Some(d), Some(s)) = (&mut d.kv, &s.kv) {
-                d.k.copy_from(&s.k, cp.n_past * self.k_dim);
-                d.v.copy_from(&s.v, cp.n_past * self.v_dim);
-            }
-        }
-        self.restore(cp);
     }
 
     /// Bytes held by the state (a pooled state's keys and values are the pool's).

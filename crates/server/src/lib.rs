@@ -1147,27 +1147,8 @@ async fn embed_inputs(
     embd_norm: i32,
 ) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
     let eng = st.engine()?;
-    if let Some(long) = inputs.iter().find(|t| t.len() >= st.n_ctx) {
-        return Err(ApiError::invalid(
-            Some("input"),
-            format!(
-                "an input is {} tokens, longer than the context of {} tokens (--ctx)",
-                long.len(),
-                st.n_ctx
-            ),
-        )
-        .with_code("context_length_exceeded"));
-    }
-    if let Some(long) = inputs.iter().find(|t| t.len() >= eng.kv_positions) {
-        return Err(ApiError::invalid(
-            Some("input"),
-            format!(
-                "an input is {} tokens, longer than the KV pool of {} positions (--kv-size)",
-                long.len(),
-                eng.kv_positions
-            ),
-        )
-        .with_code("context_length_exceeded"));
+    for input in &inputs {
+        check_length(st, eng, "input", "an input", input.len())?;
     }
     let (tx, mut rx) = mpsc::unbounded_channel();
     let n = inputs.len();
@@ -1318,6 +1299,29 @@ async fn complete(st: &AppState, kind: Kind, mut p: Prepared) -> Response {
     }
 }
 
+/// A 400 `context_length_exceeded` on `field` when `what` ("the prompt", "an input") of
+/// `n` tokens leaves no position to evaluate in the context (`--ctx`) or the KV pool.
+fn check_length(
+    st: &AppState,
+    eng: &Engine,
+    field: &'static str,
+    what: &str,
+    n: usize,
+) -> Result<(), ApiError> {
+    let limit = if n >= st.n_ctx {
+        format!("the context of {} tokens (--ctx)", st.n_ctx)
+    } else if n >= eng.kv_positions {
+        format!("the KV pool of {} positions (--kv-size)", eng.kv_positions)
+    } else {
+        return Ok(());
+    };
+    Err(ApiError::invalid(
+        Some(field),
+        format!("{what} is {n} tokens, longer than {limit}"),
+    )
+    .with_code("context_length_exceeded"))
+}
+
 /// Checks a prepared request against the server's limits and queues its choices (each a
 /// request of its own, with its own seed stream: the seed plus its index; several share
 /// one evaluation of the prompt). Returns the receiver of their events, tagged with the
@@ -1334,28 +1338,7 @@ fn queue(
     if p.prompt.is_empty() {
         return Err(ApiError::invalid(Some("prompt"), "the prompt is empty"));
     }
-    if p.prompt.len() >= st.n_ctx {
-        return Err(ApiError::invalid(
-            Some(prompt_field),
-            format!(
-                "the prompt is {} tokens, longer than the context of {} tokens (--ctx)",
-                p.prompt.len(),
-                st.n_ctx
-            ),
-        )
-        .with_code("context_length_exceeded"));
-    }
-    if p.prompt.len() >= eng.kv_positions {
-        return Err(ApiError::invalid(
-            Some(prompt_field),
-            format!(
-                "the prompt is {} tokens, longer than the KV pool of {} positions (--kv-size)",
-                p.prompt.len(),
-                eng.kv_positions
-            ),
-        )
-        .with_code("context_length_exceeded"));
-    }
+    check_length(st, eng, prompt_field, "the prompt", p.prompt.len())?;
     let n = p.opts.n;
     if n > st.parallel {
         return Err(ApiError::invalid(

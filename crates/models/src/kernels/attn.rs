@@ -60,25 +60,28 @@ impl<'a> KvRows<'a> {
         }
     }
 
-    /// Rows read through the block table `blocks`, row 0 being position `first` (see
-    /// [`KvRows::blocks`]).
-    pub fn through(self, blocks: &'a [u32], first: usize) -> KvRows<'a> {
-        KvRows {
-            blocks: Some((blocks, first)),
-            ..self
+    /// These rows from position `first` on (row `t` is position `first + t`): in a
+    /// contiguous cache (`blocks` is `None`) the rows from `first`, in a pool through its
+    /// block table `blocks` (see [`KvRows::blocks`]). Rows made by `KvStore::rows`.
+    pub fn starting_at(self, blocks: Option<&'a [u32]>, first: usize) -> KvRows<'a> {
+        match blocks {
+            None => KvRows {
+                start: self.start + first * self.stride,
+                ..self
+            },
+            Some(b) => KvRows {
+                blocks: Some((b, first)),
+                ..self
+            },
         }
     }
 
     /// The physical row of row `t`.
     #[inline(always)]
     fn phys(&self, t: usize) -> usize {
-        use crate::kv::KV_BLOCK;
         match self.blocks {
             None => t,
-            Some((b, first)) => {
-                let p = first + t;
-                b[p / KV_BLOCK] as usize * KV_BLOCK + p % KV_BLOCK
-            }
+            Some((b, first)) => crate::kv::pool_row(b, first + t),
         }
     }
 

@@ -419,6 +419,18 @@ impl Packed {
         }
     }
 
+    /// Panics unless groups `g0 .. g0 + n_g` are the matrix's and `acts` is `n_a`
+    /// activation rows (the arguments of [`Self::dot_groups`]).
+    fn check_groups(&self, g0: usize, n_g: usize, acts: &[u8], n_a: usize) {
+        assert!(
+            g0 + n_g <= self.groups() && acts.len() == n_a * self.act_row_bytes(),
+            "Packed::dot_groups {}: groups {g0}+{n_g} of {}, {} activation bytes for {n_a} rows",
+            self.ty,
+            self.groups(),
+            acts.len()
+        );
+    }
+
     /// The products of weight rows `8 g0 .. 8 (g0 + n_g)` (clipped to `rows`) with `n_a`
     /// activation rows (`acts`, back to back, quantized to [`super::vec_dot_type`] of the weight type): `sink(r, i, values)`
     /// receives activation row `r`'s results for weight rows `8 g0 + i ..`. Every value has
@@ -435,14 +447,7 @@ impl Packed {
         n_a: usize,
         sink: &mut TileSink<'_>,
     ) {
-        let ab = self.act_row_bytes();
-        assert!(
-            g0 + n_g <= self.groups() && acts.len() == n_a * ab,
-            "Packed::dot_groups {}: groups {g0}+{n_g} of {}, {} activation bytes for {n_a} rows",
-            self.ty,
-            self.groups(),
-            acts.len()
-        );
+        self.check_groups(g0, n_g, acts, n_a);
         if n_g == 0 || n_a == 0 {
             return;
         }
@@ -467,8 +472,8 @@ impl Packed {
         n_a: usize,
         sink: &mut TileSink<'_>,
     ) {
+        self.check_groups(g0, n_g, acts, n_a);
         let ab = self.act_row_bytes();
-        assert!(g0 + n_g <= self.groups() && acts.len() == n_a * ab);
         let k = super::kernel(self.ty, Isa::Scalar).expect("packed types have a dot kernel");
         let mut row = vec![0u8; self.nb * self.ty.type_size()];
         let first = g0 * GROUP;
