@@ -39,10 +39,7 @@ fn models() -> Vec<(String, Model)> {
 
 /// Deterministic token ids: sequence `s`, `len` tokens.
 fn ids(model: &Model, s: u32, len: usize) -> Vec<u32> {
-    let v = model.config.n_vocab as u32;
-    (0..len as u32)
-        .map(|i| (i * 7919 + s * 104_729 + 13) % v)
-        .collect()
+    frink_testdata::spread_ids(model.config.n_vocab, s, len)
 }
 
 const CTX: usize = 64;

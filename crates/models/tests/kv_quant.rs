@@ -17,10 +17,7 @@ fn catalog() -> Vec<(&'static str, Model)> {
 }
 
 fn ids(model: &Model, s: u32, len: usize) -> Vec<u32> {
-    let v = model.config.n_vocab as u32;
-    (0..len as u32)
-        .map(|i| (i * 7919 + s * 104_729 + 13) % v)
-        .collect()
+    frink_testdata::spread_ids(model.config.n_vocab, s, len)
 }
 
 /// Layer 0's keys and values depend only on the tokens, whatever the cache type: the Q8_0

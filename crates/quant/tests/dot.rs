@@ -20,6 +20,9 @@ use frink_quant::dot::{
 };
 use half::f16;
 
+mod common;
+use common::{scale_fields, Rng};
+
 const DOT_TYPES: [GgmlType; 10] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
@@ -32,42 +35,6 @@ const DOT_TYPES: [GgmlType; 10] = [
     GgmlType::Q5_K,
     GgmlType::Q6_K,
 ];
-
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn byte(&mut self) -> u8 {
-        (self.next() >> 56) as u8
-    }
-    /// Uniform in [-1, 1).
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-    /// Roughly normal (sum of four uniforms).
-    fn normal(&mut self) -> f32 {
-        (0..4).map(|_| self.unit()).sum::<f32>() * 0.87
-    }
-}
-
-/// Byte offsets of the f16 scale fields of a weight block.
-fn scale_fields(ty: GgmlType) -> &'static [usize] {
-    use GgmlType as T;
-    match ty {
-        T::Q4_0 | T::Q5_0 | T::Q8_0 => &[0],
-        T::Q4_1 | T::Q5_1 | T::Q4_K | T::Q5_K => &[0, 2],
-        T::Q2_K => &[80, 82],
-        T::Q3_K => &[108],
-        T::Q6_K => &[208],
-        _ => unreachable!("{ty}"),
-    }
-}
 
 /// How the f16 scales of generated weight blocks are chosen.
 #[derive(Clone, Copy, Debug)]

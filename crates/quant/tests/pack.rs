@@ -14,6 +14,9 @@ use frink_quant::dot::pack::{block_bytes, Packed, GROUP};
 use frink_quant::dot::{dot_scalar, quantize_activation, vec_dot_type};
 use half::f16;
 
+mod common;
+use common::{scale_fields, Rng};
+
 const PACKED: [GgmlType; 7] = [
     GgmlType::Q4_K,
     GgmlType::Q6_K,
@@ -23,33 +26,6 @@ const PACKED: [GgmlType; 7] = [
     GgmlType::Q5_1,
     GgmlType::Q8_0,
 ];
-
-/// xorshift64*.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn byte(&mut self) -> u8 {
-        (self.next() >> 56) as u8
-    }
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-}
-
-/// Byte offsets of the f16 scales of a block.
-fn scale_fields(ty: GgmlType) -> &'static [usize] {
-    match ty {
-        GgmlType::Q4_K | GgmlType::Q4_1 | GgmlType::Q5_1 => &[0, 2],
-        GgmlType::Q6_K => &[208],
-        _ => &[0],
-    }
-}
 
 /// `rows` random rows of `nb` blocks with finite scales of magnitude about `scale`.
 fn weights(rng: &mut Rng, ty: GgmlType, rows: usize, nb: usize, scale: f32) -> Vec<u8> {

@@ -86,6 +86,16 @@ pub const RECURRENT_FIXTURES: [&str; 6] = [
     "qwen3_next",
 ];
 
+/// `len` deterministic token ids spread over a vocabulary of `n_vocab`, different for each
+/// sequence number `s`: the synthetic inputs of the tests that compare two ways of
+/// evaluating the same tokens.
+pub fn spread_ids(n_vocab: usize, s: u32, len: usize) -> Vec<u32> {
+    let v = n_vocab as u32;
+    (0..len as u32)
+        .map(|i| (i * 7919 + s * 104_729 + 13) % v)
+        .collect()
+}
+
 /// The 24 `input_ids` of a tiny fixture directory's `meta.json` (fixtures README: random
 /// ids, fed as they are at positions 0..23).
 ///
