@@ -296,6 +296,13 @@ pub struct MetricsSnapshot {
     /// Blocks that keep reusable tokens and are not running sequences': the prefix
     /// cache's, idle slots' conversations.
     pub kv_blocks_cached: usize,
+    /// Blocks of the pool's window group (0: none; sliding-window layers' rows,
+    /// [`frink_models::KvPool::with_window_group`]).
+    pub kv_window_blocks_total: usize,
+    /// Window-group blocks some slot holds (running or idle).
+    pub kv_window_blocks_held: usize,
+    /// Bytes of the pool's keys and values (both groups).
+    pub kv_bytes: usize,
     /// Sequences preempted (their blocks given to older ones, evaluated again later).
     pub preemptions: u64,
     /// Forward-pass time spent on prompt rows, in seconds (a mixed step is split by rows).
@@ -333,6 +340,9 @@ struct Shared {
     kv_blocks_total: AtomicUsize,
     kv_blocks_used: AtomicUsize,
     kv_blocks_cached: AtomicUsize,
+    kv_window_blocks_total: AtomicUsize,
+    kv_window_blocks_held: AtomicUsize,
+    kv_bytes: AtomicUsize,
     preemptions: AtomicU64,
     /// Prefill and decode time, in nanoseconds.
     prefill_ns: AtomicU64,
@@ -451,6 +461,9 @@ impl Scheduler {
             kv_blocks_total: s.kv_blocks_total.load(Ordering::Relaxed),
             kv_blocks_used: s.kv_blocks_used.load(Ordering::Relaxed),
             kv_blocks_cached: s.kv_blocks_cached.load(Ordering::Relaxed),
+            kv_window_blocks_total: s.kv_window_blocks_total.load(Ordering::Relaxed),
+            kv_window_blocks_held: s.kv_window_blocks_held.load(Ordering::Relaxed),
+            kv_bytes: s.kv_bytes.load(Ordering::Relaxed),
             preemptions: s.preemptions.load(Ordering::Relaxed),
             prefill_seconds: s.prefill_ns.load(Ordering::Relaxed) as f64 * 1e-9,
             decode_seconds: s.decode_ns.load(Ordering::Relaxed) as f64 * 1e-9,
@@ -588,6 +601,10 @@ struct Worker<'t> {
     pool: KvPool,
     /// Which blocks are free, held, cached.
     blocks: BlockManager,
+    /// The same for the pool's window group (a model with sliding-window layers whose
+    /// pool keeps their rows apart: [`KvPool::with_window_group`]). Sized so that it never
+    /// runs out: each slot holds at most [`frink_models::window_blocks`] of it.
+    window_blocks: Option<BlockManager>,
     slots: Vec<Slot<'t>>,
     /// Requests waiting for their group's prompt to be evaluated.
     deferred: Vec<Request>,
@@ -615,8 +632,10 @@ impl<'t> Worker<'t> {
         config: SchedulerConfig,
         shared: Arc<Shared>,
     ) -> Self {
+        let mut config = config;
         let n_blocks = config.kv_blocks();
-        let pool = KvPool::new(&model.config, n_blocks, config.kv_type);
+        let n_window = Self::window_group(model, &mut config, n_blocks);
+        let pool = KvPool::with_window_group(&model.config, n_blocks, n_window, config.kv_type);
         let slots = (0..config.parallel)
             .map(|_| Slot {
                 cache: SeqState::pooled(&model.config, config.n_ctx, &pool),
@@ -629,6 +648,10 @@ impl<'t> Worker<'t> {
             })
             .collect();
         shared.kv_blocks_total.store(n_blocks, Ordering::Relaxed);
+        shared
+            .kv_window_blocks_total
+            .store(pool.n_window_blocks, Ordering::Relaxed);
+        shared.kv_bytes.store(pool.bytes(), Ordering::Relaxed);
         Worker {
             model,
             tok,
@@ -636,6 +659,7 @@ impl<'t> Worker<'t> {
             shared,
             pool,
             blocks: BlockManager::new(n_blocks),
+            window_blocks: (n_window > 0).then(|| BlockManager::new(n_window)),
             slots,
             deferred: Vec::new(),
             waiting: Default::default(),
@@ -644,6 +668,124 @@ impl<'t> Worker<'t> {
             pressed: None,
             spare_core: std::thread::available_parallelism()
                 .is_ok_and(|n| n.get() > frink_models::pool::threads()),
+        }
+    }
+
+    /// Blocks of the pool's window group for `model` (0: none, its windowed layers live in
+    /// the main blocks): every slot's window and its longest step
+    /// ([`frink_models::window_blocks`]), plus one for a copy in flight, when that is less
+    /// than the main group. With a window group, prompt chunks are at most
+    /// [`frink_models::WINDOW_STEP`] rows (gemma3-270m at 8k positions: 24.8% of the
+    /// full-attention layout instead of 27.5% with 512-row chunks). Models with recurrent
+    /// layers keep one group (their prefix donors copy main blocks only).
+    fn window_group(model: &Model, config: &mut SchedulerConfig, n_blocks: usize) -> usize {
+        let window = model.config.plan.window();
+        if window == 0 || model.config.plan.is_recurrent() {
+            return 0;
+        }
+        let step = frink_models::WINDOW_STEP;
+        let n = config
+            .parallel
+            .max(1)
+            .saturating_mul(frink_models::window_blocks(window, step))
+            .saturating_add(1);
+        if n >= n_blocks {
+            return 0;
+        }
+        config.prefill_chunk = config.prefill_chunk.min(step);
+        config.prefill_chunk_alone = config.prefill_chunk_alone.min(step);
+        n
+    }
+
+    /// The block manager of the window group (`window`) or the main group.
+    fn group(&mut self, window: bool) -> &mut BlockManager {
+        if window {
+            self.window_blocks
+                .as_mut()
+                .expect("a window group is asked for only where the pool has one")
+        } else {
+            &mut self.blocks
+        }
+    }
+
+    /// Slot `i`'s block table of the window group (`window`) or the main group.
+    fn table(&mut self, i: usize, window: bool) -> &mut Vec<u32> {
+        let cache = &mut self.slots[i].cache;
+        if window {
+            cache
+                .window_table_mut()
+                .expect("pooled slots of a pool with a window group have a window table")
+        } else {
+            &mut cache.blocks
+        }
+    }
+
+    /// The groups of the pool: the main one, and the window group where there is one.
+    fn groups(&self) -> &'static [bool] {
+        if self.window_blocks.is_some() {
+            &[false, true]
+        } else {
+            &[false]
+        }
+    }
+
+    /// Gives back slot `i`'s window blocks that no query from its next position on can
+    /// see (wholly before `n_past + 1 - window`); the full ones stay in the prefix cache
+    /// until the pool needs them.
+    fn slide(&mut self, i: usize) {
+        if self.window_blocks.is_none() {
+            return;
+        }
+        let behind = self.window_from(self.slots[i].cache.n_past);
+        for j in 0..behind.min(self.table(i, true).len()) {
+            let b = std::mem::replace(&mut self.table(i, true)[j], frink_models::EVICTED);
+            if b != frink_models::EVICTED {
+                self.group(true).release(b);
+            }
+        }
+    }
+
+    /// The first block of the window group that a query at position `p` sees (the one
+    /// holding `p + 1 - window`).
+    fn window_from(&self, p: usize) -> usize {
+        (p + 1).saturating_sub(self.model.config.plan.window()) / frink_models::KV_BLOCK
+    }
+
+    /// Shrinks a prefix-cache hit (the full blocks `hit`, then `tail`: rows of another
+    /// slot's next block) to what the window group serves too: every window block a query
+    /// after it sees is cached under the same key or, for the tail, held by that slot.
+    /// (A window block given back and reused for other positions has lost its key.)
+    fn window_hit(
+        &self,
+        tokens: &[u32],
+        lora: &[(usize, u32)],
+        hit: &mut Vec<u32>,
+        tail: &mut Option<(usize, usize)>,
+    ) {
+        let Some(wm) = &self.window_blocks else {
+            return;
+        };
+        let hashes = block_hashes(tokens, lora);
+        loop {
+            let m = hit.len();
+            let from = self.window_from(m * frink_models::KV_BLOCK + tail.map_or(0, |t| t.1));
+            let full = (from..m).all(|j| wm.lookup(hashes[j]).is_some());
+            let tail_held = tail.is_none_or(|(d, _)| {
+                self.slots[d]
+                    .cache
+                    .window_table()
+                    .and_then(|t| t.get(m))
+                    .is_some_and(|&b| b != frink_models::EVICTED)
+            });
+            if full && tail_held {
+                return;
+            }
+            if tail.take().is_some() {
+                continue;
+            }
+            if hit.pop().is_none() {
+                return;
+            }
         }
     }
 
@@ -743,33 +885,40 @@ impl<'t> Worker<'t> {
         self.shared
             .kv_blocks_cached
             .store(held - running.len(), Ordering::Relaxed);
+        if let Some(wm) = &self.window_blocks {
+            self.shared
+                .kv_window_blocks_held
+                .store(wm.stats().used, Ordering::Relaxed);
+        }
     }
 
-    /// Cuts slot `i` back to its first `keep` positions (fewer for a recurrent state
-    /// that cannot be cut there: [`SeqState::truncate`]); returns how many it kept. The
-    /// blocks past them go back to the pool; a partial last block that another slot
-    /// holds too or the prefix cache keeps is replaced by a copy of its kept rows (the
-    /// slot will write after them), or dropped when no block is left for the copy.
+    /// Cuts slot `i` back to its first `keep` positions (fewer for a state that cannot be
+    /// cut there: [`SeqState::truncate`]); returns how many it kept. The blocks past them
+    /// go back to the pool; a partial last block that another slot holds too or the
+    /// prefix cache keeps is replaced by a copy of its kept rows (the slot will write
+    /// after them), or dropped when no block is left for the copy.
     fn cut(&mut self, i: usize, keep: usize) -> usize {
-        let slot = &mut self.slots[i];
-        let mut keep = slot.cache.truncate(keep);
-        let nb = SeqState::blocks_for(keep);
-        for b in slot.cache.blocks.drain(nb..) {
-            self.blocks.release(b);
-        }
-        let rem = keep % frink_models::KV_BLOCK;
-        if rem != 0 {
-            let last = slot.cache.blocks[nb - 1];
-            if self.blocks.needs_copy(last) {
-                match self.copied(last, rem) {
-                    Some(copy) => self.slots[i].cache.blocks[nb - 1] = copy,
-                    None => {
-                        self.slots[i].cache.blocks.pop();
-                        keep = self.slots[i].cache.truncate(keep - rem);
-                    }
+        let mut keep = keep;
+        loop {
+            keep = self.slots[i].cache.truncate(keep);
+            let nb = SeqState::blocks_for(keep);
+            for &g in self.groups() {
+                let len = self.table(i, g).len();
+                let gone: Vec<u32> = self.table(i, g).drain(nb.min(len)..).collect();
+                for b in gone.into_iter().filter(|&b| b != frink_models::EVICTED) {
+                    self.group(g).release(b);
                 }
-                self.blocks.release(last);
             }
+            let rem = keep % frink_models::KV_BLOCK;
+            if rem == 0
+                || self
+                    .groups()
+                    .iter()
+                    .all(|&g| self.own_block(i, g, nb - 1, rem))
+            {
+                break;
+            }
+            keep -= rem;
         }
         let slot = &mut self.slots[i];
         slot.tokens.truncate(keep);
@@ -779,36 +928,68 @@ impl<'t> Worker<'t> {
         keep
     }
 
-    /// A new block holding a copy of the first `rows` positions of block `src` (a shared
-    /// partial block a sequence is about to extend); `None` when no block is left.
-    fn copied(&mut self, src: u32, rows: usize) -> Option<u32> {
-        let copy = self.blocks.alloc()?;
-        self.pool.copy_block(src, copy, rows);
+    /// Makes block `j` of slot `i`'s table in group `window` its own before it writes
+    /// there: a block others hold or the prefix cache keeps is replaced by a copy of its
+    /// first `rows` positions; `false` when no block is left for the copy.
+    fn own_block(&mut self, i: usize, window: bool, j: usize, rows: usize) -> bool {
+        let b = self.table(i, window)[j];
+        if b == frink_models::EVICTED || !self.group(window).needs_copy(b) {
+            return true;
+        }
+        let Some(copy) = self.copied(window, b, rows) else {
+            return false;
+        };
+        self.table(i, window)[j] = copy;
+        self.group(window).release(b);
+        true
+    }
+
+    /// A new block of group `window` holding a copy of the first `rows` positions of
+    /// block `src` (a shared partial block a sequence is about to extend); `None` when no
+    /// block is left.
+    fn copied(&mut self, window: bool, src: u32, rows: usize) -> Option<u32> {
+        let copy = self.group(window).alloc()?;
+        self.pool.copy_block(window, src, copy, rows);
         Some(copy)
     }
 
-    /// Gives slot `i` blocks for `n` positions, taking them from idle slots (least
-    /// recently used first) when the pool has too few free; `false` (nothing taken)
-    /// when even that is not enough.
+    /// Gives slot `i` blocks for `n` positions (in each group), taking them from idle
+    /// slots (least recently used first) when the pool has too few free; `false`
+    /// (nothing taken) when even that is not enough.
     fn grow(&mut self, i: usize, n: usize) -> bool {
-        let need = SeqState::blocks_for(n).saturating_sub(self.slots[i].cache.blocks.len());
-        if need > self.blocks.available() {
-            self.reclaim(need, &[i]);
+        let want = SeqState::blocks_for(n);
+        let need = |w: &mut Self, g: bool| want.saturating_sub(w.table(i, g).len());
+        let short = |w: &mut Self| {
+            w.groups()
+                .iter()
+                .any(|&g| need(w, g) > w.group(g).available())
+        };
+        if short(self) {
+            self.reclaim(&[i], short);
         }
-        if need > self.blocks.available() {
+        if short(self) {
             return false;
         }
-        for _ in 0..need {
-            let b = self.blocks.alloc().expect("counted available");
-            self.slots[i].cache.blocks.push(b);
+        for &g in self.groups() {
+            // A window block the next write lands in that was given back (a window of one
+            // position) is replaced.
+            let at = self.slots[i].cache.n_past / frink_models::KV_BLOCK;
+            if self.table(i, g).get(at) == Some(&frink_models::EVICTED) {
+                let b = self.group(g).alloc().expect("counted available");
+                self.table(i, g)[at] = b;
+            }
+            for _ in 0..need(self, g) {
+                let b = self.group(g).alloc().expect("counted available");
+                self.table(i, g).push(b);
+            }
         }
         true
     }
 
     /// Idle slots (not `except`) give their blocks back, least recently used first,
-    /// until `need` blocks are available or none is left to give.
-    fn reclaim(&mut self, need: usize, except: &[usize]) {
-        while self.blocks.available() < need {
+    /// while `short` says the pool is short or until none is left to give.
+    fn reclaim(&mut self, except: &[usize], short: impl Fn(&mut Self) -> bool) {
+        while short(self) {
             let Some(i) = (0..self.slots.len())
                 .filter(|i| !except.contains(i))
                 .filter(|&i| self.slots[i].job.is_none() && !self.slots[i].cache.blocks.is_empty())
@@ -843,6 +1024,13 @@ impl<'t> Worker<'t> {
             let toks = &slot.tokens[k * frink_models::KV_BLOCK..(k + 1) * frink_models::KV_BLOCK];
             let h = block_hash(parent, toks, &slot.lora);
             self.blocks.register(slot.cache.blocks[k], h);
+            // The window group's block of the same positions, under the same key (a
+            // prefix hit needs both: see `window_hit`).
+            if let (Some(wm), Some(t)) = (self.window_blocks.as_mut(), slot.cache.window_table()) {
+                if t[k] != frink_models::EVICTED {
+                    wm.register(t[k], h);
+                }
+            }
             slot.hashes.push(h);
         }
     }
@@ -1160,6 +1348,8 @@ impl<'t> Worker<'t> {
                 .filter(|&(_, c)| c > p)
                 .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
                 .map(|(i, c)| (i, (c - p).min(frink_models::KV_BLOCK)));
+            let mut tail = tail;
+            self.window_hit(&job.input[..keep], &lora, &mut hit, &mut tail);
             let cached = Source::Cache(hit, tail);
             if cached.len() > source.len() {
                 source = cached;
@@ -1228,22 +1418,66 @@ impl<'t> Worker<'t> {
                 }
                 let mut p = hit.len() * frink_models::KV_BLOCK;
                 let mut table = hit;
-                if let Some((d, extra)) = tail {
-                    if self.blocks.available() == 0 {
-                        self.reclaim(1, &[best, d]);
+                // The window group's blocks of the hit that a query after it can see
+                // (`window_hit` found them all cached), the earlier ones given back.
+                let mut window_table = None;
+                if self.window_blocks.is_some() {
+                    let hashes = block_hashes(&job.input[..p], &lora);
+                    let from = self.window_from(p);
+                    let mut t = vec![frink_models::EVICTED; from.min(hashes.len())];
+                    // All cached from the tail's window on (`window_hit`); before it, as
+                    // many as are, in case the tail is not copied after all.
+                    for h in &hashes[t.len()..] {
+                        let b = self.group(true).lookup(*h);
+                        if let Some(b) = b {
+                            self.group(true).retain(b);
+                        }
+                        t.push(b.unwrap_or(frink_models::EVICTED));
                     }
-                    if let Some(copy) = self.copied(self.slots[d].cache.blocks[table.len()], extra)
-                    {
-                        table.push(copy);
+                    window_table = Some(t);
+                }
+                if let Some((d, extra)) = tail {
+                    let short =
+                        |w: &mut Self| w.groups().iter().any(|&g| w.group(g).available() == 0);
+                    self.reclaim(&[best, d], short);
+                    let src: Vec<u32> = self
+                        .groups()
+                        .iter()
+                        .map(|&g| self.table(d, g)[table.len()])
+                        .collect();
+                    let copies: Vec<Option<u32>> = self
+                        .groups()
+                        .iter()
+                        .zip(&src)
+                        .map(|(&g, &b)| self.copied(g, b, extra))
+                        .collect();
+                    if copies.iter().all(Option::is_some) {
+                        table.push(copies[0].expect("checked"));
+                        if let (Some(t), Some(c)) = (&mut window_table, copies.get(1)) {
+                            t.push(c.expect("checked"));
+                        }
                         p += extra;
+                    } else {
+                        for (&g, c) in self.groups().iter().zip(copies) {
+                            if let Some(c) = c {
+                                self.group(g).release(c);
+                            }
+                        }
                     }
                 }
                 let slot = &mut self.slots[best];
                 slot.cache.blocks = table;
+                if let Some(t) = window_table {
+                    *slot.cache.window_table_mut().expect("a window group") = t;
+                }
                 slot.cache.n_past = p;
                 slot.tokens = job.input[..p].to_vec();
                 slot.hashes = block_hashes(&slot.tokens, &lora);
                 slot.checkpoints.clear();
+                // Where the tail could not be copied, the window blocks before it may be
+                // missing: the cut keeps only what the state can continue from.
+                let p = self.cut(best, p);
+                self.slide(best);
                 p
             }
             Source::Donor(d, shared, cp) => {
@@ -1260,7 +1494,7 @@ impl<'t> Worker<'t> {
                 }
                 let mut p = shared;
                 if shared % frink_models::KV_BLOCK != 0 {
-                    match self.copied(src[full], shared % frink_models::KV_BLOCK) {
+                    match self.copied(false, src[full], shared % frink_models::KV_BLOCK) {
                         Some(copy) => table.push(copy),
                         None => p = full * frink_models::KV_BLOCK,
                     }
@@ -1414,6 +1648,7 @@ impl<'t> Worker<'t> {
                 continue;
             }
             let n = self.slots[i].cache.n_past + toks.len();
+            self.slide(i);
             if self.grow(i, n) {
                 k += 1;
                 continue;

@@ -67,18 +67,8 @@ impl<'m> Session<'m> {
         // Checked for the whole call before the first chunk writes to the cache.
         self.model.check_input(&self.cache, tokens)?;
         let mut out = Vec::new();
-        let n_chunks = tokens.len().div_ceil(self.n_batch);
         for (ci, chunk) in tokens.chunks(self.n_batch).enumerate() {
-            let offset = ci * self.n_batch;
-            let want = match logits {
-                Logits::All => Logits::All,
-                Logits::Hidden => Logits::Hidden,
-                Logits::Last if ci + 1 == n_chunks => Logits::Last,
-                Logits::From(i) if i < offset + chunk.len() => {
-                    Logits::From(i.saturating_sub(offset))
-                }
-                _ => Logits::None,
-            };
+            let want = logits.piece(ci * self.n_batch, chunk.len(), tokens.len());
             let rows = self.model.forward(&mut self.cache, chunk, want)?;
             out.extend_from_slice(&rows);
         }

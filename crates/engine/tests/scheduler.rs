@@ -437,3 +437,104 @@ fn checkpoints_keep_to_their_count_and_budget() {
     assert_eq!(ids, base);
     assert_eq!((m.checkpoints, m.checkpoint_bytes), (2, 2 * one));
 }
+
+/// A model with sliding-window layers (the tiny gemma3: window 16, five windowed layers of
+/// six) keeps their rows in the pool's window group and gives back the blocks behind each
+/// sequence's window: tokens equal the single-sequence loop's (whose state keeps those
+/// layers in a ring), alone, beside another request and after a preemption; a shared
+/// prefix is reused while the window group still holds its window's blocks, and not after
+/// a long answer has reused them (the reused blocks lost their keys).
+#[test]
+fn a_windowed_model_keeps_its_tokens_while_giving_window_blocks_back() {
+    let Some(dir) = frink_testdata::require("fixtures/tiny/gemma3", "sliding-window scheduler")
+    else {
+        return;
+    };
+    let path = dir.join("model.gguf");
+    let ids = frink_testdata::fixture_input_ids(&dir);
+    const CTX: usize = 400;
+    let model = Model::load(&path).unwrap();
+    assert_eq!(model.config.plan.window(), 16);
+    let reference = |prompt: &[u32], seed: u64, n: usize| {
+        let mut session = Session::new(&model, CTX, KvType::F16);
+        let mut sampler = Sampler::new(params(seed));
+        generate(
+            &mut session,
+            prompt,
+            &mut sampler,
+            &GenerateParams {
+                max_tokens: n,
+                eog: Default::default(),
+                speculation: None,
+            },
+            |_| Flow::Continue,
+        )
+        .unwrap()
+        .ids
+    };
+    let prefix: Vec<u32> = ids.iter().chain(&ids).copied().take(48).collect();
+    let prompt = |i: u32| {
+        let mut p = prefix.clone();
+        p.extend([5 + i, 9 + i]);
+        p
+    };
+    // One slot: 25 main blocks, a window group of 19 (18 + 1).
+    let sched = start_ctx(&path, 1, 512, CTX);
+    let run = |i: u32, n: usize| {
+        let (req, rx) = request(&prompt(i), 7, n);
+        sched.submit(req).unwrap();
+        let c = done(&rx);
+        assert_eq!(
+            c.ids,
+            reference(&prompt(i), 7, n),
+            "request {i}, {n} tokens"
+        );
+        c.cached_tokens
+    };
+    assert_eq!(run(0, 6), 0);
+    // The window blocks of positions 32..48 are still the slot's: a hit.
+    assert_eq!(run(1, 6), 48);
+    // A long answer cycles through more window blocks than the group has: the prefix's
+    // window blocks are reused for later positions, so the next request recomputes it.
+    assert_eq!(run(2, CTX - 50), 48);
+    assert_eq!(run(3, 6), 0, "the prefix's window blocks were reused");
+    let m = sched.metrics();
+    assert_eq!((m.kv_blocks_total, m.kv_window_blocks_total), (25, 19));
+    assert!(m.kv_window_blocks_held <= 18, "{m:?}");
+    drop(sched);
+
+    // Two slots on 40 main blocks (640 positions): three 400-position requests preempt;
+    // the window group (2 × 18 + 1 = 37 blocks) is never short.
+    let prompts: Vec<Vec<u32>> = (0..3).map(|i| prompt(10 + i)).collect();
+    let sched = start_with(
+        &path,
+        SchedulerConfig {
+            parallel: 2,
+            n_ctx: CTX,
+            kv_size: 640,
+            queue: 16,
+            kv_type: KvType::F16,
+            prefill_chunk: 7,
+            prefill_chunk_alone: 7,
+            ..SchedulerConfig::default()
+        },
+    );
+    let rxs: Vec<_> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let (req, rx) = request(p, 50 + i as u64, 1000);
+            sched.submit(req).unwrap();
+            rx
+        })
+        .collect();
+    for (i, rx) in rxs.iter().enumerate() {
+        let c = done(rx);
+        let want = reference(&prompts[i], 50 + i as u64, CTX - prompts[i].len() + 1);
+        assert_eq!(c.ids, want, "request {i}");
+    }
+    let m = sched.metrics();
+    assert!(m.preemptions > 0, "the pool ran out: {m:?}");
+    assert_eq!(m.requests_finished, 3);
+    assert_eq!((m.kv_blocks_total, m.kv_window_blocks_total), (40, 37));
+}

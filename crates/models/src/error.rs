@@ -29,6 +29,14 @@ pub enum ModelError {
     /// or a pooled sequence evaluated without its pool.
     #[error("KV pool: {needed} positions needed, the sequence holds blocks for {held}")]
     KvBlocks { needed: usize, held: usize },
+    /// More rows in one step than a sequence's sliding-window ring holds beyond the window
+    /// ([`crate::SeqState::max_step`]).
+    #[error("sliding-window KV cache: a step of {rows} rows passes the {max} it holds")]
+    WindowStep { rows: usize, max: usize },
+    /// A step whose windowed layers need rows given back already (a caller's window table
+    /// cut too far).
+    #[error("sliding-window KV cache: the step needs rows from position {first}, the sequence holds them from {held_from}")]
+    WindowRows { first: usize, held_from: usize },
     #[error(transparent)]
     Gguf(#[from] frink_gguf::GgufError),
     #[error(transparent)]

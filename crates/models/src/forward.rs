@@ -36,6 +36,20 @@ pub enum Logits {
     Hidden,
 }
 
+impl Logits {
+    /// What a call evaluating tokens `offset .. offset + len` of `total` asks for, when
+    /// the whole call asks for `self` (a long input evaluated in pieces).
+    pub fn piece(self, offset: usize, len: usize, total: usize) -> Logits {
+        match self {
+            Logits::All => Logits::All,
+            Logits::Hidden => Logits::Hidden,
+            Logits::Last if offset + len == total => Logits::Last,
+            Logits::From(i) if i < offset + len => Logits::From(i.saturating_sub(offset)),
+            _ => Logits::None,
+        }
+    }
+}
+
 impl Model {
     /// Matrix `w` of this model with its stored bytes, writing into `out`.
     pub(crate) fn projection<'a>(&'a self, w: &'a Matrix, out: &'a mut [f32]) -> Projection<'a> {
@@ -176,6 +190,12 @@ impl Model {
                 held: state.capacity(),
             });
         }
+        if !tokens.is_empty() && !state.window_reaches(state.n_past) {
+            return Err(ModelError::WindowRows {
+                first: (state.n_past + 1).saturating_sub(state.window),
+                held_from: state.window_held_from(),
+            });
+        }
         let n_vocab = self.config.n_vocab;
         match tokens.iter().find(|&&t| t as usize >= n_vocab) {
             Some(&id) => Err(ModelError::TokenOutOfRange { id, n_vocab }),
@@ -198,6 +218,19 @@ impl Model {
         tokens: &[u32],
         logits: Logits,
     ) -> Result<Vec<f32>> {
+        // A state with a sliding-window ring takes at most `max_step` rows a step: longer
+        // inputs are evaluated in pieces (the same bits: a row's do not depend on the
+        // rows beside it).
+        let step = state.max_step();
+        if tokens.len() > step {
+            self.check_input(state, tokens)?;
+            let mut out = Vec::new();
+            for (i, piece) in tokens.chunks(step).enumerate() {
+                let want = logits.piece(i * step, piece.len(), tokens.len());
+                out.extend(self.forward(state, piece, want)?);
+            }
+            return Ok(out);
+        }
         let mut seqs = [Sequence {
             state,
             tokens,
@@ -239,6 +272,12 @@ impl Model {
     ) -> Result<Vec<Vec<f32>>> {
         for s in seqs.iter() {
             self.check_input(s.state, s.tokens)?;
+            if s.tokens.len() > s.state.max_step() {
+                return Err(ModelError::WindowStep {
+                    rows: s.tokens.len(),
+                    max: s.state.max_step(),
+                });
+            }
             if s.state.is_pooled() && pool.is_none() {
                 return Err(ModelError::KvBlocks {
                     needed: s.state.n_past + s.tokens.len(),
@@ -352,7 +391,7 @@ impl Model {
             x.iter_mut().zip(&cur).for_each(|(a, b)| *a += b);
         }
         for s in seqs.iter_mut() {
-            s.state.n_past += s.tokens.len();
+            s.state.advance(s.tokens.len());
         }
 
         // Sequences that want hidden states get their rows after the output norm (the same

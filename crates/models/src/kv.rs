@@ -177,6 +177,15 @@ impl KvStore {
         }
     }
 
+    /// Bytes it holds.
+    pub fn bytes(&self) -> usize {
+        match self {
+            KvStore::F16(v) => v.len() * 2,
+            KvStore::F32(v) => v.len() * 4,
+            KvStore::Q8_0(v) => v.len(),
+        }
+    }
+
     /// Rows of one head in place: row `t` starts at element `start + t · stride`.
     pub fn rows(&self, start: usize, stride: usize) -> crate::kernels::KvRows<'_> {
         use crate::kernels::{KvData, KvRows};
@@ -234,50 +243,124 @@ impl KvLayer {
     }
 }
 
+/// A block table entry whose block was given back: a windowed layer's positions that
+/// every later query is too far from to see ([`KvPool`]'s window group).
+pub const EVICTED: u32 = u32::MAX;
+
+/// Rows per forward step that a sequence's windowed layers are sized for
+/// ([`window_blocks`]): [`crate::SeqState::new`]'s ring and the scheduler's window group.
+/// 256 rather than llama.cpp's 512 (its SWA cache is `n_swa · n_seq + n_ubatch`): with
+/// 512, gemma3-270m's 15 windowed layers of 18 (window 512) would hold 1,040 positions
+/// each and an 8k context 27% of the full-attention layout; with 256, 24.6%. A longer
+/// step of one sequence is split ([`crate::Model::forward`]; the same bits, as every
+/// row's are in any batch).
+pub const WINDOW_STEP: usize = 256;
+
+/// Blocks that a windowed layer of window `window` needs at most to evaluate up to `step`
+/// new rows after any position: the rows `p + 1 - window .. p + step` that a step at `p`
+/// writes and reads, `window - 1 + step` positions, span at most
+/// `ceil((window - 1 + step) / 16) + 1` blocks.
+pub fn window_blocks(window: usize, step: usize) -> usize {
+    (window.saturating_sub(1) + step).div_ceil(KV_BLOCK) + 1
+}
+
 /// The keys and values of every attention layer for `n_blocks` blocks of [`KV_BLOCK`]
 /// positions, shared by the sequences whose states hold block tables into it
 /// ([`crate::SeqState::pooled`]; vLLM's PagedAttention block pool, llama.cpp's unified KV
 /// cache). The forward pass of such sequences takes the pool
 /// ([`crate::Model::forward_batch_in`]); which blocks a sequence owns is its caller's
 /// bookkeeping.
+///
+/// With a window group ([`KvPool::with_window_group`]), the layers with a sliding window
+/// keep their rows in `n_window_blocks` blocks of their own, named by each sequence's
+/// second table ([`crate::SeqState::window_table`]), so the blocks that fall out of a
+/// sequence's window can go back to the pool while its full-attention blocks stay
+/// (vLLM's sliding-window KV cache manager, llama.cpp's `llama_kv_cache_iswa`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct KvPool {
     pub kv_type: KvType,
     pub k_dim: usize,
     pub v_dim: usize,
+    /// Blocks of the main group (every attention layer without a window group).
     pub n_blocks: usize,
+    /// Blocks of the window group (0: none; windowed layers live in the main group).
+    pub n_window_blocks: usize,
+    /// Per layer of the plan: whether its rows live in the window group.
+    windowed: Vec<bool>,
     /// Per layer of the plan: its keys and values (`None` for a layer without attention).
     pub layers: Vec<Option<KvLayer>>,
 }
 
 impl KvPool {
-    /// A pool of `n_blocks` blocks for the model described by `config`.
+    /// A pool of `n_blocks` blocks for every attention layer of the model described by
+    /// `config`.
     pub fn new(config: &crate::ModelConfig, n_blocks: usize, kv_type: KvType) -> KvPool {
+        Self::with_window_group(config, n_blocks, 0, kv_type)
+    }
+
+    /// A pool of `n_blocks` blocks for the layers without a sliding window and
+    /// `n_window_blocks` for those with one (0, or a model without windowed layers: one
+    /// group of `n_blocks` for all).
+    pub fn with_window_group(
+        config: &crate::ModelConfig,
+        n_blocks: usize,
+        n_window_blocks: usize,
+        kv_type: KvType,
+    ) -> KvPool {
         let (k_dim, v_dim) = (config.k_dim(), config.v_dim());
-        let rows = n_blocks * KV_BLOCK;
+        let n_window_blocks = if config.plan.window() > 0 {
+            n_window_blocks
+        } else {
+            0
+        };
+        let windowed: Vec<bool> = config
+            .plan
+            .layers
+            .iter()
+            .map(|l| n_window_blocks > 0 && l.mixer.window() > 0)
+            .collect();
         KvPool {
             kv_type,
             k_dim,
             v_dim,
             n_blocks,
+            n_window_blocks,
             layers: config
                 .plan
                 .layers
                 .iter()
-                .map(|l| {
+                .zip(&windowed)
+                .map(|(l, &w)| {
+                    let rows = KV_BLOCK * if w { n_window_blocks } else { n_blocks };
                     l.mixer.has_attention().then(|| KvLayer {
                         k: KvStore::new(kv_type, rows * k_dim),
                         v: KvStore::new(kv_type, rows * v_dim),
                     })
                 })
                 .collect(),
+            windowed,
         }
+    }
+
+    /// Whether layer `il`'s rows live in the window group (named by a sequence's window
+    /// table, not its main one).
+    pub fn in_window_group(&self, il: usize) -> bool {
+        self.windowed[il]
     }
 
     /// Bytes one block takes over all layers (what [`KvPool::new`] allocates per block),
     /// or `None` when that does not fit a `usize`.
     pub fn block_bytes(config: &crate::ModelConfig, kv_type: KvType) -> Option<usize> {
         crate::SeqState::kv_bytes(config, KV_BLOCK, kv_type)
+    }
+
+    /// Bytes its keys and values take.
+    pub fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .flatten()
+            .map(|l| l.k.bytes() + l.v.bytes())
+            .sum()
     }
 
     /// Attention layer `il`'s keys and values. Panics if the layer has none.
@@ -294,14 +377,22 @@ impl KvPool {
             .unwrap_or_else(|| panic!("layer {il} has no KV cache"))
     }
 
-    /// Copies the first `n` positions of block `src` to block `dst` in every layer (the
-    /// copy of a shared partial block that a sequence is about to extend).
-    pub fn copy_block(&mut self, src: u32, dst: u32, n: usize) {
+    /// Copies the first `n` positions of block `src` to block `dst` in every layer of the
+    /// window group (`window_group`) or of the main group (the copy of a shared partial
+    /// block a sequence is about to extend).
+    pub fn copy_block(&mut self, window_group: bool, src: u32, dst: u32, n: usize) {
         let (k_dim, v_dim) = (self.k_dim, self.v_dim);
         let (s, d) = (src as usize * KV_BLOCK, dst as usize * KV_BLOCK);
-        for l in self.layers.iter_mut().flatten() {
-            l.k.copy_rows(s, d, n, k_dim);
-            l.v.copy_rows(s, d, n, v_dim);
+        for (l, _) in self
+            .layers
+            .iter_mut()
+            .zip(&self.windowed)
+            .filter(|(_, &w)| w == window_group)
+        {
+            if let Some(l) = l {
+                l.k.copy_rows(s, d, n, k_dim);
+                l.v.copy_rows(s, d, n, v_dim);
+            }
         }
     }
 }

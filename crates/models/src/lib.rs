@@ -29,6 +29,6 @@ pub use config::{
 };
 pub use error::{ModelError, Result};
 pub use forward::{Logits, Sequence};
-pub use kv::{KvPool, KvType, KV_BLOCK};
+pub use kv::{window_blocks, KvPool, KvType, EVICTED, KV_BLOCK, WINDOW_STEP};
 pub use model::{Experts, LayerWeights, Model, MoeStats, NormWeights, Weights};
 pub use state::{Checkpoint, LayerState, RecurrentLayer, SeqState};

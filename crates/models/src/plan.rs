@@ -68,6 +68,16 @@ impl Mixer {
         }
     }
 
+    /// The sliding window of its attention (0: it sees every earlier key, or it has no
+    /// attention).
+    pub fn window(&self) -> usize {
+        match self {
+            Mixer::Attention(a) => a.window,
+            Mixer::Parallel(a, b) => a.window().max(b.window()),
+            _ => 0,
+        }
+    }
+
     /// Whether the mixer keeps keys and values (attention).
     pub fn has_attention(&self) -> bool {
         match self {
@@ -247,6 +257,17 @@ impl Plan {
     /// Whether any layer keeps a recurrent state.
     pub fn is_recurrent(&self) -> bool {
         self.layers.iter().any(|l| l.mixer.is_recurrent())
+    }
+
+    /// The longest sliding window of its attention layers (0: none has one). A windowed
+    /// layer's keys and values older than this are never read again, so the KV cache
+    /// gives their rows back ([`crate::SeqState`], [`crate::KvPool`]).
+    pub fn window(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| l.mixer.window())
+            .max()
+            .unwrap_or(0)
     }
 }
 

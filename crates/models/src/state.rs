@@ -9,7 +9,7 @@
 //! the benchmarks ask.
 
 use crate::config::ModelConfig;
-use crate::kv::{KvLayer, KvPool, KvStore, KvType, KV_BLOCK};
+use crate::kv::{window_blocks, KvLayer, KvPool, KvStore, KvType, EVICTED, KV_BLOCK, WINDOW_STEP};
 
 /// A recurrent layer's state after the positions evaluated so far (f32).
 #[derive(Clone, Debug, PartialEq)]
@@ -60,9 +60,17 @@ impl Checkpoint {
 /// `i` of [`SeqState::blocks`] holds positions `16i .. 16i + 16`); the forward pass gives
 /// the same bits either way.
 ///
+/// A layer with a sliding window reads only the keys of its last `window` positions, so
+/// its rows live apart where that saves memory: in a state of its own, a ring of
+/// [`crate::kv::window_blocks`]`(window, WINDOW_STEP)` blocks (block `i` of the sequence in
+/// ring block `i % ring`) once `n_ctx` is longer than that; in a pool with a window group,
+/// blocks named by the window table, whose blocks behind the window its caller gives back
+/// ([`EVICTED`]). Either way the state can be cut back only where the window's rows are
+/// still held ([`SeqState::reusable`]).
+///
 /// Memory: per attention layer `n_ctx · (k_dim + v_dim)` elements of 2 (f16) or 4 (f32)
-/// bytes (none for a pooled state: the pool holds them); per recurrent layer a fixed
-/// number of f32 values, whatever the length.
+/// bytes (the ring's positions for a windowed layer; none for a pooled state: the pool
+/// holds them); per recurrent layer a fixed number of f32 values, whatever the length.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SeqState {
     pub kv_type: KvType,
@@ -74,8 +82,44 @@ pub struct SeqState {
     pub blocks: Vec<u32>,
     /// Whether its keys and values live in a shared pool.
     pooled: bool,
+    /// The longest sliding window of its layers ([`crate::plan::Plan::window`]; 0: none).
+    pub window: usize,
+    /// The block table of its windowed layers where they live apart (see above), else
+    /// `None` (they use the main table, or row = position).
+    window_table: Option<Vec<u32>>,
+    /// Blocks of its own windowed layers' ring (0: none).
+    ring: usize,
+    /// Positions written since it was last cleared (a ring's blocks were overwritten up
+    /// to there, also past a later cut).
+    written: usize,
     /// Positions `0..n_past` have been evaluated.
     pub n_past: usize,
+}
+
+/// The one rule of [`SeqState::table`]: a windowed layer's window table where there is
+/// one, else a pooled state's main table, else none (row = position).
+fn table_of<'a>(
+    window_table: &'a Option<Vec<u32>>,
+    blocks: &'a [u32],
+    pooled: bool,
+    windowed: bool,
+) -> Option<&'a [u32]> {
+    match window_table {
+        Some(t) if windowed => Some(t),
+        _ if pooled => Some(blocks),
+        _ => None,
+    }
+}
+
+/// Ring blocks a state of `n_ctx` positions gives its layers of window `window` (0: none,
+/// the ring would be no shorter than `n_ctx`).
+fn ring_blocks(window: usize, n_ctx: usize) -> usize {
+    let w = window_blocks(window, WINDOW_STEP);
+    if window == 0 || w * KV_BLOCK >= n_ctx {
+        0
+    } else {
+        w
+    }
 }
 
 impl SeqState {
@@ -83,20 +127,49 @@ impl SeqState {
     /// [`SeqState::new`] allocates for its attention layers), or `None` when that does not
     /// fit in a `usize` (a context no machine holds).
     pub fn kv_bytes(config: &ModelConfig, n_ctx: usize, kv_type: KvType) -> Option<usize> {
-        let layers = config
+        Self::kv_bytes_with(config, n_ctx, kv_type, true)
+    }
+
+    /// [`SeqState::kv_bytes`] were every layer to keep every position (no ring for the
+    /// windowed layers): the layout it saves against.
+    pub fn kv_bytes_all_positions(
+        config: &ModelConfig,
+        n_ctx: usize,
+        kv_type: KvType,
+    ) -> Option<usize> {
+        Self::kv_bytes_with(config, n_ctx, kv_type, false)
+    }
+
+    fn kv_bytes_with(
+        config: &ModelConfig,
+        n_ctx: usize,
+        kv_type: KvType,
+        rings: bool,
+    ) -> Option<usize> {
+        let ring = if rings {
+            ring_blocks(config.plan.window(), n_ctx) * KV_BLOCK
+        } else {
+            0
+        };
+        let row = kv_type.bytes(config.k_dim() + config.v_dim())?;
+        config
             .plan
             .layers
             .iter()
             .filter(|l| l.mixer.has_attention())
-            .count();
-        kv_type
-            .bytes(n_ctx.checked_mul(config.k_dim() + config.v_dim())?)?
-            .checked_mul(layers)
+            .try_fold(0usize, |sum, l| {
+                let rows = if ring > 0 && l.mixer.window() > 0 {
+                    ring
+                } else {
+                    n_ctx
+                };
+                sum.checked_add(rows.checked_mul(row)?)
+            })
     }
 
     /// An empty state for `n_ctx` positions of the model described by `config`.
     pub fn new(config: &ModelConfig, n_ctx: usize, kv_type: KvType) -> SeqState {
-        Self::with_kv(config, n_ctx, kv_type, false)
+        Self::with_kv(config, n_ctx, kv_type, None)
     }
 
     /// An empty state of at most `n_ctx` positions whose keys and values live in `pool`
@@ -104,19 +177,46 @@ impl SeqState {
     /// ([`SeqState::blocks`]) before evaluating positions in them and passes the pool to
     /// the forward pass ([`crate::Model::forward_batch_in`]).
     pub fn pooled(config: &ModelConfig, n_ctx: usize, pool: &KvPool) -> SeqState {
-        Self::with_kv(config, n_ctx, pool.kv_type, true)
+        Self::with_kv(config, n_ctx, pool.kv_type, Some(pool))
     }
 
-    fn with_kv(config: &ModelConfig, n_ctx: usize, kv_type: KvType, pooled: bool) -> SeqState {
+    fn with_kv(
+        config: &ModelConfig,
+        n_ctx: usize,
+        kv_type: KvType,
+        pool: Option<&KvPool>,
+    ) -> SeqState {
         let (k_dim, v_dim) = (config.k_dim(), config.v_dim());
+        let pooled = pool.is_some();
+        let window = config.plan.window();
+        let ring = if pooled {
+            0
+        } else {
+            ring_blocks(window, n_ctx)
+        };
+        let window_table = match pool {
+            Some(p) => (p.n_window_blocks > 0).then(Vec::new),
+            None => (ring > 0).then(|| {
+                (0..SeqState::blocks_for(n_ctx))
+                    .map(|i| (i % ring) as u32)
+                    .collect()
+            }),
+        };
         let layers = config
             .plan
             .layers
             .iter()
             .map(|l| LayerState {
-                kv: (l.mixer.has_attention() && !pooled).then(|| KvLayer {
-                    k: KvStore::new(kv_type, n_ctx * k_dim),
-                    v: KvStore::new(kv_type, n_ctx * v_dim),
+                kv: (l.mixer.has_attention() && !pooled).then(|| {
+                    let rows = if ring > 0 && l.mixer.window() > 0 {
+                        ring * KV_BLOCK
+                    } else {
+                        n_ctx
+                    };
+                    KvLayer {
+                        k: KvStore::new(kv_type, rows * k_dim),
+                        v: KvStore::new(kv_type, rows * v_dim),
+                    }
                 }),
                 recurrent: l.mixer.is_recurrent().then(|| {
                     let (conv, ssm) = crate::blocks::recurrent_sizes(config, &l.mixer);
@@ -135,8 +235,65 @@ impl SeqState {
             layers,
             blocks: Vec::new(),
             pooled,
+            window,
+            window_table,
+            ring,
+            written: 0,
             n_past: 0,
         }
+    }
+
+    /// The block table of its windowed layers when they live apart from the others (a
+    /// pool's window group, or its own ring), else `None`.
+    pub fn window_table(&self) -> Option<&[u32]> {
+        self.window_table.as_deref()
+    }
+
+    /// A pooled state's window table, for its caller to give it blocks and take back
+    /// those behind the window ([`EVICTED`]); `None` without a window group (or for a
+    /// ring, which is its own).
+    pub fn window_table_mut(&mut self) -> Option<&mut Vec<u32>> {
+        if self.pooled {
+            self.window_table.as_mut()
+        } else {
+            None
+        }
+    }
+
+    /// The block table through which a layer (`windowed`: with a sliding window) writes
+    /// and reads its rows; `None` for row = position.
+    pub fn table(&self, windowed: bool) -> Option<&[u32]> {
+        table_of(&self.window_table, &self.blocks, self.pooled, windowed)
+    }
+
+    /// Most rows one forward step may add: what its ring holds beyond the window
+    /// ([`crate::kv::window_blocks`]); unbounded without a ring.
+    pub fn max_step(&self) -> usize {
+        if self.ring == 0 {
+            usize::MAX
+        } else {
+            ((self.ring - 1) * KV_BLOCK + 1).saturating_sub(self.window)
+        }
+    }
+
+    /// The first position from which its windowed layers still hold every row: after the
+    /// last block given back ([`EVICTED`]) of a pooled window table, past what a ring has
+    /// overwritten; 0 when nothing was dropped.
+    pub fn window_held_from(&self) -> usize {
+        match &self.window_table {
+            None => 0,
+            Some(t) if self.pooled => t
+                .iter()
+                .rposition(|&b| b == EVICTED)
+                .map_or(0, |i| (i + 1) * KV_BLOCK),
+            Some(_) => self.written.div_ceil(KV_BLOCK).saturating_sub(self.ring) * KV_BLOCK,
+        }
+    }
+
+    /// Whether a row at position `p` can be evaluated after the rows held: its windowed
+    /// layers hold the `window - 1` positions before it.
+    pub fn window_reaches(&self, p: usize) -> bool {
+        p.saturating_sub(self.window.saturating_sub(1)) >= self.window_held_from()
     }
 
     /// Whether its keys and values live in a shared pool ([`SeqState::pooled`]).
@@ -148,7 +305,8 @@ impl SeqState {
     /// (at most `n_ctx`).
     pub fn capacity(&self) -> usize {
         if self.pooled {
-            (self.blocks.len() * KV_BLOCK).min(self.n_ctx)
+            let window = self.window_table.as_ref().map_or(usize::MAX, Vec::len);
+            (self.blocks.len().min(window) * KV_BLOCK).min(self.n_ctx)
         } else {
             self.n_ctx
         }
@@ -185,6 +343,19 @@ impl SeqState {
         }
     }
 
+    /// [`SeqState::kv_mut`] with the table its rows go through ([`SeqState::table`]).
+    pub(crate) fn kv_and_table_mut(
+        &mut self,
+        il: usize,
+        windowed: bool,
+    ) -> (&mut KvLayer, Option<&[u32]>) {
+        let table = table_of(&self.window_table, &self.blocks, self.pooled, windowed);
+        match &mut self.layers[il].kv {
+            Some(kv) => (kv, table),
+            None => panic!("layer {il} has no KV cache"),
+        }
+    }
+
     /// Recurrent layer `il`'s state. Panics if layer `il` is attention.
     pub fn recurrent_mut(&mut self, il: usize) -> &mut RecurrentLayer {
         match &mut self.layers[il].recurrent {
@@ -200,12 +371,19 @@ impl SeqState {
 
     /// The longest prefix of at most `n` positions this state can be cut back to (or
     /// copied from): `min(n, n_past)` when every layer is attention; with recurrent
-    /// layers only the whole state (`n_past`, when `n >= n_past`) or nothing (0).
+    /// layers only the whole state (`n_past`, when `n >= n_past`) or nothing (0); with
+    /// windowed layers only where they still hold the window before it
+    /// ([`SeqState::window_reaches`]), else nothing.
     pub fn reusable(&self, n: usize) -> usize {
-        if !self.is_recurrent() {
+        let k = if !self.is_recurrent() {
             n.min(self.n_past)
         } else if n >= self.n_past {
             self.n_past
+        } else {
+            0
+        };
+        if self.window_reaches(k) {
+            k
         } else {
             0
         }
@@ -220,9 +398,16 @@ impl SeqState {
                 r.conv.fill(0.0);
                 r.ssm.fill(0.0);
             }
+            self.written = 0;
         }
         self.n_past = keep;
         keep
+    }
+
+    /// Records `n` positions evaluated after `n_past` (the forward pass's bookkeeping).
+    pub(crate) fn advance(&mut self, n: usize) {
+        self.n_past += n;
+        self.written = self.written.max(self.n_past);
     }
 
     /// Makes this state hold `src`'s first `n` positions (and nothing after them): keys and
@@ -239,8 +424,8 @@ impl SeqState {
         );
         assert!(
             self.kv_type == src.kv_type
-                && (self.k_dim, self.v_dim, self.layers.len())
-                    == (src.k_dim, src.v_dim, src.layers.len()),
+                && (self.k_dim, self.v_dim, self.layers.len(), self.ring)
+                    == (src.k_dim, src.v_dim, src.layers.len(), src.ring),
             "copy_prefix: states of different shapes"
         );
         assert!(
@@ -251,11 +436,17 @@ impl SeqState {
             self.truncate(0);
             return;
         }
+        // A ring is copied whole: which of its rows hold the first `n` positions depends
+        // on all that was written.
+        let ring = self.ring * KV_BLOCK;
+        let row_bytes = self.kv_type.bytes(self.k_dim).unwrap_or(0).max(1);
         for (d, s) in self.layers.iter_mut().zip(&src.layers) {
             match (&mut d.kv, &s.kv) {
                 (Some(d), Some(s)) => {
-                    d.k.copy_from(&s.k, n * self.k_dim);
-                    d.v.copy_from(&s.v, n * self.v_dim);
+                    let is_ring = ring > 0 && d.k.bytes() / row_bytes == ring;
+                    let rows = if is_ring { ring } else { n };
+                    d.k.copy_from(&s.k, rows * self.k_dim);
+                    d.v.copy_from(&s.v, rows * self.v_dim);
                 }
                 (None, None) => {}
                 _ => panic!("copy_prefix: states of different layer kinds"),
@@ -263,6 +454,7 @@ impl SeqState {
         }
         self.copy_recurrent(src);
         self.n_past = n;
+        self.written = src.written;
     }
 
     /// Takes `src`'s recurrent layers' states (after `src.n_past` positions); with the
@@ -318,12 +510,10 @@ impl SeqState {
 
     /// Bytes held by the state (a pooled state's keys and values are the pool's).
     pub fn bytes(&self) -> usize {
-        let row = self.kv_type.bytes(self.k_dim).unwrap_or(0)
-            + self.kv_type.bytes(self.v_dim).unwrap_or(0);
         self.layers
             .iter()
             .map(|l| {
-                let kv = l.kv.as_ref().map_or(0, |_| self.n_ctx * row);
+                let kv = l.kv.as_ref().map_or(0, |kv| kv.k.bytes() + kv.v.bytes());
                 kv + l
                     .recurrent
                     .as_ref()

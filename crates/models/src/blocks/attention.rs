@@ -328,18 +328,23 @@ impl Model {
             }
         }
         let dims = (c.k_dim(), c.v_dim());
+        // A windowed layer's rows go through the sequence's window table where it has one
+        // (a pool's window group, a ring of its own).
+        let windowed = ap.window > 0;
         for (si, s) in seqs.iter_mut().enumerate() {
             let (r0, r1) = (starts[si], starts[si + 1]);
             let (kr, vr) = (&k[r0 * dims.0..r1 * dims.0], &v[r0 * dims.1..r1 * dims.1]);
             let p0 = s.state.n_past;
-            if s.state.is_pooled() {
+            let state = &mut *s.state;
+            if state.is_pooled() {
                 let pool = pool
                     .as_deref_mut()
                     .expect("forward_batch_in checked that pooled sequences have their pool");
-                pool.layer_mut(il)
-                    .write_rows(Some(&s.state.blocks), p0, dims, kr, vr);
+                let table = state.table(pool.in_window_group(il));
+                pool.layer_mut(il).write_rows(table, p0, dims, kr, vr);
             } else {
-                s.state.kv_mut(il).write_rows(None, p0, dims, kr, vr);
+                let (layer, table) = state.kv_and_table_mut(il, windowed);
+                layer.write_rows(table, p0, dims, kr, vr);
             }
         }
         let pool = pool.as_deref();
@@ -351,7 +356,10 @@ impl Model {
                     Some(p) => p.layer(il),
                     None => s.state.kv(il),
                 },
-                blocks: s.state.is_pooled().then_some(&s.state.blocks[..]),
+                blocks: s.state.table(match pool.filter(|_| s.state.is_pooled()) {
+                    Some(p) => p.in_window_group(il),
+                    None => windowed,
+                }),
                 p0: s.state.n_past,
                 r0: starts[si],
                 n: starts[si + 1] - starts[si],
