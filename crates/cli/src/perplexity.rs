@@ -39,6 +39,19 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
         tokens.len() / args.ctx.max(1),
         args.ctx
     );
+    let kv = args.model.kv_type;
+    if let (Some(held), Some(full)) = (
+        frink_models::SeqState::kv_bytes(&model.config, args.ctx, kv),
+        frink_models::SeqState::kv_bytes_all_positions(&model.config, args.ctx, kv),
+    ) {
+        let mib = |b: usize| b as f64 / (1 << 20) as f64;
+        eprintln!(
+            "KV cache {:.2} MiB ({:.1}% of the {:.2} MiB that every position of every layer takes)",
+            mib(held),
+            100.0 * held as f64 / full.max(1) as f64,
+            mib(full)
+        );
+    }
     let r = frink_engine::perplexity(
         &model,
         &tokens,
