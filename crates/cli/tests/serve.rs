@@ -120,8 +120,14 @@ fn one_request_alone_and_among_seven_others_gives_identical_tokens() {
             })
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(300));
-    let busy = srv.metric("frink_slots_busy");
+    // Until at least two run (at most 10 s: on a loaded machine the requests' threads
+    // start late; 300 ms fixed was once too short beside a llama-perplexity run).
+    let start = std::time::Instant::now();
+    let mut busy = srv.metric("frink_slots_busy");
+    while busy < 2.0 && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+        busy = srv.metric("frink_slots_busy");
+    }
     let together = srv.post_ok("/v1/chat/completions", &probe);
     for h in others {
         let (text, finish) = h.join().unwrap();
