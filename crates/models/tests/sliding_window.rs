@@ -10,8 +10,9 @@
 //! - in a pool with a window group of 21 blocks (the longest step and its window), where the blocks behind the window are
 //!   given back after each step and handed out again (out of order) for later positions.
 //!
-//! A state cut back behind what its window still holds is not reusable there, and a
-//! window table missing a needed block is refused, not read.
+//! A state cut back behind what its window still holds is not reusable there (one cut
+//! within it, or a copy of its prefix, continues with the same logits), and a window
+//! table missing a needed block is refused, not read.
 
 use frink_models::{
     window_blocks, KvPool, KvType, Logits, Model, ModelError, SeqState, Sequence, EVICTED,
@@ -173,8 +174,15 @@ fn a_cut_behind_the_window_is_refused_not_read() {
         // rows are gone), a cut a few rows back can.
         assert_eq!(st.reusable(40), 0, "{name}");
         assert_eq!(st.reusable(LEN - 5), LEN - 5, "{name}");
-        // Reusing from there gives the logits of the full evaluation.
+        // Reusing from there gives the logits of the full evaluation, in the state itself
+        // and in a copy of its prefix (the ring copied whole).
         let (want, _) = own(&model, KvType::F32, &tokens);
+        let mut copy = SeqState::new(c, CTX, KvType::F32);
+        copy.copy_prefix(&st, LEN - 5);
+        let resumed = model
+            .forward(&mut copy, &tokens[LEN - 5..], Logits::All)
+            .unwrap();
+        assert!(resumed == want[(LEN - 5) * c.n_vocab..], "{name}: copied");
         assert_eq!(st.truncate(LEN - 5), LEN - 5);
         let again = model
             .forward(&mut st, &tokens[LEN - 5..], Logits::All)

@@ -658,6 +658,24 @@ async fn metrics(State(st): St, headers: HeaderMap) -> Response {
         m.kv_blocks_cached as f64,
     );
     counter(
+        "frink_kv_window_blocks_total",
+        "Blocks of the KV pool's window group (sliding-window layers; 0: none).",
+        "gauge",
+        m.kv_window_blocks_total as f64,
+    );
+    counter(
+        "frink_kv_window_blocks_held",
+        "Window-group blocks held by slots (running or idle).",
+        "gauge",
+        m.kv_window_blocks_held as f64,
+    );
+    counter(
+        "frink_kv_bytes",
+        "Bytes of the KV pool's keys and values.",
+        "gauge",
+        m.kv_bytes as f64,
+    );
+    counter(
         "frink_preemptions_total",
         "Sequences whose blocks went to older ones (evaluated again later, same tokens).",
         "counter",
