@@ -751,21 +751,14 @@ impl<'t> Worker<'t> {
         (p + 1).saturating_sub(self.model.config.plan.window()) / frink_models::KV_BLOCK
     }
 
-    /// Shrinks a prefix-cache hit (the full blocks `hit`, then `tail`: rows of another
-    /// slot's next block) to what the window group serves too: every window block a query
+    /// Shrinks a prefix-cache hit (the full blocks `hit` of the keys `hashes`, then
+    /// `tail`: rows of another slot's next block) to what the window group serves too: every window block a query
     /// after it sees is cached under the same key or, for the tail, held by that slot.
     /// (A window block given back and reused for other positions has lost its key.)
-    fn window_hit(
-        &self,
-        tokens: &[u32],
-        lora: &[(usize, u32)],
-        hit: &mut Vec<u32>,
-        tail: &mut Option<(usize, usize)>,
-    ) {
+    fn window_hit(&self, hashes: &[u64], hit: &mut Vec<u32>, tail: &mut Option<(usize, usize)>) {
         let Some(wm) = &self.window_blocks else {
             return;
         };
-        let hashes = block_hashes(tokens, lora);
         loop {
             let m = hit.len();
             let from = self.window_from(m * frink_models::KV_BLOCK + tail.map_or(0, |t| t.1));
@@ -1323,9 +1316,16 @@ impl<'t> Worker<'t> {
             })
             .map_or((free, (0, None)), |(i, p, _)| (i, p));
         let mut source = Source::Own(own, checkpoint);
+        // The prefix-cache keys of the input's full blocks, once for the lookups and the
+        // placement below (a prefix's keys are the first of them: each chains its parent).
+        let hashes = if self.prefix_caching() {
+            block_hashes(&job.input[..keep], &lora)
+        } else {
+            Vec::new()
+        };
         if self.prefix_caching() {
             let mut hit = Vec::new();
-            for h in block_hashes(&job.input[..keep], &lora) {
+            for &h in &hashes {
                 match self.blocks.lookup(h) {
                     Some(b) => hit.push(b),
                     None => break,
@@ -1349,7 +1349,7 @@ impl<'t> Worker<'t> {
                 .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
                 .map(|(i, c)| (i, (c - p).min(frink_models::KV_BLOCK)));
             let mut tail = tail;
-            self.window_hit(&job.input[..keep], &lora, &mut hit, &mut tail);
+            self.window_hit(&hashes, &mut hit, &mut tail);
             let cached = Source::Cache(hit, tail);
             if cached.len() > source.len() {
                 source = cached;
@@ -1422,12 +1422,12 @@ impl<'t> Worker<'t> {
                 // (`window_hit` found them all cached), the earlier ones given back.
                 let mut window_table = None;
                 if self.window_blocks.is_some() {
-                    let hashes = block_hashes(&job.input[..p], &lora);
+                    let hit_keys = &hashes[..p / frink_models::KV_BLOCK];
                     let from = self.window_from(p);
-                    let mut t = vec![frink_models::EVICTED; from.min(hashes.len())];
+                    let mut t = vec![frink_models::EVICTED; from.min(hit_keys.len())];
                     // All cached from the tail's window on (`window_hit`); before it, as
                     // many as are, in case the tail is not copied after all.
-                    for h in &hashes[t.len()..] {
+                    for h in &hit_keys[t.len()..] {
                         let b = self.group(true).lookup(*h);
                         if let Some(b) = b {
                             self.group(true).retain(b);
@@ -1472,7 +1472,7 @@ impl<'t> Worker<'t> {
                 }
                 slot.cache.n_past = p;
                 slot.tokens = job.input[..p].to_vec();
-                slot.hashes = block_hashes(&slot.tokens, &lora);
+                slot.hashes = hashes[..p / frink_models::KV_BLOCK].to_vec();
                 slot.checkpoints.clear();
                 // Where the tail could not be copied, the window blocks before it may be
                 // missing: the cut keeps only what the state can continue from.

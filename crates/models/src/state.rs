@@ -111,6 +111,16 @@ fn table_of<'a>(
     }
 }
 
+/// Rows a layer with mixer `mixer` keeps in a state of `n_ctx` positions whose windowed
+/// layers have a ring of `ring` blocks (0: none).
+fn layer_rows(mixer: &crate::plan::Mixer, ring: usize, n_ctx: usize) -> usize {
+    if ring > 0 && mixer.window() > 0 {
+        ring * KV_BLOCK
+    } else {
+        n_ctx
+    }
+}
+
 /// Ring blocks a state of `n_ctx` positions gives its layers of window `window` (0: none,
 /// the ring would be no shorter than `n_ctx`).
 fn ring_blocks(window: usize, n_ctx: usize) -> usize {
@@ -147,7 +157,7 @@ impl SeqState {
         rings: bool,
     ) -> Option<usize> {
         let ring = if rings {
-            ring_blocks(config.plan.window(), n_ctx) * KV_BLOCK
+            ring_blocks(config.plan.window(), n_ctx)
         } else {
             0
         };
@@ -158,12 +168,7 @@ impl SeqState {
             .iter()
             .filter(|l| l.mixer.has_attention())
             .try_fold(0usize, |sum, l| {
-                let rows = if ring > 0 && l.mixer.window() > 0 {
-                    ring
-                } else {
-                    n_ctx
-                };
-                sum.checked_add(rows.checked_mul(row)?)
+                sum.checked_add(layer_rows(&l.mixer, ring, n_ctx).checked_mul(row)?)
             })
     }
 
@@ -208,11 +213,7 @@ impl SeqState {
             .iter()
             .map(|l| LayerState {
                 kv: (l.mixer.has_attention() && !pooled).then(|| {
-                    let rows = if ring > 0 && l.mixer.window() > 0 {
-                        ring * KV_BLOCK
-                    } else {
-                        n_ctx
-                    };
+                    let rows = layer_rows(&l.mixer, ring, n_ctx);
                     KvLayer {
                         k: KvStore::new(kv_type, rows * k_dim),
                         v: KvStore::new(kv_type, rows * v_dim),
