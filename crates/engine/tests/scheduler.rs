@@ -42,6 +42,38 @@ fn start_with(path: &std::path::Path, config: SchedulerConfig) -> Scheduler {
     Scheduler::start(model, tok, config)
 }
 
+/// `parallel` slots of at most `n_ctx` positions on a pool of 640 (40 blocks), prompts
+/// fed 7 tokens a step: a pool the preemption tests exhaust.
+fn start_small_pool(path: &std::path::Path, parallel: usize, n_ctx: usize) -> Scheduler {
+    start_with(
+        path,
+        SchedulerConfig {
+            parallel,
+            n_ctx,
+            kv_size: 640,
+            queue: 16,
+            kv_type: KvType::F16,
+            prefill_chunk: 7,
+            prefill_chunk_alone: 7,
+            ..SchedulerConfig::default()
+        },
+    )
+}
+
+/// Submits a request per prompt (seeds `seed0`, `seed0 + 1`, …; up to 1000 tokens) and
+/// returns their receivers in order.
+fn submit_all(sched: &Scheduler, prompts: &[Vec<u32>], seed0: u64) -> Vec<mpsc::Receiver<Event>> {
+    prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let (req, rx) = request(p, seed0 + i as u64, 1000);
+            sched.submit(req).unwrap();
+            rx
+        })
+        .collect()
+}
+
 fn params(seed: u64) -> SamplingParams {
     SamplingParams {
         seed,
@@ -244,28 +276,8 @@ fn a_small_pool_preempts_and_every_request_keeps_its_tokens() {
     // 4 sequences of 400 positions need 100 blocks; the pool has 40 (640 positions):
     // two are placed (17 blocks each, and 16 more for the first's growth), grow past
     // their 256 reserved tokens and the younger is preempted.
-    let sched = start_with(
-        &path,
-        SchedulerConfig {
-            parallel: 4,
-            n_ctx: CTX,
-            kv_size: 640,
-            queue: 16,
-            kv_type: KvType::F16,
-            prefill_chunk: 7,
-            prefill_chunk_alone: 7,
-            ..SchedulerConfig::default()
-        },
-    );
-    let rxs: Vec<_> = prompts
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            let (req, rx) = request(p, 40 + i as u64, 1000);
-            sched.submit(req).unwrap();
-            rx
-        })
-        .collect();
+    let sched = start_small_pool(&path, 4, CTX);
+    let rxs = submit_all(&sched, &prompts, 40);
     for (i, rx) in rxs.iter().enumerate() {
         let c = done(rx);
         assert_eq!(c.ids, alone[i], "request {i}");
@@ -506,28 +518,8 @@ fn a_windowed_model_keeps_its_tokens_while_giving_window_blocks_back() {
     // Two slots on 40 main blocks (640 positions): three 400-position requests preempt;
     // the window group (2 × 18 + 1 = 37 blocks) is never short.
     let prompts: Vec<Vec<u32>> = (0..3).map(|i| prompt(10 + i)).collect();
-    let sched = start_with(
-        &path,
-        SchedulerConfig {
-            parallel: 2,
-            n_ctx: CTX,
-            kv_size: 640,
-            queue: 16,
-            kv_type: KvType::F16,
-            prefill_chunk: 7,
-            prefill_chunk_alone: 7,
-            ..SchedulerConfig::default()
-        },
-    );
-    let rxs: Vec<_> = prompts
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            let (req, rx) = request(p, 50 + i as u64, 1000);
-            sched.submit(req).unwrap();
-            rx
-        })
-        .collect();
+    let sched = start_small_pool(&path, 2, CTX);
+    let rxs = submit_all(&sched, &prompts, 50);
     for (i, rx) in rxs.iter().enumerate() {
         let c = done(rx);
         let want = reference(&prompts[i], 50 + i as u64, CTX - prompts[i].len() + 1);
