@@ -355,22 +355,37 @@ pub struct GenArgs {
     /// Context size in tokens (the KV cache).
     #[arg(long, default_value_t = 4096)]
     pub ctx: usize,
+    #[command(flatten)]
+    pub spec: SpecArgs,
+}
+
+/// Speculative decoding flags of `run`, `chat` and `serve`.
+#[derive(Args, Debug, Clone)]
+pub struct SpecArgs {
     /// Speculative decoding: `ngram` (prompt lookup: proposals from earlier text of the
     /// prompt and answer, verified in one batched step; the tokens are exactly those of
     /// `off`) or `off`.
     #[arg(long = "spec", default_value = "ngram", value_parser = ["ngram", "off"])]
     pub spec: String,
-    /// Most tokens proposed per speculative step.
+    /// Most tokens proposed per speculative step (0: no speculation, predictions included).
     #[arg(long = "draft-max", default_value_t = 7)]
     pub draft_max: usize,
+}
+
+impl SpecArgs {
+    /// The prompt-lookup speculation `--spec` and `--draft-max` ask for (`None`: off, or 0
+    /// proposals).
+    pub fn speculation(&self) -> Option<frink_engine::Speculation> {
+        (self.spec == "ngram" && self.draft_max > 0).then_some(frink_engine::Speculation {
+            draft_max: self.draft_max,
+        })
+    }
 }
 
 impl GenArgs {
     /// The speculation `--spec` and `--draft-max` ask for (`None`: off, or 0 proposals).
     pub fn speculation(&self) -> Option<frink_engine::Speculation> {
-        (self.spec == "ngram" && self.draft_max > 0).then_some(frink_engine::Speculation {
-            draft_max: self.draft_max,
-        })
+        self.spec.speculation()
     }
 
     /// The token budget of one answer.

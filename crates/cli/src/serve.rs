@@ -38,6 +38,8 @@ pub struct ServeArgs {
     pub api_key: Option<String>,
     #[command(flatten)]
     pub template: crate::common::TemplateArgs,
+    #[command(flatten)]
+    pub spec: crate::common::SpecArgs,
     /// `auto`: a reasoning model's `<think>` text goes to `reasoning_content`; `none`: it
     /// stays in the content.
     #[arg(long = "reasoning-format", value_parser = ["auto", "none"], default_value = "auto")]
@@ -100,6 +102,8 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             ctx_checkpoints: args.ctx_checkpoints,
             checkpoint_interval: args.checkpoint_interval,
             checkpoint_budget: args.checkpoint_budget,
+            prompt_lookup: args.spec.spec == "ngram",
+            draft_max: args.spec.draft_max,
         },
         // The same loading as every other command (thread pool, model options).
         Box::new(move || model.load_path(&path)),

@@ -952,7 +952,6 @@ fn informational_sample(name: &str) -> Value {
         "service_tier" => json!("auto"),
         "prompt_cache_key" => json!("key"),
         "safety_identifier" => json!("sid"),
-        "prediction" => json!({"type": "content", "content": "The sky"}),
         "cache_prompt" => json!(false),
         "id_slot" => json!(3),
         "timings_per_token" => json!(true),
@@ -2072,4 +2071,155 @@ fn lora_adapters_per_request_in_one_batch() {
         srv.post_ok("/v1/completions", &body)["choices"][0]["text"],
         half
     );
+}
+
+/// OpenAI's predicted outputs through the server (qwen2.5-coder-0.5b): a code edit with the
+/// unchanged function as its prediction, a prediction that is the answer itself with a
+/// short `max_tokens`, log-probabilities and a stop string inside the accepted run, and a
+/// structured-output request whose prediction is half wrong give exactly the answers (text,
+/// log-probabilities, finish reason, token counts) of the same requests without a
+/// prediction, alone and beside three other streams; `usage` counts the prediction's
+/// accepted and rejected tokens and `/metrics` the speculation. A `prediction` of another
+/// type is a 400 naming it.
+#[test]
+fn predicted_outputs_never_change_the_answer() {
+    let _l = lock();
+    let srv = Server::start(&["-m", "qwen2.5-coder-0.5b", "--parallel", "4"]);
+    let function = "def area(width, height):\n    \"\"\"The area of a rectangle.\"\"\"\n    if width < 0 or height < 0:\n        raise ValueError(\"negative side\")\n    return width * height\n\n\ndef perimeter(width, height):\n    \"\"\"The perimeter of a rectangle.\"\"\"\n    if width < 0 or height < 0:\n        raise ValueError(\"negative side\")\n    return 2 * (width + height)\n";
+    let edit = chat(
+        &format!("Rename the parameter `width` to `w` in this code. Answer with the code only.\n\n```python\n{function}```"),
+        json!({"temperature": 0, "max_tokens": 120, "logprobs": true, "top_logprobs": 2}),
+    );
+    let with = |body: &Value, extra: Value| {
+        let mut b = body.clone();
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let same = |a: &Value, b: &Value, what: &str| {
+        assert_eq!(message(a), message(b), "{what}: content");
+        assert_eq!(
+            a["choices"][0]["logprobs"], b["choices"][0]["logprobs"],
+            "{what}: logprobs"
+        );
+        assert_eq!(
+            a["choices"][0]["finish_reason"], b["choices"][0]["finish_reason"],
+            "{what}"
+        );
+        for k in ["prompt_tokens", "completion_tokens"] {
+            assert_eq!(a["usage"][k], b["usage"][k], "{what}: {k}");
+        }
+    };
+    let details = |v: &Value| {
+        let d = &v["usage"]["completion_tokens_details"];
+        (
+            d["accepted_prediction_tokens"].as_u64().unwrap(),
+            d["rejected_prediction_tokens"].as_u64().unwrap(),
+        )
+    };
+    let plain = srv.post_ok("/v1/chat/completions", &edit);
+    assert_eq!(details(&plain), (0, 0), "no prediction: nothing counted");
+    let predicted = |content: &str| json!({"prediction": {"type": "content", "content": content}});
+    let code = format!("```python\n{function}```");
+    let p = srv.post_ok("/v1/chat/completions", &with(&edit, predicted(&code)));
+    same(&plain, &p, "the unchanged function predicted");
+    let (acc, rej) = details(&p);
+    eprintln!(
+        "code edit: {} tokens, prediction accepted {acc} rejected {rej}",
+        plain["usage"]["completion_tokens"]
+    );
+    assert!(acc >= 20, "most of the copied code is taken: {acc}");
+    assert!(
+        rej > 0,
+        "the renamed parameter is not the prediction: {rej}"
+    );
+
+    // The answer itself as the prediction, with a budget shorter than an accepted run,
+    // and with a stop string inside the accepted text.
+    let answer = message(&plain);
+    let short = with(&edit, json!({"max_tokens": 6}));
+    let short_plain = srv.post_ok("/v1/chat/completions", &short);
+    let short_p = srv.post_ok("/v1/chat/completions", &with(&short, predicted(&answer)));
+    same(&short_plain, &short_p, "max_tokens inside a run");
+    let stop_at = answer.find("return").expect("the answer returns something");
+    let stopped = with(&edit, json!({"stop": ["return"]}));
+    let stop_plain = srv.post_ok("/v1/chat/completions", &stopped);
+    let stop_p = srv.post_ok("/v1/chat/completions", &with(&stopped, predicted(&answer)));
+    same(&stop_plain, &stop_p, "a stop string inside a run");
+    assert_eq!(message(&stop_p), answer[..stop_at]);
+    assert_eq!(stop_p["choices"][0]["finish_reason"], "stop");
+
+    // Structured output with a half-wrong prediction, beside three other streams.
+    let schema = json!({"type": "json_schema", "json_schema": {"name": "rect", "schema": {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "width": {"type": "integer"}, "height": {"type": "integer"}},
+        "required": ["name", "width", "height"], "additionalProperties": false}}});
+    let json_req = chat(
+        "Describe a rectangle named door, 90 wide and 200 high, as JSON.",
+        json!({"temperature": 0, "max_tokens": 60, "response_format": schema}),
+    );
+    let json_plain = srv.post_ok("/v1/chat/completions", &json_req);
+    let text = message(&json_plain);
+    serde_json::from_str::<Value>(&text).expect("valid JSON");
+    let half = text.len() / 2;
+    let wrong: String = text[half..]
+        .chars()
+        .map(|c| {
+            if c.is_ascii_digit() {
+                '7'
+            } else if c.is_ascii_alphabetic() {
+                'q'
+            } else {
+                c
+            }
+        })
+        .collect();
+    let half_wrong = format!("{}{wrong}", &text[..half]);
+    let others: Vec<_> = (0..3)
+        .map(|i| {
+            let port = srv.port;
+            std::thread::spawn(move || {
+                let c = common::http::Client::new(port);
+                c.complete(
+                    "/v1/chat/completions",
+                    &chat(
+                        &format!("Count from {i} to 40."),
+                        json!({"temperature": 0.7, "seed": i, "max_tokens": 80}),
+                    ),
+                )
+            })
+        })
+        .collect();
+    let json_p = srv.post_ok(
+        "/v1/chat/completions",
+        &with(&json_req, predicted(&half_wrong)),
+    );
+    for h in others {
+        assert!(h.join().unwrap().1.is_some());
+    }
+    same(
+        &json_plain,
+        &json_p,
+        "structured output, half-wrong prediction",
+    );
+    let (acc, rej) = details(&json_p);
+    eprintln!("structured: prediction accepted {acc} rejected {rej}");
+    assert!(
+        acc > 0 && rej > 0,
+        "half wrong: {acc} accepted, {rej} rejected"
+    );
+    assert!(srv.metric("frink_spec_accepted_tokens_total") > 0.0);
+    assert!(
+        srv.metric("frink_spec_proposed_tokens_total")
+            > srv.metric("frink_spec_accepted_tokens_total")
+    );
+
+    let bad = with(
+        &edit,
+        json!({"prediction": {"type": "audio", "content": "x"}}),
+    );
+    let r = srv.request("POST", "/v1/chat/completions", Some(&bad.to_string()));
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["param"], "prediction");
 }

@@ -72,6 +72,9 @@ pub struct Generation {
     /// Generation stopped because the context was full (then `finish_reason` is `Length`).
     pub context_full: bool,
     pub timings: Timings,
+    /// Speculation: tokens proposed and verified, and how many of them were accepted.
+    pub proposed: usize,
+    pub accepted: usize,
 }
 
 /// Limits of one generation.
@@ -142,6 +145,108 @@ impl Propose for NgramLookup {
     }
 }
 
+/// Predicted outputs (OpenAI's `prediction` on chat completions): the text the answer is
+/// expected to be, as tokens, proposed where the answer follows it. With no answer yet it
+/// proposes the prediction's start; after that, the longest of the answer's last
+/// `n_max`..1 tokens found in the prediction (the first occurrence at or after where the
+/// last match ended, else the first anywhere) proposes what follows it there, so an answer
+/// that leaves the prediction for an edit and comes back is followed again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PredictionLookup {
+    /// The prediction's tokens.
+    pub prediction: Vec<u32>,
+    /// Tokens of the history before the answer (the prompt).
+    pub prompt_len: usize,
+    /// Longest answer suffix matched.
+    pub n_max: usize,
+    /// Where in the prediction the last proposal ended.
+    cursor: usize,
+}
+
+impl PredictionLookup {
+    /// Proposes from `prediction` for an answer that follows `prompt_len` prompt tokens.
+    pub fn new(prediction: Vec<u32>, prompt_len: usize) -> PredictionLookup {
+        PredictionLookup {
+            prediction,
+            prompt_len,
+            n_max: 8,
+            cursor: 0,
+        }
+    }
+}
+
+impl Propose for PredictionLookup {
+    fn propose(&mut self, h: &[u32], max: usize) -> Vec<u32> {
+        let answer = &h[self.prompt_len.min(h.len())..];
+        let pred = &self.prediction;
+        let from = if answer.is_empty() {
+            Some(0)
+        } else {
+            (1..=self.n_max.min(answer.len())).rev().find_map(|n| {
+                let tail = &answer[answer.len() - n..];
+                let found = |lo: usize| {
+                    (lo..pred.len().saturating_sub(n - 1))
+                        .find(|&p| &pred[p..p + n] == tail)
+                        .map(|p| p + n)
+                };
+                found(self.cursor.saturating_sub(n)).or_else(|| found(0))
+            })
+        };
+        let Some(from) = from.filter(|&f| f < pred.len()) else {
+            return Vec::new();
+        };
+        let end = (from + max).min(pred.len());
+        self.cursor = end;
+        pred[from..end].to_vec()
+    }
+}
+
+/// How many tokens to propose next, from the acceptance seen so far (exponentially
+/// weighted, recent steps count most): the largest `k ≤ max` whose last proposal would
+/// still be accepted with probability at least [`Adaptive::MIN_GAIN`] (a proposal is
+/// accepted only after every one before it: with a per-token rate `a`, the `k`-th with
+/// probability `a^k`). At least one, so acceptance keeps being measured.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Adaptive {
+    proposed: f32,
+    accepted: f32,
+}
+
+impl Default for Adaptive {
+    fn default() -> Self {
+        Adaptive {
+            proposed: 0.0,
+            accepted: 0.0,
+        }
+    }
+}
+
+impl Adaptive {
+    /// The chance of acceptance the last proposal of a step must keep: a verification
+    /// row costs a few percent of a decode step on the small-batch kernels, and a
+    /// proposal below one in eight mostly pays for rows nobody keeps.
+    pub const MIN_GAIN: f32 = 0.125;
+    /// Weight of the history against one new step.
+    const DECAY: f32 = 0.9;
+
+    /// Proposals for the next step, at most `max`.
+    pub fn k(&self, max: usize) -> usize {
+        // Laplace's estimate: with nothing seen yet, 1/2 … rising with acceptance.
+        let a = (self.accepted + 1.0) / (self.proposed + 2.0);
+        let mut k = 1;
+        while k < max && a.powi(k as i32 + 1) >= Self::MIN_GAIN {
+            k += 1;
+        }
+        k.min(max)
+    }
+
+    /// Records a step: `proposed` tokens verified, `accepted` of them taken.
+    pub fn record(&mut self, proposed: usize, accepted: usize) {
+        self.proposed = self.proposed * Self::DECAY + proposed as f32;
+        self.accepted = self.accepted * Self::DECAY + accepted as f32;
+    }
+}
+
 /// Evaluates `prompt` after what `session` holds, then samples up to `max_tokens` tokens,
 /// handing each to `on_token` as soon as it is chosen.
 ///
@@ -204,6 +309,8 @@ pub fn generate_with(
             prompt_ms,
             ..Timings::default()
         },
+        proposed: 0,
+        accepted: 0,
     };
     if session.cache().layers.iter().any(|l| l.recurrent.is_some()) {
         proposer = None;
@@ -235,6 +342,7 @@ pub fn generate_with(
     if proposer.is_some() {
         history.extend_from_slice(prompt);
     }
+    let mut adaptive = Adaptive::default();
     let mut next = Next::Sample(logits);
     while out.ids.len() < params.max_tokens {
         let id = match next {
@@ -256,7 +364,7 @@ pub fn generate_with(
                 history.extend_from_slice(&out.ids[history.len() - prompt.len()..]);
                 let room = (session.n_ctx() - session.n_past() - 1)
                     .min(params.max_tokens - out.ids.len())
-                    .min(*k);
+                    .min(adaptive.k(*k));
                 p.propose(&history, room)
             }
             None => Vec::new(),
@@ -270,8 +378,10 @@ pub fn generate_with(
         let at = session.n_past() - batch.len(); // where `id` went
         let mut ended = false;
         let mut rejected = None;
+        let mut accepted = 0;
         for (j, &d) in drafts.iter().enumerate() {
             let t = sampler.try_sample(&rows[j * nv..(j + 1) * nv])?;
+            accepted += usize::from(t == d);
             if emit(t, &mut out, sampler) {
                 ended = true;
                 break;
@@ -283,6 +393,9 @@ pub fn generate_with(
                 break;
             }
         }
+        adaptive.record(drafts.len(), accepted);
+        out.proposed += drafts.len();
+        out.accepted += accepted;
         if ended {
             break;
         }
@@ -402,6 +515,37 @@ mod tests {
         }
         out += &m.finish();
         (out, m.stopped())
+    }
+
+    #[test]
+    fn a_prediction_is_followed_where_the_answer_meets_it() {
+        // Prompt [9, 9]; prediction 1..=8.
+        let mut p = PredictionLookup::new((1..=8).collect(), 2);
+        assert_eq!(p.propose(&[9, 9], 3), [1, 2, 3], "no answer yet: its start");
+        assert_eq!(p.propose(&[9, 9, 1, 2], 3), [3, 4, 5]);
+        // An edit (20 replaces 3, 4) and back: "5" is found after the cursor.
+        assert_eq!(p.propose(&[9, 9, 1, 2, 20], 3), Vec::<u32>::new());
+        assert_eq!(p.propose(&[9, 9, 1, 2, 20, 5], 2), [6, 7]);
+        // The longest suffix wins; the end of the prediction proposes nothing.
+        assert_eq!(p.propose(&[9, 9, 7, 8], 3), Vec::<u32>::new());
+        let mut p = PredictionLookup::new(vec![1, 2, 1, 3], 0);
+        assert_eq!(p.propose(&[2, 1], 1), [3], "[2, 1] beats [1]");
+        assert_eq!(p.propose(&[5], 2), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn proposals_follow_the_acceptance_rate() {
+        let mut a = Adaptive::default();
+        assert_eq!(a.k(7), 3, "nothing seen: a rate of 1/2");
+        for _ in 0..20 {
+            a.record(7, 7);
+        }
+        assert_eq!(a.k(7), 7);
+        for _ in 0..20 {
+            a.record(3, 0);
+        }
+        assert_eq!(a.k(7), 1, "rejected: one at a time");
+        assert_eq!(a.k(0), 0);
     }
 
     #[test]

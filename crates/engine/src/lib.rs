@@ -12,8 +12,9 @@ pub mod scheduler;
 mod session;
 
 pub use generate::{
-    generate, generate_with, partial_match_len, FinishReason, Flow, GenerateError, GenerateParams,
-    Generation, NgramLookup, Propose, Speculation, StopMatcher, Timings,
+    generate, generate_with, partial_match_len, Adaptive, FinishReason, Flow, GenerateError,
+    GenerateParams, Generation, NgramLookup, PredictionLookup, Propose, Speculation, StopMatcher,
+    Timings,
 };
 pub use perplexity::{perplexity, Perplexity};
 pub use session::{check_kv_memory, Session, DEFAULT_BATCH};

@@ -34,7 +34,9 @@ use std::time::{Duration, Instant};
 use frink_models::{Checkpoint, KvPool, KvType, Logits, Model, SeqState, Sequence};
 use frink_tokenizer::{StreamDecoder, Tokenizer};
 
-use crate::generate::{FinishReason, StopMatcher};
+use crate::generate::{
+    Adaptive, FinishReason, NgramLookup, PredictionLookup, Propose, Speculation, StopMatcher,
+};
 use crate::kv_blocks::{block_hash, block_hashes, BlockManager};
 use crate::sampling::{Sampler, SamplingParams};
 
@@ -72,7 +74,25 @@ pub struct SchedulerConfig {
     /// Bytes all slots' checkpoints may hold together (`--checkpoint-budget`); the oldest
     /// go first beyond it.
     pub checkpoint_budget: usize,
+    /// Prompt-lookup speculation ([`NgramLookup`]) for every request without a
+    /// prediction (`--spec ngram`; `false`: `--spec off`). A request's prediction
+    /// ([`Request::prediction`]) is proposed either way. Never changes a token: see
+    /// [`SPEC_ROWS`] for when a step verifies proposals.
+    pub prompt_lookup: bool,
+    /// Most tokens proposed in one step (`--draft-max`; 0: no speculation at all).
+    pub draft_max: usize,
+    /// Decode rows a step may reach with proposals ([`SPEC_ROWS`]; tests raise it to
+    /// verify proposals beside many streams).
+    pub spec_rows: usize,
 }
+
+/// Decode rows one step evaluates at most for speculation (the default of
+/// [`SchedulerConfig::spec_rows`]): proposals are verified only
+/// while the decoding sequences' rows and the proposals together stay within it (given
+/// out oldest request first), so a large batch — whose step already reads every weight
+/// once for many rows — decodes without them. The small-batch kernels evaluate up to 8
+/// rows at nearly the cost of one; past that, rows cost their share.
+pub const SPEC_ROWS: usize = 8;
 
 impl SchedulerConfig {
     /// Blocks of the KV pool: `kv_size` positions, or `parallel × n_ctx`, rounded up to
@@ -103,6 +123,9 @@ impl Default for SchedulerConfig {
             ctx_checkpoints: 8,
             checkpoint_interval: 256,
             checkpoint_budget: 1 << 30,
+            prompt_lookup: true,
+            draft_max: Speculation::default().draft_max,
+            spec_rows: SPEC_ROWS,
         }
     }
 }
@@ -158,6 +181,11 @@ pub struct Request {
     /// others do not apply. A slot's cache is reused only by a request of the same
     /// adapters and scales.
     pub lora: Vec<(usize, f32)>,
+    /// OpenAI's predicted outputs: tokens the answer is expected to repeat, proposed for
+    /// speculative verification ([`PredictionLookup`]) instead of prompt lookup. They
+    /// never change the answer, only how many tokens a step can accept. Ignored (nothing
+    /// proposed or counted) on models with recurrent layers.
+    pub prediction: Option<Vec<u32>>,
     /// Where the events go.
     pub sink: Box<dyn EventSink>,
 }
@@ -189,6 +217,11 @@ pub struct Completion {
     pub first_token_ms: f64,
     /// From the first token to the last, in milliseconds.
     pub gen_ms: f64,
+    /// Speculation: tokens proposed and verified (a prediction's or prompt lookup's), and
+    /// how many of them the answer took. Rows verified and not taken are
+    /// `proposed - accepted` (OpenAI's `rejected_prediction_tokens` for a prediction).
+    pub proposed: usize,
+    pub accepted: usize,
 }
 
 /// What the scheduler sends about a request, in order: any number of `Delta`s, then one
@@ -314,6 +347,9 @@ pub struct MetricsSnapshot {
     pub grammar_seconds: f64,
     /// Tokens sampled under a grammar.
     pub grammar_tokens: u64,
+    /// Speculation: tokens proposed and verified, and of those the ones accepted.
+    pub spec_proposed: u64,
+    pub spec_accepted: u64,
     /// Time from arrival to the first token.
     pub ttft: Histogram,
     /// Time between consecutive tokens of one request.
@@ -351,6 +387,8 @@ struct Shared {
     /// and how many tokens that was.
     grammar_ns: AtomicU64,
     grammar_tokens: AtomicU64,
+    spec_proposed: AtomicU64,
+    spec_accepted: AtomicU64,
     histograms: Mutex<(Histogram, Histogram)>,
     /// Refuse queued requests and cancel running ones (shutdown).
     cancel_all: AtomicBool,
@@ -469,6 +507,8 @@ impl Scheduler {
             decode_seconds: s.decode_ns.load(Ordering::Relaxed) as f64 * 1e-9,
             grammar_seconds: s.grammar_ns.load(Ordering::Relaxed) as f64 * 1e-9,
             grammar_tokens: s.grammar_tokens.load(Ordering::Relaxed),
+            spec_proposed: s.spec_proposed.load(Ordering::Relaxed),
+            spec_accepted: s.spec_accepted.load(Ordering::Relaxed),
             ttft,
             token_latency,
         }
@@ -510,6 +550,13 @@ struct Job<'t> {
     arrived: Instant,
     first_token: Option<Instant>,
     last_token: Instant,
+    /// What proposes tokens to verify (`None`: it decodes one token a step).
+    proposer: Option<Box<dyn Propose>>,
+    /// How many to propose, from its acceptance so far.
+    adaptive: Adaptive,
+    /// Tokens proposed and verified, and accepted ([`Completion::proposed`]).
+    proposed: usize,
+    accepted: usize,
 }
 
 /// A sequence slot: its state (keys and values in blocks of the shared pool), the ids its
@@ -1239,6 +1286,17 @@ impl<'t> Worker<'t> {
         }
         let now = Instant::now();
         let decoder = self.tok.stream_decoder(false).showing(&req.shown_tokens);
+        // A recurrent state cannot be cut back past rejected proposals.
+        let proposer: Option<Box<dyn Propose>> =
+            if pooler.is_some() || self.model.config.plan.is_recurrent() {
+                None
+            } else if let Some(p) = req.prediction.take() {
+                Some(Box::new(PredictionLookup::new(p, req.prompt.len())))
+            } else if self.config.prompt_lookup {
+                Some(Box::new(NgramLookup::default()))
+            } else {
+                None
+            };
         self.waiting.push_back(Box::new(Job {
             stops: StopMatcher::new(&req.stop),
             input: req.prompt.clone(),
@@ -1255,6 +1313,10 @@ impl<'t> Worker<'t> {
             arrived: now,
             first_token: None,
             last_token: now,
+            proposer,
+            adaptive: Adaptive::default(),
+            proposed: 0,
+            accepted: 0,
         }));
     }
 
@@ -1592,14 +1654,53 @@ impl<'t> Worker<'t> {
     /// One batched forward pass over every active sequence, then sampling.
     fn step(&mut self) {
         // Inputs: decode tokens first, then prompt chunks within the step's prefill budget.
+        // A decode input with proposals after its token asks for every row's logits
+        // (`Logits::All`: only speculative decode inputs do).
         let mut inputs: Vec<(usize, Vec<u32>, Logits)> = Vec::new();
-        let mut n_decode = 0usize;
-        for (i, slot) in self.slots.iter().enumerate() {
-            let Some(job) = &slot.job else { continue };
-            if let Some(t) = job.next.filter(|_| job.fed == job.input.len()) {
-                inputs.push((i, vec![t], Logits::Last));
-                n_decode += 1;
+        let decoding = |job: &Job| job.next.filter(|_| job.fed == job.input.len());
+        let mut n_decode = self
+            .slots
+            .iter()
+            .filter(|s| s.job.as_ref().and_then(decoding).is_some())
+            .count();
+        let mut spare = self.config.spec_rows.saturating_sub(n_decode);
+        let draft_max = self.config.draft_max;
+        let mut order: Vec<usize> = (0..self.slots.len()).collect();
+        order.sort_by_key(|&i| self.slots[i].job.as_ref().map(|j| j.arrived));
+        for i in order {
+            let n_past = self.slots[i].cache.n_past;
+            let Some(job) = self.slots[i].job.as_mut() else {
+                continue;
+            };
+            let Some(t) = decoding(job) else { continue };
+            let mut toks = vec![t];
+            if let Some(p) = job.proposer.as_mut().filter(|_| spare > 0) {
+                // Room: the context after `t`, the answer's budget, the step's rows.
+                let room = self
+                    .config
+                    .n_ctx
+                    .saturating_sub(n_past + 1)
+                    .min(
+                        job.req
+                            .max_tokens
+                            .map_or(usize::MAX, |m| m.saturating_sub(job.ids.len())),
+                    )
+                    .min(job.adaptive.k(draft_max))
+                    .min(spare);
+                if room > 0 {
+                    let history: Vec<u32> =
+                        job.req.prompt.iter().chain(&job.ids).copied().collect();
+                    let drafts = p.propose(&history, room);
+                    spare -= drafts.len().min(room);
+                    toks.extend(drafts.into_iter().take(room));
+                }
             }
+            let want = if toks.len() > 1 {
+                Logits::All
+            } else {
+                Logits::Last
+            };
+            inputs.push((i, toks, want));
         }
         let mut budget = if n_decode > 0 {
             self.config.prefill_chunk
@@ -1653,6 +1754,12 @@ impl<'t> Worker<'t> {
                 k += 1;
                 continue;
             }
+            if inputs[k].2 == Logits::All {
+                // Proposals never take blocks from another sequence.
+                inputs[k].1.truncate(1);
+                inputs[k].2 = Logits::Last;
+                continue;
+            }
             let running: Vec<usize> = (0..self.slots.len())
                 .filter(|&j| self.slots[j].job.is_some())
                 .collect();
@@ -1681,8 +1788,9 @@ impl<'t> Worker<'t> {
         }
         n_decode = inputs
             .iter()
-            .filter(|x| x.1.len() == 1 && x.2 == Logits::Last)
-            .count();
+            .filter(|x| (x.1.len() == 1 && x.2 == Logits::Last) || x.2 == Logits::All)
+            .map(|x| x.1.len())
+            .sum();
         let n_prefill = inputs.iter().map(|x| x.1.len()).sum::<usize>() - n_decode;
         inputs.sort_by_key(|x| x.0);
 
@@ -1760,10 +1868,14 @@ impl<'t> Worker<'t> {
                 return;
             }
         };
-        for ((i, toks, _), logits) in inputs.into_iter().zip(rows) {
+        for ((i, toks, want), logits) in inputs.into_iter().zip(rows) {
             let slot = &mut self.slots[i];
             slot.tokens.extend_from_slice(&toks);
             let n_past = slot.cache.n_past;
+            if want == Logits::All {
+                self.verify(i, &toks[1..], &logits, n_past - toks.len());
+                continue;
+            }
             self.register_full_blocks(i);
             let Some(mut job) = self.slots[i].job.take() else {
                 continue;
@@ -1794,16 +1906,59 @@ impl<'t> Worker<'t> {
             let job = if logits.is_empty() {
                 Some(job)
             } else {
-                self.sample(job, &logits, n_past)
+                self.sample(job, &logits, n_past, None)
             };
             self.slots[i].job = job;
         }
         self.publish_busy();
     }
 
-    /// Samples the next token of `job` from `logits`, sends what it adds, and returns the
-    /// job unless it finished (or its client went away).
-    fn sample(&self, mut job: Job<'t>, logits: &[f32], n_past: usize) -> Option<Job<'t>> {
+    /// Samples slot `i`'s tokens from the rows of its speculative step (its token at
+    /// position `at`, then `drafts`: `logits` holds a row for each) as plain decoding
+    /// would, one row at a time: row `m`'s choice is emitted, and if it is not `drafts[m]`
+    /// the step ends there (the choice is evaluated next step). The slot is cut back to
+    /// the proposals taken; its job goes back unless it finished.
+    fn verify(&mut self, i: usize, drafts: &[u32], logits: &[f32], at: usize) {
+        let Some(mut job) = self.slots[i].job.take() else {
+            self.register_full_blocks(i);
+            return;
+        };
+        job.proposed += drafts.len();
+        let nv = logits.len() / (drafts.len() + 1);
+        self.shared
+            .spec_proposed
+            .fetch_add(drafts.len() as u64, Ordering::Relaxed);
+        let mut job = Some(job);
+        let mut taken = 0;
+        for m in 0..=drafts.len() {
+            let expect = drafts.get(m).copied();
+            let j = job.take().expect("running until it ends");
+            job = self.sample(j, &logits[m * nv..(m + 1) * nv], at + 1 + m, expect);
+            match (job.as_ref(), expect) {
+                (Some(j), Some(d)) if j.next == Some(d) => taken += 1,
+                _ => break,
+            }
+        }
+        if taken < drafts.len() {
+            self.cut(i, at + 1 + taken);
+        }
+        self.register_full_blocks(i);
+        if let Some(j) = job.as_mut() {
+            j.adaptive.record(drafts.len(), taken);
+        }
+        self.slots[i].job = job;
+    }
+
+    /// Samples the next token of `job` from `logits` (the row at `n_past` positions;
+    /// `expect`: the token proposed there, counted when chosen), sends what it adds, and
+    /// returns the job unless it finished (or its client went away).
+    fn sample(
+        &self,
+        mut job: Job<'t>,
+        logits: &[f32],
+        n_past: usize,
+        expect: Option<u32>,
+    ) -> Option<Job<'t>> {
         let sampled = job.sampler.try_sample(logits);
         if job.sampler.is_constrained() {
             // All grammar time since the last token, computed ahead or not.
@@ -1823,6 +1978,10 @@ impl<'t> Worker<'t> {
         job.sampler.accept(id);
         job.ids.push(id);
         self.shared.tokens_generated.fetch_add(1, Ordering::Relaxed);
+        if expect == Some(id) {
+            job.accepted += 1;
+            self.shared.spec_accepted.fetch_add(1, Ordering::Relaxed);
+        }
         let now = Instant::now();
         if let Ok(mut h) = self.shared.histograms.lock() {
             if job.first_token.is_none() {
@@ -1914,6 +2073,8 @@ impl<'t> Worker<'t> {
             ids: job.ids,
             first_token_ms: (first - job.arrived).as_secs_f64() * 1e3,
             gen_ms: (now - first).as_secs_f64() * 1e3,
+            proposed: job.proposed,
+            accepted: job.accepted,
         }));
     }
 }
@@ -1945,6 +2106,8 @@ impl Worker<'_> {
             ids: Vec::new(),
             first_token_ms: (now - job.arrived).as_secs_f64() * 1e3,
             gen_ms: 0.0,
+            proposed: 0,
+            accepted: 0,
         }));
     }
 }

@@ -96,6 +96,7 @@ fn request(prompt: &[u32], seed: u64, n: usize) -> (Request, mpsc::Receiver<Even
         shown_tokens: Vec::new(),
         embed: None,
         lora: Vec::new(),
+        prediction: None,
         sink: Box::new(tx),
     };
     (req, rx)

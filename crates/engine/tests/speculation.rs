@@ -5,12 +5,17 @@
 //! proposals are accepted and rejected.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use frink_engine::sampling::{Sampler, SamplingParams};
+use frink_engine::scheduler::{
+    Completion, Event, Request, Scheduler, SchedulerConfig, TokenLogprob,
+};
 use frink_engine::{
     generate_with, Flow, GenerateParams, Generation, NgramLookup, Propose, Session,
 };
 use frink_models::{KvType, Logits, Model};
+use frink_tokenizer::Tokenizer;
 
 /// Proposes the plain answer's next tokens (right) or, with `wrong`, each of them plus
 /// one (never the model's choice when that choice is the plain answer's).
@@ -181,4 +186,194 @@ fn speculation_gives_the_tokens_of_plain_decoding() {
     }
     eprintln!("{accepted_runs} runs where prompt lookup proposed a token the model then chose");
     assert!(accepted_runs > 0);
+}
+
+/// What a scheduler request ended with: its completion, the text it streamed and its
+/// log-probability entries.
+fn collect(rx: &std::sync::mpsc::Receiver<Event>) -> (Completion, String, Vec<TokenLogprob>) {
+    let (mut text, mut lps) = (String::new(), Vec::new());
+    loop {
+        match rx.recv().expect("an event") {
+            Event::Delta { text: t, tokens } => {
+                text += &t;
+                lps.extend(tokens);
+            }
+            Event::Done(c) => return (c, text, lps),
+            Event::Error(e) | Event::Cancelled(e) => panic!("{e}"),
+            Event::Embedding(_) => {}
+        }
+    }
+}
+
+/// One request of [`the_scheduler_speculates_beside_seven_other_streams`].
+struct Case {
+    name: &'static str,
+    sampling: SamplingParams,
+    max_tokens: usize,
+    prediction: Option<Vec<u32>>,
+    stop: Vec<String>,
+}
+
+/// Runs `cases` together (all submitted at once, one slot each) on a scheduler with
+/// `draft_max` proposals a step and room for them beside every other stream.
+fn run_together(
+    path: &std::path::Path,
+    prompt: &[u32],
+    cases: &[Case],
+    draft_max: usize,
+) -> (
+    Vec<(Completion, String, Vec<TokenLogprob>)>,
+    frink_engine::scheduler::MetricsSnapshot,
+) {
+    let model = Model::load(path).unwrap();
+    let tok = Arc::new(Tokenizer::from_gguf(&model.file).unwrap());
+    let sched = Scheduler::start(
+        model,
+        tok,
+        SchedulerConfig {
+            parallel: cases.len(),
+            n_ctx: 256,
+            queue: 16,
+            kv_type: KvType::F16,
+            prompt_lookup: true,
+            draft_max,
+            spec_rows: 64,
+            ..SchedulerConfig::default()
+        },
+    );
+    let rxs: Vec<_> = cases
+        .iter()
+        .map(|c| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            sched
+                .submit(Request {
+                    prompt: prompt.to_vec(),
+                    sampling: c.sampling.clone(),
+                    max_tokens: Some(c.max_tokens),
+                    stop: c.stop.clone(),
+                    ignore_eos: true,
+                    top_logprobs: Some(2),
+                    constraint: None,
+                    prefix_group: None,
+                    follows_prefix: false,
+                    shown_tokens: Vec::new(),
+                    embed: None,
+                    lora: Vec::new(),
+                    prediction: c.prediction.clone(),
+                    sink: Box::new(tx),
+                })
+                .unwrap();
+            rx
+        })
+        .collect();
+    let out = rxs.iter().map(collect).collect();
+    (out, sched.metrics())
+}
+
+/// Through the continuous-batching scheduler, eight streams at once: prompt lookup, a
+/// prediction that is the answer, one wrong after its first token, one right for its first half,
+/// seeded sampling with penalties, `max_tokens` shorter than an accepted run and a stop
+/// string inside one give exactly the tokens, text, finish reasons and log-probabilities
+/// (one entry per token) of the same requests without speculation, and those equal the
+/// single-sequence loop's. Proposals are verified (and accepted, and rejected) beside the
+/// seven others.
+#[test]
+fn the_scheduler_speculates_beside_seven_other_streams() {
+    let mut paths = Vec::new();
+    let store = frink_store::Store::from_env().unwrap();
+    for name in ["smollm2-135m", "qwen2.5-coder-0.5b", "gemma3-270m"] {
+        paths.push((name.to_string(), store.resolve(name).unwrap()));
+    }
+    if let Some(t) = frink_testdata::require("fixtures/tiny", "scheduler speculation") {
+        for f in ["llama", "gemma3"] {
+            paths.push((f.to_string(), t.join(f).join("model.gguf")));
+        }
+    }
+    let n = 24;
+    for (name, path) in paths {
+        let model = Model::load(&path).unwrap();
+        let tok = Tokenizer::from_gguf(&model.file).unwrap();
+        let nv = model.config.n_vocab as u32;
+        let prompt = repetitive(&model, 120);
+        let mut greedy = SamplingParams::greedy();
+        greedy.repeat_penalty = 1.0;
+        let seeded = |seed| SamplingParams {
+            temperature: 0.9,
+            repeat_penalty: 1.1,
+            presence_penalty: 0.2,
+            seed,
+            ..SamplingParams::default()
+        };
+        let plain = |s: &SamplingParams, n| run(&model, &prompt, n, s, None).0.ids;
+        let g = plain(&greedy, n);
+        let s1 = plain(&seeded(1), n);
+        let wrong = |ids: &[u32]| ids.iter().map(|&t| (t + 1) % nv).collect::<Vec<u32>>();
+        // Right at its first token only (a prediction is followed from where the answer
+        // meets it: an answer that never does gets no proposals).
+        let mut wrong_after_first = vec![g[0]];
+        wrong_after_first.extend(wrong(&g[1..]));
+        let mut half = g[..n / 2].to_vec();
+        half.extend(wrong(&g[n / 2..]));
+        // A stop string in the middle of the answer (the text of tokens 12 and 13).
+        let stop = tok.decode(&g[12..14], false).unwrap();
+        let case = |name, sampling: &SamplingParams, max_tokens, prediction| Case {
+            name,
+            sampling: sampling.clone(),
+            max_tokens,
+            prediction,
+            stop: Vec::new(),
+        };
+        let mut cases = vec![
+            case("lookup", &greedy, n, None),
+            case("right", &greedy, n, Some(g.clone())),
+            case("wrong", &greedy, n, Some(wrong_after_first)),
+            case("half right", &greedy, n, Some(half)),
+            case("seeded right", &seeded(1), n, Some(s1.clone())),
+            case("seeded lookup", &seeded(2), n, None),
+            case("short budget", &greedy, 5, Some(g.clone())),
+            case("stop", &greedy, n, Some(g.clone())),
+        ];
+        if !stop.trim().is_empty() {
+            cases[7].stop = vec![stop.clone()];
+        }
+        let (off, _) = run_together(&path, &prompt, &cases, 0);
+        let (on, m) = run_together(&path, &prompt, &cases, 7);
+        for (c, (a, b)) in cases.iter().zip(off.iter().zip(&on)) {
+            let what = format!("{name} {}", c.name);
+            assert_eq!(b.0.ids, a.0.ids, "{what}: tokens");
+            assert_eq!(b.0.finish_reason, a.0.finish_reason, "{what}");
+            assert_eq!(b.1, a.1, "{what}: text");
+            assert_eq!(b.2, a.2, "{what}: log-probabilities");
+            assert_eq!(b.2.len(), b.0.ids.len(), "{what}: one entry per token");
+            assert_eq!((a.0.proposed, a.0.accepted), (0, 0), "{what}: off");
+        }
+        // Without speculation the scheduler gives the single-sequence loop's tokens.
+        assert_eq!(off[0].0.ids, g, "{name}: greedy");
+        assert_eq!(off[4].0.ids, s1, "{name}: seeded");
+        assert_eq!(off[6].0.ids, g[..5], "{name}: short budget");
+        // Proposals were verified, taken and refused beside the others.
+        let c = |i: usize| (on[i].0.proposed, on[i].0.accepted);
+        eprintln!(
+            "{name}: proposed/accepted lookup {:?} right {:?} wrong {:?} half {:?} seeded {:?} short {:?} stop {:?}",
+            c(0), c(1), c(2), c(3), c(4), c(6), c(7)
+        );
+        assert!(
+            c(1).1 >= n / 2,
+            "{name}: a right prediction is mostly taken"
+        );
+        assert!(
+            c(2).0 > c(2).1,
+            "{name}: a wrong prediction is verified, not taken"
+        );
+        assert!(c(3).1 > 0 && c(3).0 > c(3).1, "{name}: half right");
+        assert!(c(4).1 > 0, "{name}: a seeded answer's prediction is taken");
+        assert!(m.spec_accepted > 0 && m.spec_proposed > m.spec_accepted);
+        if !cases[7].stop.is_empty() {
+            assert_eq!(on[7].0.finish_reason, frink_engine::FinishReason::Stop);
+            assert!(
+                !on[7].1.contains(&stop),
+                "{name}: the stop string is not sent"
+            );
+        }
+    }
 }

@@ -146,6 +146,42 @@ pub fn opt_str<'a>(obj: &'a Map<String, Value>, name: &str) -> Result<Option<&'a
     }
 }
 
+/// OpenAI's predicted outputs: `prediction: {"type": "content", "content": TEXT}`, the
+/// content a string or an array of `{"type": "text", "text": …}` parts (joined). `None`
+/// when absent or null.
+///
+/// Errors: a 400 naming `prediction` for another shape or type.
+pub fn prediction(obj: &Map<String, Value>) -> Result<Option<String>, ApiError> {
+    let Some(v) = field(obj, "prediction") else {
+        return Ok(None);
+    };
+    let bad = |m: &str| ApiError::invalid(Some("prediction"), m.to_string());
+    let o = v
+        .as_object()
+        .ok_or_else(|| bad("'prediction' must be an object"))?;
+    if o.get("type").and_then(Value::as_str) != Some("content") {
+        return Err(bad("'prediction.type' must be \"content\""));
+    }
+    match o.get("content") {
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .map(
+                |p| match (p.get("type").and_then(Value::as_str), p.get("text")) {
+                    (Some("text"), Some(Value::String(t))) => Ok(t.as_str()),
+                    _ => Err(bad(
+                        "'prediction.content' parts must be {\"type\": \"text\", \"text\": …}",
+                    )),
+                },
+            )
+            .collect::<Result<String, _>>()
+            .map(Some),
+        _ => Err(bad(
+            "'prediction.content' must be a string or an array of text parts",
+        )),
+    }
+}
+
 /// A number field checked against `lo..=hi`.
 fn ranged(obj: &Map<String, Value>, name: &str, lo: f64, hi: f64) -> Result<Option<f32>, ApiError> {
     match opt_f64(obj, name)? {
@@ -296,6 +332,7 @@ pub const FIELDS: &[Field] = &[
     field_of("parse_tool_calls", LlamaCpp, Honoured),
     field_of("reasoning_format", LlamaCpp, Honoured),
     field_of("n", Both, Honoured),
+    field_of("prediction", ChatApi, Honoured),
     // OpenAI, informational.
     field_of("model", Both, Informational),
     field_of("user", Both, Informational),
@@ -304,7 +341,6 @@ pub const FIELDS: &[Field] = &[
     field_of("service_tier", ChatApi, Informational),
     field_of("prompt_cache_key", ChatApi, Informational),
     field_of("safety_identifier", ChatApi, Informational),
-    field_of("prediction", ChatApi, Informational),
     // OpenAI, refused unless neutral.
     field_of(
         "functions",

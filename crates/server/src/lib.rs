@@ -89,6 +89,10 @@ pub struct ServeConfig {
     pub ctx_checkpoints: usize,
     pub checkpoint_interval: usize,
     pub checkpoint_budget: usize,
+    /// Prompt-lookup speculation (`--spec ngram`) for requests without a `prediction`.
+    pub prompt_lookup: bool,
+    /// Most tokens proposed per step (`--draft-max`; 0: no speculation).
+    pub draft_max: usize,
 }
 
 /// How long in-flight requests may run on after SIGINT/SIGTERM before they are cancelled.
@@ -352,6 +356,8 @@ fn start_engine(config: &ServeConfig, load: Loader) -> Result<Engine> {
         ctx_checkpoints: config.ctx_checkpoints,
         checkpoint_interval: config.checkpoint_interval,
         checkpoint_budget: config.checkpoint_budget,
+        prompt_lookup: config.prompt_lookup,
+        draft_max: config.draft_max,
         ..SchedulerConfig::default()
     };
     let kv_positions = sched_config.kv_blocks() * frink_models::KV_BLOCK;
@@ -676,6 +682,18 @@ async fn metrics(State(st): St, headers: HeaderMap) -> Response {
         m.kv_bytes as f64,
     );
     counter(
+        "frink_spec_proposed_tokens_total",
+        "Speculative decoding: tokens proposed (prompt lookup or a request's prediction) and verified.",
+        "counter",
+        m.spec_proposed as f64,
+    );
+    counter(
+        "frink_spec_accepted_tokens_total",
+        "Speculative decoding: proposed tokens the answers took (the rest were verified in vain).",
+        "counter",
+        m.spec_accepted as f64,
+    );
+    counter(
         "frink_preemptions_total",
         "Sequences whose blocks went to older ones (evaluated again later, same tokens).",
         "counter",
@@ -828,6 +846,8 @@ struct Prepared {
     answer: answer::AnswerFormat,
     /// Control tokens the answer shows as text (a tool-call format's markers).
     shown_tokens: Vec<u32>,
+    /// OpenAI's predicted output, tokenized (proposed for speculative verification).
+    prediction: Option<Vec<u32>>,
     model: String,
 }
 
@@ -980,6 +1000,10 @@ fn prepare_chat(st: &AppState, obj: &Map<String, Value>) -> Result<Prepared, Api
         .filter_map(|m| eng.tok.control_token(m))
         .collect();
     let constraints = eng.constraints(grammar, trigger, opts.n)?;
+    let prediction = api::prediction(obj)?
+        .map(|text| eng.tok.encode(&text, false, false))
+        .transpose()
+        .map_err(|e| ApiError::invalid(Some("prediction"), e.to_string()))?;
     Ok(Prepared {
         prompt,
         opts,
@@ -987,6 +1011,7 @@ fn prepare_chat(st: &AppState, obj: &Map<String, Value>) -> Result<Prepared, Api
         constraints,
         answer,
         shown_tokens,
+        prediction,
         model: model_field(st, obj),
     })
 }
@@ -1050,6 +1075,7 @@ fn prepare_completion(st: &AppState, obj: &Map<String, Value>) -> Result<Prepare
         constraints,
         answer: answer::AnswerFormat::default(),
         shown_tokens: Vec::new(),
+        prediction: None,
         model: model_field(st, obj),
     })
 }
@@ -1185,6 +1211,7 @@ async fn embed_inputs(
             shown_tokens: Vec::new(),
             embed: Some(eng.pooling),
             lora: eng.lora_set(None)?,
+            prediction: None,
             sink: Box::new(ChannelSink(tx.clone(), i)),
         };
         eng.sched.submit(req).map_err(submit_error)?;
@@ -1309,6 +1336,7 @@ async fn complete(st: &AppState, kind: Kind, mut p: Prepared) -> Response {
         include_usage: p.opts.include_usage,
         n: p.opts.n,
         answer: std::mem::take(&mut p.answer),
+        prediction: p.prediction.is_some(),
     };
     if p.opts.stream {
         stream_response(fmt, rx)
@@ -1387,6 +1415,7 @@ fn queue(
             shown_tokens: p.shown_tokens.clone(),
             embed: None,
             lora: lora.clone(),
+            prediction: p.prediction.clone(),
             sink: Box::new(ChannelSink(tx.clone(), i)),
         };
         // On an error the choices already queued see their channel close and are dropped.
@@ -1408,6 +1437,8 @@ struct Formatter {
     n: usize,
     /// What to read out of a chat answer (reasoning, tool calls).
     answer: answer::AnswerFormat,
+    /// The request gave a `prediction` (its counts go into `usage`).
+    prediction: bool,
 }
 
 /// The finished choices' counts as OpenAI's `usage` reports them: the prompt once, the
@@ -1419,6 +1450,9 @@ struct Totals {
     completion_tokens: usize,
     first_token_ms: f64,
     gen_ms: f64,
+    /// Speculation over every choice: tokens proposed and verified, and accepted.
+    proposed: usize,
+    accepted: usize,
 }
 
 impl Totals {
@@ -1430,6 +1464,8 @@ impl Totals {
             self.gen_ms = c.gen_ms;
         }
         self.completion_tokens += c.ids.len();
+        self.proposed += c.proposed;
+        self.accepted += c.accepted;
     }
 }
 
@@ -1512,6 +1548,24 @@ impl Formatter {
             "completion_tokens": t.completion_tokens,
             "total_tokens": t.prompt_tokens + t.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": t.cached_tokens},
+            "completion_tokens_details": self.completion_details(t),
+        })
+    }
+
+    /// OpenAI's `completion_tokens_details`: for a request with a `prediction`, its
+    /// tokens the answer took (`accepted_prediction_tokens`) and those verified and not
+    /// taken (`rejected_prediction_tokens`; counted in `completion_tokens`' cost, not in
+    /// its number, as OpenAI bills them); zero otherwise (prompt lookup is not a
+    /// prediction: `/metrics` counts it).
+    fn completion_details(&self, t: &Totals) -> Value {
+        let (accepted, rejected) = if self.prediction {
+            (t.accepted, t.proposed - t.accepted)
+        } else {
+            (0, 0)
+        };
+        json!({
+            "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": rejected,
         })
     }
 
