@@ -6,7 +6,7 @@ use std::io::{BufRead, Write};
 use anyhow::{Context, Result};
 use clap::Args;
 use frink_engine::sampling::Sampler;
-use frink_engine::{generate, Flow, GenerateParams, Session, StopMatcher};
+use frink_engine::{Flow, GenerateParams, Session, StopMatcher};
 use frink_tokenizer::{ChatMessage, Tokenizer};
 
 use crate::common::{GenArgs, ModelArgs, SamplingArgs};
@@ -37,6 +37,10 @@ pub fn run(args: &ChatArgs) -> Result<()> {
     let grammar = args.sampling.grammar_for(&tok)?;
     frink_engine::check_kv_memory(&model, args.gen.ctx, 1, args.model.kv_type, "--ctx")
         .map_err(anyhow::Error::msg)?;
+    let draft_model = args.gen.spec.load_draft(&tok)?;
+    let mut draft = draft_model
+        .as_ref()
+        .map(|m| frink_engine::DraftModel::new(m, args.gen.ctx, args.model.kv_type));
     let mut session = Session::new(&model, args.gen.ctx, args.model.kv_type);
     let sampling = args.sampling.params(tok.n_vocab())?;
     let params = GenerateParams {
@@ -84,21 +88,32 @@ pub fn run(args: &ChatArgs) -> Result<()> {
         let mut stops = StopMatcher::new(&args.sampling.stop);
         let mut answer = String::new();
         let mut out = std::io::stdout().lock();
-        let gen = generate(&mut session, &ids[keep..], &mut sampler, &params, |id| {
-            if tok.is_eog(id) {
-                return Flow::Continue;
-            }
-            let piece = decoder.push(id).unwrap_or_default();
-            let shown = stops.push(&piece);
-            answer.push_str(&shown);
-            let _ = out.write_all(shown.as_bytes());
-            let _ = out.flush();
-            if stops.stopped() {
-                Flow::Stop
-            } else {
-                Flow::Continue
-            }
-        })?;
+        if let Some(d) = draft.as_mut() {
+            d.prefix = ids[..keep].to_vec();
+        }
+        let gen = crate::common::generate_speculative(
+            &mut session,
+            &ids[keep..],
+            &mut sampler,
+            &params,
+            &args.gen.spec,
+            draft.as_mut(),
+            |id| {
+                if tok.is_eog(id) {
+                    return Flow::Continue;
+                }
+                let piece = decoder.push(id).unwrap_or_default();
+                let shown = stops.push(&piece);
+                answer.push_str(&shown);
+                let _ = out.write_all(shown.as_bytes());
+                let _ = out.flush();
+                if stops.stopped() {
+                    Flow::Stop
+                } else {
+                    Flow::Continue
+                }
+            },
+        )?;
         let tail = stops.push(&decoder.finish()) + &stops.finish();
         answer.push_str(&tail);
         let _ = writeln!(out, "{tail}");

@@ -6,6 +6,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use frink_models::{KvType, Model};
 use frink_store::Store;
+use frink_tokenizer::Tokenizer;
 
 /// `-m`, `-t` and `--kv-type`, as CONTRACT.md spells them.
 #[derive(Args, Clone, Debug)]
@@ -363,22 +364,97 @@ pub struct GenArgs {
 #[derive(Args, Debug, Clone)]
 pub struct SpecArgs {
     /// Speculative decoding: `ngram` (prompt lookup: proposals from earlier text of the
-    /// prompt and answer, verified in one batched step; the tokens are exactly those of
-    /// `off`) or `off`.
-    #[arg(long = "spec", default_value = "ngram", value_parser = ["ngram", "off"])]
-    pub spec: String,
+    /// prompt and answer), `draft` (a draft model's, `--draft-model`) or `off`; proposals
+    /// are verified in one batched step, so the tokens are exactly those of `off`.
+    /// Default: `draft` with `--draft-model`, else `ngram`.
+    #[arg(long = "spec", value_parser = ["ngram", "draft", "off"])]
+    pub spec: Option<String>,
     /// Most tokens proposed per speculative step (0: no speculation, predictions included).
     #[arg(long = "draft-max", default_value_t = 7)]
     pub draft_max: usize,
+    /// The draft model (catalog name or .gguf path; llama.cpp's `-md`): same vocabulary as
+    /// the model, checked at load.
+    #[arg(long = "draft-model", visible_alias = "model-draft")]
+    pub draft_model: Option<String>,
+    /// Propose nothing rather than fewer draft tokens than this.
+    #[arg(long = "draft-min", default_value_t = 0)]
+    pub draft_min: usize,
+    /// Stop drafting when the draft model's choice has a lower probability than this.
+    #[arg(long = "draft-p-min", default_value_t = frink_engine::DraftModel::DEFAULT_P_MIN)]
+    pub draft_p_min: f32,
+}
+
+/// What [`SpecArgs`] resolve to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SpecKind {
+    Off,
+    Ngram,
+    Draft(String),
 }
 
 impl SpecArgs {
-    /// The prompt-lookup speculation `--spec` and `--draft-max` ask for (`None`: off, or 0
+    /// The speculation asked for. Errors: `--spec draft` without `--draft-model`, or a
+    /// draft model with `--spec ngram` (one of them would be ignored).
+    pub fn kind(&self) -> Result<SpecKind> {
+        if self.draft_max == 0 {
+            return Ok(SpecKind::Off);
+        }
+        match (self.spec.as_deref(), &self.draft_model) {
+            (Some("off"), _) => Ok(SpecKind::Off),
+            (None | Some("draft"), Some(m)) => Ok(SpecKind::Draft(m.clone())),
+            (Some("draft"), None) => anyhow::bail!("--spec draft needs --draft-model"),
+            (Some("ngram"), Some(_)) => {
+                anyhow::bail!("--draft-model is given with --spec ngram: use --spec draft")
+            }
+            _ => Ok(SpecKind::Ngram),
+        }
+    }
+
+    /// The prompt-lookup speculation asked for (`None`: off, a draft model, or 0
     /// proposals).
     pub fn speculation(&self) -> Option<frink_engine::Speculation> {
-        (self.spec == "ngram" && self.draft_max > 0).then_some(frink_engine::Speculation {
+        (self.kind().ok() == Some(SpecKind::Ngram)).then_some(frink_engine::Speculation {
             draft_max: self.draft_max,
         })
+    }
+
+    /// The draft model's file, if one is asked for (a catalog model is fetched on first
+    /// use).
+    pub fn draft_path(&self) -> Result<Option<PathBuf>> {
+        match self.kind()? {
+            SpecKind::Draft(name) => Ok(Some(Store::from_env()?.resolve(&name)?)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Loads the draft model, if one is asked for ([`frink_engine::load_draft_model`]).
+    pub fn load_draft(&self, tok: &Tokenizer) -> Result<Option<Model>> {
+        self.draft_path()?
+            .map(|p| frink_engine::load_draft_model(&p, tok).map_err(anyhow::Error::msg))
+            .transpose()
+    }
+}
+
+/// Generates as [`frink_engine::generate`] with the speculation of `spec`: a draft model's
+/// proposals (`draft`, loaded by [`SpecArgs::load_draft`]), prompt lookup, or none.
+pub fn generate_speculative(
+    session: &mut frink_engine::Session<'_>,
+    prompt: &[u32],
+    sampler: &mut frink_engine::sampling::Sampler,
+    params: &frink_engine::GenerateParams,
+    spec: &SpecArgs,
+    draft: Option<&mut frink_engine::DraftModel<'_>>,
+    on_token: impl FnMut(u32) -> frink_engine::Flow,
+) -> std::result::Result<frink_engine::Generation, frink_engine::GenerateError> {
+    match draft {
+        Some(d) => {
+            d.p_min = spec.draft_p_min;
+            d.n_min = spec.draft_min;
+            let proposer: Option<(&mut dyn frink_engine::Propose, usize)> =
+                Some((d, spec.draft_max));
+            frink_engine::generate_with(session, prompt, sampler, params, proposer, on_token)
+        }
+        None => frink_engine::generate(session, prompt, sampler, params, on_token),
     }
 }
 

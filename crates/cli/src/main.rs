@@ -128,7 +128,15 @@ fn main() -> ExitCode {
         .without_time()
         .with_target(false)
         .init();
-    let cli = Cli::parse();
+    // llama.cpp spells the draft model `-md`, two letters behind one dash, which clap
+    // would read as `-m d`: it is `--draft-model` here.
+    let cli = Cli::parse_from(std::env::args_os().map(|a| {
+        if a == "-md" {
+            "--draft-model".into()
+        } else {
+            a
+        }
+    }));
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

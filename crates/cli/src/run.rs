@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::{ArgAction, Args};
 use frink_engine::sampling::Sampler;
-use frink_engine::{generate, Flow, GenerateParams, Session, StopMatcher};
+use frink_engine::{Flow, GenerateParams, Session, StopMatcher};
 use frink_tokenizer::{ChatMessage, Tokenizer};
 
 use crate::common::{parse_ids, read_text, GenArgs, ModelArgs, SamplingArgs};
@@ -97,6 +97,10 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let max_tokens = args.gen.max_tokens();
     frink_engine::check_kv_memory(&model, args.gen.ctx, 1, args.model.kv_type, "--ctx")
         .map_err(anyhow::Error::msg)?;
+    let draft_model = args.gen.spec.load_draft(&tok)?;
+    let mut draft = draft_model
+        .as_ref()
+        .map(|m| frink_engine::DraftModel::new(m, args.gen.ctx, args.model.kv_type));
     let mut session = Session::new(&model, args.gen.ctx, args.model.kv_type);
     let mut sampler = Sampler::new(args.sampling.params(tok.n_vocab())?)
         .with_constraint(grammar.as_ref().map(|g| g.fresh()).transpose()?);
@@ -117,23 +121,31 @@ pub fn run(args: &RunArgs) -> Result<()> {
         }
     };
     let mut decode_error = None;
-    let gen = generate(&mut session, &prompt, &mut sampler, &params, |id| {
-        if tok.is_eog(id) {
-            return Flow::Continue;
-        }
-        match decoder.push(id) {
-            Ok(piece) => {
-                let shown = stops.push(&piece);
-                emit(&shown, &mut text);
+    let gen = crate::common::generate_speculative(
+        &mut session,
+        &prompt,
+        &mut sampler,
+        &params,
+        &args.gen.spec,
+        draft.as_mut(),
+        |id| {
+            if tok.is_eog(id) {
+                return Flow::Continue;
             }
-            Err(e) => decode_error = Some(e),
-        }
-        if stops.stopped() || decode_error.is_some() {
-            Flow::Stop
-        } else {
-            Flow::Continue
-        }
-    })?;
+            match decoder.push(id) {
+                Ok(piece) => {
+                    let shown = stops.push(&piece);
+                    emit(&shown, &mut text);
+                }
+                Err(e) => decode_error = Some(e),
+            }
+            if stops.stopped() || decode_error.is_some() {
+                Flow::Stop
+            } else {
+                Flow::Continue
+            }
+        },
+    )?;
     if let Some(e) = decode_error {
         return Err(e.into());
     }
@@ -154,6 +166,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
             "ids": gen.ids,
             "text": text,
             "finish_reason": gen.finish_reason.as_str(),
+            "speculation": {"proposed": gen.proposed, "accepted": gen.accepted},
             "timings": {
                 "load_ms": load_ms,
                 "prompt_tokens": t.prompt_tokens,

@@ -79,6 +79,8 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         args.checkpoint_interval >= 1,
         "--checkpoint-interval must be at least 1"
     );
+    let spec = args.spec.kind()?;
+    let draft_model = args.spec.draft_path()?;
     let path = args.model.path()?;
     let (chat_template, chat_template_kwargs) = args.template.resolve()?;
     let model = args.model.clone();
@@ -102,8 +104,11 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             ctx_checkpoints: args.ctx_checkpoints,
             checkpoint_interval: args.checkpoint_interval,
             checkpoint_budget: args.checkpoint_budget,
-            prompt_lookup: args.spec.spec == "ngram",
+            prompt_lookup: spec == crate::common::SpecKind::Ngram,
             draft_max: args.spec.draft_max,
+            draft_model,
+            draft_p_min: args.spec.draft_p_min,
+            draft_min: args.spec.draft_min,
         },
         // The same loading as every other command (thread pool, model options).
         Box::new(move || model.load_path(&path)),

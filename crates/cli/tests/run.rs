@@ -364,3 +364,57 @@ fn a_q8_0_cache_on_heads_of_16_is_refused() {
         "{err}"
     );
 }
+
+/// `--draft-model` (also llama.cpp's `-md`): `run` and `chat` with smollm2 drafting for
+/// itself give the tokens of `--spec off`, greedy and seeded, and its proposals are
+/// taken (`speculation` in `--json`); a draft model of another vocabulary, `--spec draft`
+/// without one and `--spec ngram` with one are refused naming the flag.
+#[test]
+fn a_draft_model_changes_no_token() {
+    let prompt = "Write a list of the numbers from one to twenty in words.";
+    for sampling in [&["--greedy"][..], &["--seed", "7", "--temp", "0.8"][..]] {
+        let run = |extra: &[&str]| {
+            let mut a = sampling.to_vec();
+            a.extend_from_slice(&["-n", "48"]);
+            a.extend_from_slice(extra);
+            a.push(prompt);
+            json_run(&a)
+        };
+        let off = run(&["--spec", "off"]);
+        let drafted = run(&["-md", "smollm2-135m"]);
+        assert_eq!(drafted["ids"], off["ids"], "{sampling:?}");
+        assert_eq!(off["speculation"]["proposed"], 0);
+        let s = &drafted["speculation"];
+        eprintln!("{sampling:?}: {s}");
+        assert!(s["accepted"].as_u64().unwrap() > 0, "{sampling:?}: {s}");
+    }
+    let chat = |extra: &[&str]| {
+        let mut a = vec!["chat", "--greedy", "-n", "24", "--stop", "\n", "-t", "2"];
+        a.extend_from_slice(extra);
+        let out = frink_with_stdin(
+            &a,
+            b"My favourite colour is green.\nWhat is my favourite colour?\n",
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(
+        chat(&["--draft-model", "smollm2-135m"]),
+        chat(&["--spec", "off"])
+    );
+    for (args, want) in [
+        (&["-md", "qwen2.5-coder-0.5b"][..], "same vocabulary"),
+        (&["--spec", "draft"][..], "--draft-model"),
+        (
+            &["--spec", "ngram", "-md", "smollm2-135m"][..],
+            "--spec draft",
+        ),
+    ] {
+        let mut a = vec!["run", "-n", "2"];
+        a.extend_from_slice(args);
+        a.push("x");
+        let out = frink(&a);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(stderr(&out).contains(want), "{args:?}: {}", stderr(&out));
+    }
+}

@@ -2223,3 +2223,43 @@ fn predicted_outputs_never_change_the_answer() {
     assert_eq!(r.status, 400);
     assert_eq!(r.json()["error"]["param"], "prediction");
 }
+
+/// `serve --draft-model` (smollm2 drafting for itself): four concurrent requests, greedy
+/// and seeded, get the answers of a `--spec off` server, and `/metrics` counts the draft's
+/// proposals taken.
+#[test]
+fn a_draft_model_serves_the_answers_of_no_speculation() {
+    let _l = lock();
+    let bodies: Vec<Value> = (0..4)
+        .map(|i| {
+            chat(
+                &format!("List the first {} prime numbers in words.", 5 + i),
+                json!({"temperature": if i % 2 == 0 { 0.0 } else { 0.8 }, "seed": i, "max_tokens": 48}),
+            )
+        })
+        .collect();
+    let answers = |args: &[&str]| {
+        let srv = Server::start(args);
+        let hs: Vec<_> = bodies
+            .iter()
+            .cloned()
+            .map(|b| {
+                let port = srv.port;
+                std::thread::spawn(move || {
+                    common::http::Client::new(port).post_ok("/v1/chat/completions", &b)
+                })
+            })
+            .collect();
+        let out: Vec<String> = hs
+            .into_iter()
+            .map(|h| message(&h.join().unwrap()))
+            .collect();
+        (out, srv.metric("frink_spec_accepted_tokens_total"))
+    };
+    let (off, none) = answers(&["--parallel", "4", "--spec", "off"]);
+    let (drafted, accepted) = answers(&["--parallel", "4", "-md", "smollm2-135m"]);
+    assert_eq!(drafted, off);
+    assert_eq!(none, 0.0);
+    eprintln!("draft proposals taken: {accepted}");
+    assert!(accepted > 0.0);
+}

@@ -2,6 +2,7 @@
 //! and stop conditions, and the continuous-batching scheduler of the server.
 
 pub mod constraint;
+mod draft;
 pub mod embed;
 pub mod gbnf;
 mod generate;
@@ -11,6 +12,7 @@ pub mod sampling;
 pub mod scheduler;
 mod session;
 
+pub use draft::{check_same_vocabulary, load_draft_model, DraftModel};
 pub use generate::{
     generate, generate_with, partial_match_len, Adaptive, FinishReason, Flow, GenerateError,
     GenerateParams, Generation, NgramLookup, PredictionLookup, Propose, Speculation, StopMatcher,

@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 use frink_models::{Checkpoint, KvPool, KvType, Logits, Model, SeqState, Sequence};
 use frink_tokenizer::{StreamDecoder, Tokenizer};
 
+use crate::draft::DraftModel;
 use crate::generate::{
     Adaptive, FinishReason, NgramLookup, PredictionLookup, Propose, Speculation, StopMatcher,
 };
@@ -84,6 +85,33 @@ pub struct SchedulerConfig {
     /// Decode rows a step may reach with proposals ([`SPEC_ROWS`]; tests raise it to
     /// verify proposals beside many streams).
     pub spec_rows: usize,
+    /// A draft model's settings ([`Scheduler::start_with_draft`]; [`DraftModel::p_min`],
+    /// [`DraftModel::n_min`]: `--draft-p-min`, `--draft-min`).
+    pub draft_p_min: f32,
+    pub draft_min: usize,
+}
+
+/// A request's [`DraftModel`], its cache made at the first proposal (a queued request
+/// holds none) and dropped with the request.
+struct LazyDraft<'t> {
+    model: &'t Model,
+    n_ctx: usize,
+    kv_type: KvType,
+    p_min: f32,
+    n_min: usize,
+    draft: Option<DraftModel<'t>>,
+}
+
+impl Propose for LazyDraft<'_> {
+    fn propose(&mut self, history: &[u32], max: usize) -> Vec<u32> {
+        let d = self.draft.get_or_insert_with(|| {
+            let mut d = DraftModel::new(self.model, self.n_ctx, self.kv_type);
+            d.p_min = self.p_min;
+            d.n_min = self.n_min;
+            d
+        });
+        d.propose(history, max)
+    }
 }
 
 /// Decode rows one step evaluates at most for speculation (the default of
@@ -126,6 +154,8 @@ impl Default for SchedulerConfig {
             prompt_lookup: true,
             draft_max: Speculation::default().draft_max,
             spec_rows: SPEC_ROWS,
+            draft_p_min: DraftModel::DEFAULT_P_MIN,
+            draft_min: 0,
         }
     }
 }
@@ -405,6 +435,19 @@ pub struct Scheduler {
 impl Scheduler {
     /// Starts the scheduler thread; it owns `model` from now on.
     pub fn start(model: Model, tok: Arc<Tokenizer>, config: SchedulerConfig) -> Scheduler {
+        Self::start_with_draft(model, None, tok, config)
+    }
+
+    /// [`Scheduler::start`] with a draft model (`--draft-model`): requests without a
+    /// prediction speculate with its proposals ([`DraftModel`], one cache per running
+    /// request, made at its first proposal) instead of prompt lookup. The caller checked
+    /// its vocabulary ([`crate::check_same_vocabulary`]).
+    pub fn start_with_draft(
+        model: Model,
+        draft: Option<Model>,
+        tok: Arc<Tokenizer>,
+        config: SchedulerConfig,
+    ) -> Scheduler {
         let mut config = config;
         config.parallel = config.parallel.max(1);
         config.queue = config.queue.max(1);
@@ -418,7 +461,7 @@ impl Scheduler {
             let config = config.clone();
             std::thread::Builder::new()
                 .name("frink-scheduler".into())
-                .spawn(move || Worker::new(&model, &tok, config, shared).run(rx))
+                .spawn(move || Worker::new(&model, draft.as_ref(), &tok, config, shared).run(rx))
                 .expect("cannot start the scheduler thread")
         };
         Scheduler {
@@ -551,7 +594,7 @@ struct Job<'t> {
     first_token: Option<Instant>,
     last_token: Instant,
     /// What proposes tokens to verify (`None`: it decodes one token a step).
-    proposer: Option<Box<dyn Propose>>,
+    proposer: Option<Box<dyn Propose + 't>>,
     /// How many to propose, from its acceptance so far.
     adaptive: Adaptive,
     /// Tokens proposed and verified, and accepted ([`Completion::proposed`]).
@@ -641,6 +684,8 @@ const GROWTH_HORIZON: usize = 256;
 
 struct Worker<'t> {
     model: &'t Model,
+    /// The draft model (`--draft-model`), if any.
+    draft: Option<&'t Model>,
     tok: &'t Tokenizer,
     config: SchedulerConfig,
     shared: Arc<Shared>,
@@ -675,6 +720,7 @@ struct Worker<'t> {
 impl<'t> Worker<'t> {
     fn new(
         model: &'t Model,
+        draft: Option<&'t Model>,
         tok: &'t Tokenizer,
         config: SchedulerConfig,
         shared: Arc<Shared>,
@@ -701,6 +747,7 @@ impl<'t> Worker<'t> {
         shared.kv_bytes.store(pool.bytes(), Ordering::Relaxed);
         Worker {
             model,
+            draft,
             tok,
             config,
             shared,
@@ -1287,11 +1334,20 @@ impl<'t> Worker<'t> {
         let now = Instant::now();
         let decoder = self.tok.stream_decoder(false).showing(&req.shown_tokens);
         // A recurrent state cannot be cut back past rejected proposals.
-        let proposer: Option<Box<dyn Propose>> =
+        let proposer: Option<Box<dyn Propose + 't>> =
             if pooler.is_some() || self.model.config.plan.is_recurrent() {
                 None
             } else if let Some(p) = req.prediction.take() {
                 Some(Box::new(PredictionLookup::new(p, req.prompt.len())))
+            } else if let Some(d) = self.draft {
+                Some(Box::new(LazyDraft {
+                    model: d,
+                    n_ctx: self.config.n_ctx,
+                    kv_type: self.config.kv_type,
+                    p_min: self.config.draft_p_min,
+                    n_min: self.config.draft_min,
+                    draft: None,
+                }))
             } else if self.config.prompt_lookup {
                 Some(Box::new(NgramLookup::default()))
             } else {

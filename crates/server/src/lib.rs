@@ -93,6 +93,12 @@ pub struct ServeConfig {
     pub prompt_lookup: bool,
     /// Most tokens proposed per step (`--draft-max`; 0: no speculation).
     pub draft_max: usize,
+    /// The draft model's file (`--draft-model`): requests without a prediction speculate
+    /// with its proposals instead of prompt lookup.
+    pub draft_model: Option<std::path::PathBuf>,
+    /// `--draft-p-min`, `--draft-min` ([`frink_engine::DraftModel`]).
+    pub draft_p_min: f32,
+    pub draft_min: usize,
 }
 
 /// How long in-flight requests may run on after SIGINT/SIGTERM before they are cancelled.
@@ -358,10 +364,18 @@ fn start_engine(config: &ServeConfig, load: Loader) -> Result<Engine> {
         checkpoint_budget: config.checkpoint_budget,
         prompt_lookup: config.prompt_lookup,
         draft_max: config.draft_max,
+        draft_p_min: config.draft_p_min,
+        draft_min: config.draft_min,
         ..SchedulerConfig::default()
     };
     let kv_positions = sched_config.kv_blocks() * frink_models::KV_BLOCK;
-    let sched = Scheduler::start(model, Arc::clone(&tok), sched_config);
+    let draft = config
+        .draft_model
+        .as_deref()
+        .map(|p| frink_engine::load_draft_model(p, &tok))
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
+    let sched = Scheduler::start_with_draft(model, draft, Arc::clone(&tok), sched_config);
     let grammars = GrammarCompiler::new(Arc::clone(&tok))
         .context("cannot index the vocabulary for grammars")?;
     Ok(Engine {

@@ -1,0 +1,157 @@
+//! Draft-model speculation (llama.cpp's `--model-draft`/`-md`): a smaller model of the same
+//! vocabulary proposes the next tokens greedily from its own KV cache; the target verifies
+//! them ([`crate::generate_with`]), so the answer is the target's whatever the draft says.
+
+use frink_models::{KvType, Logits, Model, ModelError};
+use frink_tokenizer::Tokenizer;
+
+use crate::generate::Propose;
+use crate::session::Session;
+
+/// Checks that a draft model's tokenizer is the target's: the same number of tokens and
+/// the same text for every id (llama.cpp's `common_speculative_are_compatible` compares
+/// the vocabulary type, BOS/EOS and the texts; frink requires all of them equal, so every
+/// proposed id means the same to the target).
+///
+/// Errors: a message naming the first difference.
+pub fn check_same_vocabulary(target: &Tokenizer, draft: &Tokenizer) -> Result<(), String> {
+    if target.n_vocab() != draft.n_vocab() {
+        return Err(format!(
+            "the draft model has {} tokens, the model {}: a draft model needs the same vocabulary",
+            draft.n_vocab(),
+            target.n_vocab()
+        ));
+    }
+    if target.bos_id() != draft.bos_id() {
+        return Err(format!(
+            "the draft model's BOS token is {:?}, the model's {:?}",
+            draft.bos_id(),
+            target.bos_id()
+        ));
+    }
+    let id = (0..target.n_vocab() as u32).find(|&i| target.token_text(i) != draft.token_text(i));
+    match id {
+        Some(i) => Err(format!(
+            "token {i} is {:?} in the draft model and {:?} in the model: a draft model needs the same vocabulary",
+            draft.token_text(i).unwrap_or(""),
+            target.token_text(i).unwrap_or("")
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Loads the draft model at `path` for a model of tokenizer `target`: its vocabulary must
+/// be the same ([`check_same_vocabulary`]) and its state cut back (no recurrent layers).
+///
+/// Errors: a message naming the file's error, the vocabulary difference or the layers.
+pub fn load_draft_model(path: &std::path::Path, target: &Tokenizer) -> Result<Model, String> {
+    let draft = Model::load(path)
+        .map_err(|e| format!("cannot load the draft model {}: {e}", path.display()))?;
+    let tok = Tokenizer::from_gguf(&draft.file)
+        .map_err(|e| format!("the draft model's tokenizer: {e}"))?;
+    check_same_vocabulary(target, &tok)?;
+    if draft.config.plan.is_recurrent() {
+        return Err("the draft model has recurrent layers (its state cannot be cut back)".into());
+    }
+    Ok(draft)
+}
+
+/// Proposes with a draft model: it evaluates the history it does not hold yet (keeping the
+/// longest prefix it already holds: what the target rejected is cut off), then picks its
+/// most likely token while that token's probability is at least `p_min`, up to the number
+/// asked for; fewer than `n_min` proposals are none (llama.cpp's `--draft-p-min`,
+/// `--draft-min`).
+pub struct DraftModel<'m> {
+    session: Session<'m>,
+    /// The tokens its cache holds (`session.n_past()` of them).
+    held: Vec<u32>,
+    /// Stop proposing below this probability of the draft's choice.
+    pub p_min: f32,
+    /// Propose nothing rather than fewer than this.
+    pub n_min: usize,
+    /// Tokens before the history [`Propose::propose`] is given (a chat's earlier turns,
+    /// which the target's session already held when generation began).
+    pub prefix: Vec<u32>,
+}
+
+impl<'m> DraftModel<'m> {
+    /// The default of [`DraftModel::p_min`] (`--draft-p-min`).
+    pub const DEFAULT_P_MIN: f32 = 0.75;
+
+    /// A draft of `model` with a cache of `n_ctx` positions of `kv_type` (the target's
+    /// context: it holds the same tokens).
+    pub fn new(model: &'m Model, n_ctx: usize, kv_type: KvType) -> DraftModel<'m> {
+        DraftModel {
+            session: Session::new(model, n_ctx, kv_type),
+            held: Vec::new(),
+            p_min: Self::DEFAULT_P_MIN,
+            n_min: 0,
+            prefix: Vec::new(),
+        }
+    }
+
+    fn draft(&mut self, h: &[u32], max: usize) -> Result<Vec<u32>, ModelError> {
+        // Hold h[..len - 1] and evaluate the last token for the next position's logits.
+        let common = self.held.iter().zip(h).take_while(|(a, b)| a == b).count();
+        let keep = self.session.truncate(common.min(h.len() - 1));
+        self.held.truncate(keep);
+        let room = self.session.n_ctx() - keep;
+        if h.len() - keep > room {
+            return Ok(Vec::new());
+        }
+        let mut logits = self.session.eval(&h[keep..], Logits::Last)?;
+        self.held.extend_from_slice(&h[keep..]);
+        let mut out = Vec::new();
+        while out.len() < max {
+            let (t, p) = most_likely(&logits);
+            if p < self.p_min {
+                break;
+            }
+            out.push(t);
+            if out.len() == max || self.session.n_past() >= self.session.n_ctx() {
+                break;
+            }
+            logits = self.session.eval(&[t], Logits::Last)?;
+            self.held.push(t);
+        }
+        if out.len() < self.n_min {
+            out.clear();
+        }
+        Ok(out)
+    }
+}
+
+impl Propose for DraftModel<'_> {
+    /// A failed draft evaluation proposes nothing (the target decodes on; the draft's
+    /// cache starts over).
+    fn propose(&mut self, h: &[u32], max: usize) -> Vec<u32> {
+        if max == 0 || h.is_empty() {
+            return Vec::new();
+        }
+        let whole;
+        let h = if self.prefix.is_empty() {
+            h
+        } else {
+            whole = [&self.prefix[..], h].concat();
+            &whole[..]
+        };
+        self.draft(h, max).unwrap_or_else(|_| {
+            self.session.truncate(0);
+            self.held.clear();
+            Vec::new()
+        })
+    }
+}
+
+/// The highest-scoring id (the lowest on ties) and its softmax probability.
+fn most_likely(logits: &[f32]) -> (u32, f32) {
+    let (mut best, mut max) = (0usize, f32::NEG_INFINITY);
+    for (i, &v) in logits.iter().enumerate() {
+        if v > max {
+            best = i;
+            max = v;
+        }
+    }
+    let sum: f32 = logits.iter().map(|&v| (v - max).exp()).sum();
+    (best as u32, 1.0 / sum)
+}
