@@ -19,6 +19,11 @@ _SCALAR = {U8: "<B", I8: "<b", U16: "<H", I16: "<h", U32: "<I", I32: "<i", F32: 
 GGML_F32 = (0, 1, 4)
 GGML_F16 = (1, 1, 2)
 GGML_Q8_0 = (8, 32, 34)
+# Block layouts of the types a published checkpoint holds (ggml.c type_traits): id ->
+# (id, values per block, bytes per block).
+LAYOUTS = {0: GGML_F32, 1: GGML_F16, 2: (2, 32, 18), 3: (3, 32, 20), 6: (6, 32, 22),
+           7: (7, 32, 24), 8: GGML_Q8_0, 10: (10, 256, 84), 11: (11, 256, 110),
+           12: (12, 256, 144), 13: (13, 256, 176), 14: (14, 256, 210), 30: (30, 1, 2)}
 TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0",
               10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 30: "BF16"}
 
@@ -47,6 +52,9 @@ class Reader:
                 dims = list(self._u("<" + "Q" * nd))
                 ty, off = self._u("<IQ")
                 self.tensors.append((name, dims, ty, off))
+            # Tensor offsets count from here: the end of the tensor table, aligned.
+            align = self.value("general.alignment", 32)
+            self.data_start = (f.tell() + align - 1) // align * align
         del self._f
 
     def _u(self, fmt):

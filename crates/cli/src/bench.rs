@@ -52,6 +52,15 @@ pub struct BenchArgs {
     /// Print llama-bench's `-o json` array (plus `peak_rss_bytes`) instead of a table.
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = ArgAction::Set, default_value_t = false)]
     pub json: bool,
+    /// Instead of pp/tg: speculative decoding on this prompt (the file's text as the user
+    /// message through the chat template), greedy, the first `-n` tokens at most,
+    /// `-r` rounds alternating `--spec off` and the speculation asked for (`--spec`,
+    /// `--draft-model`, …); reports both decode rates, the speedup and the acceptance,
+    /// and checks that the tokens are the same.
+    #[arg(long = "spec-prompt-file")]
+    pub spec_prompt_file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub spec: crate::common::SpecArgs,
 }
 
 /// Deterministic pseudo-random token ids (llama-bench uses random ids too).
@@ -128,6 +137,9 @@ pub fn peak_rss_bytes() -> Option<u64> {
 pub fn run(args: &BenchArgs) -> Result<()> {
     let path = args.model.path()?;
     let model = args.model.load_path(&path)?;
+    if let Some(f) = &args.spec_prompt_file {
+        return speculation(args, &model, f);
+    }
     let threads = frink_models::pool::threads();
     let n_params: u64 = model
         .file
@@ -200,6 +212,94 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         println!(
             "\npeak resident memory: {:.1} MiB",
             p as f64 / (1 << 20) as f64
+        );
+    }
+    Ok(())
+}
+
+/// `frink bench --spec-prompt-file F`: greedy decode rates of the prompt with and without
+/// the speculation of `args.spec`, alternating, with the proposals' acceptance.
+fn speculation(args: &BenchArgs, model: &Model, file: &std::path::Path) -> Result<()> {
+    use frink_engine::sampling::{Sampler, SamplingParams};
+    let tok = frink_tokenizer::Tokenizer::from_gguf(&model.file)?;
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", file.display()))?;
+    let messages = [frink_tokenizer::ChatMessage::new("user", text)];
+    let inputs = frink_tokenizer::TemplateInputs {
+        add_generation_prompt: true,
+        ..Default::default()
+    };
+    let rendered = tok.apply_template_with(None, &messages, &inputs)?;
+    let prompt = tok.encode_chat(&rendered)?;
+    let n_gen = args.n_gen.iter().copied().find(|&n| n > 0).unwrap_or(128);
+    let n_ctx = prompt.len() + n_gen + 1;
+    let draft_model = args.spec.load_draft(&tok)?;
+    let mut params = frink_engine::GenerateParams {
+        max_tokens: n_gen,
+        eog: tok.eog_ids().iter().copied().collect(),
+        speculation: None,
+    };
+    let mut once = |spec: bool| -> Result<frink_engine::Generation> {
+        let mut session = Session::new(model, n_ctx, args.model.kv_type);
+        let mut sampler = Sampler::new(SamplingParams::greedy());
+        let mut draft = draft_model
+            .as_ref()
+            .filter(|_| spec)
+            .map(|m| frink_engine::DraftModel::new(m, n_ctx, args.model.kv_type));
+        params.speculation = args.spec.speculation().filter(|_| spec);
+        Ok(crate::common::generate_speculative(
+            &mut session,
+            &prompt,
+            &mut sampler,
+            &params,
+            &args.spec,
+            draft.as_mut(),
+            |_| frink_engine::Flow::Continue,
+        )?)
+    };
+    let rate =
+        |g: &frink_engine::Generation| g.timings.gen_tokens as f64 / (g.timings.gen_ms / 1e3);
+    let (mut off, mut on, mut proposed, mut accepted) = (Vec::new(), Vec::new(), 0, 0);
+    let mut ids = None;
+    for round in 0..args.repetitions.max(1) {
+        for spec in if round % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        } {
+            let g = once(spec)?;
+            anyhow::ensure!(
+                ids.get_or_insert_with(|| g.ids.clone()) == &g.ids,
+                "speculation changed the tokens (a bug: please report it)"
+            );
+            if spec {
+                on.push(rate(&g));
+                proposed += g.proposed;
+                accepted += g.accepted;
+            } else {
+                off.push(rate(&g));
+            }
+        }
+    }
+    let (off_ts, _) = mean_std(&off);
+    let (on_ts, _) = mean_std(&on);
+    let tokens = ids.map_or(0, |v| v.len());
+    let acceptance = accepted as f64 / proposed.max(1) as f64;
+    if args.json {
+        println!(
+            "{}",
+            json!({"prompt_tokens": prompt.len(), "gen_tokens": tokens, "plain_ts": off,
+                   "spec_ts": on, "speedup": on_ts / off_ts, "proposed": proposed,
+                   "accepted": accepted, "acceptance": acceptance})
+        );
+    } else {
+        println!("| prompt | tokens | plain t/s | speculative t/s | speedup | accepted |");
+        println!("| ---: | ---: | ---: | ---: | ---: | ---: |");
+        println!(
+            "| {} | {tokens} | {off_ts:.2} | {on_ts:.2} | {:.2}x | {accepted} of {proposed} ({:.0}%) |",
+            prompt.len(),
+            on_ts / off_ts,
+            acceptance * 100.0
         );
     }
     Ok(())

@@ -231,6 +231,52 @@ fn bench_json_has_llama_bench_fields() {
     }
 }
 
+/// `frink bench --spec-prompt-file F`: the decode rates with and without speculation
+/// (alternating rounds), the speedup and the proposals' acceptance, in JSON; smollm2
+/// drafting for itself (greedy) has its proposals taken (all but those past the answer's
+/// end-of-generation token: 18 of 30 measured, the draft runs on after the end).
+#[test]
+fn bench_reports_speculation_on_a_prompt_file() {
+    let dir = std::env::temp_dir().join(format!("frink-spec-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("prompt.txt");
+    std::fs::write(
+        &f,
+        "Repeat exactly: one two three four five six seven eight nine ten.",
+    )
+    .unwrap();
+    let f = f.to_str().unwrap();
+    for extra in [&["--spec", "ngram"][..], &["-md", "smollm2-135m"][..]] {
+        let mut a = vec![
+            "bench",
+            "--spec-prompt-file",
+            f,
+            "-n",
+            "24",
+            "-r",
+            "2",
+            "-t",
+            "2",
+            "--json",
+        ];
+        a.extend_from_slice(extra);
+        let out = frink(&a);
+        assert!(out.status.success(), "{extra:?}: {}", stderr(&out));
+        let v = last_json_line(&out);
+        assert_eq!(v["plain_ts"].as_array().unwrap().len(), 2, "{v}");
+        assert_eq!(v["spec_ts"].as_array().unwrap().len(), 2, "{v}");
+        assert!(v["speedup"].as_f64().unwrap() > 0.0, "{v}");
+        let (p, acc) = (
+            v["proposed"].as_u64().unwrap(),
+            v["accepted"].as_u64().unwrap(),
+        );
+        if extra[0] == "-md" {
+            assert!(p > 0 && acc * 2 > p, "greedy self-draft: {v}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `frink bench -p A,B -n N -d 0,D`: llama-bench's order (every prompt size at every depth,
 /// then every generation length at every depth), `n_depth` in each row, and the depth's
 /// tokens really in the KV cache: smollm2's f16 cache holds 30 layers × 2 × 192 values × 2
