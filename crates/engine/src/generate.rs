@@ -201,11 +201,61 @@ impl Propose for PredictionLookup {
     }
 }
 
-/// How many tokens to propose next, from the acceptance seen so far (exponentially
-/// weighted, recent steps count most): the largest `k ≤ max` whose last proposal would
-/// still be accepted with probability at least [`Adaptive::MIN_GAIN`] (a proposal is
-/// accepted only after every one before it: with a per-token rate `a`, the `k`-th with
-/// probability `a^k`). At least one, so acceptance keeps being measured.
+/// Measured forward-step times by rows (decode and verification steps only), for
+/// [`Adaptive::choose`]: what a step of `n` rows costs against one of fewer rows depends
+/// on the machine (measured: qwen2.5-coder-0.5b, 2 threads, one AMD EPYC VM: 8 rows 1.3×
+/// one row's time, another 2.8×), so it is measured rather than assumed.
+#[derive(Clone, Debug)]
+pub struct StepCost {
+    /// Exponentially weighted seconds of a step of `i` rows (0: not measured).
+    secs: Vec<f32>,
+}
+
+impl Default for StepCost {
+    fn default() -> Self {
+        StepCost {
+            secs: vec![0.0; Self::MAX_ROWS + 1],
+        }
+    }
+}
+
+impl StepCost {
+    /// Row counts recorded separately (larger steps count as this many).
+    pub const MAX_ROWS: usize = 64;
+    /// The cost assumed for each row past the largest measured step below it: low, so a
+    /// size not tried yet gets tried (and measured) once.
+    const UNSEEN_ROW: f32 = 0.05;
+
+    /// Records a step of `rows` rows that took `secs` seconds.
+    pub fn record(&mut self, rows: usize, secs: f32) {
+        let c = &mut self.secs[rows.clamp(1, Self::MAX_ROWS)];
+        *c = if *c == 0.0 {
+            secs
+        } else {
+            0.8 * *c + 0.2 * secs
+        };
+    }
+
+    /// The cost of a step of `rows` rows: measured, else the largest measured step
+    /// below it plus [`StepCost::UNSEEN_ROW`] of it per extra row, else the smallest
+    /// measured above it; with nothing measured, `1 + 0.05 (rows - 1)`.
+    pub fn cost(&self, rows: usize) -> f32 {
+        let n = rows.clamp(1, Self::MAX_ROWS);
+        if self.secs[n] > 0.0 {
+            return self.secs[n];
+        }
+        if let Some(m) = (1..n).rev().find(|&m| self.secs[m] > 0.0) {
+            return self.secs[m] * (1.0 + Self::UNSEEN_ROW * (n - m) as f32);
+        }
+        match (n + 1..=Self::MAX_ROWS).find(|&m| self.secs[m] > 0.0) {
+            Some(m) => self.secs[m],
+            None => 1.0 + Self::UNSEEN_ROW * (n - 1) as f32,
+        }
+    }
+}
+
+/// How many tokens to propose: the acceptance seen so far (exponentially weighted, recent
+/// steps count most; with nothing seen, 1/2) against what rows cost ([`StepCost`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Adaptive {
     proposed: f32,
@@ -222,25 +272,38 @@ impl Default for Adaptive {
 }
 
 impl Adaptive {
-    /// The chance of acceptance the last proposal of a step must keep: a verification
-    /// row costs a few percent of a decode step on the small-batch kernels, and a
-    /// proposal below one in eight mostly pays for rows nobody keeps.
-    pub const MIN_GAIN: f32 = 0.125;
     /// Weight of the history against one new step.
     const DECAY: f32 = 0.9;
 
-    /// Proposals for the next step, at most `max`.
-    pub fn k(&self, max: usize) -> usize {
-        // Laplace's estimate: with nothing seen yet, 1/2 … rising with acceptance.
-        let a = (self.accepted + 1.0) / (self.proposed + 2.0);
-        let mut k = 1;
-        while k < max && a.powi(k as i32 + 1) >= Self::MIN_GAIN {
-            k += 1;
-        }
-        k.min(max)
+    /// The estimated chance that one proposal is accepted (Laplace's rule over the
+    /// weighted counts).
+    pub fn rate(&self) -> f32 {
+        (self.accepted + 1.0) / (self.proposed + 2.0)
     }
 
-    /// Records a step: `proposed` tokens verified, `accepted` of them taken.
+    /// Proposals (at most `max`) for a sequence joining a step that already has `rows`
+    /// rows expected to give `tokens` tokens: the `k` that gives the most tokens per
+    /// second, `(tokens + e(k)) / cost(rows + k)`, where a proposal is taken only after
+    /// every one before it, so `e(k) = a + a² + … + a^k` for the rate `a`. Alone
+    /// (`rows = tokens = 1`) with free rows it proposes `max`; 0 when no proposal pays.
+    pub fn choose(&self, max: usize, rows: usize, tokens: f32, cost: &StepCost) -> usize {
+        let a = self.rate();
+        let (mut best, mut best_rate) = (0, tokens / cost.cost(rows));
+        let (mut e, mut p) = (0.0f32, 1.0f32);
+        for k in 1..=max {
+            p *= a;
+            e += p;
+            let r = (tokens + e) / cost.cost(rows + k);
+            if r > best_rate {
+                (best, best_rate) = (k, r);
+            }
+        }
+        best
+    }
+
+    /// Records a step: `proposed` tokens verified, `accepted` of them taken (a step
+    /// without proposals records 0 of 0: the estimate drifts back to 1/2, so proposals
+    /// are tried again).
     pub fn record(&mut self, proposed: usize, accepted: usize) {
         self.proposed = self.proposed * Self::DECAY + proposed as f32;
         self.accepted = self.accepted * Self::DECAY + accepted as f32;
@@ -343,6 +406,7 @@ pub fn generate_with(
         history.extend_from_slice(prompt);
     }
     let mut adaptive = Adaptive::default();
+    let mut cost = StepCost::default();
     let mut next = Next::Sample(logits);
     while out.ids.len() < params.max_tokens {
         let id = match next {
@@ -364,17 +428,22 @@ pub fn generate_with(
                 history.extend_from_slice(&out.ids[history.len() - prompt.len()..]);
                 let room = (session.n_ctx() - session.n_past() - 1)
                     .min(params.max_tokens - out.ids.len())
-                    .min(adaptive.k(*k));
+                    .min(adaptive.choose(*k, 1, 1.0, &cost));
                 p.propose(&history, room)
             }
             None => Vec::new(),
         };
         if drafts.is_empty() {
+            let t = Instant::now();
             next = Next::Sample(session.eval(&[id], Logits::Last)?);
+            cost.record(1, t.elapsed().as_secs_f32());
+            adaptive.record(0, 0);
             continue;
         }
         let batch: Vec<u32> = std::iter::once(id).chain(drafts.iter().copied()).collect();
+        let t = Instant::now();
         let rows = session.eval(&batch, Logits::All)?;
+        cost.record(batch.len(), t.elapsed().as_secs_f32());
         let at = session.n_past() - batch.len(); // where `id` went
         let mut ended = false;
         let mut rejected = None;
@@ -534,18 +603,51 @@ mod tests {
     }
 
     #[test]
-    fn proposals_follow_the_acceptance_rate() {
-        let mut a = Adaptive::default();
-        assert_eq!(a.k(7), 3, "nothing seen: a rate of 1/2");
-        for _ in 0..20 {
-            a.record(7, 7);
+    fn proposals_follow_the_acceptance_rate_and_the_cost_of_rows() {
+        // Step times of qwen2.5-coder-0.5b on one machine (ms by rows 1, 2, 4, 8).
+        let mut slow = StepCost::default();
+        for (rows, ms) in [
+            (1, 37.0),
+            (2, 51.0),
+            (3, 54.0),
+            (4, 57.0),
+            (5, 70.0),
+            (6, 82.0),
+            (7, 93.0),
+            (8, 104.0),
+        ] {
+            slow.record(rows, ms / 1e3);
         }
-        assert_eq!(a.k(7), 7);
-        for _ in 0..20 {
+        let free = StepCost::default();
+        let mut a = Adaptive::default();
+        assert_eq!(a.choose(7, 1, 1.0, &free), 3, "1/2 and nearly free rows");
+        for _ in 0..30 {
+            a.record(7, 6);
+        }
+        assert!((a.rate() - 0.86).abs() < 0.02, "{}", a.rate());
+        assert_eq!(a.choose(7, 1, 1.0, &free), 7);
+        assert_eq!(a.choose(7, 1, 1.0, &slow), 3, "4 rows for 1.5 rows' time");
+        // Beside 7 others, a row costs its share (measured: 16 rows 242 ms): nothing pays.
+        for rows in 9..=16 {
+            slow.record(rows, (104.0 + 17.25 * (rows - 8) as f32) / 1e3);
+        }
+        assert_eq!(a.choose(7, 8, 8.0, &slow), 0);
+        for _ in 0..30 {
             a.record(3, 0);
         }
-        assert_eq!(a.k(7), 1, "rejected: one at a time");
-        assert_eq!(a.k(0), 0);
+        assert_eq!(a.choose(7, 1, 1.0, &slow), 0, "rejected and rows cost");
+        // Steps without proposals bring the estimate back to 1/2 (tried again).
+        for _ in 0..60 {
+            a.record(0, 0);
+        }
+        assert!((a.rate() - 0.5).abs() < 0.05);
+        assert_eq!(a.choose(0, 1, 1.0, &free), 0);
+        // Unmeasured sizes: a little more than the largest measured below.
+        let mut c = StepCost::default();
+        c.record(2, 1.0);
+        assert_eq!(c.cost(2), 1.0);
+        assert!((c.cost(4) - 1.1).abs() < 1e-6);
+        assert_eq!(c.cost(1), 1.0);
     }
 
     #[test]

@@ -15,8 +15,8 @@ mod session;
 pub use draft::{check_same_vocabulary, load_draft_model, DraftModel};
 pub use generate::{
     generate, generate_with, partial_match_len, Adaptive, FinishReason, Flow, GenerateError,
-    GenerateParams, Generation, NgramLookup, PredictionLookup, Propose, Speculation, StopMatcher,
-    Timings,
+    GenerateParams, Generation, NgramLookup, PredictionLookup, Propose, Speculation, StepCost,
+    StopMatcher, Timings,
 };
 pub use perplexity::{perplexity, Perplexity};
 pub use session::{check_kv_memory, Session, DEFAULT_BATCH};

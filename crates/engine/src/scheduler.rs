@@ -36,7 +36,8 @@ use frink_tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::draft::DraftModel;
 use crate::generate::{
-    Adaptive, FinishReason, NgramLookup, PredictionLookup, Propose, Speculation, StopMatcher,
+    Adaptive, FinishReason, NgramLookup, PredictionLookup, Propose, Speculation, StepCost,
+    StopMatcher,
 };
 use crate::kv_blocks::{block_hash, block_hashes, BlockManager};
 use crate::sampling::{Sampler, SamplingParams};
@@ -684,6 +685,8 @@ const GROWTH_HORIZON: usize = 256;
 
 struct Worker<'t> {
     model: &'t Model,
+    /// Decode and verification step times by rows (how many proposals pay).
+    step_cost: StepCost,
     /// The draft model (`--draft-model`), if any.
     draft: Option<&'t Model>,
     tok: &'t Tokenizer,
@@ -747,6 +750,7 @@ impl<'t> Worker<'t> {
         shared.kv_bytes.store(pool.bytes(), Ordering::Relaxed);
         Worker {
             model,
+            step_cost: StepCost::default(),
             draft,
             tok,
             config,
@@ -1721,6 +1725,8 @@ impl<'t> Worker<'t> {
             .count();
         let mut spare = self.config.spec_rows.saturating_sub(n_decode);
         let draft_max = self.config.draft_max;
+        // Rows of the step so far and the tokens they are expected to give.
+        let (mut rows, mut expected) = (n_decode, n_decode as f32);
         let mut order: Vec<usize> = (0..self.slots.len()).collect();
         order.sort_by_key(|&i| self.slots[i].job.as_ref().map(|j| j.arrived));
         for i in order {
@@ -1741,14 +1747,21 @@ impl<'t> Worker<'t> {
                             .max_tokens
                             .map_or(usize::MAX, |m| m.saturating_sub(job.ids.len())),
                     )
-                    .min(job.adaptive.k(draft_max))
+                    .min(draft_max)
                     .min(spare);
+                let room = job.adaptive.choose(room, rows, expected, &self.step_cost);
                 if room > 0 {
                     let history: Vec<u32> =
                         job.req.prompt.iter().chain(&job.ids).copied().collect();
                     let drafts = p.propose(&history, room);
-                    spare -= drafts.len().min(room);
+                    let k = drafts.len().min(room);
+                    spare -= k;
+                    rows += k;
+                    let a = job.adaptive.rate();
+                    expected += (1..=k as i32).map(|i| a.powi(i)).sum::<f32>();
                     toks.extend(drafts.into_iter().take(room));
+                } else {
+                    job.adaptive.record(0, 0);
                 }
             }
             let want = if toks.len() > 1 {
@@ -1902,6 +1915,9 @@ impl<'t> Worker<'t> {
             })
         };
         let ns = t0.elapsed().as_nanos() as u64;
+        if n_prefill == 0 {
+            self.step_cost.record(n_decode, ns as f32 * 1e-9);
+        }
         let rows = (n_prefill + n_decode).max(1) as u64;
         self.shared
             .prefill_ns
