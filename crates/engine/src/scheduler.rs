@@ -86,6 +86,10 @@ pub struct SchedulerConfig {
     /// Decode rows a step may reach with proposals ([`SPEC_ROWS`]; tests raise it to
     /// verify proposals beside many streams).
     pub spec_rows: usize,
+    /// Each request proposes the number that gives the step the most tokens per second
+    /// ([`Adaptive::choose`] on measured step times); `false`: as many as the rows allow
+    /// (tests that must verify proposals whatever the machine's step times).
+    pub spec_adaptive: bool,
     /// A draft model's settings ([`Scheduler::start_with_draft`]; [`DraftModel::p_min`],
     /// [`DraftModel::n_min`]: `--draft-p-min`, `--draft-min`).
     pub draft_p_min: f32,
@@ -155,6 +159,7 @@ impl Default for SchedulerConfig {
             prompt_lookup: true,
             draft_max: Speculation::default().draft_max,
             spec_rows: SPEC_ROWS,
+            spec_adaptive: true,
             draft_p_min: DraftModel::DEFAULT_P_MIN,
             draft_min: 0,
         }
@@ -1749,7 +1754,11 @@ impl<'t> Worker<'t> {
                     )
                     .min(draft_max)
                     .min(spare);
-                let room = job.adaptive.choose(room, rows, expected, &self.step_cost);
+                let room = if self.config.spec_adaptive {
+                    job.adaptive.choose(room, rows, expected, &self.step_cost)
+                } else {
+                    room
+                };
                 if room > 0 {
                     let history: Vec<u32> =
                         job.req.prompt.iter().chain(&job.ids).copied().collect();

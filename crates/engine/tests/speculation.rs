@@ -242,6 +242,8 @@ fn run_together(
             prompt_lookup: true,
             draft_max,
             spec_rows: 64,
+            // Proposals verified whatever this machine's step times.
+            spec_adaptive: false,
             draft_p_min: 0.0,
             ..SchedulerConfig::default()
         },
