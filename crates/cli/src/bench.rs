@@ -245,7 +245,7 @@ fn speculation(args: &BenchArgs, model: &Model, file: &std::path::Path) -> Resul
         let mut draft = draft_model
             .as_ref()
             .filter(|_| spec)
-            .map(|m| frink_engine::DraftModel::new(m, n_ctx, args.model.kv_type));
+            .map(|m| args.spec.draft(m, n_ctx, args.model.kv_type));
         params.speculation = args.spec.speculation().filter(|_| spec);
         Ok(crate::common::generate_speculative(
             &mut session,

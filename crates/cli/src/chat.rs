@@ -40,7 +40,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
     let draft_model = args.gen.spec.load_draft(&tok)?;
     let mut draft = draft_model
         .as_ref()
-        .map(|m| frink_engine::DraftModel::new(m, args.gen.ctx, args.model.kv_type));
+        .map(|m| args.gen.spec.draft(m, args.gen.ctx, args.model.kv_type));
     let mut session = Session::new(&model, args.gen.ctx, args.model.kv_type);
     let sampling = args.sampling.params(tok.n_vocab())?;
     let params = GenerateParams {

@@ -427,6 +427,20 @@ impl SpecArgs {
         }
     }
 
+    /// A draft of `model` (from [`SpecArgs::load_draft`]) with a cache of `n_ctx`
+    /// positions and the limits of `--draft-p-min` and `--draft-min`.
+    pub fn draft<'m>(
+        &self,
+        model: &'m Model,
+        n_ctx: usize,
+        kv_type: KvType,
+    ) -> frink_engine::DraftModel<'m> {
+        let mut d = frink_engine::DraftModel::new(model, n_ctx, kv_type);
+        d.p_min = self.draft_p_min;
+        d.n_min = self.draft_min;
+        d
+    }
+
     /// Loads the draft model, if one is asked for ([`frink_engine::load_draft_model`]).
     pub fn load_draft(&self, tok: &Tokenizer) -> Result<Option<Model>> {
         self.draft_path()?
@@ -436,7 +450,7 @@ impl SpecArgs {
 }
 
 /// Generates as [`frink_engine::generate`] with the speculation of `spec`: a draft model's
-/// proposals (`draft`, loaded by [`SpecArgs::load_draft`]), prompt lookup, or none.
+/// proposals (`draft`, made by [`SpecArgs::draft`]), prompt lookup, or none.
 pub fn generate_speculative(
     session: &mut frink_engine::Session<'_>,
     prompt: &[u32],
@@ -448,8 +462,6 @@ pub fn generate_speculative(
 ) -> std::result::Result<frink_engine::Generation, frink_engine::GenerateError> {
     match draft {
         Some(d) => {
-            d.p_min = spec.draft_p_min;
-            d.n_min = spec.draft_min;
             let proposer: Option<(&mut dyn frink_engine::Propose, usize)> =
                 Some((d, spec.draft_max));
             frink_engine::generate_with(session, prompt, sampler, params, proposer, on_token)

@@ -100,7 +100,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let draft_model = args.gen.spec.load_draft(&tok)?;
     let mut draft = draft_model
         .as_ref()
-        .map(|m| frink_engine::DraftModel::new(m, args.gen.ctx, args.model.kv_type));
+        .map(|m| args.gen.spec.draft(m, args.gen.ctx, args.model.kv_type));
     let mut session = Session::new(&model, args.gen.ctx, args.model.kv_type);
     let mut sampler = Sampler::new(args.sampling.params(tok.n_vocab())?)
         .with_constraint(grammar.as_ref().map(|g| g.fresh()).transpose()?);

@@ -287,18 +287,21 @@ impl Adaptive {
     /// every one before it, so `e(k) = a + a² + … + a^k` for the rate `a`. Alone
     /// (`rows = tokens = 1`) with free rows it proposes `max`; 0 when no proposal pays.
     pub fn choose(&self, max: usize, rows: usize, tokens: f32, cost: &StepCost) -> usize {
-        let a = self.rate();
         let (mut best, mut best_rate) = (0, tokens / cost.cost(rows));
-        let (mut e, mut p) = (0.0f32, 1.0f32);
         for k in 1..=max {
-            p *= a;
-            e += p;
-            let r = (tokens + e) / cost.cost(rows + k);
+            let r = (tokens + self.expected(k)) / cost.cost(rows + k);
             if r > best_rate {
                 (best, best_rate) = (k, r);
             }
         }
         best
+    }
+
+    /// Proposals of `k` expected to be taken: `a + a² + … + a^k` for the rate `a` (each
+    /// is taken only after every one before it).
+    pub fn expected(&self, k: usize) -> f32 {
+        let a = self.rate();
+        (1..=k as i32).map(|i| a.powi(i)).sum()
     }
 
     /// Records a step: `proposed` tokens verified, `accepted` of them taken (a step

@@ -1766,8 +1766,7 @@ impl<'t> Worker<'t> {
                     let k = drafts.len().min(room);
                     spare -= k;
                     rows += k;
-                    let a = job.adaptive.rate();
-                    expected += (1..=k as i32).map(|i| a.powi(i)).sum::<f32>();
+                    expected += job.adaptive.expected(k);
                     toks.extend(drafts.into_iter().take(room));
                 } else {
                     job.adaptive.record(0, 0);
