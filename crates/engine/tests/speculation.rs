@@ -111,22 +111,29 @@ fn models() -> Vec<(String, Model, usize)> {
     out
 }
 
-#[test]
-fn speculation_gives_the_tokens_of_plain_decoding() {
+/// Greedy without penalties.
+fn greedy() -> SamplingParams {
     let mut greedy = SamplingParams::greedy();
     greedy.repeat_penalty = 1.0;
-    let mut configs = vec![("greedy".to_string(), greedy)];
+    greedy
+}
+
+/// Sampled at temperature 0.9 with repeat and presence penalties, from `seed`.
+fn seeded(seed: u64) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.9,
+        repeat_penalty: 1.1,
+        presence_penalty: 0.2,
+        seed,
+        ..SamplingParams::default()
+    }
+}
+
+#[test]
+fn speculation_gives_the_tokens_of_plain_decoding() {
+    let mut configs = vec![("greedy".to_string(), greedy())];
     for seed in 1..=5u64 {
-        configs.push((
-            format!("seed {seed}"),
-            SamplingParams {
-                temperature: 0.9,
-                repeat_penalty: 1.1,
-                presence_penalty: 0.2,
-                seed,
-                ..SamplingParams::default()
-            },
-        ));
+        configs.push((format!("seed {seed}"), seeded(seed)));
     }
     let n = 32;
     let mut accepted_runs = 0;
@@ -304,15 +311,7 @@ fn the_scheduler_speculates_beside_seven_other_streams() {
         let tok = Tokenizer::from_gguf(&model.file).unwrap();
         let nv = model.config.n_vocab as u32;
         let prompt = repetitive(&model, 120);
-        let mut greedy = SamplingParams::greedy();
-        greedy.repeat_penalty = 1.0;
-        let seeded = |seed| SamplingParams {
-            temperature: 0.9,
-            repeat_penalty: 1.1,
-            presence_penalty: 0.2,
-            seed,
-            ..SamplingParams::default()
-        };
+        let greedy = greedy();
         let plain = |s: &SamplingParams, n| run(&model, &prompt, n, s, None).0.ids;
         let g = plain(&greedy, n);
         let s1 = plain(&seeded(1), n);
@@ -428,18 +427,8 @@ fn a_draft_model_gives_the_tokens_of_plain_decoding() {
         pairs.push(("qwen2 by qwen3".into(), f("qwen2"), f("qwen3")));
         pairs.push(("qwen2 by itself".into(), f("qwen2"), f("qwen2")));
     }
-    let mut greedy = SamplingParams::greedy();
-    greedy.repeat_penalty = 1.0;
-    let mut configs = vec![greedy];
-    for seed in 1..=5u64 {
-        configs.push(SamplingParams {
-            temperature: 0.9,
-            repeat_penalty: 1.1,
-            presence_penalty: 0.2,
-            seed,
-            ..SamplingParams::default()
-        });
-    }
+    let mut configs = vec![greedy()];
+    configs.extend((1..=5u64).map(seeded));
     let n = 32;
     for (name, target, draft) in pairs {
         let model = Model::load(&target).unwrap();
