@@ -53,6 +53,7 @@ fn tiny_fixtures_of_implemented_architectures() {
         "deepseek_v2",
         "deepseek_v3",
         "gpt_oss",
+        "llama4",
     ]
     .into_iter()
     .chain(frink_testdata::RECURRENT_FIXTURES)

@@ -6,6 +6,8 @@
 //! llama.cpp `src/models/<arch>.cpp` (graph) and `src/llama-model.cpp` (hyperparameters
 //! and tensors), transformers `modeling_<arch>.py`.
 
+use crate::config::Gating;
+
 /// How RoPE pairs the dimensions of a head (llama.cpp `LLAMA_ROPE_TYPE_NORM` / `_NEOX`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RopeLayout {
@@ -40,6 +42,14 @@ pub enum SwaPattern {
     /// Every layer is windowed when the file gives `{arch}.attention.sliding_window`
     /// (mistral).
     All,
+    /// Chunked attention (llama.cpp `LLAMA_SWA_TYPE_CHUNKED`; transformers
+    /// `attention_chunk_size`): every layer `il` with `il % period < period - 1` sees only
+    /// the keys of its query's chunk (positions `⌊p / chunk⌋ · chunk ..= p`), the others
+    /// every earlier key. The chunk comes from `{arch}.attention.sliding_window` where the
+    /// file has it (0: no chunks), else `default_chunk`; the period from
+    /// `{arch}.attention.sliding_window_pattern`, else `period` (llama.cpp
+    /// `src/models/llama4.cpp`, `load_arch_hparams`).
+    Chunked { period: usize, default_chunk: usize },
 }
 
 /// How the attention logits are scaled.
@@ -135,6 +145,11 @@ pub enum QkNorm {
     PerHead,
     /// Over the whole projection (`n_head · head_dim_k` for Q): olmo2.
     Whole,
+    /// Each head of Q and K scaled to unit RMS with no weight (eps: the norm epsilon),
+    /// **after** RoPE, on the layers that rotate: Llama 4's `Llama4TextL2Norm` (llama.cpp
+    /// `src/models/llama4.cpp`: `ggml_rms_norm` of Qcur/Kcur when `use_kq_norm`, which
+    /// it turns off for the 128-expert model).
+    L2,
 }
 
 /// The feed-forward block.
@@ -169,6 +184,60 @@ pub struct MoeSpec {
     /// mixtral's softmax over the top-k logits is the same thing), unless the file says
     /// otherwise (`{arch}.expert_weights_norm`).
     pub norm_topk: bool,
+    /// How router logits become scores when the file has no `{arch}.expert_gating_func`.
+    pub gating: Gating,
+    /// Each selected expert's weight multiplies its input rather than its output
+    /// (llama.cpp `build_moe_ffn`'s `weight_before_ffn`, set for llama4; transformers
+    /// `Llama4TextMoe.forward`: `routed_in = hidden_states * router_scores`). The two
+    /// differ through the activation.
+    pub weight_input: bool,
+    /// Only every `{arch}.interleave_moe_layer_step`-th layer (`(il + 1) % step == 0`)
+    /// has experts, the others a dense FFN of `feed_forward_length` (llama.cpp
+    /// `src/models/llama4.cpp`, `is_moe_layer`).
+    pub interleaved: bool,
+}
+
+/// The MoE row most architectures use: softmax scores, weights on the expert outputs,
+/// experts in every layer past the leading dense ones.
+const MOE: MoeSpec = MoeSpec {
+    norm_topk: true,
+    gating: Gating::Softmax,
+    weight_input: false,
+    interleaved: false,
+};
+
+/// Llama 4's interleaved RoPE ("iRoPE"): while chunked attention is on, every
+/// `nope_step`-th layer (`(il + 1) % nope_step == 0`) attends over all earlier keys
+/// with no positions (NoPE) and scales its queries by [`AttnTemperature`] (llama.cpp
+/// `src/models/llama4.cpp`: `n_no_rope_layer_step`, which no GGUF key sets, and the
+/// temperature constants it hard-codes; transformers `Llama4TextAttention`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Irope {
+    pub nope_step: usize,
+    pub temperature: AttnTemperature,
+}
+
+/// Attention temperature tuning of NoPE layers: the queries at position `p` are
+/// multiplied by `ln(⌊(p + offset) / floor_scale⌋ + 1) · scale + 1` (llama.cpp
+/// `build_inp_attn_scale`; transformers `Llama4TextAttention.forward`:
+/// `log1p(floor((cache_position + 1) / floor_scale)) * attn_scale + 1`). It is exactly 1
+/// below position `floor_scale - offset`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnTemperature {
+    pub floor_scale: f32,
+    pub scale: f32,
+    pub offset: f32,
+}
+
+impl AttnTemperature {
+    /// The factor on the queries at position `pos`.
+    pub fn factor(&self, pos: usize) -> f32 {
+        ((pos as f32 + self.offset) / self.floor_scale)
+            .floor()
+            .ln_1p()
+            * self.scale
+            + 1.0
+    }
 }
 
 /// One row of the architecture table.
@@ -226,6 +295,8 @@ pub struct ArchSpec {
     /// head_dim` rows, each head's query then its gate): the attention output is multiplied
     /// by `sigmoid(gate)` before `attn_output` (qwen3next).
     pub attn_output_gate: bool,
+    /// Llama 4's NoPE layers and their query temperature, while chunked attention is on.
+    pub irope: Option<Irope>,
 }
 
 /// The defaults every row starts from: a llama-style decoder.
@@ -252,6 +323,7 @@ const BASE: ArchSpec = ArchSpec {
     embd_norm: false,
     rope_if_finetuned: false,
     attn_output_gate: false,
+    irope: None,
 };
 
 /// The supported architectures. Sources per row: llama.cpp `src/models/<name>.cpp` and
@@ -266,7 +338,7 @@ pub const ARCHS: &[ArchSpec] = &[
         name: "llama",
         position: Position::Rope(RopeLayout::Normal),
         swa: SwaPattern::All,
-        moe: Some(MoeSpec { norm_topk: true }),
+        moe: Some(MOE),
         rope_freqs: true,
         ..BASE
     },
@@ -315,14 +387,17 @@ pub const ARCHS: &[ArchSpec] = &[
     // a shared expert scaled by sigmoid(ffn_gate_inp_shexp · x).
     ArchSpec {
         name: "qwen2moe",
-        moe: Some(MoeSpec { norm_topk: false }),
+        moe: Some(MoeSpec {
+            norm_topk: false,
+            ..MOE
+        }),
         ..BASE
     },
     // qwen3moe.cpp; Qwen3MoeSparseMoeBlock: per-head Q/K norm, top-k renormalised.
     ArchSpec {
         name: "qwen3moe",
         qk_norm: QkNorm::PerHead,
-        moe: Some(MoeSpec { norm_topk: true }),
+        moe: Some(MOE),
         ..BASE
     },
     // olmoe.cpp; OlmoeSparseMoeBlock: whole-vector Q/K norm, no renormalisation.
@@ -330,7 +405,10 @@ pub const ARCHS: &[ArchSpec] = &[
         name: "olmoe",
         position: Position::Rope(RopeLayout::Neox),
         qk_norm: QkNorm::Whole,
-        moe: Some(MoeSpec { norm_topk: false }),
+        moe: Some(MoeSpec {
+            norm_topk: false,
+            ..MOE
+        }),
         ..BASE
     },
     // deepseek2.cpp; DeepseekV2/V3ForCausalLM: multi-head latent attention (MLA, from
@@ -340,7 +418,10 @@ pub const ARCHS: &[ArchSpec] = &[
     ArchSpec {
         name: "deepseek2",
         position: Position::Rope(RopeLayout::Normal),
-        moe: Some(MoeSpec { norm_topk: false }),
+        moe: Some(MoeSpec {
+            norm_topk: false,
+            ..MOE
+        }),
         mla: true,
         ..BASE
     },
@@ -352,7 +433,7 @@ pub const ARCHS: &[ArchSpec] = &[
         name: "gpt-oss",
         activation: Activation::SwigluOai,
         swa: SwaPattern::LastOfPeriodGlobal(2),
-        moe: Some(MoeSpec { norm_topk: true }),
+        moe: Some(MOE),
         ffn_norm_name: "post_attention_norm.weight",
         ..BASE
     },
@@ -458,7 +539,7 @@ pub const ARCHS: &[ArchSpec] = &[
         name: "granitehybrid",
         position: Position::Rope(RopeLayout::Normal),
         mixer: MixerKind::Hybrid(Recurrent::Mamba2, HybridLayers::ZeroKvHeads),
-        moe: Some(MoeSpec { norm_topk: true }),
+        moe: Some(MOE),
         rope_if_finetuned: true,
         ..BASE
     },
@@ -470,9 +551,40 @@ pub const ARCHS: &[ArchSpec] = &[
         name: "qwen3next",
         qk_norm: QkNorm::PerHead,
         mixer: MixerKind::Hybrid(Recurrent::GatedDeltaNet, HybridLayers::RecurrentLayersKey),
-        moe: Some(MoeSpec { norm_topk: true }),
+        moe: Some(MOE),
         ffn_norm_name: "post_attention_norm.weight",
         attn_output_gate: true,
+        ..BASE
+    },
+    // llama4.cpp (text); Llama4ForCausalLM: chunked attention on three layers of four
+    // (the chunk from attention.sliding_window, else 8192 as llama.cpp hard-codes), NoPE
+    // with query temperature on the fourth, RoPE on adjacent pairs with Llama 3.1's
+    // frequency factors where the file has them, the unweighted L2 Q/K norm after RoPE,
+    // experts on every interleave_moe_layer_step-th layer (top-k of the logits, sigmoid
+    // weights on the expert inputs, no renormalisation) beside an ungated shared expert.
+    ArchSpec {
+        name: "llama4",
+        position: Position::Rope(RopeLayout::Normal),
+        qk_norm: QkNorm::L2,
+        swa: SwaPattern::Chunked {
+            period: 4,
+            default_chunk: 8192,
+        },
+        rope_freqs: true,
+        moe: Some(MoeSpec {
+            norm_topk: false,
+            gating: Gating::Sigmoid,
+            weight_input: true,
+            interleaved: true,
+        }),
+        irope: Some(Irope {
+            nope_step: 4,
+            temperature: AttnTemperature {
+                floor_scale: 8192.0,
+                scale: 0.1,
+                offset: 1.0,
+            },
+        }),
         ..BASE
     },
 ];

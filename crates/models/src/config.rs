@@ -6,8 +6,8 @@
 use frink_gguf::{GgufFile, MetaValue};
 
 use crate::arch::{
-    arch_spec, ArchSpec, AttnScale, HybridLayers, MixerKind, Norm, Position, Recurrent, SwaPattern,
-    ARCHS,
+    arch_spec, ArchSpec, AttnScale, HybridLayers, MixerKind, Norm, Position, QkNorm, Recurrent,
+    SwaPattern, ARCHS,
 };
 use crate::error::{ModelError, Result};
 
@@ -307,6 +307,21 @@ pub struct MoeConfig {
     pub norm_topk: bool,
     /// `expert_weights_scale`: factor on the selected weights (routed scaling).
     pub weights_scale: f32,
+    /// The selected weights multiply the experts' inputs, not their outputs
+    /// ([`crate::arch::MoeSpec::weight_input`]).
+    pub weight_input: bool,
+    /// `interleave_moe_layer_step` where the architecture reads it
+    /// ([`crate::arch::MoeSpec::interleaved`]): layer `il` (past the leading dense ones)
+    /// has experts when `(il + 1) % step == 0`; 1 elsewhere.
+    pub layer_step: usize,
+}
+
+impl MoeConfig {
+    /// Whether layer `il` has experts (else a dense FFN): past the leading dense layers,
+    /// every `layer_step`-th.
+    pub fn is_moe_layer(&self, il: usize) -> bool {
+        il >= self.n_leading_dense && (il + 1).is_multiple_of(self.layer_step)
+    }
 }
 
 /// ALiBi slopes of `n_head` heads with ggml's `max_bias` (llama.cpp `ggml_soft_max_ext`;
@@ -587,7 +602,8 @@ impl ModelConfig {
             }
             // llama.cpp LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX = 1 (the default), _SIGMOID = 2.
             let gating = match k.usize_opt("expert_gating_func")? {
-                None | Some(1) => Gating::Softmax,
+                None => spec.gating,
+                Some(1) => Gating::Softmax,
                 Some(2) => Gating::Sigmoid,
                 Some(g) => {
                     return Err(ModelError::Unsupported(format!(
@@ -644,6 +660,16 @@ impl ModelConfig {
                 n_shared: k.usize_opt("expert_shared_count")?,
                 norm_topk,
                 weights_scale: k.f32_pos_opt("expert_weights_scale")?.unwrap_or(1.0),
+                weight_input: spec.weight_input,
+                layer_step: if spec.interleaved {
+                    let key = "interleave_moe_layer_step";
+                    match k.usize(key)? {
+                        0 => return Err(k.err(key, "0")),
+                        step => step,
+                    }
+                } else {
+                    1
+                },
             })
         } else {
             None
@@ -880,6 +906,27 @@ impl ModelConfig {
                 }
                 (0, vec![false; n_layer])
             }
+            // A chunk size of 0 turns chunking off (llama.cpp llama4.cpp: no SWA, RoPE on
+            // every layer); absent, the architecture's default chunk.
+            SwaPattern::Chunked {
+                period,
+                default_chunk,
+            } => {
+                let chunk = match k.get("attention.sliding_window") {
+                    Some(_) => n_swa_key,
+                    None => default_chunk,
+                };
+                let key = "attention.sliding_window_pattern";
+                let period = match k.usize_opt(key)? {
+                    Some(0) => return Err(k.err(key, "0")),
+                    Some(p) => p,
+                    None => period,
+                };
+                let layers = (0..n_layer)
+                    .map(|il| chunk > 0 && il % period < period - 1)
+                    .collect();
+                (chunk, layers)
+            }
             _ if n_swa_key == 0 && k.get("attention.sliding_window").is_some() => {
                 return Err(k.err(
                     "attention.sliding_window",
@@ -894,6 +941,20 @@ impl ModelConfig {
             SwaPattern::All => (n_swa_key, vec![true; n_layer]),
         };
 
+        // Llama 4's NoPE layers, while chunks are on (llama.cpp sets the no-RoPE step to
+        // the layer count when the chunk is 0).
+        let nope_layers: Vec<bool> = match arch.irope {
+            Some(ir) if n_swa > 0 => (0..n_layer)
+                .map(|il| (il + 1).is_multiple_of(ir.nope_step))
+                .collect(),
+            _ => vec![false; n_layer],
+        };
+        // llama.cpp llama4.cpp: `use_kq_norm = type != LLM_TYPE_17B_128E`, the type told by
+        // its 128 experts (Maverick: transformers `use_qk_norm = false`); GGUF has no key.
+        let qk_norm = match arch.qk_norm {
+            QkNorm::L2 if moe.as_ref().is_some_and(|m| m.n_expert == 128) => QkNorm::None,
+            q => q,
+        };
         let attn_scale = match arch.attn_scale {
             AttnScale::InvSqrtHeadDim => k
                 .f32_pos_opt("attention.scale")?
@@ -1086,7 +1147,12 @@ impl ModelConfig {
                 attn_softcap,
                 position,
                 mla: mla.is_some(),
-                n_leading_dense: moe.as_ref().map(|m| m.n_leading_dense),
+                moe_layers: &(0..n_layer)
+                    .map(|il| moe.as_ref().is_some_and(|m| m.is_moe_layer(il)))
+                    .collect::<Vec<_>>(),
+                chunked: matches!(arch.swa, SwaPattern::Chunked { .. }),
+                nope_layers: &nope_layers,
+                qk_norm,
             },
         );
         Ok(ModelConfig {

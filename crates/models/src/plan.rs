@@ -106,8 +106,15 @@ pub struct AttentionPlan {
     /// RoPE (with this layer's parameters), ALiBi, or no positions.
     pub position: Position,
     pub rope: RopeParams,
-    /// Keys older than this many positions are not seen (0: all are).
+    /// Keys older than this many positions are not seen (0: all are). A chunked layer's
+    /// window is its chunk: no query sees further back, so the cache keeps that many rows.
     pub window: usize,
+    /// Chunked attention (0: none): a query at position `p` sees only the keys of its
+    /// chunk, `⌊p / chunk⌋ · chunk ..= p` ([`crate::arch::SwaPattern::Chunked`]).
+    pub chunk: usize,
+    /// The queries at position `p` are multiplied by `t.factor(p)` (Llama 4's NoPE
+    /// layers, [`crate::arch::AttnTemperature`]).
+    pub temperature: Option<crate::arch::AttnTemperature>,
     pub qk_norm: QkNorm,
     /// `attn_sinks`: a learned logit per head in each softmax's denominator.
     pub sinks: bool,
@@ -167,8 +174,16 @@ pub struct PlanInputs<'a> {
     pub position: Position,
     /// Multi-head latent attention (`attention.kv_lora_rank` on a row that allows it).
     pub mla: bool,
-    /// With experts: the first layers with a dense FFN.
-    pub n_leading_dense: Option<usize>,
+    /// Per layer: experts rather than a dense FFN ([`crate::config::MoeConfig::is_moe_layer`]).
+    pub moe_layers: &'a [bool],
+    /// The windowed layers' window is a chunk ([`crate::arch::SwaPattern::Chunked`]).
+    pub chunked: bool,
+    /// Per layer: no positions, queries scaled by the row's temperature (Llama 4's NoPE
+    /// layers, [`crate::arch::Irope`]).
+    pub nope_layers: &'a [bool],
+    /// The Q/K norm of the layers that rotate (the row's, or none where the file turns it
+    /// off); a NoPE layer's L2 norm is none.
+    pub qk_norm: QkNorm,
 }
 
 impl Plan {
@@ -188,6 +203,7 @@ impl Plan {
                 });
                 let attention = m.attn_layers[il].then(|| {
                     let swa = m.swa_layers[il];
+                    let nope = m.nope_layers[il];
                     Mixer::Attention(AttentionPlan {
                         qkv: if m.mla {
                             QkvLayout::Latent
@@ -196,10 +212,15 @@ impl Plan {
                         } else {
                             QkvLayout::Separate
                         },
-                        position: m.position,
+                        position: if nope { Position::None } else { m.position },
                         rope: if swa { m.rope_swa } else { m.rope_global },
                         window: if swa { m.n_swa } else { 0 },
-                        qk_norm: arch.qk_norm,
+                        chunk: if swa && m.chunked { m.n_swa } else { 0 },
+                        temperature: arch.irope.filter(|_| nope).map(|ir| ir.temperature),
+                        qk_norm: match m.qk_norm {
+                            QkNorm::L2 if nope => QkNorm::None,
+                            q => q,
+                        },
                         sinks: has(il, "attn_sinks.weight"),
                         softcap: m.attn_softcap,
                         output_gate: arch.attn_output_gate,
@@ -215,10 +236,10 @@ impl Plan {
                         unreachable!("a layer without attention has a recurrent mixer")
                     }
                 };
-                let channel = match m.n_leading_dense {
+                let channel = match m.moe_layers[il] {
                     _ if !arch.has_ffn => Channel::None,
-                    Some(dense) if il >= dense => Channel::Moe(arch.activation),
-                    _ => Channel::Dense(arch.ffn, arch.activation),
+                    true => Channel::Moe(arch.activation),
+                    false => Channel::Dense(arch.ffn, arch.activation),
                 };
                 let (pre, sandwich) = match arch.norm_placement {
                     NormPlacement::Pre => (true, false),
@@ -294,13 +315,19 @@ impl std::fmt::Display for Mixer {
                     Position::Alibi => write!(f, ", ALiBi")?,
                     Position::None => write!(f, ", no positions")?,
                 }
-                if a.window > 0 {
+                if a.chunk > 0 {
+                    write!(f, ", chunks of {}", a.chunk)?;
+                } else if a.window > 0 {
                     write!(f, ", window {}", a.window)?;
+                }
+                if a.temperature.is_some() {
+                    write!(f, ", query temperature")?;
                 }
                 match a.qk_norm {
                     QkNorm::None => {}
                     QkNorm::PerHead => write!(f, ", per-head Q/K norm")?,
                     QkNorm::Whole => write!(f, ", whole Q/K norm")?,
+                    QkNorm::L2 => write!(f, ", L2 Q/K norm after RoPE")?,
                 }
                 if a.sinks {
                     write!(f, ", sinks")?;

@@ -393,6 +393,8 @@ fn group_limited_routing_and_selection_bias() {
         n_shared: None,
         norm_topk: true,
         weights_scale: 2.0,
+        weight_input: false,
+        layer_step: 1,
     };
     // Groups {0,1} and {2,3}. Logits make expert 2 the best single expert, but group 0's
     // two experts sum higher, so only experts 0 and 1 may be chosen.
@@ -424,6 +426,8 @@ fn routing_picks_the_most_probable_experts_in_order() {
         n_shared: None,
         norm_topk: false,
         weights_scale: 1.0,
+        weight_input: false,
+        layer_step: 1,
     };
     // Softmax of [0, ln 3, ln 2, ln 3] = [1, 3, 2, 3] / 9: experts 1 and 3 (a tie, lower
     // index first).
@@ -496,6 +500,7 @@ fn batched_prefill_equals_token_by_token_decode() {
         ("falcon_h1", fixture("falcon_h1")),
         ("granitemoehybrid", fixture("granitemoehybrid")),
         ("qwen3_next", fixture("qwen3_next")),
+        ("llama4", fixture("llama4")),
         ("Q4_1", quant("Q4_1")),
         ("Q4_K_M", quant("Q4_K_M")),
         ("IQ3_XXS", quant("IQ3_XXS")),

@@ -62,6 +62,9 @@ const IMPLEMENTED: &[(&str, f32)] = &[
     ("falcon_h1", 1e-4),
     ("granitemoehybrid", 1e-4),
     ("qwen3_next", 1e-4),
+    // Llama 4 (measured 1.19e-6; llama.cpp, which ignores the chunk key for llama4 and
+    // attends over every earlier key, is off by 1.68 from position 8 on).
+    ("llama4", 1e-4),
 ];
 
 #[test]
@@ -79,7 +82,7 @@ fn tiny_fixtures_match_transformers() {
 }
 
 /// The fixtures of architectures not implemented yet: each must be refused by name.
-const REFUSED: &[&str] = &["gemma4", "llama4"];
+const REFUSED: &[&str] = &["gemma4"];
 
 #[test]
 fn other_architectures_are_refused_by_name() {

@@ -1,7 +1,7 @@
 //! Layers with a sliding window keep only their window's rows, and every logit keeps the
 //! bits of the full layout: for each tiny fixture with windowed layers (gemma2, gemma3,
-//! gpt-oss, mistral; window 16 or 8) and f32/f16/Q8_0 caches, 520 positions evaluated in
-//! steps of 1 to 300 rows (a step longer than the ring takes is split by
+//! gpt-oss, mistral; window 16 or 8; llama4, chunks of 8) and f32/f16/Q8_0 caches, 520
+//! positions evaluated in steps of 1 to 300 rows (a step longer than the ring takes is split by
 //! `Model::forward`) give the same logits
 //! - in a state of its own, whose windowed layers are a ring of
 //!   `window_blocks(window, WINDOW_STEP)` blocks (18 for a window of 16: 288 rows of 544),
@@ -27,7 +27,7 @@ const LEN: usize = 520;
 fn windowed_models() -> Vec<(String, Model)> {
     let mut out = Vec::new();
     if let Some(t) = frink_testdata::require("fixtures/tiny", "sliding-window KV") {
-        for name in ["gemma2", "gemma3", "gpt_oss", "mistral"] {
+        for name in ["gemma2", "gemma3", "gpt_oss", "mistral", "llama4"] {
             let m = Model::load(t.join(name).join("model.gguf")).unwrap();
             assert!(m.config.plan.window() > 0, "{name} has windowed layers");
             out.push((name.to_string(), m));

@@ -120,7 +120,8 @@ impl AttentionWeights {
             QkNorm::Whole => (c.q_dim(), c.k_dim()),
             _ => (c.head_dim_k, c.head_dim_k),
         };
-        let qk_norm = ap.qk_norm != QkNorm::None;
+        // Weighted norms only: Llama 4's L2 norm has no weight.
+        let qk_norm = matches!(ap.qk_norm, QkNorm::PerHead | QkNorm::Whole);
         Ok(AttentionWeights {
             qkv,
             bq,
@@ -314,6 +315,21 @@ impl Model {
                 });
             }
         }
+        // Llama 4's L2 norm of each head, after RoPE (no weight: `x · 1` is `x`).
+        if ap.qk_norm == QkNorm::L2 {
+            let ones = vec![1f32; c.head_dim_k];
+            rms_norm(q, &ones, c.norm_eps);
+            rms_norm(k, &ones, c.norm_eps);
+        }
+        // NoPE layers' query temperature, by each row's position.
+        if let Some(t) = ap.temperature {
+            for (row, &p) in q.chunks_exact_mut(c.q_dim()).zip(pos) {
+                let f = t.factor(p);
+                if f != 1.0 {
+                    row.iter_mut().for_each(|v| *v *= f);
+                }
+            }
+        }
         // A quantized cache holds rotated keys and values (llama.cpp PR #21038): each
         // sequence's queries and keys by its key block, values by its value block.
         for (si, s) in seqs.iter().enumerate() {
@@ -369,7 +385,10 @@ impl Model {
             c,
             &parts,
             q,
-            ap.window,
+            Visible {
+                window: ap.window,
+                chunk: ap.chunk,
+            },
             ap.softcap,
             lw.attn_sinks.as_deref(),
             attn,
@@ -423,8 +442,7 @@ struct AttnSeq<'a> {
 /// order).
 ///
 /// Query head `h` reads KV head `h / (n_head / n_head_kv)` (GQA). Row at position `p` sees
-/// keys `0..=p` (causal), and with a `window` > 0 only keys `t` with `p - t < window`
-/// (llama.cpp `LLAMA_SWA_TYPE_STANDARD`). Scores are scaled by `attn_scale`, soft-capped
+/// the keys [`Visible`] gives it. Scores are scaled by `attn_scale`, soft-capped
 /// (`c · tanh(s / c)`, gemma2) and given the ALiBi bias where the model has them,
 /// softmaxed (with the head's sink logit in the denominator where the layer has
 /// `attn_sinks`: gpt-oss), and the values summed in position order.
@@ -443,7 +461,7 @@ fn attention(
     c: &crate::config::ModelConfig,
     seqs: &[AttnSeq<'_>],
     q: &[f32],
-    window: usize,
+    visible: Visible,
     softcap: Option<f32>,
     sinks: Option<&[f32]>,
     out: &mut [f32],
@@ -452,13 +470,7 @@ fn attention(
     let group = c.n_head / c.n_head_kv;
     let row_out = c.n_head * hd_v;
     // Keys visible from position `pos`: first_key(pos)..=pos.
-    let first_key = |pos: usize| {
-        if window > 0 {
-            (pos + 1).saturating_sub(window)
-        } else {
-            0
-        }
-    };
+    let first_key = |pos: usize| visible.first_key(pos);
     // Tasks: (sequence, first query head, heads, first row within the sequence).
     let mut tasks: Vec<(usize, usize, usize, usize)> = Vec::new();
     // Enough sequences to keep every thread busy with one task per KV head: then each KV
@@ -604,6 +616,33 @@ fn attention(
             }
         });
     });
+}
+
+/// Which earlier keys a query sees: the mask options of an attention layer, composable.
+#[derive(Clone, Copy, Debug)]
+struct Visible {
+    /// With `window > 0`, only keys `t` with `p - t < window` (llama.cpp
+    /// `LLAMA_SWA_TYPE_STANDARD`).
+    window: usize,
+    /// With `chunk > 0`, only the keys of the query's chunk, `t >= ⌊p / chunk⌋ · chunk`
+    /// (llama.cpp `LLAMA_SWA_TYPE_CHUNKED`; transformers `chunked_causal_mask`).
+    chunk: usize,
+}
+
+impl Visible {
+    /// The first key a query at position `pos` sees; it sees every key from there to
+    /// `pos` (causal).
+    fn first_key(self, pos: usize) -> usize {
+        let by_window = match self.window {
+            0 => 0,
+            w => (pos + 1).saturating_sub(w),
+        };
+        let by_chunk = match self.chunk {
+            0 => 0,
+            c => pos / c * c,
+        };
+        by_window.max(by_chunk)
+    }
 }
 
 thread_local! {

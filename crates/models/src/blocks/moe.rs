@@ -119,7 +119,9 @@ impl Model {
     /// `llm_graph_context::build_moe_ffn`; transformers `Qwen2MoeSparseMoeBlock.forward`
     /// and its siblings): the router's logits, [`route`]'s experts and weights per row,
     /// then each expert once over all the rows that chose it (its weights read once per
-    /// call), each row's expert outputs summed with their weights in selection order,
+    /// call), each row's expert outputs summed with their weights in selection order (or,
+    /// with [`MoeConfig::weight_input`], each expert fed its row times its weight and the
+    /// outputs summed as they are),
     /// plus the shared expert (× `sigmoid(shared_gate · x)` where it has a gate).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn moe_ffn(
@@ -147,14 +149,22 @@ impl Model {
         self.moe_stats.record(il, sel.iter().map(|&(e, _)| e));
         // Each expert over the rows that chose it; results land in slot (row, j).
         let mut slots = vec![0f32; n * k * d];
-        if n == 1 && self.expert_cache.is_none() {
+        // With weights on the inputs every expert has an input of its own, which the
+        // one-row path (one shared input) does not take; Llama 4, the one such model,
+        // selects one expert per token, so it would gain nothing.
+        if n == 1 && self.expert_cache.is_none() && !mc.weight_input {
             self.experts_of_one_row(m, act, mc, input, &sel, lora, &mut slots)?;
         } else {
             self.experts_by_rows(m, act, mc, input, n, &sel, lora, &mut slots)?;
         }
         for (r, o) in out.chunks_exact_mut(d).enumerate() {
             for j in 0..k {
-                let (_, wt) = sel[r * k + j];
+                // Weights already applied to the inputs count once.
+                let wt = if mc.weight_input {
+                    1.0
+                } else {
+                    sel[r * k + j].1
+                };
                 let y = &slots[(r * k + j) * d..][..d];
                 if j == 0 {
                     o.iter_mut().zip(y).for_each(|(o, y)| *o = y * wt);
@@ -231,9 +241,16 @@ impl Model {
                     next = Some(scope.spawn(move || load(following)));
                 }
                 let picks: Vec<usize> = (0..n * k).filter(|&s| sel[s].0 == e).collect();
+                // Each pick's row, times its weight where weights go on the inputs.
                 let xs: Vec<f32> = picks
                     .iter()
-                    .flat_map(|&s| input[(s / k) * d..(s / k + 1) * d].iter().copied())
+                    .flat_map(|&s| {
+                        let wt = if mc.weight_input { sel[s].1 } else { 1.0 };
+                        // `x · 1` is `x`: no change for the other architectures.
+                        input[(s / k) * d..(s / k + 1) * d]
+                            .iter()
+                            .map(move |&x| x * wt)
+                    })
                     .collect();
                 let bias = |b: &Option<Vec<f32>>, len: usize| {
                     b.as_ref().map(|b| b[e * len..(e + 1) * len].to_vec())
