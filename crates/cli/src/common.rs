@@ -92,9 +92,8 @@ impl ModelArgs {
         let mut model = Model::load_with(path, !self.no_repack)
             .with_context(|| format!("cannot load {}", path.display()))?;
         model.set_expert_budget(self.expert_budget)?;
-        let c = &model.config;
         self.kv_type
-            .check_heads(c.head_dim_k, c.head_dim_v)
+            .check_heads(&model.config)
             .map_err(anyhow::Error::msg)?;
         let adapters = self.lora.iter().map(|p| (p.clone(), 1.0));
         for (file, scale) in adapters.chain(self.lora_scaled.iter().cloned()) {

@@ -54,6 +54,7 @@ fn tiny_fixtures_of_implemented_architectures() {
         "deepseek_v3",
         "gpt_oss",
         "llama4",
+        "gemma4",
     ]
     .into_iter()
     .chain(frink_testdata::RECURRENT_FIXTURES)

@@ -50,6 +50,10 @@ pub enum SwaPattern {
     /// `{arch}.attention.sliding_window_pattern`, else `period` (llama.cpp
     /// `src/models/llama4.cpp`, `load_arch_hparams`).
     Chunked { period: usize, default_chunk: usize },
+    /// The layers `{arch}.attention.sliding_window_pattern` marks true (one bool per
+    /// layer) are windowed, the others global (llama.cpp gemma4.cpp: `get_key_or_arr`
+    /// into `is_swa`).
+    LayerArray,
 }
 
 /// How the attention logits are scaled.
@@ -63,6 +67,23 @@ pub enum AttnScale {
     /// otherwise (llama.cpp `src/llama-model.cpp`, `f_attention_scale`; the GGUF has no key
     /// for it).
     Gemma { layers_27b: usize },
+    /// 1: no scaling (Gemma 4's `self.scaling = 1.0`; its Q/K norms bound the scores;
+    /// llama.cpp gemma4.cpp `f_attention_scale = 1`).
+    One,
+}
+
+/// Which layers apply `rope_freqs.weight` (per-pair RoPE frequency divisors) when the file
+/// has it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeFreqs {
+    /// None: the tensor is refused as unused.
+    Refused,
+    /// Every layer that rotates (Llama 3.1's "llama3" scaling: llama.cpp
+    /// `src/models/llama.cpp`, `granite.cpp`, `llama4.cpp`).
+    All,
+    /// The global (unwindowed) layers only: Gemma 4's proportional partial RoPE, whose
+    /// factor 1e30 leaves the unrotated pairs as they are (llama.cpp gemma4.cpp).
+    Global,
 }
 
 /// A recurrent token mixer: its state folds every position into one value.
@@ -270,11 +291,9 @@ pub struct ArchSpec {
     /// The weight tensor of the norm before the FFN: `ffn_norm.weight`, gpt-oss's and
     /// qwen3next's `post_attention_norm.weight`, falcon-h1's bare `ffn_norm`.
     pub ffn_norm_name: &'static str,
-    /// `rope_freqs.weight` (per-pair RoPE frequency divisors, Llama 3.1+) is read and
-    /// applied when the file has it: the architectures whose llama.cpp graph passes it to
-    /// `ggml_rope_ext` (`src/models/llama.cpp`, `granite.cpp`); elsewhere the tensor is
-    /// refused as unused.
-    pub rope_freqs: bool,
+    /// Where `rope_freqs.weight` is applied when the file has it: the architectures whose
+    /// llama.cpp graph passes it to `ggml_rope_ext`; elsewhere the tensor is refused.
+    pub rope_freqs: RopeFreqs,
     /// Multi-head latent attention when the file gives `attention.kv_lora_rank` (deepseek2);
     /// elsewhere the key is refused.
     pub mla: bool,
@@ -297,6 +316,21 @@ pub struct ArchSpec {
     pub attn_output_gate: bool,
     /// Llama 4's NoPE layers and their query temperature, while chunked attention is on.
     pub irope: Option<Irope>,
+    /// Each head of V is scaled to unit RMS (no weight) before it is cached (Gemma 4's
+    /// `v_norm`; llama.cpp gemma4.cpp `ggml_rms_norm(Vcur)`).
+    pub v_norm: bool,
+    /// Windowed layers have heads and rotations of their own sizes:
+    /// `{arch}.attention.key_length_swa`, `value_length_swa`, `rope.dimension_count_swa`
+    /// (Gemma 4: 256-wide sliding heads beside 512-wide global ones).
+    pub swa_geometry: bool,
+    /// The last `{arch}.attention.shared_kv_layers` layers compute no keys or values and
+    /// attend over the cache of the last earlier layer of their own kind (windowed or
+    /// global): Gemma 4's KV sharing (transformers `Gemma4TextAttention`,
+    /// `kv_shared_layer_index`; llama.cpp gemma4.cpp `has_kv`).
+    pub kv_sharing: bool,
+    /// Per-layer embeddings where the file gives `{arch}.embedding_length_per_layer_input`
+    /// (Gemma 4's PLE, [`crate::blocks::ple`]).
+    pub ple: bool,
 }
 
 /// The defaults every row starts from: a llama-style decoder.
@@ -315,7 +349,7 @@ const BASE: ArchSpec = ArchSpec {
     rope_base_swa_default: None,
     moe: None,
     ffn_norm_name: "ffn_norm.weight",
-    rope_freqs: false,
+    rope_freqs: RopeFreqs::Refused,
     mla: false,
     mixer: MixerKind::Attention,
     output_norm_name: "output_norm",
@@ -324,6 +358,10 @@ const BASE: ArchSpec = ArchSpec {
     rope_if_finetuned: false,
     attn_output_gate: false,
     irope: None,
+    v_norm: false,
+    swa_geometry: false,
+    kv_sharing: false,
+    ple: false,
 };
 
 /// The supported architectures. Sources per row: llama.cpp `src/models/<name>.cpp` and
@@ -339,7 +377,7 @@ pub const ARCHS: &[ArchSpec] = &[
         position: Position::Rope(RopeLayout::Normal),
         swa: SwaPattern::All,
         moe: Some(MOE),
-        rope_freqs: true,
+        rope_freqs: RopeFreqs::All,
         ..BASE
     },
     // qwen2.cpp; Qwen2ForCausalLM (q/k/v biases, present in the file).
@@ -449,7 +487,7 @@ pub const ARCHS: &[ArchSpec] = &[
     ArchSpec {
         name: "granite",
         position: Position::Rope(RopeLayout::Normal),
-        rope_freqs: true,
+        rope_freqs: RopeFreqs::All,
         ..BASE
     },
     // olmo2.cpp; Olmo2ForCausalLM: norms after attention and FFN only, whole-vector Q/K
@@ -570,7 +608,7 @@ pub const ARCHS: &[ArchSpec] = &[
             period: 4,
             default_chunk: 8192,
         },
-        rope_freqs: true,
+        rope_freqs: RopeFreqs::All,
         moe: Some(MoeSpec {
             norm_topk: false,
             gating: Gating::Sigmoid,
@@ -585,6 +623,28 @@ pub const ARCHS: &[ArchSpec] = &[
                 offset: 1.0,
             },
         }),
+        ..BASE
+    },
+    // gemma4.cpp (dense; its experts are refused); Gemma4ForCausalLM: sandwich norms with
+    // plain weights, per-head Q/K norm, V-norm, attention scale 1, the window on the layers
+    // attention.sliding_window_pattern marks, windowed and global layers of their own head
+    // and rotation sizes (proportional partial RoPE on the global ones through
+    // rope_freqs.weight), the last layers sharing an earlier layer's keys and values,
+    // per-layer embeddings, a per-layer output scale (layer_output_scale, read where
+    // present as biases are), GeGLU, final soft-capping (metadata).
+    ArchSpec {
+        name: "gemma4",
+        qk_norm: QkNorm::PerHead,
+        activation: Activation::GeluTanh,
+        embed_scale: true,
+        norm_placement: NormPlacement::Sandwich,
+        swa: SwaPattern::LayerArray,
+        attn_scale: AttnScale::One,
+        rope_freqs: RopeFreqs::Global,
+        v_norm: true,
+        swa_geometry: true,
+        kv_sharing: true,
+        ple: true,
         ..BASE
     },
 ];

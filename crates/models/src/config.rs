@@ -7,7 +7,7 @@ use frink_gguf::{GgufFile, MetaValue};
 
 use crate::arch::{
     arch_spec, ArchSpec, AttnScale, HybridLayers, MixerKind, Norm, Position, QkNorm, Recurrent,
-    SwaPattern, ARCHS,
+    RopeFreqs, SwaPattern, ARCHS,
 };
 use crate::error::{ModelError, Result};
 
@@ -171,6 +171,13 @@ pub struct ModelConfig {
     pub ssm: Option<SsmConfig>,
     /// Taps of LFM2's short convolution (`{arch}.shortconv.l_cache`).
     pub short_conv_taps: usize,
+    /// Width of each layer's per-layer embedding (`{arch}.embedding_length_per_layer_input`:
+    /// Gemma 4's PLE; 0: none).
+    pub n_embd_per_layer: usize,
+    /// Each layer's dense FFN width: `{arch}.feed_forward_length`, one value for every
+    /// layer or a per-layer array (llama.cpp `n_ff_arr`; Gemma 4's wider FFN on its
+    /// KV-sharing layers).
+    pub n_ff_layers: Vec<usize>,
     /// What each layer computes, compiled from the row, this metadata and the tensors
     /// present ([`crate::plan::Plan::compile`]).
     pub plan: crate::plan::Plan,
@@ -192,13 +199,16 @@ pub struct SizeSources {
 }
 
 /// Keys whose values decide which tensors a layer has (not only their sizes).
-const LAYOUT_KEYS: [&str; 6] = [
+const LAYOUT_KEYS: [&str; 9] = [
     "expert_count",
     "leading_dense_block_count",
     "expert_shared_count",
     "attention.q_lora_rank",
     "attention.kv_lora_rank",
     "full_attention_interval",
+    "interleave_moe_layer_step",
+    "attention.shared_kv_layers",
+    "embedding_length_per_layer_input",
 ];
 
 impl SizeSources {
@@ -398,6 +408,32 @@ impl Keys<'_> {
         Ok(Some(n))
     }
 
+    /// A count per layer: one value for all (a scalar, or an array of equal values) or
+    /// an array of one value per layer, each recorded as a size tensors may have.
+    fn usize_per_layer(&self, suffix: &str, n_layer: usize) -> Result<Vec<usize>> {
+        let v = self
+            .get(suffix)
+            .ok_or_else(|| self.err(suffix, "missing"))?;
+        let Some(a) = v.as_array() else {
+            return Ok(vec![self.usize(suffix)?; n_layer]);
+        };
+        let vals = a
+            .to_i64_vec()
+            .filter(|v| v.iter().all(|&x| x >= 0))
+            .ok_or_else(|| self.err(suffix, "expected counts"))?;
+        self.per_layer_len(suffix, vals.len(), n_layer)?;
+        let mut counts = self.counts.borrow_mut();
+        for &x in &vals {
+            if !counts
+                .iter()
+                .any(|(k, c)| *k == self.key(suffix) && *c == x as usize)
+            {
+                counts.push((self.key(suffix), x as usize));
+            }
+        }
+        Ok(vals.into_iter().map(|x| x as usize).collect())
+    }
+
     fn usize(&self, suffix: &str) -> Result<usize> {
         self.usize_opt(suffix)?
             .ok_or_else(|| self.err(suffix, "missing"))
@@ -445,6 +481,9 @@ struct SizeInputs<'a> {
     n_head_kv: usize,
     head_dim_k: usize,
     head_dim_v: usize,
+    /// The windowed layers' head sizes ([`crate::arch::ArchSpec::swa_geometry`]).
+    head_dim_k_swa: usize,
+    head_dim_v_swa: usize,
     moe: Option<&'a MoeConfig>,
     mla: Option<&'a MlaConfig>,
 }
@@ -460,10 +499,25 @@ fn size_sources(k: &Keys, d: &SizeInputs) -> SizeSources {
     };
     let read = |suffix: &str| value(suffix).is_some();
     let mut sizes: Vec<(usize, String)> = Vec::new();
+    // Each (value, key) once: a per-layer array gives one entry per distinct value.
     for (key, v) in counts.iter() {
-        if !sizes.iter().any(|(_, from)| from == key) {
+        if !sizes.iter().any(|(sv, from)| from == key && sv == v) {
             sizes.push((*v, key.clone()));
         }
+    }
+    // Gemma 4's per-layer embeddings: a width per layer, all layers in one row.
+    if let (Some(l), Some(p)) = (
+        value("block_count"),
+        value("embedding_length_per_layer_input"),
+    ) {
+        sizes.push((
+            l * p,
+            format!(
+                "{} × {}",
+                k.key("block_count"),
+                k.key("embedding_length_per_layer_input")
+            ),
+        ));
     }
     // Fused pairs: gate and up in one matrix (phi3), Mamba's x and z.
     for suffix in ["feed_forward_length", "ssm.inner_size"] {
@@ -501,6 +555,21 @@ fn size_sources(k: &Keys, d: &SizeInputs) -> SizeSources {
             (d.n_head_kv * d.head_dim_v, format!("{kv} × {hdv}")),
             (d.n_head * d.head_dim_v, format!("{h} × {hdv}")),
         ]);
+        // Gemma 4's windowed layers' own head sizes.
+        if read("attention.key_length_swa") || read("attention.value_length_swa") {
+            let hdk = k.key("attention.key_length_swa");
+            let hdv = match read("attention.value_length_swa") {
+                true => k.key("attention.value_length_swa"),
+                false => hdk.clone(),
+            };
+            let (hk, hv) = (d.head_dim_k_swa, d.head_dim_v_swa);
+            sizes.extend([
+                (d.n_head * hk, format!("{h} × {hdk}")),
+                (d.n_head_kv * hk, format!("{kv} × {hdk}")),
+                (d.n_head_kv * hv, format!("{kv} × {hdv}")),
+                (d.n_head * hv, format!("{h} × {hdv}")),
+            ]);
+        }
     }
     if let Some(m) = d.moe {
         if let Some(c) = m.n_shared {
@@ -686,7 +755,8 @@ impl ModelConfig {
             ));
         }
         let n_embd = k.usize("embedding_length")?;
-        let n_ff = k.usize("feed_forward_length")?;
+        let n_ff_layers = k.usize_per_layer("feed_forward_length", n_layer)?;
+        let n_ff = n_ff_layers.iter().copied().max().unwrap_or(0);
         // Attention layers: all, none (state-space models: their head counts are 0 or
         // absent and unread), or a hybrid's (a zero per-layer KV head count, or
         // `attention.recurrent_layers`, marks the recurrent ones).
@@ -811,6 +881,27 @@ impl ModelConfig {
                 ),
             ));
         }
+        // Windowed layers' own head and rotation sizes (Gemma 4), else the model's.
+        let (head_dim_k_swa, head_dim_v_swa, n_rot_swa) = if arch.swa_geometry {
+            let hk = k
+                .usize_opt("attention.key_length_swa")?
+                .unwrap_or(head_dim_k);
+            let hv = k.usize_opt("attention.value_length_swa")?.unwrap_or(hk);
+            let r = k.usize_opt("rope.dimension_count_swa")?.unwrap_or(hk);
+            if r > hk || r % 2 != 0 || (rotary && r == 0) || (attention && hk * hv == 0) {
+                return Err(k.err(
+                    "rope.dimension_count_swa",
+                    format!(
+                        "{r} rotary dimensions with windowed head size {hk} ({}) and value size {hv} ({}): must be even, non-zero and at most the head size",
+                        k.key("attention.key_length_swa"),
+                        k.key("attention.value_length_swa")
+                    ),
+                ));
+            }
+            (hk, hv, r)
+        } else {
+            (head_dim_k, head_dim_v, n_rot)
+        };
         let eps_key = match arch.norm {
             Norm::Rms => "attention.layer_norm_rms_epsilon",
             Norm::Layer => "attention.layer_norm_epsilon",
@@ -927,6 +1018,23 @@ impl ModelConfig {
                     .collect();
                 (chunk, layers)
             }
+            SwaPattern::LayerArray => {
+                let key = "attention.sliding_window_pattern";
+                let v = k.get(key).ok_or_else(|| k.err(key, "missing"))?;
+                let a = v
+                    .as_array()
+                    .ok_or_else(|| k.err(key, "expected one bool per layer"))?;
+                let flags: Option<Vec<bool>> = (0..a.len()).map(|i| a.get(i)?.as_bool()).collect();
+                let flags = flags.ok_or_else(|| k.err(key, "expected bools"))?;
+                k.per_layer_len(key, flags.len(), n_layer)?;
+                if n_swa_key == 0 && flags.iter().any(|&w| w) {
+                    return Err(k.err(
+                        "attention.sliding_window",
+                        format!("0 or missing, but {} marks windowed layers", k.key(key)),
+                    ));
+                }
+                (n_swa_key, flags)
+            }
             _ if n_swa_key == 0 && k.get("attention.sliding_window").is_some() => {
                 return Err(k.err(
                     "attention.sliding_window",
@@ -949,6 +1057,65 @@ impl ModelConfig {
                 .collect(),
             _ => vec![false; n_layer],
         };
+        // KV sharing: the last `shared_kv_layers` layers read the cache of the last earlier
+        // layer of their own kind (transformers Gemma4TextModel: `kv_shared_layer_index`).
+        let n_shared_kv = match arch.kv_sharing {
+            true => k.usize_opt("attention.shared_kv_layers")?.unwrap_or(0),
+            false => 0,
+        };
+        if n_shared_kv >= n_layer && n_shared_kv > 0 {
+            return Err(k.err(
+                "attention.shared_kv_layers",
+                format!(
+                    "{n_shared_kv} of {n_layer} layers ({}): no layer would compute keys",
+                    k.key("block_count")
+                ),
+            ));
+        }
+        let first_shared = n_layer - n_shared_kv;
+        let mut geometry = Vec::with_capacity(n_layer);
+        for il in 0..n_layer {
+            let swa = swa_layers[il];
+            let kv_source = match il >= first_shared {
+                false => None,
+                true => Some(
+                    (0..first_shared)
+                        .rev()
+                        .find(|&j| attn_layers[j] && swa_layers[j] == swa)
+                        .ok_or_else(|| {
+                            k.err(
+                                "attention.shared_kv_layers",
+                                format!(
+                                    "layer {il} shares the keys of an earlier {} layer, and there is none",
+                                    if swa { "windowed" } else { "global" }
+                                ),
+                            )
+                        })?,
+                ),
+            };
+            let (head_dim_k, head_dim_v, n_rot) = match swa {
+                true => (head_dim_k_swa, head_dim_v_swa, n_rot_swa),
+                false => (head_dim_k, head_dim_v, n_rot),
+            };
+            geometry.push(crate::plan::AttnGeometry {
+                head_dim_k,
+                head_dim_v,
+                n_rot,
+                kv_source,
+                freq_factors: match arch.rope_freqs {
+                    RopeFreqs::Refused => false,
+                    RopeFreqs::All => true,
+                    RopeFreqs::Global => !swa,
+                },
+            });
+        }
+        // Per-layer embeddings (Gemma 4): their width.
+        let n_embd_per_layer = match arch.ple {
+            true => k
+                .usize_opt("embedding_length_per_layer_input")?
+                .unwrap_or(0),
+            false => 0,
+        };
         // llama.cpp llama4.cpp: `use_kq_norm = type != LLM_TYPE_17B_128E`, the type told by
         // its 128 experts (Maverick: transformers `use_qk_norm = false`); GGUF has no key.
         let qk_norm = match arch.qk_norm {
@@ -959,6 +1126,7 @@ impl ModelConfig {
             AttnScale::InvSqrtHeadDim => k
                 .f32_pos_opt("attention.scale")?
                 .unwrap_or(1.0 / (head_dim_k as f32).sqrt()),
+            AttnScale::One => 1.0,
             AttnScale::Gemma { layers_27b } => {
                 // llama.cpp: the 27B gemma models scale by the hidden size per head, the
                 // others by the head size.
@@ -1131,6 +1299,8 @@ impl ModelConfig {
                 n_head_kv,
                 head_dim_k,
                 head_dim_v,
+                head_dim_k_swa,
+                head_dim_v_swa,
                 moe: moe.as_ref(),
                 mla: mla.as_ref(),
             },
@@ -1153,6 +1323,8 @@ impl ModelConfig {
                 chunked: matches!(arch.swa, SwaPattern::Chunked { .. }),
                 nope_layers: &nope_layers,
                 qk_norm,
+                geometry: &geometry,
+                v_norm: arch.v_norm,
             },
         );
         Ok(ModelConfig {
@@ -1180,6 +1352,8 @@ impl ModelConfig {
             mla,
             ssm,
             short_conv_taps,
+            n_embd_per_layer,
+            n_ff_layers,
             plan,
             sizes,
         })

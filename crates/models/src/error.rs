@@ -16,9 +16,15 @@ pub enum ModelError {
     /// A tensor the graph needs is missing or has the wrong shape.
     #[error("tensor {name}: {detail}")]
     Tensor { name: String, detail: String },
-    /// Tensors in the file that the architecture's graph does not read.
-    #[error("{arch} graph does not read {} tensor(s) of the file: {}", .names.len(), .names.join(", "))]
-    UnusedTensors { arch: String, names: Vec<String> },
+    /// Tensors in the file that the architecture's graph does not read; `layout` names
+    /// the metadata that decided which tensors the layers read (`key = value`), if any.
+    #[error("{arch} graph does not read {} tensor(s) of the file: {}{}", .names.len(), .names.join(", "),
+        if .layout.is_empty() { String::new() } else { format!(" (the layer layout follows {})", .layout.join(", ")) })]
+    UnusedTensors {
+        arch: String,
+        names: Vec<String>,
+        layout: Vec<String>,
+    },
     /// A token id outside the vocabulary.
     #[error("token id {id} is outside the vocabulary of {n_vocab}")]
     TokenOutOfRange { id: u32, n_vocab: usize },

@@ -92,7 +92,7 @@ impl Model {
                 d,
                 kind,
                 act,
-                self.config.n_ff,
+                self.config.n_ff_layers[il],
                 input,
                 n,
                 gate,
@@ -172,7 +172,7 @@ impl Model {
     /// Errors: [`ModelError::ContextFull`], [`ModelError::TokenOutOfRange`],
     /// [`ModelError::Unsupported`] for a state of another model's layers.
     pub fn check_input(&self, state: &SeqState, tokens: &[u32]) -> Result<()> {
-        if !state.fits(&self.config.plan) {
+        if !state.fits(&self.config) {
             return Err(ModelError::Unsupported(
                 "a sequence state made for another model's layers".into(),
             ));
@@ -324,6 +324,11 @@ impl Model {
         if let Some(nw) = &w.token_embd_norm {
             self.norm(&mut x, nw);
         }
+        // Gemma 4's per-layer inputs, once for all layers.
+        let ple_inputs = match &w.ple {
+            Some(p) => Some(self.ple_inputs(p, &tokens, &x)?),
+            None => None,
+        };
 
         let mut cur = vec![0f32; n * d];
         let mut mixed = vec![0f32; n * d];
@@ -368,27 +373,32 @@ impl Model {
                 x.iter_mut()
                     .zip(mixed.iter().zip(&ffn_out))
                     .for_each(|(a, (at, f))| *a += f + at);
-                continue;
+            } else {
+                // ffn_inp = residual + token mixer
+                x.iter_mut().zip(&mixed).for_each(|(a, b)| *a += b);
             }
-            // ffn_inp = residual + token mixer
-            x.iter_mut().zip(&mixed).for_each(|(a, b)| *a += b);
-            if lp.channel == Channel::None {
-                continue;
+            if lp.residual == Residual::Sequential && lp.channel != Channel::None {
+                ffn_in.copy_from_slice(&x);
+                if let Some(nw) = &lw.ffn_norm {
+                    self.norm(&mut ffn_in, nw);
+                }
+                self.channel_mixer(il, lp, lw, &ffn_in, n, &mut gate, &mut up, &mut cur, &lora)?;
+                if let Some(nw) = &lw.post_ffn_norm {
+                    self.norm(&mut cur, nw);
+                }
+                if c.residual_scale != 1.0 {
+                    cur.iter_mut().for_each(|v| *v *= c.residual_scale);
+                }
+                // l_out
+                x.iter_mut().zip(&cur).for_each(|(a, b)| *a += b);
             }
-
-            ffn_in.copy_from_slice(&x);
-            if let Some(nw) = &lw.ffn_norm {
-                self.norm(&mut ffn_in, nw);
+            // Gemma 4: the per-layer embedding block, then the layer's output scale.
+            if let (Some(p), Some(inputs)) = (&lw.ple, &ple_inputs) {
+                self.ple_layer(il, p, inputs, &mut x, n)?;
             }
-            self.channel_mixer(il, lp, lw, &ffn_in, n, &mut gate, &mut up, &mut cur, &lora)?;
-            if let Some(nw) = &lw.post_ffn_norm {
-                self.norm(&mut cur, nw);
+            if let Some(s) = lw.out_scale {
+                x.iter_mut().for_each(|v| *v *= s);
             }
-            if c.residual_scale != 1.0 {
-                cur.iter_mut().for_each(|v| *v *= c.residual_scale);
-            }
-            // l_out
-            x.iter_mut().zip(&cur).for_each(|(a, b)| *a += b);
         }
         for s in seqs.iter_mut() {
             s.state.advance(s.tokens.len());

@@ -69,18 +69,24 @@ impl KvType {
         (self.is_quantized() && hd_v > 0 && hd_v.is_multiple_of(64)).then_some(64)
     }
 
-    /// Whether a cache of this type can hold rows of `k_dim` keys and `v_dim` values cut
-    /// into heads of `hd_k` and `hd_v` (Q8_0: every head a whole number of 32-value
-    /// blocks, as llama.cpp requires of a quantized cache).
+    /// Whether a cache of this type can hold the keys and values of every attention
+    /// layer of `config` (Q8_0: every head a whole number of 32-value blocks, as llama.cpp
+    /// requires of a quantized cache; layers may differ in head sizes: Gemma 4).
     ///
     /// Errors: a message naming the sizes.
-    pub fn check_heads(self, hd_k: usize, hd_v: usize) -> Result<(), String> {
-        if self.is_quantized()
-            && (!hd_k.is_multiple_of(Q8_0_BLOCK) || !hd_v.is_multiple_of(Q8_0_BLOCK))
-        {
-            return Err(format!(
-                "--kv-type q8_0 needs head sizes that are multiples of 32 (this model's are {hd_k} and {hd_v})"
-            ));
+    pub fn check_heads(self, config: &crate::ModelConfig) -> Result<(), String> {
+        for l in &config.plan.layers {
+            let crate::plan::Mixer::Attention(a) = &l.mixer else {
+                continue;
+            };
+            let (hd_k, hd_v) = (a.geometry.head_dim_k, a.geometry.head_dim_v);
+            if self.is_quantized()
+                && (!hd_k.is_multiple_of(Q8_0_BLOCK) || !hd_v.is_multiple_of(Q8_0_BLOCK))
+            {
+                return Err(format!(
+                    "--kv-type q8_0 needs head sizes that are multiples of 32 (this model's are {hd_k} and {hd_v})"
+                ));
+            }
         }
         Ok(())
     }
@@ -209,24 +215,32 @@ impl KvStore {
 pub struct KvLayer {
     pub k: KvStore,
     pub v: KvStore,
+    /// Elements per row: `n_head_kv · head_dim_k` keys, `n_head_kv · head_dim_v` values of
+    /// this layer ([`crate::plan::Mixer::kv_dims`]; layers may differ: Gemma 4).
+    pub k_dim: usize,
+    pub v_dim: usize,
 }
 
 impl KvLayer {
+    /// `rows` rows of `dims = (k_dim, v_dim)` elements of `kv_type`, zeroed.
+    pub fn new(kv_type: KvType, rows: usize, (k_dim, v_dim): (usize, usize)) -> KvLayer {
+        KvLayer {
+            k: KvStore::new(kv_type, rows * k_dim),
+            v: KvStore::new(kv_type, rows * v_dim),
+            k_dim,
+            v_dim,
+        }
+    }
+
     /// Writes the keys `k` and values `v` of consecutive logical positions `p0 ..` (rows
-    /// of `k_dim` / `v_dim`), each at its physical row: through `blocks` (a block table
+    /// of its `k_dim` / `v_dim`), each at its physical row: through `blocks` (a block table
     /// of [`KV_BLOCK`]-position blocks) or, without one, at the position itself. A row
     /// gets the same bits wherever it is stored.
     ///
     /// # Panics
     /// If a position has no block in `blocks` or passes the storage.
-    pub(crate) fn write_rows(
-        &mut self,
-        blocks: Option<&[u32]>,
-        p0: usize,
-        (k_dim, v_dim): (usize, usize),
-        k: &[f32],
-        v: &[f32],
-    ) {
+    pub(crate) fn write_rows(&mut self, blocks: Option<&[u32]>, p0: usize, k: &[f32], v: &[f32]) {
+        let (k_dim, v_dim) = (self.k_dim, self.v_dim);
         let n = k.len() / k_dim.max(1);
         let mut i = 0;
         while i < n {
@@ -279,8 +293,6 @@ pub fn window_blocks(window: usize, step: usize) -> usize {
 #[derive(Clone, Debug, PartialEq)]
 pub struct KvPool {
     pub kv_type: KvType,
-    pub k_dim: usize,
-    pub v_dim: usize,
     /// Blocks of the main group (every attention layer without a window group).
     pub n_blocks: usize,
     /// Blocks of the window group (0: none; windowed layers live in the main group).
@@ -307,7 +319,6 @@ impl KvPool {
         n_window_blocks: usize,
         kv_type: KvType,
     ) -> KvPool {
-        let (k_dim, v_dim) = (config.k_dim(), config.v_dim());
         let n_window_blocks = if config.plan.window() > 0 {
             n_window_blocks
         } else {
@@ -321,8 +332,6 @@ impl KvPool {
             .collect();
         KvPool {
             kv_type,
-            k_dim,
-            v_dim,
             n_blocks,
             n_window_blocks,
             layers: config
@@ -332,10 +341,9 @@ impl KvPool {
                 .zip(&windowed)
                 .map(|(l, &w)| {
                     let rows = KV_BLOCK * if w { n_window_blocks } else { n_blocks };
-                    l.mixer.has_attention().then(|| KvLayer {
-                        k: KvStore::new(kv_type, rows * k_dim),
-                        v: KvStore::new(kv_type, rows * v_dim),
-                    })
+                    l.mixer
+                        .kv_dims(config.n_head_kv)
+                        .map(|dims| KvLayer::new(kv_type, rows, dims))
                 })
                 .collect(),
             windowed,
@@ -381,7 +389,6 @@ impl KvPool {
     /// window group (`window_group`) or of the main group (the copy of a shared partial
     /// block a sequence is about to extend).
     pub fn copy_block(&mut self, window_group: bool, src: u32, dst: u32, n: usize) {
-        let (k_dim, v_dim) = (self.k_dim, self.v_dim);
         let (s, d) = (src as usize * KV_BLOCK, dst as usize * KV_BLOCK);
         for (l, _) in self
             .layers
@@ -390,8 +397,8 @@ impl KvPool {
             .filter(|(_, &w)| w == window_group)
         {
             if let Some(l) = l {
-                l.k.copy_rows(s, d, n, k_dim);
-                l.v.copy_rows(s, d, n, v_dim);
+                l.k.copy_rows(s, d, n, l.k_dim);
+                l.v.copy_rows(s, d, n, l.v_dim);
             }
         }
     }

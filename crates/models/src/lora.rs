@@ -393,7 +393,7 @@ impl Model {
                         QkvWeights::Separate { wq, wk, wv } => {
                             out.extend([wq.tensor, wk.tensor, wv.tensor])
                         }
-                        QkvWeights::Fused(m) => out.push(m.tensor),
+                        QkvWeights::QueryOnly(m) | QkvWeights::Fused(m) => out.push(m.tensor),
                         QkvWeights::Mla(_) => return,
                     }
                     out.push(a.wo.tensor);

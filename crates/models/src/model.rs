@@ -38,6 +38,12 @@ pub struct LayerWeights {
     pub ffn_norm: Option<NormWeights>,
     pub ffn: FfnWeights,
     pub post_ffn_norm: Option<NormWeights>,
+    /// Gemma 4's per-layer embedding block ([`crate::blocks::ple`]).
+    pub ple: Option<crate::blocks::ple::PleLayer>,
+    /// `layer_output_scale.weight`: the layer's output (the whole residual stream) is
+    /// multiplied by it (Gemma 4's `layer_scalar`; read wherever the file has it, as
+    /// biases are).
+    pub out_scale: Option<f32>,
 }
 
 /// `n` stacked matrices of one type and shape: the routed experts of a layer.
@@ -94,6 +100,8 @@ pub struct Weights {
     /// layer (Llama 3.1's "llama3" rope scaling, as llama.cpp's converter stores it;
     /// llama.cpp `src/models/llama.cpp` passes it to `ggml_rope_ext` as `freq_factors`).
     pub rope_freqs: Option<Vec<f32>>,
+    /// Gemma 4's per-layer embedding tables ([`crate::blocks::ple`]).
+    pub ple: Option<crate::blocks::ple::PleWeights>,
     pub layers: Vec<LayerWeights>,
 }
 
@@ -257,10 +265,17 @@ impl Model {
         // Read only by the architectures whose llama.cpp graph applies it; elsewhere it
         // stays unread and the file is refused by the accounting below.
         let rope_freqs = l.vector_if(
-            a.rope_freqs && l.has("rope_freqs.weight"),
+            a.rope_freqs != crate::arch::RopeFreqs::Refused && l.has("rope_freqs.weight"),
             "rope_freqs.weight",
             c.n_rot / 2,
         )?;
+        let ple_dim = c.n_embd_per_layer;
+        let ple = match ple_dim {
+            0 => None,
+            p => Some(crate::blocks::ple::PleWeights::load(
+                &mut l, c.n_vocab, c.n_embd, c.n_layer, p,
+            )?),
+        };
         let mut layers = Vec::with_capacity(c.n_layer);
         for (il, lp) in c.plan.layers.iter().enumerate() {
             let n = |s: &str| format!("blk.{il}.{s}");
@@ -271,7 +286,8 @@ impl Model {
                     FfnWeights::Moe(Box::new(MoeFfn::load(&mut l, il, mc, c.n_embd)?))
                 }
                 Channel::Dense(kind, _) => {
-                    FfnWeights::Dense(DenseFfn::load(&mut l, &n(""), "", c.n_ff, c.n_embd, kind)?)
+                    let n_ff = c.n_ff_layers[il];
+                    FfnWeights::Dense(DenseFfn::load(&mut l, &n(""), "", n_ff, c.n_embd, kind)?)
                 }
                 Channel::None => FfnWeights::None,
             };
@@ -290,6 +306,13 @@ impl Model {
                 },
                 ffn,
                 post_ffn_norm: norm_if(norms.post_channel, "post_ffw_norm.weight")?,
+                ple: match ple_dim {
+                    0 => None,
+                    p => Some(crate::blocks::ple::PleLayer::load(&mut l, il, c.n_embd, p)?),
+                },
+                out_scale: l
+                    .vector_opt(&n("layer_output_scale.weight"), 1)?
+                    .map(|v| v[0]),
             });
         }
         let unused = l.unused();
@@ -297,14 +320,18 @@ impl Model {
             return Err(ModelError::UnusedTensors {
                 arch: a.name.into(),
                 names: unused,
+                layout: c.sizes.layout.clone(),
             });
         }
         // The embedding table is read by rows (and then only a few pages of it are ever
         // resident) unless it is the LM head as well.
+        // So is Gemma 4's per-layer token table, always.
+        let ple_table = ple.as_ref().map(|p| p.token_embd);
         let matmul_weights = l
             .matrices
             .iter()
             .filter(|m| **m != token_embd || output == token_embd)
+            .filter(|m| Some(**m) != ple_table)
             .copied()
             .collect();
         let weights = Weights {
@@ -313,6 +340,7 @@ impl Model {
             output_norm,
             output,
             rope_freqs,
+            ple,
             layers,
         };
         let moe_stats = match &config.moe {

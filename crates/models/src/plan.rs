@@ -78,6 +78,20 @@ impl Mixer {
         }
     }
 
+    /// The widths `(n_head_kv · head_dim_k, n_head_kv · head_dim_v)` of the keys and values
+    /// it caches per position, if it keeps a cache of its own (attention that shares no
+    /// other layer's).
+    pub fn kv_dims(&self, n_head_kv: usize) -> Option<(usize, usize)> {
+        match self {
+            Mixer::Attention(a) if a.geometry.kv_source.is_none() => Some((
+                n_head_kv * a.geometry.head_dim_k,
+                n_head_kv * a.geometry.head_dim_v,
+            )),
+            Mixer::Parallel(a, b) => a.kv_dims(n_head_kv).or(b.kv_dims(n_head_kv)),
+            _ => None,
+        }
+    }
+
     /// Whether the mixer keeps keys and values (attention).
     pub fn has_attention(&self) -> bool {
         match self {
@@ -99,10 +113,31 @@ pub enum QkvLayout {
     Latent,
 }
 
+/// The sizes of one attention layer's heads and where its keys and values come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnGeometry {
+    /// Key (and query) and value head sizes.
+    pub head_dim_k: usize,
+    pub head_dim_v: usize,
+    /// Dimensions rotated per head.
+    pub n_rot: usize,
+    /// The layer whose keys and values it attends over, when not its own (Gemma 4's KV
+    /// sharing, [`crate::arch::ArchSpec::kv_sharing`]): it computes no keys or values and
+    /// keeps no cache.
+    pub kv_source: Option<usize>,
+    /// RoPE divides its frequencies by `rope_freqs.weight` where the file has it
+    /// ([`crate::arch::RopeFreqs`]).
+    pub freq_factors: bool,
+}
+
 /// The options of one attention layer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AttentionPlan {
     pub qkv: QkvLayout,
+    /// Head sizes, rotation and KV source of this layer.
+    pub geometry: AttnGeometry,
+    /// Each head of V scaled to unit RMS before it is cached (Gemma 4).
+    pub v_norm: bool,
     /// RoPE (with this layer's parameters), ALiBi, or no positions.
     pub position: Position,
     pub rope: RopeParams,
@@ -184,6 +219,10 @@ pub struct PlanInputs<'a> {
     /// The Q/K norm of the layers that rotate (the row's, or none where the file turns it
     /// off); a NoPE layer's L2 norm is none.
     pub qk_norm: QkNorm,
+    /// Per layer: head sizes, rotation, KV source.
+    pub geometry: &'a [AttnGeometry],
+    /// V-norm on every attention layer ([`crate::arch::ArchSpec::v_norm`]).
+    pub v_norm: bool,
 }
 
 impl Plan {
@@ -212,6 +251,8 @@ impl Plan {
                         } else {
                             QkvLayout::Separate
                         },
+                        geometry: m.geometry[il],
+                        v_norm: m.v_norm,
                         position: if nope { Position::None } else { m.position },
                         rope: if swa { m.rope_swa } else { m.rope_global },
                         window: if swa { m.n_swa } else { 0 },
@@ -323,6 +364,16 @@ impl std::fmt::Display for Mixer {
                 if a.temperature.is_some() {
                     write!(f, ", query temperature")?;
                 }
+                let g = a.geometry;
+                if g.freq_factors && matches!(a.position, Position::Rope(_)) {
+                    write!(f, ", rope_freqs")?;
+                }
+                if let Some(src) = g.kv_source {
+                    write!(f, ", keys and values of layer {src}")?;
+                }
+                if a.v_norm {
+                    write!(f, ", V norm")?;
+                }
                 match a.qk_norm {
                     QkNorm::None => {}
                     QkNorm::PerHead => write!(f, ", per-head Q/K norm")?,
@@ -397,10 +448,24 @@ impl std::fmt::Display for Plan {
             },
             self.output_norm
         )?;
+        // Head sizes, where the attention layers differ in them (Gemma 4).
+        let sizes = |l: &LayerPlan| match &l.mixer {
+            Mixer::Attention(a) => Some((
+                a.geometry.head_dim_k,
+                a.geometry.head_dim_v,
+                a.geometry.n_rot,
+            )),
+            _ => None,
+        };
+        let mut all: Vec<_> = self.layers.iter().filter_map(sizes).collect();
+        all.dedup();
         // Distinct layer descriptions in first-seen order, with the layers of each.
         let mut kinds: Vec<(String, Vec<usize>)> = Vec::new();
         for (il, l) in self.layers.iter().enumerate() {
-            let d = l.to_string();
+            let mut d = l.to_string();
+            if let (true, Some((k, v, r))) = (all.len() > 1, sizes(l)) {
+                d.push_str(&format!("; heads {k}/{v}, {r} rotated"));
+            }
             match kinds.iter_mut().find(|(k, _)| *k == d) {
                 Some((_, ls)) => ls.push(il),
                 None => kinds.push((d, vec![il])),

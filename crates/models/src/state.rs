@@ -9,7 +9,7 @@
 //! the benchmarks ask.
 
 use crate::config::ModelConfig;
-use crate::kv::{window_blocks, KvLayer, KvPool, KvStore, KvType, EVICTED, KV_BLOCK, WINDOW_STEP};
+use crate::kv::{window_blocks, KvLayer, KvPool, KvType, EVICTED, KV_BLOCK, WINDOW_STEP};
 
 /// A recurrent layer's state after the positions evaluated so far (f32).
 #[derive(Clone, Debug, PartialEq)]
@@ -75,8 +75,6 @@ impl Checkpoint {
 pub struct SeqState {
     pub kv_type: KvType,
     pub n_ctx: usize,
-    pub k_dim: usize,
-    pub v_dim: usize,
     pub layers: Vec<LayerState>,
     /// A pooled state's block table (empty for a state with its own cache).
     pub blocks: Vec<u32>,
@@ -161,13 +159,14 @@ impl SeqState {
         } else {
             0
         };
-        let row = kv_type.bytes(config.k_dim() + config.v_dim())?;
+        // Per layer with a cache of its own (a KV-sharing layer reads its source's).
         config
             .plan
             .layers
             .iter()
-            .filter(|l| l.mixer.has_attention())
-            .try_fold(0usize, |sum, l| {
+            .filter_map(|l| Some((l, l.mixer.kv_dims(config.n_head_kv)?)))
+            .try_fold(0usize, |sum, (l, (kd, vd))| {
+                let row = kv_type.bytes(kd + vd)?;
                 sum.checked_add(layer_rows(&l.mixer, ring, n_ctx).checked_mul(row)?)
             })
     }
@@ -191,7 +190,6 @@ impl SeqState {
         kv_type: KvType,
         pool: Option<&KvPool>,
     ) -> SeqState {
-        let (k_dim, v_dim) = (config.k_dim(), config.v_dim());
         let pooled = pool.is_some();
         let window = config.plan.window();
         let ring = if pooled {
@@ -212,13 +210,14 @@ impl SeqState {
             .layers
             .iter()
             .map(|l| LayerState {
-                kv: (l.mixer.has_attention() && !pooled).then(|| {
-                    let rows = layer_rows(&l.mixer, ring, n_ctx);
-                    KvLayer {
-                        k: KvStore::new(kv_type, rows * k_dim),
-                        v: KvStore::new(kv_type, rows * v_dim),
-                    }
-                }),
+                kv: match (pooled, l.mixer.kv_dims(config.n_head_kv)) {
+                    (false, Some(dims)) => Some(KvLayer::new(
+                        kv_type,
+                        layer_rows(&l.mixer, ring, n_ctx),
+                        dims,
+                    )),
+                    _ => None,
+                },
                 recurrent: l.mixer.is_recurrent().then(|| {
                     let (conv, ssm) = crate::blocks::recurrent_sizes(config, &l.mixer);
                     RecurrentLayer {
@@ -231,8 +230,6 @@ impl SeqState {
         SeqState {
             kv_type,
             n_ctx,
-            k_dim,
-            v_dim,
             layers,
             blocks: Vec::new(),
             pooled,
@@ -318,12 +315,15 @@ impl SeqState {
         n.div_ceil(KV_BLOCK)
     }
 
-    /// Whether this state has the layers `plan` asks for (a state made for this model).
-    pub fn fits(&self, plan: &crate::plan::Plan) -> bool {
-        self.layers.len() == plan.layers.len()
-            && self.layers.iter().zip(&plan.layers).all(|(s, l)| {
+    /// Whether this state has the layers `config`'s plan asks for, each cache of its
+    /// layer's widths (a state made for this model).
+    pub fn fits(&self, config: &ModelConfig) -> bool {
+        let n_head_kv = config.n_head_kv;
+        self.layers.len() == config.plan.layers.len()
+            && self.layers.iter().zip(&config.plan.layers).all(|(s, l)| {
                 s.recurrent.is_some() == l.mixer.is_recurrent()
-                    && s.kv.is_some() == (l.mixer.has_attention() && !self.pooled)
+                    && s.kv.as_ref().map(|kv| (kv.k_dim, kv.v_dim))
+                        == l.mixer.kv_dims(n_head_kv).filter(|_| !self.pooled)
             })
     }
 
@@ -425,8 +425,7 @@ impl SeqState {
         );
         assert!(
             self.kv_type == src.kv_type
-                && (self.k_dim, self.v_dim, self.layers.len(), self.ring)
-                    == (src.k_dim, src.v_dim, src.layers.len(), src.ring),
+                && (self.layers.len(), self.ring) == (src.layers.len(), src.ring),
             "copy_prefix: states of different shapes"
         );
         assert!(
@@ -440,14 +439,15 @@ impl SeqState {
         // A ring is copied whole: which of its rows hold the first `n` positions depends
         // on all that was written.
         let ring = self.ring * KV_BLOCK;
-        let row_bytes = self.kv_type.bytes(self.k_dim).unwrap_or(0).max(1);
         for (d, s) in self.layers.iter_mut().zip(&src.layers) {
             match (&mut d.kv, &s.kv) {
                 (Some(d), Some(s)) => {
+                    assert_eq!((d.k_dim, d.v_dim), (s.k_dim, s.v_dim), "copy_prefix: rows");
+                    let row_bytes = self.kv_type.bytes(d.k_dim).unwrap_or(0).max(1);
                     let is_ring = ring > 0 && d.k.bytes() / row_bytes == ring;
                     let rows = if is_ring { ring } else { n };
-                    d.k.copy_from(&s.k, rows * self.k_dim);
-                    d.v.copy_from(&s.v, rows * self.v_dim);
+                    d.k.copy_from(&s.k, rows * d.k_dim);
+                    d.v.copy_from(&s.v, rows * d.v_dim);
                 }
                 (None, None) => {}
                 _ => panic!("copy_prefix: states of different layer kinds"),

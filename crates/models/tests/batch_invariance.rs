@@ -4,7 +4,7 @@
 //! with an integer dot kernel (the quant fixtures), on the dequantizing path (F16, IQ4_XS),
 //! on two mixture-of-experts files, on the tiny qwen2 and gemma3 fixtures (biases, Q/K
 //! norm, sliding window), on llama4 (chunked attention, NoPE, weights on the expert
-//! inputs) and on the recurrent and hybrid fixtures (mamba, mamba2, lfm2, falcon_h1,
+//! inputs), on gemma4 (per-layer embeddings, KV sharing, heads of two sizes) and on the recurrent and hybrid fixtures (mamba, mamba2, lfm2, falcon_h1,
 //! granitemoehybrid, qwen3_next).
 
 use frink_models::{pool, KvType, Logits, Model, SeqState, Sequence};
@@ -27,7 +27,7 @@ fn models() -> Vec<(String, Model)> {
     }
     if let Some(t) = frink_testdata::require("fixtures/tiny", "batch invariance") {
         // The recurrent families: each sequence's own conv window and scan state.
-        for arch in ["qwen2", "gemma3", "llama4"]
+        for arch in ["qwen2", "gemma3", "llama4", "gemma4"]
             .into_iter()
             .chain(frink_testdata::RECURRENT_FIXTURES)
         {
@@ -137,7 +137,7 @@ fn logits_do_not_depend_on_batch_chunks_or_threads() {
             "{name}: inside a decode batch of 8"
         );
     }
-    assert!(models.is_empty() || models.len() == 23);
+    assert!(models.is_empty() || models.len() == 24);
 }
 
 /// 1 vs 2 compute threads. The pool is process-wide, so this is its own test binary

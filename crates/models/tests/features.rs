@@ -215,7 +215,7 @@ fn granite_multipliers_matter() {
 fn partial_rope_matters() {
     for name in ["phi3", "stablelm"] {
         ablate(name, "partial RoPE (all dimensions rotated)", |m| {
-            m.config.n_rot = m.config.head_dim_k
+            attn_plans(m).for_each(|a| a.geometry.n_rot = a.geometry.head_dim_k)
         });
     }
 }
@@ -501,6 +501,7 @@ fn batched_prefill_equals_token_by_token_decode() {
         ("granitemoehybrid", fixture("granitemoehybrid")),
         ("qwen3_next", fixture("qwen3_next")),
         ("llama4", fixture("llama4")),
+        ("gemma4", fixture("gemma4")),
         ("Q4_1", quant("Q4_1")),
         ("Q4_K_M", quant("Q4_K_M")),
         ("IQ3_XXS", quant("IQ3_XXS")),

@@ -69,7 +69,7 @@ fn pooled_and_contiguous_caches_give_the_same_logits() {
             continue;
         }
         for kv in [KvType::F32, KvType::F16, KvType::Q8_0] {
-            if kv.check_heads(c.head_dim_k, c.head_dim_v).is_err() {
+            if kv.check_heads(c).is_err() {
                 continue;
             }
             let (a, b) = (ids(model, 0, 41), ids(model, 1, 41));

@@ -1,6 +1,7 @@
 //! Layers with a sliding window keep only their window's rows, and every logit keeps the
 //! bits of the full layout: for each tiny fixture with windowed layers (gemma2, gemma3,
-//! gpt-oss, mistral; window 16 or 8; llama4, chunks of 8) and f32/f16/Q8_0 caches, 520
+//! gpt-oss, mistral; window 16 or 8; llama4, chunks of 8; gemma4, window 8 with layers
+//! that read an earlier layer's cache) and f32/f16/Q8_0 caches, 520
 //! positions evaluated in steps of 1 to 300 rows (a step longer than the ring takes is split by
 //! `Model::forward`) give the same logits
 //! - in a state of its own, whose windowed layers are a ring of
@@ -27,7 +28,7 @@ const LEN: usize = 520;
 fn windowed_models() -> Vec<(String, Model)> {
     let mut out = Vec::new();
     if let Some(t) = frink_testdata::require("fixtures/tiny", "sliding-window KV") {
-        for name in ["gemma2", "gemma3", "gpt_oss", "mistral", "llama4"] {
+        for name in ["gemma2", "gemma3", "gpt_oss", "mistral", "llama4", "gemma4"] {
             let m = Model::load(t.join(name).join("model.gguf")).unwrap();
             assert!(m.config.plan.window() > 0, "{name} has windowed layers");
             out.push((name.to_string(), m));
@@ -117,32 +118,29 @@ fn windowed_layers_keep_only_their_window_with_the_same_logits() {
         let window = c.plan.window();
         let ring = window_blocks(window, WINDOW_STEP);
         for kv in [KvType::F32, KvType::F16, KvType::Q8_0] {
-            if kv.check_heads(c.head_dim_k, c.head_dim_v).is_err() {
+            if kv.check_heads(c).is_err() {
                 continue;
             }
             let tokens = frink_testdata::spread_ids(c.n_vocab, 3, LEN);
             let want = pooled(&model, kv, &tokens, 0);
             let (got, st) = own(&model, kv, &tokens);
             assert!(got == want, "{name} {kv:?}: the ring changed the logits");
-            // The ring holds `ring` blocks per windowed layer instead of CTX positions.
-            let windowed = c
+            // The ring holds `ring` blocks per windowed layer instead of CTX positions (each
+            // layer with a cache of its own, rows of its own widths).
+            let expected: usize = c
                 .plan
                 .layers
                 .iter()
-                .filter(|l| l.mixer.window() > 0)
-                .count();
-            let attn = c
-                .plan
-                .layers
-                .iter()
-                .filter(|l| l.mixer.has_attention())
-                .count();
-            let row = kv.bytes(c.k_dim() + c.v_dim()).unwrap();
-            assert_eq!(
-                st.bytes(),
-                row * ((attn - windowed) * CTX + windowed * ring * KV_BLOCK),
-                "{name}: ring bytes"
-            );
+                .filter_map(|l| {
+                    let (kd, vd) = l.mixer.kv_dims(c.n_head_kv)?;
+                    let rows = match l.mixer.window() > 0 {
+                        true => ring * KV_BLOCK,
+                        false => CTX,
+                    };
+                    Some(kv.bytes(kd + vd).unwrap() * rows)
+                })
+                .sum();
+            assert_eq!(st.bytes(), expected, "{name}: ring bytes");
             assert_eq!(
                 SeqState::kv_bytes(c, CTX, kv),
                 Some(st.bytes()),

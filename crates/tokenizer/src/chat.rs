@@ -101,7 +101,7 @@ fn template_message(m: &ChatMessage) -> serde_json::Value {
 pub enum TemplateSource {
     /// A Jinja template: the file's `tokenizer.chat_template` or one given by the caller.
     Jinja,
-    /// llama.cpp's built-in `gemma` template (the file has none).
+    /// llama.cpp's built-in `gemma` template (the file has none; Gemma 1-3).
     BuiltinGemma,
     /// llama.cpp's built-in ChatML template (the file has none).
     BuiltinChatml,
@@ -568,10 +568,14 @@ impl Tokenizer {
                 self.render_jinja(t, messages, inputs)?,
                 TemplateSource::Jinja,
             ),
-            None if self.architecture().starts_with("gemma") => (
-                gemma(messages, add_generation_prompt),
-                TemplateSource::BuiltinGemma,
-            ),
+            // Gemma 1-3's turns; Gemma 4 has a format of its own (`<|turn>`), which a file
+            // without a template does not say, so it is refused below rather than guessed.
+            None if self.architecture().starts_with("gemma") && self.architecture() != "gemma4" => {
+                (
+                    gemma(messages, add_generation_prompt),
+                    TemplateSource::BuiltinGemma,
+                )
+            }
             None if self.token_id("<|im_start|>").is_some() => (
                 chatml(messages, add_generation_prompt),
                 TemplateSource::BuiltinChatml,

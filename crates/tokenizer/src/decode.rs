@@ -89,7 +89,9 @@ impl Pieces {
                 bytes.extend_from_slice(text.as_bytes());
             } else if attr.has(TokenAttr::NORMAL) {
                 match vocab.kind {
-                    VocabKind::Spm => bytes.extend_from_slice(text.replace('▁', " ").as_bytes()),
+                    VocabKind::Spm | VocabKind::Gemma4 => {
+                        bytes.extend_from_slice(text.replace('▁', " ").as_bytes())
+                    }
                     VocabKind::Bpe => bytes.extend(byte_level_decode(text, &table)),
                 }
             } else if attr.has(TokenAttr::BYTE) {

@@ -212,7 +212,7 @@ impl Tokenizer {
 
     /// Tokenizes raw bytes, UTF-8 or not, as `llama_tokenize` does. Valid UTF-8 is
     /// [`Tokenizer::encode`]. Otherwise special tokens are cut out of the bytes first; then
-    /// byte-level BPE reads each raw fragment as llama.cpp's BPE path does
+    /// byte-level BPE and Gemma 4's BPE read each raw fragment as llama.cpp's BPE path does
     /// ([`text_from_bytes`]), and SentencePiece works on its bytes as llama.cpp's
     /// `llm_tokenizer_spm_session` does: each symbol is as long as its first byte says, a
     /// symbol that is not a character never merges and becomes byte tokens, and the runs of
@@ -244,7 +244,8 @@ impl Tokenizer {
                 Fragment::Token(id) => out.push(id),
                 Fragment::Text(r) => match v.kind {
                     VocabKind::Spm => self.spm_bytes(&bytes[r], &mut out)?,
-                    VocabKind::Bpe => {
+                    // Gemma 4's BPE reads the bytes as llama.cpp's BPE path does too.
+                    VocabKind::Bpe | VocabKind::Gemma4 => {
                         let enc = self
                             .hf
                             .encode_fast(text_from_bytes(&bytes[r]).as_ref(), false)

@@ -55,8 +55,12 @@ pub(crate) fn build(vocab: &Vocab) -> Result<Tokenizer> {
     match vocab.kind {
         VocabKind::Bpe => build_bpe(vocab),
         VocabKind::Spm => build_spm(vocab),
+        VocabKind::Gemma4 => build_gemma4(vocab),
     }
 }
+
+/// llama.cpp's `gemma4` pre-tokenizer: runs of newlines and runs of anything else.
+pub(crate) const GEMMA4_SPLIT: &str = r"[^\n]+|[\n]+";
 
 /// Splits a GGUF merge line at its first space after the first character (llama.cpp looks
 /// for the separator from byte 1, so a merge may begin with a space).
@@ -66,7 +70,10 @@ fn split_merge(line: &str) -> Option<(&str, &str)> {
     Some((&line[..pos], &line[pos + 1..]))
 }
 
-fn build_bpe(vocab: &Vocab) -> Result<Tokenizer> {
+/// The GGUF merges in rank order, each checked to join two tokens into a token.
+///
+/// Errors: [`TokenizerError::BadMerge`] naming the first that does not.
+fn checked_merges(vocab: &Vocab) -> Result<Vec<(String, String)>> {
     let mut merges = Vec::with_capacity(vocab.merges.len());
     for (rank, line) in vocab.merges.iter().enumerate() {
         let bad = || TokenizerError::BadMerge {
@@ -83,8 +90,12 @@ fn build_bpe(vocab: &Vocab) -> Result<Tokenizer> {
         }
         merges.push((a.to_string(), b.to_string()));
     }
+    Ok(merges)
+}
+
+fn build_bpe(vocab: &Vocab) -> Result<Tokenizer> {
     let model = BPE::builder()
-        .vocab_and_merges(vocab_map(vocab), merges)
+        .vocab_and_merges(vocab_map(vocab), checked_merges(vocab)?)
         .ignore_merges(vocab.ignore_merges)
         .build()
         .map_err(hf)?;
@@ -159,6 +170,31 @@ fn build_spm(vocab: &Vocab) -> Result<Tokenizer> {
         .byte_fallback(true)
         .build()
         .map_err(hf)?;
+    spm_pipeline(vocab, model)
+}
+
+/// Gemma 4: the GGUF merges (not derived from scores) with byte fallback, the SentencePiece
+/// normalizer and pieces, and the newline split before the merges.
+fn build_gemma4(vocab: &Vocab) -> Result<Tokenizer> {
+    let model = BPE::builder()
+        .vocab_and_merges(vocab_map(vocab), checked_merges(vocab)?)
+        .byte_fallback(true)
+        .build()
+        .map_err(hf)?;
+    let mut tk = spm_pipeline(vocab, model)?;
+    let split = Split::new(
+        SplitPattern::Regex(GEMMA4_SPLIT.to_string()),
+        SplitDelimiterBehavior::Isolated,
+        false,
+    )
+    .map_err(hf)?;
+    tk.with_pre_tokenizer(Some(PreSequence::new(vec![split.into()])));
+    Ok(tk)
+}
+
+/// A SentencePiece-style pipeline around `model`: `▁` for spaces (and a `▁` before each
+/// fragment with `add_space_prefix`), pieces decoded back with their byte tokens fused.
+fn spm_pipeline(vocab: &Vocab, model: BPE) -> Result<Tokenizer> {
     let mut norm: Vec<NormalizerWrapper> = Vec::new();
     if vocab.add_space_prefix {
         norm.push(Prepend::new("▁".to_string()).into());

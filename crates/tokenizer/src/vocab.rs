@@ -85,6 +85,12 @@ pub enum VocabKind {
     Spm,
     /// `gpt2`: byte-level BPE over explicit merges, with a regex pre-tokenizer.
     Bpe,
+    /// `gemma4`: BPE over explicit merges on SentencePiece-style pieces: spaces escaped to
+    /// `▁`, raw UTF-8 characters as the first symbols (no byte-level mapping), a symbol
+    /// that is no token falling back to `<0xNN>` byte tokens, the text split into runs of
+    /// newlines and runs of anything else (llama.cpp src/llama-vocab.cpp: the `gemma4`
+    /// model, `LLAMA_VOCAB_PRE_TYPE_GEMMA4`, `byte_encode = false`, `escape_whitespaces`).
+    Gemma4,
 }
 
 /// Special token ids; `None` where the model has none.
@@ -324,6 +330,7 @@ impl Vocab {
         let kind = match model {
             "llama" => VocabKind::Spm,
             "gpt2" => VocabKind::Bpe,
+            "gemma4" => VocabKind::Gemma4,
             other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
         };
         let tokens_meta =
@@ -351,6 +358,9 @@ impl Vocab {
                 special.eos = Some(11);
                 (false, false, false, true)
             }
+            // llama.cpp: no default special tokens (the file names them), and as every BPE
+            // model no space prefix and space clean-up in detokenization.
+            VocabKind::Gemma4 => (false, false, false, true),
         };
         let mut pre = None;
         let mut ignore_merges = false;
@@ -362,6 +372,12 @@ impl Vocab {
             ignore_merges = p.ignore_merges();
             add_bos = p.default_add_bos();
             pre = Some(p);
+            merges = string_array(file, KEY_MERGES)?
+                .ok_or(TokenizerError::MissingKey(KEY_MERGES))?
+                .to_vec();
+        }
+        // `tokenizer.ggml.pre` is not read: llama.cpp sets it to `gemma4` for this model.
+        if kind == VocabKind::Gemma4 {
             merges = string_array(file, KEY_MERGES)?
                 .ok_or(TokenizerError::MissingKey(KEY_MERGES))?
                 .to_vec();

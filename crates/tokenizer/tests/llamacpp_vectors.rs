@@ -79,7 +79,8 @@ fn check(name: &str, tok: &Tokenizer, v: &Value) {
             ));
         }
     }
-    let detok = v["detokenize"].as_array().unwrap();
+    // (The gemma4 vectors hold tokenizations only: see its test.)
+    let detok = v["detokenize"].as_array().map(Vec::as_slice).unwrap_or(&[]);
     for c in detok {
         let seq = ids(&c["ids"]);
         let special = c["special"].as_bool().unwrap();
@@ -99,11 +100,13 @@ fn check(name: &str, tok: &Tokenizer, v: &Value) {
         s.push_str(&d.finish());
         assert_eq!(s, tok.decode(&seq, special).unwrap(), "{name} {seq:?}");
     }
-    assert_eq!(
-        tok.eog_ids(),
-        ids(&v["eog_ids"]).as_slice(),
-        "{name}: EOG ids"
-    );
+    if !v["eog_ids"].is_null() {
+        assert_eq!(
+            tok.eog_ids(),
+            ids(&v["eog_ids"]).as_slice(),
+            "{name}: EOG ids"
+        );
+    }
     eprintln!(
         "{name}: {}/{} tokenizations ({} of non-UTF-8 bytes; {surrogates} with surrogates skipped) and {}/{} detokenizations equal llama.cpp's",
         cases.len() + raw_cases.len() - surrogates - bad_tok,
@@ -149,6 +152,42 @@ fn tiny_fixture_vocabularies_match_llama_cpp_on_random_inputs() {
         n += 1;
     }
     assert_eq!(n, 6);
+}
+
+/// Gemma 4's tokenizer model (`tokenizer.ggml.model = gemma4`: BPE merges on
+/// SentencePiece pieces, newline split, byte fallback) on the only Gemma 4 vocabulary here,
+/// the tiny fixture's (tests/data/llamacpp_gemma4_vectors.json: 346 texts with special
+/// parsing and BOS on and off, 60 invalid UTF-8 inputs, tokenized by the anchor's
+/// `llama-tokenize`; gen_gemma4_vectors.py). Measured: all 406 equal (before invalid UTF-8
+/// was read as llama.cpp's BPE path reads it, 54 of the 60 byte inputs differed). The
+/// anchor's tools have no detokenizer, so decoding is checked here by round trip where
+/// llama.cpp's space clean-up does not apply, and the pieces follow the SentencePiece rules
+/// the `llama` fixtures check against llama.cpp.
+#[test]
+fn gemma4_fixture_vocabulary_matches_llama_cpp() {
+    let Some(dir) = frink_testdata::require("fixtures/tiny/gemma4", "gemma4 tokenizer") else {
+        return;
+    };
+    let tok = Tokenizer::from_path(&dir.join("model.gguf")).unwrap();
+    assert_eq!(tok.kind(), frink_tokenizer::VocabKind::Gemma4);
+    let v = vectors("llamacpp_gemma4_vectors.json");
+    check("tiny/gemma4", &tok, &v);
+    assert_eq!(tok.eog_ids(), [2], "</s>");
+    let mut n = 0;
+    for c in v["tokenize"].as_array().unwrap() {
+        let text = c["text"].as_str().unwrap();
+        // Texts the clean-up changes, or holding `▁` (which decodes as a space).
+        let cleaned = [" ?", " !", " .", " ,", " '", "▁"]
+            .iter()
+            .any(|p| text.contains(p));
+        if c["parse_special"].as_bool().unwrap() || cleaned {
+            continue;
+        }
+        let ids = ids(&c["ids"]);
+        assert_eq!(tok.decode(&ids, false).unwrap(), text, "{ids:?}");
+        n += 1;
+    }
+    eprintln!("gemma4: {n} texts decode back to themselves");
 }
 
 /// The tokenizer of catalog model `base` with `tokenizer.ggml.pre` replaced by `pre` and the

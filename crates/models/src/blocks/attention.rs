@@ -34,6 +34,53 @@ pub enum QkvWeights {
     Fused(Matrix),
     /// Multi-head latent attention ([`crate::config::MlaConfig`]).
     Mla(Box<MlaWeights>),
+    /// `attn_q` alone: a layer that attends over another layer's keys and values
+    /// ([`crate::plan::AttnGeometry::kv_source`]).
+    QueryOnly(Matrix),
+}
+
+/// One attention layer's widths: the model's head counts, the layer's head sizes
+/// ([`crate::plan::AttnGeometry`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Dims {
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub hd_k: usize,
+    pub hd_v: usize,
+}
+
+impl Dims {
+    pub fn of(c: &ModelConfig, ap: &AttentionPlan) -> Dims {
+        Dims {
+            n_head: c.n_head,
+            n_head_kv: c.n_head_kv,
+            hd_k: ap.geometry.head_dim_k,
+            hd_v: ap.geometry.head_dim_v,
+        }
+    }
+    /// Queries per row: `n_head · hd_k`.
+    pub fn q(&self) -> usize {
+        self.n_head * self.hd_k
+    }
+    /// Keys per row: `n_head_kv · hd_k`.
+    pub fn k(&self) -> usize {
+        self.n_head_kv * self.hd_k
+    }
+    /// Values per row: `n_head_kv · hd_v`.
+    pub fn v(&self) -> usize {
+        self.n_head_kv * self.hd_v
+    }
+    /// Attention output per row: `n_head · hd_v`.
+    pub fn attn(&self) -> usize {
+        self.n_head * self.hd_v
+    }
+    /// The output projection's input width: [`Dims::attn`], or MLA's value width.
+    pub fn out(&self, c: &ModelConfig) -> usize {
+        match &c.mla {
+            Some(_) => c.attn_out_dim(),
+            None => self.attn(),
+        }
+    }
 }
 
 /// An attention layer's weights, named as llama.cpp names the tensors (`blk.N.<name>`).
@@ -64,13 +111,21 @@ impl AttentionWeights {
         ap: &AttentionPlan,
     ) -> Result<AttentionWeights> {
         let n = |s: &str| format!("blk.{il}.{s}");
-        let qkv_rows = c.q_dim() + c.k_dim() + c.v_dim();
-        let q_rows = if ap.output_gate {
-            2 * c.q_dim()
-        } else {
-            c.q_dim()
-        };
+        let g = Dims::of(c, ap);
+        let qkv_rows = g.q() + g.k() + g.v();
+        let q_rows = if ap.output_gate { 2 * g.q() } else { g.q() };
+        let shares = ap.geometry.kv_source.is_some();
+        if shares && (ap.qkv != QkvLayout::Separate || ap.output_gate) {
+            return Err(crate::ModelError::Unsupported(format!(
+                "layer {il}: shared keys and values with fused, latent or gated Q/K/V"
+            )));
+        }
         let (qkv, bqkv) = match ap.qkv {
+            // A KV-sharing layer projects its queries only.
+            QkvLayout::Separate if shares => (
+                QkvWeights::QueryOnly(l.matrix(&n("attn_q.weight"), q_rows, c.n_embd)?),
+                None,
+            ),
             QkvLayout::Latent => {
                 let mla = c.mla.as_ref().expect("a latent plan has an MLA config");
                 (
@@ -86,8 +141,8 @@ impl AttentionWeights {
                 QkvWeights::Separate {
                     // With an output gate each head's query is followed by its gate.
                     wq: l.matrix(&n("attn_q.weight"), q_rows, c.n_embd)?,
-                    wk: l.matrix(&n("attn_k.weight"), c.k_dim(), c.n_embd)?,
-                    wv: l.matrix(&n("attn_v.weight"), c.v_dim(), c.n_embd)?,
+                    wk: l.matrix(&n("attn_k.weight"), g.k(), c.n_embd)?,
+                    wv: l.matrix(&n("attn_v.weight"), g.v(), c.n_embd)?,
                 },
                 None,
             ),
@@ -99,7 +154,7 @@ impl AttentionWeights {
             )));
         }
         let mut bias = |name: &str, len: usize| {
-            if separate {
+            if separate && !(shares && name != "attn_q.bias") {
                 l.vector_opt(&n(name), len)
             } else {
                 Ok(None)
@@ -111,14 +166,14 @@ impl AttentionWeights {
             if ap.output_gate {
                 None
             } else {
-                bias("attn_q.bias", c.q_dim())?
+                bias("attn_q.bias", g.q())?
             },
-            bias("attn_k.bias", c.k_dim())?,
-            bias("attn_v.bias", c.v_dim())?,
+            bias("attn_k.bias", g.k())?,
+            bias("attn_v.bias", g.v())?,
         );
         let (q_norm_len, k_norm_len) = match ap.qk_norm {
-            QkNorm::Whole => (c.q_dim(), c.k_dim()),
-            _ => (c.head_dim_k, c.head_dim_k),
+            QkNorm::Whole => (g.q(), g.k()),
+            _ => (g.hd_k, g.hd_k),
         };
         // Weighted norms only: Llama 4's L2 norm has no weight.
         let qk_norm = matches!(ap.qk_norm, QkNorm::PerHead | QkNorm::Whole);
@@ -128,11 +183,11 @@ impl AttentionWeights {
             bk,
             bv,
             bqkv,
-            wo: l.matrix(&n("attn_output.weight"), c.n_embd, c.attn_out_dim())?,
+            wo: l.matrix(&n("attn_output.weight"), c.n_embd, g.out(c))?,
             bo: l.vector_opt(&n("attn_output.bias"), c.n_embd)?,
             attn_sinks: l.vector_if(ap.sinks, &n("attn_sinks.weight"), c.n_head)?,
             q_norm: l.vector_if(qk_norm, &n("attn_q_norm.weight"), q_norm_len)?,
-            k_norm: l.vector_if(qk_norm, &n("attn_k_norm.weight"), k_norm_len)?,
+            k_norm: l.vector_if(qk_norm && !shares, &n("attn_k_norm.weight"), k_norm_len)?,
         })
     }
 
@@ -140,13 +195,17 @@ impl AttentionWeights {
     pub(crate) fn matrices(&self) -> Vec<&Matrix> {
         let mut m: Vec<&Matrix> = match &self.qkv {
             QkvWeights::Separate { wq, wk, wv } => vec![wq, wk, wv],
-            QkvWeights::Fused(w) => vec![w],
+            QkvWeights::QueryOnly(w) | QkvWeights::Fused(w) => vec![w],
             QkvWeights::Mla(a) => a.matrices().collect(),
         };
         m.push(&self.wo);
         m
     }
 }
+
+/// What a table of RoPE rotations depends on: the parameters, the rotated width and
+/// whether `rope_freqs` applies.
+type RopeKey = (RopeParams, usize, bool);
 
 /// Buffers of the attention layers of one forward call, reused from layer to layer.
 #[derive(Default)]
@@ -161,7 +220,7 @@ pub(crate) struct AttnScratch {
     gate: Vec<f32>,
     /// One table of rotations per position and parameter set, shared by every head and
     /// every layer with the same parameters.
-    rope_tables: Vec<(RopeParams, Vec<(f32, f32)>)>,
+    rope_tables: Vec<(RopeKey, Vec<(f32, f32)>)>,
 }
 
 impl Model {
@@ -197,17 +256,26 @@ impl Model {
             gate,
             rope_tables,
         } = s;
-        q.resize(n * c.q_dim(), 0.0);
-        k.resize(n * c.k_dim(), 0.0);
-        v.resize(n * c.v_dim(), 0.0);
-        attn.resize(n * c.n_head * c.head_dim_v, 0.0);
-        // Qcur, Kcur, Vcur
+        let g = Dims::of(c, ap);
+        let shares = ap.geometry.kv_source.is_some();
+        q.resize(n * g.q(), 0.0);
+        k.resize(n * g.k(), 0.0);
+        v.resize(n * g.v(), 0.0);
+        attn.resize(n * g.attn(), 0.0);
+        // Qcur, Kcur, Vcur (Qcur alone where the layer shares another's keys and values)
         match &lw.qkv {
+            QkvWeights::QueryOnly(wq) => {
+                matmul(wq, self.weight(wq), cur, n, q)?;
+                self.lora_add(wq, cur, lora, q)?;
+                if let Some(b) = &lw.bq {
+                    add_bias(q, b);
+                }
+            }
             QkvWeights::Separate { wq, wk, wv } if ap.output_gate => {
                 // Per head: its query, then its gate (llama.cpp qwen3next.cpp's Q/gate
                 // split of attn_q).
-                qkv.resize(n * 2 * c.q_dim(), 0.0);
-                gate.resize(n * c.q_dim(), 0.0);
+                qkv.resize(n * 2 * g.q(), 0.0);
+                gate.resize(n * g.q(), 0.0);
                 matmul_many(
                     &mut [
                         self.projection(wq, qkv),
@@ -220,7 +288,7 @@ impl Model {
                 self.lora_add(wq, cur, lora, qkv)?;
                 self.lora_add(wk, cur, lora, k)?;
                 self.lora_add(wv, cur, lora, v)?;
-                let hd = c.head_dim_k;
+                let hd = g.hd_k;
                 for ((qg, qr), gr) in qkv
                     .chunks_exact(2 * hd)
                     .zip(q.chunks_exact_mut(hd))
@@ -262,7 +330,7 @@ impl Model {
                 if let Some(b) = &lw.bqkv {
                     add_bias(qkv, b);
                 }
-                let (qd, kd, vd) = (c.q_dim(), c.k_dim(), c.v_dim());
+                let (qd, kd, vd) = (g.q(), g.k(), g.v());
                 for (i, row) in qkv.chunks_exact(qd + kd + vd).enumerate() {
                     q[i * qd..(i + 1) * qd].copy_from_slice(&row[..qd]);
                     k[i * kd..(i + 1) * kd].copy_from_slice(&row[qd..qd + kd]);
@@ -274,41 +342,50 @@ impl Model {
         if let Some(qn) = &lw.q_norm {
             rms_norm(q, qn, c.norm_eps);
         }
-        if let Some(kn) = &lw.k_norm {
+        if let Some(kn) = lw.k_norm.as_ref().filter(|_| !shares) {
             rms_norm(k, kn, c.norm_eps);
         }
+        // Gemma 4's V-norm: each value head to unit RMS (no weight: `x · 1` is `x`).
+        if ap.v_norm && !shares {
+            rms_norm(v, &vec![1f32; g.hd_v], c.norm_eps);
+        }
+        // Keys to rotate and norm: none where they are another layer's.
+        let k_new: &mut [f32] = if shares { &mut [] } else { k.as_mut_slice() };
         if let Position::Rope(layout) = ap.position {
             let neox = layout == RopeLayout::Neox;
-            let rp = ap.rope;
-            let ti = match rope_tables.iter().position(|(k, _)| *k == rp) {
+            let n_rot = ap.geometry.n_rot;
+            let factors = w.rope_freqs.as_deref().filter(|_| ap.geometry.freq_factors);
+            // One table per parameter set, rotation width and factors.
+            let key = (ap.rope, n_rot, factors.is_some());
+            let ti = match rope_tables.iter().position(|(k, _)| *k == key) {
                 Some(i) => i,
                 None => {
-                    let mut table = Vec::with_capacity(n * c.n_rot / 2);
+                    let mut table = Vec::with_capacity(n * n_rot / 2);
                     let mut angles = Vec::new();
                     for &p in pos {
-                        rope_angles(p, c.n_rot, &rp, w.rope_freqs.as_deref(), &mut angles);
+                        rope_angles(p, n_rot, &ap.rope, factors, &mut angles);
                         table.extend_from_slice(&angles);
                     }
-                    rope_tables.push((rp, table));
+                    rope_tables.push((key, table));
                     rope_tables.len() - 1
                 }
             };
             let table = &rope_tables[ti].1;
-            let half = c.n_rot / 2;
+            let half = n_rot / 2;
             // The rotated dimensions: a head's first n_rot, or with MLA its last n_rot
             // (the RoPE part after the latent).
             let off = if ap.qkv == QkvLayout::Latent {
-                c.head_dim_k - c.n_rot
+                g.hd_k - n_rot
             } else {
                 0
             };
             let rows = rows_per_task(n);
-            for (t, dim) in [(&mut *q, c.q_dim()), (&mut *k, c.k_dim())] {
+            for (t, dim) in [(q.as_mut_slice(), g.q()), (&mut *k_new, g.k())] {
                 pool::for_each_chunk(t, rows * dim, &|ci, part| {
                     for (r, row) in part.chunks_exact_mut(dim).enumerate() {
                         let i = ci * rows + r;
                         let angles = &table[i * half..(i + 1) * half];
-                        for head in row.chunks_exact_mut(c.head_dim_k) {
+                        for head in row.chunks_exact_mut(g.hd_k) {
                             rope_rotate(&mut head[off..], angles, neox);
                         }
                     }
@@ -317,13 +394,13 @@ impl Model {
         }
         // Llama 4's L2 norm of each head, after RoPE (no weight: `x · 1` is `x`).
         if ap.qk_norm == QkNorm::L2 {
-            let ones = vec![1f32; c.head_dim_k];
+            let ones = vec![1f32; g.hd_k];
             rms_norm(q, &ones, c.norm_eps);
-            rms_norm(k, &ones, c.norm_eps);
+            rms_norm(k_new, &ones, c.norm_eps);
         }
         // NoPE layers' query temperature, by each row's position.
         if let Some(t) = ap.temperature {
-            for (row, &p) in q.chunks_exact_mut(c.q_dim()).zip(pos) {
+            for (row, &p) in q.chunks_exact_mut(g.q()).zip(pos) {
                 let f = t.factor(p);
                 if f != 1.0 {
                     row.iter_mut().for_each(|v| *v *= f);
@@ -335,19 +412,24 @@ impl Model {
         for (si, s) in seqs.iter().enumerate() {
             let (r0, r1) = (starts[si], starts[si + 1]);
             let kv = s.state.kv_type;
-            if let Some(b) = kv.key_rotation(c.head_dim_k) {
-                hadamard_rotate(&mut q[r0 * c.q_dim()..r1 * c.q_dim()], b);
-                hadamard_rotate(&mut k[r0 * c.k_dim()..r1 * c.k_dim()], b);
+            if let Some(b) = kv.key_rotation(g.hd_k) {
+                hadamard_rotate(&mut q[r0 * g.q()..r1 * g.q()], b);
+                if !shares {
+                    hadamard_rotate(&mut k[r0 * g.k()..r1 * g.k()], b);
+                }
             }
-            if let Some(b) = kv.value_rotation(c.head_dim_v) {
-                hadamard_rotate(&mut v[r0 * c.v_dim()..r1 * c.v_dim()], b);
+            if let Some(b) = kv.value_rotation(g.hd_v).filter(|_| !shares) {
+                hadamard_rotate(&mut v[r0 * g.v()..r1 * g.v()], b);
             }
         }
-        let dims = (c.k_dim(), c.v_dim());
+        let dims = (g.k(), g.v());
         // A windowed layer's rows go through the sequence's window table where it has one
         // (a pool's window group, a ring of its own).
         let windowed = ap.window > 0;
-        for (si, s) in seqs.iter_mut().enumerate() {
+        // The keys and values this layer writes (none where it shares) and reads: its own
+        // cache, or its source layer's (of the same kind, windowed or not).
+        let src = ap.geometry.kv_source.unwrap_or(il);
+        for (si, s) in seqs.iter_mut().enumerate().filter(|_| !shares) {
             let (r0, r1) = (starts[si], starts[si + 1]);
             let (kr, vr) = (&k[r0 * dims.0..r1 * dims.0], &v[r0 * dims.1..r1 * dims.1]);
             let p0 = s.state.n_past;
@@ -357,10 +439,10 @@ impl Model {
                     .as_deref_mut()
                     .expect("forward_batch_in checked that pooled sequences have their pool");
                 let table = state.table(pool.in_window_group(il));
-                pool.layer_mut(il).write_rows(table, p0, dims, kr, vr);
+                pool.layer_mut(il).write_rows(table, p0, kr, vr);
             } else {
                 let (layer, table) = state.kv_and_table_mut(il, windowed);
-                layer.write_rows(table, p0, dims, kr, vr);
+                layer.write_rows(table, p0, kr, vr);
             }
         }
         let pool = pool.as_deref();
@@ -369,11 +451,11 @@ impl Model {
             .enumerate()
             .map(|(si, s)| AttnSeq {
                 layer: match pool.filter(|_| s.state.is_pooled()) {
-                    Some(p) => p.layer(il),
-                    None => s.state.kv(il),
+                    Some(p) => p.layer(src),
+                    None => s.state.kv(src),
                 },
                 blocks: s.state.table(match pool.filter(|_| s.state.is_pooled()) {
-                    Some(p) => p.in_window_group(il),
+                    Some(p) => p.in_window_group(src),
                     None => windowed,
                 }),
                 p0: s.state.n_past,
@@ -383,6 +465,7 @@ impl Model {
             .collect();
         attention(
             c,
+            g,
             &parts,
             q,
             Visible {
@@ -395,9 +478,9 @@ impl Model {
         );
         // The output is a sum of rotated values: rotated back (the block is its own
         // inverse).
-        let row_out = c.n_head * c.head_dim_v;
+        let row_out = g.attn();
         for (si, s) in seqs.iter().enumerate() {
-            if let Some(b) = s.state.kv_type.value_rotation(c.head_dim_v) {
+            if let Some(b) = s.state.kv_type.value_rotation(g.hd_v) {
                 hadamard_rotate(&mut attn[starts[si] * row_out..starts[si + 1] * row_out], b);
             }
         }
@@ -457,8 +540,10 @@ struct AttnSeq<'a> {
 /// is the same sequence of operations whatever the block, the chunk, the batch or the
 /// thread: scores in `dot`'s order, one softmax over the visible keys, values
 /// accumulated in key order.
+#[allow(clippy::too_many_arguments)]
 fn attention(
     c: &crate::config::ModelConfig,
+    dims: Dims,
     seqs: &[AttnSeq<'_>],
     q: &[f32],
     visible: Visible,
@@ -466,22 +551,22 @@ fn attention(
     sinks: Option<&[f32]>,
     out: &mut [f32],
 ) {
-    let (hd_k, hd_v) = (c.head_dim_k, c.head_dim_v);
-    let group = c.n_head / c.n_head_kv;
-    let row_out = c.n_head * hd_v;
+    let (hd_k, hd_v) = (dims.hd_k, dims.hd_v);
+    let group = dims.n_head / dims.n_head_kv;
+    let row_out = dims.attn();
     // Keys visible from position `pos`: first_key(pos)..=pos.
     let first_key = |pos: usize| visible.first_key(pos);
     // Tasks: (sequence, first query head, heads, first row within the sequence).
     let mut tasks: Vec<(usize, usize, usize, usize)> = Vec::new();
     // Enough sequences to keep every thread busy with one task per KV head: then each KV
     // row is widened once for all the heads that read it, even for one-row blocks.
-    let many = seqs.len() * c.n_head_kv >= 2 * crate::pool::threads();
+    let many = seqs.len() * dims.n_head_kv >= 2 * crate::pool::threads();
     for (si, s) in seqs.iter().enumerate() {
         for i0 in (0..s.n).step_by(ATTN_ROWS_PER_TASK) {
             if s.n - i0 >= 4 || many {
-                tasks.extend((0..c.n_head_kv).map(|g| (si, g * group, group, i0)));
+                tasks.extend((0..dims.n_head_kv).map(|g| (si, g * group, group, i0)));
             } else {
-                tasks.extend((0..c.n_head).map(|h| (si, h, 1, i0)));
+                tasks.extend((0..dims.n_head).map(|h| (si, h, 1, i0)));
             }
         }
     }
@@ -521,8 +606,8 @@ fn attention(
             let span = t1 - t0;
             // KV head g's keys and values of positions t0.., read in place (through the
             // block table of a pooled sequence).
-            let keys = layer.k.rows(g * hd_k, c.k_dim()).starting_at(blocks, t0);
-            let values = layer.v.rows(g * hd_v, c.v_dim()).starting_at(blocks, t0);
+            let keys = layer.k.rows(g * hd_k, dims.k()).starting_at(blocks, t0);
+            let values = layer.v.rows(g * hd_v, dims.v()).starting_at(blocks, t0);
             // The task's units are its (query head, row) pairs, head by head: unit `u` is
             // head `h0 + u / nr`, row `u % nr` of the block. Units go through the kernels
             // up to four at a time, sharing each key and value row they load (a decode
@@ -532,7 +617,7 @@ fn attention(
             // Unit u sees keys lo(u)..hi(u), relative to t0.
             let lo = |u: usize| first_key(p0 + i0 + u % nr) - t0;
             let hi = |u: usize| p0 + i0 + u % nr + 1 - t0;
-            let qrow = |u: usize| &q[(r0 + i0 + u % nr) * c.q_dim() + head(u) * hd_k..][..hd_k];
+            let qrow = |u: usize| &q[(r0 + i0 + u % nr) * dims.q() + head(u) * hd_k..][..hd_k];
             scores.resize(units * span, 0.0);
             for c0 in (0..units).step_by(4) {
                 let c1 = (c0 + 4).min(units);

@@ -1,6 +1,7 @@
 //! The blocks a layer is made of, one file each, each owning the loading of its weights
 //! (through [`crate::load::Loader`]) and its computation: token mixers ([`attention`] with
-//! [`mla`], [`mamba`], [`mamba2`], [`short_conv`]) and channel mixers ([`ffn`], [`moe`]).
+//! [`mla`], [`mamba`], [`mamba2`], [`short_conv`]), channel mixers ([`ffn`], [`moe`]) and
+//! Gemma 4's per-layer embeddings ([`ple`]).
 //! Which block a layer runs is the plan's decision ([`crate::plan::LayerPlan`]); the
 //! forward pass ([`crate::Model::forward_batch`]) is a loop over it.
 
@@ -11,6 +12,7 @@ pub mod mamba;
 pub mod mamba2;
 pub mod mla;
 pub mod moe;
+pub mod ple;
 pub mod short_conv;
 
 use crate::config::ModelConfig;
