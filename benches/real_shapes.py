@@ -85,6 +85,15 @@ MODELS = {
         ctx=262144, rope_base=10000000.0, eps=1e-6, tied=False, qk_norm="head",
         n_expert=64, n_expert_used=10, n_ff_shexp=512, n_rot=64,
         delta=dict(d_conv=4, n_k=16, n_v=32, d_state=128, interval=4), types=["Q4_K_M"]),
+    # Gemma-4-E2B (its text config: hidden 1536, 35 layers of four windowed (512) to one
+    # global, 8 heads / 1 KV head of 256 (global 512, a quarter rotated), the last 20
+    # layers reading an earlier layer's keys and values with a double-wide FFN (12288, else
+    # 6144), per-layer embeddings of 256 from a 262144-token table, softcap 30).
+    "gemma4-e2b": dict(
+        arch="gemma4", name="gemma-4-E2B-it shapes (random weights)", vocab_from="gemma3-270m",
+        n_vocab=262144, n_layer=35, n_embd=1536, n_ff=6144, n_head=8, n_head_kv=1, head_dim=256,
+        global_head_dim=512, ctx=131072, rope_base=1000000.0, eps=1e-6, tied=True, swa=512,
+        swa_period=5, n_shared_kv=20, ple=256, partial_rotary=0.25, types=["Q4_K_M"]),
 }
 
 # llama.cpp's `llama_ftype` numbers (include/llama.h) for general.file_type.
@@ -178,8 +187,90 @@ def tokenizer_kv(template, n_vocab):
     return kv
 
 
+def gemma4_windowed(m, il):
+    """Whether a Gemma 4 layer is windowed: all but the last of each period."""
+    return il % m["swa_period"] < m["swa_period"] - 1
+
+
+def gemma4_ff(m, il):
+    """A Gemma 4 layer's FFN width: double where it shares keys and values."""
+    return m["n_ff"] * (2 if il >= m["n_layer"] - m["n_shared_kv"] else 1)
+
+
+def gemma4_kv(m, template):
+    """Gemma 4's metadata as llama.cpp's converter writes it (see ../shared/fixtures's
+    README, `gemma4`)."""
+    a, n = "gemma4", m["n_layer"]
+    swa = [gemma4_windowed(m, il) for il in range(n)]
+    hd, ghd = m["head_dim"], m["global_head_dim"]
+    kv = [("general.architecture", g.STRING, a), ("general.type", g.STRING, "model"),
+          ("general.name", g.STRING, m["name"]),
+          (f"{a}.block_count", g.U32, n), (f"{a}.context_length", g.U32, m["ctx"]),
+          (f"{a}.embedding_length", g.U32, m["n_embd"]),
+          (f"{a}.feed_forward_length", g.ARRAY, (g.U32, [gemma4_ff(m, il) for il in range(n)])),
+          (f"{a}.attention.head_count", g.U32, m["n_head"]),
+          (f"{a}.attention.head_count_kv", g.U32, m["n_head_kv"]),
+          (f"{a}.rope.freq_base", g.F32, m["rope_base"]),
+          (f"{a}.rope.freq_base_swa", g.F32, 10000.0),
+          (f"{a}.attention.layer_norm_rms_epsilon", g.F32, m["eps"]),
+          (f"{a}.attention.key_length", g.U32, ghd), (f"{a}.attention.value_length", g.U32, ghd),
+          (f"{a}.attention.key_length_swa", g.U32, hd),
+          (f"{a}.attention.value_length_swa", g.U32, hd),
+          (f"{a}.rope.dimension_count", g.U32, ghd),
+          (f"{a}.rope.dimension_count_swa", g.U32, hd),
+          (f"{a}.final_logit_softcapping", g.F32, 30.0),
+          (f"{a}.attention.sliding_window", g.U32, m["swa"]),
+          (f"{a}.attention.sliding_window_pattern", g.ARRAY, (g.BOOL, swa)),
+          (f"{a}.attention.shared_kv_layers", g.U32, m["n_shared_kv"]),
+          (f"{a}.embedding_length_per_layer_input", g.U32, m["ple"]),
+          ("general.file_type", g.U32, FTYPE_Q8_0), ("general.quantization_version", g.U32, 2)]
+    return kv + tokenizer_kv(template, m["n_vocab"])
+
+
+def gemma4_tensors(m):
+    """Gemma 4's tensors (llama.cpp gemma4.cpp `load_arch_tensors`), the matrices Q8_0."""
+    Q, F = g.GGML_Q8_0, g.GGML_F32
+    d, n, ple = m["n_embd"], m["n_layer"], m["ple"]
+    first_shared = n - m["n_shared_kv"]
+    ghd = m["global_head_dim"]
+    pairs = ghd // 2
+    rotated = int(pairs * m["partial_rotary"])
+    t = [("token_embd.weight", [d, m["n_vocab"]], Q, fill_q8_0),
+         ("per_layer_token_embd.weight", [n * ple, m["n_vocab"]], Q, fill_q8_0),
+         ("per_layer_model_proj.weight", [d, n * ple], Q, fill_q8_0),
+         ("per_layer_proj_norm.weight", [ple], F, ones(ple)),
+         # Proportional RoPE: the unrotated pairs' frequencies divided by 1e30.
+         ("rope_freqs.weight", [pairs], F, fill_f32([1.0] * rotated + [1e30] * (pairs - rotated)))]
+    for il in range(n):
+        b = f"blk.{il}."
+        hd = m["head_dim"] if gemma4_windowed(m, il) else ghd
+        qd, kvd, ff = m["n_head"] * hd, m["n_head_kv"] * hd, gemma4_ff(m, il)
+        t += [(b + "attn_norm.weight", [d], F, ones(d)),
+              (b + "attn_q.weight", [d, qd], Q, fill_q8_0),
+              (b + "attn_q_norm.weight", [hd], F, ones(hd))]
+        if il < first_shared:
+            t += [(b + "attn_k.weight", [d, kvd], Q, fill_q8_0),
+                  (b + "attn_v.weight", [d, kvd], Q, fill_q8_0),
+                  (b + "attn_k_norm.weight", [hd], F, ones(hd))]
+        t += [(b + "attn_output.weight", [qd, d], Q, fill_q8_0),
+              (b + "post_attention_norm.weight", [d], F, ones(d)),
+              (b + "ffn_norm.weight", [d], F, ones(d)),
+              (b + "ffn_gate.weight", [d, ff], Q, fill_q8_0),
+              (b + "ffn_up.weight", [d, ff], Q, fill_q8_0),
+              (b + "ffn_down.weight", [ff, d], Q, fill_q8_0),
+              (b + "post_ffw_norm.weight", [d], F, ones(d)),
+              (b + "inp_gate.weight", [d, ple], Q, fill_q8_0),
+              (b + "proj.weight", [ple, d], Q, fill_q8_0),
+              (b + "post_norm.weight", [d], F, ones(d)),
+              (b + "layer_output_scale.weight", [1], F, ones(1))]
+    t.append(("output_norm.weight", [d], F, ones(d)))
+    return t
+
+
 def model_kv(m, template):
     a = m["arch"]
+    if a == "gemma4":
+        return gemma4_kv(m, template)
     kv = [("general.architecture", g.STRING, a), ("general.type", g.STRING, "model"),
           ("general.name", g.STRING, m["name"]),
           (f"{a}.block_count", g.U32, m["n_layer"]), (f"{a}.context_length", g.U32, m["ctx"]),
@@ -232,6 +323,8 @@ def model_kv(m, template):
 
 def model_tensors(m):
     """(name, dims, type, fill) in GGUF order (dims[0] = row length)."""
+    if m["arch"] == "gemma4":
+        return gemma4_tensors(m)
     Q, F = g.GGML_Q8_0, g.GGML_F32
     d, ff, hd = m["n_embd"], m["n_ff"], m["head_dim"]
     qd, kvd = m["n_head"] * hd, m["n_head_kv"] * hd

@@ -1881,6 +1881,73 @@ fn recurrent_models_serve_concurrent_requests_as_alone() {
     }
 }
 
+/// The newest families (Gemma 4: per-layer embeddings, layers reading an earlier layer's
+/// keys and values, a window of 8; Llama 4: chunks of 8, NoPE, experts on the inputs)
+/// through the server: 8 concurrent sampled requests that share a 40-token prompt prefix
+/// (its blocks shared between the slots) and differ after it, started 3 ms apart, give
+/// each exactly the tokens it gives alone on a fresh server; a request that repeats one's
+/// prompt afterwards reuses the prefix (`cached_tokens` > 0) and answers as alone.
+#[test]
+fn newest_families_serve_concurrent_requests_with_a_shared_prefix_as_alone() {
+    let _l = lock();
+    for name in ["gemma4", "llama4"] {
+        let Some(dir) = frink_testdata::require(&format!("fixtures/tiny/{name}"), name) else {
+            return;
+        };
+        let path = dir.join("model.gguf");
+        let args = [
+            "-m",
+            path.to_str().unwrap(),
+            "--parallel",
+            "8",
+            "--ctx",
+            "256",
+        ];
+        let prefix: Vec<u32> = (0..40).map(|i| 3 + (i * 37) % 300).collect();
+        let body = |i: usize| {
+            let prompt: Vec<u32> = prefix.iter().copied().chain([5 + i as u32, 7, 9]).collect();
+            json!({"prompt": prompt, "temperature": 0.9, "seed": 7 + i,
+                   "max_tokens": 100 + 10 * i, "ignore_eos": true})
+        };
+        let text = |v: &Value| v["choices"][0]["text"].to_string();
+        let alone: Vec<String> = (0..8)
+            .map(|i| {
+                let srv = Server::start(&args);
+                text(&srv.post_ok("/v1/completions", &body(i)))
+            })
+            .collect();
+        let srv = Server::start(&args);
+        let together: Vec<_> = (0..8)
+            .map(|i| {
+                let port = srv.port;
+                let b = body(i);
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(3 * i as u64));
+                    let c = common::http::Client::new(port);
+                    c.post_ok("/v1/completions", &b)
+                })
+            })
+            .collect();
+        let mut reused = 0;
+        for (i, h) in together.into_iter().enumerate() {
+            let v = h.join().unwrap();
+            reused += v["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap();
+            assert_eq!(text(&v), alone[i], "{name}: request {i}");
+        }
+        let again = srv.post_ok("/v1/completions", &body(3));
+        let cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
+        eprintln!(
+            "{name}: 8 concurrent requests reused {reused} prompt tokens; a repeat reused {cached}"
+        );
+        assert!(cached >= 32, "{name}: the prefix was not reused ({cached})");
+        assert_eq!(text(&again), alone[3], "{name}: the repeat");
+    }
+}
+
 /// Checkpoints of recurrent states: a three-turn exchange (turn 1; turn 1 with its last
 /// part edited; turn 1 again) on each recurrent fixture gives every turn the tokens of a
 /// cold server, reusing a checkpoint where one applies (`cached_tokens` > 0) and never

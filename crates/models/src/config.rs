@@ -609,6 +609,12 @@ fn size_sources(k: &Keys, d: &SizeInputs) -> SizeSources {
     SizeSources { sizes, layout }
 }
 
+/// Whether layer `il` is windowed (or chunked) in a pattern of `period` layers whose last
+/// is global (llama.cpp `hparams.set_swa_pattern(period)`).
+fn windowed_in_period(il: usize, period: usize) -> bool {
+    il % period < period - 1
+}
+
 /// The number of layers the tensors of `f` hold: one more than the largest `N` of a
 /// `blk.N.` tensor name (0 without any).
 fn layers_in_tensors(f: &GgufFile) -> usize {
@@ -1014,7 +1020,7 @@ impl ModelConfig {
                     None => period,
                 };
                 let layers = (0..n_layer)
-                    .map(|il| chunk > 0 && il % period < period - 1)
+                    .map(|il| chunk > 0 && windowed_in_period(il, period))
                     .collect();
                 (chunk, layers)
             }
@@ -1043,7 +1049,9 @@ impl ModelConfig {
             }
             _ if n_swa_key == 0 => (0, vec![false; n_layer]),
             SwaPattern::LastOfPeriodGlobal(period) => {
-                let layers = (0..n_layer).map(|il| il % period < period - 1).collect();
+                let layers = (0..n_layer)
+                    .map(|il| windowed_in_period(il, period))
+                    .collect();
                 (n_swa_key, layers)
             }
             SwaPattern::All => (n_swa_key, vec![true; n_layer]),
