@@ -20,7 +20,8 @@ The bound: a decode step reads every weight it uses once, so tg <= bandwidth / b
 token, with the bandwidth measured by benches/bandwidth.rs through the model file's own
 mapping with the same thread count (built here on first use), and bytes per token counted
 from the file's tensor table: every tensor but the token embeddings (one row read) unless
-the LM head is tied to them, and of the routed experts `expert_used_count / expert_count`.
+the LM head is tied to them, Gemma 4's per-layer token table (one row read), and of the
+routed experts `expert_used_count / expert_count`.
 """
 import argparse
 import glob
@@ -84,7 +85,9 @@ def bytes_per_token(path):
     total = 0.0
     for name, t in tensors.items():
         b = t["n_bytes"]
-        if name == "token_embd.weight" and "output.weight" in tensors:
+        if (name == "token_embd.weight" and "output.weight" in tensors) or (
+            name == "per_layer_token_embd.weight"
+        ):
             b = b / t["shape"][1]
         elif "_exps." in name and n_expert:
             b = b * n_used / n_expert
