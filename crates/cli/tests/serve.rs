@@ -1810,6 +1810,24 @@ fn vllm_metrics_report_running_requests_and_kv_use() {
     );
 }
 
+/// `/v1/completions` with each of `bodies` at once from its own client, request `i` started
+/// `3 · i` ms after the first (so that some prefill beside others' decoding); the answers
+/// in order.
+fn post_staggered(srv: &Server, bodies: Vec<Value>) -> Vec<Value> {
+    let handles: Vec<_> = bodies
+        .into_iter()
+        .enumerate()
+        .map(|(i, b)| {
+            let port = srv.port;
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(3 * i as u64));
+                common::http::Client::new(port).post_ok("/v1/completions", &b)
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
 /// The recurrent families through the server (`frink_testdata::RECURRENT_FIXTURES`): 8
 /// concurrent sampled requests of 160 to 300 tokens, started 3 ms apart so that some
 /// prefill beside others' decoding, give each exactly the text it gives alone; a follow-up that extends a
@@ -1837,19 +1855,10 @@ fn recurrent_models_serve_concurrent_requests_as_alone() {
         let alone: Vec<String> = (0..8)
             .map(|i| srv.post_ok("/v1/completions", &body(i))["choices"][0]["text"].to_string())
             .collect();
-        let together: Vec<_> = (0..8)
-            .map(|i| {
-                let port = srv.port;
-                let b = body(i);
-                std::thread::spawn(move || {
-                    std::thread::sleep(Duration::from_millis(3 * i as u64));
-                    let c = common::http::Client::new(port);
-                    c.post_ok("/v1/completions", &b)["choices"][0]["text"].to_string()
-                })
-            })
-            .collect();
-        for (i, h) in together.into_iter().enumerate() {
-            assert_eq!(h.join().unwrap(), alone[i], "{name}: request {i}");
+        let together = post_staggered(&srv, (0..8).map(body).collect());
+        for (i, v) in together.iter().enumerate() {
+            let text = v["choices"][0]["text"].to_string();
+            assert_eq!(text, alone[i], "{name}: request {i}");
         }
         // A follow-up extending a finished request's prompt (as token ids: the slot then
         // holds exactly them, the one sampled token not yet evaluated) reuses the whole
@@ -1917,24 +1926,15 @@ fn newest_families_serve_concurrent_requests_with_a_shared_prefix_as_alone() {
             })
             .collect();
         let srv = Server::start(&args);
-        let together: Vec<_> = (0..8)
-            .map(|i| {
-                let port = srv.port;
-                let b = body(i);
-                std::thread::spawn(move || {
-                    std::thread::sleep(Duration::from_millis(3 * i as u64));
-                    let c = common::http::Client::new(port);
-                    c.post_ok("/v1/completions", &b)
-                })
-            })
-            .collect();
         let mut reused = 0;
-        for (i, h) in together.into_iter().enumerate() {
-            let v = h.join().unwrap();
+        for (i, v) in post_staggered(&srv, (0..8).map(body).collect())
+            .iter()
+            .enumerate()
+        {
             reused += v["usage"]["prompt_tokens_details"]["cached_tokens"]
                 .as_u64()
                 .unwrap();
-            assert_eq!(text(&v), alone[i], "{name}: request {i}");
+            assert_eq!(text(v), alone[i], "{name}: request {i}");
         }
         let again = srv.post_ok("/v1/completions", &body(3));
         let cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]

@@ -2,10 +2,13 @@
 //! two ways of computing a sequence (one batch, or one token at a time through the KV
 //! cache) give the same logits and leave the same cache.
 
+mod common;
+
 use std::path::PathBuf;
 
+use common::attn_plans;
 use frink_models::arch::Activation;
-use frink_models::plan::{AttentionPlan, Channel, Mixer, Residual};
+use frink_models::plan::{Channel, Mixer, Residual};
 use frink_models::{AttentionWeights, FfnWeights, KvType, Logits, Model, SeqState};
 
 /// A loaded model and its fixture's input ids.
@@ -56,18 +59,6 @@ fn attn(m: &mut Model) -> impl Iterator<Item = &mut AttentionWeights> {
 /// Turns every attention layer's sliding window off (the plan's window 0).
 fn no_window(m: &mut Model) {
     attn_plans(m).for_each(|a| a.window = 0);
-}
-
-/// The plans of every attention layer.
-fn attn_plans(m: &mut Model) -> impl Iterator<Item = &mut AttentionPlan> {
-    m.config
-        .plan
-        .layers
-        .iter_mut()
-        .filter_map(|l| match &mut l.mixer {
-            Mixer::Attention(a) => Some(a),
-            _ => None,
-        })
 }
 
 /// Every FFN (dense or experts) with activation `act` instead.

@@ -4,23 +4,11 @@
 
 mod common;
 
-use common::{ablation, ablation_of, metadata_ablation};
+use common::{ablation, ablation_of, attn_plans, metadata_ablation};
 use frink_gguf::{GgufFile, MetaValue};
 use frink_models::blocks::attention::QkvWeights;
-use frink_models::plan::{AttentionPlan, Mixer};
+use frink_models::plan::Mixer;
 use frink_models::{KvPool, KvType, Model, ModelError, SeqState};
-
-/// The attention plans of every layer.
-fn attn_plans(m: &mut Model) -> impl Iterator<Item = &mut AttentionPlan> {
-    m.config
-        .plan
-        .layers
-        .iter_mut()
-        .filter_map(|l| match &mut l.mixer {
-            Mixer::Attention(a) => Some(a),
-            _ => None,
-        })
-}
 
 fn load(dir: &std::path::Path) -> Model {
     Model::load(dir.join("model.gguf")).unwrap()

@@ -5,23 +5,11 @@
 
 mod common;
 
-use common::{ablation, ablation_of, metadata_ablation};
+use common::{ablation, ablation_of, attn_plans, metadata_ablation};
 use frink_gguf::{GgufFile, MetaValue};
 use frink_models::arch::{Position, QkNorm, RopeLayout};
-use frink_models::plan::{AttentionPlan, Mixer};
+use frink_models::plan::AttentionPlan;
 use frink_models::{KvType, Logits, Model, SeqState};
-
-/// The attention plans of every layer.
-fn attn_plans(m: &mut Model) -> impl Iterator<Item = &mut AttentionPlan> {
-    m.config
-        .plan
-        .layers
-        .iter_mut()
-        .filter_map(|l| match &mut l.mixer {
-            Mixer::Attention(a) => Some(a),
-            _ => None,
-        })
-}
 
 /// The fixture's model with `edit` applied to its plan.
 fn with_plan(dir: &std::path::Path, edit: impl FnOnce(&mut Model)) -> Model {

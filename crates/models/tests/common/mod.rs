@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use frink_gguf::GgufFile;
+use frink_models::plan::{AttentionPlan, Mixer};
 use frink_models::{KvType, Logits, Model, SeqState};
 use frink_testdata::{fixture_input_ids, read_meta, rel_max_diff};
 
@@ -93,4 +94,16 @@ pub fn ablation_of(name: &str, what: &str, ablated: impl FnOnce(&Path) -> Model)
         (ours - theirs).abs() <= 0.02 * theirs,
         "{name}: {what}: {ours} vs transformers' {theirs}"
     );
+}
+
+/// The plans of every attention layer.
+pub fn attn_plans(m: &mut Model) -> impl Iterator<Item = &mut AttentionPlan> {
+    m.config
+        .plan
+        .layers
+        .iter_mut()
+        .filter_map(|l| match &mut l.mixer {
+            Mixer::Attention(a) => Some(a),
+            _ => None,
+        })
 }
