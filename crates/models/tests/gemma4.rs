@@ -150,3 +150,28 @@ fn per_layer_ffn_widths_are_read_per_layer() {
         "{e}"
     );
 }
+
+/// A layer whose keys are also its values (Gemma 4 31B's `attention_k_eq_v`: `attn_k`
+/// without `attn_v`) is refused naming the feature, not loaded as a missing tensor or run
+/// with some other values.
+#[test]
+fn keys_as_values_are_refused_by_name() {
+    let Some(dir) = frink_testdata::require("fixtures/tiny/gemma4", "gemma4 k_eq_v") else {
+        return;
+    };
+    let f = GgufFile::open(dir.join("model.gguf")).unwrap();
+    let mut w = frink_gguf::GgufWriter::new();
+    for (k, v) in f.metadata() {
+        w.add_metadata(k.clone(), v.clone());
+    }
+    for t in f.tensors().filter(|t| t.info.name != "blk.1.attn_v.weight") {
+        let i = t.info;
+        w.add_tensor(i.name.clone(), i.ggml_type, &i.shape, t.data.to_vec())
+            .unwrap();
+    }
+    let e = Model::from_gguf(GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap()).unwrap_err();
+    assert!(
+        matches!(&e, ModelError::Unsupported(m) if m.contains("attention_k_eq_v")),
+        "{e}"
+    );
+}
