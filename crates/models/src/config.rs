@@ -1333,6 +1333,7 @@ impl ModelConfig {
                 qk_norm,
                 geometry: &geometry,
                 v_norm: arch.v_norm,
+                per_layer_embeddings: n_embd_per_layer,
             },
         );
         Ok(ModelConfig {

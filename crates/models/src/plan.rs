@@ -25,6 +25,9 @@ pub struct Plan {
     pub embd_norm: bool,
     /// The tensor of the norm before the LM head (`output_norm`, LFM2's `token_embd_norm`).
     pub output_norm: &'static str,
+    /// Width of Gemma 4's per-layer embeddings added after every layer (0: none;
+    /// [`crate::blocks::ple`]).
+    pub per_layer_embeddings: usize,
     pub layers: Vec<LayerPlan>,
 }
 
@@ -223,6 +226,8 @@ pub struct PlanInputs<'a> {
     pub geometry: &'a [AttnGeometry],
     /// V-norm on every attention layer ([`crate::arch::ArchSpec::v_norm`]).
     pub v_norm: bool,
+    /// Width of the per-layer embeddings (0: none).
+    pub per_layer_embeddings: usize,
 }
 
 impl Plan {
@@ -312,6 +317,7 @@ impl Plan {
             norm: arch.norm,
             embd_norm: arch.embd_norm,
             output_norm: arch.output_norm_name,
+            per_layer_embeddings: m.per_layer_embeddings,
             layers,
         }
     }
@@ -437,7 +443,7 @@ impl std::fmt::Display for Plan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "{} ({} layers, {:?} norms{}, final {})",
+            "{} ({} layers, {:?} norms{}{}, final {})",
             self.arch,
             self.layers.len(),
             self.norm,
@@ -445,6 +451,10 @@ impl std::fmt::Display for Plan {
                 ", token_embd_norm after the embedding"
             } else {
                 ""
+            },
+            match self.per_layer_embeddings {
+                0 => String::new(),
+                w => format!(", per-layer embeddings of {w} after every layer"),
             },
             self.output_norm
         )?;
@@ -464,7 +474,7 @@ impl std::fmt::Display for Plan {
         for (il, l) in self.layers.iter().enumerate() {
             let mut d = l.to_string();
             if let (true, Some((k, v, r))) = (all.len() > 1, sizes(l)) {
-                d.push_str(&format!("; heads {k}/{v}, {r} rotated"));
+                d.push_str(&format!("; head dim {k}/{v}, RoPE over {r}"));
             }
             match kinds.iter_mut().find(|(k, _)| *k == d) {
                 Some((_, ls)) => ls.push(il),

@@ -65,7 +65,7 @@ pub enum TokenizerError {
     Hf(String),
     /// The model has no chat template and none is known for its architecture.
     #[error(
-        "model has no tokenizer.chat_template and no built-in template for architecture `{0}`"
+        "model has no tokenizer.chat_template and no built-in template for architecture `{0}`: give one (`--chat-template` or `--chat-template-file` of `frink run`, `chat` and `serve`) or send the prompt as it is (`frink run --raw`, the server's /v1/completions)"
     )]
     NoChatTemplate(String),
     /// The chat template failed to compile or to render; carries the template engine's message
