@@ -168,7 +168,7 @@ fn gemma4_fixture_vocabulary_matches_llama_cpp() {
     let Some(dir) = frink_testdata::require("fixtures/tiny/gemma4", "gemma4 tokenizer") else {
         return;
     };
-    let tok = Tokenizer::from_path(&dir.join("model.gguf")).unwrap();
+    let tok = Tokenizer::from_path(dir.join("model.gguf")).unwrap();
     assert_eq!(tok.kind(), frink_tokenizer::VocabKind::Gemma4);
     let v = vectors("llamacpp_gemma4_vectors.json");
     check("tiny/gemma4", &tok, &v);
