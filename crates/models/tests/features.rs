@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use common::attn_plans;
 use frink_models::arch::Activation;
-use frink_models::plan::{Channel, Mixer, Residual};
+use frink_models::plan::{Channel, Residual};
 use frink_models::{AttentionWeights, FfnWeights, KvType, Logits, Model, SeqState};
 
 /// A loaded model and its fixture's input ids.
