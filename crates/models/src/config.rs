@@ -408,6 +408,20 @@ impl Keys<'_> {
         Ok(Some(n))
     }
 
+    /// An array of one bool per layer, if the file has the key.
+    fn bools_per_layer(&self, suffix: &str, n_layer: usize) -> Result<Option<Vec<bool>>> {
+        let Some(v) = self.get(suffix) else {
+            return Ok(None);
+        };
+        let a = v
+            .as_array()
+            .ok_or_else(|| self.err(suffix, "expected an array of bools"))?;
+        let flags: Option<Vec<bool>> = (0..a.len()).map(|i| a.get(i)?.as_bool()).collect();
+        let flags = flags.ok_or_else(|| self.err(suffix, "expected bools"))?;
+        self.per_layer_len(suffix, flags.len(), n_layer)?;
+        Ok(Some(flags))
+    }
+
     /// A count per layer: one value for all (a scalar, or an array of equal values) or
     /// an array of one value per layer, each recorded as a size tensors may have.
     fn usize_per_layer(&self, suffix: &str, n_layer: usize) -> Result<Vec<usize>> {
@@ -766,21 +780,6 @@ impl ModelConfig {
         // Attention layers: all, none (state-space models: their head counts are 0 or
         // absent and unread), or a hybrid's (a zero per-layer KV head count, or
         // `attention.recurrent_layers`, marks the recurrent ones).
-        let kv_heads_per_layer = || -> Result<Vec<i64>> {
-            let key = "attention.head_count_kv";
-            let per_layer = match k.get(key) {
-                Some(v) => match v.as_array() {
-                    Some(a) => a
-                        .to_i64_vec()
-                        .filter(|v| v.iter().all(|&x| x >= 0))
-                        .ok_or_else(|| k.err(key, "expected counts"))?,
-                    None => vec![k.usize(key)? as i64; n_layer],
-                },
-                None => return Err(k.err(key, "missing")),
-            };
-            k.per_layer_len(key, per_layer.len(), n_layer)?;
-            Ok(per_layer)
-        };
         let (n_head, n_head_kv, attn_layers) = match arch.mixer {
             MixerKind::Attention | MixerKind::Parallel(_) => {
                 let n_head = k.usize("attention.head_count")?;
@@ -789,7 +788,7 @@ impl ModelConfig {
             }
             MixerKind::Recurrent(_) => (0, 0, vec![false; n_layer]),
             MixerKind::Hybrid(_, HybridLayers::ZeroKvHeads) => {
-                let per_layer = kv_heads_per_layer()?;
+                let per_layer = k.usize_per_layer("attention.head_count_kv", n_layer)?;
                 let kv = per_layer
                     .iter()
                     .copied()
@@ -803,25 +802,12 @@ impl ModelConfig {
                     )));
                 }
                 let n_head = k.usize("attention.head_count")?;
-                (
-                    n_head,
-                    kv as usize,
-                    per_layer.iter().map(|&x| x > 0).collect(),
-                )
+                (n_head, kv, per_layer.iter().map(|&x| x > 0).collect())
             }
             MixerKind::Hybrid(_, HybridLayers::RecurrentLayersKey) => {
                 let key = "attention.recurrent_layers";
-                let recurrent: Vec<bool> = match k.get(key) {
-                    Some(v) => {
-                        let a = v
-                            .as_array()
-                            .ok_or_else(|| k.err(key, "expected an array of bools"))?;
-                        let flags: Option<Vec<bool>> =
-                            (0..a.len()).map(|i| a.get(i)?.as_bool()).collect();
-                        let flags = flags.ok_or_else(|| k.err(key, "expected bools"))?;
-                        k.per_layer_len(key, flags.len(), n_layer)?;
-                        flags
-                    }
+                let recurrent: Vec<bool> = match k.bools_per_layer(key, n_layer)? {
+                    Some(flags) => flags,
                     None => {
                         let every = k.usize_opt("full_attention_interval")?.unwrap_or(4);
                         if every == 0 {
@@ -1026,13 +1012,9 @@ impl ModelConfig {
             }
             SwaPattern::LayerArray => {
                 let key = "attention.sliding_window_pattern";
-                let v = k.get(key).ok_or_else(|| k.err(key, "missing"))?;
-                let a = v
-                    .as_array()
-                    .ok_or_else(|| k.err(key, "expected one bool per layer"))?;
-                let flags: Option<Vec<bool>> = (0..a.len()).map(|i| a.get(i)?.as_bool()).collect();
-                let flags = flags.ok_or_else(|| k.err(key, "expected bools"))?;
-                k.per_layer_len(key, flags.len(), n_layer)?;
+                let flags = k
+                    .bools_per_layer(key, n_layer)?
+                    .ok_or_else(|| k.err(key, "missing"))?;
                 if n_swa_key == 0 && flags.iter().any(|&w| w) {
                     return Err(k.err(
                         "attention.sliding_window",

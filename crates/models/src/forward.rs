@@ -62,7 +62,7 @@ impl Model {
 
     /// The model's norm (RMSNorm or LayerNorm, [`crate::arch::Norm`]) of each
     /// `weight.len()`-sized row of `x` in place, plus the bias when there is one.
-    fn norm(&self, x: &mut [f32], nw: &NormWeights) {
+    pub(crate) fn norm(&self, x: &mut [f32], nw: &NormWeights) {
         match self.config.plan.norm {
             Norm::Rms => rms_norm(x, &nw.weight, self.config.norm_eps),
             Norm::Layer => layer_norm(x, &nw.weight, self.config.norm_eps),

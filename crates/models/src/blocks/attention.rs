@@ -161,7 +161,7 @@ impl AttentionWeights {
             )));
         }
         let mut bias = |name: &str, len: usize| {
-            if separate && !(shares && name != "attn_q.bias") {
+            if separate {
                 l.vector_opt(&n(name), len)
             } else {
                 Ok(None)
@@ -175,8 +175,17 @@ impl AttentionWeights {
             } else {
                 bias("attn_q.bias", g.q())?
             },
-            bias("attn_k.bias", g.k())?,
-            bias("attn_v.bias", g.v())?,
+            // A sharing layer computes no keys or values: biases of them are refused.
+            if shares {
+                None
+            } else {
+                bias("attn_k.bias", g.k())?
+            },
+            if shares {
+                None
+            } else {
+                bias("attn_v.bias", g.v())?
+            },
         );
         let (q_norm_len, k_norm_len) = match ap.qk_norm {
             QkNorm::Whole => (g.q(), g.k()),
@@ -349,7 +358,8 @@ impl Model {
         if let Some(qn) = &lw.q_norm {
             rms_norm(q, qn, c.norm_eps);
         }
-        if let Some(kn) = lw.k_norm.as_ref().filter(|_| !shares) {
+        // (A sharing layer has no K norm.)
+        if let Some(kn) = &lw.k_norm {
             rms_norm(k, kn, c.norm_eps);
         }
         // Gemma 4's V-norm: each value head to unit RMS (no weight: `x · 1` is `x`).

@@ -132,7 +132,8 @@ impl Model {
         }
         let mut y = vec![0f32; n * c.n_embd];
         matmul(&p.proj, self.weight(&p.proj), &g, n, &mut y)?;
-        rms_norm(&mut y, &p.post_norm.weight, c.norm_eps);
+        // The model's norm, with the bias where the file has one.
+        self.norm(&mut y, &p.post_norm);
         x.iter_mut().zip(&y).for_each(|(a, b)| *a += b);
         Ok(())
     }
