@@ -57,6 +57,11 @@ pub struct ServeArgs {
         default_value_t = 8
     )]
     pub ctx_checkpoints: usize,
+    /// Choose each request's number of proposals from its acceptance and this machine's
+    /// measured step times (`false`: propose as many as `--draft-max` and the batch allow;
+    /// the tokens are the same either way).
+    #[arg(long = "spec-adaptive", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = true)]
+    pub spec_adaptive: bool,
     /// Positions between a prompt's periodic checkpoints (besides those around its last
     /// token).
     #[arg(long = "checkpoint-interval", default_value_t = 256)]
@@ -109,6 +114,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             draft_model,
             draft_p_min: args.spec.draft_p_min,
             draft_min: args.spec.draft_min,
+            spec_adaptive: args.spec_adaptive,
         },
         // The same loading as every other command (thread pool, model options).
         Box::new(move || model.load_path(&path)),

@@ -99,6 +99,10 @@ pub struct ServeConfig {
     /// `--draft-p-min`, `--draft-min` ([`frink_engine::DraftModel`]).
     pub draft_p_min: f32,
     pub draft_min: usize,
+    /// `--spec-adaptive`: each request proposes the number of tokens that pays on this
+    /// machine's measured step times (`true`), or as many as `--draft-max` and the batch
+    /// allow (`false`) ([`SchedulerConfig::spec_adaptive`]).
+    pub spec_adaptive: bool,
 }
 
 /// How long in-flight requests may run on after SIGINT/SIGTERM before they are cancelled.
@@ -366,6 +370,7 @@ fn start_engine(config: &ServeConfig, load: Loader) -> Result<Engine> {
         draft_max: config.draft_max,
         draft_p_min: config.draft_p_min,
         draft_min: config.draft_min,
+        spec_adaptive: config.spec_adaptive,
         ..SchedulerConfig::default()
     };
     let kv_positions = sched_config.kv_blocks() * frink_models::KV_BLOCK;
