@@ -238,14 +238,20 @@ fn speculation(args: &BenchArgs, model: &Model, file: &std::path::Path) -> Resul
         max_tokens: n_gen,
         eog: tok.eog_ids().iter().copied().collect(),
         speculation: None,
+        spec_sampling: args.spec.spec_sampling(),
     };
     let mut once = |spec: bool| -> Result<frink_engine::Generation> {
         let mut session = Session::new(model, n_ctx, args.model.kv_type);
         let mut sampler = Sampler::new(SamplingParams::greedy());
-        let mut draft = draft_model
-            .as_ref()
-            .filter(|_| spec)
-            .map(|m| args.spec.draft(m, n_ctx, args.model.kv_type));
+        let mut draft = draft_model.as_ref().filter(|_| spec).map(|m| {
+            args.spec.draft(
+                m,
+                n_ctx,
+                args.model.kv_type,
+                &tok,
+                &SamplingParams::greedy(),
+            )
+        });
         params.speculation = args.spec.speculation().filter(|_| spec);
         Ok(crate::common::generate_speculative(
             &mut session,

@@ -37,16 +37,18 @@ pub fn run(args: &ChatArgs) -> Result<()> {
     let grammar = args.sampling.grammar_for(&tok)?;
     frink_engine::check_kv_memory(&model, args.gen.ctx, 1, args.model.kv_type, "--ctx")
         .map_err(anyhow::Error::msg)?;
-    let draft_model = args.gen.spec.load_draft(&tok)?;
-    let mut draft = draft_model
-        .as_ref()
-        .map(|m| args.gen.spec.draft(m, args.gen.ctx, args.model.kv_type));
-    let mut session = Session::new(&model, args.gen.ctx, args.model.kv_type);
     let sampling = args.sampling.params(tok.n_vocab())?;
+    let draft_model = args.gen.spec.load_draft(&tok)?;
+    let mut draft = draft_model.as_ref().map(|m| {
+        let (ctx, kv) = (args.gen.ctx, args.model.kv_type);
+        args.gen.spec.draft(m, ctx, kv, &tok, &sampling)
+    });
+    let mut session = Session::new(&model, args.gen.ctx, args.model.kv_type);
     let params = GenerateParams {
         max_tokens: args.gen.max_tokens(),
         eog: tok.eog_ids().iter().copied().collect(),
         speculation: args.gen.speculation(),
+        spec_sampling: args.gen.spec.spec_sampling(),
     };
     let mut messages = Vec::new();
     if let Some(s) = &args.gen.system {

@@ -381,6 +381,12 @@ pub struct SpecArgs {
     /// Stop drafting when the draft model's choice has a lower probability than this.
     #[arg(long = "draft-p-min", default_value_t = frink_engine::DraftModel::DEFAULT_P_MIN)]
     pub draft_p_min: f32,
+    /// How proposals are accepted: `exact` (a row's sampled token is taken; the tokens
+    /// are exactly those of `--spec off`, seeded ones too) or `rejection` (Leviathan et
+    /// al.'s rejection sampling: the same distribution, a sampling draft model accepted
+    /// more often, but a seed no longer gives `--spec off`'s tokens).
+    #[arg(long = "spec-sampling", default_value = "exact", value_parser = ["exact", "rejection"])]
+    pub spec_sampling: String,
 }
 
 /// What [`SpecArgs`] resolve to.
@@ -426,17 +432,33 @@ impl SpecArgs {
         }
     }
 
+    /// `--spec-sampling`.
+    pub fn spec_sampling(&self) -> frink_engine::SpecSampling {
+        match self.spec_sampling.as_str() {
+            "rejection" => frink_engine::SpecSampling::Rejection,
+            _ => frink_engine::SpecSampling::Exact,
+        }
+    }
+
     /// A draft of `model` (from [`SpecArgs::load_draft`]) with a cache of `n_ctx`
-    /// positions and the limits of `--draft-p-min` and `--draft-min`.
+    /// positions, the limits of `--draft-p-min` and `--draft-min`, `tok`'s
+    /// end-of-generation tokens, and under `--spec-sampling rejection` drawing from the
+    /// chain of `sampling` ([`frink_engine::DraftModel::sample_with`]).
     pub fn draft<'m>(
         &self,
         model: &'m Model,
         n_ctx: usize,
         kv_type: KvType,
+        tok: &Tokenizer,
+        sampling: &frink_engine::sampling::SamplingParams,
     ) -> frink_engine::DraftModel<'m> {
         let mut d = frink_engine::DraftModel::new(model, n_ctx, kv_type);
         d.p_min = self.draft_p_min;
         d.n_min = self.draft_min;
+        d.eog = tok.eog_ids().iter().copied().collect();
+        if self.spec_sampling() == frink_engine::SpecSampling::Rejection {
+            d.sample_with(sampling);
+        }
         d
     }
 

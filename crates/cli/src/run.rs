@@ -97,17 +97,20 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let max_tokens = args.gen.max_tokens();
     frink_engine::check_kv_memory(&model, args.gen.ctx, 1, args.model.kv_type, "--ctx")
         .map_err(anyhow::Error::msg)?;
+    let sampling = args.sampling.params(tok.n_vocab())?;
     let draft_model = args.gen.spec.load_draft(&tok)?;
-    let mut draft = draft_model
-        .as_ref()
-        .map(|m| args.gen.spec.draft(m, args.gen.ctx, args.model.kv_type));
+    let mut draft = draft_model.as_ref().map(|m| {
+        let (ctx, kv) = (args.gen.ctx, args.model.kv_type);
+        args.gen.spec.draft(m, ctx, kv, &tok, &sampling)
+    });
     let mut session = Session::new(&model, args.gen.ctx, args.model.kv_type);
-    let mut sampler = Sampler::new(args.sampling.params(tok.n_vocab())?)
-        .with_constraint(grammar.as_ref().map(|g| g.fresh()).transpose()?);
+    let mut sampler =
+        Sampler::new(sampling).with_constraint(grammar.as_ref().map(|g| g.fresh()).transpose()?);
     let params = GenerateParams {
         max_tokens,
         eog: tok.eog_ids().iter().copied().collect(),
         speculation: args.gen.speculation(),
+        spec_sampling: args.gen.spec.spec_sampling(),
     };
     let mut decoder = tok.stream_decoder(false);
     let mut stops = StopMatcher::new(&args.sampling.stop);

@@ -115,6 +115,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             draft_p_min: args.spec.draft_p_min,
             draft_min: args.spec.draft_min,
             spec_adaptive: args.spec_adaptive,
+            spec_sampling: args.spec.spec_sampling(),
         },
         // The same loading as every other command (thread pool, model options).
         Box::new(move || model.load_path(&path)),

@@ -170,6 +170,7 @@ fn greedy(
         max_tokens: n,
         eog: eog.iter().copied().collect(),
         speculation: None,
+        ..Default::default()
     };
     Ok(generate(&mut s, prompt, &mut sampler, &params, |_| Flow::Continue)?.ids)
 }

@@ -367,8 +367,9 @@ fn a_q8_0_cache_on_heads_of_16_is_refused() {
 
 /// `--draft-model` (also llama.cpp's `-md`): `run` and `chat` with smollm2 drafting for
 /// itself give the tokens of `--spec off`, greedy and seeded, and its proposals are
-/// taken (`speculation` in `--json`); a draft model of another vocabulary, `--spec draft`
-/// without one and `--spec ngram` with one are refused naming the flag.
+/// taken (`speculation` in `--json`), every one under `--spec-sampling rejection`; a
+/// draft model of another vocabulary, `--spec draft` without one, `--spec ngram` with one
+/// and an unknown `--spec-sampling` are refused naming the flag.
 #[test]
 fn a_draft_model_changes_no_token() {
     let prompt = "Write a list of the numbers from one to twenty in words.";
@@ -388,6 +389,24 @@ fn a_draft_model_changes_no_token() {
         eprintln!("{sampling:?}: {s}");
         assert!(s["accepted"].as_u64().unwrap() > 0, "{sampling:?}: {s}");
     }
+    // Rejection sampling with a draft sampling the model's own chain takes every
+    // proposal.
+    let rejection = json_run(&[
+        "--seed",
+        "7",
+        "--temp",
+        "0.8",
+        "-n",
+        "48",
+        "-md",
+        "smollm2-135m",
+        "--spec-sampling",
+        "rejection",
+        prompt,
+    ]);
+    let s = &rejection["speculation"];
+    assert!(s["proposed"].as_u64().unwrap() > 0, "{s}");
+    assert_eq!(s["accepted"], s["proposed"], "rejection sampling: {s}");
     let chat = |extra: &[&str]| {
         let mut a = vec!["chat", "--greedy", "-n", "24", "--stop", "\n", "-t", "2"];
         a.extend_from_slice(extra);
@@ -409,6 +428,7 @@ fn a_draft_model_changes_no_token() {
             &["--spec", "ngram", "-md", "smollm2-135m"][..],
             "--spec draft",
         ),
+        (&["--spec-sampling", "typical"][..], "--spec-sampling"),
     ] {
         let mut a = vec!["run", "-n", "2"];
         a.extend_from_slice(args);

@@ -2,10 +2,13 @@
 //! vocabulary proposes the next tokens greedily from its own KV cache; the target verifies
 //! them ([`crate::generate_with`]), so the answer is the target's whatever the draft says.
 
+use std::collections::HashSet;
+
 use frink_models::{KvType, Logits, Model, ModelError};
 use frink_tokenizer::Tokenizer;
 
 use crate::generate::Propose;
+use crate::sampling::{Candidate, Sampler, SamplingParams};
 use crate::session::Session;
 
 /// Checks that a draft model's tokenizer is the target's: the same number of tokens and
@@ -60,7 +63,10 @@ pub fn load_draft_model(path: &std::path::Path, target: &Tokenizer) -> Result<Mo
 /// longest prefix it already holds: what the target rejected is cut off), then picks its
 /// most likely token while that token's probability is at least `p_min`, up to the number
 /// asked for; fewer than `n_min` proposals are none (llama.cpp's `--draft-p-min`,
-/// `--draft-min`).
+/// `--draft-min`). A draft ends with an end-of-generation token ([`DraftModel::eog`]):
+/// nothing after one is ever verified. With [`DraftModel::sample_with`] it draws each
+/// token from a sampling chain instead and reports the distributions
+/// ([`Propose::distributions`]) for rejection sampling.
 pub struct DraftModel<'m> {
     session: Session<'m>,
     /// The tokens its cache holds (`session.n_past()` of them).
@@ -72,6 +78,13 @@ pub struct DraftModel<'m> {
     /// Tokens before the history [`Propose::propose`] is given (a chat's earlier turns,
     /// which the target's session already held when generation began).
     pub prefix: Vec<u32>,
+    /// End-of-generation ids (the target's; the vocabulary is the same): a draft stops
+    /// after proposing one.
+    pub eog: HashSet<u32>,
+    /// Draws proposals from this chain instead of taking the most likely token.
+    sampler: Option<Sampler>,
+    /// The distributions of the last draft's tokens (with a sampler).
+    dists: Vec<Vec<Candidate>>,
 }
 
 impl<'m> DraftModel<'m> {
@@ -87,7 +100,28 @@ impl<'m> DraftModel<'m> {
             p_min: Self::DEFAULT_P_MIN,
             n_min: 0,
             prefix: Vec::new(),
+            eog: HashSet::new(),
+            sampler: None,
+            dists: Vec::new(),
         }
+    }
+
+    /// Drafts by drawing from the sampling chain of `params` (a request's settings,
+    /// without its penalties, which need the history, and with its seed mixed so the
+    /// draft's draws are not the target's) instead of taking the most likely token: for
+    /// [`crate::SpecSampling::Rejection`], where a draft that samples as the model does
+    /// is accepted more often. `--draft-p-min` then applies to the chain's most likely
+    /// candidate. Greedy settings keep the greedy draft.
+    pub fn sample_with(&mut self, params: &SamplingParams) {
+        self.sampler = (!params.is_greedy()).then(|| {
+            Sampler::new(SamplingParams {
+                repeat_penalty: 1.0,
+                frequency_penalty: 0.0,
+                presence_penalty: 0.0,
+                seed: params.seed ^ 0x9e37_79b9_7f4a_7c15,
+                ..params.clone()
+            })
+        });
     }
 
     fn draft(&mut self, h: &[u32], max: usize) -> Result<Vec<u32>, ModelError> {
@@ -102,13 +136,26 @@ impl<'m> DraftModel<'m> {
         let mut logits = self.session.eval(&h[keep..], Logits::Last)?;
         self.held.extend_from_slice(&h[keep..]);
         let mut out = Vec::new();
+        self.dists.clear();
         while out.len() < max {
-            let (t, p) = most_likely(&logits);
+            let (t, p) = match &mut self.sampler {
+                None => most_likely(&logits),
+                Some(s) => {
+                    let (t, q) = s.sample_distribution(&logits);
+                    let top = q.iter().fold(0.0f32, |m, c| m.max(c.p));
+                    self.dists.push(q.to_vec());
+                    (t, top)
+                }
+            };
             if p < self.p_min {
+                self.dists.truncate(out.len());
                 break;
             }
             out.push(t);
-            if out.len() == max || self.session.n_past() >= self.session.n_ctx() {
+            if out.len() == max
+                || self.eog.contains(&t)
+                || self.session.n_past() >= self.session.n_ctx()
+            {
                 break;
             }
             logits = self.session.eval(&[t], Logits::Last)?;
@@ -116,6 +163,7 @@ impl<'m> DraftModel<'m> {
         }
         if out.len() < self.n_min {
             out.clear();
+            self.dists.clear();
         }
         Ok(out)
     }
@@ -138,8 +186,13 @@ impl Propose for DraftModel<'_> {
         self.draft(h, max).unwrap_or_else(|_| {
             self.session.truncate(0);
             self.held.clear();
+            self.dists.clear();
             Vec::new()
         })
+    }
+
+    fn distributions(&mut self) -> Vec<Vec<Candidate>> {
+        std::mem::take(&mut self.dists)
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::Instant;
 use frink_models::{Logits, ModelError};
 
 use crate::constraint::GrammarError;
-use crate::sampling::Sampler;
+use crate::sampling::{Candidate, Sampler, SpecSampling};
 use crate::session::Session;
 
 /// Why [`generate`] failed.
@@ -86,6 +86,8 @@ pub struct GenerateParams {
     pub eog: HashSet<u32>,
     /// Speculative decoding by prompt lookup (`None`: off). It never changes the tokens.
     pub speculation: Option<Speculation>,
+    /// How proposals are accepted ([`SpecSampling::Exact`]: the tokens of plain decoding).
+    pub spec_sampling: SpecSampling,
 }
 
 /// Prompt-lookup speculation ([`NgramLookup`]) with at most `draft_max` proposed tokens a
@@ -108,6 +110,15 @@ impl Default for Speculation {
 /// the tokens generated are those the model and the sampler choose (see [`generate_with`]).
 pub trait Propose {
     fn propose(&mut self, history: &[u32], max: usize) -> Vec<u32>;
+
+    /// The distributions the last [`Propose::propose`]'s tokens were drawn from, one per
+    /// token (each the drafting sampler's candidates), handed over once; empty when each
+    /// was chosen deterministically (prompt lookup, a prediction, a greedy draft): the `q`
+    /// of [`crate::sampling::Sampler::try_sample_proposed`] under
+    /// [`SpecSampling::Rejection`].
+    fn distributions(&mut self) -> Vec<Vec<Candidate>> {
+        Vec::new()
+    }
 }
 
 /// Prompt lookup (Saxena's prompt-lookup decoding; llama.cpp's `ngram` speculative
@@ -349,7 +360,10 @@ pub fn generate(
 /// would have — penalties, grammar and random draws advanced only by the tokens it emits —
 /// and the first choice that differs from the proposal ends the step; the keys and values
 /// of the rejected proposals are cut off. Models with recurrent layers (a state that
-/// cannot be cut back) decode without it.
+/// cannot be cut back) decode without it. With `params.spec_sampling`
+/// [`SpecSampling::Rejection`] each row is chosen by rejection sampling instead
+/// ([`Sampler::try_sample_proposed`]): the tokens follow the same distribution, greedy
+/// ones are unchanged, seeded ones are not plain decoding's.
 ///
 /// Errors: as [`generate`].
 pub fn generate_with(
@@ -451,8 +465,18 @@ pub fn generate_with(
         let mut ended = false;
         let mut rejected = None;
         let mut accepted = 0;
+        let q = proposer
+            .as_mut()
+            .map(|(p, _)| p.distributions())
+            .unwrap_or_default();
         for (j, &d) in drafts.iter().enumerate() {
-            let t = sampler.try_sample(&rows[j * nv..(j + 1) * nv])?;
+            let row = &rows[j * nv..(j + 1) * nv];
+            let t = sampler.try_sample_proposed(
+                row,
+                d,
+                q.get(j).map(Vec::as_slice),
+                params.spec_sampling,
+            )?;
             accepted += usize::from(t == d);
             if emit(t, &mut out, sampler) {
                 ended = true;

@@ -19,4 +19,5 @@ pub use generate::{
     StopMatcher, Timings,
 };
 pub use perplexity::{perplexity, Perplexity};
+pub use sampling::SpecSampling;
 pub use session::{check_kv_memory, Session, DEFAULT_BATCH};

@@ -341,6 +341,52 @@ impl Sampler {
     /// If `logits` is empty.
     pub fn try_sample(&mut self, logits: &[f32]) -> Result<u32, GrammarError> {
         let id = self.pick(logits);
+        self.commit(id)
+    }
+
+    /// The token of a speculative step's row where `proposal` was proposed, under `mode`:
+    /// [`SpecSampling::Exact`] samples as [`Sampler::try_sample`] does (the proposal is
+    /// taken when the draw equals it); [`SpecSampling::Rejection`] takes the proposal
+    /// with probability `min(1, p(d) / q(d))` and otherwise draws from the residual
+    /// `max(0, p - q)` renormalized (Leviathan et al. 2023, "Fast Inference from
+    /// Transformers via Speculative Decoding", algorithm 1), where `p` is this sampler's
+    /// distribution for the row (the whole chain, grammar mask included) and `q` the one
+    /// the proposal was drawn from (`None`, or one without the proposal: a point mass on
+    /// it, as prompt lookup and predictions propose). Either way the emitted token
+    /// follows `p`; rejection spends two uniform draws where it rejects, so the same seed
+    /// gives other tokens than plain decoding. Greedy settings take the argmax in both.
+    ///
+    /// Errors: the grammar is in an error state.
+    pub fn try_sample_proposed(
+        &mut self,
+        logits: &[f32],
+        proposal: u32,
+        q: Option<&[Candidate]>,
+        mode: SpecSampling,
+    ) -> Result<u32, GrammarError> {
+        let id = match mode {
+            SpecSampling::Exact => self.pick(logits),
+            SpecSampling::Rejection => self.pick_proposed(logits, proposal, q),
+        };
+        self.commit(id)
+    }
+
+    /// Draws a token from `logits` as [`Sampler::sample`] does and returns the
+    /// distribution it was drawn from (the surviving candidates and their probabilities;
+    /// greedy: the argmax alone, probability 1): what a drafting sampler reports as the
+    /// `q` of [`Sampler::try_sample_proposed`]. No constraint applies (panics under one,
+    /// as [`Sampler::sample`]).
+    pub fn sample_distribution(&mut self, logits: &[f32]) -> (u32, &[Candidate]) {
+        let id = self.sample(logits);
+        if self.params.is_greedy() || self.cands.len() == 1 {
+            self.cands.truncate(1);
+            self.cands[0].p = 1.0;
+        }
+        (id, &self.cands)
+    }
+
+    /// Commits `id` to the constraint, if any (reporting the error of its last mask).
+    fn commit(&mut self, id: u32) -> Result<u32, GrammarError> {
         if let Some(c) = &mut self.constraint {
             if let Some(e) = self.mask_error.take() {
                 return Err(e);
@@ -348,6 +394,38 @@ impl Sampler {
             c.commit(id)?;
         }
         Ok(id)
+    }
+
+    /// The rejection-sampling choice of [`Sampler::try_sample_proposed`].
+    fn pick_proposed(&mut self, logits: &[f32], d: u32, q: Option<&[Candidate]>) -> u32 {
+        self.run_filters(logits);
+        if self.params.is_greedy() || self.cands.len() == 1 {
+            return self.cands[0].id;
+        }
+        self.softmax();
+        // q by id (sorted for lookups); a q without the proposal is not the one it was
+        // drawn from: a point mass on it.
+        let mut q: Vec<(u32, f32)> = q
+            .filter(|q| q.iter().any(|c| c.id == d && c.p > 0.0))
+            .map_or_else(
+                || vec![(d, 1.0)],
+                |q| q.iter().map(|c| (c.id, c.p)).collect(),
+            );
+        q.sort_unstable_by_key(|e| e.0);
+        let q_of = |id: u32| q.binary_search_by_key(&id, |e| e.0).map_or(0.0, |i| q[i].1);
+        let p_d = self.cands.iter().find(|c| c.id == d).map_or(0.0, |c| c.p);
+        if self.uniform() * (q_of(d) as f64) < p_d as f64 {
+            return d;
+        }
+        let p: Vec<f32> = self.cands.iter().map(|c| c.p).collect();
+        for c in &mut self.cands {
+            c.p = (c.p - q_of(c.id)).max(0.0);
+        }
+        if self.cands.iter().all(|c| c.p == 0.0) {
+            // p ≤ q everywhere: only rounding rejected (p = q); draw from p.
+            self.cands.iter_mut().zip(p).for_each(|(c, p)| c.p = p);
+        }
+        self.draw()
     }
 
     fn pick(&mut self, logits: &[f32]) -> u32 {
@@ -714,7 +792,7 @@ impl Sampler {
     /// probability exceeds `r` times the total. A zero-probability candidate is never
     /// chosen.
     fn draw(&mut self) -> u32 {
-        let r = (self.rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
+        let r = self.uniform();
         let total: f64 = self.cands.iter().map(|c| c.p as f64).sum();
         let target = r * total;
         let mut cum = 0.0f64;
@@ -732,6 +810,25 @@ impl Sampler {
             .unwrap_or(&self.cands[0])
             .id
     }
+
+    /// A uniform number in `[0, 1)` from 53 bits of the generator.
+    fn uniform(&mut self) -> f64 {
+        (self.rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+/// How a speculative step decides which proposals to take (`--spec-sampling`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SpecSampling {
+    /// Exact match (the default): each row is sampled as plain decoding samples it and a
+    /// proposal is taken when the draw equals it, so the tokens are exactly plain
+    /// decoding's for the same seed.
+    #[default]
+    Exact,
+    /// Distribution-preserving rejection sampling (Leviathan et al. 2023): each token
+    /// still follows the model's distribution, a sampling draft's proposals are taken
+    /// more often, and a seed no longer fixes the tokens plain decoding gives.
+    Rejection,
 }
 
 /// NaN → `-inf` (never chosen), `+inf` → `f32::MAX` (keeps softmax finite).

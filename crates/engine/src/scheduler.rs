@@ -25,6 +25,7 @@
 //! sequence the same bits alone or in a batch, and all sampling state is per request, so a
 //! request's tokens do not depend on what else runs beside it.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -40,7 +41,7 @@ use crate::generate::{
     StopMatcher,
 };
 use crate::kv_blocks::{block_hash, block_hashes, BlockManager};
-use crate::sampling::{Sampler, SamplingParams};
+use crate::sampling::{Candidate, Sampler, SamplingParams, SpecSampling};
 
 /// Sizes of the scheduler.
 #[derive(Clone, Debug)]
@@ -94,6 +95,10 @@ pub struct SchedulerConfig {
     /// [`DraftModel::n_min`]: `--draft-p-min`, `--draft-min`).
     pub draft_p_min: f32,
     pub draft_min: usize,
+    /// How proposals are accepted (`--spec-sampling`; [`SpecSampling::Exact`]: the
+    /// tokens of speculation off). Under [`SpecSampling::Rejection`] a draft model draws
+    /// its proposals from the request's sampling chain ([`DraftModel::sample_with`]).
+    pub spec_sampling: SpecSampling,
 }
 
 /// A request's [`DraftModel`], its cache made at the first proposal (a queued request
@@ -104,6 +109,9 @@ struct LazyDraft<'t> {
     kv_type: KvType,
     p_min: f32,
     n_min: usize,
+    eog: HashSet<u32>,
+    /// Draws from this chain (rejection sampling), else greedy.
+    sampling: Option<SamplingParams>,
     draft: Option<DraftModel<'t>>,
 }
 
@@ -113,9 +121,20 @@ impl Propose for LazyDraft<'_> {
             let mut d = DraftModel::new(self.model, self.n_ctx, self.kv_type);
             d.p_min = self.p_min;
             d.n_min = self.n_min;
+            d.eog = std::mem::take(&mut self.eog);
+            if let Some(p) = &self.sampling {
+                d.sample_with(p);
+            }
             d
         });
         d.propose(history, max)
+    }
+
+    fn distributions(&mut self) -> Vec<Vec<Candidate>> {
+        self.draft
+            .as_mut()
+            .map(Propose::distributions)
+            .unwrap_or_default()
     }
 }
 
@@ -162,6 +181,7 @@ impl Default for SchedulerConfig {
             spec_adaptive: true,
             draft_p_min: DraftModel::DEFAULT_P_MIN,
             draft_min: 0,
+            spec_sampling: SpecSampling::Exact,
         }
     }
 }
@@ -1355,6 +1375,9 @@ impl<'t> Worker<'t> {
                     kv_type: self.config.kv_type,
                     p_min: self.config.draft_p_min,
                     n_min: self.config.draft_min,
+                    eog: self.tok.eog_ids().iter().copied().collect(),
+                    sampling: (self.config.spec_sampling == SpecSampling::Rejection)
+                        .then(|| req.sampling.clone()),
                     draft: None,
                 }))
             } else if self.config.prompt_lookup {
@@ -2008,14 +2031,19 @@ impl<'t> Worker<'t> {
         self.shared
             .spec_proposed
             .fetch_add(drafts.len() as u64, Ordering::Relaxed);
+        let q = job
+            .proposer
+            .as_mut()
+            .map(|p| p.distributions())
+            .unwrap_or_default();
         let mut job = Some(job);
         let mut taken = 0;
         for m in 0..=drafts.len() {
-            let expect = drafts.get(m).copied();
+            let expect = drafts.get(m).map(|&d| (d, q.get(m).map(Vec::as_slice)));
             let j = job.take().expect("running until it ends");
             job = self.sample(j, &logits[m * nv..(m + 1) * nv], at + 1 + m, expect);
             match (job.as_ref(), expect) {
-                (Some(j), Some(d)) if j.next == Some(d) => taken += 1,
+                (Some(j), Some((d, _))) if j.next == Some(d) => taken += 1,
                 _ => break,
             }
         }
@@ -2030,16 +2058,23 @@ impl<'t> Worker<'t> {
     }
 
     /// Samples the next token of `job` from `logits` (the row at `n_past` positions;
-    /// `expect`: the token proposed there, counted when chosen), sends what it adds, and
-    /// returns the job unless it finished (or its client went away).
+    /// `expect`: the token proposed there and the distribution it was drawn from, if
+    /// any, chosen by [`SchedulerConfig::spec_sampling`] and counted when taken), sends
+    /// what it adds, and returns the job unless it finished (or its client went away).
     fn sample(
         &self,
         mut job: Job<'t>,
         logits: &[f32],
         n_past: usize,
-        expect: Option<u32>,
+        expect: Option<(u32, Option<&[Candidate]>)>,
     ) -> Option<Job<'t>> {
-        let sampled = job.sampler.try_sample(logits);
+        let sampled = match expect {
+            Some((d, q)) => {
+                job.sampler
+                    .try_sample_proposed(logits, d, q, self.config.spec_sampling)
+            }
+            None => job.sampler.try_sample(logits),
+        };
         if job.sampler.is_constrained() {
             // All grammar time since the last token, computed ahead or not.
             let busy = job.sampler.constraint_busy();
@@ -2058,7 +2093,7 @@ impl<'t> Worker<'t> {
         job.sampler.accept(id);
         job.ids.push(id);
         self.shared.tokens_generated.fetch_add(1, Ordering::Relaxed);
-        if expect == Some(id) {
+        if expect.is_some_and(|(d, _)| d == id) {
             job.accepted += 1;
             self.shared.spec_accepted.fetch_add(1, Ordering::Relaxed);
         }

@@ -61,6 +61,7 @@ impl Fixture {
                     max_tokens: n,
                     eog: self.tok.eog_ids().iter().copied().collect(),
                     speculation: spec,
+                    ..Default::default()
                 },
                 |_| Flow::Continue,
             )

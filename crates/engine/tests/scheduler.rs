@@ -129,6 +129,7 @@ fn tokens_do_not_depend_on_batching_chunking_or_prefix_reuse() {
             max_tokens: 12,
             eog: Default::default(),
             speculation: None,
+            ..Default::default()
         },
         |_| Flow::Continue,
     )
@@ -479,6 +480,7 @@ fn a_windowed_model_keeps_its_tokens_while_giving_window_blocks_back() {
                 max_tokens: n,
                 eog: Default::default(),
                 speculation: None,
+                ..Default::default()
             },
             |_| Flow::Continue,
         )

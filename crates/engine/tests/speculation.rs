@@ -13,6 +13,7 @@ use frink_engine::scheduler::{
 };
 use frink_engine::{
     generate_with, DraftModel, Flow, GenerateParams, Generation, NgramLookup, Propose, Session,
+    SpecSampling,
 };
 use frink_models::{KvType, Logits, Model};
 use frink_tokenizer::Tokenizer;
@@ -69,12 +70,25 @@ fn run(
     sampling: &SamplingParams,
     proposer: Option<(&mut dyn Propose, usize)>,
 ) -> (Generation, Vec<f32>) {
+    run_mode(model, prompt, n, sampling, proposer, SpecSampling::Exact)
+}
+
+/// [`run`] with proposals accepted by `mode`.
+fn run_mode(
+    model: &Model,
+    prompt: &[u32],
+    n: usize,
+    sampling: &SamplingParams,
+    proposer: Option<(&mut dyn Propose, usize)>,
+    mode: SpecSampling,
+) -> (Generation, Vec<f32>) {
     let mut s = Session::new(model, prompt.len() + n + 2, KvType::F16);
     let mut sampler = Sampler::new(sampling.clone());
     let params = GenerateParams {
         max_tokens: n,
         eog: HashSet::new(),
         speculation: None,
+        spec_sampling: mode,
     };
     let g = generate_with(&mut s, prompt, &mut sampler, &params, proposer, |_| {
         Flow::Continue
@@ -474,4 +488,165 @@ fn a_draft_model_gives_the_tokens_of_plain_decoding() {
         let e = frink_engine::check_same_vocabulary(&tok("llama"), &tok("llama_q256")).unwrap_err();
         assert!(e.contains("384") && e.contains("512"), "{e}");
     }
+}
+
+/// `--spec-sampling rejection` (Leviathan et al.'s rule, `Sampler::try_sample_proposed`)
+/// with a draft that samples from the model's own chain (`DraftModel::sample_with`): the
+/// draft's distribution is the model's to the bit (batch invariance), so every proposal
+/// is taken (`p(d) / q(d) = 1`), where exact match takes only those its own draw repeats
+/// (one run, seeds 1-3, temperature 0.9: exact match took 42 of 153 proposals on
+/// smollm2, 8 of 248 on the tiny qwen2; rejection all). Exact match with that draft gives
+/// plain decoding's tokens, and greedy settings give them under rejection too.
+#[test]
+fn rejection_sampling_takes_every_proposal_of_a_model_sampling_for_itself() {
+    let store = frink_store::Store::from_env().unwrap();
+    let mut paths = vec![(
+        "smollm2-135m".to_string(),
+        store.resolve("smollm2-135m").unwrap(),
+    )];
+    if let Some(t) = frink_testdata::require("fixtures/tiny", "rejection sampling") {
+        paths.push(("qwen2".into(), t.join("qwen2").join("model.gguf")));
+    }
+    let n = 32;
+    for (name, path) in paths {
+        let model = Model::load(&path).unwrap();
+        let prompt = repetitive(&model, 60);
+        let draft = |sampling: &SamplingParams| {
+            let mut d = DraftModel::new(&model, prompt.len() + n + 2, KvType::F16);
+            d.p_min = 0.0;
+            d.sample_with(sampling);
+            d
+        };
+        let (mut exact_proposed, mut exact_taken) = (0, 0);
+        for seed in 1..=3u64 {
+            let sampling = SamplingParams {
+                temperature: 0.9,
+                seed,
+                ..SamplingParams::default()
+            };
+            let mut d = draft(&sampling);
+            let (g, _) = run_mode(
+                &model,
+                &prompt,
+                n,
+                &sampling,
+                Some((&mut d, 7)),
+                SpecSampling::Rejection,
+            );
+            assert!(g.proposed > 0, "{name} seed {seed}: proposed");
+            assert_eq!(g.accepted, g.proposed, "{name} seed {seed}: q = p");
+            assert_eq!(g.ids.len(), n);
+            let (plain, plain_after) = run(&model, &prompt, n, &sampling, None);
+            let mut d = draft(&sampling);
+            let (g, after) = run(&model, &prompt, n, &sampling, Some((&mut d, 7)));
+            assert_eq!(g.ids, plain.ids, "{name} seed {seed}: exact match's tokens");
+            assert!(after == plain_after, "{name} seed {seed}: session state");
+            exact_proposed += g.proposed;
+            exact_taken += g.accepted;
+        }
+        eprintln!("{name}: exact match took {exact_taken} of {exact_proposed}");
+        assert!(
+            exact_taken < exact_proposed,
+            "{name}: exact match rejects some"
+        );
+        let (plain, _) = run(&model, &prompt, n, &greedy(), None);
+        let mut noise = Noise(7, model.config.n_vocab as u32);
+        let (g, _) = run_mode(
+            &model,
+            &prompt,
+            n,
+            &greedy(),
+            Some((&mut noise, 7)),
+            SpecSampling::Rejection,
+        );
+        assert_eq!(g.ids, plain.ids, "{name}: greedy under rejection");
+    }
+}
+
+/// A draft ends with an end-of-generation token: nothing after one is proposed (it would
+/// never be verified: generation ends there).
+#[test]
+fn a_draft_stops_at_an_end_of_generation_token() {
+    let store = frink_store::Store::from_env().unwrap();
+    let model = Model::load(store.resolve("smollm2-135m").unwrap()).unwrap();
+    let prompt = repetitive(&model, 40);
+    let draft = || {
+        let mut d = DraftModel::new(&model, 64, KvType::F16);
+        d.p_min = 0.0;
+        d
+    };
+    let all = draft().propose(&prompt, 7);
+    assert_eq!(all.len(), 7);
+    let mut d = draft();
+    d.eog = HashSet::from([all[2]]);
+    assert_eq!(d.propose(&prompt, 7), all[..3], "ends with the EOG token");
+}
+
+/// The server's scheduler under `spec_sampling: Rejection` with a model drafting for
+/// itself: beside a second stream, a sampled request (no penalties) has every proposal
+/// taken (the draft samples the request's own chain), and a greedy one gives plain
+/// greedy decoding's tokens.
+#[test]
+fn the_scheduler_samples_proposals_by_rejection() {
+    let store = frink_store::Store::from_env().unwrap();
+    let path = store.resolve("smollm2-135m").unwrap();
+    let model = Model::load(&path).unwrap();
+    let prompt = repetitive(&model, 60);
+    let n = 24;
+    let (plain, _) = run(&model, &prompt, n, &greedy(), None);
+    let tok = Arc::new(Tokenizer::from_gguf(&model.file).unwrap());
+    let draft = frink_engine::load_draft_model(&path, &tok).unwrap();
+    let sched = Scheduler::start_with_draft(
+        model,
+        Some(draft),
+        tok,
+        SchedulerConfig {
+            parallel: 2,
+            n_ctx: 256,
+            spec_adaptive: false,
+            draft_p_min: 0.0,
+            spec_sampling: SpecSampling::Rejection,
+            ..SchedulerConfig::default()
+        },
+    );
+    let sampled = SamplingParams {
+        temperature: 0.9,
+        seed: 5,
+        ..SamplingParams::default()
+    };
+    let rxs: Vec<_> = [sampled, greedy()]
+        .into_iter()
+        .map(|sampling| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            sched
+                .submit(Request {
+                    prompt: prompt.clone(),
+                    sampling,
+                    max_tokens: Some(n),
+                    stop: Vec::new(),
+                    ignore_eos: true,
+                    top_logprobs: None,
+                    constraint: None,
+                    prefix_group: None,
+                    follows_prefix: false,
+                    shown_tokens: Vec::new(),
+                    embed: None,
+                    lora: Vec::new(),
+                    prediction: None,
+                    sink: Box::new(tx),
+                })
+                .unwrap();
+            rx
+        })
+        .collect();
+    let (s, _, _) = collect(&rxs[0]);
+    let (g, _, _) = collect(&rxs[1]);
+    assert!(s.proposed > 0, "the sampled request speculated");
+    assert_eq!(s.accepted, s.proposed, "q = p: every proposal taken");
+    assert_eq!(s.ids.len(), n);
+    assert_eq!(g.ids, plain.ids, "greedy under rejection");
+    assert!(
+        g.proposed > 0 && g.accepted == g.proposed,
+        "a greedy self-draft"
+    );
 }

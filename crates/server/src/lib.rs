@@ -103,6 +103,8 @@ pub struct ServeConfig {
     /// machine's measured step times (`true`), or as many as `--draft-max` and the batch
     /// allow (`false`) ([`SchedulerConfig::spec_adaptive`]).
     pub spec_adaptive: bool,
+    /// `--spec-sampling`: how proposals are accepted ([`SchedulerConfig::spec_sampling`]).
+    pub spec_sampling: frink_engine::SpecSampling,
 }
 
 /// How long in-flight requests may run on after SIGINT/SIGTERM before they are cancelled.
@@ -371,6 +373,7 @@ fn start_engine(config: &ServeConfig, load: Loader) -> Result<Engine> {
         draft_p_min: config.draft_p_min,
         draft_min: config.draft_min,
         spec_adaptive: config.spec_adaptive,
+        spec_sampling: config.spec_sampling,
         ..SchedulerConfig::default()
     };
     let kv_positions = sched_config.kv_blocks() * frink_models::KV_BLOCK;
