@@ -705,7 +705,7 @@ async fn metrics(State(st): St, headers: HeaderMap) -> Response {
     );
     counter(
         "frink_spec_proposed_tokens_total",
-        "Speculative decoding: tokens proposed (prompt lookup or a request's prediction) and verified.",
+        "Speculative decoding: tokens proposed (prompt lookup, a draft model or a request's prediction) and verified.",
         "counter",
         m.spec_proposed as f64,
     );
