@@ -1537,6 +1537,7 @@ fn every_tool_format_round_trips_through_the_server() {
         "openai-gpt-oss-120b.jinja",
         "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja",
         "ibm-granite-granite-3.3-2B-Instruct.jinja",
+        "google-gemma-4-31B-it.jinja",
     ] {
         let path = dir.join(file);
         let srv = Server::start(&["--chat-template-file", path.to_str().unwrap()]);

@@ -109,7 +109,10 @@ mod tests {
         let fmt = AnswerFormat {
             tool_format: Some(ToolFormat::Hermes),
             tools: ToolSet::new(&[&t]),
-            reasoning: Some(Mode::Think { inside: false }),
+            reasoning: Some(Mode::Think {
+                inside: false,
+                tags: crate::reasoning::THINK,
+            }),
         };
         let text = "<think>\nNeed f.\n</think>\n\nCalling.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>";
         let whole = fmt.parse(text);

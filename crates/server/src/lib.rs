@@ -990,10 +990,22 @@ fn prepare_chat(st: &AppState, obj: &Map<String, Value>) -> Result<Prepared, Api
         kwargs,
         ..TemplateInputs::default()
     };
-    let rendered = eng
+    let gemma4 =
+        tools::ToolFormat::detect(template.unwrap_or("")) == Some(tools::ToolFormat::Gemma4);
+    let messages = if tools::wants_tool_responses(template.unwrap_or("")) {
+        tools::gemma4_tool_responses(messages)
+    } else {
+        messages
+    };
+    let mut rendered = eng
         .tok
         .apply_template_with(st.chat_template.as_deref(), &messages, &inputs)
         .map_err(|e| ApiError::invalid(Some("messages"), e.to_string()))?;
+    if gemma4 && rendered.text.ends_with("<turn|>\n") {
+        // A history that ends with a closed model turn (results and an answer) gets no
+        // new one from Gemma 4's template: open it, as llama.cpp does.
+        rendered.text.push_str("<|turn>model\n");
+    }
     let prompt = eng
         .tok
         .encode_chat(&rendered)
@@ -1012,8 +1024,11 @@ fn prepare_chat(st: &AppState, obj: &Map<String, Value>) -> Result<Prepared, Api
         }
     };
     answer.reasoning = reasoning::Mode::detect(template.unwrap_or(""), &rendered.text, split);
-    if matches!(answer.reasoning, Some(reasoning::Mode::Harmony { .. })) {
-        markers.extend(crate::harmony::MARKERS);
+    match answer.reasoning {
+        Some(reasoning::Mode::Harmony { .. }) => markers.extend(crate::harmony::MARKERS),
+        // Tags that are control tokens (Gemma 4's channel) must show for the split.
+        Some(reasoning::Mode::Think { tags, .. }) => markers.extend(tags.tokens),
+        None => {}
     }
     markers.sort_unstable();
     markers.dedup();

@@ -1,34 +1,60 @@
-//! Reasoning models' thinking (`<think>…</think>`: Qwen3, QwQ, DeepSeek-R1 and its distills)
-//! separated from the answer into `message.reasoning_content` (llama-server's and vLLM's
+//! Reasoning models' thinking (`<think>…</think>`: Qwen3, QwQ, DeepSeek-R1 and its distills;
+//! `<|channel>thought…<channel|>`: Gemma 4) separated from the answer into `message.reasoning_content` (llama-server's and vLLM's
 //! field), whole or streamed as `delta.reasoning_content`; `--reasoning-format none` or a
 //! request's `reasoning_format: "none"` keeps it in the content.
 //!
-//! Detected from the chat template (the text `<think>`), never the file name. An answer
-//! starts inside the thinking when the rendered prompt ends with the opening tag
-//! (DeepSeek-R1's generation prompt `<｜Assistant｜><think>\n`); otherwise an answer that
-//! opens with `<think>` (after whitespace) is thinking up to `</think>`. A generation prompt
-//! that already closed the thinking (Qwen3 with `enable_thinking: false`) gives content only.
+//! Detected from the chat template (the text of its opening tag, [`Tags`]), never the file
+//! name. An answer starts inside the thinking when the rendered prompt ends with the
+//! opening tag (DeepSeek-R1's generation prompt `<｜Assistant｜><think>\n`); otherwise an
+//! answer that opens with the tag (after whitespace) is thinking up to the closing one. A
+//! generation prompt that already closed the thinking (Qwen3 with `enable_thinking: false`,
+//! Gemma 4's `<|channel>thought\n<channel|>` without it) gives content only.
 //!
 //! Harmony templates (gpt-oss) mark reasoning by channel instead; [`Splitter`] runs
 //! [`crate::harmony::Parser`] for them, which also yields the answer's tool calls.
 
-const OPEN: &str = "<think>";
-const CLOSE: &str = "</think>";
-
-/// Whether `template` teaches `<think>` reasoning.
-pub fn detect(template: &str) -> bool {
-    template.contains(OPEN)
+/// The tags around a model's thinking.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tags {
+    pub open: &'static str,
+    pub close: &'static str,
+    /// The vocabulary tokens the tags are made of (an answer shows them as text where
+    /// they are control tokens, so the split sees them).
+    pub tokens: &'static [&'static str],
 }
 
-/// Whether `template` lets the model reason before answering, in `<think>` tags or in
-/// harmony's analysis channel.
+/// `<think>…</think>` (Qwen3, QwQ, DeepSeek-R1).
+pub const THINK: Tags = Tags {
+    open: "<think>",
+    close: "</think>",
+    tokens: &["<think>", "</think>"],
+};
+
+/// Gemma 4's thought channel (its template's `strip_thinking` cuts the same marks out of
+/// the history; llama.cpp's `common_chat_params_init_gemma4` splits on them). Control
+/// tokens of its vocabulary: an answer that may hold them shows them as text.
+pub const GEMMA4: Tags = Tags {
+    open: "<|channel>thought",
+    close: "<channel|>",
+    tokens: &["<|channel>", "<channel|>"],
+};
+
+/// The tags `template` teaches the model to think in, if any.
+pub fn detect(template: &str) -> Option<Tags> {
+    [GEMMA4, THINK]
+        .into_iter()
+        .find(|t| template.contains(t.open))
+}
+
+/// Whether `template` lets the model reason before answering, in tags or in harmony's
+/// analysis channel.
 pub fn thinks(template: &str) -> bool {
-    detect(template) || crate::harmony::detect(template)
+    detect(template).is_some() || crate::harmony::detect(template)
 }
 
-/// Whether an answer to `prompt` (the rendered text) starts inside the thinking.
-pub fn starts_inside(prompt: &str) -> bool {
-    prompt.trim_end().ends_with(OPEN)
+/// Whether an answer to `prompt` (the rendered text) starts inside the thinking `tags` open.
+pub fn starts_inside(prompt: &str, tags: Tags) -> bool {
+    prompt.trim_end().ends_with(tags.open)
 }
 
 /// A piece of the answer.
@@ -45,10 +71,11 @@ pub enum Part {
 /// How an answer's reasoning is marked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
-    /// `<think>…</think>`; `inside`: the answer starts inside the thinking.
+    /// Thinking between `tags`; `inside`: the answer starts inside the thinking.
     Think {
         /// The prompt opened the thinking.
         inside: bool,
+        tags: Tags,
     },
     /// Harmony channels; `inline`: the analysis stays in the content.
     Harmony {
@@ -60,26 +87,24 @@ pub enum Mode {
 impl Mode {
     /// The mode for an answer to `prompt` (the rendered text) under `template`, or `None`
     /// when nothing is split off: a template without reasoning, or `split` false for
-    /// `<think>` templates (harmony is always parsed, for its final channel and calls).
+    /// tag templates (harmony is always parsed, for its final channel and calls).
     pub fn detect(template: &str, prompt: &str, split: bool) -> Option<Mode> {
         if crate::harmony::detect(template) {
-            Some(Mode::Harmony { inline: !split })
-        } else if split && detect(template) {
-            Some(Mode::Think {
-                inside: starts_inside(prompt),
-            })
-        } else {
-            None
+            return Some(Mode::Harmony { inline: !split });
         }
+        detect(template).filter(|_| split).map(|tags| Mode::Think {
+            inside: starts_inside(prompt, tags),
+            tags,
+        })
     }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
-    /// Nothing but whitespace yet: the answer may still open with `<think>`.
+    /// Nothing but whitespace yet: the answer may still open the thinking.
     Start,
     Thinking,
-    /// Right after `</think>`: the answer's leading whitespace is dropped.
+    /// Right after the thinking: the answer's leading whitespace is dropped.
     AfterThinking,
     Answer,
 }
@@ -88,7 +113,7 @@ enum State {
 /// may still be the start of a tag is held back. Fed whole or token by token, the same split.
 #[derive(Debug)]
 pub enum Splitter {
-    /// `<think>` tags.
+    /// Thinking tags.
     Think(ThinkSplitter),
     /// Harmony channels.
     Harmony(crate::harmony::Parser),
@@ -98,7 +123,7 @@ impl Splitter {
     /// A splitter for `mode`; `tools` are those a harmony answer may call.
     pub fn new(mode: Mode, tools: &crate::tools::ToolSet) -> Splitter {
         match mode {
-            Mode::Think { inside } => Splitter::Think(ThinkSplitter::new(inside)),
+            Mode::Think { inside, tags } => Splitter::Think(ThinkSplitter::new(inside, tags)),
             Mode::Harmony { inline } => {
                 Splitter::Harmony(crate::harmony::Parser::new(inline, tools.clone()))
             }
@@ -122,16 +147,17 @@ impl Splitter {
     }
 }
 
-/// The `<think>` splitter.
+/// The splitter of thinking between tags.
 #[derive(Debug)]
 pub struct ThinkSplitter {
     state: State,
     buf: String,
+    tags: Tags,
 }
 
 impl ThinkSplitter {
     /// A splitter for an answer that starts inside the thinking or not.
-    pub fn new(inside: bool) -> ThinkSplitter {
+    pub fn new(inside: bool, tags: Tags) -> ThinkSplitter {
         ThinkSplitter {
             state: if inside {
                 State::Thinking
@@ -139,38 +165,40 @@ impl ThinkSplitter {
                 State::Start
             },
             buf: String::new(),
+            tags,
         }
     }
 
     /// Feeds `text`; returns what is decided.
     pub fn push(&mut self, text: &str) -> Vec<Part> {
         self.buf.push_str(text);
+        let Tags { open, close, .. } = self.tags;
         let mut out = Vec::new();
         loop {
             match self.state {
                 State::Start => {
                     let t = self.buf.trim_start();
-                    if t.starts_with(OPEN) {
-                        let skip = self.buf.len() - t.len() + OPEN.len();
+                    if t.starts_with(open) {
+                        let skip = self.buf.len() - t.len() + open.len();
                         self.buf.drain(..skip);
                         self.state = State::Thinking;
-                    } else if t.is_empty() || OPEN.starts_with(t) {
+                    } else if t.is_empty() || open.starts_with(t) {
                         break;
                     } else {
                         self.state = State::Answer;
                     }
                 }
-                State::Thinking => match self.buf.find(CLOSE) {
+                State::Thinking => match self.buf.find(close) {
                     Some(end) => {
                         let r: String = self.buf[..end].to_string();
-                        self.buf.drain(..end + CLOSE.len());
+                        self.buf.drain(..end + close.len());
                         if !r.is_empty() {
                             out.push(Part::Reasoning(r));
                         }
                         self.state = State::AfterThinking;
                     }
                     None => {
-                        let keep = frink_engine::partial_match_len(&self.buf, CLOSE);
+                        let keep = frink_engine::partial_match_len(&self.buf, close);
                         let cut = self.buf.len() - keep;
                         if cut > 0 {
                             out.push(Part::Reasoning(self.buf[..cut].to_string()));
@@ -247,7 +275,10 @@ mod tests {
 
     fn split(inside: bool, text: &str) -> (String, String) {
         gather(split_parts(
-            Mode::Think { inside },
+            Mode::Think {
+                inside,
+                tags: THINK,
+            },
             &crate::tools::ToolSet::default(),
             text,
         ))
@@ -278,11 +309,57 @@ mod tests {
             ("Still thinking".to_string(), String::new())
         );
         assert_eq!(split(false, "<thin"), (String::new(), "<thin".to_string()));
-        assert!(starts_inside("<｜Assistant｜><think>\n"));
+        assert!(starts_inside("<｜Assistant｜><think>\n", THINK));
         assert!(!starts_inside(
-            "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+            "<|im_start|>assistant\n<think>\n\n</think>\n\n",
+            THINK
         ));
-        assert!(detect("{{ '<think>' }}") && !detect("plain"));
+        assert_eq!(detect("{{ '<think>' }}"), Some(THINK));
+        assert_eq!(detect("plain"), None);
+    }
+
+    /// Gemma 4: its template (tests/data/templates of frink-tokenizer) is detected by its
+    /// thought channel; with thinking on the answer opens the channel, with it off the
+    /// generation prompt closed an empty one (content only); streamed in pieces the same.
+    #[test]
+    fn gemma4_thought_channel_splits_off() {
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tokenizer/tests/data/templates/"
+        );
+        let t = std::fs::read_to_string(format!("{dir}google-gemma-4-31B-it.jinja")).unwrap();
+        assert_eq!(detect(&t), Some(GEMMA4));
+        assert!(thinks(&t));
+        let off = "<|turn>user\nHi<turn|>\n<|turn>model\n<|channel>thought\n<channel|>";
+        assert_eq!(
+            Mode::detect(&t, off, true),
+            Some(Mode::Think {
+                inside: false,
+                tags: GEMMA4
+            })
+        );
+        let mode = Mode::Think {
+            inside: false,
+            tags: GEMMA4,
+        };
+        let tools = crate::tools::ToolSet::default();
+        let text = "<|channel>thought\nFrance's capital.<channel|>Paris.";
+        let whole = gather(split_parts(mode, &tools, text));
+        assert_eq!(
+            whole,
+            ("\nFrance's capital.".to_string(), "Paris.".to_string())
+        );
+        for cut in (1..text.len()).filter(|&c| text.is_char_boundary(c)) {
+            let mut sp = Splitter::new(mode, &tools);
+            let mut parts = sp.push(&text[..cut]);
+            parts.extend(sp.push(&text[cut..]));
+            parts.extend(sp.finish());
+            assert_eq!(gather(parts), whole, "cut at {cut}");
+        }
+        assert_eq!(
+            gather(split_parts(mode, &tools, "Paris.")),
+            (String::new(), "Paris.".to_string())
+        );
     }
 
     /// Split at every character boundary, the stream gives the whole split.
@@ -297,7 +374,7 @@ mod tests {
                 if !text.is_char_boundary(cut) {
                     continue;
                 }
-                let mut s = ThinkSplitter::new(inside);
+                let mut s = ThinkSplitter::new(inside, THINK);
                 let mut parts = s.push(&text[..cut]);
                 parts.extend(s.push(&text[cut..]));
                 parts.extend(s.finish());

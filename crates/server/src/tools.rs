@@ -16,6 +16,7 @@
 //! | `deepseek-r1` | `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{…}\n```<｜tool▁call▁end｜>…<｜tool▁calls▁end｜>` | DeepSeek-R1 and its distills, DeepSeek-V3 |
 //! | `deepseek-v3.1` | `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{…}<｜tool▁call▁end｜>…<｜tool▁calls▁end｜>` | DeepSeek-V3.1 |
 //! | `harmony` | `<\|channel\|>commentary to=functions.f <\|constrain\|>json<\|message\|>{…}` ending at `<\|call\|>` | gpt-oss (parsed with its channels in [`crate::harmony`]) |
+//! | `gemma4` | `<\|tool_call>call:f{city:<\|"\|>Paris<\|"\|>,days:3}<tool_call\|>` (bare keys, strings between `<\|"\|>` marks) | Gemma 4 |
 //!
 //! Markers that are control tokens of the vocabulary (`[TOOL_CALLS]`, `[ARGS]`,
 //! `<|python_tag|>`, …) render as text for requests with tools ([`ToolFormat::markers`],
@@ -26,6 +27,7 @@
 
 use frink_engine::constraint::Trigger;
 use frink_engine::partial_match_len;
+use frink_tokenizer::ChatMessage;
 use serde_json::{json, Map, Value};
 
 /// How a model writes tool calls, detected from its chat template (never its file name).
@@ -51,6 +53,9 @@ pub enum ToolFormat {
     DeepSeekV31,
     /// OpenAI's harmony channels (gpt-oss): a call is a commentary message to `functions.f`.
     Harmony,
+    /// `<|tool_call>call:f{key:value,…}<tool_call|>` (Gemma 4): the template's own
+    /// argument syntax ([`gemma4_value`]), calls one after another.
+    Gemma4,
 }
 
 /// How a format delimits its calls (harmony's channels are parsed in [`crate::harmony`]).
@@ -75,6 +80,13 @@ const DS_CALLS_END: &str = "<｜tool▁calls▁end｜>";
 const DS_CALL_BEGIN: &str = "<｜tool▁call▁begin｜>";
 const DS_CALL_END: &str = "<｜tool▁call▁end｜>";
 const DS_SEP: &str = "<｜tool▁sep｜>";
+const GEMMA4_OPEN: &str = "<|tool_call>";
+const GEMMA4_CLOSE: &str = "<tool_call|>";
+/// Gemma 4's string delimiter (both ends), in calls and tool declarations.
+const GEMMA4_QUOTE: &str = "<|\"|>";
+/// How a Gemma 4 template writes a call (llama.cpp's `common/chat.cpp` detects the
+/// format by the same text).
+const GEMMA4_CALL: &str = "'<|tool_call>call:'";
 
 impl ToolFormat {
     /// The format `template` teaches the model, if frink knows it. The checks run from the
@@ -83,6 +95,8 @@ impl ToolFormat {
         let has = |m: &str| template.contains(m);
         Some(if crate::harmony::detect(template) {
             ToolFormat::Harmony
+        } else if has(GEMMA4_CALL) {
+            ToolFormat::Gemma4
         } else if has("<function=") {
             ToolFormat::Qwen3Xml
         } else if has(HERMES_OPEN) {
@@ -118,6 +132,7 @@ impl ToolFormat {
             }
             ToolFormat::DeepSeekV31 => "deepseek-v3.1 (<｜tool▁call▁begin｜>f<｜tool▁sep｜>{…})",
             ToolFormat::Harmony => "harmony (commentary to=functions.f <|message|>{…})",
+            ToolFormat::Gemma4 => "gemma4 (<|tool_call>call:f{key:value}<tool_call|>)",
         }
     }
 
@@ -141,6 +156,7 @@ impl ToolFormat {
             // runs no tool parser for it); a NUL marker, which never occurs in model text,
             // leaves any text given here as content.
             ToolFormat::Harmony => tagged("\u{0}", None),
+            ToolFormat::Gemma4 => tagged(GEMMA4_OPEN, Some(GEMMA4_CLOSE)),
         }
     }
 
@@ -154,6 +170,7 @@ impl ToolFormat {
             ToolFormat::Granite => GRANITE_CALL,
             ToolFormat::DeepSeekR1 | ToolFormat::DeepSeekV31 => DS_CALLS_BEGIN,
             ToolFormat::Harmony => "<|channel|>commentary to=functions.",
+            ToolFormat::Gemma4 => GEMMA4_OPEN,
         }
     }
 
@@ -174,6 +191,7 @@ impl ToolFormat {
                 DS_SEP,
             ],
             ToolFormat::Harmony => crate::harmony::MARKERS,
+            ToolFormat::Gemma4 => &[GEMMA4_OPEN, GEMMA4_CLOSE, GEMMA4_QUOTE],
         }
     }
 
@@ -202,6 +220,19 @@ impl ToolFormat {
                     _ => call_from(left.trim(), right)?,
                 };
                 Some(vec![call])
+            }
+            ToolFormat::Gemma4 => {
+                let body = body.trim().strip_prefix("call:")?;
+                let brace = body.find('{')?;
+                let (name, args) = body.split_at(brace);
+                let (args, rest) = gemma4_value(args)?;
+                if !rest.trim().is_empty() || !args.is_object() {
+                    return None;
+                }
+                Some(vec![ToolCall {
+                    name: name.trim().to_string(),
+                    arguments: args.to_string(),
+                }])
             }
         }
     }
@@ -437,9 +468,195 @@ impl ToolFormat {
                     )
                 });
             }
+            // Calls one after another; each tool's arguments in the key order the
+            // template writes them (`dictsort`), the required ones present.
+            ToolFormat::Gemma4 => {
+                g += &repeated("");
+                g += &gemma4_value_rules(&lit(GEMMA4_QUOTE));
+                g += &per_tool(&|i, t| {
+                    let (args, rules) =
+                        gemma4_args_rule(i, &params(t), &lit(GEMMA4_QUOTE), &json_rule);
+                    format!(
+                        "c{i}: {} {} \"{{\" {args} \"}}\" {}\n{rules}",
+                        lit(GEMMA4_OPEN),
+                        Value::from(format!("call:{}", name(t))),
+                        lit(GEMMA4_CLOSE),
+                    )
+                });
+            }
         }
         g
     }
+}
+
+/// Parses one value of Gemma 4's argument syntax (its template's `format_argument`):
+/// `<|"|>text<|"|>` strings, `{key:value,…}` with bare (or quoted) keys, `[value,…]`,
+/// and JSON's numbers, `true`, `false` and `null`; whitespace around them is skipped.
+/// Returns the value as JSON and the text after it, or `None` where the text is not
+/// one (llama.cpp reads the same syntax in `common/chat-peg-parser.cpp`'s Gemma 4 rules).
+pub fn gemma4_value(text: &str) -> Option<(Value, &str)> {
+    let t = text.trim_start();
+    if let Some(r) = t.strip_prefix(GEMMA4_QUOTE) {
+        let end = r.find(GEMMA4_QUOTE)?;
+        return Some((Value::from(&r[..end]), &r[end + GEMMA4_QUOTE.len()..]));
+    }
+    // Items of a dict or a list up to `close`, each read by `item`.
+    fn items<'a>(
+        mut r: &'a str,
+        close: char,
+        mut item: impl FnMut(&'a str) -> Option<&'a str>,
+    ) -> Option<&'a str> {
+        r = r.trim_start();
+        if let Some(rest) = r.strip_prefix(close) {
+            return Some(rest);
+        }
+        loop {
+            r = item(r)?.trim_start();
+            if let Some(rest) = r.strip_prefix(',') {
+                r = rest;
+            } else {
+                return r.strip_prefix(close);
+            }
+        }
+    }
+    if let Some(r) = t.strip_prefix('{') {
+        let mut map = Map::new();
+        let rest = items(r, '}', |r| {
+            let r = r.trim_start();
+            let (key, r) = match r.strip_prefix(GEMMA4_QUOTE) {
+                Some(q) => {
+                    let end = q.find(GEMMA4_QUOTE)?;
+                    (
+                        &q[..end],
+                        q[end + GEMMA4_QUOTE.len()..]
+                            .trim_start()
+                            .strip_prefix(':')?,
+                    )
+                }
+                None => {
+                    let (key, r) = r.split_once(':')?;
+                    if key.is_empty() || key.contains(['{', '}', ',']) {
+                        return None;
+                    }
+                    (key.trim(), r)
+                }
+            };
+            let (v, r) = gemma4_value(r)?;
+            map.insert(key.to_string(), v);
+            Some(r)
+        })?;
+        return Some((Value::Object(map), rest));
+    }
+    if let Some(r) = t.strip_prefix('[') {
+        let mut list = Vec::new();
+        let rest = items(r, ']', |r| {
+            let (v, r) = gemma4_value(r)?;
+            list.push(v);
+            Some(r)
+        })?;
+        return Some((Value::Array(list), rest));
+    }
+    // A scalar runs to the next delimiter.
+    let end = t.find([',', '}', ']']).unwrap_or(t.len());
+    let v: Value = serde_json::from_str(t[..end].trim()).ok()?;
+    (!v.is_object() && !v.is_array() && !v.is_string()).then_some((v, &t[end..]))
+}
+
+/// Lark rules of any Gemma 4 value (`gv`), for arguments whose schema the grammar does
+/// not follow (objects, arrays, untyped): strings between `quote` marks holding no `<|`,
+/// dicts with bare keys, lists, JSON numbers, `true`, `false`, `null`.
+fn gemma4_value_rules(quote: &str) -> String {
+    format!(
+        "gv: gs | gd | gl | gn | \"true\" | \"false\" | \"null\"\n\
+         gs: {quote} /(?:[^<]|<[^|])*/ {quote}\n\
+         gd: \"{{\" (gk \":\" gv (\",\" gk \":\" gv)*)? \"}}\"\n\
+         gk: /[A-Za-z_][A-Za-z0-9_.-]*/\n\
+         gl: \"[\" (gv (\",\" gv)*)? \"]\"\n\
+         gn: /-?(?:0|[1-9][0-9]*)(?:\\.[0-9]+)?(?:[eE][+-]?[0-9]+)?/\n"
+    )
+}
+
+/// The Lark expression of tool `i`'s arguments inside `{…}` and its rules: the
+/// parameters in the order the template writes them (sorted by name, as its `dictsort`),
+/// comma-separated, the required ones present; a string `key:` `quote`d text holding no
+/// `<|` (with `minLength`/`maxLength`, no `<` at all, so the bounds count characters
+/// exactly; `enum`: one of its values), numbers, integers and booleans as JSON valid
+/// against their schema, anything else any Gemma 4 value (`gv`).
+fn gemma4_args_rule(
+    i: usize,
+    params: &Value,
+    quote: &str,
+    json_rule: &dyn Fn(&Value) -> String,
+) -> (String, String) {
+    let required: Vec<&str> = params["required"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let mut props: Vec<(String, Value)> = params["properties"]
+        .as_object()
+        .map(|o| o.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+        .unwrap_or_default();
+    props.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut rules = String::new();
+    let mut items = Vec::new();
+    for (j, (p, schema)) in props.iter().enumerate() {
+        let rule = format!("g{i}_{j}");
+        let value = match schema["type"].as_str() {
+            Some("string") => match schema["enum"].as_array() {
+                Some(e) => e
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .map(|v| format!("{quote} {} {quote}", Value::from(v)))
+                    .collect::<Vec<_>>()
+                    .join(" | "),
+                // The schema's length bounds hold on the text between the marks.
+                None if schema.get("minLength").is_some() || schema.get("maxLength").is_some() => {
+                    let min = schema["minLength"].as_u64().unwrap_or(0);
+                    let max = schema["maxLength"]
+                        .as_u64()
+                        .map_or(String::new(), |m| m.to_string());
+                    format!("{quote} /[^<]{{{min},{max}}}/ {quote}")
+                }
+                None => "gs".to_string(),
+            },
+            Some("number" | "integer" | "boolean" | "null") => {
+                rules += &format!("v{i}_{j}: {}\n", json_rule(schema));
+                format!("v{i}_{j}")
+            }
+            _ => "gv".to_string(),
+        };
+        rules += &format!("{rule}: {} ({value})\n", Value::from(format!("{p}:")));
+        items.push((rule, required.contains(&p.as_str())));
+    }
+    // seq(j): the items from j on, the first present one without a comma before it.
+    fn seq(items: &[(String, bool)], j: usize) -> Option<String> {
+        let (rule, req) = items.get(j)?;
+        let rest: String = items[j + 1..]
+            .iter()
+            .map(|(r, q)| {
+                if *q {
+                    format!(" \",\" {r}")
+                } else {
+                    format!(" (\",\" {r})?")
+                }
+            })
+            .collect();
+        let here = format!("{rule}{rest}");
+        Some(if *req {
+            here
+        } else {
+            match seq(items, j + 1) {
+                Some(later) => format!("({here} | {later})"),
+                None => format!("({here})?"),
+            }
+        })
+    }
+    let expr = match seq(&items, 0) {
+        Some(e) if items.iter().any(|(_, q)| *q) || e.ends_with('?') => e,
+        Some(e) => format!("{e}?"),
+        None => String::new(),
+    };
+    (expr, rules)
 }
 
 /// The Lark rules of Qwen3-Coder's `<function=NAME>` block for tool `i`: its parameters in
@@ -913,6 +1130,68 @@ pub fn check_tools(v: &Value) -> Result<Vec<Value>, String> {
     Ok(a.clone())
 }
 
+/// Whether `template` is a Gemma 4 template that reads a call's results only as Gemma's
+/// `tool_responses` on the model's turn (its earlier versions; the current one also reads
+/// OpenAI's `tool` messages, and says so in a comment naming "OpenAI Chat Completions", the
+/// text llama.cpp's `common/chat.cpp` tells the two apart by).
+pub fn wants_tool_responses(template: &str) -> bool {
+    ToolFormat::detect(template) == Some(ToolFormat::Gemma4)
+        && !template.contains("OpenAI Chat Completions")
+}
+
+/// An OpenAI tool-calling history in Gemma 4's own form ([`wants_tool_responses`]): an
+/// assistant message with `tool_calls` takes the `tool` messages after it as its
+/// `tool_responses` (`{"name", "response"}`: the name of the call at the same position,
+/// else the message's `tool_call_id`; the content parsed as JSON where it is JSON, else
+/// the text), and the assistant's answer right after them joins the same turn, as the
+/// model saw calls, results and answer in one turn (Google's Gemma 4 prompt format;
+/// llama.cpp converts the same way in `common/parsers/gemma4.cpp`). Other messages pass
+/// unchanged.
+pub fn gemma4_tool_responses(messages: Vec<ChatMessage>) -> Vec<ChatMessage> {
+    let mut out = Vec::with_capacity(messages.len());
+    let mut it = messages.into_iter().peekable();
+    let calls_of = |m: &ChatMessage| {
+        m.extra
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .filter(|a| !a.is_empty())
+            .cloned()
+    };
+    while let Some(mut m) = it.next() {
+        let Some(calls) = calls_of(&m).filter(|_| m.role == "assistant") else {
+            out.push(m);
+            continue;
+        };
+        let mut responses = Vec::new();
+        while let Some(r) = it.next_if(|r| r.role == "tool") {
+            let name = calls
+                .get(responses.len())
+                .and_then(|c| c.pointer("/function/name"))
+                .or_else(|| r.extra.get("tool_call_id"))
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            let response = serde_json::from_str::<Value>(&r.content)
+                .unwrap_or_else(|_| Value::String(r.content.clone()));
+            responses.push(json!({"name": name, "response": response}));
+        }
+        if !responses.is_empty() {
+            m.extra
+                .insert("tool_responses".into(), Value::Array(responses));
+            if let Some(next) = it.next_if(|n| {
+                n.role == "assistant" && calls_of(n).is_none() && !n.content.is_empty()
+            }) {
+                if !m.content.is_empty() {
+                    m.content.push_str("\n\n");
+                }
+                m.content.push_str(&next.content);
+            }
+        }
+        out.push(m);
+    }
+    out
+}
+
 /// `extra` fields of a message for the template, from an OpenAI message object.
 pub fn message_extra(m: &Map<String, Value>) -> Map<String, Value> {
     let mut extra = Map::new();
@@ -1008,7 +1287,121 @@ mod tests {
             (DeepSeekV31, "On it.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>", "On it.", vec![paris()]),
             (DeepSeekV31, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\", \"days\": 2}<｜tool▁call▁end｜><｜tool▁call▁begin｜>x<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>", "", two()),
             (DeepSeekV31, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{<｜tool▁call▁end｜><｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{<｜tool▁call▁end｜>", vec![]),
+            // Gemma 4: as its template writes a call into the history.
+            (Gemma4, "Let me check.<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>}<tool_call|>", "Let me check.", vec![paris()]),
+            (Gemma4, "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:2}<tool_call|><|tool_call>call:x{}<tool_call|>", "", two()),
+            (Gemma4, "<|tool_call>call:get_weather{city:Paris}<tool_call|>", "<|tool_call>call:get_weather{city:Paris}<tool_call|>", vec![]),
         ]
+    }
+
+    /// An OpenAI tool-calling history (a call, its `tool` result) converted for the earlier
+    /// Gemma 4 template renders exactly as transformers renders Gemma's own form (the call
+    /// with `tool_responses`) through that template (frink-tokenizer's reference.json,
+    /// case `tool_responses`), where unconverted it would give the result a `tool` turn
+    /// the model never saw; the current template is left to read `tool` messages itself.
+    #[test]
+    fn tool_results_become_gemma4_tool_responses() {
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tokenizer/tests/data/templates/"
+        );
+        let read = |f: &str| std::fs::read_to_string(format!("{dir}{f}")).unwrap();
+        let reference: Value = serde_json::from_str(&read("reference.json")).unwrap();
+        let case = |name: &str| {
+            reference["cases"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["name"] == name)
+                .unwrap()
+                .clone()
+        };
+        let message = |v: &Value| {
+            let mut extra = v.as_object().unwrap().clone();
+            let role = extra.remove("role").unwrap().as_str().unwrap().to_string();
+            let content = extra
+                .remove("content")
+                .unwrap()
+                .as_str()
+                .unwrap()
+                .to_string();
+            ChatMessage {
+                role,
+                content,
+                extra,
+            }
+        };
+        let openai = case("tool_call_and_result");
+        let messages: Vec<ChatMessage> = openai["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(message)
+            .collect();
+        let older = "google-gemma-4-31B-it-interleaved.jinja";
+        assert!(wants_tool_responses(&read(older)));
+        assert!(!wants_tool_responses(&read("google-gemma-4-31B-it.jinja")));
+        assert!(!wants_tool_responses(&read("Qwen-Qwen3-0.6B.jinja")));
+        let converted = gemma4_tool_responses(messages.clone());
+        assert_eq!(converted.len(), 2);
+        assert_eq!(
+            converted[1].extra["tool_responses"],
+            json!([{"name": "get_weather", "response": {"temperature": 21}}])
+        );
+        let inputs = frink_tokenizer::TemplateInputs {
+            add_generation_prompt: true,
+            tools: openai.get("tools").cloned(),
+            ..Default::default()
+        };
+        let render = |m: &[ChatMessage]| {
+            frink_tokenizer::render_template(&read(older), m, &inputs, "<s>", "</s>").unwrap()
+        };
+        let want = reference["renderings"][older]["tool_responses"]["text"]
+            .as_str()
+            .unwrap();
+        assert_eq!(render(&converted), want);
+        assert_ne!(render(&messages), want);
+        // The answer after the results joins the turn; other histories pass unchanged.
+        let mut with_answer = messages.clone();
+        with_answer.push(ChatMessage::new("assistant", "21 degrees."));
+        with_answer.push(ChatMessage::new("user", "Thanks."));
+        let c = gemma4_tool_responses(with_answer);
+        assert_eq!(
+            (c.len(), c[1].content.as_str(), c[2].role.as_str()),
+            (3, "21 degrees.", "user")
+        );
+        let plain = vec![
+            ChatMessage::new("user", "hi"),
+            ChatMessage::new("assistant", "hello"),
+        ];
+        assert_eq!(gemma4_tool_responses(plain.clone()), plain);
+    }
+
+    /// Gemma 4's argument syntax as its template's `format_argument` writes each kind of
+    /// value (nested dicts with bare or quoted keys, lists, numbers, booleans, null, a
+    /// string holding JSON punctuation), and texts that are not one.
+    #[test]
+    fn gemma4_values_read_as_json() {
+        let q = |s: &str| s.replace('\'', GEMMA4_QUOTE);
+        let text = q("{a:'x, {y}: z',b:[1,-2.5e3,true,null],c:{'d e':false,f:[]},g:{}}");
+        let (v, rest) = gemma4_value(&text).unwrap();
+        assert_eq!(
+            v,
+            json!({"a": "x, {y}: z", "b": [1, -2500.0, true, null], "c": {"d e": false, "f": []}, "g": {}})
+        );
+        assert_eq!(rest, "");
+        let (v, rest) = gemma4_value(" 12 }").unwrap();
+        assert_eq!((v, rest), (json!(12), "}"));
+        for bad in [
+            "{a:Paris}",
+            "{a:1",
+            "{:1}",
+            "[1,]",
+            &q("{a:'x}"),
+            "\"json\"",
+        ] {
+            assert!(gemma4_value(bad).is_none(), "{bad:?}");
+        }
     }
 
     #[test]
@@ -1110,6 +1503,11 @@ mod tests {
             (
                 "ibm-granite-granite-3.3-2B-Instruct.jinja",
                 Some(ToolFormat::Granite),
+            ),
+            ("google-gemma-4-31B-it.jinja", Some(ToolFormat::Gemma4)),
+            (
+                "google-gemma-4-31B-it-interleaved.jinja",
+                Some(ToolFormat::Gemma4),
             ),
             ("CohereForAI-c4ai-command-r-plus-tool_use.jinja", None),
             ("microsoft-Phi-3.5-mini-instruct.jinja", None),

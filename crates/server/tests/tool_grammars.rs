@@ -24,6 +24,9 @@ const CONTROL: &[&str] = &[
     "<｜tool▁call▁begin｜>",
     "<｜tool▁call▁end｜>",
     "<｜tool▁sep｜>",
+    "<|tool_call>",
+    "<tool_call|>",
+    "<|\"|>",
 ];
 /// Rendered as text by frink's vocabulary rules (user-defined tokens).
 const USER: &[&str] = &[
@@ -180,6 +183,11 @@ fn cases() -> Vec<(ToolFormat, &'static str, &'static str)> {
             "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\", \"unit\": \"celsius\"}",
             "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\", \"unit\": \"kelvin\"}",
         ),
+        (
+            Gemma4,
+            "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:3,unit:<|\"|>celsius<|\"|>}<tool_call|>",
+            "<|tool_call>call:get_weather{unit:<|\"|>celsius<|\"|>}<tool_call|>",
+        ),
     ]
 }
 
@@ -249,6 +257,14 @@ fn each_format_grammar_admits_its_call_and_refuses_a_bad_one() {
                 case(ToolFormat::MistralArgs).1
             ),
         ),
+        (
+            ToolFormat::Gemma4,
+            format!(
+                "{}{}",
+                case(ToolFormat::Gemma4).1,
+                case(ToolFormat::Gemma4).1
+            ),
+        ),
     ];
     for (f, text) in two {
         let lark = f.call_grammar(&[&w], true, &token);
@@ -262,7 +278,7 @@ fn each_format_grammar_admits_its_call_and_refuses_a_bad_one() {
             "{f:?} admits two calls without parallel"
         );
     }
-    eprintln!("9 formats: each grammar admits its recorded call and refuses a schema violation");
+    eprintln!("10 formats: each grammar admits its recorded call and refuses a schema violation");
 }
 
 /// `tool_choice: "auto"`: the lazy grammar leaves text free and enforces a call once its
@@ -281,7 +297,12 @@ fn lazy_grammars_leave_text_free_and_enforce_a_started_call() {
     let good_args = "{\"city\": \"Paris\"}";
     let bad_args = "{\"unit\": \"celsius\"}";
     use ToolFormat::*;
-    for (f, good, bad) in [case(Hermes), case(Llama3Json), case(MistralArgs)] {
+    for (f, good, bad) in [
+        case(Hermes),
+        case(Llama3Json),
+        case(MistralArgs),
+        case(Gemma4),
+    ] {
         let lark = f.auto_grammar(&[&w], true, &token);
         let triggers = f.triggers(&token);
         let admits_lazy = |text: &str| {
@@ -332,4 +353,52 @@ fn lazy_grammars_leave_text_free_and_enforce_a_started_call() {
         }
     }
     eprintln!("lazy grammars: free text admitted, started calls enforced (3 trigger kinds and the fallback shapes)");
+}
+
+/// Gemma 4's call grammar follows each argument's schema in the template's syntax: an
+/// enum value, an integer, the keys in the order its template writes them (sorted), a
+/// string that is the quote-delimited text within its `maxLength`, and nested values in
+/// Gemma's own syntax.
+#[test]
+fn gemma4_arguments_follow_the_schema() {
+    let tok = tokenizer();
+    let compiler = GrammarCompiler::new(Arc::clone(&tok)).unwrap();
+    let token = |m: &str| tok.control_token(m);
+    let mut w = weather();
+    w["function"]["parameters"]["properties"]["city"]["maxLength"] = json!(20);
+    let lark = ToolFormat::Gemma4.call_grammar(&[&w], false, &token);
+    let call = |args: &str| format!("<|tool_call>call:get_weather{{{args}}}<tool_call|>");
+    let q = |s: &str| s.replace('\'', "<|\"|>");
+    for (args, ok) in [
+        ("city:'Paris'", true),
+        ("city:'Paris, Île-de-France'", true),
+        ("city:'Paris, Île-de-France, FR'", false),
+        ("city:'Paris',days:3", true),
+        ("city:'Paris',days:3.5", false),
+        ("city:'Paris',unit:'kelvin'", false),
+        ("unit:'celsius',city:'Paris'", false),
+        ("city:Paris", false),
+        ("", false),
+    ] {
+        let text = call(&q(args));
+        assert_eq!(admits(&tok, &compiler, &lark, &text), ok, "{text}\n{lark}");
+    }
+    // An object parameter takes any Gemma 4 value; a tool without parameters, `{}`.
+    let nested = json!({"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"o": {"type": "object"}}}}});
+    let lark = ToolFormat::Gemma4.call_grammar(&[&nested], false, &token);
+    for (text, ok) in [
+        (
+            "<|tool_call>call:f{o:{a:[1,'x',{b:true}],c:null}}<tool_call|>",
+            true,
+        ),
+        ("<|tool_call>call:f{}<tool_call|>", true),
+        ("<|tool_call>call:f{o:{a:}}<tool_call|>", false),
+    ] {
+        assert_eq!(
+            admits(&tok, &compiler, &lark, &q(text)),
+            ok,
+            "{text}\n{lark}"
+        );
+    }
 }

@@ -74,6 +74,13 @@ CASES = [
         "tools": [WEATHER],
         "add_generation_prompt": True,
     },
+    {
+        # Gemma 4's own form of a call's result: on the model's turn, not a tool message.
+        "name": "tool_responses",
+        "messages": [USER, dict(CALL, tool_responses=[{"name": "get_weather", "response": {"temperature": 21}}])],
+        "tools": [WEATHER],
+        "add_generation_prompt": True,
+    },
     {"name": "thinking_off", "messages": [USER], "kwargs": {"enable_thinking": False}, "add_generation_prompt": True},
     {"name": "thinking_on", "messages": [USER], "kwargs": {"enable_thinking": True}, "add_generation_prompt": True},
 ]
