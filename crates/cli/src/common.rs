@@ -364,7 +364,8 @@ pub struct GenArgs {
 pub struct SpecArgs {
     /// Speculative decoding: `ngram` (prompt lookup: proposals from earlier text of the
     /// prompt and answer), `draft` (a draft model's, `--draft-model`) or `off`; proposals
-    /// are verified in one batched step, so the tokens are exactly those of `off`.
+    /// are verified in one batched step, so the tokens are exactly those of `off` (with
+    /// the default `--spec-sampling exact`).
     /// Default: `draft` with `--draft-model`, else `ngram`.
     #[arg(long = "spec", value_parser = ["ngram", "draft", "off"])]
     pub spec: Option<String>,

@@ -1481,6 +1481,74 @@ fn llama3_template_calls_are_json_with_parameters() {
     );
 }
 
+/// An answer cut by `max_tokens` in the middle of its calls reports `finish_reason:
+/// "length"` (as llama-server does), not `"tool_calls"`: the calls that were whole come
+/// back, the cut one stays in the content, whole and streamed. With one call allowed the
+/// answer ends after it, `"tool_calls"`. (smollm2 under Gemma 4's template and the grammar
+/// of `tool_choice: "required"`, greedy: a call, then the next one cut at 40 tokens.) A
+/// required call without tools, absent or an empty list, is a 400.
+#[test]
+fn calls_cut_by_max_tokens_finish_with_length() {
+    let _l = lock();
+    let template = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tokenizer/tests/data/templates/google-gemma-4-31B-it.jinja");
+    let srv = Server::start(&["--chat-template-file", template.to_str().unwrap()]);
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+                       "required": ["city"]}}}]);
+    let body = |parallel: bool, stream: bool| {
+        chat(
+            "What is the weather in Paris?",
+            json!({"tools": tools, "tool_choice": "required", "parallel_tool_calls": parallel,
+                   "temperature": 0, "max_tokens": 40, "stream": stream}),
+        )
+    };
+    let got = srv.post_ok("/v1/chat/completions", &body(true, false));
+    let c = &got["choices"][0];
+    assert_eq!(c["finish_reason"], "length", "{got}");
+    assert_eq!(got["usage"]["completion_tokens"], 40, "{got}");
+    let calls = c["message"]["tool_calls"].as_array().unwrap();
+    assert!(!calls.is_empty(), "{got}");
+    assert!(
+        c["message"]["content"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("<|tool_call>")),
+        "the cut call stays in the content: {got}"
+    );
+    let (chunks, done) = srv
+        .stream("/v1/chat/completions", &body(true, true))
+        .collect();
+    assert!(done);
+    let (streamed, finish) = streamed_calls(&chunks);
+    assert_eq!(finish.as_deref(), Some("length"));
+    assert_eq!(streamed.len(), calls.len());
+    let one = srv.post_ok("/v1/chat/completions", &body(false, false));
+    assert_eq!(one["choices"][0]["finish_reason"], "tool_calls", "{one}");
+    assert_eq!(
+        one["choices"][0]["message"]["tool_calls"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    // A required call with no tools (absent or an empty list) is a 400 naming the field.
+    for extra in [
+        json!({"tool_choice": "required"}),
+        json!({"tools": [], "tool_choice": "required"}),
+    ] {
+        let r = srv.post_raw(
+            "/v1/chat/completions",
+            chat("Hi", extra.clone()).to_string().as_bytes(),
+        );
+        assert_eq!(r.status, 400, "{extra}: {}", r.text());
+        assert!(
+            r.text().contains("'tool_choice' requires 'tools'"),
+            "{}",
+            r.text()
+        );
+    }
+}
+
 /// A streamed tool call reassembled: (index, id, name, arguments).
 type StreamedCall = (u64, String, String, String);
 

@@ -112,12 +112,16 @@ def one(seed):
 
 with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
     runs = list(pool.map(one, range(100)))
-ok = 0
+ok = cut = 0
 for named, ch in runs:
     calls = ch.message.tool_calls or []
-    check(ch.finish_reason == "tool_calls" and calls, f"run without a call: {ch.finish_reason} {ch.message}")
+    # A small model may repeat calls until max_tokens: that answer ends with "length" (as
+    # llama-server reports it; the cut call stays in the content), its whole calls still read.
+    check(ch.finish_reason in ("tool_calls", "length") and calls, f"run without a call: {ch.finish_reason} {ch.message}")
     valid_calls(calls, ["get_time"] if named else SCHEMAS)
     ok += bool(calls)
+    cut += ch.finish_reason == "length"
+print(f"required/named: {ok}/100 sampled runs called, {cut} of them cut by max_tokens")
 
 # 40 sampled runs with tool_choice "auto": the answer is free, but a call once begun is
 # held to the grammar, so every answer is either text without a call tag or valid calls.
@@ -142,7 +146,7 @@ for ch in autos:
     calls = ch.message.tool_calls or []
     if calls:
         called += 1
-        check(ch.finish_reason == "tool_calls", f"auto: calls with finish {ch.finish_reason}")
+        check(ch.finish_reason in ("tool_calls", "length"), f"auto: calls with finish {ch.finish_reason}")
         valid += valid_calls(calls, {"get_weather": CODED["function"]["parameters"], "get_time": SCHEMAS["get_time"]})
     elif ch.finish_reason != "length":
         check("<tool_call>" not in (ch.message.content or ""), f"auto: a call left in the content: {ch.message}")

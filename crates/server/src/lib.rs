@@ -923,9 +923,17 @@ fn prepare_chat(st: &AppState, obj: &Map<String, Value>) -> Result<Prepared, Api
     let mut markers: Vec<&str> = Vec::new();
     let mut tools_for_template = None;
     let template = st.template(eng);
+    // A required or named call needs tools to call (an empty `tools` is none).
+    let choice_needs_tools = obj
+        .get("tool_choice")
+        .is_some_and(|c| !c.is_null() && c != "none" && c != "auto");
+    let no_tools = || ApiError::invalid(Some("tool_choice"), "'tool_choice' requires 'tools'");
     if let Some(tv) = obj.get("tools").filter(|v| !v.is_null()) {
         let bad = |p: &str, m: String| ApiError::invalid(Some(p), m);
         let tools = tools::check_tools(tv).map_err(|m| bad("tools", m))?;
+        if tools.is_empty() && choice_needs_tools {
+            return Err(no_tools());
+        }
         if !tools.is_empty() {
             let (usable, required) =
                 tools::choice(&tools, obj.get("tool_choice")).map_err(|m| bad("tool_choice", m))?;
@@ -964,14 +972,8 @@ fn prepare_chat(st: &AppState, obj: &Map<String, Value>) -> Result<Prepared, Api
             }
             tools_for_template = Some(Value::Array(tools));
         }
-    } else if obj
-        .get("tool_choice")
-        .is_some_and(|c| !c.is_null() && c != "none" && c != "auto")
-    {
-        return Err(ApiError::invalid(
-            Some("tool_choice"),
-            "'tool_choice' requires 'tools'",
-        ));
+    } else if choice_needs_tools {
+        return Err(no_tools());
     }
     let mut kwargs = st.chat_template_kwargs.clone();
     match obj.get("chat_template_kwargs") {
@@ -1051,6 +1053,17 @@ fn prepare_chat(st: &AppState, obj: &Map<String, Value>) -> Result<Prepared, Api
         prediction,
         model: model_field(st, obj),
     })
+}
+
+/// OpenAI's `finish_reason` of a chat answer: `tool_calls` where calls were read from an
+/// answer that ended by itself; an answer cut by `max_tokens` or the context stays
+/// `length` whatever was read from it (as llama-server reports it), so a client sees
+/// that the last call may be cut short.
+fn chat_finish(reason: frink_engine::FinishReason, has_calls: bool) -> &'static str {
+    match reason {
+        frink_engine::FinishReason::Stop if has_calls => "tool_calls",
+        r => r.as_str(),
+    }
 }
 
 async fn completions(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
@@ -1753,11 +1766,7 @@ fn stream_response(fmt: Formatter, rx: mpsc::UnboundedReceiver<(usize, Event)>) 
                         let parts = a.finish();
                         s.push_parts(i, parts, Value::Null);
                     }
-                    let finish = Some(if s.calls[i] > 0 {
-                        "tool_calls"
-                    } else {
-                        c.finish_reason.as_str()
-                    });
+                    let finish = Some(chat_finish(c.finish_reason, s.calls[i] > 0));
                     let fin = s.fmt.delta_choice(i, None, Value::Null, finish);
                     s.out.push_back(sse(&s.fmt.chunk(Some(fin), None)));
                     s.totals.add(i, &c);
@@ -1834,7 +1843,7 @@ async fn whole_response(
 ) -> Response {
     let mut text = vec![String::new(); fmt.n];
     let mut tokens: Vec<Vec<TokenLogprob>> = vec![Vec::new(); fmt.n];
-    let mut finish: Vec<Option<&'static str>> = vec![None; fmt.n];
+    let mut finish: Vec<Option<frink_engine::FinishReason>> = vec![None; fmt.n];
     let mut totals = Totals::default();
     while finish.iter().any(Option::is_none) {
         match rx.recv().await {
@@ -1849,7 +1858,7 @@ async fn whole_response(
                 tokens[i].extend(lp);
             }
             Some((i, Event::Done(c))) => {
-                finish[i] = Some(c.finish_reason.as_str());
+                finish[i] = Some(c.finish_reason);
                 totals.add(i, &c);
             }
             // (Only embedding requests get one.)
@@ -1874,7 +1883,7 @@ async fn whole_response(
                     let (r, content, calls) = fmt.answer.parse(&text[i]);
                     thinking = r;
                     let mut message = json!({"role": "assistant", "content": content});
-                    let mut reason = finish[i];
+                    let reason = finish[i].map(|f| chat_finish(f, !calls.is_empty()));
                     if !calls.is_empty() {
                         let calls: Vec<Value> = calls
                             .iter()
@@ -1885,7 +1894,6 @@ async fn whole_response(
                             message["content"] = Value::Null;
                         }
                         message["tool_calls"] = Value::Array(calls);
-                        reason = Some("tool_calls");
                     }
                     json!({"index": i, "message": message, "logprobs": logprobs, "finish_reason": reason})
                 }
@@ -1893,7 +1901,7 @@ async fn whole_response(
                     "index": i,
                     "text": text[i],
                     "logprobs": logprobs,
-                    "finish_reason": finish[i],
+                    "finish_reason": finish[i].map(frink_engine::FinishReason::as_str),
                 }),
             };
             if !thinking.is_empty() {
