@@ -237,13 +237,15 @@ struct Case {
 
 /// Runs `cases` together (all submitted at once, one slot each) on a scheduler with
 /// `draft_max` proposals a step and room for them beside every other stream, and the
-/// draft model at `draft` (instead of prompt lookup) if given.
+/// draft model at `draft` (instead of prompt lookup) if given, proposals accepted by
+/// `spec_sampling`.
 fn run_together(
     path: &std::path::Path,
     prompt: &[u32],
     cases: &[Case],
     draft_max: usize,
     draft: Option<&std::path::Path>,
+    spec_sampling: SpecSampling,
 ) -> (
     Vec<(Completion, String, Vec<TokenLogprob>)>,
     frink_engine::scheduler::MetricsSnapshot,
@@ -266,6 +268,7 @@ fn run_together(
             // Proposals verified whatever this machine's step times.
             spec_adaptive: false,
             draft_p_min: 0.0,
+            spec_sampling,
             ..SchedulerConfig::default()
         },
     );
@@ -358,10 +361,11 @@ fn the_scheduler_speculates_beside_seven_other_streams() {
         if !stop.trim().is_empty() {
             cases[7].stop = vec![stop.clone()];
         }
-        let (off, _) = run_together(&path, &prompt, &cases, 0, None);
-        let (on, m) = run_together(&path, &prompt, &cases, 7, None);
+        let (off, _) = run_together(&path, &prompt, &cases, 0, None, SpecSampling::Exact);
+        let (on, m) = run_together(&path, &prompt, &cases, 7, None, SpecSampling::Exact);
         // The model as its own draft model (mostly right; the predictions still win).
-        let (drafted, dm) = run_together(&path, &prompt, &cases, 7, Some(&path));
+        let (drafted, dm) =
+            run_together(&path, &prompt, &cases, 7, Some(&path), SpecSampling::Exact);
         for (c, (a, b)) in cases.iter().zip(off.iter().zip(&drafted)) {
             let what = format!("{name} {} with a draft model", c.name);
             assert_eq!(b.0.ids, a.0.ids, "{what}: tokens");
@@ -594,53 +598,28 @@ fn the_scheduler_samples_proposals_by_rejection() {
     let prompt = repetitive(&model, 60);
     let n = 24;
     let (plain, _) = run(&model, &prompt, n, &greedy(), None);
-    let tok = Arc::new(Tokenizer::from_gguf(&model.file).unwrap());
-    let draft = frink_engine::load_draft_model(&path, &tok).unwrap();
-    let sched = Scheduler::start_with_draft(
-        model,
-        Some(draft),
-        tok,
-        SchedulerConfig {
-            parallel: 2,
-            n_ctx: 256,
-            spec_adaptive: false,
-            draft_p_min: 0.0,
-            spec_sampling: SpecSampling::Rejection,
-            ..SchedulerConfig::default()
-        },
-    );
     let sampled = SamplingParams {
         temperature: 0.9,
         seed: 5,
         ..SamplingParams::default()
     };
-    let rxs: Vec<_> = [sampled, greedy()]
-        .into_iter()
-        .map(|sampling| {
-            let (tx, rx) = std::sync::mpsc::channel();
-            sched
-                .submit(Request {
-                    prompt: prompt.clone(),
-                    sampling,
-                    max_tokens: Some(n),
-                    stop: Vec::new(),
-                    ignore_eos: true,
-                    top_logprobs: None,
-                    constraint: None,
-                    prefix_group: None,
-                    follows_prefix: false,
-                    shown_tokens: Vec::new(),
-                    embed: None,
-                    lora: Vec::new(),
-                    prediction: None,
-                    sink: Box::new(tx),
-                })
-                .unwrap();
-            rx
-        })
-        .collect();
-    let (s, _, _) = collect(&rxs[0]);
-    let (g, _, _) = collect(&rxs[1]);
+    let case = |name, sampling| Case {
+        name,
+        sampling,
+        max_tokens: n,
+        prediction: None,
+        stop: Vec::new(),
+    };
+    let cases = [case("sampled", sampled), case("greedy", greedy())];
+    let (out, _) = run_together(
+        &path,
+        &prompt,
+        &cases,
+        7,
+        Some(&path),
+        SpecSampling::Rejection,
+    );
+    let (s, g) = (&out[0].0, &out[1].0);
     assert!(s.proposed > 0, "the sampled request speculated");
     assert_eq!(s.accepted, s.proposed, "q = p: every proposal taken");
     assert_eq!(s.ids.len(), n);

@@ -923,6 +923,7 @@ fn prepare_chat(st: &AppState, obj: &Map<String, Value>) -> Result<Prepared, Api
     let mut markers: Vec<&str> = Vec::new();
     let mut tools_for_template = None;
     let template = st.template(eng);
+    let tool_format = tools::ToolFormat::detect(template.unwrap_or(""));
     // A required or named call needs tools to call (an empty `tools` is none).
     let choice_needs_tools = obj
         .get("tool_choice")
@@ -937,7 +938,7 @@ fn prepare_chat(st: &AppState, obj: &Map<String, Value>) -> Result<Prepared, Api
         if !tools.is_empty() {
             let (usable, required) =
                 tools::choice(&tools, obj.get("tool_choice")).map_err(|m| bad("tool_choice", m))?;
-            let format = tools::ToolFormat::detect(template.unwrap_or("")).ok_or_else(|| {
+            let format = tool_format.ok_or_else(|| {
                 bad(
                     "tools",
                     "this model's chat template teaches no tool-call format frink parses \
@@ -992,9 +993,8 @@ fn prepare_chat(st: &AppState, obj: &Map<String, Value>) -> Result<Prepared, Api
         kwargs,
         ..TemplateInputs::default()
     };
-    let gemma4 =
-        tools::ToolFormat::detect(template.unwrap_or("")) == Some(tools::ToolFormat::Gemma4);
-    let messages = if tools::wants_tool_responses(template.unwrap_or("")) {
+    let gemma4 = tool_format == Some(tools::ToolFormat::Gemma4);
+    let messages = if tools::wants_tool_responses(tool_format, template.unwrap_or("")) {
         tools::gemma4_tool_responses(messages)
     } else {
         messages

@@ -588,18 +588,11 @@ fn gemma4_args_rule(
     quote: &str,
     json_rule: &dyn Fn(&Value) -> String,
 ) -> (String, String) {
-    let required: Vec<&str> = params["required"]
-        .as_array()
-        .map(|a| a.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
-    let mut props: Vec<(String, Value)> = params["properties"]
-        .as_object()
-        .map(|o| o.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
-        .unwrap_or_default();
-    props.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut props = schema_properties(params);
+    props.sort_by_key(|p| p.0);
     let mut rules = String::new();
     let mut items = Vec::new();
-    for (j, (p, schema)) in props.iter().enumerate() {
+    for (j, &(p, schema, required)) in props.iter().enumerate() {
         let rule = format!("g{i}_{j}");
         let value = match schema["type"].as_str() {
             Some("string") => match schema["enum"].as_array() {
@@ -611,11 +604,7 @@ fn gemma4_args_rule(
                     .join(" | "),
                 // The schema's length bounds hold on the text between the marks.
                 None if schema.get("minLength").is_some() || schema.get("maxLength").is_some() => {
-                    let min = schema["minLength"].as_u64().unwrap_or(0);
-                    let max = schema["maxLength"]
-                        .as_u64()
-                        .map_or(String::new(), |m| m.to_string());
-                    format!("{quote} /[^<]{{{min},{max}}}/ {quote}")
+                    format!("{quote} /[^<]{}/ {quote}", length_repeat(schema))
                 }
                 None => "gs".to_string(),
             },
@@ -626,7 +615,7 @@ fn gemma4_args_rule(
             _ => "gv".to_string(),
         };
         rules += &format!("{rule}: {} ({value})\n", Value::from(format!("{p}:")));
-        items.push((rule, required.contains(&p.as_str())));
+        items.push((rule, required));
     }
     // seq(j): the items from j on, the first present one without a comma before it.
     fn seq(items: &[(String, bool)], j: usize) -> Option<String> {
@@ -651,12 +640,8 @@ fn gemma4_args_rule(
             }
         })
     }
-    let expr = match seq(&items, 0) {
-        Some(e) if items.iter().any(|(_, q)| *q) || e.ends_with('?') => e,
-        Some(e) => format!("{e}?"),
-        None => String::new(),
-    };
-    (expr, rules)
+    // (With no required item, seq(0) already admits no item at all.)
+    (seq(&items, 0).unwrap_or_default(), rules)
 }
 
 /// The Lark rules of Qwen3-Coder's `<function=NAME>` block for tool `i`: its parameters in
@@ -671,17 +656,9 @@ fn xml_function_rules(
     params: &Value,
     json_rule: &dyn Fn(&Value) -> String,
 ) -> String {
-    let required: Vec<&str> = params["required"]
-        .as_array()
-        .map(|a| a.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
     let mut rules = String::new();
     let mut seq = Vec::new();
-    let props = params["properties"]
-        .as_object()
-        .cloned()
-        .unwrap_or_default();
-    for (j, (p, schema)) in props.iter().enumerate() {
+    for (j, (p, schema, required)) in schema_properties(params).into_iter().enumerate() {
         let rule = format!("p{i}_{j}");
         let open = Value::from(format!("<parameter={p}>\n"));
         let close = "\"\\n</parameter>\\n\"";
@@ -693,34 +670,52 @@ fn xml_function_rules(
                     .map(|v| format!("{} {close}", Value::from(v)))
                     .collect::<Vec<_>>()
                     .join(" | "),
-                None => {
-                    // The schema's length bounds hold on the raw text.
-                    let min = schema["minLength"].as_u64().unwrap_or(0);
-                    let max = schema["maxLength"].as_u64().map(|m| m.to_string());
-                    let rep = match max {
-                        Some(m) => format!("{{{min},{m}}}"),
-                        None if min == 0 => "*".to_string(),
-                        None => format!("{{{min},}}"),
-                    };
-                    format!(r"/(?:[^<]|<[^\/]){rep}\n<\/parameter>\n/")
-                }
+                // The schema's length bounds hold on the raw text.
+                None => format!(
+                    r"/(?:[^<]|<[^\/]){}\n<\/parameter>\n/",
+                    length_repeat(schema)
+                ),
             }
         } else {
             rules += &format!("v{i}_{j}: {}\n", json_rule(schema));
             format!("v{i}_{j} {close}")
         };
         rules += &format!("{rule}: {open} ({value})\n");
-        seq.push(if required.contains(&p.as_str()) {
-            rule
-        } else {
-            format!("{rule}?")
-        });
+        seq.push(if required { rule } else { format!("{rule}?") });
     }
     format!(
         "f{i}: {} {} \"</function>\"\n{rules}",
         Value::from(format!("<function={name}>\n")),
         seq.join(" ")
     )
+}
+
+/// The properties of a tool's parameters schema, in the schema's order: each one's name,
+/// schema and whether `required` lists it.
+fn schema_properties(params: &Value) -> Vec<(&str, &Value, bool)> {
+    let required: Vec<&str> = params["required"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    params["properties"]
+        .as_object()
+        .map(|o| {
+            o.iter()
+                .map(|(k, v)| (k.as_str(), v, required.contains(&k.as_str())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The regex repetition a string schema's `minLength`/`maxLength` allow: `{min,max}`,
+/// `{min,}`, or `*` without bounds.
+fn length_repeat(schema: &Value) -> String {
+    let min = schema["minLength"].as_u64().unwrap_or(0);
+    match schema["maxLength"].as_u64() {
+        Some(m) => format!("{{{min},{m}}}"),
+        None if min == 0 => "*".to_string(),
+        None => format!("{{{min},}}"),
+    }
 }
 
 /// One parsed call.
@@ -1133,10 +1128,9 @@ pub fn check_tools(v: &Value) -> Result<Vec<Value>, String> {
 /// Whether `template` is a Gemma 4 template that reads a call's results only as Gemma's
 /// `tool_responses` on the model's turn (its earlier versions; the current one also reads
 /// OpenAI's `tool` messages, and says so in a comment naming "OpenAI Chat Completions", the
-/// text llama.cpp's `common/chat.cpp` tells the two apart by).
-pub fn wants_tool_responses(template: &str) -> bool {
-    ToolFormat::detect(template) == Some(ToolFormat::Gemma4)
-        && !template.contains("OpenAI Chat Completions")
+/// text llama.cpp's `common/chat.cpp` tells the two apart by). `format` is what [`ToolFormat::detect`] found in `template`.
+pub fn wants_tool_responses(format: Option<ToolFormat>, template: &str) -> bool {
+    format == Some(ToolFormat::Gemma4) && !template.contains("OpenAI Chat Completions")
 }
 
 /// An OpenAI tool-calling history in Gemma 4's own form ([`wants_tool_responses`]): an
@@ -1339,9 +1333,10 @@ mod tests {
             .map(message)
             .collect();
         let older = "google-gemma-4-31B-it-interleaved.jinja";
-        assert!(wants_tool_responses(&read(older)));
-        assert!(!wants_tool_responses(&read("google-gemma-4-31B-it.jinja")));
-        assert!(!wants_tool_responses(&read("Qwen-Qwen3-0.6B.jinja")));
+        let wants = |f: &str| wants_tool_responses(ToolFormat::detect(&read(f)), &read(f));
+        assert!(wants(older));
+        assert!(!wants("google-gemma-4-31B-it.jinja"));
+        assert!(!wants("Qwen-Qwen3-0.6B.jinja"));
         let converted = gemma4_tool_responses(messages.clone());
         assert_eq!(converted.len(), 2);
         assert_eq!(
