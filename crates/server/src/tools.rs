@@ -1128,7 +1128,8 @@ pub fn check_tools(v: &Value) -> Result<Vec<Value>, String> {
 /// Whether `template` is a Gemma 4 template that reads a call's results only as Gemma's
 /// `tool_responses` on the model's turn (its earlier versions; the current one also reads
 /// OpenAI's `tool` messages, and says so in a comment naming "OpenAI Chat Completions", the
-/// text llama.cpp's `common/chat.cpp` tells the two apart by). `format` is what [`ToolFormat::detect`] found in `template`.
+/// text llama.cpp's `common/chat.cpp` tells the two apart by). `format` is what
+/// [`ToolFormat::detect`] found in `template`.
 pub fn wants_tool_responses(format: Option<ToolFormat>, template: &str) -> bool {
     format == Some(ToolFormat::Gemma4) && !template.contains("OpenAI Chat Completions")
 }
