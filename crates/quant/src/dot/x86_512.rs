@@ -71,6 +71,12 @@ const KAB: usize = 292;
 /// 20.2, 4096: 21.0, 8192: 20.8; without prefetch (the 256-bit kernel): 13.4.
 const PREFETCH: usize = 1024;
 
+/// [`PREFETCH`] of the legacy formats' decode path (Q4_0 .. Q8_0 groups of eight
+/// blocks). Measured on an AMD EPYC Zen 5 VM, qwen2.5-1.5b tg128 (2 threads, t/s, three
+/// alternating rounds, noisy machine): Q4_0 1024: 32.1 30.8 33.1, 2048: 34.6 31.7 32.6;
+/// Q8_0 1024: 18.7 16.1 16.5, 2048: 22.3 19.2 15.2.
+const LPREFETCH: usize = 2048;
+
 /// One prepared activation super-block: the quants in the order the weight registers
 /// hold their values (Q4_K: chunks 0,2,1,3,4,6,5,7; Q6_K: as stored), the 16 bsums, their
 /// eight pair sums `bsum_2j + bsum_2j+1` (|.| ≤ 4096: i16), and the scale.
@@ -657,6 +663,143 @@ unsafe fn ldecode<const F: u8>(w: *const u8, n: usize) -> [__m512i; 4] {
     }
 }
 
+/// Words (16-bit) of a full group of eight legacy blocks of `F` (every block size is even).
+const fn lgw(f: u8) -> usize {
+    4 * lwb(f)
+}
+
+/// The mask of the words of register `j` (words `32j..32j + 32` of a group) that lie in
+/// a full group of `F`: loads under it never read past the group.
+const fn lgmask(f: u8, j: usize) -> u32 {
+    let w = lgw(f);
+    if w >= 32 * (j + 1) {
+        u32::MAX
+    } else if w <= 32 * j {
+        0
+    } else {
+        (1u32 << (w - 32 * j)) - 1
+    }
+}
+
+/// `vpermt2w` indices that gather, from a pair of word registers starting at word `base`
+/// of a group, the 8 quant words (16 nibble bytes) of blocks `k0..k0 + 4` of a 4-bit
+/// legacy format into 128-bit lanes `0..4` (the order [`ldecode`] builds with inserts).
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+fn lquant_idx<const F: u8>(k0: usize, base: usize) -> __m512i {
+    let idx: [i16; 32] = std::array::from_fn(|e| {
+        let (lane, i) = (e / 8, e % 8);
+        ((k0 + lane) * lwb(F) / 2 + lqs_at(F) / 2 + i - base) as i16
+    });
+    // SAFETY: `idx` is 64 readable bytes; unaligned loads are allowed.
+    unsafe { _mm512_loadu_si512(idx.as_ptr().cast()) }
+}
+
+/// The four value registers (as [`ldecode`]'s) and the eight f16 scales (words 0..8 of
+/// the second result; words 8..16: the eight mins of the formats with one) of a full
+/// group of eight blocks of `F` at `w`: the group is read as word registers under masks
+/// ([`lgmask`]) and the quants and scales are gathered by `vpermt2w` (AVX512BW), with no
+/// branch per block and no `vpgatherdd` (microcoded, and the decode loop's costliest
+/// instruction on an AMD Zen 5: 17% of a Q4_0 decode step's samples). Exactly the bytes
+/// [`ldecode`] and [`lscales`] read.
+///
+/// # Safety
+/// Eight blocks of `F` readable at `w`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+#[inline]
+unsafe fn ldecode_full<const F: u8>(w: *const u8, idx: &LIdx) -> ([__m512i; 4], __m512i) {
+    // SAFETY: the masks cover only words of the group, which the caller makes readable;
+    // masked-out words are never accessed (AVX-512 masked loads suppress faults).
+    let v: [__m512i; 4] = std::array::from_fn(|j| unsafe {
+        if lgmask(F, j) == 0 {
+            _mm512_setzero_si512()
+        } else {
+            _mm512_maskz_loadu_epi16(lgmask(F, j), w.add(64 * j).cast())
+        }
+    });
+    // Scale (and min) words of blocks 0..8: below word 64 from `v[0..2]`, above from
+    // `v[2..4]` (Q8_0's last three), merged under `idx.s_hi`.
+    let lo = _mm512_permutex2var_epi16(v[0], idx.s, v[1]);
+    let s = if idx.s_hi == 0 {
+        lo
+    } else {
+        let hi = _mm512_permutex2var_epi16(v[2], idx.s, v[3]);
+        _mm512_mask_mov_epi16(lo, idx.s_hi, hi)
+    };
+    if F == Q8_0 {
+        // SAFETY: the group's eight blocks are readable (caller).
+        return (unsafe { ldecode::<F>(w, 8) }, s);
+    }
+    let m4 = _mm512_set1_epi8(0x0F);
+    let a = _mm512_permutex2var_epi16(v[0], idx.q[0], v[1]);
+    let b = _mm512_permutex2var_epi16(v[1], idx.q[1], v[2]);
+    let mut u = [
+        _mm512_and_si512(a, m4),
+        _mm512_and_si512(_mm512_srli_epi16::<4>(a), m4),
+        _mm512_and_si512(b, m4),
+        _mm512_and_si512(_mm512_srli_epi16::<4>(b), m4),
+    ];
+    if matches!(F, Q5_0 | Q5_1) {
+        // The fifth bits as in `ldecode`: bit `i` of a block's `qh` is value `i`'s.
+        let qh = |k: usize| -> u64 {
+            // SAFETY: block `k < 8` is readable; qh is 4 bytes at `lqh_at`.
+            u64::from(unsafe { w.add(k * lwb(F) + lqh_at(F)).cast::<u32>().read_unaligned() })
+        };
+        let sixteen = _mm512_set1_epi8(0x10);
+        for half in 0..2 {
+            let (mut lo, mut hi) = (0u64, 0u64);
+            for l in 0..4 {
+                let h = qh(4 * half + l);
+                lo |= (h & 0xFFFF) << (16 * l);
+                hi |= (h >> 16) << (16 * l);
+            }
+            u[2 * half] = _mm512_or_si512(u[2 * half], _mm512_maskz_mov_epi8(lo, sixteen));
+            u[2 * half + 1] = _mm512_or_si512(u[2 * half + 1], _mm512_maskz_mov_epi8(hi, sixteen));
+        }
+    }
+    (u, s)
+}
+
+/// The `vpermt2w` indices of [`ldecode_full`] for one format, made once per call.
+struct LIdx {
+    /// Quants of blocks 0..4 (from registers 0, 1) and 4..8 (from registers 1, 2).
+    q: [__m512i; 2],
+    /// Scale of block `k` in word `k`, min in word `8 + k` (mod 64: see `s_hi`).
+    s: __m512i,
+    /// The words of `s` taken from registers 2, 3 (their group word is 64 or more).
+    s_hi: u32,
+}
+
+impl LIdx {
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+    fn new<const F: u8>() -> LIdx {
+        let word = |e: usize| -> usize {
+            let k = e % 8;
+            // Scale at byte 0 of a block, min (Q4_1, Q5_1) at byte 2; words 16.. unused.
+            if e < 8 || (e < 16 && lmin(F)) {
+                k * lwb(F) / 2 + e / 8
+            } else {
+                0
+            }
+        };
+        let s: [i16; 32] = std::array::from_fn(|e| (word(e) % 64) as i16);
+        let s_hi = (0..32).fold(0u32, |m, e| m | (u32::from(word(e) >= 64) << e));
+        // The quants of a 4-bit format's blocks 4..8 end below word 96 (at most
+        // 7 * 12 + 4 + 8 = 96 for Q5_1), so registers 1 and 2 hold them.
+        let q = if F == Q8_0 {
+            [_mm512_setzero_si512(); 2]
+        } else {
+            [lquant_idx::<F>(0, 0), lquant_idx::<F>(4, 32)]
+        };
+        LIdx {
+            q,
+            // SAFETY: `s` is 64 readable bytes.
+            s: unsafe { _mm512_loadu_si512(s.as_ptr().cast()) },
+            s_hi,
+        }
+    }
+}
+
 /// The per-block sums of four registers of two blocks each (register `p`: blocks `p` and
 /// `p + 4`, eight lanes each), as eight lanes in block order.
 #[target_feature(enable = "avx512f,avx512bw")]
@@ -733,23 +876,37 @@ unsafe fn lrows_block<const F: u8, const Q: usize, const R: usize>(
         // SAFETY: every caller passes a 64-byte field of a prepared group.
         unsafe { _mm512_loadu_si512(p.cast()) }
     };
+    let idx = LIdx::new::<F>();
     let mut acc = [[_mm256_setzero_ps(); R]; Q];
     for g in 0..ng {
         let n = (nb - 8 * g).min(8);
         for q in 0..Q {
             let wg = w[q].wrapping_add(8 * g * lwb(F));
-            let pf = wg.wrapping_add(PREFETCH);
+            let pf = wg.wrapping_add(LPREFETCH);
             // A prefetch never faults, whatever the address.
             for line in 0..(8 * lwb(F)).div_ceil(64) {
                 _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(64 * line).cast());
             }
-            // SAFETY: blocks `8g..8g+n` of row `q` are readable (caller).
-            let (u, dw) = unsafe { (ldecode::<F>(wg, n), lscales::<F>(wg, n, 0)) };
-            let mw = if lmin(F) {
-                // SAFETY: as above; the min is bytes 2..4.
-                unsafe { lscales::<F>(wg, n, 2) }
+            let (u, dw, mw) = if n == 8 {
+                // SAFETY: blocks `8g..8g+8` of row `q` are readable (caller).
+                let (u, s) = unsafe { ldecode_full::<F>(wg, &idx) };
+                let dw = _mm256_cvtph_ps(_mm512_castsi512_si128(s));
+                let mw = if lmin(F) {
+                    _mm256_cvtph_ps(_mm512_extracti32x4_epi32::<1>(s))
+                } else {
+                    _mm256_setzero_ps()
+                };
+                (u, dw, mw)
             } else {
-                _mm256_setzero_ps()
+                // SAFETY: blocks `8g..8g+n` of row `q` are readable (caller).
+                let (u, dw) = unsafe { (ldecode::<F>(wg, n), lscales::<F>(wg, n, 0)) };
+                let mw = if lmin(F) {
+                    // SAFETY: as above; the min is bytes 2..4.
+                    unsafe { lscales::<F>(wg, n, 2) }
+                } else {
+                    _mm256_setzero_ps()
+                };
+                (u, dw, mw)
             };
             for r in 0..R {
                 // SAFETY: group `g < ng` of row `r` (caller).
