@@ -591,7 +591,6 @@ fn lprepare<const F: u8>(acts: &[u8], n_a: usize, nb: usize, prep: &mut Vec<LAct
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
 #[inline]
 unsafe fn ldecode<const F: u8>(w: *const u8, n: usize) -> [__m512i; 4] {
-    let m4 = _mm512_set1_epi8(0x0F);
     let blk = |k: usize| w.wrapping_add(k * lwb(F));
     if F == Q8_0 {
         let q = |k: usize| {
@@ -626,40 +625,8 @@ unsafe fn ldecode<const F: u8>(w: *const u8, n: usize) -> [__m512i; 4] {
             _mm512_inserti32x4::<3>(v, q(k0 + 3))
         };
         let (a, b) = (four(0), four(4));
-        let mut u = [
-            _mm512_and_si512(a, m4),
-            _mm512_and_si512(_mm512_srli_epi16::<4>(a), m4),
-            _mm512_and_si512(b, m4),
-            _mm512_and_si512(_mm512_srli_epi16::<4>(b), m4),
-        ];
-        if matches!(F, Q5_0 | Q5_1) {
-            // The fifth bits: bit `i` of a block's `qh` is value `i`'s (0x10 in its byte).
-            let qh = |k: usize| -> u64 {
-                if k < n {
-                    // SAFETY: block `k < n` is readable; qh is 4 bytes at `lqh_at`.
-                    u64::from(unsafe { blk(k).add(lqh_at(F)).cast::<u32>().read_unaligned() })
-                } else {
-                    0
-                }
-            };
-            let h: [u64; 8] = std::array::from_fn(qh);
-            let sixteen = _mm512_set1_epi8(0x10);
-            for half in 0..2 {
-                let hs = &h[4 * half..4 * half + 4];
-                let lo = hs
-                    .iter()
-                    .enumerate()
-                    .fold(0u64, |m, (l, &v)| m | ((v & 0xFFFF) << (16 * l)));
-                let hi = hs
-                    .iter()
-                    .enumerate()
-                    .fold(0u64, |m, (l, &v)| m | ((v >> 16) << (16 * l)));
-                u[2 * half] = _mm512_or_si512(u[2 * half], _mm512_maskz_mov_epi8(lo, sixteen));
-                u[2 * half + 1] =
-                    _mm512_or_si512(u[2 * half + 1], _mm512_maskz_mov_epi8(hi, sixteen));
-            }
-        }
-        u
+        // SAFETY: `n` blocks readable at `w` (caller).
+        unsafe { lnibbles::<F>(a, b, w, n) }
     }
 }
 
@@ -730,9 +697,23 @@ unsafe fn ldecode_full<const F: u8>(w: *const u8, idx: &LIdx) -> ([__m512i; 4], 
         // SAFETY: the group's eight blocks are readable (caller).
         return (unsafe { ldecode::<F>(w, 8) }, s);
     }
-    let m4 = _mm512_set1_epi8(0x0F);
     let a = _mm512_permutex2var_epi16(v[0], idx.q[0], v[1]);
     let b = _mm512_permutex2var_epi16(v[1], idx.q[1], v[2]);
+    // SAFETY: the group's eight blocks are readable (caller).
+    (unsafe { lnibbles::<F>(a, b, w, 8) }, s)
+}
+
+/// The four value registers of a 4-bit or 5-bit legacy format's group from `a` and `b`,
+/// the nibble bytes of blocks `0..4` and `4..8` (128-bit lane `L`: block `4h + L`): their
+/// low and high nibbles, and for Q5_0/Q5_1 the fifth bits (bit `i` of a block's `qh` is
+/// value `i`'s, 0x10 in its byte) of the `n` (1..=8) blocks at `w`; missing blocks add none.
+///
+/// # Safety
+/// `n` blocks readable at `w`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+#[inline]
+unsafe fn lnibbles<const F: u8>(a: __m512i, b: __m512i, w: *const u8, n: usize) -> [__m512i; 4] {
+    let m4 = _mm512_set1_epi8(0x0F);
     let mut u = [
         _mm512_and_si512(a, m4),
         _mm512_and_si512(_mm512_srli_epi16::<4>(a), m4),
@@ -740,10 +721,13 @@ unsafe fn ldecode_full<const F: u8>(w: *const u8, idx: &LIdx) -> ([__m512i; 4], 
         _mm512_and_si512(_mm512_srli_epi16::<4>(b), m4),
     ];
     if matches!(F, Q5_0 | Q5_1) {
-        // The fifth bits as in `ldecode`: bit `i` of a block's `qh` is value `i`'s.
         let qh = |k: usize| -> u64 {
-            // SAFETY: block `k < 8` is readable; qh is 4 bytes at `lqh_at`.
-            u64::from(unsafe { w.add(k * lwb(F) + lqh_at(F)).cast::<u32>().read_unaligned() })
+            if k < n {
+                // SAFETY: block `k < n` is readable; qh is 4 bytes at `lqh_at`.
+                u64::from(unsafe { w.add(k * lwb(F) + lqh_at(F)).cast::<u32>().read_unaligned() })
+            } else {
+                0
+            }
         };
         let sixteen = _mm512_set1_epi8(0x10);
         for half in 0..2 {
@@ -757,7 +741,7 @@ unsafe fn ldecode_full<const F: u8>(w: *const u8, idx: &LIdx) -> ([__m512i; 4], 
             u[2 * half + 1] = _mm512_or_si512(u[2 * half + 1], _mm512_maskz_mov_epi8(hi, sixteen));
         }
     }
-    (u, s)
+    u
 }
 
 /// The `vpermt2w` indices of [`ldecode_full`] for one format, made once per call.
