@@ -667,8 +667,8 @@ fn lquant_idx<const F: u8>(k0: usize, base: usize) -> __m512i {
 /// group of eight blocks of `F` at `w`: the group is read as word registers under masks
 /// ([`lgmask`]) and the quants and scales are gathered by `vpermt2w` (AVX512BW), with no
 /// branch per block and no `vpgatherdd` (microcoded, and the decode loop's costliest
-/// instruction on an AMD Zen 5: 17% of a Q4_0 decode step's samples). Exactly the bytes
-/// [`ldecode`] and [`lscales`] read.
+/// instruction on an AMD Zen 5: 17% of a Q4_0 decode step's samples). Reads no byte
+/// outside the group.
 ///
 /// # Safety
 /// Eight blocks of `F` readable at `w`.
@@ -819,29 +819,6 @@ fn reduce_quads(z: &[__m512i; 2]) -> __m256i {
     _mm512_castsi512_si256(_mm512_permutexvar_epi32(idx, t))
 }
 
-/// The f16 values at byte `at` (the scale at 0, a min at 2) of the `n` (1..=8) legacy
-/// blocks at `w`, widened; lanes `n..8` zero. A full group gathers the eight dwords at
-/// once.
-///
-/// # Safety
-/// `n` blocks readable at `w`; `at + 4 <= lwb(F)`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
-#[inline]
-unsafe fn lscales<const F: u8>(w: *const u8, n: usize, at: usize) -> __m256 {
-    if n < 8 {
-        // SAFETY: as the caller's.
-        return unsafe { f16x8(w, lwb(F), at, n) };
-    }
-    let idx = _mm256_mullo_epi32(
-        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-        _mm256_set1_epi32(lwb(F) as i32),
-    );
-    // SAFETY: the dword at the start of each of the eight blocks is readable (a block is
-    // at least 18 bytes).
-    let v = unsafe { _mm256_i32gather_epi32::<1>(w.add(at).cast(), idx) };
-    _mm256_cvtph_ps(_mm256_cvtepi32_epi16(v))
-}
-
 /// `Q` legacy weight rows (at `w`, `nb` blocks each) against `R` prepared activation rows
 /// (`a[r]`: `nb.div_ceil(8)` groups): `res[q][r]`.
 ///
@@ -882,11 +859,12 @@ unsafe fn lrows_block<const F: u8, const Q: usize, const R: usize>(
                 };
                 (u, dw, mw)
             } else {
+                // The last, partial group: its scales (byte 0) and mins (byte 2) one by one.
                 // SAFETY: blocks `8g..8g+n` of row `q` are readable (caller).
-                let (u, dw) = unsafe { (ldecode::<F>(wg, n), lscales::<F>(wg, n, 0)) };
+                let (u, dw) = unsafe { (ldecode::<F>(wg, n), f16x8(wg, lwb(F), 0, n)) };
                 let mw = if lmin(F) {
-                    // SAFETY: as above; the min is bytes 2..4.
-                    unsafe { lscales::<F>(wg, n, 2) }
+                    // SAFETY: as above.
+                    unsafe { f16x8(wg, lwb(F), 2, n) }
                 } else {
                     _mm256_setzero_ps()
                 };
