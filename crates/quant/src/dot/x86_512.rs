@@ -744,7 +744,7 @@ unsafe fn lnibbles<const F: u8>(a: __m512i, b: __m512i, w: *const u8, n: usize) 
     u
 }
 
-/// The `vpermt2w` indices of [`ldecode_full`] for one format, made once per call.
+/// The `vpermt2w` indices of [`ldecode_full`] for one format, made once per matrix product.
 struct LIdx {
     /// Quants of blocks 0..4 (from registers 0, 1) and 4..8 (from registers 1, 2).
     q: [__m512i; 2],
@@ -823,7 +823,8 @@ fn reduce_quads(z: &[__m512i; 2]) -> __m256i {
 /// (`a[r]`: `nb.div_ceil(8)` groups): `res[q][r]`.
 ///
 /// # Safety
-/// `nb` blocks of `F` readable at each `w[q]`; each `a[r]` holds the groups.
+/// `nb` blocks of `F` readable at each `w[q]`; each `a[r]` holds the groups. `idx` is
+/// `LIdx::new::<F>()`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
 #[inline]
 unsafe fn lrows_block<const F: u8, const Q: usize, const R: usize>(
@@ -831,13 +832,13 @@ unsafe fn lrows_block<const F: u8, const Q: usize, const R: usize>(
     a: [*const LAct; R],
     nb: usize,
     last_mask: __m256,
+    idx: &LIdx,
 ) -> [[f32; R]; Q] {
     let ng = nb.div_ceil(8);
     let ld = |p: *const u8| {
         // SAFETY: every caller passes a 64-byte field of a prepared group.
         unsafe { _mm512_loadu_si512(p.cast()) }
     };
-    let idx = LIdx::new::<F>();
     let mut acc = [[_mm256_setzero_ps(); R]; Q];
     for g in 0..ng {
         let n = (nb - 8 * g).min(8);
@@ -850,7 +851,7 @@ unsafe fn lrows_block<const F: u8, const Q: usize, const R: usize>(
             }
             let (u, dw, mw) = if n == 8 {
                 // SAFETY: blocks `8g..8g+8` of row `q` are readable (caller).
-                let (u, s) = unsafe { ldecode_full::<F>(wg, &idx) };
+                let (u, s) = unsafe { ldecode_full::<F>(wg, idx) };
                 let dw = _mm256_cvtph_ps(_mm512_castsi512_si128(s));
                 let mw = if lmin(F) {
                     _mm256_cvtph_ps(_mm512_extracti32x4_epi32::<1>(s))
@@ -938,6 +939,7 @@ fn lgemv<const F: u8, const R: usize>(
     );
     let ng = nb.div_ceil(8);
     let last_mask = lane_mask(nb % 8);
+    let idx = LIdx::new::<F>();
     LBUF.with_borrow_mut(|prep| {
         lprepare::<F>(acts, n_a, nb, prep);
         let arows: [*const LAct; R] = std::array::from_fn(|r| prep[r * ng..].as_ptr());
@@ -953,14 +955,16 @@ fn lgemv<const F: u8, const R: usize>(
             };
             if let Ok(rs) = <[usize; STREAMS]>::try_from(rows) {
                 // SAFETY: every row is `< n_w`; `arows` hold `ng` groups each.
-                let res =
-                    unsafe { lrows_block::<F, STREAMS, R>(rs.map(row), arows, nb, last_mask) };
+                let res = unsafe {
+                    lrows_block::<F, STREAMS, R>(rs.map(row), arows, nb, last_mask, &idx)
+                };
                 res.into_iter().enumerate().for_each(|(q, v)| put(q, v));
             } else {
                 // SAFETY: as above.
                 put(
                     0,
-                    unsafe { lrows_block::<F, 1, R>([row(rows[0])], arows, nb, last_mask) }[0],
+                    unsafe { lrows_block::<F, 1, R>([row(rows[0])], arows, nb, last_mask, &idx) }
+                        [0],
                 );
             }
         });
