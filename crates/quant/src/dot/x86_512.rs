@@ -1306,30 +1306,120 @@ thread_local! {
     static LTBUF: RefCell<Vec<LBlock>> = const { RefCell::new(Vec::new()) };
 }
 
-/// The 32 unsigned values (`q + c`) of one legacy block `w`, in order.
-fn lvalues<const F: u8>(w: &[u8]) -> [u8; 32] {
-    let mut v = [0u8; 32];
-    match F {
-        Q8_0 => {
-            for (d, &q) in v.iter_mut().zip(&w[2..34]) {
-                *d = q ^ 0x80;
-            }
+/// Stored bytes of a missing weight row of a partial block of 16 (its lanes are never
+/// stored).
+static LZERO_ROW: [u8; 34] = [0; 34];
+
+/// The 16 bytes at `off` of 16 weight blocks (`w[l]`: row `l`'s block), transposed:
+/// lane `l` of register `j` is dword `j` of row `l`. The rows are loaded four to a
+/// register (`[row r | row r + 4 | row r + 8 | row r + 12]`, `r` = 0..4) and each
+/// 128-bit chunk `c` transposed 4 × 4, which puts rows `4c..4c + 4` in lanes `4c..4c + 4`.
+///
+/// # Safety
+/// Each `w[l] + off` addresses 16 readable bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+#[inline]
+unsafe fn ltranspose16(w: &[*const u8; WROWS], off: usize) -> [__m512i; 4] {
+    let z: [__m512i; 4] = std::array::from_fn(|r| {
+        // SAFETY: 16 readable bytes at each `w[l] + off` (caller).
+        let ld = |l: usize| unsafe { _mm_loadu_si128(w[l].add(off).cast()) };
+        let v = _mm512_castsi128_si512(ld(r));
+        let v = _mm512_inserti32x4::<1>(v, ld(r + 4));
+        let v = _mm512_inserti32x4::<2>(v, ld(r + 8));
+        _mm512_inserti32x4::<3>(v, ld(r + 12))
+    });
+    let t0 = _mm512_unpacklo_epi32(z[0], z[1]);
+    let t1 = _mm512_unpackhi_epi32(z[0], z[1]);
+    let t2 = _mm512_unpacklo_epi32(z[2], z[3]);
+    let t3 = _mm512_unpackhi_epi32(z[2], z[3]);
+    [
+        _mm512_unpacklo_epi64(t0, t2),
+        _mm512_unpackhi_epi64(t0, t2),
+        _mm512_unpacklo_epi64(t1, t3),
+        _mm512_unpackhi_epi64(t1, t3),
+    ]
+}
+
+/// The f16 at byte `off` of 16 weight blocks, widened exactly (lane `l`: row `l`).
+///
+/// # Safety
+/// Each `w[l] + off` addresses 2 readable bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+#[inline]
+unsafe fn lf16x16(w: &[*const u8; WROWS], off: usize) -> __m512 {
+    // SAFETY: 2 readable bytes at each `w[l] + off` (caller).
+    let h: [u16; WROWS] =
+        std::array::from_fn(|l| unsafe { w[l].add(off).cast::<u16>().read_unaligned() });
+    // SAFETY: `h` is 32 readable bytes.
+    _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(h.as_ptr().cast()) })
+}
+
+/// One block of 16 legacy weight rows (`w[l]`: row `l`'s stored block) prepared: `q[j]`
+/// lane `l` is dword `j` of row `l`'s 32 unsigned values (`q + c`: values `4j..4j + 4`
+/// of the twin's order), `d`/`m` the rows' scales and mins widened. The 4-bit formats'
+/// dword `j < 4` is the low nibbles of stored dword `j`, dword `j + 4` its high nibbles;
+/// the 5-bit formats add bit `4j + t` of the row's high bits as bit 4 of byte `t` of
+/// dword `j` (its value is `4j + t`, or `16 + 4(j - 4) + t`, the same bit, for `j >= 4`);
+/// Q8_0 flips the sign bits (`x + 128`).
+///
+/// # Safety
+/// Each `w[l]` addresses one whole stored block of `F`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+#[inline]
+unsafe fn lprep_block<const F: u8>(w: &[*const u8; WROWS], out: &mut LBlock) {
+    let mut q = [_mm512_setzero_si512(); 8];
+    if F == Q8_0 {
+        let sign = _mm512_set1_epi8(-128);
+        // SAFETY: a Q8_0 block's quants are its bytes 2..34 (caller).
+        let (lo, hi) = unsafe { (ltranspose16(w, 2), ltranspose16(w, 18)) };
+        for j in 0..4 {
+            q[j] = _mm512_xor_si512(lo[j], sign);
+            q[j + 4] = _mm512_xor_si512(hi[j], sign);
         }
-        _ => {
-            let qs = &w[lqs_at(F)..lqs_at(F) + 16];
-            let qh = if matches!(F, Q5_0 | Q5_1) {
-                let h = lqh_at(F);
-                u32::from_le_bytes([w[h], w[h + 1], w[h + 2], w[h + 3]])
-            } else {
-                0
-            };
-            for l in 0..16 {
-                v[l] = (qs[l] & 0x0F) | ((((qh >> l) & 1) as u8) << 4);
-                v[l + 16] = (qs[l] >> 4) | ((((qh >> (l + 16)) & 1) as u8) << 4);
+    } else {
+        let m4 = _mm512_set1_epi8(0x0F);
+        // SAFETY: the 16 nibble bytes lie at `lqs_at(F)` of the block (caller).
+        let t = unsafe { ltranspose16(w, lqs_at(F)) };
+        for j in 0..4 {
+            q[j] = _mm512_and_si512(t[j], m4);
+            q[j + 4] = _mm512_and_si512(_mm512_srli_epi32::<4>(t[j]), m4);
+        }
+        if matches!(F, Q5_0 | Q5_1) {
+            // SAFETY: the 32 high bits lie at `lqh_at(F)` of the block (caller).
+            let h: [u32; WROWS] = std::array::from_fn(|l| unsafe {
+                w[l].add(lqh_at(F)).cast::<u32>().read_unaligned()
+            });
+            // SAFETY: `h` is 64 readable bytes.
+            let h = unsafe { _mm512_loadu_si512(h.as_ptr().cast()) };
+            let bit = |x: __m512i, m: i32| _mm512_and_si512(x, _mm512_set1_epi32(m));
+            for (j, qj) in q.iter_mut().enumerate() {
+                let x = _mm512_srlv_epi32(h, _mm512_set1_epi32(4 * j as i32));
+                // Bit t of x to bit 4 of byte t.
+                let hb = _mm512_or_si512(
+                    _mm512_or_si512(
+                        _mm512_slli_epi32::<4>(bit(x, 1)),
+                        _mm512_slli_epi32::<11>(bit(x, 2)),
+                    ),
+                    _mm512_or_si512(
+                        _mm512_slli_epi32::<18>(bit(x, 4)),
+                        _mm512_slli_epi32::<25>(bit(x, 8)),
+                    ),
+                );
+                *qj = _mm512_or_si512(*qj, hb);
             }
         }
     }
-    v
+    for (j, qj) in q.into_iter().enumerate() {
+        // SAFETY: `out.q[j]` is 64 writable bytes.
+        unsafe { _mm512_storeu_si512(out.q[j].as_mut_ptr().cast(), qj) };
+    }
+    // SAFETY: the scale is the block's first f16, the min (if any) its second (caller).
+    unsafe {
+        _mm512_storeu_ps(out.d.as_mut_ptr(), lf16x16(w, 0));
+        if lmin(F) {
+            _mm512_storeu_ps(out.m.as_mut_ptr(), lf16x16(w, 2));
+        }
+    }
 }
 
 /// A block of 16 prepared legacy weight rows (`w`: `nb` blocks) against `R` activation
@@ -1400,27 +1490,14 @@ fn ltile_prepared<const F: u8>(
         }
         for k in 0..nblk {
             let rows = k * WROWS..((k + 1) * WROWS).min(n_w);
+            let mut w = [LZERO_ROW.as_ptr(); WROWS];
             for b in 0..nb {
-                let out = &mut wp[k * nb + b];
-                if rows.len() < WROWS {
-                    *out = LBLOCK_ZERO;
-                }
                 for (l, i) in rows.clone().enumerate() {
-                    let w = &ws[i * wrb + b * lwb(F)..][..lwb(F)];
-                    let v = lvalues::<F>(w);
-                    for j in 0..8 {
-                        out.q[j][l] = u32::from_le_bytes([
-                            v[4 * j],
-                            v[4 * j + 1],
-                            v[4 * j + 2],
-                            v[4 * j + 3],
-                        ]);
-                    }
-                    out.d[l] = half::f16::from_bits(u16::from_le_bytes([w[0], w[1]])).to_f32();
-                    if lmin(F) {
-                        out.m[l] = half::f16::from_bits(u16::from_le_bytes([w[2], w[3]])).to_f32();
-                    }
+                    w[l] = ws[i * wrb + b * lwb(F)..][..lwb(F)].as_ptr();
                 }
+                // SAFETY: each `w[l]` is one whole stored block (a row's, or LZERO_ROW:
+                // 34 bytes, no legacy block is longer).
+                unsafe { lprep_block::<F>(&w, &mut wp[k * nb + b]) };
             }
         }
         let mut lanes = [0f32; WROWS];
