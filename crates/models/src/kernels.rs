@@ -290,8 +290,9 @@ fn matmul_inputs<'a>(projs: &mut [Projection<'a>], xs: &[&[f32]], n: usize) -> R
                 acts.len() - 1
             }
         };
-        let packed = matches!(p.data, WeightData::Packed(_));
-        if !packed && n > SMALL_BATCH && k.wants_prep() && preps[slot].is_empty() {
+        // Packed legacy groups read the same prepared rows in a prefill
+        // (`Packed::dot_groups`).
+        if n > SMALL_BATCH && k.wants_prep() && preps[slot].is_empty() {
             preps[slot] = k.prepare(&acts[slot].3, n);
         }
         kernels.push(Some((k, slot)));
@@ -351,6 +352,7 @@ fn matmul_inputs<'a>(projs: &mut [Projection<'a>], xs: &[&[f32]], n: usize) -> R
                     n_w.div_ceil(g),
                     &acts[slot].3,
                     n,
+                    &preps[slot],
                     &mut |i, c, src| {
                         // SAFETY: task (pi, j0) alone writes columns j0..j0+n_w of
                         // projection pi's output (`c + src.len() <= n_w`); tasks have

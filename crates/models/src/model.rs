@@ -358,7 +358,9 @@ impl Model {
             matmul_weights,
             packed: Default::default(),
         };
-        model.set_repack(repack && frink_quant::dot::pack::preferred());
+        if repack {
+            model.repack_where(frink_quant::dot::pack::preferred);
+        }
         Ok(model)
     }
 
@@ -369,15 +371,21 @@ impl Model {
     /// bit-identical either way; the packed copies replace the mapped bytes in resident
     /// memory (their pages are released from the mapping once packed; a tied LM head's
     /// embedding rows are read back from the packed copy). [`Model::from_gguf`] repacks
-    /// where the AVX2 kernels are this machine's best
-    /// ([`frink_quant::dot::pack::preferred`]; llama.cpp repacks its CPU weights the same
-    /// way unless `--no-repack`).
+    /// the types this machine's kernels read faster packed
+    /// ([`frink_quant::dot::pack::preferred`]: all of them where the AVX2 kernels are its
+    /// best, the legacy formats on AVX-512 VNNI; llama.cpp repacks its CPU weights the
+    /// same way unless `--no-repack`).
     pub fn set_repack(&mut self, on: bool) {
-        use frink_quant::dot::pack::{block_bytes, pack_groups, Packed, GROUP};
-        if !on {
-            self.packed.clear();
-            return;
+        self.packed.clear();
+        if on {
+            self.repack_where(|ty| frink_quant::dot::pack::block_bytes(ty).is_some());
         }
+    }
+
+    /// Repacks, as [`Model::set_repack`], the matrices whose type `pick` accepts (and
+    /// that have a packed layout); the others stay as stored.
+    pub fn repack_where(&mut self, pick: impl Fn(frink_gguf::GgmlType) -> bool) {
+        use frink_quant::dot::pack::{block_bytes, pack_groups, Packed, GROUP};
         let mut todo = self.matmul_weights.clone();
         if self.expert_cache.is_none() {
             for (_, m) in self.routed_experts() {
@@ -388,7 +396,11 @@ impl Model {
         }
         for m in todo {
             let key = (m.tensor, m.offset);
-            if self.packed.contains_key(&key) || block_bytes(m.ty).is_none() || m.rows < GROUP {
+            if self.packed.contains_key(&key)
+                || block_bytes(m.ty).is_none()
+                || !pick(m.ty)
+                || m.rows < GROUP
+            {
                 continue;
             }
             let data = self.data(&m);

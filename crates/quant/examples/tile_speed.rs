@@ -165,6 +165,7 @@ fn packed(ty: GgmlType, rows: usize, cols: usize, n_a: usize) {
     let w = weights(ty, rows, cols);
     let p = Packed::new(ty, &w, rows, cols).unwrap();
     let a = acts(ty, n_a, cols);
+    let prep = frink_quant::dot::best_kernel(ty).unwrap().prepare(&a, n_a);
     let per = (n_w() / GROUP).max(1);
     let reps = if n_a == 1 {
         (2_000_000_000 / w.len()).clamp(5, 200)
@@ -178,7 +179,7 @@ fn packed(ty: GgmlType, rows: usize, cols: usize, n_a: usize) {
         let mut g = 0;
         while g < p.groups() {
             let n = per.min(p.groups() - g);
-            p.dot_groups(g, n, black_box(&a), n_a, &mut |_, _, v| sum += v[0]);
+            p.dot_groups(g, n, black_box(&a), n_a, &prep, &mut |_, _, v| sum += v[0]);
             g += n;
         }
     });

@@ -3,7 +3,9 @@
 //! - Packing keeps every bit: each row restored from the packed matrix equals the stored
 //!   row, byte for byte (random bytes, so every scale, min and quant bit pattern occurs).
 //! - The kernels give every result the bits of the scalar kernel on the stored row, for
-//!   1 to 9 activation rows (the kernels take four at a time: every remainder), row counts
+//!   1 to 9 activation rows (the AVX2 kernels take four at a time: every remainder) and
+//!   17 and 24, by every packed kernel the machine runs (AVX2's; AVX-512's tile of the
+//!   legacy formats, above one row, its rows prepared or not), row counts
 //!   that leave a padded last group, group sub-ranges, extreme scales, activations of
 //!   every magnitude and activation quants of every byte value (bsums kept consistent,
 //!   as the Q8_K quantizer makes them).
@@ -11,7 +13,7 @@
 
 use frink_gguf::GgmlType;
 use frink_quant::dot::pack::{block_bytes, Packed, GROUP};
-use frink_quant::dot::{dot_scalar, quantize_activation, vec_dot_type};
+use frink_quant::dot::{best_kernel, dot_scalar, quantize_activation, vec_dot_type, ActPrep, Isa};
 use half::f16;
 
 mod common;
@@ -80,14 +82,46 @@ fn acts(rng: &mut Rng, ty: GgmlType, n_a: usize, nb: usize, scale: f32, raw: boo
     a
 }
 
-/// Every result of `p.dot_groups` for groups `g0 .. g0 + n_g`, as `[act row][weight row]`.
-fn products(p: &Packed, g0: usize, n_g: usize, a: &[u8], n_a: usize) -> Vec<Vec<f32>> {
+/// Every result of `p.dot_groups_on(isa, ..)` for groups `g0 .. g0 + n_g`, as `[act
+/// row][weight row]`, with the activation rows prepared by the type's best kernel
+/// (`prepared`) or not.
+fn products_on(
+    p: &Packed,
+    isa: Isa,
+    (g0, n_g): (usize, usize),
+    a: &[u8],
+    n_a: usize,
+    prepared: bool,
+) -> Vec<Vec<f32>> {
     let n = ((g0 + n_g) * GROUP).min(p.rows()) - g0 * GROUP;
     let mut out = vec![vec![f32::NAN; n]; n_a];
-    p.dot_groups(g0, n_g, a, n_a, &mut |r, i, v| {
+    let prep = if prepared {
+        best_kernel(p.ty()).unwrap().prepare(a, n_a)
+    } else {
+        ActPrep::default()
+    };
+    p.dot_groups_on(isa, g0, n_g, a, n_a, &prep, &mut |r, i, v| {
         out[r][i..i + v.len()].copy_from_slice(v)
     });
     out
+}
+
+/// [`products_on`] by the machine's best kernels, the rows not prepared.
+fn products(p: &Packed, g0: usize, n_g: usize, a: &[u8], n_a: usize) -> Vec<Vec<f32>> {
+    products_on(p, Isa::best(), (g0, n_g), a, n_a, false)
+}
+
+/// The instruction sets with packed kernels that this machine runs (AVX2's group kernels,
+/// AVX-512's tile of the legacy formats), or the best one (the scalar twin elsewhere).
+fn isas() -> Vec<Isa> {
+    let mut v: Vec<Isa> = [Isa::Avx2, Isa::Avx512Vnni]
+        .into_iter()
+        .filter(|i| i.is_available())
+        .collect();
+    if v.is_empty() {
+        v.push(Isa::best());
+    }
+    v
 }
 
 #[test]
@@ -130,34 +164,48 @@ fn packed_kernels_match_scalar_bit_for_bit() {
                 let w = weights(&mut rng, ty, rows, nb, wscale);
                 let p = Packed::new(ty, &w, rows, nb * ty.block_size()).unwrap();
                 let ab = p.act_row_bytes();
-                for n_a in 1..=9 {
+                // 1..=9: every remainder of the AVX2 kernels' four rows; above
+                // PACKED_TILE_ROWS the AVX-512 tile of the legacy formats, with its rows'
+                // extras prepared or computed there; every kernel this machine runs.
+                for n_a in (1..=9).chain([17, 24]) {
                     let a = acts(&mut rng, ty, n_a, nb, ascale, raw);
-                    let got = products(&p, 0, p.groups(), &a, n_a);
                     let mut twin = vec![vec![f32::NAN; rows]; n_a];
                     p.dot_groups_scalar(0, p.groups(), &a, n_a, &mut |r, i, v| {
                         twin[r][i..i + v.len()].copy_from_slice(v)
                     });
-                    for (r, got_r) in got.iter().enumerate() {
-                        let ar = &a[r * ab..(r + 1) * ab];
-                        for (i, g) in got_r.iter().enumerate() {
-                            let want =
-                                dot_scalar(ty, &w[i * rb_of(nb)..(i + 1) * rb_of(nb)], ar).unwrap();
-                            assert_eq!(
-                                (g.to_bits(), twin[r][i].to_bits()),
-                                (want.to_bits(), want.to_bits()),
-                                "{ty} {rows}x{nb} blocks, act row {r} of {n_a}, weight row {i}: {g:e} / scalar {want:e}"
-                            );
-                            compared += 1;
+                    for isa in isas() {
+                        for prepared in [false, true] {
+                            let got = products_on(&p, isa, (0, p.groups()), &a, n_a, prepared);
+                            for (r, got_r) in got.iter().enumerate() {
+                                let ar = &a[r * ab..(r + 1) * ab];
+                                for (i, g) in got_r.iter().enumerate() {
+                                    let want =
+                                        dot_scalar(ty, &w[i * rb_of(nb)..(i + 1) * rb_of(nb)], ar)
+                                            .unwrap();
+                                    assert_eq!(
+                                        (g.to_bits(), twin[r][i].to_bits()),
+                                        (want.to_bits(), want.to_bits()),
+                                        "{ty} {rows}x{nb} blocks, {isa:?} (prepared: {prepared}), act row {r} of {n_a}, weight row {i}: {g:e} / scalar {want:e}"
+                                    );
+                                    compared += 1;
+                                }
+                            }
                         }
                     }
                 }
                 // A sub-range of groups gives the same bits as the whole call.
                 if p.groups() > 1 {
-                    let a = acts(&mut rng, ty, 3, nb, ascale, raw);
-                    let whole = products(&p, 0, p.groups(), &a, 3);
-                    let part = products(&p, 1, p.groups() - 1, &a, 3);
-                    for r in 0..3 {
-                        assert_eq!(whole[r][GROUP..], part[r][..], "{ty} groups 1..");
+                    for n_a in [3, 12] {
+                        let a = acts(&mut rng, ty, n_a, nb, ascale, raw);
+                        let whole = products(&p, 0, p.groups(), &a, n_a);
+                        let part = products(&p, 1, p.groups() - 1, &a, n_a);
+                        for r in 0..n_a {
+                            assert_eq!(
+                                whole[r][GROUP..],
+                                part[r][..],
+                                "{ty} groups 1.. ({n_a} rows)"
+                            );
+                        }
                     }
                 }
             }

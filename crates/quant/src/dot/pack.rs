@@ -1,6 +1,7 @@
-//! Weight matrices repacked at load, eight rows interleaved, for the AVX2 kernels.
+//! Weight matrices repacked at load, eight rows interleaved, for the AVX2 kernels (and,
+//! for the legacy formats, the AVX-512 prefill tile: [`preferred`]).
 //!
-//! On a machine whose best kernels are the AVX2 ones ([`packs`]), a decode step is bound
+//! On a machine whose best kernels are the AVX2 ones ([`preferred`]), a decode step is bound
 //! by the instructions per weight byte, not by memory: the row-at-a-time kernels spend
 //! most of their work on horizontal sums and on the per-block scale arithmetic (measured
 //! on an AMD EPYC Zen 1 VM: 3-4.8 GB/s of Q4_K weights per core, against 9 GB/s of read
@@ -8,7 +9,11 @@
 //! same for Q4_0 and Q4_K, ggml-cpu/repack.cpp), a 256-bit register holds four bytes of
 //! each of eight rows, every product instruction is a full `maddubs` against an activation
 //! dword broadcast to all lanes, each lane is one weight row (no horizontal sums), and the
-//! scales of eight rows are applied with one `madd` per chunk.
+//! scales of eight rows are applied with one `madd` per chunk. On an AVX-512 VNNI
+//! machine the legacy formats are packed too: a decode step reads a group as one
+//! contiguous stream (no per-block gathers), and products of more than
+//! [`PACKED_TILE_ROWS`] rows hand two groups at a time to the 512-bit tile, which lays
+//! their 32-byte fields side by side as 16 row lanes.
 //!
 //! # Layout
 //! A [`Packed`] matrix is `ceil(rows / 8)` groups of eight rows (the last one padded with
@@ -40,7 +45,7 @@
 //! accumulators are combined in the same tree. Without AVX2 the same API runs the scalar
 //! kernel on the restored rows.
 
-use super::{DotError, Isa, TileSink};
+use super::{ActPrep, DotError, Isa, TileSink};
 use crate::GgmlType;
 
 /// Weight rows interleaved in one group.
@@ -189,12 +194,33 @@ pub(super) const Q6K_QH: usize = 1024;
 pub(super) const Q6K_SCALES: usize = 1536;
 pub(super) const Q6K_D: usize = 1664;
 
-/// Whether weights should be repacked on this machine: the AVX2 kernels are its best
-/// ones (an AVX-512 VNNI machine's kernels read the stored layout at the bandwidth bound
-/// already). The one predicate the loader asks; [`block_bytes`] says which types.
-pub fn preferred() -> bool {
-    Isa::best() == Isa::Avx2
+/// Whether weights of type `ty` should be repacked on this machine. Where the AVX2
+/// kernels are the best ones, every type with a packed layout ([`block_bytes`]). On an
+/// AVX-512 VNNI machine, the legacy formats (Q4_0 .. Q8_0): their decode steps read the
+/// packed groups faster than the 512-bit kernels read stored rows (AMD Zen 5 VM,
+/// qwen2.5-1.5b tg128, 2 threads: Q8_0 25.4-29.5 vs 19.0-19.9 t/s, Q4_0 42.1-42.3 vs
+/// 40.1-42.3), and their prefill prepares the packed groups for the same 512-bit tiles
+/// ([`Packed::dot_groups`]); the K-quants' 512-bit kernels read stored rows as fast as
+/// packed ones (a tie on Q4_K) and their prefill is the faster, so they stay stored. The
+/// one predicate the loader asks.
+pub fn preferred(ty: GgmlType) -> bool {
+    block_bytes(ty).is_some()
+        && match Isa::best() {
+            Isa::Avx2 => true,
+            Isa::Avx512Vnni => ty.block_size() == 32,
+            _ => false,
+        }
 }
+
+/// Activation rows above which a legacy format's packed groups are multiplied by the
+/// AVX-512 tile (on such a machine) rather than the AVX2 group kernels. One activation
+/// row (a decode step) reads memory fastest through the AVX2 kernel; from two rows the
+/// 512-bit tile (16 row lanes, `vpdpbusd`) does the most work per weight byte. Measured
+/// (`tile_speed packed`, one thread, AMD Zen 5 VM; AVX2 kernels -> tile): Q4_0 8960x1536
+/// 2 rows 167 -> 237 GOP/s, 8 rows 131 -> 440; Q8_0 2 rows 120 -> 173, 8 rows 131 ->
+/// 347; Q5_0 6912x1152 8 rows 151 -> 426; one row Q8_0 52.6 GB/s (AVX2) against 37.7-40.4
+/// (tile).
+pub const PACKED_TILE_ROWS: usize = 1;
 
 /// Zeroed bytes aligned to 64 (a cache line), so the kernels' 32-byte loads never
 /// straddle lines. Allocated zeroed (the pages are mapped on first write, by whichever
@@ -432,9 +458,13 @@ impl Packed {
     }
 
     /// The products of weight rows `8 g0 .. 8 (g0 + n_g)` (clipped to `rows`) with `n_a`
-    /// activation rows (`acts`, back to back, quantized to [`super::vec_dot_type`] of the weight type): `sink(r, i, values)`
-    /// receives activation row `r`'s results for weight rows `8 g0 + i ..`. Every value has
-    /// the bits of [`super::dot_scalar`] on the stored row.
+    /// activation rows (`acts`, back to back, quantized to [`super::vec_dot_type`] of the
+    /// weight type): `sink(r, i, values)` receives activation row `r`'s results for weight
+    /// rows `8 g0 + i ..`. Every value has the bits of [`super::dot_scalar`] on the stored
+    /// row. `prep`: the rows prepared by the weight type's best kernel
+    /// ([`super::DotKernel::prepare`]), or empty; a legacy format's products of more than
+    /// [`PACKED_TILE_ROWS`] rows on an AVX-512 VNNI machine read it (or compute it when
+    /// empty).
     ///
     /// # Panics
     /// If the groups pass the matrix or `acts` is not `n_a` activation rows of `cols`
@@ -445,6 +475,29 @@ impl Packed {
         n_g: usize,
         acts: &[u8],
         n_a: usize,
+        prep: &ActPrep,
+        sink: &mut TileSink<'_>,
+    ) {
+        self.dot_groups_on(Isa::best(), g0, n_g, acts, n_a, prep, sink);
+    }
+
+    /// [`Self::dot_groups`] by the kernels of `isa`: on [`Isa::Avx512Vnni`], a legacy
+    /// format's products of more than [`PACKED_TILE_ROWS`] rows by the 512-bit tile, the
+    /// rest by the AVX2 group kernels; on [`Isa::Avx2`], the AVX2 group kernels; the
+    /// scalar twin where `isa` is not available here or has no packed kernels. The same
+    /// bits whichever runs (the tests compare every available one with the twin).
+    ///
+    /// # Panics
+    /// As [`Self::dot_groups`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn dot_groups_on(
+        &self,
+        isa: Isa,
+        g0: usize,
+        n_g: usize,
+        acts: &[u8],
+        n_a: usize,
+        prep: &ActPrep,
         sink: &mut TileSink<'_>,
     ) {
         self.check_groups(g0, n_g, acts, n_a);
@@ -452,10 +505,23 @@ impl Packed {
             return;
         }
         #[cfg(target_arch = "x86_64")]
-        if Isa::Avx2.is_available() {
+        if isa == Isa::Avx512Vnni && n_a > PACKED_TILE_ROWS && isa.is_available() {
+            if let Some(k) = super::x86_512::packed_tile_kernel(self.ty) {
+                assert!(
+                    prep.l.is_empty() || prep.l.len() == n_a * self.nb,
+                    "Packed::dot_groups {}: activation extras of another shape",
+                    self.ty
+                );
+                k(self, g0, n_g, acts, n_a, &prep.l, sink);
+                return;
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) && isa.is_available() {
             super::x86_pack::dot_groups(self, g0, n_g, acts, n_a, sink);
             return;
         }
+        let _ = (isa, prep);
         self.dot_groups_scalar(g0, n_g, acts, n_a, sink);
     }
 

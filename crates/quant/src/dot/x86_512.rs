@@ -44,8 +44,9 @@
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
+use super::pack::{Legacy, Packed, GROUP};
 use super::x86::hsum8x8;
-use super::x86_tile::{f16x8, lane_mask};
+use super::x86_tile::{f16x8, lane_mask, legacy_type};
 use super::{KExtra, LExtra, Lanes, TileFn, TilePrepFn, TileSink};
 use crate::GgmlType;
 
@@ -1464,41 +1465,28 @@ unsafe fn lblock_rows<const F: u8, const R: usize>(
     })
 }
 
-/// The legacy prefill path: every weight row of the tile against every activation row
-/// (`ex`: the rows' extras, one per block), results to `sink`.
+/// The legacy prefill path: `n_w` weight rows of `nb` blocks, prepared by `prep(k, b,
+/// out)` (block `b` of weight rows `16k..16k + 16` into `out`), against every activation
+/// row (`acts`: raw Q8_0 rows; `ex`: their extras, one per block), results to `sink`. The
+/// one body of [`ltile_prepared`] (stored rows) and [`ltile_packed`] (packed groups).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
-fn ltile_prepared<const F: u8>(
-    ws: &[u8],
+fn ltile_with<const F: u8>(
     n_w: usize,
+    nb: usize,
     acts: &[u8],
     n_a: usize,
     ex: &[LExtra],
     sink: &mut TileSink<'_>,
+    mut prep: impl FnMut(usize, usize, &mut LBlock),
 ) {
-    assert!(n_w > 0 && n_a > 0, "tile shape");
-    let (wrb, ab) = (ws.len() / n_w, acts.len() / n_a);
-    let nb = wrb / lwb(F);
-    assert!(
-        wrb * n_w == ws.len() && ab * n_a == acts.len() && nb * lwb(F) == wrb && nb * LAB == ab,
-        "tile lengths"
-    );
+    assert!(n_w > 0 && n_a > 0 && nb > 0, "tile shape");
+    let ab = acts.len() / n_a;
+    assert!(ab * n_a == acts.len() && nb * LAB == ab, "tile lengths");
     assert_eq!(ex.len(), n_a * nb, "activation extras");
     let nblk = n_w.div_ceil(WROWS);
     LTBUF.with_borrow_mut(|wp| {
-        if wp.len() < nblk * nb {
-            wp.resize(nblk * nb, LBLOCK_ZERO);
-        }
-        for k in 0..nblk {
-            let rows = k * WROWS..((k + 1) * WROWS).min(n_w);
-            let mut w = [LZERO_ROW.as_ptr(); WROWS];
-            for b in 0..nb {
-                for (l, i) in rows.clone().enumerate() {
-                    w[l] = ws[i * wrb + b * lwb(F)..][..lwb(F)].as_ptr();
-                }
-                // SAFETY: each `w[l]` is one whole stored block (a row's, or LZERO_ROW:
-                // 34 bytes, no legacy block is longer).
-                unsafe { lprep_block::<F>(&w, &mut wp[k * nb + b]) };
-            }
+        if wp.len() < nb {
+            wp.resize(nb, LBLOCK_ZERO);
         }
         let mut lanes = [0f32; WROWS];
         let mut store = |r: usize, k: usize, v: __m512i| {
@@ -1508,7 +1496,12 @@ fn ltile_prepared<const F: u8>(
             sink(r, i0, &lanes[..(n_w - i0).min(WROWS)]);
         };
         for k in 0..nblk {
-            let w = wp[k * nb..].as_ptr();
+            // Block k's 16 rows are prepared just before every activation row meets
+            // them, so they stay in L1 (`nb` blocks of 640 bytes).
+            for (b, out) in wp[..nb].iter_mut().enumerate() {
+                prep(k, b, out);
+            }
+            let w = wp.as_ptr();
             let mut r0 = 0;
             while r0 < n_a {
                 let left = n_a - r0;
@@ -1536,6 +1529,173 @@ fn ltile_prepared<const F: u8>(
         }
     });
 }
+
+/// The legacy prefill path on stored rows (`ws`: `n_w` rows).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+fn ltile_prepared<const F: u8>(
+    ws: &[u8],
+    n_w: usize,
+    acts: &[u8],
+    n_a: usize,
+    ex: &[LExtra],
+    sink: &mut TileSink<'_>,
+) {
+    assert!(n_w > 0, "tile shape");
+    let wrb = ws.len() / n_w;
+    let nb = wrb / lwb(F);
+    assert!(wrb * n_w == ws.len() && nb * lwb(F) == wrb, "tile lengths");
+    ltile_with::<F>(n_w, nb, acts, n_a, ex, sink, |k, b, out| {
+        let rows = k * WROWS..((k + 1) * WROWS).min(n_w);
+        let mut w = [LZERO_ROW.as_ptr(); WROWS];
+        for (l, i) in rows.enumerate() {
+            w[l] = ws[i * wrb + b * lwb(F)..][..lwb(F)].as_ptr();
+        }
+        // SAFETY: each `w[l]` is one whole stored block (a row's, or LZERO_ROW: 34 bytes,
+        // no legacy block is longer).
+        unsafe { lprep_block::<F>(&w, out) };
+    });
+}
+
+/// Zero bytes standing for a packed legacy block of the missing second group of a block
+/// of 16 rows (no packed legacy block is longer; its lanes are never stored).
+static LZERO_PACKED: [u8; 272] = [0; 272];
+
+/// One block of 16 packed legacy weight rows prepared as [`lprep_block`] prepares stored
+/// ones, from the packed blocks `pa` (rows 0..8) and `pb` (rows 8..16) of
+/// `super::pack`'s layout, whose 32-byte fields already hold eight rows' dwords in row
+/// order: step `s` of both is one register, which for the 4-bit formats is dword `s`
+/// (low nibbles) and `s + 4` (high nibbles), for Q8_0 dword `s`; the packed high bits'
+/// bit `j` of byte `t` is the fifth bit of byte `t` of dword `j`.
+///
+/// # Safety
+/// `pa` and `pb` each address one whole packed block of `F`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+#[inline]
+unsafe fn lprep_packed<const F: u8>(pa: *const u8, pb: *const u8, out: &mut LBlock) {
+    let l = const { Legacy::of(legacy_type(F)) };
+    // SAFETY: every offset below is a field of both packed blocks (caller).
+    let two = |off: usize| unsafe {
+        _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_loadu_si256(pa.add(off).cast())),
+            _mm256_loadu_si256(pb.add(off).cast()),
+        )
+    };
+    // SAFETY: as above, 16 bytes of f16 per block.
+    let f16s = |off: usize| unsafe {
+        _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(
+            _mm256_castsi128_si256(_mm_loadu_si128(pa.add(off).cast())),
+            _mm_loadu_si128(pb.add(off).cast()),
+        ))
+    };
+    let mut q = [_mm512_setzero_si512(); 8];
+    if F == Q8_0 {
+        let sign = _mm512_set1_epi8(-128);
+        for (s, qs) in q.iter_mut().enumerate() {
+            *qs = _mm512_xor_si512(two(l.qs + 32 * s), sign);
+        }
+    } else {
+        let m4 = _mm512_set1_epi8(0x0F);
+        for s in 0..4 {
+            let v = two(l.qs + 32 * s);
+            q[s] = _mm512_and_si512(v, m4);
+            q[s + 4] = _mm512_and_si512(_mm512_srli_epi32::<4>(v), m4);
+        }
+        if let Some(h) = l.qh {
+            let h = two(h);
+            let one = _mm512_set1_epi8(1);
+            for (j, qj) in q.iter_mut().enumerate() {
+                let bit = _mm512_and_si512(_mm512_srl_epi32(h, _mm_cvtsi32_si128(j as i32)), one);
+                *qj = _mm512_or_si512(*qj, _mm512_slli_epi32::<4>(bit));
+            }
+        }
+    }
+    for (j, qj) in q.into_iter().enumerate() {
+        // SAFETY: `out.q[j]` is 64 writable bytes.
+        unsafe { _mm512_storeu_si512(out.q[j].as_mut_ptr().cast(), qj) };
+    }
+    // SAFETY: `out.d` and `out.m` are 64 writable bytes each.
+    unsafe {
+        _mm512_storeu_ps(out.d.as_mut_ptr(), f16s(0));
+        if let Some(m) = l.m {
+            _mm512_storeu_ps(out.m.as_mut_ptr(), f16s(m));
+        }
+    }
+}
+
+/// The legacy prefill path on packed groups `g0 .. g0 + n_g` of `p` (rows clipped to
+/// `p.rows()`) against `n_a` raw Q8_0 rows with their extras `ex` (computed here when
+/// empty): `sink(r, i, values)` as [`Packed::dot_groups`]. Two groups make one block of
+/// 16 rows.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+fn ltile_packed<const F: u8>(
+    p: &Packed,
+    g0: usize,
+    n_g: usize,
+    acts: &[u8],
+    n_a: usize,
+    ex: &[LExtra],
+    sink: &mut TileSink<'_>,
+) {
+    let (pb, nb) = p.geometry();
+    let data = p.data();
+    assert!(
+        pb == Legacy::of(legacy_type(F)).bytes && (g0 + n_g) * nb * pb <= data.len(),
+        "packed groups"
+    );
+    let n_w = ((g0 + n_g) * GROUP).min(p.rows()) - g0 * GROUP;
+    let own: Vec<LExtra>;
+    let ex = if ex.is_empty() {
+        own = acts.chunks_exact(LAB).map(LExtra::of).collect();
+        &own
+    } else {
+        ex
+    };
+    ltile_with::<F>(n_w, nb, acts, n_a, ex, sink, |k, b, out| {
+        let block = |g: usize| {
+            if g < g0 + n_g {
+                data[(g * nb + b) * pb..][..pb].as_ptr()
+            } else {
+                LZERO_PACKED.as_ptr()
+            }
+        };
+        let g = g0 + 2 * k;
+        // SAFETY: each pointer is one whole packed block (of the matrix, or zeros).
+        unsafe { lprep_packed::<F>(block(g), block(g + 1), out) };
+    });
+}
+
+/// The legacy prefill path on packed groups for `ty` (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), as
+/// [`ltile_packed`]. Callers must have detected [`super::Isa::Avx512Vnni`].
+pub(super) fn packed_tile_kernel(ty: GgmlType) -> Option<PackedTileFn> {
+    use GgmlType as T;
+    Some(match ty {
+        // SAFETY: handed out only after run-time detection (module doc).
+        T::Q4_0 => {
+            |p, g0, n, a, na, ex, sink| unsafe { ltile_packed::<Q4_0>(p, g0, n, a, na, ex, sink) }
+        }
+        // SAFETY: as above.
+        T::Q4_1 => {
+            |p, g0, n, a, na, ex, sink| unsafe { ltile_packed::<Q4_1>(p, g0, n, a, na, ex, sink) }
+        }
+        // SAFETY: as above.
+        T::Q5_0 => {
+            |p, g0, n, a, na, ex, sink| unsafe { ltile_packed::<Q5_0>(p, g0, n, a, na, ex, sink) }
+        }
+        // SAFETY: as above.
+        T::Q5_1 => {
+            |p, g0, n, a, na, ex, sink| unsafe { ltile_packed::<Q5_1>(p, g0, n, a, na, ex, sink) }
+        }
+        // SAFETY: as above.
+        T::Q8_0 => {
+            |p, g0, n, a, na, ex, sink| unsafe { ltile_packed::<Q8_0>(p, g0, n, a, na, ex, sink) }
+        }
+        _ => return None,
+    })
+}
+
+/// The signature of [`packed_tile_kernel`]'s kernels.
+pub(super) type PackedTileFn =
+    fn(&Packed, usize, usize, &[u8], usize, &[LExtra], &mut TileSink<'_>);
 
 /// The legacy prefill path as a contiguous tile (`dot_tile`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]

@@ -28,6 +28,7 @@ use std::arch::x86_64::*;
 use super::pack::{
     Legacy, Packed, GROUP, Q4K_DMIN, Q4K_MINS, Q4K_QS, Q4K_SCALES, Q6K_D, Q6K_QH, Q6K_SCALES,
 };
+use super::x86_tile::{legacy_type, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use super::TileSink;
 use crate::GgmlType;
 
@@ -203,24 +204,6 @@ unsafe fn group_legacy<const F: u8>(
 ) {
     // SAFETY: the caller's bounds and ISA.
     unsafe { by_rows!(rows_legacy, F; w, nb, a, ys, k, res) }
-}
-
-/// Legacy format codes of [`rows_legacy`] (ggml's type ids).
-const Q4_0: u8 = 2;
-const Q4_1: u8 = 3;
-const Q5_0: u8 = 6;
-const Q5_1: u8 = 7;
-const Q8_0: u8 = 8;
-
-/// The type of format code `f`.
-const fn legacy_type(f: u8) -> GgmlType {
-    match f {
-        Q4_0 => GgmlType::Q4_0,
-        Q4_1 => GgmlType::Q4_1,
-        Q5_0 => GgmlType::Q5_0,
-        Q5_1 => GgmlType::Q5_1,
-        _ => GgmlType::Q8_0,
-    }
 }
 
 /// `shuffle_epi8` control giving each row lane `(s, s)` as i16 from the u8 scales of

@@ -44,12 +44,24 @@ use crate::GgmlType;
 mod small;
 pub(super) use small::tile_kernel as small_tile_kernel;
 
-/// Format codes for the const-generic kernels (ggml's type ids; `x86_512` uses them too).
+/// Format codes for the const-generic kernels (ggml's type ids; `x86_512` and `x86_pack`
+/// use them too).
 pub(super) const Q4_0: u8 = 2;
 pub(super) const Q4_1: u8 = 3;
 pub(super) const Q5_0: u8 = 6;
 pub(super) const Q5_1: u8 = 7;
 pub(super) const Q8_0: u8 = 8;
+
+/// The type of format code `f`.
+pub(super) const fn legacy_type(f: u8) -> GgmlType {
+    match f {
+        Q4_0 => GgmlType::Q4_0,
+        Q4_1 => GgmlType::Q4_1,
+        Q5_0 => GgmlType::Q5_0,
+        Q5_1 => GgmlType::Q5_1,
+        _ => GgmlType::Q8_0,
+    }
+}
 
 /// Bytes per weight block.
 pub(super) const fn wb(f: u8) -> usize {
