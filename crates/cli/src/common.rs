@@ -37,9 +37,8 @@ pub struct ModelArgs {
     #[arg(long = "lora-init-without-apply", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
     pub lora_init_without_apply: bool,
     /// Read the weights as stored instead of repacking them at load (llama.cpp's
-    /// `--no-repack`; repacking is done where it speeds the machine's kernels: every
-    /// packable type on AVX2, the legacy formats Q4_0..Q8_0 on AVX-512; it never changes
-    /// a result).
+    /// `--no-repack`; repacking is done where the AVX2 or AVX-512 kernels are the
+    /// machine's best, and never changes a result).
     #[arg(long = "no-repack", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
     pub no_repack: bool,
 }

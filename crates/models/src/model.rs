@@ -372,9 +372,8 @@ impl Model {
     /// memory (their pages are released from the mapping once packed; a tied LM head's
     /// embedding rows are read back from the packed copy). [`Model::from_gguf`] repacks
     /// the types this machine's kernels read faster packed
-    /// ([`frink_quant::dot::pack::preferred`]: all of them where the AVX2 kernels are its
-    /// best, the legacy formats on AVX-512 VNNI; llama.cpp repacks its CPU weights the
-    /// same way unless `--no-repack`).
+    /// ([`frink_quant::dot::pack::preferred`]: where the AVX2 or AVX-512 kernels are its
+    /// best; llama.cpp repacks its CPU weights the same way unless `--no-repack`).
     pub fn set_repack(&mut self, on: bool) {
         self.packed.clear();
         if on {

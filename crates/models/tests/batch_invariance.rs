@@ -156,7 +156,7 @@ fn thread_count_does_not_change_logits() {
 }
 
 /// Weights repacked in eight-row groups (`Model::set_repack`, what `Model::load` does on a
-/// machine whose best kernels are AVX2, and for the legacy formats on AVX-512) give every
+/// machine whose best kernels are AVX2 or AVX-512) give every
 /// logit the bits of the stored layout: a
 /// 40-token prefill, then a decode step of three sequences. Forced on whatever the
 /// machine (elsewhere the packed products run the scalar twin). Every format with a

@@ -31,7 +31,7 @@
 //! |---|---|---|
 //! | scalar ([`dot_scalar`]) | all ten | always available; the reference |
 //! | AVX2 + F16C | all ten, single-row ([`DotKernel::dot`]) and multi-row ([`DotKernel::dot_rows`]); tiles ([`DotKernel::dot_tile`]) for all ten (`x86_tile`; Q8_0 tiles keep the older i16-widening kernel, as `maddubs` would saturate on its signed weights) | `is_x86_feature_detected!` |
-//! | AVX-512 F/BW/VL + VNNI | tiles for all ten; 512-bit decode and prefill tiles for Q4_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (`x86_512`), 256-bit `vpdpbusd` ones for the rest and for legacy small batches of 4-8 rows (single and multi-row: the AVX2 kernels); the legacy formats' packed groups: the AVX2 group kernels for one row, the 512-bit tile for more | `is_x86_feature_detected!`; preferred over AVX2 |
+//! | AVX-512 F/BW/VL + VNNI | tiles for all ten; 512-bit decode and prefill tiles for Q4_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (`x86_512`), 256-bit `vpdpbusd` ones for the rest and for legacy small batches of 4-8 rows (single and multi-row: the AVX2 kernels); packed groups (all seven packed types): the AVX2 group kernels for one row (K-quants: up to two), the 512-bit tile for more | `is_x86_feature_detected!`; preferred over AVX2 |
 //! | NEON (baseline) | all ten, single-row (multi-row loops over rows) | `is_aarch64_feature_detected!`; compile-checked only |
 //!
 //! The tile kernels have three paths. Small batches on AVX-512 VNNI (legacy formats,

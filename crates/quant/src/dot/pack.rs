@@ -10,10 +10,10 @@
 //! each of eight rows, every product instruction is a full `maddubs` against an activation
 //! dword broadcast to all lanes, each lane is one weight row (no horizontal sums), and the
 //! scales of eight rows are applied with one `madd` per chunk. On an AVX-512 VNNI
-//! machine the legacy formats are packed too: a decode step reads a group as one
-//! contiguous stream (no per-block gathers), and products of more than
-//! [`PACKED_TILE_ROWS`] rows hand two groups at a time to the 512-bit tile, which lays
-//! their 32-byte fields side by side as 16 row lanes.
+//! machine the same layout serves: a decode step reads a group as one contiguous stream
+//! (no per-block gathers) through the AVX2 kernels, and products of more than
+//! [`packed_tile_rows`] rows hand two groups at a time to the 512-bit tile, which lays
+//! their fields side by side as 16 row lanes.
 //!
 //! # Layout
 //! A [`Packed`] matrix is `ceil(rows / 8)` groups of eight rows (the last one padded with
@@ -194,33 +194,35 @@ pub(super) const Q6K_QH: usize = 1024;
 pub(super) const Q6K_SCALES: usize = 1536;
 pub(super) const Q6K_D: usize = 1664;
 
-/// Whether weights of type `ty` should be repacked on this machine. Where the AVX2
-/// kernels are the best ones, every type with a packed layout ([`block_bytes`]). On an
-/// AVX-512 VNNI machine, the legacy formats (Q4_0 .. Q8_0): their decode steps read the
-/// packed groups faster than the 512-bit kernels read stored rows (AMD Zen 5 VM,
-/// qwen2.5-1.5b tg128, 2 threads: Q8_0 25.4-29.5 vs 19.0-19.9 t/s, Q4_0 42.1-42.3 vs
-/// 40.1-42.3), and their prefill prepares the packed groups for the same 512-bit tiles
-/// ([`Packed::dot_groups`]); the K-quants' 512-bit kernels read stored rows as fast as
-/// packed ones (a tie on Q4_K) and their prefill is the faster, so they stay stored. The
-/// one predicate the loader asks.
+/// Whether weights of type `ty` should be repacked on this machine: every type with a
+/// packed layout ([`block_bytes`]) where the AVX2 or the AVX-512 VNNI kernels are the
+/// best. On AVX-512 the packed groups serve one-row decode steps through the AVX2 group
+/// kernels (one contiguous stream per eight rows, no per-block gathers) and everything
+/// larger through the 512-bit tile ([`Packed::dot_groups`]). Measured on an AMD Zen 5
+/// VM (`tile_speed`, one thread): one row Q4_K 1536x8960 46-47 GB/s packed against 40
+/// stored, Q6_K 48 against 57 (both above a core's share of the machine's bandwidth),
+/// Q8_0 8960x1536 52.6 packed; eight rows Q4_K 443-469 GOP/s against 131 stored, Q4_0
+/// 440 against about 200; 512 rows (prefill) Q4_K 619-624. The one predicate the loader
+/// asks.
 pub fn preferred(ty: GgmlType) -> bool {
-    block_bytes(ty).is_some()
-        && match Isa::best() {
-            Isa::Avx2 => true,
-            Isa::Avx512Vnni => ty.block_size() == 32,
-            _ => false,
-        }
+    block_bytes(ty).is_some() && matches!(Isa::best(), Isa::Avx2 | Isa::Avx512Vnni)
 }
 
-/// Activation rows above which a legacy format's packed groups are multiplied by the
-/// AVX-512 tile (on such a machine) rather than the AVX2 group kernels. One activation
-/// row (a decode step) reads memory fastest through the AVX2 kernel; from two rows the
-/// 512-bit tile (16 row lanes, `vpdpbusd`) does the most work per weight byte. Measured
-/// (`tile_speed packed`, one thread, AMD Zen 5 VM; AVX2 kernels -> tile): Q4_0 8960x1536
-/// 2 rows 167 -> 237 GOP/s, 8 rows 131 -> 440; Q8_0 2 rows 120 -> 173, 8 rows 131 ->
-/// 347; Q5_0 6912x1152 8 rows 151 -> 426; one row Q8_0 52.6 GB/s (AVX2) against 37.7-40.4
-/// (tile).
-pub const PACKED_TILE_ROWS: usize = 1;
+/// Activation rows above which type `ty`'s packed groups are multiplied by the AVX-512
+/// tile (on such a machine) rather than the AVX2 group kernels: one for the legacy
+/// formats, two for the K-quants. Measured (`tile_speed packed`, one thread, AMD Zen 5
+/// VM; AVX2 group kernels / tile, GOP/s): Q4_0 8960x1536 2 rows 167 / 237, 8 rows 131 /
+/// 440; Q8_0 2 rows 120 / 173, 8 rows 131 / 347; Q4_K 1536x8960 2 rows 252 / 163, 4 rows
+/// 285 / 297, 8 rows 289 / 443; Q6_K 1536x8960 2 rows 160 / 140, 4 rows 196 / 245, 8
+/// rows 197 / 348; one row the AVX2 kernels read faster (Q8_0 52.6 against 37.7-40.4
+/// GB/s).
+pub fn packed_tile_rows(ty: GgmlType) -> usize {
+    if ty.block_size() == 256 {
+        2
+    } else {
+        1
+    }
+}
 
 /// Zeroed bytes aligned to 64 (a cache line), so the kernels' 32-byte loads never
 /// straddle lines. Allocated zeroed (the pages are mapped on first write, by whichever
@@ -462,8 +464,8 @@ impl Packed {
     /// weight type): `sink(r, i, values)` receives activation row `r`'s results for weight
     /// rows `8 g0 + i ..`. Every value has the bits of [`super::dot_scalar`] on the stored
     /// row. `prep`: the rows prepared by the weight type's best kernel
-    /// ([`super::DotKernel::prepare`]), or empty; a legacy format's products of more than
-    /// [`PACKED_TILE_ROWS`] rows on an AVX-512 VNNI machine read it (or compute it when
+    /// ([`super::DotKernel::prepare`]), or empty; products of more than
+    /// [`packed_tile_rows`] rows on an AVX-512 VNNI machine read it (or compute it when
     /// empty).
     ///
     /// # Panics
@@ -481,8 +483,8 @@ impl Packed {
         self.dot_groups_on(Isa::best(), g0, n_g, acts, n_a, prep, sink);
     }
 
-    /// [`Self::dot_groups`] by the kernels of `isa`: on [`Isa::Avx512Vnni`], a legacy
-    /// format's products of more than [`PACKED_TILE_ROWS`] rows by the 512-bit tile, the
+    /// [`Self::dot_groups`] by the kernels of `isa`: on [`Isa::Avx512Vnni`], products of
+    /// more than [`packed_tile_rows`] rows by the 512-bit tile, the
     /// rest by the AVX2 group kernels; on [`Isa::Avx2`], the AVX2 group kernels; the
     /// scalar twin where `isa` is not available here or has no packed kernels. The same
     /// bits whichever runs (the tests compare every available one with the twin).
@@ -505,14 +507,14 @@ impl Packed {
             return;
         }
         #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Avx512Vnni && n_a > PACKED_TILE_ROWS && isa.is_available() {
+        if isa == Isa::Avx512Vnni && n_a > packed_tile_rows(self.ty) && isa.is_available() {
             if let Some(k) = super::x86_512::packed_tile_kernel(self.ty) {
                 assert!(
-                    prep.l.is_empty() || prep.l.len() == n_a * self.nb,
+                    prep.is_empty() || prep.len() == n_a * self.nb,
                     "Packed::dot_groups {}: activation extras of another shape",
                     self.ty
                 );
-                k(self, g0, n_g, acts, n_a, &prep.l, sink);
+                k(self, g0, n_g, acts, n_a, prep, sink);
                 return;
             }
         }

@@ -44,7 +44,10 @@
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
-use super::pack::{Legacy, Packed, GROUP};
+use super::pack::{
+    Legacy, Packed, GROUP, Q4K_BYTES, Q4K_DMIN, Q4K_MINS, Q4K_QS, Q4K_SCALES, Q6K_BYTES, Q6K_D,
+    Q6K_QH, Q6K_SCALES,
+};
 use super::x86::hsum8x8;
 use super::x86_tile::{f16x8, lane_mask, legacy_type};
 use super::{KExtra, LExtra, Lanes, TileFn, TilePrepFn, TileSink};
@@ -1206,8 +1209,162 @@ fn tile<const F: u8>(ws: &[u8], n_w: usize, acts: &[u8], n_a: usize, out: &mut [
     });
 }
 
-/// The prefill path: every weight row of the tile against every activation row (`ex`:
-/// the rows' extras, one per super-block), results to `sink`.
+/// The format family of a prefill tile: its prepared block of 16 weight rows, its
+/// activation rows' extras and block bytes, and the products of one prepared block with
+/// `R` activation rows ([`block_rows`] for the K-quants, [`lblock_rows`] for the legacy
+/// formats). [`tile_with`] is the one body both run in.
+trait TileRows {
+    type Blk: Copy;
+    type Ex;
+    /// Bytes of one activation block (Q8_K or Q8_0).
+    const AB: usize;
+    /// A prepared block with every lane zero.
+    const ZERO: Self::Blk;
+    /// # Safety
+    /// As [`block_rows`] / [`lblock_rows`]; AVX-512 F/BW/VL + VNNI detected.
+    unsafe fn rows<const R: usize>(
+        w: *const Self::Blk,
+        a: [*const u8; R],
+        e: [*const Self::Ex; R],
+        nb: usize,
+    ) -> [__m512i; R];
+    /// The extras of one activation block.
+    fn extra(a: &[u8]) -> Self::Ex;
+    /// Bytes of one packed block (eight rows, `super::pack`).
+    const PACKED: usize;
+    /// A block of 16 rows prepared from packed blocks `pa` (rows 0..8) and `pb` (8..16).
+    ///
+    /// # Safety
+    /// Each pointer addresses [`Self::PACKED`] readable bytes; AVX-512 detected.
+    unsafe fn prep_packed(pa: *const u8, pb: *const u8, out: &mut Self::Blk);
+}
+
+/// The K-quants' tile family (format `F`: Q4_K, Q6_K).
+struct KRows<const F: u8>;
+
+impl<const F: u8> TileRows for KRows<F> {
+    type Blk = WBlock;
+    type Ex = KExtra;
+    const AB: usize = KAB;
+    const ZERO: WBlock = WBLOCK_ZERO;
+    #[inline(always)]
+    unsafe fn rows<const R: usize>(
+        w: *const WBlock,
+        a: [*const u8; R],
+        e: [*const KExtra; R],
+        nb: usize,
+    ) -> [__m512i; R] {
+        // SAFETY: the caller's bounds and ISA.
+        unsafe { block_rows::<F, R>(w, a, e, nb) }
+    }
+    fn extra(a: &[u8]) -> KExtra {
+        KExtra::of(a)
+    }
+    const PACKED: usize = if F == Q4_K { Q4K_BYTES } else { Q6K_BYTES };
+    #[inline(always)]
+    unsafe fn prep_packed(pa: *const u8, pb: *const u8, out: &mut WBlock) {
+        // SAFETY: the caller's bounds and ISA.
+        unsafe { kprep_packed::<F>(pa, pb, out) }
+    }
+}
+
+/// The legacy formats' tile family (format `F`: Q4_0 .. Q8_0).
+struct LRows<const F: u8>;
+
+impl<const F: u8> TileRows for LRows<F> {
+    type Blk = LBlock;
+    type Ex = LExtra;
+    const AB: usize = LAB;
+    const ZERO: LBlock = LBLOCK_ZERO;
+    #[inline(always)]
+    unsafe fn rows<const R: usize>(
+        w: *const LBlock,
+        a: [*const u8; R],
+        e: [*const LExtra; R],
+        nb: usize,
+    ) -> [__m512i; R] {
+        // SAFETY: the caller's bounds and ISA.
+        unsafe { lblock_rows::<F, R>(w, a, e, nb) }
+    }
+    fn extra(a: &[u8]) -> LExtra {
+        LExtra::of(a)
+    }
+    const PACKED: usize = Legacy::of(legacy_type(F)).bytes;
+    #[inline(always)]
+    unsafe fn prep_packed(pa: *const u8, pb: *const u8, out: &mut LBlock) {
+        // SAFETY: the caller's bounds and ISA.
+        unsafe { lprep_packed::<F>(pa, pb, out) }
+    }
+}
+
+/// The prefill path: `n_w` weight rows of `nb` (super-)blocks, prepared by `prep(k, b,
+/// out)` (block `b` of weight rows `16k..16k + 16` into `out`; missing rows' lanes zero or
+/// anything finite: they are never stored), against every activation row (`acts`: raw
+/// rows of `T::AB`-byte blocks; `ex`: their extras, one per block), results to `sink`.
+/// Each block of 16 rows is prepared into `wp` just before every activation row meets it,
+/// so it stays in cache (`nb` blocks), then the activation rows go through in register
+/// blocks of [`RA`], 4, 2 and 1. The one body of the stored and packed tiles of both
+/// families.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+fn tile_with<T: TileRows>(
+    wp: &mut Vec<T::Blk>,
+    n_w: usize,
+    nb: usize,
+    acts: &[u8],
+    n_a: usize,
+    ex: &[T::Ex],
+    sink: &mut TileSink<'_>,
+    mut prep: impl FnMut(usize, usize, &mut T::Blk),
+) {
+    assert!(n_w > 0 && n_a > 0 && nb > 0, "tile shape");
+    let ab = acts.len() / n_a;
+    assert!(ab * n_a == acts.len() && nb * T::AB == ab, "tile lengths");
+    assert_eq!(ex.len(), n_a * nb, "activation extras");
+    if wp.len() < nb {
+        wp.resize(nb, T::ZERO);
+    }
+    let mut lanes = [0f32; WROWS];
+    let mut store = |r: usize, k: usize, v: __m512i| {
+        // SAFETY: `lanes` is 64 writable bytes.
+        unsafe { _mm512_storeu_si512(lanes.as_mut_ptr().cast(), v) };
+        let i0 = k * WROWS;
+        sink(r, i0, &lanes[..(n_w - i0).min(WROWS)]);
+    };
+    for k in 0..n_w.div_ceil(WROWS) {
+        for (b, out) in wp[..nb].iter_mut().enumerate() {
+            prep(k, b, out);
+        }
+        let w = wp.as_ptr();
+        let mut r0 = 0;
+        while r0 < n_a {
+            let arow = |r: usize| acts[r * ab..].as_ptr();
+            let erow = |r: usize| ex[r * nb..].as_ptr();
+            macro_rules! run {
+                ($n:expr) => {{
+                    let rr: [usize; $n] = std::array::from_fn(|q| r0 + q);
+                    // SAFETY: `w` holds `nb` prepared blocks; each activation pointer
+                    // starts one row's `nb` blocks and extras (checked above); the ISA is
+                    // this function's.
+                    let res = unsafe { T::rows::<$n>(w, rr.map(arow), rr.map(erow), nb) };
+                    for (q, v) in res.into_iter().enumerate() {
+                        store(r0 + q, k, v);
+                    }
+                    r0 += $n;
+                }};
+            }
+            match n_a - r0 {
+                RA.. => run!(RA),
+                4.. => run!(4),
+                2.. => run!(2),
+                _ => run!(1),
+            }
+        }
+    }
+}
+
+/// The K-quant prefill path on stored rows (`ws`: `n_w` rows): every weight row against
+/// every activation row (`ex`: the rows' extras, one per super-block), results to `sink`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
 fn tile_prepared<const F: u8>(
     ws: &[u8],
@@ -1217,66 +1374,22 @@ fn tile_prepared<const F: u8>(
     ex: &[KExtra],
     sink: &mut TileSink<'_>,
 ) {
-    assert!(n_w > 0 && n_a > 0, "tile shape");
-    let (wrb, ab) = (ws.len() / n_w, acts.len() / n_a);
+    assert!(n_w > 0, "tile shape");
+    let wrb = ws.len() / n_w;
     let nb = wrb / kwb(F);
-    assert!(
-        wrb * n_w == ws.len() && ab * n_a == acts.len() && nb * kwb(F) == wrb && nb * KAB == ab,
-        "tile lengths"
-    );
-    assert_eq!(ex.len(), n_a * nb, "activation extras");
+    assert!(wrb * n_w == ws.len() && nb * kwb(F) == wrb, "tile lengths");
     let sidx = if F == Q4_K {
         &Q4K_SCALE_IDX
     } else {
         &Q6K_SCALE_IDX
     }
     .map(|i| idx_vec(&i));
-    let nblk = n_w.div_ceil(WROWS);
     TBUF.with_borrow_mut(|wp| {
-        if wp.len() < nblk * nb {
-            wp.resize(nblk * nb, WBLOCK_ZERO);
-        }
-        for k in 0..nblk {
+        tile_with::<KRows<F>>(wp, n_w, nb, acts, n_a, ex, sink, |k, b, out| {
             let rows = k * WROWS..((k + 1) * WROWS).min(n_w);
-            for b in 0..nb {
-                // SAFETY: every row `< n_w` holds `nb` super-blocks (checked above).
-                unsafe { prep_block::<F>(ws, wrb, rows.clone(), b, &sidx, &mut wp[k * nb + b]) };
-            }
-        }
-        let mut lanes = [0f32; WROWS];
-        let mut store = |r: usize, k: usize, v: __m512i| {
-            // SAFETY: `lanes` is 64 writable bytes.
-            unsafe { _mm512_storeu_si512(lanes.as_mut_ptr().cast(), v) };
-            let i0 = k * WROWS;
-            sink(r, i0, &lanes[..(n_w - i0).min(WROWS)]);
-        };
-        for k in 0..nblk {
-            let w = wp[k * nb..].as_ptr();
-            let mut r0 = 0;
-            while r0 < n_a {
-                let left = n_a - r0;
-                let arow = |r: usize| acts[r * ab..].as_ptr();
-                let erow = |r: usize| ex[r * nb..].as_ptr();
-                // Register blocks of RA rows, then of 4, 2 and 1 for the rest.
-                macro_rules! run {
-                    ($n:expr) => {{
-                        let rr: [usize; $n] = std::array::from_fn(|q| r0 + q);
-                        // SAFETY: each pointer starts one row's `nb` blocks (checked above).
-                        let res = unsafe { block_rows::<F, $n>(w, rr.map(arow), rr.map(erow), nb) };
-                        for (q, v) in res.into_iter().enumerate() {
-                            store(r0 + q, k, v);
-                        }
-                        r0 += $n;
-                    }};
-                }
-                match left {
-                    RA.. => run!(RA),
-                    4.. => run!(4),
-                    2.. => run!(2),
-                    _ => run!(1),
-                }
-            }
-        }
+            // SAFETY: every row `< n_w` holds `nb` super-blocks (checked above).
+            unsafe { prep_block::<F>(ws, wrb, rows, b, &sidx, out) };
+        })
     });
 }
 
@@ -1465,71 +1578,6 @@ unsafe fn lblock_rows<const F: u8, const R: usize>(
     })
 }
 
-/// The legacy prefill path: `n_w` weight rows of `nb` blocks, prepared by `prep(k, b,
-/// out)` (block `b` of weight rows `16k..16k + 16` into `out`), against every activation
-/// row (`acts`: raw Q8_0 rows; `ex`: their extras, one per block), results to `sink`. The
-/// one body of [`ltile_prepared`] (stored rows) and [`ltile_packed`] (packed groups).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
-fn ltile_with<const F: u8>(
-    n_w: usize,
-    nb: usize,
-    acts: &[u8],
-    n_a: usize,
-    ex: &[LExtra],
-    sink: &mut TileSink<'_>,
-    mut prep: impl FnMut(usize, usize, &mut LBlock),
-) {
-    assert!(n_w > 0 && n_a > 0 && nb > 0, "tile shape");
-    let ab = acts.len() / n_a;
-    assert!(ab * n_a == acts.len() && nb * LAB == ab, "tile lengths");
-    assert_eq!(ex.len(), n_a * nb, "activation extras");
-    let nblk = n_w.div_ceil(WROWS);
-    LTBUF.with_borrow_mut(|wp| {
-        if wp.len() < nb {
-            wp.resize(nb, LBLOCK_ZERO);
-        }
-        let mut lanes = [0f32; WROWS];
-        let mut store = |r: usize, k: usize, v: __m512i| {
-            // SAFETY: `lanes` is 64 writable bytes.
-            unsafe { _mm512_storeu_si512(lanes.as_mut_ptr().cast(), v) };
-            let i0 = k * WROWS;
-            sink(r, i0, &lanes[..(n_w - i0).min(WROWS)]);
-        };
-        for k in 0..nblk {
-            // Block k's 16 rows are prepared just before every activation row meets
-            // them, so they stay in L1 (`nb` blocks of 640 bytes).
-            for (b, out) in wp[..nb].iter_mut().enumerate() {
-                prep(k, b, out);
-            }
-            let w = wp.as_ptr();
-            let mut r0 = 0;
-            while r0 < n_a {
-                let left = n_a - r0;
-                let arow = |r: usize| acts[r * ab..].as_ptr();
-                let erow = |r: usize| ex[r * nb..].as_ptr();
-                macro_rules! run {
-                    ($n:expr) => {{
-                        let rr: [usize; $n] = std::array::from_fn(|q| r0 + q);
-                        // SAFETY: each pointer starts one row's `nb` blocks (checked above).
-                        let res =
-                            unsafe { lblock_rows::<F, $n>(w, rr.map(arow), rr.map(erow), nb) };
-                        for (q, v) in res.into_iter().enumerate() {
-                            store(r0 + q, k, v);
-                        }
-                        r0 += $n;
-                    }};
-                }
-                match left {
-                    RA.. => run!(RA),
-                    4.. => run!(4),
-                    2.. => run!(2),
-                    _ => run!(1),
-                }
-            }
-        }
-    });
-}
-
 /// The legacy prefill path on stored rows (`ws`: `n_w` rows).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
 fn ltile_prepared<const F: u8>(
@@ -1544,21 +1592,19 @@ fn ltile_prepared<const F: u8>(
     let wrb = ws.len() / n_w;
     let nb = wrb / lwb(F);
     assert!(wrb * n_w == ws.len() && nb * lwb(F) == wrb, "tile lengths");
-    ltile_with::<F>(n_w, nb, acts, n_a, ex, sink, |k, b, out| {
-        let rows = k * WROWS..((k + 1) * WROWS).min(n_w);
-        let mut w = [LZERO_ROW.as_ptr(); WROWS];
-        for (l, i) in rows.enumerate() {
-            w[l] = ws[i * wrb + b * lwb(F)..][..lwb(F)].as_ptr();
-        }
-        // SAFETY: each `w[l]` is one whole stored block (a row's, or LZERO_ROW: 34 bytes,
-        // no legacy block is longer).
-        unsafe { lprep_block::<F>(&w, out) };
+    LTBUF.with_borrow_mut(|wp| {
+        tile_with::<LRows<F>>(wp, n_w, nb, acts, n_a, ex, sink, |k, b, out| {
+            let rows = k * WROWS..((k + 1) * WROWS).min(n_w);
+            let mut w = [LZERO_ROW.as_ptr(); WROWS];
+            for (l, i) in rows.enumerate() {
+                w[l] = ws[i * wrb + b * lwb(F)..][..lwb(F)].as_ptr();
+            }
+            // SAFETY: each `w[l]` is one whole stored block (a row's, or LZERO_ROW: 34 bytes,
+            // no legacy block is longer).
+            unsafe { lprep_block::<F>(&w, out) };
+        })
     });
 }
-
-/// Zero bytes standing for a packed legacy block of the missing second group of a block
-/// of 16 rows (no packed legacy block is longer; its lanes are never stored).
-static LZERO_PACKED: [u8; 272] = [0; 272];
 
 /// One block of 16 packed legacy weight rows prepared as [`lprep_block`] prepares stored
 /// ones, from the packed blocks `pa` (rows 0..8) and `pb` (rows 8..16) of
@@ -1622,80 +1668,176 @@ unsafe fn lprep_packed<const F: u8>(pa: *const u8, pb: *const u8, out: &mut LBlo
     }
 }
 
-/// The legacy prefill path on packed groups `g0 .. g0 + n_g` of `p` (rows clipped to
-/// `p.rows()`) against `n_a` raw Q8_0 rows with their extras `ex` (computed here when
-/// empty): `sink(r, i, values)` as [`Packed::dot_groups`]. Two groups make one block of
-/// 16 rows.
+/// Zero bytes standing for the packed block of a missing second group of a block of 16
+/// rows (as long as the longest packed block, Q6_K's; its lanes are never stored).
+static ZERO_PACKED: [u8; Q6K_BYTES] = [0; Q6K_BYTES];
+
+/// The tile on packed groups `g0 .. g0 + n_g` of `p` (rows clipped to `p.rows()`) against
+/// `n_a` raw activation rows with their extras `ex` (computed here when empty):
+/// `sink(r, i, values)` as [`Packed::dot_groups`]. Two groups make one block of 16 rows.
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
-fn ltile_packed<const F: u8>(
+fn tile_packed<T: TileRows>(
+    wp: &mut Vec<T::Blk>,
     p: &Packed,
     g0: usize,
     n_g: usize,
     acts: &[u8],
     n_a: usize,
-    ex: &[LExtra],
+    ex: &[T::Ex],
     sink: &mut TileSink<'_>,
 ) {
     let (pb, nb) = p.geometry();
     let data = p.data();
     assert!(
-        pb == Legacy::of(legacy_type(F)).bytes && (g0 + n_g) * nb * pb <= data.len(),
+        pb == T::PACKED && (g0 + n_g) * nb * pb <= data.len(),
         "packed groups"
     );
     let n_w = ((g0 + n_g) * GROUP).min(p.rows()) - g0 * GROUP;
-    let own: Vec<LExtra>;
+    let own: Vec<T::Ex>;
     let ex = if ex.is_empty() {
-        own = acts.chunks_exact(LAB).map(LExtra::of).collect();
+        own = acts.chunks_exact(T::AB).map(T::extra).collect();
         &own
     } else {
         ex
     };
-    ltile_with::<F>(n_w, nb, acts, n_a, ex, sink, |k, b, out| {
+    tile_with::<T>(wp, n_w, nb, acts, n_a, ex, sink, |k, b, out| {
         let block = |g: usize| {
             if g < g0 + n_g {
                 data[(g * nb + b) * pb..][..pb].as_ptr()
             } else {
-                LZERO_PACKED.as_ptr()
+                ZERO_PACKED.as_ptr()
             }
         };
         let g = g0 + 2 * k;
-        // SAFETY: each pointer is one whole packed block (of the matrix, or zeros).
-        unsafe { lprep_packed::<F>(block(g), block(g + 1), out) };
+        // SAFETY: each pointer is one whole packed block (of the matrix, or zeros); the
+        // ISA is this function's.
+        unsafe { T::prep_packed(block(g), block(g + 1), out) };
     });
 }
 
-/// The legacy prefill path on packed groups for `ty` (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), as
-/// [`ltile_packed`]. Callers must have detected [`super::Isa::Avx512Vnni`].
+/// The tile on packed groups for `ty` (Q4_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), as
+/// [`tile_packed`], reading the activation extras of `prep` (`ActPrep::k` or `::l`).
+/// Callers must have detected [`super::Isa::Avx512Vnni`].
 pub(super) fn packed_tile_kernel(ty: GgmlType) -> Option<PackedTileFn> {
     use GgmlType as T;
+    macro_rules! k {
+        ($f:expr) => {
+            |p, g0, n, a, na, prep, sink| {
+                // SAFETY: handed out only after run-time detection (module doc).
+                TBUF.with_borrow_mut(|wp| unsafe {
+                    tile_packed::<KRows<$f>>(wp, p, g0, n, a, na, &prep.k, sink)
+                })
+            }
+        };
+    }
+    macro_rules! l {
+        ($f:expr) => {
+            |p, g0, n, a, na, prep, sink| {
+                // SAFETY: handed out only after run-time detection (module doc).
+                LTBUF.with_borrow_mut(|wp| unsafe {
+                    tile_packed::<LRows<$f>>(wp, p, g0, n, a, na, &prep.l, sink)
+                })
+            }
+        };
+    }
     Some(match ty {
-        // SAFETY: handed out only after run-time detection (module doc).
-        T::Q4_0 => {
-            |p, g0, n, a, na, ex, sink| unsafe { ltile_packed::<Q4_0>(p, g0, n, a, na, ex, sink) }
-        }
-        // SAFETY: as above.
-        T::Q4_1 => {
-            |p, g0, n, a, na, ex, sink| unsafe { ltile_packed::<Q4_1>(p, g0, n, a, na, ex, sink) }
-        }
-        // SAFETY: as above.
-        T::Q5_0 => {
-            |p, g0, n, a, na, ex, sink| unsafe { ltile_packed::<Q5_0>(p, g0, n, a, na, ex, sink) }
-        }
-        // SAFETY: as above.
-        T::Q5_1 => {
-            |p, g0, n, a, na, ex, sink| unsafe { ltile_packed::<Q5_1>(p, g0, n, a, na, ex, sink) }
-        }
-        // SAFETY: as above.
-        T::Q8_0 => {
-            |p, g0, n, a, na, ex, sink| unsafe { ltile_packed::<Q8_0>(p, g0, n, a, na, ex, sink) }
-        }
+        T::Q4_K => k!(Q4_K),
+        T::Q6_K => k!(Q6_K),
+        T::Q4_0 => l!(Q4_0),
+        T::Q4_1 => l!(Q4_1),
+        T::Q5_0 => l!(Q5_0),
+        T::Q5_1 => l!(Q5_1),
+        T::Q8_0 => l!(Q8_0),
         _ => return None,
     })
 }
 
 /// The signature of [`packed_tile_kernel`]'s kernels.
 pub(super) type PackedTileFn =
-    fn(&Packed, usize, usize, &[u8], usize, &[LExtra], &mut TileSink<'_>);
+    fn(&Packed, usize, usize, &[u8], usize, &super::ActPrep, &mut TileSink<'_>);
+
+/// One super-block of 16 packed K-quant rows prepared as [`prep_block`] prepares stored
+/// ones, from the packed blocks `pa` (rows 0..8) and `pb` (rows 8..16) of `super::pack`'s
+/// layout, whose fields already hold eight rows in row order: the quants of chunk `c`,
+/// step `s` of both are one register whose low nibbles are dword `8c + s` and high
+/// nibbles dword `8c + 4 + s` (Q6_K: plus bits `2s..2s + 2` of the chunk's two high-bit
+/// halves as bits 4-5); Q4_K's u8 scales widened to i32 lanes and its mins pairs to i16
+/// pairs; Q6_K's i8 scale pairs `(2c, 2c + 1)` split into two i32 lanes each.
+///
+/// # Safety
+/// `pa` and `pb` each address one whole packed block of `F`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+#[inline]
+unsafe fn kprep_packed<const F: u8>(pa: *const u8, pb: *const u8, out: &mut WBlock) {
+    // SAFETY (whole body): every offset below is a field of both packed blocks (caller,
+    // `super::pack`'s offsets); every store is to a 64-byte row of `out`.
+    unsafe {
+        let two = |off: usize| {
+            _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(_mm256_loadu_si256(pa.add(off).cast())),
+                _mm256_loadu_si256(pb.add(off).cast()),
+            )
+        };
+        let two16 = |off: usize| {
+            _mm256_inserti128_si256::<1>(
+                _mm256_castsi128_si256(_mm_loadu_si128(pa.add(off).cast())),
+                _mm_loadu_si128(pb.add(off).cast()),
+            )
+        };
+        let st =
+            |dst: &mut [u32; WROWS], v: __m512i| _mm512_storeu_si512(dst.as_mut_ptr().cast(), v);
+        let m4 = _mm512_set1_epi8(0x0F);
+        if F == Q4_K {
+            for c in 0..8 {
+                for s in 0..4 {
+                    let v = two(Q4K_QS + 128 * c + 32 * s);
+                    st(&mut out.q[8 * c + s], _mm512_and_si512(v, m4));
+                    st(
+                        &mut out.q[8 * c + 4 + s],
+                        _mm512_and_si512(_mm512_srli_epi32::<4>(v), m4),
+                    );
+                }
+                let sc = _mm_unpacklo_epi64(
+                    _mm_loadl_epi64(pa.add(Q4K_SCALES + 8 * c).cast()),
+                    _mm_loadl_epi64(pb.add(Q4K_SCALES + 8 * c).cast()),
+                );
+                _mm512_storeu_si512(out.sc[c].as_mut_ptr().cast(), _mm512_cvtepu8_epi32(sc));
+            }
+            for (pair, m) in out.mins.iter_mut().enumerate() {
+                st(m, _mm512_cvtepu8_epi16(two16(Q4K_MINS + 16 * pair)));
+            }
+            _mm512_storeu_ps(out.d.as_mut_ptr(), _mm512_cvtph_ps(two16(0)));
+            _mm512_storeu_ps(out.dmin.as_mut_ptr(), _mm512_cvtph_ps(two16(Q4K_DMIN)));
+        } else {
+            let m3 = _mm512_set1_epi8(3);
+            for c in 0..8 {
+                let h = [two(Q6K_QH + 64 * c), two(Q6K_QH + 64 * c + 32)];
+                for s in 0..4 {
+                    let v = two(128 * c + 32 * s);
+                    let high = |half: usize| {
+                        let bits = _mm512_srlv_epi32(h[half], _mm512_set1_epi32(2 * s as i32));
+                        _mm512_slli_epi32::<4>(_mm512_and_si512(bits, m3))
+                    };
+                    let lo = _mm512_or_si512(_mm512_and_si512(v, m4), high(0));
+                    let hi =
+                        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32::<4>(v), m4), high(1));
+                    st(&mut out.q[8 * c + s], lo);
+                    st(&mut out.q[8 * c + 4 + s], hi);
+                }
+                // i16 lanes: (scale 2c, scale 2c + 1) of each row.
+                let w = _mm512_cvtepi8_epi16(two16(Q6K_SCALES + 16 * c));
+                let even = _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(w));
+                _mm512_storeu_si512(out.sc[2 * c].as_mut_ptr().cast(), even);
+                _mm512_storeu_si512(
+                    out.sc[2 * c + 1].as_mut_ptr().cast(),
+                    _mm512_srai_epi32::<16>(w),
+                );
+            }
+            _mm512_storeu_ps(out.d.as_mut_ptr(), _mm512_cvtph_ps(two16(Q6K_D)));
+        }
+    }
+}
 
 /// The legacy prefill path as a contiguous tile (`dot_tile`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
