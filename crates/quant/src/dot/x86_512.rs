@@ -28,13 +28,16 @@
 //! The eight (super-)blocks of a group are reduced together, then the tail runs on eight
 //! lanes.
 //!
-//! **Prefill** (more rows): the tile's weight rows are prepared once per call in blocks of
-//! 16 rows whose 32-bit lanes are the rows; an activation row is read as stored, each of
-//! its dwords broadcast, so `vpdpbusd` accumulates one scale group's exact dot product for
-//! 16 weight rows at once, `vpmulld` scales it and the tail runs on 16 rows, with the
-//! twin's eight lanes as eight registers. What each activation block contributes besides
-//! its quants (bsum pair sums, `Σy`, scales) is prepared once per matrix product
-//! ([`super::KExtra`], [`super::LExtra`]) and shared by every format reading the rows.
+//! **Prefill** (more rows, and every product of more than one or two rows on packed
+//! groups: `super::pack`): the tile's weight rows are prepared in blocks of 16 rows whose
+//! 32-bit lanes are the rows (from stored rows, or from two packed groups of eight), each
+//! just before the activation rows meet it ([`tile_with`]); an activation row is read as
+//! stored, each of its dwords broadcast, so `vpdpbusd` accumulates one scale group's exact
+//! dot product for 16 weight rows at once, `vpmulld` scales it and the tail runs on 16
+//! rows, with the twin's eight lanes summed one at a time. What each activation block
+//! contributes besides its quants (bsum pair sums, `Σy`, scales) is prepared once per
+//! matrix product ([`super::KExtra`], [`super::LExtra`]) and shared by every format
+//! reading the rows.
 //!
 //! Safety: the kernels are reached only through [`tile_kernel`] and [`tile_prep_kernel`],
 //! which `super::kernel` calls only for [`super::Isa::Avx512Vnni`] after run-time
@@ -978,7 +981,7 @@ fn lgemv<const F: u8, const R: usize>(
 // ---------------------------------------------------------------------------------------
 // The prefill path (4 or more activation rows).
 //
-// The weight rows of the tile are prepared once per call in blocks of 16 rows: for each
+// The weight rows of the tile are prepared in blocks of 16 rows, one at a time: for each
 // super-block, register `j` (of 64) holds dword `j` of the 256 unsigned values of each of
 // the 16 rows (lane = row), beside the rows' scales (i32 lanes), Q4_K mins (i16 pairs) and
 // `d`/`dmin` (f32 lanes). An activation row is read as stored: dword `j` of its quants is
