@@ -1037,8 +1037,16 @@ fn lanes_tree<const R: usize>(
     nb: usize,
     mut block: impl FnMut(usize) -> [__m512; R],
 ) -> [__m512i; R] {
-    let mut lane = |j: usize| {
-        let mut acc = [_mm512_setzero_ps(); R];
+    let add = |x: [__m512; R], y: [__m512; R]| -> [__m512; R] {
+        std::array::from_fn(|r| _mm512_add_ps(x[r], y[r]))
+    };
+    // The tree `((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))` built as the lanes
+    // come, in one loop (so `block` is inlined once, not eight times: unrolled, it was
+    // called per block instead).
+    let zero = [_mm512_setzero_ps(); R];
+    let (mut pair, mut quad, mut half) = (zero, zero, zero);
+    for j in 0..8 {
+        let mut acc = zero;
         let mut b = j;
         while b < nb {
             let v = block(b);
@@ -1047,16 +1055,16 @@ fn lanes_tree<const R: usize>(
             }
             b += 8;
         }
-        acc
-    };
-    let add = |x: [__m512; R], y: [__m512; R]| -> [__m512; R] {
-        std::array::from_fn(|r| _mm512_add_ps(x[r], y[r]))
-    };
-    let p01 = add(lane(0), lane(1));
-    let p03 = add(p01, add(lane(2), lane(3)));
-    let p45 = add(lane(4), lane(5));
-    let p47 = add(p45, add(lane(6), lane(7)));
-    add(p03, p47).map(|v| _mm512_castps_si512(v))
+        pair = if j % 2 == 0 { acc } else { add(pair, acc) };
+        match j {
+            1 => quad = pair,
+            3 => quad = add(quad, pair),
+            5 => half = pair,
+            7 => half = add(half, pair),
+            _ => {}
+        }
+    }
+    add(quad, half).map(|v| _mm512_castps_si512(v))
 }
 
 /// Prepares super-block `b` of the weight rows `rows` (at most [`WROWS`]; missing rows
