@@ -1617,6 +1617,41 @@ fn ltile_prepared<const F: u8>(
     });
 }
 
+/// The 32 bytes at `off` of the packed blocks `pa` (rows 0..8) and `pb` (rows 8..16) as
+/// one register: a packed 32-byte field holds eight rows' dwords in row order, so the
+/// pair is 16 row lanes.
+///
+/// # Safety
+/// 32 readable bytes at `pa + off` and `pb + off`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+#[inline]
+unsafe fn packed_pair32(pa: *const u8, pb: *const u8, off: usize) -> __m512i {
+    // SAFETY: the caller's bounds.
+    unsafe {
+        _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_loadu_si256(pa.add(off).cast())),
+            _mm256_loadu_si256(pb.add(off).cast()),
+        )
+    }
+}
+
+/// The 16 bytes at `off` of `pa` and of `pb` side by side (eight rows' f16 scales, or
+/// byte pairs, of each block).
+///
+/// # Safety
+/// 16 readable bytes at `pa + off` and `pb + off`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+#[inline]
+unsafe fn packed_pair16(pa: *const u8, pb: *const u8, off: usize) -> __m256i {
+    // SAFETY: the caller's bounds.
+    unsafe {
+        _mm256_inserti128_si256::<1>(
+            _mm256_castsi128_si256(_mm_loadu_si128(pa.add(off).cast())),
+            _mm_loadu_si128(pb.add(off).cast()),
+        )
+    }
+}
+
 /// One block of 16 packed legacy weight rows prepared as [`lprep_block`] prepares stored
 /// ones, from the packed blocks `pa` (rows 0..8) and `pb` (rows 8..16) of
 /// `super::pack`'s layout, whose 32-byte fields already hold eight rows' dwords in row
@@ -1631,19 +1666,9 @@ fn ltile_prepared<const F: u8>(
 unsafe fn lprep_packed<const F: u8>(pa: *const u8, pb: *const u8, out: &mut LBlock) {
     let l = const { Legacy::of(legacy_type(F)) };
     // SAFETY: every offset below is a field of both packed blocks (caller).
-    let two = |off: usize| unsafe {
-        _mm512_inserti64x4::<1>(
-            _mm512_castsi256_si512(_mm256_loadu_si256(pa.add(off).cast())),
-            _mm256_loadu_si256(pb.add(off).cast()),
-        )
-    };
+    let two = |off: usize| unsafe { packed_pair32(pa, pb, off) };
     // SAFETY: as above, 16 bytes of f16 per block.
-    let f16s = |off: usize| unsafe {
-        _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(
-            _mm256_castsi128_si256(_mm_loadu_si128(pa.add(off).cast())),
-            _mm_loadu_si128(pb.add(off).cast()),
-        ))
-    };
+    let f16s = |off: usize| _mm512_cvtph_ps(unsafe { packed_pair16(pa, pb, off) });
     let mut q = [_mm512_setzero_si512(); 8];
     if F == Q8_0 {
         let sign = _mm512_set1_epi8(-128);
@@ -1784,18 +1809,8 @@ unsafe fn kprep_packed<const F: u8>(pa: *const u8, pb: *const u8, out: &mut WBlo
     // SAFETY (whole body): every offset below is a field of both packed blocks (caller,
     // `super::pack`'s offsets); every store is to a 64-byte row of `out`.
     unsafe {
-        let two = |off: usize| {
-            _mm512_inserti64x4::<1>(
-                _mm512_castsi256_si512(_mm256_loadu_si256(pa.add(off).cast())),
-                _mm256_loadu_si256(pb.add(off).cast()),
-            )
-        };
-        let two16 = |off: usize| {
-            _mm256_inserti128_si256::<1>(
-                _mm256_castsi128_si256(_mm_loadu_si128(pa.add(off).cast())),
-                _mm_loadu_si128(pb.add(off).cast()),
-            )
-        };
+        let two = |off: usize| packed_pair32(pa, pb, off);
+        let two16 = |off: usize| packed_pair16(pa, pb, off);
         let st =
             |dst: &mut [u32; WROWS], v: __m512i| _mm512_storeu_si512(dst.as_mut_ptr().cast(), v);
         let m4 = _mm512_set1_epi8(0x0F);
