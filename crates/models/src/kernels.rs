@@ -290,8 +290,7 @@ fn matmul_inputs<'a>(projs: &mut [Projection<'a>], xs: &[&[f32]], n: usize) -> R
                 acts.len() - 1
             }
         };
-        // Packed legacy groups read the same prepared rows in a prefill
-        // (`Packed::dot_groups`).
+        // Packed groups read the same prepared rows (`Packed::dot_groups`).
         if n > SMALL_BATCH && k.wants_prep() && preps[slot].is_empty() {
             preps[slot] = k.prepare(&acts[slot].3, n);
         }

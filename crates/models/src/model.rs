@@ -358,9 +358,7 @@ impl Model {
             matmul_weights,
             packed: Default::default(),
         };
-        if repack {
-            model.repack_where(frink_quant::dot::pack::preferred);
-        }
+        model.set_repack(repack && frink_quant::dot::pack::preferred());
         Ok(model)
     }
 
@@ -371,20 +369,15 @@ impl Model {
     /// bit-identical either way; the packed copies replace the mapped bytes in resident
     /// memory (their pages are released from the mapping once packed; a tied LM head's
     /// embedding rows are read back from the packed copy). [`Model::from_gguf`] repacks
-    /// the types this machine's kernels read faster packed
-    /// ([`frink_quant::dot::pack::preferred`]: where the AVX2 or AVX-512 kernels are its
-    /// best; llama.cpp repacks its CPU weights the same way unless `--no-repack`).
+    /// where the AVX2 or AVX-512 kernels are this machine's best
+    /// ([`frink_quant::dot::pack::preferred`]; llama.cpp repacks its CPU weights the same
+    /// way unless `--no-repack`).
     pub fn set_repack(&mut self, on: bool) {
-        self.packed.clear();
-        if on {
-            self.repack_where(|ty| frink_quant::dot::pack::block_bytes(ty).is_some());
-        }
-    }
-
-    /// Repacks, as [`Model::set_repack`], the matrices whose type `pick` accepts (and
-    /// that have a packed layout); the others stay as stored.
-    pub fn repack_where(&mut self, pick: impl Fn(frink_gguf::GgmlType) -> bool) {
         use frink_quant::dot::pack::{block_bytes, pack_groups, Packed, GROUP};
+        if !on {
+            self.packed.clear();
+            return;
+        }
         let mut todo = self.matmul_weights.clone();
         if self.expert_cache.is_none() {
             for (_, m) in self.routed_experts() {
@@ -395,11 +388,7 @@ impl Model {
         }
         for m in todo {
             let key = (m.tensor, m.offset);
-            if self.packed.contains_key(&key)
-                || block_bytes(m.ty).is_none()
-                || !pick(m.ty)
-                || m.rows < GROUP
-            {
+            if self.packed.contains_key(&key) || block_bytes(m.ty).is_none() || m.rows < GROUP {
                 continue;
             }
             let data = self.data(&m);

@@ -156,13 +156,12 @@ fn thread_count_does_not_change_logits() {
 }
 
 /// Weights repacked in eight-row groups (`Model::set_repack`, what `Model::load` does on a
-/// machine whose best kernels are AVX2 or AVX-512) give every
-/// logit the bits of the stored layout: a
-/// 40-token prefill, then a decode step of three sequences. Forced on whatever the
-/// machine (elsewhere the packed products run the scalar twin). Every format with a
-/// packed layout is covered (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K: the Q4_K_M and
-/// Q5_K_M files mix in Q6_K; Q2_K / Q3_K_M hold Q4_K / Q6_K too) and the MoE files'
-/// experts.
+/// machine whose best kernels are AVX2 or AVX-512) give every logit the bits of the
+/// stored layout: a 40-token prefill, then a decode step of three sequences. Forced on
+/// whatever the machine (elsewhere the packed products run the scalar twin). Every
+/// format with a packed layout is covered (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K: the
+/// Q4_K_M and Q5_K_M files mix in Q6_K; Q2_K / Q3_K_M hold Q4_K / Q6_K too) and the MoE
+/// files' experts.
 #[test]
 fn repacked_weights_give_the_same_logits() {
     let mut packed = Vec::new();

@@ -1,5 +1,5 @@
-//! Weight matrices repacked at load, eight rows interleaved, for the AVX2 kernels (and,
-//! for the legacy formats, the AVX-512 prefill tile: [`preferred`]).
+//! Weight matrices repacked at load, eight rows interleaved, for the AVX2 group kernels
+//! and the AVX-512 tile ([`preferred`]).
 //!
 //! On a machine whose best kernels are the AVX2 ones ([`preferred`]), a decode step is bound
 //! by the instructions per weight byte, not by memory: the row-at-a-time kernels spend
@@ -194,9 +194,8 @@ pub(super) const Q6K_QH: usize = 1024;
 pub(super) const Q6K_SCALES: usize = 1536;
 pub(super) const Q6K_D: usize = 1664;
 
-/// Whether weights of type `ty` should be repacked on this machine: every type with a
-/// packed layout ([`block_bytes`]) where the AVX2 or the AVX-512 VNNI kernels are the
-/// best. On AVX-512 the packed groups serve one-row decode steps through the AVX2 group
+/// Whether weights should be repacked on this machine: the AVX2 or the AVX-512 VNNI
+/// kernels are its best ([`block_bytes`] says which types have a packed layout). On AVX-512 the packed groups serve one-row decode steps through the AVX2 group
 /// kernels (one contiguous stream per eight rows, no per-block gathers) and everything
 /// larger through the 512-bit tile ([`Packed::dot_groups`]). Measured on an AMD Zen 5
 /// VM (`tile_speed`, one thread): one row Q4_K 1536x8960 46-47 GB/s packed against 40
@@ -204,8 +203,8 @@ pub(super) const Q6K_D: usize = 1664;
 /// Q8_0 8960x1536 52.6 packed; eight rows Q4_K 443-469 GOP/s against 131 stored, Q4_0
 /// 440 against about 200; 512 rows (prefill) Q4_K 619-624. The one predicate the loader
 /// asks.
-pub fn preferred(ty: GgmlType) -> bool {
-    block_bytes(ty).is_some() && matches!(Isa::best(), Isa::Avx2 | Isa::Avx512Vnni)
+pub fn preferred() -> bool {
+    matches!(Isa::best(), Isa::Avx2 | Isa::Avx512Vnni)
 }
 
 /// Activation rows above which type `ty`'s packed groups are multiplied by the AVX-512
