@@ -103,11 +103,26 @@ pub fn axpy_portable(y: &mut [f32], a: f32, x: &[f32]) {
     }
 }
 
-/// Tasks per compute thread in a decode step (up to [`SMALL_BATCH`] input rows): a few
-/// long contiguous runs
-/// of weight rows per thread stream memory much faster (measured: qwen2.5-0.5b tg 31 t/s
-/// with 32-row tasks, 42 t/s with 512-row tasks, 2 threads) yet still balance the threads.
-const TASKS_PER_THREAD_DECODE: usize = 4;
+/// Weight rows of the next task of a decode step (up to [`SMALL_BATCH`] input rows) when
+/// `left` rows of the step's projections have no task yet, on `threads` threads, in
+/// multiples of `unit`: guided self-scheduling. Tasks are claimed in order, so the first
+/// ones are long contiguous runs of weight rows (which stream from memory much faster:
+/// measured qwen2.5-0.5b tg 31 t/s with 32-row tasks, 42 with 512-row tasks, 2 threads)
+/// and the last ones short, so that the threads finish a step together (with equal
+/// quarters per thread, up to a quarter of a thread's share was left to one thread: 7% of
+/// a Qwen2.5-1.5B decode step was spent waiting, perf, AMD Zen 5).
+fn decode_task_rows(left: usize, threads: usize, unit: usize) -> usize {
+    left.div_ceil(DECODE_SHARE * threads)
+        .next_multiple_of(unit)
+        .max(DECODE_MIN_ROWS.next_multiple_of(unit))
+}
+
+/// A decode task takes this fraction (`1 / DECODE_SHARE`) of one thread's share of the
+/// rows still without a task.
+const DECODE_SHARE: usize = 2;
+
+/// The fewest weight rows of a decode task (the last of a step).
+const DECODE_MIN_ROWS: usize = 32;
 
 /// Weight rows per task (one tile) when several input rows share the call: the tile's
 /// weights stay in L1/L2 while every input row passes over them, and the tile kernel's
@@ -299,35 +314,30 @@ fn matmul_inputs<'a>(projs: &mut [Projection<'a>], xs: &[&[f32]], n: usize) -> R
     // Tasks: (projection, first weight row, rows), in projection order.
     let threads = crate::pool::threads();
     let small = n <= SMALL_BATCH;
-    let per_task = if small {
-        let total: usize = projs.iter().map(|p| p.w.rows).sum();
-        let target = total.div_ceil(threads * TASKS_PER_THREAD_DECODE);
-        target.next_multiple_of(16).clamp(32, 8192)
-    } else {
-        ROWS_PER_TASK_BATCH
-    };
     let mut tasks: Vec<(usize, usize, usize)> = Vec::new();
+    // Decode steps: guided sizes (see `decode_task_rows`); the rows not yet given to a task,
+    // over all projections of the call.
+    let mut left: usize = projs.iter().map(|p| p.w.rows).sum();
     for (pi, p) in projs.iter().enumerate() {
         let rows = p.w.rows;
-        // Decode steps: a multiple of the thread count of tasks per projection, in even
-        // row counts (the small-batch kernels take weight rows in pairs; packed matrices
-        // whole groups of eight), so that the small projections split evenly over the
-        // threads.
+        // The small-batch kernels take weight rows in pairs; packed matrices whole groups
+        // of eight.
         let unit = match p.data {
             WeightData::Packed(_) => frink_quant::dot::pack::GROUP,
             WeightData::Stored(_) => 2,
         };
-        let per = if small {
-            let k = rows.div_ceil(threads * per_task).max(1) * threads;
-            rows.div_ceil(k).next_multiple_of(unit)
-        } else {
-            per_task
-        };
-        tasks.extend(
-            (0..rows)
-                .step_by(per.max(1))
-                .map(|j0| (pi, j0, per.min(rows - j0))),
-        );
+        let mut j0 = 0;
+        while j0 < rows {
+            let per = if small {
+                decode_task_rows(left, threads, unit)
+            } else {
+                ROWS_PER_TASK_BATCH
+            }
+            .min(rows - j0);
+            tasks.push((pi, j0, per));
+            j0 += per;
+            left -= per;
+        }
     }
     let mats: Vec<(&'a Matrix, WeightData<'a>)> = projs.iter().map(|p| (p.w, p.data)).collect();
     let outs: Vec<Disjoint<'_, f32>> = projs
