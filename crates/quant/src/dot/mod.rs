@@ -264,34 +264,80 @@ impl KExtra {
     }
 }
 
-/// What the prefill tile kernels of the Q8_0-paired formats derive from one activation
-/// block: the sum of its quants `Σy` (each kernel multiplies it by its own format's value
-/// offset: one prepared row serves every format reading it) and the scale.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub(crate) struct LExtra {
-    pub(crate) ysum: i32,
-    pub(crate) d: f32,
+/// Bytes of one activation block in the legacy prefill tile's layout
+/// ([`interleave_q8_0`]): 32 quants, a scale and `-8 Σy`.
+pub(crate) const LI: usize = 40;
+
+/// Activation rows of the largest register block of the AVX-512 prefill tiles.
+pub(crate) const TILE_RA: usize = 8;
+
+/// The register blocks the AVX-512 prefill tiles take `n_a` activation rows in, as
+/// `(first row, rows)`: blocks of [`TILE_RA`], then the rest as at most one block each of
+/// 4, 2 and 1 rows (so that no padded row is computed). The one decomposition of both the
+/// tiles and the layout [`interleave_q8_0`] prepares for them.
+pub(crate) fn tile_row_groups(n_a: usize) -> impl Iterator<Item = (usize, usize)> {
+    let mut r0 = 0;
+    std::iter::from_fn(move || {
+        let g = match n_a - r0 {
+            0 => return None,
+            left if left >= TILE_RA => TILE_RA,
+            4.. => 4,
+            2.. => 2,
+            _ => 1,
+        };
+        r0 += g;
+        Some((r0 - g, g))
+    })
 }
 
-impl LExtra {
-    /// The extras of the Q8_0 block `a` (34 bytes: f16 d, 32 quants).
-    pub(crate) fn of(a: &[u8]) -> LExtra {
-        LExtra {
-            ysum: a[2..34].iter().map(|&v| i32::from(v as i8)).sum(),
-            d: f16_at(a, 0),
+/// `n_a` Q8_0 activation rows (`acts`, back to back, 34-byte blocks: f16 scale, 32 i8
+/// quants) laid out for the legacy prefill tile: each register block `(r0, g)` of
+/// [`tile_row_groups`] takes `g * nb * LI` bytes from byte `r0 * nb * LI` on; within it,
+/// block `b` of its `g` rows is `g * LI` bytes from `b * g * LI`: the rows' 32 quants
+/// (row `q` at `32 q`), then per row its scale as `f32` and `-8 Σy` as `i32` (row `q` at
+/// `32 g + 8 q`, little-endian). One base pointer and constant offsets then reach every
+/// row of a register block (the stored rows needed two pointers per row: 16 for 8 rows,
+/// more than the general registers, and the spills and the per-block `-c Σy` took a fifth
+/// of a Q4_0 prefill's tile time, perf, AMD Zen 5); `-8 Σy` serves every offset `c` (8,
+/// 16, 128) by a shift, and `Σy` itself by an exact arithmetic shift.
+///
+/// # Panics
+/// If `acts` is not `n_a` rows of whole Q8_0 blocks.
+pub(crate) fn interleave_q8_0(acts: &[u8], n_a: usize) -> Vec<u8> {
+    const AB: usize = 34;
+    if n_a == 0 {
+        return Vec::new();
+    }
+    let ab = acts.len() / n_a;
+    assert!(ab * n_a == acts.len() && ab.is_multiple_of(AB), "Q8_0 rows");
+    let nb = ab / AB;
+    let mut out = vec![0u8; n_a * nb * LI];
+    for (r0, g) in tile_row_groups(n_a) {
+        let group = &mut out[r0 * nb * LI..][..g * nb * LI];
+        for q in 0..g {
+            let row = &acts[(r0 + q) * ab..][..ab];
+            for (blk, dst) in row.chunks_exact(AB).zip(group.chunks_exact_mut(g * LI)) {
+                dst[32 * q..][..32].copy_from_slice(&blk[2..]);
+                let ysum: i32 = blk[2..].iter().map(|&v| i32::from(v as i8)).sum();
+                let ex = &mut dst[32 * g + 8 * q..][..8];
+                ex[..4].copy_from_slice(&f16_at(blk, 0).to_le_bytes());
+                ex[4..].copy_from_slice(&(-8 * ysum).to_le_bytes());
+            }
         }
     }
+    out
 }
 
 /// Activation rows prepared once per matrix product for every tile of it
-/// ([`DotKernel::prepare`], [`DotKernel::dot_tile_prepared`]): one record per activation
-/// block of what the prefill kernels derive from it besides its quants (Q8_K rows: the
-/// bsum pair sums, the Q6_K offsets, the scale; Q8_0 rows: `Σy` and the scale). The same
-/// prepared rows serve every kernel of their activation type.
+/// ([`DotKernel::prepare`], [`DotKernel::dot_tile_prepared`]). Q8_K rows: one record per
+/// super-block of what the prefill kernels derive from it besides its quants (the bsum
+/// pair sums, the Q6_K offsets, the scale); Q8_0 rows: the rows in the legacy tile's
+/// layout ([`interleave_q8_0`]). The same prepared rows serve every kernel of their
+/// activation type.
 #[derive(Clone, Debug, Default)]
 pub struct ActPrep {
     pub(crate) k: Vec<KExtra>,
-    pub(crate) l: Vec<LExtra>,
+    pub(crate) l: Vec<u8>,
     n_a: usize,
 }
 
@@ -303,7 +349,7 @@ impl ActPrep {
 
     /// Prepared blocks.
     fn len(&self) -> usize {
-        self.k.len() + self.l.len()
+        self.k.len() + self.l.len() / LI
     }
 }
 
@@ -488,7 +534,7 @@ impl DotKernel {
             if self.act == GgmlType::Q8_K {
                 prep.k = acts.chunks_exact(ab).map(KExtra::of).collect();
             } else {
-                prep.l = acts.chunks_exact(ab).map(LExtra::of).collect();
+                prep.l = interleave_q8_0(acts, n_a);
             }
         }
         prep

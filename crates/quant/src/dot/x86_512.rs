@@ -31,13 +31,14 @@
 //! **Prefill** (more rows, and every product of more than one or two rows on packed
 //! groups: `super::pack`): the tile's weight rows are prepared in blocks of 16 rows whose
 //! 32-bit lanes are the rows (from stored rows, or from two packed groups of eight), each
-//! just before the activation rows meet it ([`tile_with`]); an activation row is read as
-//! stored, each of its dwords broadcast, so `vpdpbusd` accumulates one scale group's exact
-//! dot product for 16 weight rows at once, `vpmulld` scales it and the tail runs on 16
-//! rows, with the twin's eight lanes summed one at a time. What each activation block
-//! contributes besides its quants (bsum pair sums, `Σy`, scales) is prepared once per
-//! matrix product ([`super::KExtra`], [`super::LExtra`]) and shared by every format
-//! reading the rows.
+//! just before the activation rows meet it ([`tile_with`]); each dword of an activation
+//! row is broadcast, so `vpdpbusd` accumulates one scale group's exact dot product for 16
+//! weight rows at once, `vpmulld` scales it and the tail runs on 16 rows, with the twin's
+//! eight lanes summed one at a time. What each activation block contributes besides its
+//! quants (bsum pair sums, `Σy`, scales) is prepared once per matrix product and shared
+//! by every format reading the rows: [`super::KExtra`] beside the stored Q8_K rows, and
+//! the Q8_0 rows copied with theirs into register-block order
+//! ([`super::interleave_q8_0`]).
 //!
 //! Safety: the kernels are reached only through [`tile_kernel`] and [`tile_prep_kernel`],
 //! which `super::kernel` calls only for [`super::Isa::Avx512Vnni`] after run-time
@@ -53,7 +54,7 @@ use super::pack::{
 };
 use super::x86::hsum8x8;
 use super::x86_tile::{f16x8, lane_mask, legacy_type};
-use super::{KExtra, LExtra, Lanes, TileFn, TilePrepFn, TileSink};
+use super::{interleave_q8_0, tile_row_groups, KExtra, Lanes, TileFn, TilePrepFn, TileSink, LI};
 use crate::GgmlType;
 
 /// Format codes of the const-generic kernels.
@@ -1022,7 +1023,7 @@ thread_local! {
 }
 
 /// Activation rows of the register block.
-const RA: usize = 8;
+const RA: usize = super::TILE_RA;
 
 /// Sums the per-block values of `R` activation rows the way the scalar twin does (block
 /// `b` into lane `b % 8`, in block order, each lane from zero), then combines each row's
@@ -1214,7 +1215,7 @@ unsafe fn block_rows<const F: u8, const R: usize>(
 /// here, the results stored in `out`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
 fn tile<const F: u8>(ws: &[u8], n_w: usize, acts: &[u8], n_a: usize, out: &mut [f32]) {
-    let ex: Vec<KExtra> = acts.chunks_exact(KAB).map(KExtra::of).collect();
+    let ex = KRows::<F>::prepared(acts, n_a);
     tile_prepared::<F>(ws, n_w, acts, n_a, &ex, &mut |r, i, v| {
         out[r * n_w + i..][..v.len()].copy_from_slice(v)
     });
@@ -1226,21 +1227,34 @@ fn tile<const F: u8>(ws: &[u8], n_w: usize, acts: &[u8], n_a: usize, out: &mut [
 /// formats). [`tile_with`] is the one body both run in.
 trait TileRows {
     type Blk: Copy;
-    type Ex;
-    /// Bytes of one activation block (Q8_K or Q8_0).
-    const AB: usize;
+    /// What [`super::ActPrep`] holds for this family (`KExtra` per Q8_K block, or the
+    /// legacy layout's bytes).
+    type Prep: Clone;
+    /// The activation rows as [`Self::rows`] reads them (raw pointers into the rows and
+    /// their preparation, checked by [`Self::src`]).
+    type Src: Copy;
     /// A prepared block with every lane zero.
     const ZERO: Self::Blk;
+    /// `n_a` activation rows (`acts`, back to back) prepared.
+    fn prepared(acts: &[u8], n_a: usize) -> Vec<Self::Prep>;
+    /// The rows `acts` (`n_a` rows of `nb` blocks) and their preparation `prep` as
+    /// [`Self::rows`] reads them.
+    ///
+    /// # Panics
+    /// If the lengths do not match.
+    fn src(acts: &[u8], n_a: usize, nb: usize, prep: &[Self::Prep]) -> Self::Src;
+    /// Register block `(r0, R)` of [`super::tile_row_groups`] against 16 prepared weight
+    /// rows (`w`: `nb` blocks): `res[r]` lane `row`.
+    ///
     /// # Safety
-    /// As [`block_rows`] / [`lblock_rows`]; AVX-512 F/BW/VL + VNNI detected.
+    /// `src` from [`Self::src`] with the same `nb`, `r0 + R` within its rows; `w`
+    /// addresses `nb` blocks; AVX-512 F/BW/VL + VNNI detected.
     unsafe fn rows<const R: usize>(
         w: *const Self::Blk,
-        a: [*const u8; R],
-        e: [*const Self::Ex; R],
+        src: Self::Src,
+        r0: usize,
         nb: usize,
     ) -> [__m512i; R];
-    /// The extras of one activation block.
-    fn extra(a: &[u8]) -> Self::Ex;
     /// Bytes of one packed block (eight rows, `super::pack`).
     const PACKED: usize;
     /// A block of 16 rows prepared from packed blocks `pa` (rows 0..8) and `pb` (8..16).
@@ -1250,26 +1264,51 @@ trait TileRows {
     unsafe fn prep_packed(pa: *const u8, pb: *const u8, out: &mut Self::Blk);
 }
 
+/// [`KRows`]' activation rows: raw Q8_K rows (`ab` bytes each) and their extras.
+#[derive(Clone, Copy)]
+struct KSrc {
+    acts: *const u8,
+    ab: usize,
+    ex: *const KExtra,
+}
+
 /// The K-quants' tile family (format `F`: Q4_K, Q6_K).
 struct KRows<const F: u8>;
 
 impl<const F: u8> TileRows for KRows<F> {
     type Blk = WBlock;
-    type Ex = KExtra;
-    const AB: usize = KAB;
+    type Prep = KExtra;
+    type Src = KSrc;
     const ZERO: WBlock = WBLOCK_ZERO;
+    fn prepared(acts: &[u8], _: usize) -> Vec<KExtra> {
+        acts.chunks_exact(KAB).map(KExtra::of).collect()
+    }
+    fn src(acts: &[u8], n_a: usize, nb: usize, prep: &[KExtra]) -> KSrc {
+        assert!(
+            acts.len() == n_a * nb * KAB && prep.len() == n_a * nb,
+            "tile activations"
+        );
+        KSrc {
+            acts: acts.as_ptr(),
+            ab: nb * KAB,
+            ex: prep.as_ptr(),
+        }
+    }
     #[inline(always)]
     unsafe fn rows<const R: usize>(
         w: *const WBlock,
-        a: [*const u8; R],
-        e: [*const KExtra; R],
+        src: KSrc,
+        r0: usize,
         nb: usize,
     ) -> [__m512i; R] {
-        // SAFETY: the caller's bounds and ISA.
-        unsafe { block_rows::<F, R>(w, a, e, nb) }
-    }
-    fn extra(a: &[u8]) -> KExtra {
-        KExtra::of(a)
+        let rr: [usize; R] = std::array::from_fn(|q| r0 + q);
+        // SAFETY: rows `r0 .. r0 + R` are within `src` (caller), each `ab` bytes and `nb`
+        // extras; the caller's bounds and ISA for the rest.
+        unsafe {
+            let a = rr.map(|r| src.acts.add(r * src.ab));
+            let e = rr.map(|r| src.ex.add(r * nb));
+            block_rows::<F, R>(w, a, e, nb)
+        }
     }
     const PACKED: usize = if F == Q4_K { Q4K_BYTES } else { Q6K_BYTES };
     #[inline(always)]
@@ -1284,21 +1323,29 @@ struct LRows<const F: u8>;
 
 impl<const F: u8> TileRows for LRows<F> {
     type Blk = LBlock;
-    type Ex = LExtra;
-    const AB: usize = LAB;
+    type Prep = u8;
+    type Src = *const u8;
     const ZERO: LBlock = LBLOCK_ZERO;
+    fn prepared(acts: &[u8], n_a: usize) -> Vec<u8> {
+        interleave_q8_0(acts, n_a)
+    }
+    fn src(acts: &[u8], n_a: usize, nb: usize, prep: &[u8]) -> *const u8 {
+        assert!(
+            acts.len() == n_a * nb * LAB && prep.len() == n_a * nb * LI,
+            "tile activations"
+        );
+        prep.as_ptr()
+    }
     #[inline(always)]
     unsafe fn rows<const R: usize>(
         w: *const LBlock,
-        a: [*const u8; R],
-        e: [*const LExtra; R],
+        src: *const u8,
+        r0: usize,
         nb: usize,
     ) -> [__m512i; R] {
-        // SAFETY: the caller's bounds and ISA.
-        unsafe { lblock_rows::<F, R>(w, a, e, nb) }
-    }
-    fn extra(a: &[u8]) -> LExtra {
-        LExtra::of(a)
+        // SAFETY: register block (r0, R) starts `r0 * nb * LI` bytes in (`interleave_q8_0`);
+        // the caller's bounds and ISA.
+        unsafe { lblock_rows::<F, R>(w, src.add(r0 * nb * LI), nb) }
     }
     const PACKED: usize = Legacy::of(legacy_type(F)).bytes;
     #[inline(always)]
@@ -1322,16 +1369,12 @@ fn tile_with<T: TileRows>(
     wp: &mut Vec<T::Blk>,
     n_w: usize,
     nb: usize,
-    acts: &[u8],
     n_a: usize,
-    ex: &[T::Ex],
+    src: T::Src,
     sink: &mut TileSink<'_>,
     mut prep: impl FnMut(usize, usize, &mut T::Blk),
 ) {
     assert!(n_w > 0 && n_a > 0 && nb > 0, "tile shape");
-    let ab = acts.len() / n_a;
-    assert!(ab * n_a == acts.len() && nb * T::AB == ab, "tile lengths");
-    assert_eq!(ex.len(), n_a * nb, "activation extras");
     if wp.len() < nb {
         wp.resize(nb, T::ZERO);
     }
@@ -1347,27 +1390,22 @@ fn tile_with<T: TileRows>(
             prep(k, b, out);
         }
         let w = wp.as_ptr();
-        let mut r0 = 0;
-        while r0 < n_a {
-            let arow = |r: usize| acts[r * ab..].as_ptr();
-            let erow = |r: usize| ex[r * nb..].as_ptr();
+        for (r0, g) in tile_row_groups(n_a) {
             macro_rules! run {
                 ($n:expr) => {{
-                    let rr: [usize; $n] = std::array::from_fn(|q| r0 + q);
-                    // SAFETY: `w` holds `nb` prepared blocks; each activation pointer
-                    // starts one row's `nb` blocks and extras (checked above); the ISA is
-                    // this function's.
-                    let res = unsafe { T::rows::<$n>(w, rr.map(arow), rr.map(erow), nb) };
+                    // SAFETY: `w` holds `nb` prepared blocks; `src` was checked for `n_a`
+                    // rows of `nb` blocks (the caller, `T::src`) and `r0 + $n <= n_a`;
+                    // the ISA is this function's.
+                    let res = unsafe { T::rows::<$n>(w, src, r0, nb) };
                     for (q, v) in res.into_iter().enumerate() {
                         store(r0 + q, k, v);
                     }
-                    r0 += $n;
                 }};
             }
-            match n_a - r0 {
-                RA.. => run!(RA),
-                4.. => run!(4),
-                2.. => run!(2),
+            match g {
+                RA => run!(RA),
+                4 => run!(4),
+                2 => run!(2),
                 _ => run!(1),
             }
         }
@@ -1396,7 +1434,8 @@ fn tile_prepared<const F: u8>(
     }
     .map(|i| idx_vec(&i));
     TBUF.with_borrow_mut(|wp| {
-        tile_with::<KRows<F>>(wp, n_w, nb, acts, n_a, ex, sink, |k, b, out| {
+        let src = KRows::<F>::src(acts, n_a, nb, ex);
+        tile_with::<KRows<F>>(wp, n_w, nb, n_a, src, sink, |k, b, out| {
             let rows = k * WROWS..((k + 1) * WROWS).min(n_w);
             // SAFETY: every row `< n_w` holds `nb` super-blocks (checked above).
             unsafe { prep_block::<F>(ws, wrb, rows, b, &sidx, out) };
@@ -1547,56 +1586,80 @@ unsafe fn lprep_block<const F: u8>(w: &[*const u8; WROWS], out: &mut LBlock) {
     }
 }
 
-/// A block of 16 prepared legacy weight rows (`w`: `nb` blocks) against `R` activation
-/// rows (`a[r]`: raw Q8_0 rows, `e[r]`: their extras): `res[r]` lane `row`.
+/// A block of 16 prepared legacy weight rows (`w`: `nb` blocks) against the `R`
+/// activation rows of one register block of [`interleave_q8_0`]'s layout (`a`: its first
+/// byte): `res[r]` lane `row`.
+///
+/// Per block and row: `-c Σy` is the prepared `-8 Σy` shifted by `log2(c / 8)` (equal
+/// to the product in two's complement), `Σy` for the min formats that value shifted back
+/// arithmetically and negated (exact: a multiple of 8); then the twin's `block_sym` /
+/// `block_min` operations.
 ///
 /// # Safety
-/// `w` addresses `nb` blocks, each `a[r]` `nb` Q8_0 blocks, each `e[r]` `nb` extras.
+/// `w` addresses `nb` blocks; `a` the `nb * R * LI` bytes of a register block of `R` rows.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
 #[inline]
 unsafe fn lblock_rows<const F: u8, const R: usize>(
     w: *const LBlock,
-    a: [*const u8; R],
-    e: [*const LExtra; R],
+    a: *const u8,
     nb: usize,
 ) -> [__m512i; R] {
     lanes_tree::<R>(nb, |b| {
         // SAFETY: block `b < nb` (caller).
         let wb = unsafe { &*w.add(b) };
-        // SAFETY: as above, for the activation rows.
-        let (ab, eb) = unsafe { (a.map(|p| p.add(b * LAB)), e.map(|p| &*p.add(b))) };
-        let mut d: [__m512i; R] = std::array::from_fn(|r| _mm512_set1_epi32(-loff(F) * eb[r].ysum));
+        // SAFETY: as above: block `b` of the register block is `R * LI` bytes at
+        // `b * R * LI`: the rows' quants, then their (scale, -8 Σy) pairs.
+        let ab = unsafe { a.add(b * R * LI) };
+        let ex = |r: usize, at: usize| {
+            // SAFETY: row `r < R`'s extras are 8 bytes at `32 R + 8 r` of the block.
+            unsafe { ab.add(32 * R + 8 * r + at).cast::<i32>().read_unaligned() }
+        };
+        let n8: [__m512i; R] = std::array::from_fn(|r| _mm512_set1_epi32(ex(r, 4)));
+        // Two accumulators per row (even and odd dwords), added at the end (exact in
+        // `i32`): chains of four `vpdpbusd` instead of eight.
+        let mut d: [[__m512i; R]; 2] = [
+            n8.map(|v| match F {
+                Q4_0 => v,
+                Q5_0 => _mm512_slli_epi32::<1>(v),
+                Q8_0 => _mm512_slli_epi32::<4>(v),
+                _ => _mm512_setzero_si512(),
+            }),
+            [_mm512_setzero_si512(); R],
+        ];
         for j in 0..8 {
             // SAFETY: `q[j]` is 64 readable bytes.
             let wv = unsafe { _mm512_loadu_si512(wb.q[j].as_ptr().cast()) };
-            for r in 0..R {
-                // SAFETY: dword `j` of the quants is at byte 2 + 4j of the block.
-                let y = unsafe { ab[r].add(2 + 4 * j).cast::<i32>().read_unaligned() };
-                d[r] = _mm512_dpbusd_epi32(d[r], wv, _mm512_set1_epi32(y));
+            for (r, dr) in d[j % 2].iter_mut().enumerate() {
+                // SAFETY: dword `j` of row `r`'s quants is at byte `32 r + 4 j`.
+                let y = unsafe { ab.add(32 * r + 4 * j).cast::<i32>().read_unaligned() };
+                *dr = _mm512_dpbusd_epi32(*dr, wv, _mm512_set1_epi32(y));
             }
         }
+        let d: [__m512i; R] = std::array::from_fn(|r| _mm512_add_epi32(d[0][r], d[1][r]));
         let dw = _mm512_loadu_ps(wb.d.as_ptr());
         let mw = _mm512_loadu_ps(wb.m.as_ptr());
         std::array::from_fn(|r| {
-            let dx = _mm512_set1_ps(eb[r].d);
+            let dx = _mm512_set1_ps(f32::from_bits(ex(r, 0) as u32));
             let v = _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(d[r]));
             if !lmin(F) {
                 return v;
             }
-            let ys = _mm512_set1_ps(eb[r].ysum as f32);
+            let ysum = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_srai_epi32::<3>(n8[r]));
+            let ys = _mm512_cvtepi32_ps(ysum);
             _mm512_add_ps(v, _mm512_mul_ps(_mm512_mul_ps(mw, dx), ys))
         })
     })
 }
 
-/// The legacy prefill path on stored rows (`ws`: `n_w` rows).
+/// The legacy prefill path on stored rows (`ws`: `n_w` rows) against `n_a` activation
+/// rows (`acts`) prepared as `prep` ([`interleave_q8_0`]).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
 fn ltile_prepared<const F: u8>(
     ws: &[u8],
     n_w: usize,
     acts: &[u8],
     n_a: usize,
-    ex: &[LExtra],
+    prep: &[u8],
     sink: &mut TileSink<'_>,
 ) {
     assert!(n_w > 0, "tile shape");
@@ -1604,7 +1667,8 @@ fn ltile_prepared<const F: u8>(
     let nb = wrb / lwb(F);
     assert!(wrb * n_w == ws.len() && nb * lwb(F) == wrb, "tile lengths");
     LTBUF.with_borrow_mut(|wp| {
-        tile_with::<LRows<F>>(wp, n_w, nb, acts, n_a, ex, sink, |k, b, out| {
+        let src = LRows::<F>::src(acts, n_a, nb, prep);
+        tile_with::<LRows<F>>(wp, n_w, nb, n_a, src, sink, |k, b, out| {
             let rows = k * WROWS..((k + 1) * WROWS).min(n_w);
             let mut w = [LZERO_ROW.as_ptr(); WROWS];
             for (l, i) in rows.enumerate() {
@@ -1709,7 +1773,7 @@ unsafe fn lprep_packed<const F: u8>(pa: *const u8, pb: *const u8, out: &mut LBlo
 static ZERO_PACKED: [u8; Q6K_BYTES] = [0; Q6K_BYTES];
 
 /// The tile on packed groups `g0 .. g0 + n_g` of `p` (rows clipped to `p.rows()`) against
-/// `n_a` raw activation rows with their extras `ex` (computed here when empty):
+/// `n_a` raw activation rows with their preparation `prep` (made here when empty):
 /// `sink(r, i, values)` as [`Packed::dot_groups`]. Two groups make one block of 16 rows.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
@@ -1720,7 +1784,7 @@ fn tile_packed<T: TileRows>(
     n_g: usize,
     acts: &[u8],
     n_a: usize,
-    ex: &[T::Ex],
+    prep: &[T::Prep],
     sink: &mut TileSink<'_>,
 ) {
     let (pb, nb) = p.geometry();
@@ -1730,14 +1794,15 @@ fn tile_packed<T: TileRows>(
         "packed groups"
     );
     let n_w = ((g0 + n_g) * GROUP).min(p.rows()) - g0 * GROUP;
-    let own: Vec<T::Ex>;
-    let ex = if ex.is_empty() {
-        own = acts.chunks_exact(T::AB).map(T::extra).collect();
+    let own: Vec<T::Prep>;
+    let prep = if prep.is_empty() {
+        own = T::prepared(acts, n_a);
         &own
     } else {
-        ex
+        prep
     };
-    tile_with::<T>(wp, n_w, nb, acts, n_a, ex, sink, |k, b, out| {
+    let src = T::src(acts, n_a, nb, prep);
+    tile_with::<T>(wp, n_w, nb, n_a, src, sink, |k, b, out| {
         let block = |g: usize| {
             if g < g0 + n_g {
                 data[(g * nb + b) * pb..][..pb].as_ptr()
@@ -1868,8 +1933,8 @@ unsafe fn kprep_packed<const F: u8>(pa: *const u8, pb: *const u8, out: &mut WBlo
 /// The legacy prefill path as a contiguous tile (`dot_tile`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
 fn ltile<const F: u8>(ws: &[u8], n_w: usize, acts: &[u8], n_a: usize, out: &mut [f32]) {
-    let ex: Vec<LExtra> = acts.chunks_exact(LAB).map(LExtra::of).collect();
-    ltile_prepared::<F>(ws, n_w, acts, n_a, &ex, &mut |r, i, v| {
+    let prep = LRows::<F>::prepared(acts, n_a);
+    ltile_prepared::<F>(ws, n_w, acts, n_a, &prep, &mut |r, i, v| {
         out[r * n_w + i..][..v.len()].copy_from_slice(v)
     });
 }
