@@ -304,19 +304,22 @@ pub(crate) fn tile_row_groups(n_a: usize) -> impl Iterator<Item = (usize, usize)
 /// # Panics
 /// If `acts` is not `n_a` rows of whole Q8_0 blocks.
 pub(crate) fn interleave_q8_0(acts: &[u8], n_a: usize) -> Vec<u8> {
-    const AB: usize = 34;
+    let ab_q8 = GgmlType::Q8_0.type_size();
     if n_a == 0 {
         return Vec::new();
     }
     let ab = acts.len() / n_a;
-    assert!(ab * n_a == acts.len() && ab.is_multiple_of(AB), "Q8_0 rows");
-    let nb = ab / AB;
+    assert!(
+        ab * n_a == acts.len() && ab.is_multiple_of(ab_q8),
+        "Q8_0 rows"
+    );
+    let nb = ab / ab_q8;
     let mut out = vec![0u8; n_a * nb * LI];
     for (r0, g) in tile_row_groups(n_a) {
         let group = &mut out[r0 * nb * LI..][..g * nb * LI];
         for q in 0..g {
             let row = &acts[(r0 + q) * ab..][..ab];
-            for (blk, dst) in row.chunks_exact(AB).zip(group.chunks_exact_mut(g * LI)) {
+            for (blk, dst) in row.chunks_exact(ab_q8).zip(group.chunks_exact_mut(g * LI)) {
                 dst[32 * q..][..32].copy_from_slice(&blk[2..]);
                 let ysum: i32 = blk[2..].iter().map(|&v| i32::from(v as i8)).sum();
                 let ex = &mut dst[32 * g + 8 * q..][..8];

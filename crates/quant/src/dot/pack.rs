@@ -195,8 +195,9 @@ pub(super) const Q6K_SCALES: usize = 1536;
 pub(super) const Q6K_D: usize = 1664;
 
 /// Whether weights should be repacked on this machine: the AVX2 or the AVX-512 VNNI
-/// kernels are its best ([`block_bytes`] says which types have a packed layout). On AVX-512 the packed groups serve one-row decode steps through the AVX2 group
-/// kernels (one contiguous stream per eight rows, no per-block gathers) and everything
+/// kernels are its best ([`block_bytes`] says which types have a packed layout). On
+/// AVX-512 the packed groups serve one-row decode steps through the AVX2 group kernels
+/// (one contiguous stream per eight rows, no per-block gathers) and everything
 /// larger through the 512-bit tile ([`Packed::dot_groups`]). Measured on an AMD Zen 5
 /// VM (`tile_speed`, one thread): one row Q4_K 1536x8960 46-47 GB/s packed against 40
 /// stored, Q6_K 48 against 57 (both above a core's share of the machine's bandwidth),

@@ -1586,6 +1586,21 @@ unsafe fn lprep_block<const F: u8>(w: &[*const u8; WROWS], out: &mut LBlock) {
     }
 }
 
+/// `log2(c / 8)` for format `f`'s offset `c` ([`loff`]: 8, 16 or 128), the shift that
+/// turns the prepared `-8 Σy` into `-c Σy` (0 for the min formats, whose `c` is 0).
+const fn loff_shift(f: u8) -> i32 {
+    let c = loff(f);
+    assert!(
+        c == 0 || (c % 8 == 0 && (c / 8).count_ones() == 1),
+        "offset 8 << k"
+    );
+    if c == 0 {
+        0
+    } else {
+        (c / 8).trailing_zeros() as i32
+    }
+}
+
 /// A block of 16 prepared legacy weight rows (`w`: `nb` blocks) against the `R`
 /// activation rows of one register block of [`interleave_q8_0`]'s layout (`a`: its first
 /// byte): `res[r]` lane `row`.
@@ -1618,11 +1633,12 @@ unsafe fn lblock_rows<const F: u8, const R: usize>(
         // Two accumulators per row (even and odd dwords), added at the end (exact in
         // `i32`): chains of four `vpdpbusd` instead of eight.
         let mut d: [[__m512i; R]; 2] = [
-            n8.map(|v| match F {
-                Q4_0 => v,
-                Q5_0 => _mm512_slli_epi32::<1>(v),
-                Q8_0 => _mm512_slli_epi32::<4>(v),
-                _ => _mm512_setzero_si512(),
+            n8.map(|v| {
+                if loff(F) == 0 {
+                    _mm512_setzero_si512()
+                } else {
+                    _mm512_sll_epi32(v, _mm_cvtsi32_si128(const { loff_shift(F) }))
+                }
             }),
             [_mm512_setzero_si512(); R],
         ];
