@@ -76,6 +76,82 @@ pub fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
+/// [`dot`] of `x` with each of `R` rows at once: each result has [`dot`]'s bits (the same
+/// lanes, products, sums and tail per row); the rows' independent add chains run side by
+/// side, where one row's chain of `len / 8` dependent adds left the core mostly waiting
+/// (OLMoE's f32 routers: 64 rows of 2048).
+#[inline]
+pub fn dot_rows<const R: usize>(x: &[f32], rows: [&[f32]; R]) -> [f32; R] {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 is available (checked above); the function only needs it.
+        #[allow(unsafe_code)]
+        return unsafe { dot_rows_avx2(x, rows) };
+    }
+    dot_rows_portable(x, rows)
+}
+
+/// [`dot_rows`] with AVX2: one 256-bit accumulator per row (lane `l` takes elements
+/// `l, l+8, …`, a multiply then an add), the lanes combined in `dot`'s tree, then the
+/// tail.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn dot_rows_avx2<const R: usize>(x: &[f32], rows: [&[f32]; R]) -> [f32; R] {
+    use std::arch::x86_64::*;
+    for row in &rows {
+        assert_eq!(row.len(), x.len(), "dot_rows: row lengths");
+    }
+    let n8 = x.len() / 8 * 8;
+    let mut acc = [_mm256_setzero_ps(); R];
+    for c in (0..n8).step_by(8) {
+        // SAFETY: c + 8 <= n8 <= x.len() = every row's length (asserted above).
+        #[allow(unsafe_code)]
+        unsafe {
+            let xc = _mm256_loadu_ps(x.as_ptr().add(c));
+            for (a, row) in acc.iter_mut().zip(&rows) {
+                let wc = _mm256_loadu_ps(row.as_ptr().add(c));
+                *a = _mm256_add_ps(*a, _mm256_mul_ps(xc, wc));
+            }
+        }
+    }
+    std::array::from_fn(|r| {
+        // [a0+a4, a1+a5, a2+a6, a3+a7], then (s0+s1) + (s2+s3).
+        let s4 = _mm_add_ps(
+            _mm256_castps256_ps128(acc[r]),
+            _mm256_extractf128_ps::<1>(acc[r]),
+        );
+        let h = _mm_hadd_ps(s4, s4);
+        let mut s = _mm_cvtss_f32(h) + _mm_cvtss_f32(_mm_movehdup_ps(h));
+        for i in n8..x.len() {
+            s += x[i] * rows[r][i];
+        }
+        s
+    })
+}
+
+/// [`dot_rows`] compiled for the baseline ISA.
+#[inline(always)]
+pub fn dot_rows_portable<const R: usize>(x: &[f32], rows: [&[f32]; R]) -> [f32; R] {
+    let n8 = x.len() / 8 * 8;
+    let mut acc = [[0f32; 8]; R];
+    for (c, cx) in x[..n8].chunks_exact(8).enumerate() {
+        for (a, row) in acc.iter_mut().zip(&rows) {
+            let cw = &row[c * 8..c * 8 + 8];
+            for l in 0..8 {
+                a[l] += cx[l] * cw[l];
+            }
+        }
+    }
+    std::array::from_fn(|r| {
+        let a = &acc[r];
+        let mut s = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+        for i in n8..x.len() {
+            s += x[i] * rows[r][i];
+        }
+        s
+    })
+}
+
 /// `y[i] += a · x[i]` (a product then a sum per element, never fused); AVX2 where
 /// available, the same bits as [`axpy_portable`].
 #[inline]
@@ -405,13 +481,19 @@ fn matmul_inputs<'a>(projs: &mut [Projection<'a>], xs: &[&[f32]], n: usize) -> R
                     // f32 weights (routers, some norms' matrices) are read in place: the
                     // copy into `buf` was a third of their time (OLMoE's routers).
                     if let Some(wf) = f32_in_place(w.ty, ws) {
-                        for (jj, wrow) in wf.chunks_exact(cols).enumerate() {
-                            for (i, xi) in xs[input(pi)].chunks_exact(cols).enumerate() {
-                                // SAFETY: as above, element (i, j0 + jj) belongs to this
-                                // task.
-                                #[allow(unsafe_code)]
-                                let dst = unsafe { outs[pi].range(i * rows + j0 + jj, 1) };
-                                dst[0] = dot(xi, wrow);
+                        for (i, xi) in xs[input(pi)].chunks_exact(cols).enumerate() {
+                            // SAFETY: as above, row i's columns j0..j0+n_w belong to this
+                            // task.
+                            #[allow(unsafe_code)]
+                            let dst = unsafe { outs[pi].range(i * rows + j0, n_w) };
+                            let mut quads = wf.chunks_exact(4 * cols);
+                            for (d, q) in dst.chunks_exact_mut(4).zip(&mut quads) {
+                                let r = |k: usize| &q[k * cols..(k + 1) * cols];
+                                d.copy_from_slice(&dot_rows(xi, [r(0), r(1), r(2), r(3)]));
+                            }
+                            let rest = quads.remainder().chunks_exact(cols);
+                            for (d, wrow) in dst[n_w / 4 * 4..].iter_mut().zip(rest) {
+                                *d = dot(xi, wrow);
                             }
                         }
                         return;
@@ -655,9 +737,9 @@ pub(crate) fn test_rng(mut seed: u64) -> impl FnMut() -> f32 {
 mod tests {
     use super::*;
 
-    /// The AVX2 builds of `dot` and `axpy` give the bits of the portable ones (the
-    /// compiler must not fuse or reorder: a fused multiply-add would change the last bit
-    /// of about half the results).
+    /// The AVX2 builds of `dot`, `dot_rows` and `axpy` give the bits of the portable ones,
+    /// and `dot_rows` each row's `dot` (the compiler must not fuse or reorder: a fused
+    /// multiply-add would change the last bit of about half the results).
     #[test]
     fn simd_dot_and_axpy_match_portable() {
         let mut rnd = test_rng(0x9e37_79b9_7f4a_7c15u64);
@@ -669,6 +751,18 @@ mod tests {
                 dot_portable(&a, &b).to_bits(),
                 "len {len}"
             );
+            let c: Vec<f32> = (0..len).map(|_| rnd() * 7.0).collect();
+            let want = [
+                dot_portable(&a, &b),
+                dot_portable(&a, &c),
+                dot_portable(&a, &a),
+            ];
+            for got in [
+                dot_rows(&a, [&b, &c, &a]),
+                dot_rows_portable(&a, [&b, &c, &a]),
+            ] {
+                assert_eq!(got.map(f32::to_bits), want.map(f32::to_bits), "len {len}");
+            }
             let (mut y1, mut y2) = (b.clone(), b.clone());
             axpy(&mut y1, 0.37, &a);
             axpy_portable(&mut y2, 0.37, &a);
