@@ -55,25 +55,14 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
-    dot_portable(a, b)
+    dot_rows_avx2(a, [b])[0]
 }
 
 /// [`dot`] compiled for the baseline ISA.
 #[inline(always)]
 pub fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
-    let n8 = a.len() / 8 * 8;
-    let mut acc = [0f32; 8];
-    for (ca, cb) in a[..n8].chunks_exact(8).zip(b[..n8].chunks_exact(8)) {
-        for l in 0..8 {
-            acc[l] += ca[l] * cb[l];
-        }
-    }
-    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for i in n8..a.len() {
-        s += a[i] * b[i];
-    }
-    s
+    dot_rows_portable(a, [b])[0]
 }
 
 /// [`dot`] of `x` with each of `R` rows at once: each result has [`dot`]'s bits (the same
@@ -99,12 +88,12 @@ pub fn dot_rows<const R: usize>(x: &[f32], rows: [&[f32]; R]) -> [f32; R] {
 fn dot_rows_avx2<const R: usize>(x: &[f32], rows: [&[f32]; R]) -> [f32; R] {
     use std::arch::x86_64::*;
     for row in &rows {
-        assert_eq!(row.len(), x.len(), "dot_rows: row lengths");
+        assert!(row.len() >= x.len(), "dot_rows: a row shorter than x");
     }
     let n8 = x.len() / 8 * 8;
     let mut acc = [_mm256_setzero_ps(); R];
     for c in (0..n8).step_by(8) {
-        // SAFETY: c + 8 <= n8 <= x.len() = every row's length (asserted above).
+        // SAFETY: c + 8 <= n8 <= x.len() <= every row's length (asserted above).
         #[allow(unsafe_code)]
         unsafe {
             let xc = _mm256_loadu_ps(x.as_ptr().add(c));
