@@ -31,6 +31,7 @@ fn main() {
                 start: (g % 3) * hd,
                 stride,
                 blocks: None,
+                prefetch: false,
             };
             let [s0, s1, s2] = &mut s[..] else {
                 unreachable!()

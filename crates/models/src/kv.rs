@@ -205,6 +205,7 @@ impl KvStore {
             start,
             stride,
             blocks: None,
+            prefetch: false,
         }
     }
 }

@@ -59,6 +59,7 @@ impl LoraData {
             start: 0,
             stride: width,
             blocks: None,
+            prefetch: false,
         }
     }
 

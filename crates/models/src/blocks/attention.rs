@@ -655,7 +655,11 @@ fn attention(
             let hi = |u: usize| p0 + i0 + u % nr + 1 - t0;
             let qrow = |u: usize| &q[(r0 + i0 + u % nr) * dims.q() + head(u) * hd_k..][..hd_k];
             scores.resize(units * span, 0.0);
+            // The first units read the rows from memory (prefetched); the others find them
+            // in cache.
+            let (keys_first, values_first) = (keys.prefetched(), values.prefetched());
             for c0 in (0..units).step_by(4) {
+                let keys = if c0 == 0 { keys_first } else { keys };
                 let c1 = (c0 + 4).min(units);
                 let (a, b) = ((c0..c1).map(lo).min(), (c0..c1).map(hi).max());
                 let range = a.unwrap_or(0)..b.unwrap_or(0);
@@ -697,6 +701,7 @@ fn attention(
             };
             let prow = |u: usize| &scores[u * span..(u + 1) * span];
             for c0 in (0..units).step_by(4) {
+                let values = if c0 == 0 { values_first } else { values };
                 let c1 = (c0 + 4).min(units);
                 let a = (c0..c1).map(lo).max().unwrap_or(0);
                 let b = (c0..c1).map(hi).min().unwrap_or(0);
