@@ -467,8 +467,9 @@ fn matmul_inputs<'a>(projs: &mut [Projection<'a>], xs: &[&[f32]], n: usize) -> R
                 }
                 None => {
                     let cols = w.cols;
-                    // f32 weights (routers, some norms' matrices) are read in place: the
-                    // copy into `buf` was a third of their time (OLMoE's routers).
+                    // f32 weights (MoE routers, every matrix of an all-f32 model) are
+                    // read in place: the copy into `buf` was most of their time (OLMoE's
+                    // routers).
                     if let Some(wf) = f32_in_place(w.ty, ws) {
                         for (i, xi) in xs[input(pi)].chunks_exact(cols).enumerate() {
                             // SAFETY: as above, row i's columns j0..j0+n_w belong to this
