@@ -104,18 +104,26 @@ fn dot_rows_avx2<const R: usize>(x: &[f32], rows: [&[f32]; R]) -> [f32; R] {
         }
     }
     std::array::from_fn(|r| {
-        // [a0+a4, a1+a5, a2+a6, a3+a7], then (s0+s1) + (s2+s3).
-        let s4 = _mm_add_ps(
-            _mm256_castps256_ps128(acc[r]),
-            _mm256_extractf128_ps::<1>(acc[r]),
-        );
-        let h = _mm_hadd_ps(s4, s4);
-        let mut s = _mm_cvtss_f32(h) + _mm_cvtss_f32(_mm_movehdup_ps(h));
+        let mut s = sum_lanes_avx2(acc[r]);
         for i in n8..x.len() {
             s += x[i] * rows[r][i];
         }
         s
     })
+}
+
+/// The eight lanes of `v` summed in [`dot`]'s tree, `((l0 + l4) + (l1 + l5)) + ((l2 + l6)
+/// + (l3 + l7))`: the one combination of every AVX2 kernel that keeps [`dot`]'s lanes
+/// ([`dot_rows`], the attention scores, softmax's sum).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) fn sum_lanes_avx2(v: std::arch::x86_64::__m256) -> f32 {
+    use std::arch::x86_64::*;
+    // [l0+l4, l1+l5, l2+l6, l3+l7], then (s0+s1) + (s2+s3).
+    let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let h = _mm_hadd_ps(s4, s4);
+    _mm_cvtss_f32(h) + _mm_cvtss_f32(_mm_movehdup_ps(h))
 }
 
 /// [`dot_rows`] compiled for the baseline ISA.

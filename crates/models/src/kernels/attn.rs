@@ -13,6 +13,8 @@ use crate::kv::{Q8_0_BLOCK, Q8_0_BLOCK_BYTES};
 #[cfg(target_arch = "x86_64")]
 use super::math::exp8_avx2;
 use super::math::fast_exp;
+#[cfg(target_arch = "x86_64")]
+use super::sum_lanes_avx2;
 
 /// The stored elements of a KV cache (or any row-major matrix).
 #[derive(Clone, Copy, Debug)]
@@ -319,13 +321,7 @@ fn dot_multi_keys_avx2<const R: usize, const K: u8>(
             c += 8;
         }
         for r in 0..R {
-            // [a0+a4, a1+a5, a2+a6, a3+a7], then (s0+s1) + (s2+s3).
-            let s4 = _mm_add_ps(
-                _mm256_castps256_ps128(acc[r]),
-                _mm256_extractf128_ps::<1>(acc[r]),
-            );
-            let h = _mm_hadd_ps(s4, s4);
-            let mut s = _mm_cvtss_f32(h) + _mm_cvtss_f32(_mm_movehdup_ps(h));
+            let mut s = sum_lanes_avx2(acc[r]);
             for (i, &qi) in q[r].iter().enumerate().skip(n8) {
                 s += qi * keys.get(t, i);
             }
@@ -560,9 +556,7 @@ fn softmax_with_sink_avx2(x: &mut [f32], sink: Option<f32>) {
         }
         i += 8;
     }
-    let s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
-    let h = _mm_hadd_ps(s4, s4);
-    let mut sum = _mm_cvtss_f32(h) + _mm_cvtss_f32(_mm_movehdup_ps(h));
+    let mut sum = sum_lanes_avx2(acc);
     for v in &mut x[n8..] {
         *v = fast_exp(*v - max);
         sum += *v;
