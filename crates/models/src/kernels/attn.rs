@@ -440,8 +440,10 @@ fn weighted_sum_multi_avx2<const R: usize, const K: u8>(
                     a[0] = _mm256_loadu_ps(or.as_ptr().add(e0));
                     a[1] = _mm256_loadu_ps(or.as_ptr().add(e0 + 8));
                 }
+                // The block's first pass fetches the rows ahead; the later ones find them.
+                let prefetch = v.prefetch && e0 == 0;
                 for t in block.clone() {
-                    if e0 == 0 && v.prefetch && t + PREFETCH_KEYS < keys.end {
+                    if prefetch && t + PREFETCH_KEYS < keys.end {
                         prefetch_elems::<K>(base, v.row_start(t + PREFETCH_KEYS), hd);
                     }
                     let i = v.row_start(t) + e0;
