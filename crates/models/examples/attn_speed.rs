@@ -26,13 +26,7 @@ fn main() {
         let t = Instant::now();
         for g in 0..groups {
             let layer = if hot { &layers[0] } else { &layers[g / 3] };
-            let rows = KvRows {
-                data: KvData::F16(layer),
-                start: (g % 3) * hd,
-                stride,
-                blocks: None,
-                prefetch: false,
-            };
+            let rows = KvRows::new(KvData::F16(layer), (g % 3) * hd, stride);
             let [s0, s1, s2] = &mut s[..] else {
                 unreachable!()
             };

@@ -75,10 +75,12 @@ impl KvType {
     ///
     /// Errors: a message naming the sizes.
     pub fn check_heads(self, config: &crate::ModelConfig) -> Result<(), String> {
-        for l in &config.plan.layers {
-            let crate::plan::Mixer::Attention(a) = &l.mixer else {
-                continue;
-            };
+        for a in config
+            .plan
+            .layers
+            .iter()
+            .filter_map(|l| l.mixer.attention())
+        {
             let (hd_k, hd_v) = (a.geometry.head_dim_k, a.geometry.head_dim_v);
             if self.is_quantized()
                 && (!hd_k.is_multiple_of(Q8_0_BLOCK) || !hd_v.is_multiple_of(Q8_0_BLOCK))
@@ -103,8 +105,12 @@ impl std::str::FromStr for KvType {
 }
 
 /// Positions per block of a [`KvPool`] (vLLM's default block size): a sequence's
-/// positions `16i .. 16i + 16` live in the pool block its block table names at `i`.
-pub const KV_BLOCK: usize = 16;
+/// positions `16i .. 16i + 16` live in the pool block its block table names at `i`. Also
+/// the layout block of every KV cache layer ([`KvLayer`]).
+pub const KV_BLOCK: usize = 1 << KV_BLOCK_SHIFT;
+
+/// `log2` of [`KV_BLOCK`].
+pub const KV_BLOCK_SHIFT: u32 = 4;
 
 /// The row of a [`KvPool`] layer that holds position `p` of a sequence whose block table
 /// is `blocks`: row `p % 16` of block `blocks[p / 16]`.
@@ -171,14 +177,14 @@ impl KvStore {
         }
     }
 
-    /// Copies rows `src .. src + n` (of `dim` elements) to rows `dst ..` (no overlap).
-    pub(crate) fn copy_rows(&mut self, src: usize, dst: usize, n: usize, dim: usize) {
+    /// Copies elements `src .. src + n` to `dst ..` (no overlap; for Q8_0 whole blocks).
+    fn copy_within(&mut self, src: usize, dst: usize, n: usize) {
         match self {
-            KvStore::F16(v) => v.copy_within(src * dim..(src + n) * dim, dst * dim),
-            KvStore::F32(v) => v.copy_within(src * dim..(src + n) * dim, dst * dim),
+            KvStore::F16(v) => v.copy_within(src..src + n, dst),
+            KvStore::F32(v) => v.copy_within(src..src + n, dst),
             KvStore::Q8_0(v) => {
-                let rb = dim / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
-                v.copy_within(src * rb..(src + n) * rb, dst * rb)
+                let b = |i: usize| i / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
+                v.copy_within(b(src)..b(src + n), b(dst))
             }
         }
     }
@@ -192,68 +198,126 @@ impl KvStore {
         }
     }
 
-    /// Rows of one head in place: row `t` starts at element `start + t · stride`.
-    pub fn rows(&self, start: usize, stride: usize) -> crate::kernels::KvRows<'_> {
+    /// The rows of KV head `h` (of `hd` elements; `dim` elements per position over all
+    /// heads), in place, in the layout of a [`KvLayer`]: physical row `r` of head `h` starts
+    /// at element `(r - r % 16) · dim + h · 16 · hd + (r % 16) · hd`.
+    pub fn head_rows(&self, h: usize, hd: usize, dim: usize) -> crate::kernels::KvRows<'_> {
         use crate::kernels::{KvData, KvRows};
         let data = match self {
             KvStore::F16(v) => KvData::F16(v),
             KvStore::F32(v) => KvData::F32(v),
             KvStore::Q8_0(v) => KvData::Q8_0(v),
         };
-        KvRows {
-            data,
-            start,
-            stride,
-            blocks: None,
-            prefetch: false,
-        }
+        KvRows::new(data, h * KV_BLOCK * hd, dim).in_blocks(KV_BLOCK_SHIFT, hd)
     }
 }
 
-/// Keys and values of one layer; row `p` holds position `p` (`k_dim`/`v_dim` wide), or
-/// in a [`KvPool`] pool position `p` (block `p / 16`).
+/// Keys and values of one layer, for a whole number of [`KV_BLOCK`]-position blocks.
+/// Physical row `r` is position `r` (a contiguous cache) or a row of a [`KvPool`] block
+/// (block `r / 16`); each block of 16 rows keeps each KV head's rows together, heads in
+/// order ([`KvStore::head_rows`]): a head's keys at consecutive positions are one stream
+/// in memory. Position-major rows put every other head of a position between two rows of
+/// one head (4 KiB apart in OLMoE's f16 cache), where the hardware prefetchers fetch
+/// nothing ahead: a decode step's attention over OLMoE's 16 heads x 4096 positions read
+/// 13-16 GB/s on two cores, against 27-30 in this layout.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KvLayer {
     pub k: KvStore,
     pub v: KvStore,
-    /// Elements per row: `n_head_kv · head_dim_k` keys, `n_head_kv · head_dim_v` values of
-    /// this layer ([`crate::plan::Mixer::kv_dims`]; layers may differ: Gemma 4).
+    /// Elements per position: `n_head_kv · head_dim_k` keys, `n_head_kv · head_dim_v`
+    /// values of this layer ([`crate::plan::Mixer::kv_dims`]; layers may differ: Gemma 4).
     pub k_dim: usize,
     pub v_dim: usize,
+    /// KV heads (`n_head_kv`): a head's keys are `k_dim / heads` elements.
+    pub heads: usize,
 }
 
 impl KvLayer {
-    /// `rows` rows of `dims = (k_dim, v_dim)` elements of `kv_type`, zeroed.
-    pub fn new(kv_type: KvType, rows: usize, (k_dim, v_dim): (usize, usize)) -> KvLayer {
+    /// Rows a layer keeps for `n` positions: whole [`KV_BLOCK`]s.
+    pub fn rows_for(n: usize) -> usize {
+        n.div_ceil(KV_BLOCK) * KV_BLOCK
+    }
+
+    /// Rows for `rows` positions ([`KvLayer::rows_for`]) of `dims = (k_dim, v_dim)`
+    /// elements of `kv_type` in `heads` KV heads, zeroed.
+    pub fn new(
+        kv_type: KvType,
+        rows: usize,
+        (k_dim, v_dim): (usize, usize),
+        heads: usize,
+    ) -> KvLayer {
+        let rows = Self::rows_for(rows);
         KvLayer {
             k: KvStore::new(kv_type, rows * k_dim),
             v: KvStore::new(kv_type, rows * v_dim),
             k_dim,
             v_dim,
+            heads: heads.max(1),
         }
     }
 
+    /// KV head `h`'s keys, in place ([`KvStore::head_rows`]).
+    pub fn key_rows(&self, h: usize) -> crate::kernels::KvRows<'_> {
+        self.k.head_rows(h, self.k_dim / self.heads, self.k_dim)
+    }
+
+    /// KV head `h`'s values, in place ([`KvStore::head_rows`]).
+    pub fn value_rows(&self, h: usize) -> crate::kernels::KvRows<'_> {
+        self.v.head_rows(h, self.v_dim / self.heads, self.v_dim)
+    }
+
     /// Writes the keys `k` and values `v` of consecutive logical positions `p0 ..` (rows
-    /// of its `k_dim` / `v_dim`), each at its physical row: through `blocks` (a block table
-    /// of [`KV_BLOCK`]-position blocks) or, without one, at the position itself. A row
-    /// gets the same bits wherever it is stored.
+    /// of its `k_dim` / `v_dim`), each head's part at its place: through `blocks` (a block
+    /// table of [`KV_BLOCK`]-position blocks) or, without one, at the position itself. A
+    /// row gets the same bits wherever it is stored.
     ///
     /// # Panics
     /// If a position has no block in `blocks` or passes the storage.
     pub(crate) fn write_rows(&mut self, blocks: Option<&[u32]>, p0: usize, k: &[f32], v: &[f32]) {
-        let (k_dim, v_dim) = (self.k_dim, self.v_dim);
-        let n = k.len() / k_dim.max(1);
-        let mut i = 0;
-        while i < n {
-            let p = p0 + i;
-            // A run of rows that stay in one block (all of them without a table).
-            let (phys, run) = match blocks {
-                None => (p, n - i),
-                Some(b) => (pool_row(b, p), (KV_BLOCK - p % KV_BLOCK).min(n - i)),
-            };
-            self.k.write(phys * k_dim, &k[i * k_dim..(i + run) * k_dim]);
-            self.v.write(phys * v_dim, &v[i * v_dim..(i + run) * v_dim]);
-            i += run;
+        let n = k.len() / self.k_dim.max(1);
+        let heads = self.heads;
+        for (store, dim, src) in [(&mut self.k, self.k_dim, k), (&mut self.v, self.v_dim, v)] {
+            let hd = dim / heads;
+            for h in 0..heads {
+                for i in 0..n {
+                    let at = store
+                        .head_rows(h, hd, dim)
+                        .starting_at(blocks, p0)
+                        .row_start(i);
+                    store.write(at, &src[i * dim + h * hd..][..hd]);
+                }
+            }
+        }
+    }
+
+    /// Copies the first `n` physical rows of `src` (a layer of the same shape and type):
+    /// whole blocks, so any rows after them up to the block's end come along.
+    pub(crate) fn copy_prefix(&mut self, src: &KvLayer, n: usize) {
+        let rows = Self::rows_for(n);
+        self.k.copy_from(&src.k, rows * self.k_dim);
+        self.v.copy_from(&src.v, rows * self.v_dim);
+    }
+
+    /// Copies rows `src .. src + n` to rows `dst .. dst + n`, both inside one block each.
+    ///
+    /// # Panics
+    /// If a run leaves its block.
+    pub(crate) fn copy_rows(&mut self, src: usize, dst: usize, n: usize) {
+        if n == 0 {
+            return;
+        }
+        assert!(
+            src % KV_BLOCK + n <= KV_BLOCK && dst % KV_BLOCK + n <= KV_BLOCK,
+            "copy_rows: a run of {n} rows leaves its block"
+        );
+        let heads = self.heads;
+        for (store, dim) in [(&mut self.k, self.k_dim), (&mut self.v, self.v_dim)] {
+            let hd = dim / heads;
+            for h in 0..heads {
+                let rows = store.head_rows(h, hd, dim);
+                let (from, to) = (rows.row_start(src), rows.row_start(dst));
+                store.copy_within(from, to, n * hd);
+            }
         }
     }
 }
@@ -344,7 +408,7 @@ impl KvPool {
                     let rows = KV_BLOCK * if w { n_window_blocks } else { n_blocks };
                     l.mixer
                         .kv_dims(config.n_head_kv)
-                        .map(|dims| KvLayer::new(kv_type, rows, dims))
+                        .map(|dims| KvLayer::new(kv_type, rows, dims, config.n_head_kv))
                 })
                 .collect(),
             windowed,
@@ -398,8 +462,7 @@ impl KvPool {
             .filter(|(_, &w)| w == window_group)
         {
             if let Some(l) = l {
-                l.k.copy_rows(s, d, n, l.k_dim);
-                l.v.copy_rows(s, d, n, l.v_dim);
+                l.copy_rows(s, d, n);
             }
         }
     }
@@ -407,6 +470,73 @@ impl KvPool {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// The layout rule written out: element `e` of KV head `h` at physical row `r` of a
+    /// layer of `heads` heads of `hd` elements.
+    fn at(r: usize, h: usize, e: usize, hd: usize, heads: usize) -> usize {
+        (r / 16) * 16 * heads * hd + h * 16 * hd + (r % 16) * hd + e
+    }
+
+    fn f32s(s: &KvStore) -> &[f32] {
+        match s {
+            KvStore::F32(v) => v,
+            _ => unreachable!(),
+        }
+    }
+
+    /// Rows land where the layout puts them (head-major inside each block of 16, written
+    /// out above), through a block table or at their position; whole blocks are held;
+    /// `copy_rows` and `copy_prefix` move every head's rows. A position-major store
+    /// (head 1 of position 0 right after head 0) fails the first check.
+    #[test]
+    fn rows_are_head_major_in_blocks_of_16() {
+        let (heads, hd_k, hd_v, n) = (3, 4, 2, 37);
+        let k: Vec<f32> = (0..n * heads * hd_k).map(|i| i as f32).collect();
+        let v: Vec<f32> = (0..n * heads * hd_v).map(|i| -(i as f32)).collect();
+        let table = [2u32, 0, 4, 1];
+        for blocks in [None, Some(&table[..])] {
+            let mut l = KvLayer::new(KvType::F32, 80, (heads * hd_k, heads * hd_v), heads);
+            assert_eq!(l.k.bytes(), 80 * heads * hd_k * 4);
+            l.write_rows(blocks, 3, &k[3 * heads * hd_k..], &v[3 * heads * hd_v..]);
+            let phys = |p: usize| blocks.map_or(p, |b| pool_row(b, p));
+            for p in 3..n {
+                for h in 0..heads {
+                    for e in 0..hd_k {
+                        let want = k[p * heads * hd_k + h * hd_k + e];
+                        assert_eq!(f32s(&l.k)[at(phys(p), h, e, hd_k, heads)], want);
+                    }
+                    for e in 0..hd_v {
+                        let want = v[p * heads * hd_v + h * hd_v + e];
+                        assert_eq!(f32s(&l.v)[at(phys(p), h, e, hd_v, heads)], want);
+                    }
+                }
+            }
+            // Rows 16..21 (block 1) copied to 69..74 (block 4); a prefix of 20 rows to a
+            // fresh layer.
+            let mut c = l.clone();
+            c.copy_rows(16, 69, 5);
+            let mut fresh = KvLayer::new(KvType::F32, 80, (heads * hd_k, heads * hd_v), heads);
+            fresh.copy_prefix(&l, 20);
+            for h in 0..heads {
+                for e in 0..hd_k {
+                    for i in 0..5 {
+                        let (s, d) = (at(16 + i, h, e, hd_k, heads), at(69 + i, h, e, hd_k, heads));
+                        assert_eq!(f32s(&c.k)[d], f32s(&l.k)[s]);
+                    }
+                    for r in 0..20 {
+                        let i = at(r, h, e, hd_k, heads);
+                        assert_eq!(f32s(&fresh.k)[i], f32s(&l.k)[i]);
+                    }
+                }
+                for e in 0..hd_v {
+                    let (s, d) = (at(20, h, e, hd_v, heads), at(73, h, e, hd_v, heads));
+                    assert_eq!(f32s(&c.v)[d], f32s(&l.v)[s]);
+                }
+            }
+        }
+    }
+
     /// The Q8_0 block the KV cache and its kernels use is ggml's, as frink-gguf's type
     /// table records it.
     #[test]

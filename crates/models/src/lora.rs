@@ -51,16 +51,11 @@ impl LoraData {
 
     /// Its rows of `width` elements, as the attention kernels read them.
     fn rows(&self, width: usize) -> KvRows<'_> {
-        KvRows {
-            data: match self {
-                LoraData::F32(v) => KvData::F32(v),
-                LoraData::F16(v) => KvData::F16(v),
-            },
-            start: 0,
-            stride: width,
-            blocks: None,
-            prefetch: false,
-        }
+        let data = match self {
+            LoraData::F32(v) => KvData::F32(v),
+            LoraData::F16(v) => KvData::F16(v),
+        };
+        KvRows::new(data, 0, width)
     }
 
     /// Elements `range`, as f32.

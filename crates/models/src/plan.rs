@@ -85,23 +85,27 @@ impl Mixer {
     /// it caches per position, if it keeps a cache of its own (attention that shares no
     /// other layer's).
     pub fn kv_dims(&self, n_head_kv: usize) -> Option<(usize, usize)> {
+        let a = self
+            .attention()
+            .filter(|a| a.geometry.kv_source.is_none())?;
+        Some((
+            n_head_kv * a.geometry.head_dim_k,
+            n_head_kv * a.geometry.head_dim_v,
+        ))
+    }
+
+    /// Its attention, alone or beside a recurrent mixer (falcon-h1), if it has one.
+    pub fn attention(&self) -> Option<&AttentionPlan> {
         match self {
-            Mixer::Attention(a) if a.geometry.kv_source.is_none() => Some((
-                n_head_kv * a.geometry.head_dim_k,
-                n_head_kv * a.geometry.head_dim_v,
-            )),
-            Mixer::Parallel(a, b) => a.kv_dims(n_head_kv).or(b.kv_dims(n_head_kv)),
+            Mixer::Attention(a) => Some(a),
+            Mixer::Parallel(a, b) => a.attention().or(b.attention()),
             _ => None,
         }
     }
 
     /// Whether the mixer keeps keys and values (attention).
     pub fn has_attention(&self) -> bool {
-        match self {
-            Mixer::Attention(_) => true,
-            Mixer::Parallel(a, b) => a.has_attention() || b.has_attention(),
-            _ => false,
-        }
+        self.attention().is_some()
     }
 }
 

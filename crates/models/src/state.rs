@@ -110,13 +110,13 @@ fn table_of<'a>(
 }
 
 /// Rows a layer with mixer `mixer` keeps in a state of `n_ctx` positions whose windowed
-/// layers have a ring of `ring` blocks (0: none).
+/// layers have a ring of `ring` blocks (0: none): whole blocks ([`KvLayer::rows_for`]).
 fn layer_rows(mixer: &crate::plan::Mixer, ring: usize, n_ctx: usize) -> usize {
-    if ring > 0 && mixer.window() > 0 {
+    KvLayer::rows_for(if ring > 0 && mixer.window() > 0 {
         ring * KV_BLOCK
     } else {
         n_ctx
-    }
+    })
 }
 
 /// Ring blocks a state of `n_ctx` positions gives its layers of window `window` (0: none,
@@ -215,6 +215,7 @@ impl SeqState {
                         kv_type,
                         layer_rows(&l.mixer, ring, n_ctx),
                         dims,
+                        config.n_head_kv,
                     )),
                     _ => None,
                 },
@@ -446,8 +447,7 @@ impl SeqState {
                     let row_bytes = self.kv_type.bytes(d.k_dim).unwrap_or(0).max(1);
                     let is_ring = ring > 0 && d.k.bytes() / row_bytes == ring;
                     let rows = if is_ring { ring } else { n };
-                    d.k.copy_from(&s.k, rows * d.k_dim);
-                    d.v.copy_from(&s.v, rows * d.v_dim);
+                    d.copy_prefix(s, rows);
                 }
                 (None, None) => {}
                 _ => panic!("copy_prefix: states of different layer kinds"),

@@ -642,8 +642,8 @@ fn attention(
             let span = t1 - t0;
             // KV head g's keys and values of positions t0.., read in place (through the
             // block table of a pooled sequence).
-            let keys = layer.k.rows(g * hd_k, dims.k()).starting_at(blocks, t0);
-            let values = layer.v.rows(g * hd_v, dims.v()).starting_at(blocks, t0);
+            let keys = layer.key_rows(g).starting_at(blocks, t0);
+            let values = layer.value_rows(g).starting_at(blocks, t0);
             // The task's units are its (query head, row) pairs, head by head: unit `u` is
             // head `h0 + u / nr`, row `u % nr` of the block. Units go through the kernels
             // up to four at a time, sharing each key and value row they load (a decode

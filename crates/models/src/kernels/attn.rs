@@ -34,35 +34,59 @@ const F32: u8 = 0;
 const F16: u8 = 1;
 const Q8: u8 = 2;
 
-/// Rows of one head in a KV cache: row `t` is the elements `start + phys(t)·stride ..` (as
-/// many as the kernel's head size), i.e. one KV head's part of consecutive positions;
-/// `phys(t) = t` in a contiguous cache, or through a block table in a block pool
-/// (`crate::kv::KvPool`: logical row `t` is physical row `blocks[t / 16] · 16 + t % 16`).
+/// Rows of one head in a KV cache (or any row-major matrix): row `t` is the elements
+/// from [`KvRows::row_start`]`(t)` on (as many as the kernel's head size). Its physical row
+/// is `r = phys(first + t)`: the position itself in a contiguous cache, or through a
+/// block table in a block pool (`crate::kv::KvPool`: position `p` is physical row
+/// `blocks[p / 16] · 16 + p % 16`). Physical rows are grouped in layout blocks of
+/// `2^shift` rows; row `r` starts at `start + (r - r % 2^shift) · stride + (r % 2^shift) ·
+/// row`. A plain matrix has `shift = 0` (row `r` at `start + r · stride`); a KV cache
+/// layer keeps each head's rows of a 16-position block together (`crate::kv::head_row`).
 #[derive(Clone, Copy, Debug)]
 pub struct KvRows<'a> {
     /// The stored elements.
     pub data: KvData<'a>,
-    /// Element index of row 0's first element.
+    /// Element index of physical row 0's first element.
     pub start: usize,
-    /// Elements from one row's start to the next's.
+    /// Elements per row from one layout block to the next (a block of `2^shift` rows
+    /// spans `2^shift · stride` elements).
     pub stride: usize,
-    /// The block table of a pooled cache and the logical position of row 0: row `t` is
-    /// position `first + t`.
-    pub blocks: Option<(&'a [u32], usize)>,
+    /// Elements from one row to the next inside a layout block (unused when `shift` is 0).
+    pub row: usize,
+    /// `log2` of the rows per layout block: 0, or `crate::kv::KV_BLOCK_SHIFT`.
+    pub shift: u32,
+    /// The block table of a pooled cache, if any.
+    pub blocks: Option<&'a [u32]>,
+    /// The position of row 0: row `t` is position `first + t`.
+    pub first: usize,
     /// Whether the kernels prefetch rows [`PREFETCH_KEYS`] ahead ([`KvRows::prefetched`]).
     pub prefetch: bool,
 }
 
 impl<'a> KvRows<'a> {
-    /// Consecutive rows of `width` values of an f32 slice.
-    pub fn contiguous(v: &'a [f32], width: usize) -> KvRows<'a> {
+    /// Row-major rows of `data`: row `t` is the elements from `start + t · stride` on.
+    pub fn new(data: KvData<'a>, start: usize, stride: usize) -> KvRows<'a> {
         KvRows {
-            data: KvData::F32(v),
-            start: 0,
-            stride: width,
+            data,
+            start,
+            stride,
+            row: stride,
+            shift: 0,
             blocks: None,
+            first: 0,
             prefetch: false,
         }
+    }
+
+    /// Consecutive rows of `width` values of an f32 slice.
+    pub fn contiguous(v: &'a [f32], width: usize) -> KvRows<'a> {
+        KvRows::new(KvData::F32(v), 0, width)
+    }
+
+    /// These rows grouped in layout blocks of `2^shift` rows, `row` elements apart inside
+    /// a block (see [`KvRows`]).
+    pub fn in_blocks(self, shift: u32, row: usize) -> KvRows<'a> {
+        KvRows { shift, row, ..self }
     }
 
     /// These rows, which the kernels prefetch [`PREFETCH_KEYS`] rows ahead: for rows read
@@ -76,19 +100,13 @@ impl<'a> KvRows<'a> {
         }
     }
 
-    /// These rows from position `first` on (row `t` is position `first + t`): in a
-    /// contiguous cache (`blocks` is `None`) the rows from `first`, in a pool through its
-    /// block table `blocks` (see [`KvRows::blocks`]). Rows made by `KvStore::rows`.
+    /// These rows from position `first` on (row `t` is position `first + t`), through the
+    /// block table `blocks` of a pooled cache or, without one, at the position itself.
     pub fn starting_at(self, blocks: Option<&'a [u32]>, first: usize) -> KvRows<'a> {
-        match blocks {
-            None => KvRows {
-                start: self.start + first * self.stride,
-                ..self
-            },
-            Some(b) => KvRows {
-                blocks: Some((b, first)),
-                ..self
-            },
+        KvRows {
+            blocks,
+            first,
+            ..self
         }
     }
 
@@ -96,15 +114,22 @@ impl<'a> KvRows<'a> {
     #[inline(always)]
     fn phys(&self, t: usize) -> usize {
         match self.blocks {
-            None => t,
-            Some((b, first)) => crate::kv::pool_row(b, first + t),
+            None => self.first + t,
+            Some(b) => crate::kv::pool_row(b, self.first + t),
         }
+    }
+
+    /// Element index of physical row `r`'s first element.
+    #[inline(always)]
+    fn phys_start(&self, r: usize) -> usize {
+        let within = r & ((1 << self.shift) - 1);
+        self.start + (r - within) * self.stride + within * self.row
     }
 
     /// Element index of row `t`'s first element.
     #[inline(always)]
-    fn row_start(&self, t: usize) -> usize {
-        self.start + self.phys(t) * self.stride
+    pub fn row_start(&self, t: usize) -> usize {
+        self.phys_start(self.phys(t))
     }
 
     fn len(&self) -> usize {
@@ -116,22 +141,26 @@ impl<'a> KvRows<'a> {
     }
 
     /// Panics unless rows `range` of `width` elements lie inside the data (through the
-    /// block table: every block the range touches, each at its last row).
+    /// block table: every block the range touches, up to its last row). A row's start
+    /// grows with its physical row (a layout block's rows come before the next block's),
+    /// so the last physical row bounds them all.
     fn check(&self, range: &std::ops::Range<usize>, width: usize, what: &str) {
         use crate::kv::KV_BLOCK;
         if range.is_empty() {
             return;
         }
         let last = range.end - 1;
-        let end = match self.blocks {
-            None => self.row_start(last) + width,
-            Some((b, first)) => {
-                let (b0, b1) = ((first + range.start) / KV_BLOCK, (first + last) / KV_BLOCK);
+        let top = match self.blocks {
+            None => self.first + last,
+            Some(b) => {
+                let (p0, p1) = (self.first + range.start, self.first + last);
+                let (b0, b1) = (p0 / KV_BLOCK, p1 / KV_BLOCK);
                 assert!(b1 < b.len(), "{what}: rows {range:?} pass the block table");
                 let top = b[b0..=b1].iter().max().copied().unwrap_or(0) as usize;
-                self.start + (top * KV_BLOCK + KV_BLOCK - 1) * self.stride + width
+                top * KV_BLOCK + KV_BLOCK - 1
             }
         };
+        let end = self.phys_start(top) + width;
         assert!(end <= self.len(), "{what}: rows {range:?} pass the data");
     }
 
@@ -184,12 +213,14 @@ unsafe fn load8<const K: u8>(base: *const u8, i: usize) -> std::arch::x86_64::__
     }
 }
 
-/// Key rows ahead that the kernels prefetch. Each key row of one head is a short run
-/// (`head_dim` elements) a whole cache row apart from the next (every KV head of a
-/// position sits between them: 4 KiB in OLMoE's f16 cache), so the hardware prefetchers,
-/// which follow streams within a page, fetch nothing ahead and every row waited on
-/// memory: one core read 5.4 GB/s of keys and 3.9 of values at 4096 cached positions
-/// (OLMoE's shape, 16 heads of 128), against 34 and 32 from L2.
+/// Key rows ahead that the kernels prefetch. A KV cache keeps one head's rows together
+/// only for a block of 16 positions (`crate::kv::KvLayer`: 4 KiB in OLMoE's f16 cache);
+/// the next block's rows are every other head's block further on, and the hardware
+/// prefetchers, which follow streams within a page, fetch nothing across that jump.
+/// Measured on OLMoE (16 heads of 128) at 4096 cached positions: tg64 18.4-19.6 t/s
+/// without these prefetches, 26.5-29.3 with them (32 rows ahead: the same). In the
+/// position-major layout before it (a head's rows a whole cache row apart), one core read
+/// 5.4 GB/s of keys without prefetching and 10 with it.
 const PREFETCH_KEYS: usize = 16;
 
 /// Keys per block of [`weighted_sum_multi_avx2`]: each block's value rows (a few KiB)
@@ -230,11 +261,14 @@ fn raw(rows: &KvRows<'_>) -> *const u8 {
     }
 }
 
-/// Whether the vector kernels can read `rows` (Q8_0: rows and heads on block starts).
+/// Whether the vector kernels can read `rows` (Q8_0: every row on a block start).
 #[cfg(target_arch = "x86_64")]
 fn vector_ok(rows: &KvRows<'_>) -> bool {
+    let on_block = |n: usize| n.is_multiple_of(Q8_0_BLOCK);
     !matches!(rows.data, KvData::Q8_0(_))
-        || (rows.start.is_multiple_of(Q8_0_BLOCK) && rows.stride.is_multiple_of(Q8_0_BLOCK))
+        || (on_block(rows.start)
+            && on_block(rows.stride)
+            && (rows.shift == 0 || on_block(rows.row)))
 }
 
 /// Scores of `R` query rows against a run of key rows: `out_r[t]` = the dot product of
@@ -591,7 +625,8 @@ mod tests {
     use crate::kernels::{axpy, dot, test_rng};
 
     /// The multi-row kernels give the bits of `dot` and of `axpy` per key on the widened
-    /// rows, on every build, for f32, f16 and Q8_0 rows, strided and contiguous, for head sizes
+    /// rows, on every build, for f32, f16 and Q8_0 rows, strided, contiguous and in a KV
+    /// cache's head-major blocks (with and without a block table), for head sizes
     /// with and without a tail, and for 1 to 4 rows.
     #[test]
     fn attention_kernels_match_dot_and_axpy() {
@@ -604,7 +639,12 @@ mod tests {
         {
             let stride = hd * 3 + 5; // another head's elements between the rows
             let start = hd + 2;
-            let raw: Vec<f32> = (0..start + n_keys * stride).map(|_| rnd() * 5.0).collect();
+            // A KV cache layer's layout: head 1 of 3 in blocks of 16 rows, in position
+            // order and through a block table that reverses the blocks.
+            let n_blocked = n_keys.div_ceil(16) * 16 * 3 * hd;
+            let table: Vec<u32> = (0..n_keys.div_ceil(16) as u32).rev().collect();
+            let n_raw = (start + n_keys * stride).max(n_blocked);
+            let raw: Vec<f32> = (0..n_raw).map(|_| rnd() * 5.0).collect();
             let half: Vec<f16> = raw.iter().map(|&x| f16::from_f32(x)).collect();
             let q: Vec<Vec<f32>> = (0..4).map(|_| (0..hd).map(|_| rnd()).collect()).collect();
             let p: Vec<Vec<f32>> = (0..4)
@@ -613,29 +653,29 @@ mod tests {
             // Q8_0 rows (heads of whole blocks): block-aligned (the vector path) and,
             // to exercise the fallback, starting 8 elements into a block.
             let (qstart, qstride) = (hd * 2, hd * 3 + 32);
-            let n_q8 = (qstart + 8 + n_keys * qstride).div_ceil(32) * 32;
+            let n_q8 = (qstart + 8 + n_keys * qstride).max(n_blocked).div_ceil(32) * 32;
             let mut q8 = vec![0u8; n_q8 / 32 * 34];
             let src: Vec<f32> = (0..n_q8).map(|_| rnd() * 5.0).collect();
             frink_quant::dot::quantize_row_q8_0(&src, &mut q8).unwrap();
+            let blocked = |data| {
+                let rows = KvRows::new(data, 16 * hd, 3 * hd).in_blocks(4, hd);
+                [rows, rows.starting_at(Some(&table[..]), 0)]
+            };
             let mut layouts = vec![
-                (KvData::F32(&raw), start, stride),
-                (KvData::F16(&half), start, stride),
+                KvRows::new(KvData::F32(&raw), start, stride),
+                KvRows::new(KvData::F16(&half), start, stride),
             ];
+            layouts.extend(blocked(KvData::F32(&raw)));
+            layouts.extend(blocked(KvData::F16(&half)));
             if hd % 32 == 0 {
-                layouts.push((KvData::Q8_0(&q8), qstart, qstride));
-                layouts.push((KvData::Q8_0(&q8), qstart + 8, qstride));
+                layouts.push(KvRows::new(KvData::Q8_0(&q8), qstart, qstride));
+                layouts.push(KvRows::new(KvData::Q8_0(&q8), qstart + 8, qstride));
+                layouts.extend(blocked(KvData::Q8_0(&q8)));
             }
             let layouts = layouts
                 .into_iter()
-                .flat_map(|(d, a, b)| [(d, a, b, false), (d, a, b, true)]);
-            for (data, start, stride, prefetch) in layouts {
-                let rows = KvRows {
-                    data,
-                    start,
-                    stride,
-                    blocks: None,
-                    prefetch,
-                };
+                .flat_map(|rows| [rows, rows.prefetched()]);
+            for rows in layouts {
                 // The widened rows, contiguous: the reference's input.
                 let wide: Vec<f32> = (0..n_keys)
                     .flat_map(|t| (0..hd).map(move |e| (t, e)))
