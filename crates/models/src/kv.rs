@@ -219,7 +219,8 @@ impl KvStore {
 /// in memory. Position-major rows put every other head of a position between two rows of
 /// one head (4 KiB apart in OLMoE's f16 cache), where the hardware prefetchers fetch
 /// nothing ahead: a decode step's attention over OLMoE's 16 heads x 4096 positions read
-/// 13-16 GB/s on two cores, against 27-30 in this layout.
+/// 10-16 GB/s on two cores, against 27-30 in this layout (with the prefetches of
+/// `crate::kernels::attn`; a scratch harness of that shape).
 #[derive(Clone, Debug, PartialEq)]
 pub struct KvLayer {
     pub k: KvStore,
