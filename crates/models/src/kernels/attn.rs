@@ -41,7 +41,8 @@ const Q8: u8 = 2;
 /// `blocks[p / 16] · 16 + p % 16`). Physical rows are grouped in layout blocks of
 /// `2^shift` rows; row `r` starts at `start + (r - r % 2^shift) · stride + (r % 2^shift) ·
 /// row`. A plain matrix has `shift = 0` (row `r` at `start + r · stride`); a KV cache
-/// layer keeps each head's rows of a 16-position block together (`crate::kv::head_row`).
+/// layer keeps each head's rows of a 16-position block together
+/// (`crate::kv::KvStore::head_rows`).
 #[derive(Clone, Copy, Debug)]
 pub struct KvRows<'a> {
     /// The stored elements.
@@ -141,8 +142,7 @@ impl<'a> KvRows<'a> {
     /// the run's first row, step)`, the same starts as [`KvRows::row_start`] gives. A run
     /// ends with its layout block or, through a block table, its pool block; a plain
     /// matrix is one run. The kernels walk a run by adding the step instead of working
-    /// out every row's place (smollm2-135m pp512 lost 6% to that when the layout blocks
-    /// came in).
+    /// out every row's place.
     #[inline(always)]
     fn runs(
         &self,
