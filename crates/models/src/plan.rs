@@ -74,11 +74,7 @@ impl Mixer {
     /// The sliding window of its attention (0: it sees every earlier key, or it has no
     /// attention).
     pub fn window(&self) -> usize {
-        match self {
-            Mixer::Attention(a) => a.window,
-            Mixer::Parallel(a, b) => a.window().max(b.window()),
-            _ => 0,
-        }
+        self.attention().map_or(0, |a| a.window)
     }
 
     /// The widths `(n_head_kv · head_dim_k, n_head_kv · head_dim_v)` of the keys and values
