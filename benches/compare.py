@@ -18,9 +18,13 @@ shared/ANCHOR.md says; LLAMA_BENCH overrides its llama-bench binary.
 
 The bound: a decode step reads every weight it uses once, so tg <= bandwidth / bytes per
 token, with the bandwidth measured by benches/bandwidth.rs (built here on first use)
-through the model file's own mapping with the same thread count (its median pass), after
-both engines in every round (the fraction reported is the median over rounds of each
-round's t/s / that round's bound), and bytes per token counted from the file's tensor
+through the model file's own mapping with the same thread count (its median pass), around
+each engine's run: before the first, between the two, after the second, so that each
+run's bound is the mean of the probes just before and just after it (this VM's bandwidth
+moves by a third within a minute: a probe after both engines, 30 s after frink's tg test,
+paired frink's figure with a different machine state than llama.cpp's, read just before
+it). The fraction reported is the median over rounds of each run's t/s / its bound; bytes
+per token are counted from the file's tensor
 table: every tensor but the token embeddings (one row read) unless the LM head is tied to
 them, Gemma 4's per-layer token table (one row read), and of the routed experts
 `expert_used_count / expert_count`.
@@ -140,8 +144,16 @@ def main():
             common += ["-d", a.d]
         ours_rounds, ref_rounds, rss, bounds = [], [], ([], []), []
         per_token = None
+        # Probed around each engine's run (see the module doc): `last` is the probe that
+        # ended the previous round, which also begins this one.
+        probe = not a.no_bound and any(int(x) > 0 for x in a.n.split(","))
+        last = None
         for k in range(a.rounds):
+            if probe:
+                per_token = per_token or bytes_per_token(path)
+                last = last or bandwidth(path, a.t)
             ours, our_rss = run_measured([FRINK, "bench", *common, "--json"])
+            mid = bandwidth(path, a.t) if probe else None
             ref, ref_rss = run_measured([llama_bench, *common, "-o", "json"], env=env)
             ours_rounds.append({test_name(o): o["avg_ts"] for o in ours})
             ref_rounds.append({test_name(o): o["avg_ts"] for o in ref})
@@ -149,24 +161,22 @@ def main():
             rss[1].append(ref_rss)
             print(f"{m} round {k + 1}: frink {ours_rounds[-1]} llama.cpp {ref_rounds[-1]}",
                   file=sys.stderr)
-            if not a.no_bound and any(t.startswith("tg") for t in ours_rounds[-1]):
-                # Probed in every round, right after the two engines: this VM's bandwidth
-                # drifts by a third within an hour, so a bound probed once is not the bound
-                # a round ran under.
-                per_token = per_token or bytes_per_token(path)
-                bw = bandwidth(path, a.t)
-                bounds.append(bw / per_token)
-                print(f"{m} round {k + 1}: bandwidth {bw / 1e9:.1f} GB/s ({a.t} threads), "
-                      f"{per_token / 1e6:.0f} MB per token: bound {bounds[-1]:.1f} t/s",
-                      file=sys.stderr)
+            if probe:
+                after = bandwidth(path, a.t)
+                bounds.append(((last + mid) / 2 / per_token, (mid + after) / 2 / per_token))
+                print(f"{m} round {k + 1}: bandwidth {last / 1e9:.1f}, {mid / 1e9:.1f}, "
+                      f"{after / 1e9:.1f} GB/s ({a.t} threads) before, between and after the "
+                      f"engines, {per_token / 1e6:.0f} MB per token: bound {bounds[-1][0]:.1f} "
+                      f"t/s for frink, {bounds[-1][1]:.1f} for llama.cpp", file=sys.stderr)
+                last = after
         for test in ours_rounds[0]:
             ours = statistics.median(r[test] for r in ours_rounds)
             ref = statistics.median(r.get(test, float("nan")) for r in ref_rounds)
             frac = ""
             if bounds and test.startswith("tg"):
-                # The median over rounds of each round's t/s / that round's bound.
-                f_ours = statistics.median(r[test] / b for r, b in zip(ours_rounds, bounds))
-                f_ref = statistics.median(r.get(test, float("nan")) / b
+                # The median over rounds of each run's t/s / that run's bound.
+                f_ours = statistics.median(r[test] / b[0] for r, b in zip(ours_rounds, bounds))
+                f_ref = statistics.median(r.get(test, float("nan")) / b[1]
                                           for r, b in zip(ref_rounds, bounds))
                 frac = f"{100 * f_ours:.0f}% / {100 * f_ref:.0f}%"
             print(f"| {os.path.basename(m)} | {test} | {ours:.2f} | {ref:.2f} | {ours / ref:.2f}x "
