@@ -267,13 +267,13 @@ unsafe fn f16x8(p: *const u8) -> __m256 {
 /// Bytes ahead of the block being read that every packed kernel prefetches (the K-quants
 /// an eighth of a block per chunk, the legacy formats a block's lines per block); the
 /// hardware prefetchers stop at page boundaries. A decode step streams each thread's
-/// groups as one run, so the distance is the bytes in flight per core. Measured on an AMD
-/// Zen 5 VM, two threads, decode steps of the real-shape files alternating between
-/// distances in one process (medians over 40 rounds of 8 steps, ratio to the previous
-/// distances of two blocks, 2368 bytes for Q4_K, 2048 for the legacy formats): 4096 bytes
-/// Qwen2.5-1.5B Q4_K_M 1.06, Q4_0 1.06, OLMoE 1.02, Gemma-3-1B 1.06; 6144 bytes 1.12,
-/// 1.09, 1.02, 1.05; 8192 bytes 1.15, 1.07, 1.00, 1.02. (On a Zen 1 VM, one core, two
-/// blocks had read as fast as four: that machine kept fewer bytes in flight.)
+/// groups as one run, so the distance sets how far ahead of its reads each core asks.
+/// Measured on an AMD Zen 5 VM, two threads, decode steps of the real-shape files
+/// alternating between distances in one process (medians over 40 rounds of 8 steps, ratio
+/// to the previous distances of two blocks: 2368 bytes for Q4_K, 3360 for Q6_K, 2048 for
+/// the legacy formats): 4096 bytes Qwen2.5-1.5B Q4_K_M 1.06, Q4_0 1.06, OLMoE 1.02,
+/// Gemma-3-1B 1.06; 6144 bytes 1.12, 1.09, 1.02, 1.05; 8192 bytes 1.15, 1.07, 1.00, 1.02.
+/// (On a Zen 1 VM, one core, two blocks had read as fast as four.)
 const PREFETCH_BYTES: usize = 6144;
 
 /// Prefetches the `len` bytes from `p`: one prefetch per 64 bytes from `p`, no line
