@@ -297,6 +297,13 @@ fn prefetch_span(p: *const u8, len: usize) {
     }
 }
 
+/// Prefetches chunk `c`'s eighth of the `pb`-byte block that lies [`PREFETCH_BYTES`]
+/// after `p` (the K-quant kernels, one call per chunk; `pb` a multiple of 8).
+#[inline(always)]
+fn prefetch_chunk(p: *const u8, pb: usize, c: usize) {
+    prefetch_span(p.wrapping_add(PREFETCH_BYTES + c * (pb / 8)), pb / 8);
+}
+
 /// Adds block value `v` of block `b` into accumulator `b % 8` of each row.
 #[target_feature(enable = "avx2")]
 #[inline]
@@ -344,10 +351,7 @@ unsafe fn rows_q4_k<const R: usize>(
             let ab = a.map(|x| x.add(b * KAB));
             let mut sumi = [_mm256_setzero_si256(); R];
             for c in 0..8 {
-                prefetch_span(
-                    p.wrapping_add(PREFETCH_BYTES + c * (super::pack::Q4K_BYTES / 8)),
-                    super::pack::Q4K_BYTES / 8,
-                );
+                prefetch_chunk(p, super::pack::Q4K_BYTES, c);
                 let mut s16 = [_mm256_setzero_si256(); R];
                 for s in 0..4 {
                     let wv = _mm256_loadu_si256(p.add(Q4K_QS + (4 * c + s) * 32).cast());
@@ -446,10 +450,7 @@ unsafe fn rows_q6_k<const R: usize>(
                 sumi[r] = _mm256_sub_epi32(sumi[r], _mm256_slli_epi32::<5>(off[r]));
             }
             for c in 0..8 {
-                prefetch_span(
-                    p.wrapping_add(PREFETCH_BYTES + c * (super::pack::Q6K_BYTES / 8)),
-                    super::pack::Q6K_BYTES / 8,
-                );
+                prefetch_chunk(p, super::pack::Q6K_BYTES, c);
                 let qhl = _mm256_loadu_si256(p.add(Q6K_QH + 64 * c).cast());
                 let qhh = _mm256_loadu_si256(p.add(Q6K_QH + 64 * c + 32).cast());
                 let scp = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(Q6K_SCALES + 16 * c).cast()));
