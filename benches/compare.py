@@ -143,15 +143,13 @@ def main():
         if a.d != "0":
             common += ["-d", a.d]
         ours_rounds, ref_rounds, rss, bounds = [], [], ([], []), []
-        per_token = None
         # Probed around each engine's run (see the module doc): `last` is the probe that
         # ended the previous round, which also begins this one.
         probe = not a.no_bound and any(int(x) > 0 for x in a.n.split(","))
-        last = None
+        if probe:
+            per_token = bytes_per_token(path)
+            last = bandwidth(path, a.t)
         for k in range(a.rounds):
-            if probe:
-                per_token = per_token or bytes_per_token(path)
-                last = last or bandwidth(path, a.t)
             ours, our_rss = run_measured([FRINK, "bench", *common, "--json"])
             mid = bandwidth(path, a.t) if probe else None
             ref, ref_rss = run_measured([llama_bench, *common, "-o", "json"], env=env)
