@@ -121,9 +121,69 @@ pub struct Model {
     /// The matrices the forward pass multiplies by (every whole-tensor matrix but a token
     /// embedding table that is not also the LM head): what [`Model::set_repack`] packs.
     matmul_weights: Vec<Matrix>,
-    /// Repacked matrices by (tensor index, byte offset: an expert of a stacked tensor),
-    /// with the matrix each was packed from.
-    packed: std::collections::BTreeMap<(usize, usize), (Matrix, frink_quant::dot::pack::Packed)>,
+    /// Repacked matrices, with the matrix each was packed from.
+    packed: PackedSet,
+}
+
+/// Repacked matrices found by two indexed loads: the tensor's index, then the matrix's
+/// place in the tensor (expert `e` of a stacked tensor at place `e`).
+///
+/// [`Model::weight`] looks a matrix up for every projection of every decode step (OLMoE:
+/// about 460 lookups a token among 3,000 packed experts); a tree map walked five levels of
+/// nodes per lookup, and the weights streamed between two steps leave those nodes out of
+/// the cache.
+#[derive(Debug, Default)]
+struct PackedSet {
+    /// `[tensor][place]`.
+    by_tensor: Vec<Vec<Option<(Matrix, frink_quant::dot::pack::Packed)>>>,
+}
+
+impl PackedSet {
+    /// Matrix `m`'s place in its tensor: its offset in whole matrices of its size.
+    fn place(m: &Matrix) -> usize {
+        m.offset / (m.rows * m.row_bytes).max(1)
+    }
+
+    /// The packed copy of exactly `m`, if there is one.
+    fn get(&self, m: &Matrix) -> Option<&frink_quant::dot::pack::Packed> {
+        match self.by_tensor.get(m.tensor)?.get(Self::place(m))? {
+            Some((pm, p)) if pm == m => Some(p),
+            _ => None,
+        }
+    }
+
+    /// Whether `m` or another matrix at its place is packed (a place holds one).
+    fn is_taken(&self, m: &Matrix) -> bool {
+        self.by_tensor
+            .get(m.tensor)
+            .and_then(|t| t.get(Self::place(m)))
+            .is_some_and(Option::is_some)
+    }
+
+    fn insert(&mut self, m: Matrix, p: frink_quant::dot::pack::Packed) {
+        let (t, i) = (m.tensor, Self::place(&m));
+        if self.by_tensor.len() <= t {
+            self.by_tensor.resize_with(t + 1, Vec::new);
+        }
+        let places = &mut self.by_tensor[t];
+        if places.len() <= i {
+            places.resize_with(i + 1, || None);
+        }
+        places[i] = Some((m, p));
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &frink_quant::dot::pack::Packed> {
+        self.by_tensor.iter().flatten().flatten().map(|(_, p)| p)
+    }
+
+    /// Drops every packed matrix of the tensors `drop` names.
+    fn remove_tensors(&mut self, drop: &[usize]) {
+        for &t in drop {
+            if let Some(places) = self.by_tensor.get_mut(t) {
+                places.clear();
+            }
+        }
+    }
 }
 
 /// How often each routed expert was selected, per layer, since load (or [`MoeStats::reset`]);
@@ -375,7 +435,7 @@ impl Model {
     pub fn set_repack(&mut self, on: bool) {
         use frink_quant::dot::pack::{block_bytes, pack_groups, Packed, GROUP};
         if !on {
-            self.packed.clear();
+            self.packed = PackedSet::default();
             return;
         }
         let mut todo = self.matmul_weights.clone();
@@ -387,8 +447,9 @@ impl Model {
             }
         }
         for m in todo {
-            let key = (m.tensor, m.offset);
-            if self.packed.contains_key(&key) || block_bytes(m.ty).is_none() || m.rows < GROUP {
+            // (Two matrices at one place would be a layout no loader makes: the second
+            // stays as stored.)
+            if self.packed.is_taken(&m) || block_bytes(m.ty).is_none() || m.rows < GROUP {
                 continue;
             }
             let data = self.data(&m);
@@ -413,22 +474,22 @@ impl Model {
                 // Releasing is advice; a failure only leaves the stored pages resident.
                 let _ = self.file.release(start + from..start + to);
             }
-            self.packed.insert(key, (m, p));
+            self.packed.insert(m, p);
         }
     }
 
     /// Bytes held by repacked matrices.
     pub fn repacked_bytes(&self) -> usize {
-        self.packed.values().map(|(_, p)| p.bytes()).sum()
+        self.packed.iter().map(|p| p.bytes()).sum()
     }
 
     /// Matrix `m`'s weights as the kernels read them: its packed copy when it has one,
     /// else its stored bytes.
     pub fn weight(&self, m: &Matrix) -> crate::kernels::WeightData<'_> {
         use crate::kernels::WeightData;
-        match self.packed.get(&(m.tensor, m.offset)) {
-            Some((pm, p)) if pm == m => WeightData::Packed(p),
-            _ => WeightData::Stored(self.data(m)),
+        match self.packed.get(m) {
+            Some(p) => WeightData::Packed(p),
+            None => WeightData::Stored(self.data(m)),
         }
     }
 
@@ -502,7 +563,7 @@ impl Model {
                 ]
             })
             .collect();
-        self.packed.retain(|(t, _), _| !experts.contains(t));
+        self.packed.remove_tensors(&experts);
         Ok(())
     }
 
@@ -521,5 +582,55 @@ impl Model {
     /// The stored bytes of a matrix.
     pub fn data(&self, m: &Matrix) -> &[u8] {
         &self.file.tensor_at(m.tensor).data[m.offset..m.offset + m.rows * m.row_bytes]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use frink_gguf::GgmlType;
+    use frink_quant::dot::pack::Packed;
+
+    /// Expert `e` (8 rows of 32 Q4_0 values) of a stacked tensor `tensor`.
+    fn expert(tensor: usize, e: usize) -> Matrix {
+        let row_bytes = GgmlType::Q4_0.row_bytes(32).unwrap() as usize;
+        Matrix {
+            ty: GgmlType::Q4_0,
+            rows: 8,
+            cols: 32,
+            row_bytes,
+            tensor,
+            offset: e * 8 * row_bytes,
+        }
+    }
+
+    fn packed(m: &Matrix) -> Packed {
+        Packed::new(m.ty, &vec![0u8; m.rows * m.row_bytes], m.rows, m.cols).unwrap()
+    }
+
+    #[test]
+    fn packed_set_finds_exactly_the_matrix_it_holds() {
+        let mut set = PackedSet::default();
+        let (a, b) = (expert(3, 5), expert(3, 0));
+        set.insert(a, packed(&a));
+        assert!(set.get(&a).is_some());
+        // Another expert of the tensor, another tensor, a place past the end: none.
+        assert!(set.get(&b).is_none() && !set.is_taken(&b));
+        assert!(set.get(&expert(2, 5)).is_none() && set.get(&expert(9, 5)).is_none());
+        assert!(set.get(&expert(3, 6)).is_none());
+        // A matrix of another shape at a's place (expert 5 of wider rows) finds the place
+        // taken but not its own packed copy: it is read as stored.
+        let same_place = Matrix {
+            cols: 64,
+            row_bytes: 2 * a.row_bytes,
+            offset: 2 * a.offset,
+            ..a
+        };
+        assert_eq!(PackedSet::place(&same_place), PackedSet::place(&a));
+        assert!(set.is_taken(&same_place) && set.get(&same_place).is_none());
+        set.insert(b, packed(&b));
+        assert_eq!(set.iter().count(), 2);
+        set.remove_tensors(&[3]);
+        assert!(set.get(&a).is_none() && set.get(&b).is_none() && set.iter().count() == 0);
     }
 }
