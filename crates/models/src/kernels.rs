@@ -36,6 +36,14 @@ pub struct Matrix {
     pub offset: usize,
 }
 
+impl Matrix {
+    /// Its place in its tensor: the offset in whole matrices of its size (expert `e` of a
+    /// stacked experts tensor is at place `e`; a whole tensor at 0).
+    pub fn place(&self) -> usize {
+        self.offset / (self.rows * self.row_bytes).max(1)
+    }
+}
+
 /// Dot product of two equal-length f32 slices in a fixed order: 8 interleaved partial
 /// sums (lane `l` takes elements `l, l+8, …`, each a product then a sum, never fused),
 /// combined pairwise, then the tail. On x86-64 with AVX2 the same operations run on one

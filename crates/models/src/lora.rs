@@ -434,7 +434,7 @@ impl Model {
             return Ok(());
         }
         // Expert e of a stacked tensor starts e matrices into it.
-        let key = (w.tensor, w.offset / (w.rows * w.row_bytes).max(1));
+        let key = (w.tensor, w.place());
         let adapts = |ai: usize| self.adapters[ai].weights.contains_key(&key);
         if !lora.per_row.iter().flatten().any(|&(ai, _)| adapts(ai)) {
             return Ok(());

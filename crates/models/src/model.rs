@@ -139,14 +139,9 @@ struct PackedSet {
 }
 
 impl PackedSet {
-    /// Matrix `m`'s place in its tensor: its offset in whole matrices of its size.
-    fn place(m: &Matrix) -> usize {
-        m.offset / (m.rows * m.row_bytes).max(1)
-    }
-
     /// The packed copy of exactly `m`, if there is one.
     fn get(&self, m: &Matrix) -> Option<&frink_quant::dot::pack::Packed> {
-        match self.by_tensor.get(m.tensor)?.get(Self::place(m))? {
+        match self.by_tensor.get(m.tensor)?.get(m.place())? {
             Some((pm, p)) if pm == m => Some(p),
             _ => None,
         }
@@ -156,12 +151,12 @@ impl PackedSet {
     fn is_taken(&self, m: &Matrix) -> bool {
         self.by_tensor
             .get(m.tensor)
-            .and_then(|t| t.get(Self::place(m)))
+            .and_then(|t| t.get(m.place()))
             .is_some_and(Option::is_some)
     }
 
     fn insert(&mut self, m: Matrix, p: frink_quant::dot::pack::Packed) {
-        let (t, i) = (m.tensor, Self::place(&m));
+        let (t, i) = (m.tensor, m.place());
         if self.by_tensor.len() <= t {
             self.by_tensor.resize_with(t + 1, Vec::new);
         }
@@ -626,7 +621,7 @@ mod tests {
             offset: 2 * a.offset,
             ..a
         };
-        assert_eq!(PackedSet::place(&same_place), PackedSet::place(&a));
+        assert_eq!(same_place.place(), a.place());
         assert!(set.is_taken(&same_place) && set.get(&same_place).is_none());
         set.insert(b, packed(&b));
         assert_eq!(set.iter().count(), 2);
