@@ -655,9 +655,13 @@ fn attention(
             let hi = |u: usize| p0 + i0 + u % nr + 1 - t0;
             let qrow = |u: usize| &q[(r0 + i0 + u % nr) * dims.q() + head(u) * hd_k..][..hd_k];
             scores.resize(units * span, 0.0);
-            // The first units read the rows from memory (prefetched); the others find them
-            // in cache.
+            // The first units read the rows from memory (prefetched, the first rows before
+            // the kernels start: OLMoE's decode attention at ~64 cached positions took a
+            // median 29.8 us a layer without that, 22.8 with it); the others find them in
+            // cache.
             let (keys_first, values_first) = (keys.prefetched(), values.prefetched());
+            keys.prefetch_first(0..span, hd_k);
+            values.prefetch_first(0..span, hd_v);
             for c0 in (0..units).step_by(4) {
                 let keys = if c0 == 0 { keys_first } else { keys };
                 let c1 = (c0 + 4).min(units);

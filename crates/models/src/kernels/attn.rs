@@ -116,6 +116,26 @@ impl<'a> KvRows<'a> {
         }
     }
 
+    /// Prefetches the first [`PREFETCH_KEYS`] rows of `range` (`width` elements each):
+    /// the rows that the kernels' own prefetching, that many rows ahead of the row they
+    /// read, never reaches. A decode task reads a KV head's rows once, from memory.
+    pub fn prefetch_first(&self, range: std::ops::Range<usize>, width: usize) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let base = raw(self);
+            for t in range.start..range.end.min(range.start + PREFETCH_KEYS) {
+                let i = self.row_start(t);
+                match self.data {
+                    KvData::F32(_) => prefetch_elems::<F32>(base, i, width),
+                    KvData::F16(_) => prefetch_elems::<F16>(base, i, width),
+                    KvData::Q8_0(_) => prefetch_elems::<Q8>(base, i, width),
+                }
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (range, width);
+    }
+
     /// The physical row of row `t`.
     #[inline(always)]
     fn phys(&self, t: usize) -> usize {
