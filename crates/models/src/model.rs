@@ -139,20 +139,19 @@ struct PackedSet {
 }
 
 impl PackedSet {
+    /// What `m`'s place holds: `m` or another matrix at that place, with its packed copy.
+    fn at(&self, m: &Matrix) -> Option<&(Matrix, frink_quant::dot::pack::Packed)> {
+        self.by_tensor.get(m.tensor)?.get(m.place())?.as_ref()
+    }
+
     /// The packed copy of exactly `m`, if there is one.
     fn get(&self, m: &Matrix) -> Option<&frink_quant::dot::pack::Packed> {
-        match self.by_tensor.get(m.tensor)?.get(m.place())? {
-            Some((pm, p)) if pm == m => Some(p),
-            _ => None,
-        }
+        self.at(m).filter(|(pm, _)| pm == m).map(|(_, p)| p)
     }
 
     /// Whether `m` or another matrix at its place is packed (a place holds one).
     fn is_taken(&self, m: &Matrix) -> bool {
-        self.by_tensor
-            .get(m.tensor)
-            .and_then(|t| t.get(m.place()))
-            .is_some_and(Option::is_some)
+        self.at(m).is_some()
     }
 
     fn insert(&mut self, m: Matrix, p: frink_quant::dot::pack::Packed) {
