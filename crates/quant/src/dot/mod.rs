@@ -103,7 +103,7 @@ mod x86_tile;
 
 pub use quantize::{
     quantize_activation, quantize_row_q8_0, quantize_row_q8_0_scalar, quantize_row_q8_1,
-    quantize_row_q8_1_scalar, quantize_row_q8_k,
+    quantize_row_q8_1_scalar, quantize_row_q8_k, quantize_row_q8_k_scalar,
 };
 
 use crate::GgmlType;

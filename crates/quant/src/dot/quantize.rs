@@ -231,35 +231,150 @@ unsafe fn q8_block_avx2(x: &[f32]) -> (f32, [i8; 32]) {
 
 /// Quantizes `x` to Q8_K blocks (292 bytes per 256 values) in `out`, bit-exact with
 /// ggml's `quantize_row_q8_K_ref` (including `bsums`; an all-zero block gets zero bsums,
-/// which ggml leaves unwritten).
+/// which ggml leaves unwritten). AVX2 where available ([`quantize_row_q8_k_scalar`] is the
+/// twin).
 ///
 /// # Errors
 /// [`DotError::Quantize`] unless `x.len()` is a multiple of 256 and `out.len()` is
 /// `x.len() / 256 * 292`.
 pub fn quantize_row_q8_k(x: &[f32], out: &mut [u8]) -> Result<(), DotError> {
+    quantize_q8_k(x, out, true)
+}
+
+/// [`quantize_row_q8_k`] compiled for the baseline ISA.
+///
+/// # Errors
+/// As [`quantize_row_q8_k`].
+pub fn quantize_row_q8_k_scalar(x: &[f32], out: &mut [u8]) -> Result<(), DotError> {
+    quantize_q8_k(x, out, false)
+}
+
+/// Q8_K after the length check, on AVX2 when `simd` and the CPU has it.
+fn quantize_q8_k(x: &[f32], out: &mut [u8], simd: bool) -> Result<(), DotError> {
     check(x, out, GgmlType::Q8_K)?;
     for (x, b) in x.chunks_exact(QK_K).zip(out.chunks_exact_mut(292)) {
-        // ggml keeps the first value of the largest magnitude (`if (ax > amax)`).
-        let amax = abs_max(x);
-        let max = x.iter().copied().find(|v| v.abs() == amax).unwrap_or(0.0);
-        b.fill(0);
-        if amax == 0.0 {
+        let (x, b) = (
+            x.try_into().expect("a block of 256 values"),
+            b.try_into().expect("a block of 292 bytes"),
+        );
+        #[cfg(target_arch = "x86_64")]
+        if simd && std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 is available (checked above).
+            #[allow(unsafe_code)]
+            unsafe {
+                q8_k_block_avx2(x, b)
+            };
             continue;
         }
-        let iscale = -127.0 / max;
-        for (o, &v) in b[4..260].iter_mut().zip(x) {
-            *o = nearest_int(iscale * v).min(127) as i8 as u8;
-        }
-        for j in 0..16 {
-            let s: i32 = b[4 + 16 * j..][..16]
-                .iter()
-                .map(|&q| i32::from(q as i8))
-                .sum();
-            b[260 + 2 * j..][..2].copy_from_slice(&(s as i16).to_le_bytes());
-        }
-        b[0..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
+        let _ = simd;
+        q8_k_block(x, b);
     }
     Ok(())
+}
+
+/// One Q8_K block: ggml's `quantize_row_q8_K_ref` for 256 values.
+#[inline(always)]
+fn q8_k_block(x: &[f32; QK_K], b: &mut [u8; 292]) {
+    // ggml keeps the first value of the largest magnitude (`if (ax > amax)`).
+    let amax = abs_max(x);
+    let max = x.iter().copied().find(|v| v.abs() == amax).unwrap_or(0.0);
+    b.fill(0);
+    if amax == 0.0 {
+        return;
+    }
+    let iscale = -127.0 / max;
+    for (o, &v) in b[4..260].iter_mut().zip(x) {
+        *o = nearest_int(iscale * v).min(127) as i8 as u8;
+    }
+    for j in 0..16 {
+        let s: i32 = b[4 + 16 * j..][..16]
+            .iter()
+            .map(|&q| i32::from(q as i8))
+            .sum();
+        b[260 + 2 * j..][..2].copy_from_slice(&(s as i16).to_le_bytes());
+    }
+    b[0..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
+}
+
+/// [`q8_k_block`] on AVX2: the same `amax` (a maximum does not depend on the order), the
+/// same first value of that magnitude, `iscale`, and per value the same `nearest_int`
+/// float trick and clamp; each `bsum` is a sum of small integers (exact in any order).
+///
+/// # Safety
+/// AVX2 available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+#[allow(unsafe_code)]
+unsafe fn q8_k_block_avx2(x: &[f32; QK_K], b: &mut [u8; 292]) {
+    use std::arch::x86_64::*;
+    let sign = _mm256_set1_ps(-0.0);
+    // SAFETY (every load below): `x` is 256 floats; vector i covers 8 i .. 8 i + 8.
+    let load = |i: usize| unsafe { _mm256_loadu_ps(x.as_ptr().add(8 * i)) };
+    let mut m = [_mm256_setzero_ps(); 4];
+    for i in 0..QK_K / 8 {
+        m[i % 4] = _mm256_max_ps(m[i % 4], _mm256_andnot_ps(sign, load(i)));
+    }
+    let m = _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3]));
+    let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+    let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+    if amax == 0.0 {
+        b.fill(0);
+        return;
+    }
+    // The first value whose magnitude is `amax`.
+    let am = _mm256_set1_ps(amax);
+    let mut max = 0.0;
+    for i in 0..QK_K / 8 {
+        let hit = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(
+            _mm256_andnot_ps(sign, load(i)),
+            am,
+        ));
+        if hit != 0 {
+            max = x[8 * i + hit.trailing_zeros() as usize];
+            break;
+        }
+    }
+    let iscale = -127.0 / max;
+    let (isv, magic) = (_mm256_set1_ps(iscale), _mm256_set1_ps(12_582_912.0));
+    let (mantissa, bias, top) = (
+        _mm256_set1_epi32(0x007f_ffff),
+        _mm256_set1_epi32(0x0040_0000),
+        _mm256_set1_epi32(127),
+    );
+    let (flip, zero) = (_mm256_set1_epi8(-128), _mm256_setzero_si256());
+    let mut sums = [0u64; 4];
+    // 32 values at a time: two groups of 16 (two bsums).
+    for c in 0..QK_K / 32 {
+        let q: [__m256i; 4] = std::array::from_fn(|k| {
+            let t = _mm256_add_ps(_mm256_mul_ps(load(4 * c + k), isv), magic);
+            let n = _mm256_sub_epi32(_mm256_and_si256(_mm256_castps_si256(t), mantissa), bias);
+            _mm256_min_epi32(n, top)
+        });
+        // i32 -> i8 (every quant is within -128..=127 after the clamp), then the dwords
+        // back in order.
+        let w = _mm256_packs_epi16(
+            _mm256_packs_epi32(q[0], q[1]),
+            _mm256_packs_epi32(q[2], q[3]),
+        );
+        let w = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        // SAFETY: bytes 4 + 32 c .. 4 + 32 c + 32 are within the 292-byte block.
+        unsafe { _mm256_storeu_si256(b.as_mut_ptr().add(4 + 32 * c).cast(), w) };
+        // Sums of eight bytes each, as unsigned (q + 128), less 8 · 128.
+        // SAFETY: `sums` is four u64.
+        unsafe {
+            _mm256_storeu_si256(
+                sums.as_mut_ptr().cast(),
+                _mm256_sad_epu8(_mm256_xor_si256(w, flip), zero),
+            )
+        };
+        for g in 0..2 {
+            let s = (sums[2 * g] + sums[2 * g + 1]) as i32 - 16 * 128;
+            b[260 + 2 * (2 * c + g)..][..2].copy_from_slice(&(s as i16).to_le_bytes());
+        }
+    }
+    b[0..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
 }
 
 /// Quantizes `x` into `out` as activation type `act` (Q8_0, Q8_1 or Q8_K): the type
@@ -319,6 +434,46 @@ mod tests {
             // The tie block: 2.5 (ties[18]) rounds away to 3.
             assert_eq!(a[(n - 1) * ty + ty - 32 + 18] as i8, 3);
         }
+    }
+
+    /// The AVX2 Q8_K quantizer gives the scalar twin's bytes (scale, quants and bsums):
+    /// blocks of several magnitudes, an all-zero block, a block whose largest magnitude
+    /// comes first as a positive and later as a negative value (the first one is `max`),
+    /// and a block of exact halves under `iscale` 1 (ties to even: 2.5 → 2).
+    #[test]
+    fn q8_k_simd_matches_scalar() {
+        let mut seed = 0x0bad_cafe_1234_5679u64;
+        let mut rnd = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        };
+        let mut x: Vec<f32> = Vec::new();
+        for scale in [1e-3f32, 1.0, 37.0, 1e4] {
+            x.extend((0..QK_K * 3).map(|_| rnd() * scale));
+        }
+        x.extend([0.0f32; QK_K]);
+        let mut signs: Vec<f32> = (0..QK_K).map(|_| rnd()).collect();
+        signs[40] = 5.0;
+        signs[200] = -5.0;
+        x.extend(signs);
+        // max -127 → iscale 1: values land on halves.
+        let mut ties: Vec<f32> = (0..QK_K).map(|i| (i % 200) as f32 * 0.5 - 50.0).collect();
+        ties[0] = -127.0;
+        x.extend(ties);
+        let n = x.len() / QK_K;
+        let (mut a, mut b) = (vec![0u8; n * 292], vec![0u8; n * 292]);
+        quantize_row_q8_k(&x, &mut a).unwrap();
+        quantize_row_q8_k_scalar(&x, &mut b).unwrap();
+        for (i, (a, b)) in a.chunks_exact(292).zip(b.chunks_exact(292)).enumerate() {
+            assert_eq!(a, b, "block {i}");
+        }
+        // The sign block's scale is -5 / 127 (the positive 5 came first: d = 1 / (-127 / 5)).
+        let d = |blk: usize| f32::from_le_bytes(a[blk * 292..][..4].try_into().unwrap());
+        assert_eq!(d(n - 2), 1.0 / (-127.0 / 5.0));
+        // The tie block: value 2.5 (index 105) times iscale 1 rounds to even, 2.
+        assert_eq!(a[(n - 1) * 292 + 4 + 105] as i8, 2);
     }
 
     /// `round_away` equals `f32::round` (C's `roundf`) on a dense sample of every f32
