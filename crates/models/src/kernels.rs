@@ -566,17 +566,39 @@ pub fn matrix_row(w: &Matrix, wdata: WeightData<'_>, r: usize, out: &mut [f32]) 
 
 /// RMSNorm of each `dim`-sized row of `x` in place, times `weight`:
 /// `x · w / sqrt(mean(x²) + eps)`, the sum of squares accumulated in f64 as ggml does
-/// (`ggml_compute_forward_rms_norm_f32`).
+/// (`ggml_compute_forward_rms_norm_f32`), over eight lanes ([`sum_squares`]).
 pub fn rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {
     let dim = weight.len();
     for row in x.chunks_exact_mut(dim) {
-        let sum: f64 = row.iter().map(|&v| (v as f64) * (v as f64)).sum();
+        let sum = sum_squares(row);
         let mean = (sum / dim as f64) as f32;
         let scale = 1.0 / (mean + eps).sqrt();
         for (v, w) in row.iter_mut().zip(weight) {
             *v = (*v * scale) * w;
         }
     }
+}
+
+/// `Σ x²` in f64: element `i` into lane `i % 8`, the lanes summed pairwise at the end.
+/// ggml's one running sum (`ggml_compute_forward_rms_norm_f32`) waits a full f64 add per
+/// element: the sum of 2048 squares took 1.05 µs that way and 0.28 µs in lanes (hot
+/// cache, Zen 5), and an OLMoE decode step has four such norms per layer, on one thread. The lanes
+/// differ from the one sum only in f64 rounding (measured 2.7e-15 relative at 2048
+/// values), far below the f32 the mean is rounded to. Each square is exact in f64.
+pub fn sum_squares(x: &[f32]) -> f64 {
+    let mut lanes = [0f64; 8];
+    let chunks = x.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            *l += (v as f64) * (v as f64);
+        }
+    }
+    for (l, &v) in lanes.iter_mut().zip(rest) {
+        *l += (v as f64) * (v as f64);
+    }
+    ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
+        + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
 }
 
 /// LayerNorm of each `weight.len()`-sized row of `x` in place, times `weight` (the bias, if
@@ -742,6 +764,43 @@ pub(crate) fn test_rng(mut seed: u64) -> impl FnMut() -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `sum_squares`' eight lanes agree with ggml's one running f64 sum to f64 rounding
+    /// (measured 2.7e-15 relative at 2048 values; the bound is n · ε, 2.3e-13),
+    /// and the norm built on it gives the one-chain norm's f32 bits on every element of
+    /// 300 random rows (measured: 0 of 614,400 differ; a lane dropped or counted twice
+    /// moves the sum by whole squares, relative 1e-4 and more).
+    #[test]
+    fn rms_norm_lanes_match_one_running_sum() {
+        let mut rnd = test_rng(0x2545_f491_4f6c_dd1du64);
+        for len in [0usize, 1, 7, 8, 9, 63, 2048, 2049] {
+            let x: Vec<f32> = (0..len).map(|_| rnd() * 5.0).collect();
+            let chain: f64 = x.iter().fold(0.0, |s, &v| s + (v as f64) * (v as f64));
+            let lanes = sum_squares(&x);
+            assert!(
+                (lanes - chain).abs() <= chain * 1e-12,
+                "len {len}: {lanes} vs {chain}"
+            );
+        }
+        let (dim, eps) = (2048, 1e-6f32);
+        let w: Vec<f32> = (0..dim).map(|_| 1.0 + rnd() * 0.5).collect();
+        let mut differ = 0;
+        for row in 0..300 {
+            let scale = [1e-3f32, 1.0, 30.0][row % 3];
+            let x: Vec<f32> = (0..dim).map(|_| rnd() * scale).collect();
+            let mut got = x.clone();
+            rms_norm(&mut got, &w, eps);
+            let chain: f64 = x.iter().fold(0.0, |s, &v| s + (v as f64) * (v as f64));
+            let s = 1.0 / ((chain / dim as f64) as f32 + eps).sqrt();
+            differ += x
+                .iter()
+                .zip(&w)
+                .zip(&got)
+                .filter(|((&v, &w), g)| ((v * s) * w).to_bits() != g.to_bits())
+                .count();
+        }
+        assert_eq!(differ, 0);
+    }
 
     /// The AVX2 builds of `dot`, `dot_rows` and `axpy` give the bits of the portable ones,
     /// and `dot_rows` each row's `dot` (the compiler must not fuse or reorder: a fused
