@@ -180,6 +180,18 @@ fn q8_rows_avx2<const SUM: bool>(x: &[f32], out: &mut [u8]) {
     })
 }
 
+/// The largest of the eight lanes of `m` (the quantizers' `amax`: a maximum does not
+/// depend on the order).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+fn hmax_avx2(m: std::arch::x86_64::__m256) -> f32 {
+    use std::arch::x86_64::*;
+    let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+    let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)))
+}
+
 /// [`q8_block`] on AVX2: the same `amax` (a maximum does not depend on the order), `d`,
 /// `id`, and per value the same truncate-then-step-away rounding as `round_away`.
 ///
@@ -199,9 +211,7 @@ unsafe fn q8_block_avx2(x: &[f32]) -> (f32, [i8; 32]) {
     for vi in &v[1..] {
         m = _mm256_max_ps(m, _mm256_andnot_ps(sign, *vi));
     }
-    let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
-    let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+    let amax = hmax_avx2(m);
     let d = amax / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     let (idv, half) = (_mm256_set1_ps(id), _mm256_set1_ps(0.5));
@@ -252,24 +262,41 @@ pub fn quantize_row_q8_k_scalar(x: &[f32], out: &mut [u8]) -> Result<(), DotErro
 /// Q8_K after the length check, on AVX2 when `simd` and the CPU has it.
 fn quantize_q8_k(x: &[f32], out: &mut [u8], simd: bool) -> Result<(), DotError> {
     check(x, out, GgmlType::Q8_K)?;
+    #[cfg(target_arch = "x86_64")]
+    if simd && std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 is available (checked above).
+        #[allow(unsafe_code)]
+        unsafe {
+            q8_k_rows_avx2(x, out)
+        };
+        return Ok(());
+    }
+    let _ = simd;
+    q8_k_rows(x, out, q8_k_block);
+    Ok(())
+}
+
+/// The Q8_K blocks of `x` into `out` (lengths checked by the caller), each by `block`.
+#[inline(always)]
+fn q8_k_rows(x: &[f32], out: &mut [u8], block: impl Fn(&[f32; QK_K], &mut [u8; 292])) {
     for (x, b) in x.chunks_exact(QK_K).zip(out.chunks_exact_mut(292)) {
-        let (x, b) = (
+        block(
             x.try_into().expect("a block of 256 values"),
             b.try_into().expect("a block of 292 bytes"),
         );
-        #[cfg(target_arch = "x86_64")]
-        if simd && std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: AVX2 is available (checked above).
-            #[allow(unsafe_code)]
-            unsafe {
-                q8_k_block_avx2(x, b)
-            };
-            continue;
-        }
-        let _ = simd;
-        q8_k_block(x, b);
     }
-    Ok(())
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn q8_k_rows_avx2(x: &[f32], out: &mut [u8]) {
+    q8_k_rows(x, out, |x, b| {
+        // SAFETY: this function runs only with AVX2 (its target feature).
+        #[allow(unsafe_code)]
+        unsafe {
+            q8_k_block_avx2(x, b)
+        }
+    })
 }
 
 /// One Q8_K block: ggml's `quantize_row_q8_K_ref` for 256 values.
@@ -315,10 +342,10 @@ unsafe fn q8_k_block_avx2(x: &[f32; QK_K], b: &mut [u8; 292]) {
     for i in 0..QK_K / 8 {
         m[i % 4] = _mm256_max_ps(m[i % 4], _mm256_andnot_ps(sign, load(i)));
     }
-    let m = _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3]));
-    let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
-    let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+    let amax = hmax_avx2(_mm256_max_ps(
+        _mm256_max_ps(m[0], m[1]),
+        _mm256_max_ps(m[2], m[3]),
+    ));
     if amax == 0.0 {
         b.fill(0);
         return;
@@ -395,22 +422,31 @@ pub fn quantize_activation(act: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(
 mod tests {
     use super::*;
 
+    /// Uniform values in [-1, 1) from an xorshift generator seeded with `seed`.
+    fn xorshift(mut seed: u64) -> impl FnMut() -> f32 {
+        move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        }
+    }
+
+    /// `n` values of `rnd` at each of four magnitudes (1e-3, 1, 37, 1e4), in that order.
+    fn magnitudes(rnd: &mut impl FnMut() -> f32, n: usize) -> Vec<f32> {
+        [1e-3f32, 1.0, 37.0, 1e4]
+            .into_iter()
+            .flat_map(|scale| (0..n).map(|_| rnd() * scale).collect::<Vec<_>>())
+            .collect()
+    }
+
     /// The AVX2 Q8_0 / Q8_1 quantizers give the scalar twins' bytes: random blocks of
     /// several magnitudes, all-zero blocks, and blocks whose scaled values land exactly on
     /// halves (amax 127 makes `id` 1: 2.5 → 3, -3.5 → -4, 0.5 → 1).
     #[test]
     fn q8_simd_matches_scalar() {
-        let mut seed = 0x1234_5678_9abc_def1u64;
-        let mut rnd = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        };
-        let mut x: Vec<f32> = Vec::new();
-        for scale in [1e-3f32, 1.0, 37.0, 1e4] {
-            x.extend((0..32 * 16).map(|_| rnd() * scale));
-        }
+        let mut rnd = xorshift(0x1234_5678_9abc_def1);
+        let mut x = magnitudes(&mut rnd, 32 * 16);
         x.extend([0.0f32; 32]);
         let mut ties = [0.0f32; 32];
         ties[0] = 127.0;
@@ -442,17 +478,8 @@ mod tests {
     /// and a block of exact halves under `iscale` 1 (ties to even: 2.5 → 2).
     #[test]
     fn q8_k_simd_matches_scalar() {
-        let mut seed = 0x0bad_cafe_1234_5679u64;
-        let mut rnd = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        };
-        let mut x: Vec<f32> = Vec::new();
-        for scale in [1e-3f32, 1.0, 37.0, 1e4] {
-            x.extend((0..QK_K * 3).map(|_| rnd() * scale));
-        }
+        let mut rnd = xorshift(0x0bad_cafe_1234_5679);
+        let mut x = magnitudes(&mut rnd, QK_K * 3);
         x.extend([0.0f32; QK_K]);
         let mut signs: Vec<f32> = (0..QK_K).map(|_| rnd()).collect();
         signs[40] = 5.0;
