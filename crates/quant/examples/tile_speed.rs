@@ -67,13 +67,21 @@ fn acts(ty: GgmlType, n_a: usize, cols: usize) -> Vec<u8> {
 }
 
 /// The kernel to time: the best one, or the ISA named by `FRINK_ISA` (`avx2`, `vnni`,
-/// `scalar`).
+/// `scalar`; the packed layout's kernels too).
 fn pick(ty: GgmlType) -> DotKernel {
+    match isa() {
+        Some(isa) => kernel(ty, isa).unwrap(),
+        None => best_kernel(ty).unwrap(),
+    }
+}
+
+/// The ISA named by `FRINK_ISA`, if any.
+fn isa() -> Option<Isa> {
     match std::env::var("FRINK_ISA").as_deref() {
-        Ok("avx2") => kernel(ty, Isa::Avx2).unwrap(),
-        Ok("vnni") => kernel(ty, Isa::Avx512Vnni).unwrap(),
-        Ok("scalar") => kernel(ty, Isa::Scalar).unwrap(),
-        _ => best_kernel(ty).unwrap(),
+        Ok("avx2") => Some(Isa::Avx2),
+        Ok("vnni") => Some(Isa::Avx512Vnni),
+        Ok("scalar") => Some(Isa::Scalar),
+        _ => None,
     }
 }
 
@@ -179,7 +187,10 @@ fn packed(ty: GgmlType, rows: usize, cols: usize, n_a: usize) {
         let mut g = 0;
         while g < p.groups() {
             let n = per.min(p.groups() - g);
-            p.dot_groups(g, n, black_box(&a), n_a, &prep, &mut |_, _, v| sum += v[0]);
+            let isa = isa().unwrap_or_else(Isa::best);
+            p.dot_groups_on(isa, g, n, black_box(&a), n_a, &prep, &mut |_, _, v| {
+                sum += v[0]
+            });
             g += n;
         }
     });

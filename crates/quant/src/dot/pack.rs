@@ -11,7 +11,8 @@
 //! dword broadcast to all lanes, each lane is one weight row (no horizontal sums), and the
 //! scales of eight rows are applied with one `madd` per chunk. On an AVX-512 VNNI
 //! machine the same layout serves: a decode step reads a group as one contiguous stream
-//! (no per-block gathers) through the AVX2 kernels, and products of more than
+//! (no per-block gathers) through the AVX2 kernels (Q4_K through their 512-bit twin),
+//! and products of more than
 //! [`packed_tile_rows`] rows hand two groups at a time to the 512-bit tile, which lays
 //! their fields side by side as 16 row lanes.
 //!
@@ -520,7 +521,8 @@ impl Packed {
         }
         #[cfg(target_arch = "x86_64")]
         if matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) && isa.is_available() {
-            super::x86_pack::dot_groups(self, g0, n_g, acts, n_a, sink);
+            let wide = isa == Isa::Avx512Vnni;
+            super::x86_pack::dot_groups(self, g0, n_g, acts, n_a, wide, sink);
             return;
         }
         let _ = (isa, prep);

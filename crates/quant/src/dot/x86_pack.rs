@@ -1,5 +1,7 @@
 //! AVX2 kernels on the packed layout of `super::pack`: eight weight rows in the lanes of
-//! every register, up to four activation rows per pass.
+//! every register, up to four activation rows per pass; and for Q4_K on AVX-512 VNNI
+//! machines [`rows_q4_k_512`], two steps of the eight rows per 512-bit register (the same
+//! single stream of the group, about two thirds of the instructions per weight byte).
 //!
 //! Per block and activation row, the integers are those of `super::scalar` (exact sums in
 //! another order, which integers do not see):
@@ -19,7 +21,7 @@
 //! kernel on its row.
 //!
 //! Safety: [`dot_groups`] is called only after `Isa::Avx2.is_available()` (AVX2 and F16C
-//! detected at run time) and after `Packed::dot_groups` checked that the groups lie in the
+//! detected at run time), with `wide` only after `Isa::Avx512Vnni.is_available()`, and after `Packed::dot_groups` checked that the groups lie in the
 //! packed matrix and `acts` holds `n_a` rows of `nb` Q8_K blocks; every pointer below is
 //! derived from those two slices within those bounds.
 
@@ -47,13 +49,15 @@ thread_local! {
     static YSUMS: std::cell::RefCell<Vec<i32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// See the module documentation: requires AVX2 + F16C and checked bounds.
+/// See the module documentation: requires AVX2 + F16C and checked bounds; with `wide`
+/// (AVX-512 F/BW/VL/VNNI detected as well) Q4_K runs [`rows_q4_k_512`].
 pub(super) fn dot_groups(
     p: &Packed,
     g0: usize,
     n_g: usize,
     acts: &[u8],
     n_a: usize,
+    wide: bool,
     sink: &mut TileSink<'_>,
 ) {
     let (pb, nb) = p.geometry();
@@ -62,6 +66,7 @@ pub(super) fn dot_groups(
     let ab = nb * if legacy { LAB } else { KAB };
     assert!((g0 + n_g) * nb * pb <= data.len() && acts.len() == n_a * ab);
     let run: GroupFn = match p.ty() {
+        GgmlType::Q4_K if wide => group_q4_k_512,
         GgmlType::Q4_K => group_q4_k,
         GgmlType::Q6_K => group_q6_k,
         GgmlType::Q4_0 => group_legacy::<Q4_0>,
@@ -175,6 +180,22 @@ unsafe fn group_q4_k(
 ) {
     // SAFETY: the caller's bounds and ISA.
     unsafe { by_rows!(rows_q4_k; w, nb, a, ys, k, res) }
+}
+
+/// [`group_q4_k`] by [`rows_q4_k_512`].
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI + AVX2 + F16C; as [`group_q4_k`] otherwise.
+unsafe fn group_q4_k_512(
+    w: *const u8,
+    nb: usize,
+    a: [*const u8; RA],
+    ys: [*const i32; RA],
+    k: usize,
+    res: &mut [[f32; GROUP]; RA],
+) {
+    // SAFETY: the caller's bounds and ISA.
+    unsafe { by_rows!(rows_q4_k_512; w, nb, a, ys, k, res) }
 }
 
 /// # Safety
@@ -372,43 +393,138 @@ unsafe fn rows_q4_k<const R: usize>(
                     sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(s16[r], sc));
                 }
             }
-            let d = f16x8(p);
-            let dm = f16x8(p.add(Q4K_DMIN));
-            let mn: [__m256i; 4] = std::array::from_fn(|q| {
-                _mm256_cvtepu8_epi16(_mm_loadu_si128(p.add(Q4K_MINS + 16 * q).cast()))
-            });
-            let v: [__m256; R] = std::array::from_fn(|r| {
-                let x = ab[r];
-                let pairs = _mm_hadd_epi16(
-                    _mm_loadu_si128(x.add(260).cast()),
-                    _mm_loadu_si128(x.add(276).cast()),
-                );
-                let summ = _mm256_add_epi32(
-                    _mm256_add_epi32(
-                        _mm256_madd_epi16(mn[0], _mm256_broadcastd_epi32(pairs)),
-                        _mm256_madd_epi16(
-                            mn[1],
-                            _mm256_broadcastd_epi32(_mm_shuffle_epi32::<0x55>(pairs)),
-                        ),
+            accumulate(&mut acc, b, q4_k_values(p, ab, sumi));
+        }
+    }
+    finish(&acc, res);
+}
+
+/// The values of one packed Q4_K block (at `p`) against `R` activation blocks (at
+/// `ab[r]`), eight row lanes each, from each row's integer sums `sumi[r]` (`sum_c
+/// scale_c * sum(q * y)` over the block's chunks): `dx * d * sumi - dx * dmin * summ`
+/// (`super::block_k_min`'s operations), the mins term `summ` from the activation's pair
+/// sums. Shared by [`rows_q4_k`] and [`rows_q4_k_512`].
+///
+/// # Safety
+/// AVX2 + F16C; a packed Q4_K block readable at `p`, a Q8_K block at each `ab[r]`.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn q4_k_values<const R: usize>(
+    p: *const u8,
+    ab: [*const u8; R],
+    sumi: [__m256i; R],
+) -> [__m256; R] {
+    // SAFETY (whole body): every offset is inside the caller's blocks.
+    unsafe {
+        let d = f16x8(p);
+        let dm = f16x8(p.add(Q4K_DMIN));
+        let mn: [__m256i; 4] = std::array::from_fn(|q| {
+            _mm256_cvtepu8_epi16(_mm_loadu_si128(p.add(Q4K_MINS + 16 * q).cast()))
+        });
+        std::array::from_fn(|r| {
+            let x = ab[r];
+            let pairs = _mm_hadd_epi16(
+                _mm_loadu_si128(x.add(260).cast()),
+                _mm_loadu_si128(x.add(276).cast()),
+            );
+            let summ = _mm256_add_epi32(
+                _mm256_add_epi32(
+                    _mm256_madd_epi16(mn[0], _mm256_broadcastd_epi32(pairs)),
+                    _mm256_madd_epi16(
+                        mn[1],
+                        _mm256_broadcastd_epi32(_mm_shuffle_epi32::<0x55>(pairs)),
                     ),
-                    _mm256_add_epi32(
-                        _mm256_madd_epi16(
-                            mn[2],
-                            _mm256_broadcastd_epi32(_mm_shuffle_epi32::<0xAA>(pairs)),
-                        ),
-                        _mm256_madd_epi16(
-                            mn[3],
-                            _mm256_broadcastd_epi32(_mm_shuffle_epi32::<0xFF>(pairs)),
-                        ),
+                ),
+                _mm256_add_epi32(
+                    _mm256_madd_epi16(
+                        mn[2],
+                        _mm256_broadcastd_epi32(_mm_shuffle_epi32::<0xAA>(pairs)),
                     ),
+                    _mm256_madd_epi16(
+                        mn[3],
+                        _mm256_broadcastd_epi32(_mm_shuffle_epi32::<0xFF>(pairs)),
+                    ),
+                ),
+            );
+            let dx = _mm256_set1_ps(x.cast::<f32>().read_unaligned());
+            _mm256_sub_ps(
+                _mm256_mul_ps(_mm256_mul_ps(dx, d), _mm256_cvtepi32_ps(sumi[r])),
+                _mm256_mul_ps(_mm256_mul_ps(dx, dm), _mm256_cvtepi32_ps(summ)),
+            )
+        })
+    }
+}
+
+/// The activation dwords (four values each) that the halves of a 64-byte load of a
+/// chunk's quants meet: steps `(0, 1)` of the low nibbles meet dwords `(0, 1)` of the
+/// chunk's 32 activation bytes, their high nibbles `(4, 5)`; steps `(2, 3)` meet `(2, 3)`
+/// and `(6, 7)` (see the layout in `super::pack`). Each is a `permutexvar` index: eight
+/// lanes of the first dword, eight of the second.
+const Q4K_512_PAIRS: [(i32, i32); 4] = [(0, 1), (4, 5), (2, 3), (6, 7)];
+
+/// Q4_K on AVX-512 VNNI: `R` activation rows against one group, as [`rows_q4_k`] with
+/// each 64-byte load holding two steps of the eight rows (lanes `0..8` the first, `8..16`
+/// the second): `dpbusd` adds four products per lane in i32 (exact: `|.| <= 32 * 15 *
+/// 128` per chunk), each chunk's sum times its scale (`mullo`, the same scale in both
+/// halves; `|sumi| <= 8 * 63 * 61440 < 2^31`), the halves added at the block's end: the
+/// integers of [`rows_q4_k`], so the same bits. Fewer instructions per weight byte than
+/// the AVX2 kernel, from the same single stream of the group.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI + AVX2 + F16C; as [`group_q4_k`] otherwise.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+unsafe fn rows_q4_k_512<const R: usize>(
+    w: *const u8,
+    nb: usize,
+    a: [*const u8; R],
+    _ys: [*const i32; R],
+    res: &mut [[f32; GROUP]; RA],
+) {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let idx = Q4K_512_PAIRS.map(|(lo, hi)| {
+        _mm512_set_epi32(
+            hi, hi, hi, hi, hi, hi, hi, hi, lo, lo, lo, lo, lo, lo, lo, lo,
+        )
+    });
+    let mut acc = [[_mm256_setzero_ps(); 8]; R];
+    for b in 0..nb {
+        // SAFETY (whole body): block `b < nb` of the group and of each activation row
+        // (caller); every offset below is inside its block.
+        unsafe {
+            let p = w.add(b * super::pack::Q4K_BYTES);
+            let ab = a.map(|x| x.add(b * KAB));
+            let mut sumi = [_mm512_setzero_si512(); R];
+            for c in 0..8 {
+                prefetch_chunk(p, super::pack::Q4K_BYTES, c);
+                let q = p.add(Q4K_QS + 128 * c);
+                let (w01, w23) = (
+                    _mm512_loadu_si512(q.cast()),
+                    _mm512_loadu_si512(q.add(64).cast()),
                 );
-                let dx = _mm256_set1_ps(x.cast::<f32>().read_unaligned());
-                _mm256_sub_ps(
-                    _mm256_mul_ps(_mm256_mul_ps(dx, d), _mm256_cvtepi32_ps(sumi[r])),
-                    _mm256_mul_ps(_mm256_mul_ps(dx, dm), _mm256_cvtepi32_ps(summ)),
-                )
+                let nib = [
+                    _mm512_and_si512(w01, m4),
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(w01), m4),
+                    _mm512_and_si512(w23, m4),
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(w23), m4),
+                ];
+                // Chunk c's eight row scales, in both halves.
+                let sc = _mm512_cvtepu8_epi32(_mm_set1_epi64x(
+                    p.add(Q4K_SCALES + 8 * c).cast::<i64>().read_unaligned(),
+                ));
+                for r in 0..R {
+                    let y =
+                        _mm512_castsi256_si512(_mm256_loadu_si256(ab[r].add(4 + 32 * c).cast()));
+                    let mut s = _mm512_setzero_si512();
+                    for (n, i) in nib.iter().zip(&idx) {
+                        s = _mm512_dpbusd_epi32(s, *n, _mm512_permutexvar_epi32(*i, y));
+                    }
+                    sumi[r] = _mm512_add_epi32(sumi[r], _mm512_mullo_epi32(s, sc));
+                }
+            }
+            let sumi = sumi.map(|s| {
+                _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s))
             });
-            accumulate(&mut acc, b, v);
+            accumulate(&mut acc, b, q4_k_values(p, ab, sumi));
         }
     }
     finish(&acc, res);
