@@ -12,9 +12,8 @@
 //! scales of eight rows are applied with one `madd` per chunk. On an AVX-512 VNNI
 //! machine the same layout serves: a decode step reads a group as one contiguous stream
 //! (no per-block gathers) through the AVX2 kernels (Q4_K through their 512-bit twin),
-//! and products of more than
-//! [`packed_tile_rows`] rows hand two groups at a time to the 512-bit tile, which lays
-//! their fields side by side as 16 row lanes.
+//! and products of more than [`packed_tile_rows`] rows hand two groups at a time to the
+//! 512-bit tile, which lays their fields side by side as 16 row lanes.
 //!
 //! # Layout
 //! A [`Packed`] matrix is `ceil(rows / 8)` groups of eight rows (the last one padded with
@@ -210,18 +209,23 @@ pub fn preferred() -> bool {
 }
 
 /// Activation rows above which type `ty`'s packed groups are multiplied by the AVX-512
-/// tile (on such a machine) rather than the AVX2 group kernels: one for the legacy
-/// formats, two for the K-quants. Measured (`tile_speed packed`, one thread, AMD Zen 5
-/// VM; AVX2 group kernels / tile, GOP/s): Q4_0 8960x1536 2 rows 167 / 237, 8 rows 131 /
-/// 440; Q8_0 2 rows 120 / 173, 8 rows 131 / 347; Q4_K 1536x8960 2 rows 252 / 163, 4 rows
-/// 285 / 297, 8 rows 289 / 443; Q6_K 1536x8960 2 rows 160 / 140, 4 rows 196 / 245, 8
-/// rows 197 / 348; one row the AVX2 kernels read faster (Q8_0 52.6 against 37.7-40.4
-/// GB/s).
+/// tile (on such a machine) rather than the group kernels: four for the legacy formats,
+/// eight (every decode step, `SMALL_BATCH` in frink-models) for the K-quants. The tile is
+/// faster on a cache-resident matrix (`tile_speed packed`, one thread, AMD Zen 5 VM,
+/// group / tile GOP/s: Q4_0 8960x1536 2 rows 167 / 237, 8 rows 131 / 440; Q8_0 8 rows
+/// 131 / 347; Q4_K 1536x8960 8 rows 289 / 443), but a decode step streams its weights
+/// from memory, where a group kernel reads one contiguous run per thread and the tile two
+/// groups side by side: decode steps of several sequences (`decode_step` example,
+/// Qwen2.5-1.5B-shaped files, two threads, ctx 100, the two thresholds alternating step by
+/// step in one process, median ms, old / new): Q4_K_M 4 sequences 52.3 / 25.0, 8
+/// sequences 67.6 / 47.0; Q4_0 2 sequences 39.7 / 21.2, 4 sequences 51.2 / 32.2 (8: 61.9
+/// / 60.9 with the group kernels, so the tile keeps them); Q8_0 2 sequences 57.5 / 38.6,
+/// 4 sequences 60.8 / 43.0 (8: 74.6 tile / 81.4 group).
 pub fn packed_tile_rows(ty: GgmlType) -> usize {
     if ty.block_size() == 256 {
-        2
+        8
     } else {
-        1
+        4
     }
 }
 
