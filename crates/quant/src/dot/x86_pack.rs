@@ -1,7 +1,7 @@
 //! AVX2 kernels on the packed layout of `super::pack`: eight weight rows in the lanes of
 //! every register, up to four activation rows per pass; and for Q4_K on AVX-512 VNNI
 //! machines [`rows_q4_k_512`], two steps of the eight rows per 512-bit register (the same
-//! single stream of the group, about two thirds of the instructions per weight byte).
+//! single stream of the group, about half the instructions per weight byte).
 //!
 //! Per block and activation row, the integers are those of `super::scalar` (exact sums in
 //! another order, which integers do not see):
@@ -21,9 +21,10 @@
 //! kernel on its row.
 //!
 //! Safety: [`dot_groups`] is called only after `Isa::Avx2.is_available()` (AVX2 and F16C
-//! detected at run time), with `wide` only after `Isa::Avx512Vnni.is_available()`, and after `Packed::dot_groups` checked that the groups lie in the
-//! packed matrix and `acts` holds `n_a` rows of `nb` Q8_K blocks; every pointer below is
-//! derived from those two slices within those bounds.
+//! detected at run time), with `wide` only after `Isa::Avx512Vnni.is_available()`, and
+//! after `Packed::dot_groups` checked that the groups lie in the packed matrix and `acts`
+//! holds `n_a` rows of `nb` Q8_K blocks; every pointer below is derived from those two
+//! slices within those bounds.
 
 use std::arch::x86_64::*;
 
@@ -68,6 +69,7 @@ pub(super) fn dot_groups(
     let run: GroupFn = match p.ty() {
         GgmlType::Q4_K if wide => group_q4_k_512,
         GgmlType::Q4_K => group_q4_k,
+        GgmlType::Q6_K if wide => group_q6_k_512,
         GgmlType::Q6_K => group_q6_k,
         GgmlType::Q4_0 => group_legacy::<Q4_0>,
         GgmlType::Q4_1 => group_legacy::<Q4_1>,
@@ -210,6 +212,22 @@ unsafe fn group_q6_k(
 ) {
     // SAFETY: the caller's bounds and ISA.
     unsafe { by_rows!(rows_q6_k; w, nb, a, ys, k, res) }
+}
+
+/// [`group_q6_k`] by [`rows_q6_k_512`].
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI + AVX2 + F16C; as [`group_q6_k`] otherwise.
+unsafe fn group_q6_k_512(
+    w: *const u8,
+    nb: usize,
+    a: [*const u8; RA],
+    ys: [*const i32; RA],
+    k: usize,
+    res: &mut [[f32; GROUP]; RA],
+) {
+    // SAFETY: the caller's bounds and ISA.
+    unsafe { by_rows!(rows_q6_k_512; w, nb, a, ys, k, res) }
 }
 
 /// # Safety
@@ -551,20 +569,9 @@ unsafe fn rows_q6_k<const R: usize>(
         unsafe {
             let p = w.add(b * super::pack::Q6K_BYTES);
             let ab = a.map(|x| x.add(b * KAB));
-            let mut sumi = [_mm256_setzero_si256(); R];
             // The offset term first, in a pass of its own (fewer live registers in the
             // main loop).
-            let mut off = [_mm256_setzero_si256(); R];
-            for c in 0..8 {
-                let scp = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(Q6K_SCALES + 16 * c).cast()));
-                for r in 0..R {
-                    let bs = bcast(ab[r].add(260 + 4 * c));
-                    off[r] = _mm256_add_epi32(off[r], _mm256_madd_epi16(scp, bs));
-                }
-            }
-            for r in 0..R {
-                sumi[r] = _mm256_sub_epi32(sumi[r], _mm256_slli_epi32::<5>(off[r]));
-            }
+            let mut sumi = q6_k_offsets(p, ab);
             for c in 0..8 {
                 prefetch_chunk(p, super::pack::Q6K_BYTES, c);
                 let qhl = _mm256_loadu_si256(p.add(Q6K_QH + 64 * c).cast());
@@ -608,12 +615,174 @@ unsafe fn rows_q6_k<const R: usize>(
                     }
                 }
             }
-            let d = f16x8(p.add(Q6K_D));
-            let v: [__m256; R] = std::array::from_fn(|r| {
-                let dx = _mm256_set1_ps(ab[r].cast::<f32>().read_unaligned());
-                _mm256_mul_ps(_mm256_mul_ps(dx, d), _mm256_cvtepi32_ps(sumi[r]))
+            accumulate(&mut acc, b, q6_k_values(p, ab, sumi));
+        }
+    }
+    finish(&acc, res);
+}
+
+/// The offset term of one packed Q6_K block (at `p`) against `R` activation blocks (at
+/// `ab[r]`), eight row lanes each: `-32 * sum_g scale_g * bsum_g` (the stored values are
+/// `q - 32`), where the integer sums of [`rows_q6_k`] and [`rows_q6_k_512`] start.
+///
+/// # Safety
+/// AVX2; a packed Q6_K block readable at `p`, a Q8_K block at each `ab[r]`.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn q6_k_offsets<const R: usize>(p: *const u8, ab: [*const u8; R]) -> [__m256i; R] {
+    let mut off = [_mm256_setzero_si256(); R];
+    for c in 0..8 {
+        // SAFETY: chunk `c`'s scales and bsums lie inside the caller's blocks.
+        unsafe {
+            let scp = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(Q6K_SCALES + 16 * c).cast()));
+            for r in 0..R {
+                let bs = bcast(ab[r].add(260 + 4 * c));
+                off[r] = _mm256_add_epi32(off[r], _mm256_madd_epi16(scp, bs));
+            }
+        }
+    }
+    off.map(|o| _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<5>(o)))
+}
+
+/// The values of one packed Q6_K block (at `p`) against `R` activation blocks, from each
+/// row's integer sums `sumi[r]` (offset included): `dx * d * sumi` (`super::block_k`'s
+/// operations).
+///
+/// # Safety
+/// AVX2 + F16C; a packed Q6_K block readable at `p`, a Q8_K block at each `ab[r]`.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn q6_k_values<const R: usize>(
+    p: *const u8,
+    ab: [*const u8; R],
+    sumi: [__m256i; R],
+) -> [__m256; R] {
+    // SAFETY: `d` and each activation block's scale lie inside the caller's blocks.
+    unsafe {
+        let d = f16x8(p.add(Q6K_D));
+        std::array::from_fn(|r| {
+            let dx = _mm256_set1_ps(ab[r].cast::<f32>().read_unaligned());
+            _mm256_mul_ps(_mm256_mul_ps(dx, d), _mm256_cvtepi32_ps(sumi[r]))
+        })
+    }
+}
+
+/// Q6_K on AVX-512 VNNI: `R` activation rows against one group, as [`rows_q6_k`] with each
+/// 64-byte load of low nibbles holding two steps of the eight rows (lanes `0..8` the
+/// first, `8..16` the second, as [`rows_q4_k_512`]); each half's high bits are shifted
+/// into place per 16-bit lane (`sllv`/`srlv`: steps 0, 1, 2, 3 shift left 4, left 2, not,
+/// right 2). Per chunk the first and the second 16 values (two scales per row) have an
+/// accumulator each: `dpbusd` of the unsigned 6-bit values (`|.| <= 2 * 4 * 63 * 128` per
+/// lane), times the scale (`mullo`), the halves added at the block's end, where the offset
+/// term [`q6_k_offsets`] starts the sum: the integers of [`rows_q6_k`] (`|sumi| <= 8 * 2 *
+/// 128 * 16 * 63 * 128 + 32 * 16 * 128 * 16 * 128 < 2^31`), so the same bits.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI + AVX2 + F16C; as [`group_q6_k`] otherwise.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+unsafe fn rows_q6_k_512<const R: usize>(
+    w: *const u8,
+    nb: usize,
+    a: [*const u8; R],
+    _ys: [*const i32; R],
+    res: &mut [[f32; GROUP]; RA],
+) {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let m30 = _mm512_set1_epi8(0x30);
+    let idx = Q4K_512_PAIRS.map(|(lo, hi)| {
+        _mm512_set_epi32(
+            hi, hi, hi, hi, hi, hi, hi, hi, lo, lo, lo, lo, lo, lo, lo, lo,
+        )
+    });
+    // Per 16-bit lane: steps (0, 1) shift their high bits left by 4 and 2, steps (2, 3)
+    // right by 0 and 2.
+    let halves = |a: i16, b: i16| {
+        _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_set1_epi16(a)),
+            _mm256_set1_epi16(b),
+        )
+    };
+    let (left01, right23) = (halves(4, 2), halves(0, 2));
+    // Each row's first (even lanes of the cvtepi8 scales) and second scale, in both halves.
+    let (even, odd) = (
+        _mm512_set_epi32(14, 12, 10, 8, 6, 4, 2, 0, 14, 12, 10, 8, 6, 4, 2, 0),
+        _mm512_set_epi32(15, 13, 11, 9, 7, 5, 3, 1, 15, 13, 11, 9, 7, 5, 3, 1),
+    );
+    let mut acc = [[_mm256_setzero_ps(); 8]; R];
+    for b in 0..nb {
+        // SAFETY (whole body): block `b < nb` of the group and of each activation row
+        // (caller); every offset below is inside its block.
+        unsafe {
+            let p = w.add(b * super::pack::Q6K_BYTES);
+            let ab = a.map(|x| x.add(b * KAB));
+            let off = q6_k_offsets(p, ab);
+            let mut sumi = [_mm512_setzero_si512(); R];
+            for c in 0..8 {
+                prefetch_chunk(p, super::pack::Q6K_BYTES, c);
+                let q = p.add(128 * c);
+                let (w01, w23) = (
+                    _mm512_loadu_si512(q.cast()),
+                    _mm512_loadu_si512(q.add(64).cast()),
+                );
+                let qh = _mm512_loadu_si512(p.add(Q6K_QH + 64 * c).cast());
+                // Each half's high bits in both 256-bit halves.
+                let (h0, h1) = (
+                    _mm512_shuffle_i64x2::<0x44>(qh, qh),
+                    _mm512_shuffle_i64x2::<0xEE>(qh, qh),
+                );
+                let merge = |lo4: __m512i, hi2: __m512i| {
+                    _mm512_or_si512(_mm512_and_si512(lo4, m4), _mm512_and_si512(hi2, m30))
+                };
+                // The first 16 values of the chunk (low nibbles) and the second (high).
+                let first = [
+                    merge(w01, _mm512_sllv_epi16(h0, left01)),
+                    merge(w23, _mm512_srlv_epi16(h0, right23)),
+                ];
+                let second = [
+                    merge(_mm512_srli_epi16::<4>(w01), _mm512_sllv_epi16(h1, left01)),
+                    merge(_mm512_srli_epi16::<4>(w23), _mm512_srlv_epi16(h1, right23)),
+                ];
+                let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(Q6K_SCALES + 16 * c).cast()));
+                let (sc0, sc1) = (
+                    _mm512_permutexvar_epi32(even, sc),
+                    _mm512_permutexvar_epi32(odd, sc),
+                );
+                for r in 0..R {
+                    let y =
+                        _mm512_castsi256_si512(_mm256_loadu_si256(ab[r].add(4 + 32 * c).cast()));
+                    // Dword pairs: first 16 values (0, 1), (2, 3); second (4, 5), (6, 7).
+                    let s0 = _mm512_dpbusd_epi32(
+                        _mm512_dpbusd_epi32(
+                            _mm512_setzero_si512(),
+                            first[0],
+                            _mm512_permutexvar_epi32(idx[0], y),
+                        ),
+                        first[1],
+                        _mm512_permutexvar_epi32(idx[2], y),
+                    );
+                    let s1 = _mm512_dpbusd_epi32(
+                        _mm512_dpbusd_epi32(
+                            _mm512_setzero_si512(),
+                            second[0],
+                            _mm512_permutexvar_epi32(idx[1], y),
+                        ),
+                        second[1],
+                        _mm512_permutexvar_epi32(idx[3], y),
+                    );
+                    sumi[r] = _mm512_add_epi32(
+                        sumi[r],
+                        _mm512_add_epi32(_mm512_mullo_epi32(s0, sc0), _mm512_mullo_epi32(s1, sc1)),
+                    );
+                }
+            }
+            let sumi: [__m256i; R] = std::array::from_fn(|r| {
+                let s = sumi[r];
+                _mm256_add_epi32(
+                    off[r],
+                    _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s)),
+                )
             });
-            accumulate(&mut acc, b, v);
+            accumulate(&mut acc, b, q6_k_values(p, ab, sumi));
         }
     }
     finish(&acc, res);
