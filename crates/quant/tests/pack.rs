@@ -165,7 +165,7 @@ fn packed_kernels_match_scalar_bit_for_bit() {
                 let p = Packed::new(ty, &w, rows, nb * ty.block_size()).unwrap();
                 let ab = p.act_row_bytes();
                 // 1..=9: every remainder of the AVX2 kernels' four rows; above
-                // `packed_tile_rows` the AVX-512 tile, with its rows'
+                // `PACKED_TILE_ROWS` the AVX-512 tile, with its rows'
                 // extras prepared or computed there; every kernel this machine runs.
                 for n_a in (1..=9).chain([17, 24]) {
                     let a = acts(&mut rng, ty, n_a, nb, ascale, raw);

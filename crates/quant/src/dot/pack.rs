@@ -11,8 +11,7 @@
 //! dword broadcast to all lanes, each lane is one weight row (no horizontal sums), and the
 //! scales of eight rows are applied with one `madd` per chunk. On an AVX-512 VNNI
 //! machine the same layout serves: a decode step reads a group as one contiguous stream
-//! (no per-block gathers) through the AVX2 kernels (Q4_K through their 512-bit twin),
-//! and products of more than [`packed_tile_rows`] rows hand two groups at a time to the
+//! (no per-block gathers) through the group kernels' 512-bit twins, and products of more than [`PACKED_TILE_ROWS`] rows hand two groups at a time to the
 //! 512-bit tile, which lays their fields side by side as 16 row lanes.
 //!
 //! # Layout
@@ -208,26 +207,20 @@ pub fn preferred() -> bool {
     matches!(Isa::best(), Isa::Avx2 | Isa::Avx512Vnni)
 }
 
-/// Activation rows above which type `ty`'s packed groups are multiplied by the AVX-512
-/// tile (on such a machine) rather than the group kernels: four for the legacy formats,
-/// eight (every decode step, `SMALL_BATCH` in frink-models) for the K-quants. The tile is
-/// faster on a cache-resident matrix (`tile_speed packed`, one thread, AMD Zen 5 VM,
-/// group / tile GOP/s: Q4_0 8960x1536 2 rows 167 / 237, 8 rows 131 / 440; Q8_0 8 rows
-/// 131 / 347; Q4_K 1536x8960 8 rows 289 / 443), but a decode step streams its weights
+/// Activation rows above which packed groups are multiplied by the AVX-512 tile (on such
+/// a machine) rather than the group kernels: eight, every decode step (`SMALL_BATCH` in
+/// frink-models). The tile is faster on a cache-resident matrix (`tile_speed packed`, one
+/// thread, AMD Zen 5 VM, 8 rows, AVX2 group kernels / tile GOP/s: Q4_0 8960x1536 131 /
+/// 440, Q8_0 131 / 347, Q4_K 1536x8960 289 / 443), but a decode step streams its weights
 /// from memory, where a group kernel reads one contiguous run per thread and the tile two
-/// groups side by side: decode steps of several sequences (`decode_step` example,
-/// Qwen2.5-1.5B-shaped files, two threads, ctx 100, the two thresholds alternating step by
-/// step in one process, median ms, old / new): Q4_K_M 4 sequences 52.3 / 25.0, 8
-/// sequences 67.6 / 47.0; Q4_0 2 sequences 39.7 / 21.2, 4 sequences 51.2 / 32.2 (8: 61.9
-/// / 60.9 with the group kernels, so the tile keeps them); Q8_0 2 sequences 57.5 / 38.6,
-/// 4 sequences 60.8 / 43.0 (8: 74.6 tile / 81.4 group).
-pub fn packed_tile_rows(ty: GgmlType) -> usize {
-    if ty.block_size() == 256 {
-        8
-    } else {
-        4
-    }
-}
+/// groups side by side. Decode steps of several sequences (`decode_step` example,
+/// Qwen2.5-1.5B-shaped files, two threads, ctx 100, the two thresholds alternating step
+/// by step in one process, median ms, tile / group kernels): Q4_K_M 4 sequences 52.3 /
+/// 25.0, 8 sequences 67.6 / 47.0; with the AVX2 group kernels Q4_0 2 sequences 39.7 /
+/// 21.2, 4 sequences 51.2 / 32.2, Q8_0 2 sequences 57.5 / 38.6, 4 sequences 60.8 / 43.0
+/// (8: Q4_0 61.9 / 60.9, Q8_0 74.6 / 81.4), and with the AVX-512 ones 8 sequences Q4_0
+/// 62.9 / 49.4, Q8_0 75.7 / 55.8.
+pub const PACKED_TILE_ROWS: usize = 8;
 
 /// Zeroed bytes aligned to 64 (a cache line), so the kernels' 32-byte loads never
 /// straddle lines. Allocated zeroed (the pages are mapped on first write, by whichever
@@ -470,7 +463,7 @@ impl Packed {
     /// rows `8 g0 + i ..`. Every value has the bits of [`super::dot_scalar`] on the stored
     /// row. `prep`: the rows prepared by the weight type's best kernel
     /// ([`super::DotKernel::prepare`]), or empty; products of more than
-    /// [`packed_tile_rows`] rows on an AVX-512 VNNI machine read it (or compute it when
+    /// [`PACKED_TILE_ROWS`] rows on an AVX-512 VNNI machine read it (or compute it when
     /// empty).
     ///
     /// # Panics
@@ -489,8 +482,8 @@ impl Packed {
     }
 
     /// [`Self::dot_groups`] by the kernels of `isa`: on [`Isa::Avx512Vnni`], products of
-    /// more than [`packed_tile_rows`] rows by the 512-bit tile, the
-    /// rest by the AVX2 group kernels; on [`Isa::Avx2`], the AVX2 group kernels; the
+    /// more than [`PACKED_TILE_ROWS`] rows by the 512-bit tile, the rest by the 512-bit
+    /// group kernels; on [`Isa::Avx2`], the AVX2 group kernels; the
     /// scalar twin where `isa` is not available here or has no packed kernels. The same
     /// bits whichever runs (the tests compare every available one with the twin).
     ///
@@ -512,7 +505,7 @@ impl Packed {
             return;
         }
         #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Avx512Vnni && n_a > packed_tile_rows(self.ty) && isa.is_available() {
+        if isa == Isa::Avx512Vnni && n_a > PACKED_TILE_ROWS && isa.is_available() {
             if let Some(k) = super::x86_512::packed_tile_kernel(self.ty) {
                 assert!(
                     prep.is_empty() || prep.len() == n_a * self.nb,

@@ -1,7 +1,8 @@
 //! AVX2 kernels on the packed layout of `super::pack`: eight weight rows in the lanes of
-//! every register, up to four activation rows per pass; and for Q4_K on AVX-512 VNNI
-//! machines [`rows_q4_k_512`], two steps of the eight rows per 512-bit register (the same
-//! single stream of the group, about half the instructions per weight byte).
+//! every register, up to four activation rows per pass; and their AVX-512 VNNI twins
+//! ([`rows_q4_k_512`], [`rows_q6_k_512`], [`rows_legacy_512`]), two steps of the eight
+//! rows per 512-bit register and `dpbusd` in i32 (the same single stream of the group,
+//! about half the instructions per weight byte).
 //!
 //! Per block and activation row, the integers are those of `super::scalar` (exact sums in
 //! another order, which integers do not see):
@@ -51,7 +52,7 @@ thread_local! {
 }
 
 /// See the module documentation: requires AVX2 + F16C and checked bounds; with `wide`
-/// (AVX-512 F/BW/VL/VNNI detected as well) Q4_K runs [`rows_q4_k_512`].
+/// (AVX-512 F/BW/VL/VNNI detected as well) the 512-bit kernels run.
 pub(super) fn dot_groups(
     p: &Packed,
     g0: usize,
@@ -71,6 +72,11 @@ pub(super) fn dot_groups(
         GgmlType::Q4_K => group_q4_k,
         GgmlType::Q6_K if wide => group_q6_k_512,
         GgmlType::Q6_K => group_q6_k,
+        GgmlType::Q4_0 if wide => group_legacy_512::<Q4_0>,
+        GgmlType::Q4_1 if wide => group_legacy_512::<Q4_1>,
+        GgmlType::Q5_0 if wide => group_legacy_512::<Q5_0>,
+        GgmlType::Q5_1 if wide => group_legacy_512::<Q5_1>,
+        _ if wide => group_legacy_512::<Q8_0>,
         GgmlType::Q4_0 => group_legacy::<Q4_0>,
         GgmlType::Q4_1 => group_legacy::<Q4_1>,
         GgmlType::Q5_0 => group_legacy::<Q5_0>,
@@ -243,6 +249,22 @@ unsafe fn group_legacy<const F: u8>(
 ) {
     // SAFETY: the caller's bounds and ISA.
     unsafe { by_rows!(rows_legacy, F; w, nb, a, ys, k, res) }
+}
+
+/// [`group_legacy`] by [`rows_legacy_512`].
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI + AVX2 + F16C; as [`group_legacy`] otherwise.
+unsafe fn group_legacy_512<const F: u8>(
+    w: *const u8,
+    nb: usize,
+    a: [*const u8; RA],
+    ys: [*const i32; RA],
+    k: usize,
+    res: &mut [[f32; GROUP]; RA],
+) {
+    // SAFETY: the caller's bounds and ISA.
+    unsafe { by_rows!(rows_legacy_512, F; w, nb, a, ys, k, res) }
 }
 
 /// `shuffle_epi8` control giving each row lane `(s, s)` as i16 from the u8 scales of
@@ -696,13 +718,7 @@ unsafe fn rows_q6_k_512<const R: usize>(
     });
     // Per 16-bit lane: steps (0, 1) shift their high bits left by 4 and 2, steps (2, 3)
     // right by 0 and 2.
-    let halves = |a: i16, b: i16| {
-        _mm512_inserti64x4::<1>(
-            _mm512_castsi256_si512(_mm256_set1_epi16(a)),
-            _mm256_set1_epi16(b),
-        )
-    };
-    let (left01, right23) = (halves(4, 2), halves(0, 2));
+    let (left01, right23) = (halves16(4, 2), halves16(0, 2));
     // Each row's first (even lanes of the cvtepi8 scales) and second scale, in both halves.
     let (even, odd) = (
         _mm512_set_epi32(14, 12, 10, 8, 6, 4, 2, 0, 14, 12, 10, 8, 6, 4, 2, 0),
@@ -889,20 +905,168 @@ unsafe fn rows_legacy<const F: u8, const R: usize>(
                     }
                 }
             }
-            let d = f16x8(p);
-            let m = l.m.map(|m| f16x8(p.add(m)));
-            let v: [__m256; R] = std::array::from_fn(|r| {
-                let dx = f16_bcast(ab[r]);
-                let v = _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(isum[r]));
-                match m {
-                    Some(m) => _mm256_add_ps(
-                        v,
-                        _mm256_mul_ps(_mm256_mul_ps(m, dx), _mm256_set1_ps(*ys[r].add(b) as f32)),
-                    ),
-                    None => v,
+            accumulate(&mut acc, b, legacy_values::<F, R>(p, ab, ys, b, isum));
+        }
+    }
+    finish(&acc, res);
+}
+
+/// The values of packed legacy block `b` (at `p`) against `R` activation blocks (at
+/// `ab[r]`, their quant sums at `ys[r]`), eight row lanes each, from each row's integer
+/// sums `isum[r]` (offset included): `d * dx * isum` (plus `m * dx * ysum` where the
+/// format has mins), `super::scalar`'s operations. Shared by [`rows_legacy`] and
+/// [`rows_legacy_512`].
+///
+/// # Safety
+/// AVX2 + F16C; a packed block of `F` readable at `p`, a Q8_0 block at each `ab[r]` and
+/// block `b`'s sum at each `ys[r]` (formats with mins).
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn legacy_values<const F: u8, const R: usize>(
+    p: *const u8,
+    ab: [*const u8; R],
+    ys: [*const i32; R],
+    b: usize,
+    isum: [__m256i; R],
+) -> [__m256; R] {
+    let l = const { Legacy::of(legacy_type(F)) };
+    // SAFETY (whole body): the scales lie inside the caller's blocks.
+    unsafe {
+        let d = f16x8(p);
+        let m = l.m.map(|m| f16x8(p.add(m)));
+        std::array::from_fn(|r| {
+            let dx = f16_bcast(ab[r]);
+            let v = _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(isum[r]));
+            match m {
+                Some(m) => _mm256_add_ps(
+                    v,
+                    _mm256_mul_ps(_mm256_mul_ps(m, dx), _mm256_set1_ps(*ys[r].add(b) as f32)),
+                ),
+                None => v,
+            }
+        })
+    }
+}
+
+/// `permutexvar` indices giving eight lanes of activation dword `lo` and eight of `hi`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn dword_pair(lo: i32, hi: i32) -> __m512i {
+    _mm512_set_epi32(
+        hi, hi, hi, hi, hi, hi, hi, hi, lo, lo, lo, lo, lo, lo, lo, lo,
+    )
+}
+
+/// A 512-bit vector of `a` in every 16-bit lane of its low half and `b` in its high half.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn halves16(a: i16, b: i16) -> __m512i {
+    _mm512_inserti64x4::<1>(
+        _mm512_castsi256_si512(_mm256_set1_epi16(a)),
+        _mm256_set1_epi16(b),
+    )
+}
+
+/// The legacy formats on AVX-512 VNNI: `R` activation rows against one group, as
+/// [`rows_legacy`] with each 64-byte load holding two steps of the eight rows (lanes
+/// `0..8` the first, `8..16` the second) and `dpbusd` adding four products per lane in
+/// i32: the nibble formats' unsigned values (Q5's fifth bit shifted in per 16-bit lane),
+/// Q8_0's signed quants as `q + 128` (`xor 0x80`) with `128 * ysum` taken off as the
+/// nibble formats' offsets are. The halves are added at the block's end: the integers of
+/// [`rows_legacy`] (`|.| <= 32 * 255 * 128` per lane), so the same bits.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI + AVX2 + F16C; as [`group_legacy`] otherwise.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+unsafe fn rows_legacy_512<const F: u8, const R: usize>(
+    w: *const u8,
+    nb: usize,
+    a: [*const u8; R],
+    ys: [*const i32; R],
+    res: &mut [[f32; GROUP]; RA],
+) {
+    let l = const { Legacy::of(legacy_type(F)) };
+    let offset: i32 = match F {
+        Q4_0 => 8,
+        Q5_0 => 16,
+        Q8_0 => 128,
+        _ => 0,
+    };
+    let m4 = _mm512_set1_epi8(0x0F);
+    let m10 = _mm512_set1_epi8(0x10);
+    let flip = _mm512_set1_epi8(-128);
+    // Nibble formats: steps (0, 1) meet activation dwords (0, 1) in their low nibbles and
+    // (4, 5) in their high ones, steps (2, 3) dwords (2, 3) and (6, 7); Q8_0's steps
+    // (2j, 2j + 1) meet dwords (2j, 2j + 1).
+    let idx = Q4K_512_PAIRS.map(|(lo, hi)| dword_pair(lo, hi));
+    let idx8: [__m512i; 4] = std::array::from_fn(|j| dword_pair(2 * j as i32, 2 * j as i32 + 1));
+    // Q5's fifth bits (bit s of byte t: value 4s + t; bit 4 + s: value 16 + 4s + t) to
+    // bit 4: the low values of steps 0..4 shift left by 4, 3, 2, 1, the high ones right
+    // by 0, 1, 2, 3.
+    let (lo_shift, hi_shift) = (
+        [halves16(4, 3), halves16(2, 1)],
+        [halves16(0, 1), halves16(2, 3)],
+    );
+    let mut acc = [[_mm256_setzero_ps(); 8]; R];
+    for b in 0..nb {
+        // SAFETY (whole body): block `b < nb` of the group, of each activation row and
+        // of its sums (caller); every offset below is inside its block.
+        unsafe {
+            let p = w.add(b * l.bytes);
+            prefetch_span(p.wrapping_add(PREFETCH_BYTES), l.bytes);
+            let ab = a.map(|x| x.add(b * LAB));
+            let y: [__m512i; R] =
+                ab.map(|x| _mm512_castsi256_si512(_mm256_loadu_si256(x.add(2).cast())));
+            let mut isum = [_mm512_setzero_si512(); R];
+            if F == Q8_0 {
+                for (j, i) in idx8.iter().enumerate() {
+                    let wv =
+                        _mm512_xor_si512(_mm512_loadu_si512(p.add(l.qs + 64 * j).cast()), flip);
+                    for r in 0..R {
+                        isum[r] =
+                            _mm512_dpbusd_epi32(isum[r], wv, _mm512_permutexvar_epi32(*i, y[r]));
+                    }
+                }
+            } else {
+                let qh = l.qh.map(|h| {
+                    let q = _mm256_loadu_si256(p.add(h).cast());
+                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(q), q)
+                });
+                for half in 0..2 {
+                    let wv = _mm512_loadu_si512(p.add(l.qs + 64 * half).cast());
+                    let mut lo = _mm512_and_si512(wv, m4);
+                    let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(wv), m4);
+                    if let Some(qh) = qh {
+                        let hl = _mm512_sllv_epi16(qh, lo_shift[half]);
+                        let hh = _mm512_srlv_epi16(qh, hi_shift[half]);
+                        lo = _mm512_or_si512(lo, _mm512_and_si512(hl, m10));
+                        hi = _mm512_or_si512(hi, _mm512_and_si512(hh, m10));
+                    }
+                    for r in 0..R {
+                        let s = _mm512_dpbusd_epi32(
+                            isum[r],
+                            lo,
+                            _mm512_permutexvar_epi32(idx[2 * half], y[r]),
+                        );
+                        isum[r] = _mm512_dpbusd_epi32(
+                            s,
+                            hi,
+                            _mm512_permutexvar_epi32(idx[2 * half + 1], y[r]),
+                        );
+                    }
+                }
+            }
+            let isum: [__m256i; R] = std::array::from_fn(|r| {
+                let s = isum[r];
+                let v =
+                    _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s));
+                if offset != 0 {
+                    _mm256_sub_epi32(v, _mm256_set1_epi32(offset * *ys[r].add(b)))
+                } else {
+                    v
                 }
             });
-            accumulate(&mut acc, b, v);
+            accumulate(&mut acc, b, legacy_values::<F, R>(p, ab, ys, b, isum));
         }
     }
     finish(&acc, res);
