@@ -183,11 +183,11 @@ fn packed(ty: GgmlType, rows: usize, cols: usize, n_a: usize) {
         3
     };
     let mut sum = 0f32;
+    let isa = isa().unwrap_or_else(Isa::best);
     let s = best(reps, || {
         let mut g = 0;
         while g < p.groups() {
             let n = per.min(p.groups() - g);
-            let isa = isa().unwrap_or_else(Isa::best);
             p.dot_groups_on(isa, g, n, black_box(&a), n_a, &prep, &mut |_, _, v| {
                 sum += v[0]
             });

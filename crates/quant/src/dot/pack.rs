@@ -11,8 +11,9 @@
 //! dword broadcast to all lanes, each lane is one weight row (no horizontal sums), and the
 //! scales of eight rows are applied with one `madd` per chunk. On an AVX-512 VNNI
 //! machine the same layout serves: a decode step reads a group as one contiguous stream
-//! (no per-block gathers) through the group kernels' 512-bit twins, and products of more than [`PACKED_TILE_ROWS`] rows hand two groups at a time to the
-//! 512-bit tile, which lays their fields side by side as 16 row lanes.
+//! (no per-block gathers) through the group kernels' 512-bit twins, and products of more
+//! than [`PACKED_TILE_ROWS`] rows hand two groups at a time to the 512-bit tile, which
+//! lays their fields side by side as 16 row lanes.
 //!
 //! # Layout
 //! A [`Packed`] matrix is `ceil(rows / 8)` groups of eight rows (the last one padded with

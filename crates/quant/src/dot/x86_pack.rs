@@ -835,11 +835,7 @@ unsafe fn rows_legacy<const F: u8, const R: usize>(
     res: &mut [[f32; GROUP]; RA],
 ) {
     let l = const { Legacy::of(legacy_type(F)) };
-    let offset: i32 = match F {
-        Q4_0 => 8,
-        Q5_0 => 16,
-        _ => 0,
-    };
+    let offset = nibble_offset(F);
     let m4 = _mm256_set1_epi8(0x0F);
     let m10 = _mm256_set1_epi8(0x10);
     let ones = _mm256_set1_epi16(1);
@@ -909,6 +905,17 @@ unsafe fn rows_legacy<const F: u8, const R: usize>(
         }
     }
     finish(&acc, res);
+}
+
+/// What a legacy format's unsigned nibbles stand above the signed values they code
+/// (`q - 8` for Q4_0, `q - 16` for Q5_0; the formats with mins store the values
+/// themselves): `offset * sum y` comes off each block's integer sum.
+const fn nibble_offset(f: u8) -> i32 {
+    match f {
+        Q4_0 => 8,
+        Q5_0 => 16,
+        _ => 0,
+    }
 }
 
 /// The values of packed legacy block `b` (at `p`) against `R` activation blocks (at
@@ -986,12 +993,8 @@ unsafe fn rows_legacy_512<const F: u8, const R: usize>(
     res: &mut [[f32; GROUP]; RA],
 ) {
     let l = const { Legacy::of(legacy_type(F)) };
-    let offset: i32 = match F {
-        Q4_0 => 8,
-        Q5_0 => 16,
-        Q8_0 => 128,
-        _ => 0,
-    };
+    // Q8_0's quants are read as `q + 128`.
+    let offset = if F == Q8_0 { 128 } else { nibble_offset(F) };
     let m4 = _mm512_set1_epi8(0x0F);
     let m10 = _mm512_set1_epi8(0x10);
     let flip = _mm512_set1_epi8(-128);
