@@ -176,96 +176,72 @@ macro_rules! by_rows {
     };
 }
 
-/// # Safety
-/// AVX2 + F16C; `nb` packed Q4_K blocks readable at `w`; `nb` Q8_K blocks at each `a[q]`.
-unsafe fn group_q4_k(
-    w: *const u8,
-    nb: usize,
-    a: [*const u8; RA],
-    ys: [*const i32; RA],
-    k: usize,
-    res: &mut [[f32; GROUP]; RA],
-) {
-    // SAFETY: the caller's bounds and ISA.
-    unsafe { by_rows!(rows_q4_k; w, nb, a, ys, k, res) }
+/// A [`GroupFn`] `$name` running `$rows` (generic over the legacy format `F` with `<F>`)
+/// on `k` rows through [`by_rows`].
+macro_rules! group_fn {
+    ($(#[$doc:meta])* $name:ident = $rows:ident) => {
+        $(#[$doc])*
+        unsafe fn $name(
+            w: *const u8,
+            nb: usize,
+            a: [*const u8; RA],
+            ys: [*const i32; RA],
+            k: usize,
+            res: &mut [[f32; GROUP]; RA],
+        ) {
+            // SAFETY: the caller's bounds and ISA.
+            unsafe { by_rows!($rows; w, nb, a, ys, k, res) }
+        }
+    };
+    ($(#[$doc:meta])* $name:ident<F> = $rows:ident) => {
+        $(#[$doc])*
+        unsafe fn $name<const F: u8>(
+            w: *const u8,
+            nb: usize,
+            a: [*const u8; RA],
+            ys: [*const i32; RA],
+            k: usize,
+            res: &mut [[f32; GROUP]; RA],
+        ) {
+            // SAFETY: the caller's bounds and ISA.
+            unsafe { by_rows!($rows, F; w, nb, a, ys, k, res) }
+        }
+    };
 }
 
-/// [`group_q4_k`] by [`rows_q4_k_512`].
-///
-/// # Safety
-/// AVX-512 F/BW/VL/VNNI + AVX2 + F16C; as [`group_q4_k`] otherwise.
-unsafe fn group_q4_k_512(
-    w: *const u8,
-    nb: usize,
-    a: [*const u8; RA],
-    ys: [*const i32; RA],
-    k: usize,
-    res: &mut [[f32; GROUP]; RA],
-) {
-    // SAFETY: the caller's bounds and ISA.
-    unsafe { by_rows!(rows_q4_k_512; w, nb, a, ys, k, res) }
-}
-
-/// # Safety
-/// AVX2 + F16C; `nb` packed Q6_K blocks readable at `w`; `nb` Q8_K blocks at each `a[q]`.
-unsafe fn group_q6_k(
-    w: *const u8,
-    nb: usize,
-    a: [*const u8; RA],
-    ys: [*const i32; RA],
-    k: usize,
-    res: &mut [[f32; GROUP]; RA],
-) {
-    // SAFETY: the caller's bounds and ISA.
-    unsafe { by_rows!(rows_q6_k; w, nb, a, ys, k, res) }
-}
-
-/// [`group_q6_k`] by [`rows_q6_k_512`].
-///
-/// # Safety
-/// AVX-512 F/BW/VL/VNNI + AVX2 + F16C; as [`group_q6_k`] otherwise.
-unsafe fn group_q6_k_512(
-    w: *const u8,
-    nb: usize,
-    a: [*const u8; RA],
-    ys: [*const i32; RA],
-    k: usize,
-    res: &mut [[f32; GROUP]; RA],
-) {
-    // SAFETY: the caller's bounds and ISA.
-    unsafe { by_rows!(rows_q6_k_512; w, nb, a, ys, k, res) }
-}
-
-/// # Safety
-/// AVX2 + F16C; `nb` packed blocks of format `F` readable at `w`; `nb` Q8_0 blocks at
-/// each `a[q]` and their `nb` quant sums at each `ys[q]`.
-unsafe fn group_legacy<const F: u8>(
-    w: *const u8,
-    nb: usize,
-    a: [*const u8; RA],
-    ys: [*const i32; RA],
-    k: usize,
-    res: &mut [[f32; GROUP]; RA],
-) {
-    // SAFETY: the caller's bounds and ISA.
-    unsafe { by_rows!(rows_legacy, F; w, nb, a, ys, k, res) }
-}
-
-/// [`group_legacy`] by [`rows_legacy_512`].
-///
-/// # Safety
-/// AVX-512 F/BW/VL/VNNI + AVX2 + F16C; as [`group_legacy`] otherwise.
-unsafe fn group_legacy_512<const F: u8>(
-    w: *const u8,
-    nb: usize,
-    a: [*const u8; RA],
-    ys: [*const i32; RA],
-    k: usize,
-    res: &mut [[f32; GROUP]; RA],
-) {
-    // SAFETY: the caller's bounds and ISA.
-    unsafe { by_rows!(rows_legacy_512, F; w, nb, a, ys, k, res) }
-}
+group_fn!(
+    /// # Safety
+    /// AVX2 + F16C; `nb` packed Q4_K blocks readable at `w`; `nb` Q8_K blocks at each
+    /// `a[q]`.
+    group_q4_k = rows_q4_k
+);
+group_fn!(
+    /// # Safety
+    /// AVX-512 F/BW/VL/VNNI + AVX2 + F16C; as [`group_q4_k`] otherwise.
+    group_q4_k_512 = rows_q4_k_512
+);
+group_fn!(
+    /// # Safety
+    /// AVX2 + F16C; `nb` packed Q6_K blocks readable at `w`; `nb` Q8_K blocks at each
+    /// `a[q]`.
+    group_q6_k = rows_q6_k
+);
+group_fn!(
+    /// # Safety
+    /// AVX-512 F/BW/VL/VNNI + AVX2 + F16C; as [`group_q6_k`] otherwise.
+    group_q6_k_512 = rows_q6_k_512
+);
+group_fn!(
+    /// # Safety
+    /// AVX2 + F16C; `nb` packed blocks of format `F` readable at `w`; `nb` Q8_0 blocks
+    /// at each `a[q]` and their `nb` quant sums at each `ys[q]`.
+    group_legacy<F> = rows_legacy
+);
+group_fn!(
+    /// # Safety
+    /// AVX-512 F/BW/VL/VNNI + AVX2 + F16C; as [`group_legacy`] otherwise.
+    group_legacy_512<F> = rows_legacy_512
+);
 
 /// `shuffle_epi8` control giving each row lane `(s, s)` as i16 from the u8 scales of
 /// eight rows at bytes `base .. base + 8` of a register holding 16 bytes twice.
@@ -496,11 +472,15 @@ unsafe fn q4_k_values<const R: usize>(
 }
 
 /// The activation dwords (four values each) that the halves of a 64-byte load of a
-/// chunk's quants meet: steps `(0, 1)` of the low nibbles meet dwords `(0, 1)` of the
-/// chunk's 32 activation bytes, their high nibbles `(4, 5)`; steps `(2, 3)` meet `(2, 3)`
-/// and `(6, 7)` (see the layout in `super::pack`). Each is a `permutexvar` index: eight
-/// lanes of the first dword, eight of the second.
-const Q4K_512_PAIRS: [(i32, i32); 4] = [(0, 1), (4, 5), (2, 3), (6, 7)];
+/// chunk's nibbles meet (Q4_K, Q6_K and the nibble legacy formats): steps `(0, 1)` of the
+/// low nibbles meet dwords `(0, 1)` of the chunk's 32 activation bytes, their high
+/// nibbles `(4, 5)`; steps `(2, 3)` meet `(2, 3)` and `(6, 7)` (see the layout in
+/// `super::pack`), as [`dword_pair`] indices in that order.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn nibble_pairs() -> [__m512i; 4] {
+    [(0, 1), (4, 5), (2, 3), (6, 7)].map(|(lo, hi)| dword_pair(lo, hi))
+}
 
 /// Q4_K on AVX-512 VNNI: `R` activation rows against one group, as [`rows_q4_k`] with
 /// each 64-byte load holding two steps of the eight rows (lanes `0..8` the first, `8..16`
@@ -521,11 +501,7 @@ unsafe fn rows_q4_k_512<const R: usize>(
     res: &mut [[f32; GROUP]; RA],
 ) {
     let m4 = _mm512_set1_epi8(0x0F);
-    let idx = Q4K_512_PAIRS.map(|(lo, hi)| {
-        _mm512_set_epi32(
-            hi, hi, hi, hi, hi, hi, hi, hi, lo, lo, lo, lo, lo, lo, lo, lo,
-        )
-    });
+    let idx = nibble_pairs();
     let mut acc = [[_mm256_setzero_ps(); 8]; R];
     for b in 0..nb {
         // SAFETY (whole body): block `b < nb` of the group and of each activation row
@@ -711,11 +687,7 @@ unsafe fn rows_q6_k_512<const R: usize>(
 ) {
     let m4 = _mm512_set1_epi8(0x0F);
     let m30 = _mm512_set1_epi8(0x30);
-    let idx = Q4K_512_PAIRS.map(|(lo, hi)| {
-        _mm512_set_epi32(
-            hi, hi, hi, hi, hi, hi, hi, hi, lo, lo, lo, lo, lo, lo, lo, lo,
-        )
-    });
+    let idx = nibble_pairs();
     // Per 16-bit lane: steps (0, 1) shift their high bits left by 4 and 2, steps (2, 3)
     // right by 0 and 2.
     let (left01, right23) = (halves16(4, 2), halves16(0, 2));
@@ -1001,7 +973,7 @@ unsafe fn rows_legacy_512<const F: u8, const R: usize>(
     // Nibble formats: steps (0, 1) meet activation dwords (0, 1) in their low nibbles and
     // (4, 5) in their high ones, steps (2, 3) dwords (2, 3) and (6, 7); Q8_0's steps
     // (2j, 2j + 1) meet dwords (2j, 2j + 1).
-    let idx = Q4K_512_PAIRS.map(|(lo, hi)| dword_pair(lo, hi));
+    let idx = nibble_pairs();
     let idx8: [__m512i; 4] = std::array::from_fn(|j| dword_pair(2 * j as i32, 2 * j as i32 + 1));
     // Q5's fifth bits (bit s of byte t: value 4s + t; bit 4 + s: value 16 + 4s + t) to
     // bit 4: the low values of steps 0..4 shift left by 4, 3, 2, 1, the high ones right
