@@ -332,7 +332,10 @@ const PREFETCH_BYTES: usize = 6144;
 /// -> 18925 us, Qwen2.5-1.5B Q4_K_M 24187 -> 23843, Q4_0 20876 -> 20314, Q8_0 24271
 /// -> 24075, Gemma-3-1B 18212 -> 17741, Llama-3.1-8B 100180 -> 98990, smollm2-135m
 /// 2176 -> 2137, qwen2.5-coder-0.5b 8714 -> 8498; eight sequences' steps
-/// (Qwen2.5-1.5B Q4_K_M) 43842 -> 43774 and 42506 -> 41993 us.
+/// (Qwen2.5-1.5B Q4_K_M) 43842 -> 43774 and 42506 -> 41993 us. With the AVX2 kernels
+/// (the same runs, forced) within the noise: Qwen2.5-1.5B Q4_K_M 15981 -> 16547, 16355
+/// -> 16513 and 20948 -> 20311 us, Q4_0 16011 -> 16170, OLMoE 16757 -> 16729,
+/// Gemma-3-1B 15199 -> 14771.
 #[inline(always)]
 fn prefetch_span(p: *const u8, len: usize) {
     let mut o = 0;
