@@ -335,7 +335,7 @@ pub(crate) fn interleave_q8_0(acts: &[u8], n_a: usize) -> Vec<u8> {
 /// ([`DotKernel::prepare`], [`DotKernel::dot_tile_prepared`]). Q8_K rows: one record per
 /// super-block of what the prefill kernels derive from it besides its quants (the bsum
 /// pair sums, the Q6_K offsets, the scale); Q8_0 rows: the rows in the legacy tile's
-/// layout ([`interleave_q8_0`]). The same prepared rows serve every kernel of their
+/// layout (`interleave_q8_0`). The same prepared rows serve every kernel of their
 /// activation type.
 #[derive(Clone, Debug, Default)]
 pub struct ActPrep {

@@ -23,8 +23,8 @@
 //!
 //! | type | bytes per 8-row block | fields (offset: content) |
 //! |---|---|---|
-//! | Q4_K | 1184 (8 × 148) | 0: d[8] f16; 16: dmin[8] f16; 32: scales [chunk 8][row 8] u8; 96: mins [pair 4][row 8][2] u8; 160: quants [chunk 8][step 4][row 8][4 bytes] |
-//! | Q6_K | 1680 (8 × 210) | 0: low nibbles [chunk 8][step 4][row 8][4 bytes]; 1024: high bits [chunk 8][half 2][row 8][4 bytes]; 1536: scales [chunk 8][row 8][2] i8; 1664: d[8] f16 |
+//! | Q4_K | 1184 (8 × 148) | 0: `d[8]` f16; 16: `dmin[8]` f16; 32: scales `[chunk 8][row 8]` u8; 96: mins `[pair 4][row 8][2]` u8; 160: quants `[chunk 8][step 4][row 8][4 bytes]` |
+//! | Q6_K | 1680 (8 × 210) | 0: low nibbles `[chunk 8][step 4][row 8][4 bytes]`; 1024: high bits `[chunk 8][half 2][row 8][4 bytes]`; 1536: scales `[chunk 8][row 8][2]` i8; 1664: `d[8]` f16 |
 //!
 //! Quants: in chunk `c` (32 values), step `s`, row `r`, byte `t` holds value `32c + 4s + t`
 //! in its low nibble and value `32c + 16 + 4s + t` in its high nibble (Q6_K: their low four
