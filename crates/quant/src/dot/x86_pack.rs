@@ -550,9 +550,7 @@ unsafe fn rows_q4_k_512<const R: usize>(
                     sumi[r] = _mm512_add_epi32(sumi[r], _mm512_mullo_epi32(s, sc));
                 }
             }
-            let sumi = sumi.map(|s| {
-                _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s))
-            });
+            let sumi = sumi.map(|s| fold_steps(s));
             accumulate(&mut acc, b, q4_k_values(p, ab, sumi));
         }
     }
@@ -776,13 +774,8 @@ unsafe fn rows_q6_k_512<const R: usize>(
                     );
                 }
             }
-            let sumi: [__m256i; R] = std::array::from_fn(|r| {
-                let s = sumi[r];
-                _mm256_add_epi32(
-                    off[r],
-                    _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s)),
-                )
-            });
+            let sumi: [__m256i; R] =
+                std::array::from_fn(|r| _mm256_add_epi32(off[r], fold_steps(sumi[r])));
             accumulate(&mut acc, b, q6_k_values(p, ab, sumi));
         }
     }
@@ -949,6 +942,15 @@ fn dword_pair(lo: i32, hi: i32) -> __m512i {
     )
 }
 
+/// The two steps of a 512-bit sum added: lane `i` of the low half plus lane `i` of the
+/// high half, one i32 per row of the group (the 512-bit kernels hold two steps of the
+/// eight rows per register; `rows_q4_k_512`, `rows_q6_k_512`, `rows_legacy_512`).
+#[target_feature(enable = "avx512f,avx2")]
+#[inline]
+fn fold_steps(s: __m512i) -> __m256i {
+    _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s))
+}
+
 /// A 512-bit vector of `a` in every 16-bit lane of its low half and `b` in its high half.
 #[target_feature(enable = "avx512f")]
 #[inline]
@@ -1045,9 +1047,7 @@ unsafe fn rows_legacy_512<const F: u8, const R: usize>(
                 }
             }
             let isum: [__m256i; R] = std::array::from_fn(|r| {
-                let s = isum[r];
-                let v =
-                    _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s));
+                let v = fold_steps(isum[r]);
                 if offset != 0 {
                     _mm256_sub_epi32(v, _mm256_set1_epi32(offset * *ys[r].add(b)))
                 } else {
