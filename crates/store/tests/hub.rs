@@ -172,3 +172,61 @@ fn a_sharded_model_is_fetched_whole_and_a_token_is_required_where_asked() {
     assert_eq!(listed, ["hf:org/gated/big/m-Q4_K_M-00001-of-00003.gguf"]);
     assert_eq!(store.remove(&listed[0]).unwrap().len(), 3);
 }
+
+/// Every file under `dir`, recursively (paths relative to it).
+fn tree(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p.strip_prefix(dir).unwrap().display().to_string());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_listing_whose_paths_leave_the_store_is_refused_and_writes_nothing() {
+    // Inside a scratch folder: the store is `scratch/store`; the listing aims at
+    // `scratch/escaped.gguf` (dot segments) and at an absolute path in another folder.
+    let scratch = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let root = scratch.path().join("store");
+    let absolute = elsewhere.path().join("abs-Q4_K_M.gguf");
+    let evil = |p: &str| {
+        HubStandIn::start(vec![(
+            "org/evil",
+            Repo {
+                files: files(&[(p, bytes(4096, 9))]),
+                ..Repo::default()
+            },
+        )])
+    };
+    for listed in [
+        "../../../../escaped-Q4_K_M.gguf".to_string(),
+        "sub/../../../../../escaped-Q4_K_M.gguf".to_string(),
+        absolute.display().to_string(),
+        "./m-Q4_K_M.gguf".to_string(),
+        "sub\\..\\..\\m-Q4_K_M.gguf".to_string(),
+    ] {
+        let hub = evil(&listed);
+        let e = hf::pull(&Hub::new(&hub.endpoint, None), &root, &name("hf:org/evil")).unwrap_err();
+        assert!(e.to_string().contains("leaves the store"), "{listed}: {e}");
+        // Not a request for the file was made, and nothing was written anywhere.
+        assert!(
+            !hub.seen().iter().any(|s| !s.path.starts_with("/api/")),
+            "{listed}: {:?}",
+            hub.seen()
+        );
+        let written: Vec<String> = tree(scratch.path())
+            .into_iter()
+            .chain(tree(elsewhere.path()))
+            .collect();
+        assert!(written.is_empty(), "{listed}: {written:?}");
+    }
+}

@@ -9,7 +9,9 @@
 //!
 //! A repository may require `Authorization: Bearer TOKEN` (401 otherwise), publish a wrong
 //! sha256, or cut the first download of each file halfway (the connection closes early).
-//! Every request is recorded (path, `Range`, whether `Authorization` came with it).
+//! A listing may name paths that leave the repository (`../x.gguf`, `/tmp/x.gguf`), as a
+//! hostile or mirrored hub could; the stand-in then serves them where a client's URL
+//! library sends the request. Every request is recorded (path, `Range`, whether `Authorization` came with it).
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -89,6 +91,22 @@ impl HubStandIn {
     }
 }
 
+/// A URL path with its `.` and `..` segments resolved, as URL parsers resolve them
+/// (RFC 3986, 5.2.4).
+fn resolve_dots(path: &str) -> String {
+    let mut out: Vec<&str> = Vec::new();
+    for seg in path.split('/').skip(1) {
+        match seg {
+            "." => {}
+            ".." => {
+                out.pop();
+            }
+            s => out.push(s),
+        }
+    }
+    format!("/{}", out.join("/"))
+}
+
 fn respond(
     conn: &mut TcpStream,
     status: &str,
@@ -133,6 +151,19 @@ fn serve(mut conn: TcpStream, st: &Mutex<State>, port: u16) -> std::io::Result<(
         range: range.clone(),
         authorized: auth.is_some(),
     });
+    // A hostile listing (`../../x.gguf`): the client's URL library resolves the dot
+    // segments, so the request arrives elsewhere; a hostile hub serves the file there.
+    let plain = path.split('?').next().unwrap_or("");
+    let hostile = s.repos.iter().find_map(|(name, repo)| {
+        repo.files.iter().find_map(|(p, b)| {
+            let url = format!("/{name}/resolve/main/{p}");
+            (url != plain && resolve_dots(&url) == plain).then(|| b.clone())
+        })
+    });
+    if let Some(bytes) = hostile {
+        drop(s);
+        return respond(&mut conn, "200 OK", &[], &bytes);
+    }
     let (route, rest) = if let Some(r) = path.strip_prefix("/api/models/") {
         ("tree", r.split('?').next().unwrap_or(""))
     } else if let Some(r) = path.strip_prefix("/cdn/") {

@@ -84,14 +84,36 @@ impl Server {
         }
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// The server's resident memory (`VmRSS` of /proc), in bytes.
+    pub fn rss_bytes(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("read /proc/PID/status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .expect("VmRSS")
+            * 1024
+    }
+
     /// Sends SIGTERM and waits for the exit (at most `limit`).
     pub fn terminate(&mut self, limit: Duration) -> Option<ExitStatus> {
-        let mut child = self.child.take()?;
         let ok = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
+            .args(["-TERM", &self.pid().to_string()])
             .status()
             .is_ok_and(|s| s.success());
         assert!(ok, "kill -TERM");
+        self.wait_exit(limit)
+    }
+
+    /// Waits for the process to exit (at most `limit`; killed after that).
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let mut child = self.child.take()?;
         let t0 = Instant::now();
         while t0.elapsed() < limit {
             if let Some(st) = child.try_wait().unwrap() {
@@ -255,7 +277,8 @@ pub struct Response {
 }
 
 impl Response {
-    fn parse(raw: &[u8]) -> Response {
+    /// Parses a raw HTTP/1.1 response (a chunked body is de-chunked).
+    pub fn parse(raw: &[u8]) -> Response {
         let split = raw
             .windows(4)
             .position(|w| w == b"\r\n\r\n")
@@ -287,6 +310,14 @@ impl Response {
             headers,
             body,
         }
+    }
+
+    /// The value of header `name` (lowercase), if present.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
     }
 
     /// The body as text.

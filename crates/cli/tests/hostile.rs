@@ -1,0 +1,612 @@
+//! `frink serve` against a hostile client: the real binary on a loopback port with
+//! smollm2-135m, attacked the way the server-hardening issue found it could be. Every case
+//! is bounded in count and time; each asserts the process survives, answers in the JSON
+//! error shape, and that `/health` keeps answering.
+//!
+//! Measured when these tests were written (2 cores): before the fixes, `n: 1000000000`
+//! aborted the process, `n: 20000` with `json_object` took 9.9 s and left 2 GB resident,
+//! idle and half-sent connections stayed open forever, a hostile hub listing wrote outside
+//! the store; after them, every refusal below takes about a millisecond.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::http::{Client, Response, Server};
+use serde_json::{json, Value};
+
+/// Serializes the tests of this file (each starts a server using both cores).
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn lock() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// An OpenAI-shaped error body: `{"error": {"message", "type", …}}` as JSON.
+fn assert_openai_error(r: &Response, status: u16) -> String {
+    assert_eq!(r.status, status, "{}", r.text());
+    assert_eq!(
+        r.header("content-type"),
+        Some("application/json"),
+        "{}",
+        r.text()
+    );
+    let v = r.json();
+    let msg = v["error"]["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("not the error shape: {v}"));
+    assert!(v["error"]["type"].is_string(), "{v}");
+    msg.to_string()
+}
+
+/// The fastest of three tries of `body` on `path`: its response and time.
+fn fastest(c: &Client, path: &str, body: &Value) -> (Response, Duration) {
+    (0..3)
+        .map(|_| {
+            let t0 = Instant::now();
+            let r = c.request("POST", path, Some(&body.to_string()));
+            (r, t0.elapsed())
+        })
+        .min_by_key(|(_, t)| *t)
+        .unwrap()
+}
+
+/// `/health`'s time to answer on a fresh connection.
+fn health_time(port: u16) -> Duration {
+    let t0 = Instant::now();
+    let r = Client::new(port).request("GET", "/health", None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    t0.elapsed()
+}
+
+#[test]
+fn a_huge_n_is_a_fast_400_that_allocates_nothing() {
+    let _l = lock();
+    let srv = Server::start(&["--parallel", "2"]);
+    // Warm the paths first so the allocator's first growth is not counted.
+    let warm = json!({"prompt": "hi", "max_tokens": 2, "response_format": {"type": "json_object"}});
+    assert_eq!(
+        srv.request("POST", "/v1/completions", Some(&warm.to_string()))
+            .status,
+        200
+    );
+    let rss0 = srv.rss_bytes();
+    let chat = |extra: Value| {
+        let mut v = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+        for (k, x) in extra.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        v
+    };
+    for (path, body) in [
+        (
+            "/v1/completions",
+            json!({"prompt": "hi", "n": 1_000_000_000u64, "max_tokens": 2}),
+        ),
+        ("/v1/chat/completions", chat(json!({"n": 1_000_000_000u64}))),
+        (
+            "/v1/completions",
+            json!({"prompt": "hi", "n": 20000, "max_tokens": 2,
+                   "response_format": {"type": "json_object"}}),
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"n": 6000, "response_format": {"type": "json_object"}})),
+        ),
+    ] {
+        let (r, t) = fastest(&srv, path, &body);
+        let msg = assert_openai_error(&r, 400);
+        assert_eq!(r.json()["error"]["param"], "n", "{msg}");
+        assert!(msg.contains("--parallel"), "{msg}");
+        // The correct code answers in about a millisecond; the bug took seconds or aborted.
+        assert!(t < Duration::from_millis(50), "{path} n: {t:?}");
+    }
+    let grown = srv.rss_bytes().saturating_sub(rss0);
+    // Before the fix, n = 1000000 alone grew the process by 1.5 GB.
+    assert!(grown < 16 << 20, "resident memory grew by {grown} bytes");
+
+    // Three large-n requests at once (the bug held both HTTP threads in grammar
+    // compilation for seconds): /health is not kept waiting.
+    let port = srv.port;
+    let attackers: Vec<_> = (0..3)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let body = json!({"prompt": "hi", "n": 6000, "max_tokens": 2,
+                                  "response_format": {"type": "json_object"}});
+                Client::new(port)
+                    .request("POST", "/v1/completions", Some(&body.to_string()))
+                    .status
+            })
+        })
+        .collect();
+    let slowest = (0..10).map(|_| health_time(port)).max().unwrap();
+    for a in attackers {
+        assert_eq!(a.join().unwrap(), 400);
+    }
+    assert!(
+        slowest < Duration::from_millis(200),
+        "/health took {slowest:?}"
+    );
+}
+
+#[test]
+fn grammars_that_cannot_be_met_are_400s_in_a_sentence() {
+    let _l = lock();
+    let srv = Server::start(&[]);
+    let cases = [
+        // A schema that refers to itself and nothing else: no JSON value matches it.
+        json!({"prompt": "x", "max_tokens": 4, "response_format": {"type": "json_schema",
+               "json_schema": {"name": "loop", "schema": {"$ref": "#"}}}}),
+        // A grammar whose only rule never ends.
+        json!({"prompt": "x", "max_tokens": 4, "grammar": "root ::= \"a\" root"}),
+        // Not a grammar at all.
+        json!({"prompt": "x", "max_tokens": 4, "grammar": "root ::= ("}),
+        json!({"prompt": "x", "max_tokens": 4, "json_schema": {"type": "nosuchtype"}}),
+    ];
+    for body in cases {
+        let r = srv.request("POST", "/v1/completions", Some(&body.to_string()));
+        let msg = assert_openai_error(&r, 400);
+        // A sentence, not the parser's internal state.
+        assert!(msg.len() < 400 && !msg.contains('\n'), "{body}: {msg}");
+        assert!(!r.json()["error"]["param"].is_null(), "{}", r.text());
+    }
+    // The same on the chat endpoint, and the server still answers.
+    let chat = json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 4,
+                      "grammar": "root ::= \"a\" root"});
+    let r = srv.request("POST", "/v1/chat/completions", Some(&chat.to_string()));
+    assert_openai_error(&r, 400);
+    let ok = json!({"prompt": "x", "max_tokens": 4, "grammar": "root ::= \"ab\""});
+    let v = srv.post_ok("/v1/completions", &ok);
+    assert_eq!(v["choices"][0]["text"], "ab");
+}
+
+#[test]
+fn every_error_is_json_and_every_route_but_health_needs_the_key() {
+    let _l = lock();
+    let srv = Server::start(&["--api-key", "sekrit", "--queue", "2"]);
+    let key = [("Authorization", "Bearer sekrit")];
+    assert_eq!(srv.request("GET", "/health", None).status, 200);
+    // Routes cannot be listed without the key: a 404 or 405 answers only with it.
+    for (method, path) in [
+        ("GET", "/api/version"),
+        ("GET", "/no/such/route"),
+        ("DELETE", "/v1/models"),
+        ("GET", "/v1/chat/completions"),
+    ] {
+        let r = srv.request(method, path, None);
+        assert_openai_error(&r, 401);
+    }
+    assert_eq!(
+        srv.request_with("GET", "/api/version", None, &key).status,
+        200
+    );
+    assert_openai_error(&srv.request_with("GET", "/no/such/route", None, &key), 404);
+    assert_openai_error(&srv.request_with("DELETE", "/v1/models", None, &key), 405);
+    // The key exactly: no trimming, no prefix, no case folding; Anthropic's header too.
+    for bad in [
+        "Bearer sekrit ",
+        "Bearer  sekrit",
+        "Bearer sekri",
+        "Bearer SEKRIT",
+        "sekrit",
+    ] {
+        let r = srv.request_with("GET", "/v1/models", None, &[("Authorization", bad)]);
+        assert_eq!(r.status, 401, "{bad:?}");
+    }
+    let r = srv.request_with("GET", "/v1/models", None, &[("x-api-key", "sekrit")]);
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    // A body over the limit, on an OpenAI route and on an Ollama route.
+    let big = format!("{{\"prompt\": \"{}\"}}", "a".repeat(3 << 20));
+    let r = srv.request_with("POST", "/v1/completions", Some(&big), &key);
+    assert_openai_error(&r, 413);
+    let r = srv.request_with("POST", "/api/generate", Some(&big), &key);
+    assert_eq!(r.status, 413);
+    assert!(
+        r.json()["error"].is_string(),
+        "Ollama's shape: {}",
+        r.text()
+    );
+    // A malformed chunked body.
+    let r = raw_exchange(
+        srv.port,
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sekrit\r\n\
+          Transfer-Encoding: chunked\r\nConnection: close\r\n\r\nzz\r\nhello\r\n0\r\n\r\n",
+    );
+    assert_openai_error(&r, 400);
+
+    // More embedding inputs than the queue holds: split through it, not a 503.
+    let inputs: Vec<String> = (0..10).map(|i| format!("text number {i}")).collect();
+    let body = json!({"input": inputs}).to_string();
+    let r = srv.request_with("POST", "/v1/embeddings", Some(&body), &key);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["data"].as_array().unwrap().len(), 10);
+    // More than one request may carry: a 400 naming the limit.
+    let inputs: Vec<Vec<u32>> = (0..2049).map(|_| vec![1]).collect();
+    let body = json!({"input": inputs}).to_string();
+    let r = srv.request_with("POST", "/v1/embeddings", Some(&body), &key);
+    let msg = assert_openai_error(&r, 400);
+    assert!(msg.contains("2048"), "{msg}");
+}
+
+/// Writes `raw` on a new connection and reads the whole answer.
+fn raw_exchange(port: u16, raw: &[u8]) -> Response {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(raw).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    Response::parse(&out)
+}
+
+/// Whether the server has closed `s` (EOF or reset), without waiting.
+fn closed(s: &mut TcpStream) -> bool {
+    s.set_nonblocking(true).unwrap();
+    let mut b = [0u8; 256];
+    loop {
+        match s.read(&mut b) {
+            Ok(0) => return true,
+            // An answer (a 408 or 503) before the close: read on.
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+            Err(_) => return true,
+        }
+    }
+}
+
+/// Waits up to `limit` for the server to close `s`.
+fn closed_within(s: &mut TcpStream, limit: Duration) -> bool {
+    let t0 = Instant::now();
+    while t0.elapsed() < limit {
+        if closed(s) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+#[test]
+fn idle_slow_and_half_sent_connections_are_timed_out_and_capped() {
+    let _l = lock();
+    let srv = Server::start(&[
+        "--max-connections",
+        "64",
+        "--idle-timeout",
+        "1",
+        "--header-timeout",
+        "2",
+        "--timeout",
+        "2",
+    ]);
+    let port = srv.port;
+    let connect = || TcpStream::connect(("127.0.0.1", port)).unwrap();
+    // An idle connection that never sends a byte.
+    let mut idle = connect();
+    // A keep-alive connection idle after its request.
+    let mut kept = connect();
+    kept.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    // Headers sent a byte at a time, forever.
+    let mut slow = connect();
+    // A body shorter than its Content-Length.
+    let mut short = connect();
+    short
+        .write_all(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\"",
+        )
+        .unwrap();
+    let t0 = Instant::now();
+    let header = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+    let mut sent = 0;
+    let mut slow_closed = None;
+    while t0.elapsed() < Duration::from_secs(6) && slow_closed.is_none() {
+        let byte = header.get(sent).copied().unwrap_or(b'a');
+        if slow.write_all(&[byte]).is_err() || closed(&mut slow) {
+            slow_closed = Some(t0.elapsed());
+        }
+        sent += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let slow_closed = slow_closed.expect("a slow header is cut by --header-timeout");
+    assert!(slow_closed < Duration::from_secs(4), "{slow_closed:?}");
+    for (what, s) in [("idle", &mut idle), ("keep-alive", &mut kept)] {
+        assert!(
+            closed_within(s, Duration::from_secs(3)),
+            "{what} still open"
+        );
+    }
+    assert!(closed_within(&mut short, Duration::from_secs(3)));
+    // The short body got a 408 in the JSON shape before the close.
+    let mut short = connect();
+    let r = {
+        short
+            .write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+            .unwrap();
+        short
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut out = Vec::new();
+        let _ = short.read_to_end(&mut out);
+        Response::parse(&out)
+    };
+    assert_openai_error(&r, 408);
+
+    // The cap plus 2,000 idle, slow-header and half-sent-body connections: the newest are
+    // admitted by closing the longest idle; /health answers at once throughout.
+    let mut held = Vec::new();
+    let mut worst = Duration::ZERO;
+    for i in 0..2064 {
+        let mut s = connect();
+        match i % 3 {
+            0 => {}
+            1 => {
+                let _ = s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n");
+            }
+            _ => {
+                let _ = s.write_all(
+                    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 999\r\n\r\n{",
+                );
+            }
+        }
+        held.push(s);
+        if i % 250 == 0 {
+            worst = worst.max(health_time(port));
+        }
+    }
+    worst = worst.max(health_time(port));
+    assert!(worst < Duration::from_millis(200), "/health took {worst:?}");
+    std::thread::sleep(Duration::from_millis(300));
+    let open = held.iter_mut().map(closed).filter(|c| !c).count();
+    assert!(open <= 64, "{open} of the 2,064 connections still open");
+    // The server took no harm.
+    let v = srv.post_ok("/v1/completions", &json!({"prompt": "hi", "max_tokens": 2}));
+    assert_eq!(v["usage"]["completion_tokens"], 2);
+}
+
+#[test]
+fn sigterm_closes_the_listener_at_once_and_lets_streams_finish() {
+    let _l = lock();
+    let mut srv = Server::start(&[]);
+    let port = srv.port;
+    let mut stream = srv.stream(
+        "/v1/completions",
+        &json!({"prompt": "Once upon a time", "max_tokens": 40, "stream": true, "temperature": 0}),
+    );
+    assert_eq!(stream.status, 200);
+    assert!(stream.next_data().is_some());
+    let pid = srv.pid().to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    // New connections are refused at once (not held in the backlog and then answered).
+    let t0 = Instant::now();
+    let refused = loop {
+        match TcpStream::connect_timeout(
+            &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+            Duration::from_millis(100),
+        ) {
+            Err(_) => break true,
+            Ok(mut s) => {
+                // Still the old listener: must not last.
+                let _ = s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+                if t0.elapsed() > Duration::from_millis(500) {
+                    break false;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    };
+    assert!(refused, "still accepting {:?} after SIGTERM", t0.elapsed());
+    // The stream in flight ends as a stream ends.
+    let (chunks, done) = stream.collect();
+    assert!(
+        done,
+        "the stream ended with [DONE] ({} chunks)",
+        chunks.len()
+    );
+    let status = srv.wait_exit(Duration::from_secs(15));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+}
+
+#[test]
+fn api_pull_from_a_hostile_hub_writes_nothing_outside_the_store() {
+    let _l = lock();
+    let model = frink_store::Store::from_env()
+        .unwrap()
+        .resolve("smollm2-135m")
+        .unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let home = scratch.path().join("home");
+    // `home/models/hf/org/evil/` + four `..` = `scratch/`.
+    let hub = frink_testdata::hub::HubStandIn::start(vec![(
+        "org/evil",
+        frink_testdata::hub::Repo {
+            files: vec![("../../../../../escaped-Q4_K_M.gguf".into(), vec![7u8; 4096])],
+            ..Default::default()
+        },
+    )]);
+    let srv = Server::start_env(
+        &["-m", model.to_str().unwrap()],
+        &[
+            ("FRINK_HOME", home.to_str().unwrap()),
+            ("HF_ENDPOINT", hub.endpoint.as_str()),
+        ],
+    );
+    let r = srv.request(
+        "POST",
+        "/api/pull",
+        Some(r#"{"model": "hf:org/evil", "stream": false}"#),
+    );
+    assert!(r.status >= 400, "{}", r.text());
+    let msg = r.json()["error"].as_str().unwrap_or_default().to_string();
+    assert!(msg.contains("leaves the store"), "{msg}");
+    let r = srv.request("POST", "/api/pull", Some(r#"{"model": "hf:org/evil"}"#));
+    assert!(r.text().contains("leaves the store"), "{}", r.text());
+    let escaped: Vec<_> = std::fs::read_dir(scratch.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n != "home")
+        .collect();
+    assert!(escaped.is_empty(), "{escaped:?}");
+}
+
+/// A small deterministic generator (xorshift64*) for the load test's mix.
+struct Mix(u64);
+
+impl Mix {
+    fn next(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) % n
+    }
+}
+
+/// One request of the load test's mix, chosen by `kind`; returns its status (0 when the
+/// client went away on purpose).
+fn mixed_request(port: u16, kind: u64, r: &mut Mix) -> u16 {
+    let c = Client::new(port);
+    let topic = ["cats", "rivers", "bread", "trains", "snow"][r.next(5) as usize];
+    let max = 1 + r.next(8);
+    let chat = json!({"messages": [{"role": "user", "content": format!("Tell me about {topic}.")}],
+                      "max_tokens": max, "temperature": 0.8, "seed": r.next(1000)});
+    match kind {
+        0 => {
+            c.request("POST", "/v1/chat/completions", Some(&chat.to_string()))
+                .status
+        }
+        1 => {
+            let mut body = chat.clone();
+            body["stream"] = json!(true);
+            let s = c.stream("/v1/chat/completions", &body);
+            let status = s.status;
+            let _ = s.collect();
+            status
+        }
+        2 => {
+            // Goes away after a chunk or two.
+            let body = json!({"prompt": format!("A story about {topic}:"), "max_tokens": 64,
+                              "stream": true});
+            let mut s = c.stream("/v1/completions", &body);
+            for _ in 0..1 + r.next(2) {
+                let _ = s.next_data();
+            }
+            0
+        }
+        3 => {
+            let body =
+                json!({"prompt": format!("Facts about {topic}:"), "max_tokens": max, "n": 2});
+            c.request("POST", "/v1/completions", Some(&body.to_string()))
+                .status
+        }
+        4 => {
+            let body = json!({"input": vec![topic; 1 + r.next(3) as usize]});
+            c.request("POST", "/v1/embeddings", Some(&body.to_string()))
+                .status
+        }
+        5 => {
+            let body = json!({"content": format!("tokens of {topic}")});
+            c.request("POST", "/tokenize", Some(&body.to_string()))
+                .status
+        }
+        6 => {
+            c.request("POST", "/v1/chat/completions", Some("{\"messages\": ["))
+                .status
+        }
+        7 => {
+            // Half a request, then gone.
+            if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
+                let _ =
+                    s.write_all(b"POST /v1/completions HTTP/1.1\r\nContent-Length: 50\r\n\r\n{");
+            }
+            0
+        }
+        8 => {
+            let body = json!({"prompt": format!("JSON about {topic}:"), "max_tokens": 6,
+                              "response_format": {"type": "json_object"}});
+            c.request("POST", "/v1/completions", Some(&body.to_string()))
+                .status
+        }
+        _ => {
+            // Gone right after the response head.
+            let mut body = chat;
+            body["stream"] = json!(true);
+            drop(c.stream("/v1/chat/completions", &body));
+            0
+        }
+    }
+}
+
+#[test]
+fn five_hundred_mixed_requests_from_32_clients_leave_nothing_behind() {
+    let _l = lock();
+    let srv = Server::start(&["--parallel", "8"]);
+    let port = srv.port;
+    let greedy = || {
+        let v = srv.post_ok(
+            "/v1/completions",
+            &json!({"prompt": "The capital of France is", "max_tokens": 16, "temperature": 0}),
+        );
+        v["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    // Every kind once (the allocator's and the caches' first growth), then the baseline.
+    let mut warm = Mix(7);
+    for kind in 0..10 {
+        mixed_request(port, kind, &mut warm);
+    }
+    let settle = || {
+        let t0 = Instant::now();
+        while srv.metric("frink_requests_active") > 0.0 || srv.metric("frink_slots_busy") > 0.0 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "requests still active"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    settle();
+    let before = greedy();
+    let rss0 = srv.rss_bytes();
+    let t0 = Instant::now();
+    let clients: Vec<_> = (0..32u64)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let mut r = Mix(0x9e37_79b9 + i * 7919);
+                let mut statuses = Vec::new();
+                for _ in 0..500 / 32 + u64::from(i < 500 % 32) {
+                    let kind = r.next(10);
+                    statuses.push((kind, mixed_request(port, kind, &mut r)));
+                }
+                statuses
+            })
+        })
+        .collect();
+    let mut count = 0;
+    for c in clients {
+        for (kind, status) in c.join().unwrap() {
+            count += 1;
+            let ok = match kind {
+                6 => status == 400,
+                _ => matches!(status, 0 | 200 | 503),
+            };
+            assert!(ok, "kind {kind}: status {status}");
+        }
+    }
+    assert_eq!(count, 500);
+    eprintln!("500 mixed requests in {:.1} s", t0.elapsed().as_secs_f64());
+    settle();
+    let rss1 = srv.rss_bytes();
+    eprintln!("resident: {rss0} -> {rss1} bytes");
+    assert!(
+        rss1.abs_diff(rss0) * 10 <= rss0,
+        "resident memory {rss0} -> {rss1}"
+    );
+    assert_eq!(greedy(), before);
+}
