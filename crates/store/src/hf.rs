@@ -13,7 +13,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 use tracing::info;
@@ -405,34 +405,81 @@ pub fn repo_dir(root: &Path, repo: &str) -> PathBuf {
     root.join("hf").join(repo)
 }
 
+/// `dir` joined with `listed`, a file path from a hub's listing, when that path stays
+/// inside `dir`: relative, every component a plain name (no `..`, no leading `/` or `./`,
+/// no backslash or NUL, which other systems read as separators or ends). A hostile or
+/// mirrored hub (`HF_ENDPOINT`) could otherwise list `../../x` or `/tmp/x` and, with a
+/// matching sha256, have the file written there.
+///
+/// Errors: [`StoreError::Hub`] naming the path.
+pub fn contained(dir: &Path, listed: &str) -> Result<PathBuf> {
+    let plain = !listed.is_empty()
+        && !listed.contains(['\\', '\0'])
+        && Path::new(listed)
+            .components()
+            .all(|c| matches!(c, Component::Normal(_)));
+    if plain {
+        Ok(dir.join(listed))
+    } else {
+        Err(StoreError::Hub(format!(
+            "the hub lists a file path that leaves the store, {listed:?}; refusing it"
+        )))
+    }
+}
+
+/// Creates the folder of `dest` and checks, with links resolved, that it lies inside
+/// `root` (a link placed in the store must not lead a download out of it).
+///
+/// Errors: [`StoreError::Hub`] for a folder outside `root`; [`StoreError::Io`].
+fn make_parent_inside(root: &Path, dest: &Path) -> Result<()> {
+    let Some(parent) = dest.parent() else {
+        return Ok(());
+    };
+    fs::create_dir_all(parent).ctx(|| format!("creating {}", parent.display()))?;
+    let real = fs::canonicalize(parent).ctx(|| format!("resolving {}", parent.display()))?;
+    let real_root = fs::canonicalize(root).ctx(|| format!("resolving {}", root.display()))?;
+    if real.starts_with(&real_root) {
+        Ok(())
+    } else {
+        Err(StoreError::Hub(format!(
+            "{} resolves to {}, outside the store {}; refusing to write there",
+            parent.display(),
+            real.display(),
+            real_root.display()
+        )))
+    }
+}
+
 /// Makes sure the model `name` is in the store under `root` and returns the path of its
 /// (first) file: already-present files (all shards) are used as they are; otherwise the
-/// repository is listed and the missing files downloaded.
+/// repository is listed and the missing files downloaded. Every listed path is checked to
+/// stay inside the store ([`contained`]) before anything is requested or written.
 ///
-/// Errors: those of [`Hub::list`], [`Hub::pick`] and [`Hub::download`].
+/// Errors: those of [`Hub::list`], [`Hub::pick`], [`contained`] and [`Hub::download`].
 pub fn pull(hub: &Hub, root: &Path, name: &HubName) -> Result<PathBuf> {
     let dir = repo_dir(root, &name.repo);
     // A named file already complete (a split one with all its shards) needs no listing.
     if let Some(f) = &name.file {
-        let p = dir.join(f);
+        let p = contained(&dir, f)?;
         if shards(f).iter().all(|s| dir.join(s).is_file()) {
             return Ok(p);
         }
     }
     let files = hub.list(&name.repo)?;
     let chosen = Hub::pick(name, &files)?;
-    for f in &chosen {
-        let dest = dir.join(&f.path);
+    let dests = chosen
+        .iter()
+        .map(|f| contained(&dir, &f.path))
+        .collect::<Result<Vec<_>>>()?;
+    for (f, dest) in chosen.iter().zip(&dests) {
         if dest.is_file() {
             continue;
         }
-        if let Some(parent) = dest.parent() {
-            fs::create_dir_all(parent).ctx(|| format!("creating {}", parent.display()))?;
-        }
+        make_parent_inside(root, dest)?;
         info!("fetching {} from hf:{}", f.path, name.repo);
-        hub.download(&name.repo, f, &dest)?;
+        hub.download(&name.repo, f, dest)?;
     }
-    Ok(dir.join(&chosen[0].path))
+    Ok(dests[0].clone())
 }
 
 #[cfg(test)]

@@ -230,3 +230,26 @@ fn a_listing_whose_paths_leave_the_store_is_refused_and_writes_nothing() {
         assert!(written.is_empty(), "{listed}: {written:?}");
     }
 }
+
+#[test]
+fn a_link_in_the_store_does_not_lead_a_download_out_of_it() {
+    let hub = HubStandIn::start(vec![(
+        "org/linked",
+        Repo {
+            files: files(&[("m-Q4_K_M.gguf", bytes(2048, 3))]),
+            ..Repo::default()
+        },
+    )]);
+    let root = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(root.path().join("hf/org")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), root.path().join("hf/org/linked")).unwrap();
+    let e = hf::pull(
+        &Hub::new(&hub.endpoint, None),
+        root.path(),
+        &name("hf:org/linked"),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("outside the store"), "{e}");
+    assert!(tree(outside.path()).is_empty());
+}
