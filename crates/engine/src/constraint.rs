@@ -159,6 +159,9 @@ impl GrammarCompiler {
         let mut factory =
             ParserFactory::new_simple(&env).map_err(|e| GrammarError(e.to_string()))?;
         factory.quiet();
+        // Errors say what is wrong in a sentence; the parser's state and the grammar are
+        // not for the client (they were tens of lines per message).
+        factory.limits_mut().verbose_errors = false;
         Ok(GrammarCompiler {
             factory: Arc::new(factory),
             tok,
@@ -184,17 +187,28 @@ impl GrammarCompiler {
         let parser = self
             .factory
             .create_parser(top)
-            .map_err(|e| GrammarError(e.to_string()))?;
+            .map_err(|e| GrammarError(one_line(&e.to_string())))?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
-            return Err(GrammarError(e));
+            return Err(GrammarError(one_line(&e)));
         }
-        Ok(Constraint {
+        let mut c = Constraint {
             matcher,
             busy: Duration::ZERO,
             ready: None,
             phase: Phase::Active,
-        })
+        };
+        // The first step's mask, computed now: a grammar that admits no text at all (a
+        // schema that only refers to itself) is refused here, and every choice cloned from
+        // this constraint starts with its mask ready.
+        c.prepare();
+        if let Some(Err(e)) = &c.ready {
+            return Err(GrammarError(format!(
+                "the grammar admits no text ({})",
+                one_line(e)
+            )));
+        }
+        Ok(c)
     }
 
     /// Compiles `grammar` into a lazy [`Constraint`]: the answer is free until one of
@@ -217,6 +231,25 @@ impl GrammarCompiler {
             tok: Arc::clone(&self.tok),
         }));
         Ok(c)
+    }
+}
+
+/// `llguidance`'s message on one line, without the parser state it may carry after
+/// `<state>` (its verbose form), the backtrace of a panic it caught, or the
+/// `<non-verbose/>` mark of its short form.
+fn one_line(msg: &str) -> String {
+    let end = ["<state>", "<backtrace>"]
+        .iter()
+        .filter_map(|m| msg.find(m))
+        .min()
+        .unwrap_or(msg.len());
+    let head = msg[..end].replace("<non-verbose/>", "");
+    let head = head.split_whitespace().collect::<Vec<_>>().join(" ");
+    // llguidance catches its own panics (an internal limit such as 65,535 symbols) and
+    // reports them with the assertion's text.
+    match head.strip_prefix("panic: ") {
+        Some(p) => format!("the grammar is beyond what llguidance can compile (too large?): {p}"),
+        None => head,
     }
 }
 
@@ -430,7 +463,7 @@ impl Constraint {
             })
         });
         self.busy += t.elapsed();
-        r.map_err(GrammarError)
+        r.map_err(|e| GrammarError(one_line(&e)))
     }
 
     /// Time spent in [`Constraint::masked`] and [`Constraint::commit`] so far.
@@ -480,7 +513,7 @@ impl Constraint {
         let t = Instant::now();
         let r = self.matcher.consume_token(id);
         self.busy += t.elapsed();
-        r.map_err(|e| GrammarError(e.to_string()))
+        r.map_err(|e| GrammarError(one_line(&e.to_string())))
     }
 
     /// Whether the grammar has reached its end (only end-of-generation tokens are allowed).
@@ -491,7 +524,29 @@ impl Constraint {
 
 #[cfg(test)]
 mod tests {
-    use super::close_objects;
+    use super::{close_objects, one_line};
+
+    /// llguidance's verbose messages (taken from its output) become one sentence.
+    #[test]
+    fn grammar_errors_lose_parser_state_and_backtraces() {
+        assert_eq!(
+            one_line("NoExtensionBias\n<state>\nTokens: ⟦⟧\nParser: {\n  \"rows\": 1\n}"),
+            "NoExtensionBias"
+        );
+        assert_eq!(
+            one_line("parser error: Too many items (limit 50000; ff_tokens) <non-verbose/>"),
+            "parser error: Too many items (limit 50000; ff_tokens)"
+        );
+        let panic = one_line(
+            "panic: assertion failed: grammar.symbols.len() < u16::MAX as usize - 10\n\
+             <backtrace>\n   0: llguidance::panic_utils::catch_unwind",
+        );
+        assert!(panic.starts_with("the grammar is beyond"), "{panic}");
+        assert!(
+            !panic.contains("backtrace") && !panic.contains('\n'),
+            "{panic}"
+        );
+    }
     use serde_json::json;
 
     /// Objects that list properties are closed unless they say otherwise; subschemas under

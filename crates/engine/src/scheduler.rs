@@ -299,6 +299,10 @@ pub enum Event {
     Done(Completion),
     /// The request failed (the message says why).
     Error(String),
+    /// The request's own input cannot be served, found while generating: its grammar
+    /// reached a state no token continues or went past `llguidance`'s parser limits (an
+    /// HTTP server answers 400, as for a grammar refused when compiled).
+    Refused(String),
     /// The server cancelled the request unfinished because it is shutting down (an HTTP
     /// server answers 503 rather than a failure).
     Cancelled(String),
@@ -2086,7 +2090,10 @@ impl<'t> Worker<'t> {
         let id = match sampled {
             Ok(id) => id,
             Err(e) => {
-                job.req.sink.send(Event::Error(format!("grammar: {e}")));
+                job.req.sink.send(Event::Refused(format!(
+                    "the grammar cannot be followed at generated token {}: {e}",
+                    job.ids.len() + 1
+                )));
                 return None;
             }
         };

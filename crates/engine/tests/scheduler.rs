@@ -106,7 +106,7 @@ fn done(rx: &mpsc::Receiver<Event>) -> Completion {
     loop {
         match rx.recv().expect("an event") {
             Event::Done(c) => return c,
-            Event::Error(e) | Event::Cancelled(e) => panic!("{e}"),
+            Event::Error(e) | Event::Refused(e) | Event::Cancelled(e) => panic!("{e}"),
             Event::Delta { .. } | Event::Embedding(_) => {}
         }
     }
