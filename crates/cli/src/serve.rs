@@ -33,9 +33,45 @@ pub struct ServeArgs {
     /// Requests that may wait for a free slot; beyond it requests get 503.
     #[arg(long, env = "FRINK_QUEUE", default_value_t = 64)]
     pub queue: usize,
-    /// Require `Authorization: Bearer KEY` on every endpoint but /health.
-    #[arg(long = "api-key", env = "FRINK_API_KEY", hide_env_values = true)]
-    pub api_key: Option<String>,
+    /// Require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on every route but
+    /// `GET /health`; repeatable (the environment variable takes a comma-separated list).
+    #[arg(
+        long = "api-key",
+        env = "FRINK_API_KEY",
+        hide_env_values = true,
+        value_delimiter = ','
+    )]
+    pub api_key: Vec<String>,
+    /// Read API keys from a file, one per line (blank lines and `#` comments skipped).
+    #[arg(long = "api-key-file", env = "FRINK_API_KEY_FILE")]
+    pub api_key_file: Option<std::path::PathBuf>,
+    /// Connections open at once; at the cap the one idle longest is closed to admit a new
+    /// one (must fit the open-file limit, `ulimit -n`).
+    #[arg(
+        long = "max-connections",
+        env = "FRINK_MAX_CONNECTIONS",
+        default_value_t = 1024
+    )]
+    pub max_connections: usize,
+    /// Seconds a connection may answer nothing and move no byte before it is closed
+    /// (keep-alive connections between requests, connections that send nothing).
+    #[arg(
+        long = "idle-timeout",
+        env = "FRINK_IDLE_TIMEOUT",
+        default_value_t = 30.0
+    )]
+    pub idle_timeout: f64,
+    /// Seconds for a request's headers to arrive whole.
+    #[arg(
+        long = "header-timeout",
+        env = "FRINK_HEADER_TIMEOUT",
+        default_value_t = 10.0
+    )]
+    pub header_timeout: f64,
+    /// Seconds for a request body to arrive whole (else 408), and for a blocked write to a
+    /// client that stopped reading to move again (else the connection is closed).
+    #[arg(long = "timeout", env = "FRINK_TIMEOUT", default_value_t = 600.0)]
+    pub timeout: f64,
     #[command(flatten)]
     pub template: crate::common::TemplateArgs,
     #[command(flatten)]
@@ -84,6 +120,25 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         args.checkpoint_interval >= 1,
         "--checkpoint-interval must be at least 1"
     );
+    let seconds = |name: &str, v: f64| -> Result<std::time::Duration> {
+        anyhow::ensure!(
+            v.is_finite() && v > 0.0 && v <= 1e6,
+            "{name} must be a number of seconds above 0, got {v}"
+        );
+        Ok(std::time::Duration::from_secs_f64(v))
+    };
+    let conn = frink_server::conn::ConnLimits {
+        max_connections: args.max_connections,
+        header_timeout: seconds("--header-timeout", args.header_timeout)?,
+        idle_timeout: seconds("--idle-timeout", args.idle_timeout)?,
+        io_timeout: seconds("--timeout", args.timeout)?,
+    };
+    anyhow::ensure!(
+        conn.max_connections >= 1,
+        "--max-connections must be at least 1"
+    );
+    frink_server::conn::fit_open_files(conn.max_connections, 64).map_err(anyhow::Error::msg)?;
+    let api_keys = api_keys(args)?;
     let spec = args.spec.kind()?;
     let draft_model = args.spec.draft_path()?;
     let path = args.model.path()?;
@@ -99,7 +154,8 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             kv_size: args.kv_size.unwrap_or(0),
             kv_mem: args.kv_mem,
             queue: args.queue.max(1),
-            api_key: args.api_key.clone(),
+            api_keys,
+            conn,
             kv_type: args.model.kv_type,
             chat_template,
             chat_template_kwargs,
@@ -120,4 +176,34 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         // The same loading as every other command (thread pool, model options).
         Box::new(move || model.load_path(&path)),
     )
+}
+
+/// The keys of `--api-key` (repeatable) and `--api-key-file` (one per line, blank lines
+/// and `#` comments skipped; only the line ending is removed, nothing else is trimmed).
+///
+/// Errors: an unreadable key file, or one that holds no key.
+fn api_keys(args: &ServeArgs) -> Result<Vec<String>> {
+    let mut keys: Vec<String> = args
+        .api_key
+        .iter()
+        .filter(|k| !k.is_empty())
+        .cloned()
+        .collect();
+    if let Some(path) = &args.api_key_file {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("--api-key-file {}: {e}", path.display()))?;
+        let before = keys.len();
+        keys.extend(
+            text.lines()
+                .map(|l| l.strip_suffix('\r').unwrap_or(l))
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                .map(str::to_string),
+        );
+        anyhow::ensure!(
+            keys.len() > before,
+            "--api-key-file {} holds no key",
+            path.display()
+        );
+    }
+    Ok(keys)
 }

@@ -703,13 +703,32 @@ pub fn logit_bias(obj: &Map<String, Value>, n_vocab: usize) -> Result<Vec<(u32, 
 }
 
 /// Reads the options shared by `/v1/chat/completions` and `/v1/completions` of a model with
-/// `n_vocab` tokens, after refusing the fields frink cannot honour there
-/// ([`refuse_unsupported`]).
+/// `n_vocab` tokens on a server that runs at most `max_choices` choices of one request
+/// (`--parallel`), after refusing the fields frink cannot honour there
+/// ([`refuse_unsupported`]). `n` is checked first of all, before anything is built per
+/// choice (a huge `n` once allocated before it was refused).
 pub fn gen_options(
     obj: &Map<String, Value>,
     ep: Endpoint,
     n_vocab: usize,
+    max_choices: usize,
 ) -> Result<GenOptions, ApiError> {
+    let n = match opt_i64(obj, "n")? {
+        None => 1,
+        Some(n) if n >= 1 && n as u64 <= max_choices as u64 => n as usize,
+        Some(n) if n >= 1 => {
+            return Err(ApiError::invalid(
+                Some("n"),
+                format!("'n' is {n}; this server runs at most {max_choices} choices (--parallel)"),
+            ))
+        }
+        Some(n) => {
+            return Err(ApiError::invalid(
+                Some("n"),
+                format!("'n' must be at least 1, got {n}"),
+            ))
+        }
+    };
     refuse_unsupported(obj, ep)?;
     let mut max_tokens = None;
     for name in ["max_tokens", "max_completion_tokens"] {
@@ -777,16 +796,6 @@ pub fn gen_options(
         };
     }
     p.logit_bias = logit_bias(obj, n_vocab)?;
-    let n = match opt_i64(obj, "n")? {
-        None => 1,
-        Some(n) if n >= 1 => n as usize,
-        Some(n) => {
-            return Err(ApiError::invalid(
-                Some("n"),
-                format!("'n' must be at least 1, got {n}"),
-            ))
-        }
-    };
     p.seed = match opt_i64(obj, "seed")? {
         Some(s) => s as u64,
         None => frink_engine::sampling::random_seed(),

@@ -17,6 +17,9 @@ use axum::body::Body;
 use axum::http::header;
 
 use super::*;
+use crate::embeddings::{check_dimensions, embed_inputs, embedding_inputs};
+use crate::requests::{model_field, prepare_chat, prepare_completion, queue, Prepared};
+use crate::respond::failed;
 
 /// What `/api/tags`, `/api/show` and `/api/ps` report about the loaded model, read from
 /// its file once at load.
@@ -574,7 +577,7 @@ async fn answer(
                     s.done = true;
                 }
                 Some((_, Event::Embedding(_))) => {}
-                Some((_, Event::Error(msg) | Event::Cancelled(msg))) => {
+                Some((_, Event::Error(msg) | Event::Refused(msg) | Event::Cancelled(msg))) => {
                     s.out.push_back(json!({"error": msg}));
                     s.done = true;
                 }
@@ -603,15 +606,10 @@ fn loaded(model: String, shape: Shape) -> Response {
     json_response(StatusCode::OK, &v)
 }
 
-/// What every chat and generate request starts with: authorised, parsed, what frink
+/// What every chat and generate request starts with (the gate has checked the key): parsed, what frink
 /// cannot honour refused; (the request, its `model` field, whether it streams: Ollama's
 /// default is yes).
-fn begin(
-    st: &AppState,
-    headers: &HeaderMap,
-    body: &Bytes,
-) -> Result<(Map<String, Value>, String, bool), ApiError> {
-    st.authorize(headers)?;
+fn begin(st: &AppState, body: &Bytes) -> Result<(Map<String, Value>, String, bool), ApiError> {
     let obj = api::parse_object(body)?;
     refuse_unsupported(&obj)?;
     let model = model_field(st, &obj);
@@ -620,27 +618,29 @@ fn begin(
 }
 
 /// `POST /api/chat`.
-pub(crate) async fn chat(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
+pub(crate) async fn chat(State(st): St, body: Bytes) -> Response {
     let start = Instant::now();
-    let r = (|| {
-        let (obj, model, stream) = begin(&st, &headers, &body)?;
-        let msgs = obj.get("messages").cloned().unwrap_or(json!([]));
-        if msgs.as_array().is_some_and(Vec::is_empty) {
-            return Ok(Err(model));
-        }
-        let mut oa = Map::new();
-        oa.insert("model".into(), json!(model));
-        oa.insert("messages".into(), messages(&msgs)?);
-        if let Some(t) = obj.get("tools").filter(|t| !t.is_null()) {
-            oa.insert("tools".into(), t.clone());
-        }
-        let num_ctx = options(&obj, &mut oa)?;
-        format(&obj, &mut oa)?;
-        think(&st, &obj, &mut oa)?;
-        let mut p = prepare_chat(&st, &oa)?;
-        limit_context(&st, &mut p, num_ctx)?;
-        Ok(Ok((p, stream)))
-    })();
+    let r = st
+        .offload(move |st| {
+            let (obj, model, stream) = begin(st, &body)?;
+            let msgs = obj.get("messages").cloned().unwrap_or(json!([]));
+            if msgs.as_array().is_some_and(Vec::is_empty) {
+                return Ok(Err(model));
+            }
+            let mut oa = Map::new();
+            oa.insert("model".into(), json!(model));
+            oa.insert("messages".into(), messages(&msgs)?);
+            if let Some(t) = obj.get("tools").filter(|t| !t.is_null()) {
+                oa.insert("tools".into(), t.clone());
+            }
+            let num_ctx = options(&obj, &mut oa)?;
+            format(&obj, &mut oa)?;
+            think(st, &obj, &mut oa)?;
+            let mut p = prepare_chat(st, &oa)?;
+            limit_context(st, &mut p, num_ctx)?;
+            Ok(Ok((p, stream)))
+        })
+        .await;
     match r {
         Ok(Ok((p, stream))) => answer(&st, p, Shape::Chat, stream, start).await,
         Ok(Err(model)) => loaded(model, Shape::Chat),
@@ -651,10 +651,11 @@ pub(crate) async fn chat(State(st): St, headers: HeaderMap, body: Bytes) -> Resp
 /// `POST /api/generate`: `prompt` (and `system`) through the chat template, or as given
 /// with `raw`; `suffix` (fill-in-the-middle), a `template` of Ollama's Go syntax and a
 /// previous `context` are refused.
-pub(crate) async fn generate(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
+pub(crate) async fn generate(State(st): St, body: Bytes) -> Response {
     let start = Instant::now();
-    let r = (|| {
-        let (obj, model, stream) = begin(&st, &headers, &body)?;
+    let r = st
+        .offload(move |st| {
+        let (obj, model, stream) = begin(st, &body)?;
         for (field, what) in [
             ("suffix", "fill-in-the-middle ('suffix') is not implemented"),
             ("template", "'template' is Ollama's Go template syntax; frink renders the file's Jinja template (use --chat-template)"),
@@ -681,7 +682,7 @@ pub(crate) async fn generate(State(st): St, headers: HeaderMap, body: Bytes) -> 
         let raw = obj.get("raw").and_then(Value::as_bool).unwrap_or(false);
         let mut p = if raw {
             oa.insert("prompt".into(), json!(prompt));
-            prepare_completion(&st, &oa)?
+            prepare_completion(st, &oa)?
         } else {
             let mut msgs = Vec::new();
             if let Some(system) = api::opt_str(&obj, "system")?.filter(|s| !s.is_empty()) {
@@ -689,12 +690,13 @@ pub(crate) async fn generate(State(st): St, headers: HeaderMap, body: Bytes) -> 
             }
             msgs.push(json!({"role": "user", "content": prompt}));
             oa.insert("messages".into(), Value::Array(msgs));
-            think(&st, &obj, &mut oa)?;
-            prepare_chat(&st, &oa)?
+            think(st, &obj, &mut oa)?;
+            prepare_chat(st, &oa)?
         };
-        limit_context(&st, &mut p, num_ctx)?;
+        limit_context(st, &mut p, num_ctx)?;
         Ok(Ok((p, stream)))
-    })();
+    })
+        .await;
     match r {
         Ok(Ok((p, stream))) => answer(&st, p, Shape::Generate, stream, start).await,
         Ok(Err(model)) => loaded(model, Shape::Generate),
@@ -718,9 +720,8 @@ fn entry(st: &AppState, info: &ModelInfo) -> Value {
 }
 
 /// `GET /api/tags`: the model this server runs.
-pub(crate) async fn tags(State(st): St, headers: HeaderMap) -> Response {
+pub(crate) async fn tags(State(st): St) -> Response {
     let r = (|| {
-        st.authorize(&headers)?;
         let eng = st.engine()?;
         Ok(json!({"models": [entry(&st, &eng.info)]}))
     })();
@@ -731,9 +732,8 @@ pub(crate) async fn tags(State(st): St, headers: HeaderMap) -> Response {
 }
 
 /// `GET /api/ps`: the loaded model (resident until the server stops; no GPU memory).
-pub(crate) async fn ps(State(st): St, headers: HeaderMap) -> Response {
+pub(crate) async fn ps(State(st): St) -> Response {
     let r = (|| {
-        st.authorize(&headers)?;
         let eng = st.engine()?;
         let mut v = entry(&st, &eng.info);
         v["expires_at"] = json!("2318-01-01T00:00:00.000000Z");
@@ -757,9 +757,8 @@ pub(crate) async fn version() -> Response {
 
 /// `POST /api/show`: the model's details, metadata (`model_info`), template, default
 /// parameters and capabilities.
-pub(crate) async fn show(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
+pub(crate) async fn show(State(st): St, body: Bytes) -> Response {
     let r = (|| {
-        st.authorize(&headers)?;
         let _ = api::parse_object(&body)?;
         Ok(st.engine()?.info.show())
     })();
@@ -771,14 +770,13 @@ pub(crate) async fn show(State(st): St, headers: HeaderMap, body: Bytes) -> Resp
 
 /// `POST /api/embed`: `input` (a string or strings), L2-normalised vectors; `truncate`
 /// (default true) cuts an input longer than the context, false refuses it.
-pub(crate) async fn embed(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
+pub(crate) async fn embed(State(st): St, body: Bytes) -> Response {
     let start = Instant::now();
     let r = async {
-        st.authorize(&headers)?;
         let obj = api::parse_object(&body)?;
         let eng = st.engine()?;
         check_dimensions(eng, &obj)?;
-        let mut inputs = embedding_inputs(eng, &obj)?;
+        let mut inputs = embedding_inputs(&st, &obj).await?;
         if obj.get("truncate").and_then(Value::as_bool).unwrap_or(true) {
             for t in &mut inputs {
                 t.truncate(st.n_ctx - 1);
@@ -800,18 +798,17 @@ pub(crate) async fn embed(State(st): St, headers: HeaderMap, body: Bytes) -> Res
 }
 
 /// `POST /api/embeddings` (Ollama's older endpoint): `prompt`, the vector not normalised.
-pub(crate) async fn embeddings(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
+pub(crate) async fn embeddings(State(st): St, body: Bytes) -> Response {
     let r = async {
-        st.authorize(&headers)?;
         let obj = api::parse_object(&body)?;
-        let eng = st.engine()?;
+        st.engine()?;
         let prompt = api::opt_str(&obj, "prompt")?.unwrap_or("");
         if prompt.is_empty() {
             return Ok(json!({"embedding": []}));
         }
         let mut q = Map::new();
         q.insert("input".into(), json!(prompt));
-        let inputs = embedding_inputs(eng, &q)?;
+        let inputs = embedding_inputs(&st, &q).await?;
         let (mut vectors, _) = embed_inputs(&st, inputs, -1).await?;
         Ok(json!({"embedding": vectors.pop().unwrap_or_default()}))
     };
@@ -823,9 +820,8 @@ pub(crate) async fn embeddings(State(st): St, headers: HeaderMap, body: Bytes) -
 
 /// `POST /api/pull`: a catalog model fetched into the store (what `frink pull` does),
 /// with Ollama's status lines; it does not change the model this server runs.
-pub(crate) async fn pull(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
+pub(crate) async fn pull(State(_st): St, body: Bytes) -> Response {
     let r = (|| {
-        st.authorize(&headers)?;
         let obj = api::parse_object(&body)?;
         let name = api::opt_str(&obj, "model")?
             .or(api::opt_str(&obj, "name")?)

@@ -1,0 +1,274 @@
+//! The gate every request passes before routing: the API key, then the body, read whole
+//! and bounded in size and time, then the mark that its connection is answering a request
+//! (held until the answer's body is sent or dropped; [`crate::conn`]).
+//!
+//! Because the gate runs before routing, an unknown route (404) or method (405) answers
+//! only with the key, so routes cannot be listed without it. Every error the gate gives is
+//! in the JSON error shape of the API family the path belongs to: Ollama's
+//! `{"error": "…"}` under `/api/`, OpenAI's `{"error": {"message", "type", …}}` elsewhere.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use sha2::{Digest, Sha256};
+
+use crate::api::{json_response, ApiError};
+use crate::conn::{Answering, ConnHandle};
+use crate::AppState;
+
+/// The largest request body read, in bytes (larger ones are a 413).
+pub const MAX_BODY_BYTES: usize = 2 << 20;
+
+/// How much of a too-large body is read and dropped before the 413, so that a client still
+/// sending it reads the answer instead of a reset connection; a body larger still is cut.
+const DRAIN_BYTES: usize = 16 << 20;
+
+/// The longest a too-large body is read on before the 413.
+const DRAIN_TIME: Duration = Duration::from_secs(5);
+
+/// The API keys a server accepts, kept as SHA-256 digests so that a comparison takes the
+/// same time whatever the key given has in common with a right one.
+#[derive(Clone, Default)]
+pub struct ApiKeys(Vec<[u8; 32]>);
+
+impl ApiKeys {
+    /// The keys (empty ones ignored); none: every request is let in.
+    pub fn new<S: AsRef<str>>(keys: &[S]) -> ApiKeys {
+        ApiKeys(
+            keys.iter()
+                .map(AsRef::as_ref)
+                .filter(|k| !k.is_empty())
+                .map(|k| Sha256::digest(k.as_bytes()).into())
+                .collect(),
+        )
+    }
+
+    /// Whether a key is required.
+    pub fn required(&self) -> bool {
+        !self.0.is_empty()
+    }
+
+    /// Whether `given` is one of the keys, exactly (no trimming, no case folding); every
+    /// key is compared, each in constant time.
+    pub fn accepts(&self, given: &[u8]) -> bool {
+        let d: [u8; 32] = Sha256::digest(given).into();
+        self.0.iter().fold(false, |ok, k| {
+            let diff = k.iter().zip(&d).fold(0u8, |acc, (a, b)| acc | (a ^ b));
+            ok | (diff == 0)
+        })
+    }
+
+    /// Checks a request's headers: `Authorization: Bearer KEY` (the scheme in any case, one
+    /// space) or Anthropic's `x-api-key: KEY`.
+    ///
+    /// Errors: a 401 `invalid_api_key` when a key is required and none given is accepted.
+    pub fn check(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        if !self.required() {
+            return Ok(());
+        }
+        let bearer = headers
+            .get_all(header::AUTHORIZATION)
+            .iter()
+            .filter_map(|v| {
+                let v = v.as_bytes();
+                (v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer ")).then(|| &v[7..])
+            });
+        let x_api_key = headers.get_all("x-api-key").iter().map(|v| v.as_bytes());
+        if bearer.chain(x_api_key).any(|k| self.accepts(k)) {
+            Ok(())
+        } else {
+            Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "authentication_error",
+                "invalid or missing API key (Authorization: Bearer KEY, or x-api-key: KEY)",
+            )
+            .with_code("invalid_api_key"))
+        }
+    }
+}
+
+/// Routes answered without the key: `GET /health` (a load balancer's probe).
+fn is_open(method: &Method, path: &str) -> bool {
+    method == Method::GET && path == "/health"
+}
+
+/// `e` in the error shape of the API family `path` belongs to.
+pub fn error_for_path(path: &str, e: ApiError) -> Response {
+    if path.starts_with("/api/") {
+        json_response(e.status, &serde_json::json!({"error": e.message}))
+    } else {
+        e.into_response()
+    }
+}
+
+/// The gate (an axum middleware over the whole router; see the module documentation).
+pub(crate) async fn gate(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let path = req.uri().path().to_string();
+    if !is_open(req.method(), &path) {
+        if let Err(e) = st.keys.check(req.headers()) {
+            return error_for_path(&path, e);
+        }
+    }
+    let (parts, body) = req.into_parts();
+    let conn = parts
+        .extensions
+        .get::<ConnHandle>()
+        .map(|h| Arc::clone(&h.0));
+    let bytes = {
+        let _receiving = conn.as_ref().map(|c| c.receiving());
+        match read_body(&parts.headers, body, st.conns.limits().io_timeout).await {
+            Ok(b) => b,
+            Err(e) => return error_for_path(&path, e),
+        }
+    };
+    let answering = conn.as_ref().map(|c| c.answering());
+    let response = next
+        .run(Request::from_parts(parts, Body::from(bytes)))
+        .await;
+    match answering {
+        Some(a) => response.map(|body| Body::new(Held { body, _mark: a })),
+        None => response,
+    }
+}
+
+/// Reads a request body whole: at most [`MAX_BODY_BYTES`], within `limit`.
+///
+/// Errors: 413 for a larger body (read on and dropped up to [`DRAIN_BYTES`] or for
+/// [`DRAIN_TIME`] first), 408 for one not whole in time, 400 for a malformed one (a bad
+/// chunk).
+async fn read_body(headers: &HeaderMap, body: Body, limit: Duration) -> Result<Bytes, ApiError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared == Some(0) {
+        return Ok(Bytes::new());
+    }
+    let now = tokio::time::Instant::now;
+    let mut deadline = now() + limit;
+    let mut over = declared.is_some_and(|n| n > MAX_BODY_BYTES as u64);
+    if over {
+        deadline = deadline.min(now() + DRAIN_TIME);
+    }
+    let mut stream = body.into_data_stream();
+    let mut buf: Vec<u8> = Vec::new();
+    let mut seen = 0usize;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.next()).await {
+            Ok(None) => break,
+            Err(_) | Ok(Some(Err(_))) if over => break,
+            Err(_) => {
+                return Err(ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "invalid_request_error",
+                    format!(
+                        "the request body did not arrive whole within {} s (--timeout); \
+                         {seen} bytes came",
+                        limit.as_secs_f64()
+                    ),
+                )
+                .with_code("request_timeout"))
+            }
+            Ok(Some(Err(e))) => {
+                return Err(ApiError::invalid(
+                    None,
+                    format!("malformed request body: {e}"),
+                ))
+            }
+            Ok(Some(Ok(chunk))) => {
+                seen += chunk.len();
+                if !over && seen > MAX_BODY_BYTES {
+                    over = true;
+                    buf = Vec::new();
+                    deadline = deadline.min(now() + DRAIN_TIME);
+                }
+                if !over {
+                    buf.extend_from_slice(&chunk);
+                } else if seen > DRAIN_BYTES {
+                    break;
+                }
+            }
+        }
+    }
+    if over {
+        let n = declared.map_or_else(|| format!("more than {MAX_BODY_BYTES}"), |n| n.to_string());
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!("the request body is {n} bytes; this server reads at most {MAX_BODY_BYTES}"),
+        )
+        .with_code("request_too_large"));
+    }
+    Ok(Bytes::from(buf))
+}
+
+/// A response body that keeps its connection marked as answering until it is sent whole or
+/// dropped.
+struct Held {
+    body: Body,
+    _mark: Answering,
+}
+
+impl http_body::Body for Held {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_match_exactly_from_either_header() {
+        let keys = ApiKeys::new(&["sekrit", "", "other key"]);
+        assert!(keys.required());
+        assert!(keys.accepts(b"sekrit") && keys.accepts(b"other key"));
+        for bad in [
+            &b"sekrit "[..],
+            b" sekrit",
+            b"SEKRIT",
+            b"sekri",
+            b"",
+            b"sekritt",
+        ] {
+            assert!(!keys.accepts(bad), "{:?}", String::from_utf8_lossy(bad));
+        }
+        let with = |name: &'static str, v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(name, v.parse().unwrap());
+            keys.check(&h).is_ok()
+        };
+        assert!(with("authorization", "Bearer sekrit"));
+        assert!(with("authorization", "bearer sekrit"));
+        assert!(with("x-api-key", "other key"));
+        assert!(!with("authorization", "Bearer  sekrit"));
+        assert!(!with("authorization", "Basic sekrit"));
+        assert!(!with("authorization", "sekrit"));
+        assert!(!with("x-api-key", "Bearer sekrit"));
+        assert!(!ApiKeys::new::<&str>(&[]).required());
+        assert!(ApiKeys::new::<&str>(&[]).check(&HeaderMap::new()).is_ok());
+    }
+}

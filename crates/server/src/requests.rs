@@ -1,0 +1,464 @@
+//! Completion requests: the OpenAI chat and text endpoints' handlers, each request parsed,
+//! rendered and tokenized into a [`Prepared`] (what Ollama's endpoints share), checked
+//! against the server's limits and queued as one scheduler request per choice.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Map, Value};
+use tokio::sync::mpsc;
+
+use crate::api::{self, ApiError};
+use std::sync::atomic::Ordering;
+
+use frink_engine::constraint::Constraint;
+use frink_engine::scheduler::{Event, EventSink, Request, SubmitError};
+use frink_tokenizer::TemplateInputs;
+
+use crate::api::{Endpoint, GenOptions, Prompt};
+use crate::respond::{shutting_down, stream_response, whole_response, Formatter};
+use crate::{answer, reasoning, tools, unix_now, AppState, Engine, St};
+
+/// Which endpoint a completion answers (their shapes differ).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Chat,
+    Text,
+}
+
+/// A parsed, tokenized completion request, ready to queue.
+pub(crate) struct Prepared {
+    pub(crate) prompt: Vec<u32>,
+    pub(crate) opts: GenOptions,
+    /// `Some(n)`: report log-probabilities with `n` alternatives.
+    pub(crate) logprobs: Option<usize>,
+    /// The grammar every choice must match, compiled once (each choice gets a clone: its
+    /// own grammar state).
+    pub(crate) constraint: Option<Constraint>,
+    /// The field the grammar came from (a grammar the answer cannot follow is a 400 naming
+    /// it).
+    pub(crate) grammar_param: Option<&'static str>,
+    /// What to read out of a chat answer (reasoning, tool calls).
+    pub(crate) answer: answer::AnswerFormat,
+    /// Control tokens the answer shows as text (a tool-call format's markers).
+    pub(crate) shown_tokens: Vec<u32>,
+    /// OpenAI's predicted output, tokenized (proposed for speculative verification).
+    pub(crate) prediction: Option<Vec<u32>>,
+    pub(crate) model: String,
+}
+
+pub(crate) async fn chat_completions(State(st): St, body: Bytes) -> Response {
+    let r = st
+        .offload(move |st| prepare_chat(st, &api::parse_object(&body)?))
+        .await;
+    match r {
+        Ok(p) => complete(&st, Kind::Chat, p).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// A chat request (OpenAI's fields, llama.cpp's extensions) parsed, rendered through the
+/// template and tokenized: everything `/v1/chat/completions` and Ollama's `/api/chat` share.
+///
+/// Errors: a 400 naming the field at fault.
+pub(crate) fn prepare_chat(st: &AppState, obj: &Map<String, Value>) -> Result<Prepared, ApiError> {
+    let eng = st.engine()?;
+    let messages = api::messages(obj)?;
+    let opts = api::gen_options(obj, Endpoint::Chat, eng.tok.n_vocab(), st.parallel)?;
+    let top = api::opt_i64(obj, "top_logprobs")?;
+    let n_probs = api::opt_i64(obj, "n_probs")?;
+    let logprobs = match api::opt_bool(obj, "logprobs")? {
+        Some(true) => Some(top.or(n_probs).unwrap_or(0)),
+        // llama.cpp's n_probs > 0 asks for the probabilities by itself.
+        None => n_probs.filter(|&n| n > 0),
+        Some(false) => None,
+    };
+    if let Some(n) = logprobs.filter(|n| !(0..=20).contains(n)) {
+        let name = if top.is_some() {
+            "top_logprobs"
+        } else {
+            "n_probs"
+        };
+        return Err(ApiError::invalid(
+            Some(name),
+            format!("'{name}' must be between 0 and 20, got {n}"),
+        ));
+    }
+    let logprobs = logprobs.map(|n| n as usize);
+    // Tools: rendered by the template; calls parsed from the answer in the format the
+    // template teaches; a required call enforced by a grammar.
+    let mut grammar = api::grammar(obj)?;
+    // A lazy grammar's trigger (tool_choice "auto": a call, once begun, is enforced).
+    let mut trigger = None;
+    let mut answer = answer::AnswerFormat::default();
+    // The markers whose control tokens the answer must show.
+    let mut markers: Vec<&str> = Vec::new();
+    let mut tools_for_template = None;
+    let template = st.template(eng);
+    let tool_format = tools::ToolFormat::detect(template.unwrap_or(""));
+    // A required or named call needs tools to call (an empty `tools` is none).
+    let choice_needs_tools = obj
+        .get("tool_choice")
+        .is_some_and(|c| !c.is_null() && c != "none" && c != "auto");
+    let no_tools = || ApiError::invalid(Some("tool_choice"), "'tool_choice' requires 'tools'");
+    if let Some(tv) = obj.get("tools").filter(|v| !v.is_null()) {
+        let bad = |p: &str, m: String| ApiError::invalid(Some(p), m);
+        let tools = tools::check_tools(tv).map_err(|m| bad("tools", m))?;
+        if tools.is_empty() && choice_needs_tools {
+            return Err(no_tools());
+        }
+        if !tools.is_empty() {
+            let (usable, required) =
+                tools::choice(&tools, obj.get("tool_choice")).map_err(|m| bad("tool_choice", m))?;
+            let format = tool_format.ok_or_else(|| {
+                bad(
+                    "tools",
+                    "this model's chat template teaches no tool-call format frink parses \
+                     (see `frink inspect` and the README's list of formats)"
+                        .into(),
+                )
+                .with_code("unsupported_field")
+            })?;
+            let parallel = api::opt_bool(obj, "parallel_tool_calls")?.unwrap_or(true);
+            if required {
+                if let Some((param, _)) = &grammar {
+                    return Err(bad(
+                        param,
+                        format!("'{param}' and a required tool call both constrain the answer"),
+                    ));
+                }
+                let lark = format.call_grammar(&usable, parallel, &|m| eng.tok.control_token(m));
+                grammar = Some(("tool_choice", frink_engine::constraint::Grammar::Lark(lark)));
+            } else if grammar.is_none() && !usable.is_empty() {
+                // `auto`: free text, and a call held to the grammar once it begins.
+                let lark = format.auto_grammar(&usable, parallel, &|m| eng.tok.control_token(m));
+                grammar = Some(("tools", frink_engine::constraint::Grammar::Lark(lark)));
+                trigger = Some(format.triggers(&|m| eng.tok.control_token(m)));
+            }
+            // llama.cpp's `parse_tool_calls: false`: the calls stay in the text.
+            let parse_calls = api::opt_bool(obj, "parse_tool_calls")?.unwrap_or(true);
+            if !usable.is_empty() && parse_calls {
+                // Harmony's calls come out of its channels (the reasoning splitter).
+                answer.tool_format = Some(format).filter(|&f| f != tools::ToolFormat::Harmony);
+                answer.tools = tools::ToolSet::new(&usable);
+                markers.extend(format.markers());
+            }
+            tools_for_template = Some(Value::Array(tools));
+        }
+    } else if choice_needs_tools {
+        return Err(no_tools());
+    }
+    let mut kwargs = st.chat_template_kwargs.clone();
+    match obj.get("chat_template_kwargs") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(m)) => kwargs.extend(m.clone()),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                Some("chat_template_kwargs"),
+                "'chat_template_kwargs' must be an object",
+            ))
+        }
+    }
+    let inputs = TemplateInputs {
+        add_generation_prompt: true,
+        tools: tools_for_template,
+        kwargs,
+        ..TemplateInputs::default()
+    };
+    let gemma4 = tool_format == Some(tools::ToolFormat::Gemma4);
+    let messages = if tools::wants_tool_responses(tool_format, template.unwrap_or("")) {
+        tools::gemma4_tool_responses(messages)
+    } else {
+        messages
+    };
+    let mut rendered = eng
+        .tok
+        .apply_template_with(st.chat_template.as_deref(), &messages, &inputs)
+        .map_err(|e| ApiError::invalid(Some("messages"), e.to_string()))?;
+    if gemma4 && rendered.text.ends_with("<turn|>\n") {
+        // A history that ends with a closed model turn (results and an answer) gets no
+        // new one from Gemma 4's template: open it, as llama.cpp does.
+        rendered.text.push_str("<|turn>model\n");
+    }
+    let prompt = eng
+        .tok
+        .encode_chat(&rendered)
+        .map_err(|e| ApiError::invalid(Some("messages"), e.to_string()))?;
+    let split = match api::opt_str(obj, "reasoning_format")? {
+        None => st.split_reasoning,
+        Some("none") => false,
+        Some("auto" | "deepseek") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                Some("reasoning_format"),
+                format!(
+                    "'reasoning_format' must be \"none\", \"auto\" or \"deepseek\", got {other:?}"
+                ),
+            ))
+        }
+    };
+    answer.reasoning = reasoning::Mode::detect(template.unwrap_or(""), &rendered.text, split);
+    match answer.reasoning {
+        Some(reasoning::Mode::Harmony { .. }) => markers.extend(crate::harmony::MARKERS),
+        // Tags that are control tokens (Gemma 4's channel) must show for the split.
+        Some(reasoning::Mode::Think { tags, .. }) => markers.extend(tags.tokens),
+        None => {}
+    }
+    markers.sort_unstable();
+    markers.dedup();
+    let shown_tokens = markers
+        .iter()
+        .filter_map(|m| eng.tok.control_token(m))
+        .collect();
+    let grammar_param = grammar.as_ref().map(|g| g.0);
+    let constraint = eng.constraint(grammar, trigger)?;
+    let prediction = api::prediction(obj)?
+        .map(|text| eng.tok.encode(&text, false, false))
+        .transpose()
+        .map_err(|e| ApiError::invalid(Some("prediction"), e.to_string()))?;
+    Ok(Prepared {
+        prompt,
+        opts,
+        logprobs,
+        constraint,
+        grammar_param,
+        answer,
+        shown_tokens,
+        prediction,
+        model: model_field(st, obj),
+    })
+}
+
+/// OpenAI's `finish_reason` of a chat answer: `tool_calls` where calls were read from an
+/// answer that ended by itself; an answer cut by `max_tokens` or the context stays
+/// `length` whatever was read from it (as llama-server reports it), so a client sees
+/// that the last call may be cut short.
+pub(crate) fn chat_finish(reason: frink_engine::FinishReason, has_calls: bool) -> &'static str {
+    match reason {
+        frink_engine::FinishReason::Stop if has_calls => "tool_calls",
+        r => r.as_str(),
+    }
+}
+
+pub(crate) async fn completions(State(st): St, body: Bytes) -> Response {
+    let r = st
+        .offload(move |st| prepare_completion(st, &api::parse_object(&body)?))
+        .await;
+    match r {
+        Ok(p) => complete(&st, Kind::Text, p).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// A completion request (`prompt` as text or token ids) parsed and tokenized: what
+/// `/v1/completions` and Ollama's raw `/api/generate` share.
+///
+/// Errors: a 400 naming the field at fault.
+pub(crate) fn prepare_completion(
+    st: &AppState,
+    obj: &Map<String, Value>,
+) -> Result<Prepared, ApiError> {
+    let eng = st.engine()?;
+    let prompt = api::prompt(obj)?;
+    let opts = api::gen_options(obj, Endpoint::Completions, eng.tok.n_vocab(), st.parallel)?;
+    // OpenAI's integer `logprobs`, else llama.cpp's `n_probs` (0: none).
+    let logprobs = match api::opt_i64(obj, "logprobs")? {
+        Some(n) => Some(("logprobs", n)),
+        None => api::opt_i64(obj, "n_probs")?
+            .filter(|&n| n != 0)
+            .map(|n| ("n_probs", n)),
+    };
+    let logprobs = match logprobs {
+        Some((name, n)) if !(0..=20).contains(&n) => {
+            return Err(ApiError::invalid(
+                Some(name),
+                format!("'{name}' must be between 0 and 20, got {n}"),
+            ))
+        }
+        Some((_, n)) => Some(n as usize),
+        None => None,
+    };
+    let prompt = match prompt {
+        Prompt::Text(t) => eng
+            .tok
+            .encode(&t, true, true)
+            .map_err(|e| ApiError::invalid(Some("prompt"), e.to_string()))?,
+        Prompt::Ids(ids) => ids,
+    };
+    let n_vocab = eng.tok.n_vocab();
+    if let Some(t) = prompt.iter().find(|&&t| t as usize >= n_vocab) {
+        return Err(ApiError::invalid(
+            Some("prompt"),
+            format!("token id {t} is outside the vocabulary of {n_vocab}"),
+        ));
+    }
+    let grammar = api::grammar(obj)?;
+    let grammar_param = grammar.as_ref().map(|g| g.0);
+    let constraint = eng.constraint(grammar, None)?;
+    Ok(Prepared {
+        prompt,
+        opts,
+        logprobs,
+        constraint,
+        grammar_param,
+        answer: answer::AnswerFormat::default(),
+        shown_tokens: Vec::new(),
+        prediction: None,
+        model: model_field(st, obj),
+    })
+}
+
+/// The `model` of a request (informational) or the loaded model's name.
+pub(crate) fn model_field(st: &AppState, obj: &Map<String, Value>) -> String {
+    obj.get("model")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .unwrap_or(&st.model_name)
+        .to_string()
+}
+
+/// Forwards one choice's scheduler events, tagged with the choice's index.
+pub(crate) struct ChannelSink(
+    pub(crate) mpsc::UnboundedSender<(usize, Event)>,
+    pub(crate) usize,
+);
+
+impl EventSink for ChannelSink {
+    fn send(&mut self, event: Event) -> bool {
+        self.0.send((self.1, event)).is_ok()
+    }
+    fn is_closed(&self) -> bool {
+        self.0.is_closed()
+    }
+}
+
+/// The answer to a request the scheduler would not queue.
+pub(crate) fn submit_error(e: SubmitError) -> ApiError {
+    match e {
+        SubmitError::QueueFull => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_overloaded",
+            "the request queue is full; retry later",
+        )
+        .with_code("queue_full"),
+        SubmitError::Stopped => shutting_down("the server is shutting down".into()),
+    }
+}
+
+/// Queues a prepared request and answers it, streamed or whole.
+pub(crate) async fn complete(st: &AppState, kind: Kind, mut p: Prepared) -> Response {
+    let prompt_field = if kind == Kind::Chat {
+        "messages"
+    } else {
+        "prompt"
+    };
+    let rx = match queue(st, &mut p, prompt_field) {
+        Ok(rx) => rx,
+        Err(e) => return e.into_response(),
+    };
+    let Ok(eng) = st.engine() else {
+        return ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            "no model",
+        )
+        .into_response();
+    };
+    let fmt = Formatter {
+        kind,
+        id: st.next_id(if kind == Kind::Chat {
+            "chatcmpl"
+        } else {
+            "cmpl"
+        }),
+        created: unix_now(),
+        model: std::mem::take(&mut p.model),
+        tok: Arc::clone(&eng.tok),
+        logprobs: p.logprobs.is_some(),
+        include_usage: p.opts.include_usage,
+        n: p.opts.n,
+        answer: std::mem::take(&mut p.answer),
+        prediction: p.prediction.is_some(),
+        grammar_param: p.grammar_param,
+    };
+    if p.opts.stream {
+        stream_response(fmt, rx)
+    } else {
+        whole_response(fmt, rx).await
+    }
+}
+
+/// A 400 `context_length_exceeded` on `field` when `what` ("the prompt", "an input") of
+/// `n` tokens leaves no position to evaluate in the context (`--ctx`) or the KV pool.
+pub(crate) fn check_length(
+    st: &AppState,
+    eng: &Engine,
+    field: &'static str,
+    what: &str,
+    n: usize,
+) -> Result<(), ApiError> {
+    let limit = if n >= st.n_ctx {
+        format!("the context of {} tokens (--ctx)", st.n_ctx)
+    } else if n >= eng.kv_positions {
+        format!("the KV pool of {} positions (--kv-size)", eng.kv_positions)
+    } else {
+        return Ok(());
+    };
+    Err(ApiError::invalid(
+        Some(field),
+        format!("{what} is {n} tokens, longer than {limit}"),
+    )
+    .with_code("context_length_exceeded"))
+}
+
+/// Checks a prepared request against the server's limits and queues its choices (each a
+/// request of its own, with its own seed stream: the seed plus its index; several share
+/// one evaluation of the prompt). Returns the receiver of their events, tagged with the
+/// choice index. `prompt_field` names the field a too-long prompt came from.
+///
+/// Errors: a 400 for an empty or too-long prompt; 503 for a full queue or a server shutting
+/// down.
+pub(crate) fn queue(
+    st: &AppState,
+    p: &mut Prepared,
+    prompt_field: &'static str,
+) -> Result<mpsc::UnboundedReceiver<(usize, Event)>, ApiError> {
+    let eng = st.engine()?;
+    if p.prompt.is_empty() {
+        return Err(ApiError::invalid(Some("prompt"), "the prompt is empty"));
+    }
+    check_length(st, eng, prompt_field, "the prompt", p.prompt.len())?;
+    // (`n` was checked against --parallel when the request was parsed: api::gen_options.)
+    let n = p.opts.n;
+    let lora = eng.lora_set(p.opts.lora.as_ref())?;
+    let group = st.next_group.fetch_add(1, Ordering::Relaxed);
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut sampling = p.opts.sampling.clone();
+    let seed = sampling.seed;
+    let constraint = p.constraint.take();
+    for i in 0..n {
+        sampling.seed = seed.wrapping_add(i as u64);
+        let req = Request {
+            prompt: p.prompt.clone(),
+            sampling: sampling.clone(),
+            max_tokens: p.opts.max_tokens,
+            stop: p.opts.stop.clone(),
+            ignore_eos: p.opts.ignore_eos,
+            top_logprobs: p.logprobs,
+            constraint: constraint.clone(),
+            prefix_group: (n > 1).then_some(group),
+            follows_prefix: i > 0,
+            shown_tokens: p.shown_tokens.clone(),
+            embed: None,
+            lora: lora.clone(),
+            prediction: p.prediction.clone(),
+            sink: Box::new(ChannelSink(tx.clone(), i)),
+        };
+        // On an error the choices already queued see their channel close and are dropped.
+        eng.sched.submit(req).map_err(submit_error)?;
+    }
+    Ok(rx)
+}

@@ -1,0 +1,492 @@
+//! Answers of completion requests: the JSON of whole responses and of streamed chunks
+//! (server-sent events), from the scheduler's events.
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc;
+
+use crate::api::{json_response, ApiError};
+use std::collections::VecDeque;
+use std::convert::Infallible;
+
+use frink_engine::scheduler::{Completion, Event, TokenLogprob};
+use frink_tokenizer::Tokenizer;
+
+use crate::requests::{chat_finish, Kind};
+use crate::{answer, reasoning, tools};
+
+/// Builds the JSON of responses and chunks.
+pub(crate) struct Formatter {
+    pub(crate) kind: Kind,
+    pub(crate) id: String,
+    pub(crate) created: u64,
+    pub(crate) model: String,
+    pub(crate) tok: Arc<Tokenizer>,
+    pub(crate) logprobs: bool,
+    pub(crate) include_usage: bool,
+    /// Choices (`n`).
+    pub(crate) n: usize,
+    /// What to read out of a chat answer (reasoning, tool calls).
+    pub(crate) answer: answer::AnswerFormat,
+    /// The request gave a `prediction` (its counts go into `usage`).
+    pub(crate) prediction: bool,
+    /// The request field its grammar came from (named by a grammar error).
+    pub(crate) grammar_param: Option<&'static str>,
+}
+
+/// The finished choices' counts as OpenAI's `usage` reports them: the prompt once, the
+/// generated tokens of every choice; timings and cached tokens of the first choice.
+#[derive(Default)]
+pub(crate) struct Totals {
+    prompt_tokens: usize,
+    cached_tokens: usize,
+    completion_tokens: usize,
+    first_token_ms: f64,
+    gen_ms: f64,
+    /// Speculation over every choice: tokens proposed and verified, and accepted.
+    proposed: usize,
+    accepted: usize,
+}
+
+impl Totals {
+    fn add(&mut self, index: usize, c: &Completion) {
+        if index == 0 {
+            self.prompt_tokens = c.prompt_tokens;
+            self.cached_tokens = c.cached_tokens;
+            self.first_token_ms = c.first_token_ms;
+            self.gen_ms = c.gen_ms;
+        }
+        self.completion_tokens += c.ids.len();
+        self.proposed += c.proposed;
+        self.accepted += c.accepted;
+    }
+}
+
+impl Formatter {
+    /// The id stem of choice `i`'s tool calls (`call_<stem>_<k>`): unique per response
+    /// and choice, the same streamed or whole.
+    fn call_ids(&self, i: usize) -> String {
+        format!("{}_{i}", self.id)
+    }
+
+    /// The chunk choices of a streamed tool call: its id, type and name with empty
+    /// arguments, then the arguments in one fragment.
+    fn call_deltas(&self, choice: usize, k: usize, c: &tools::ToolCall) -> [Value; 2] {
+        let full = tools::call_json(&self.call_ids(choice), k, c);
+        let mut head = full.clone();
+        head["index"] = json!(k);
+        head["function"]["arguments"] = json!("");
+        [
+            json!({"index": choice, "delta": {"tool_calls": [head]}, "logprobs": null, "finish_reason": null}),
+            json!({"index": choice, "delta": {"tool_calls": [{"index": k, "function": {"arguments": c.arguments}}]}, "logprobs": null, "finish_reason": null}),
+        ]
+    }
+
+    fn piece(&self, id: u32) -> (String, Vec<u8>) {
+        let bytes = self
+            .tok
+            .token_to_piece(id, true)
+            .unwrap_or_default()
+            .to_vec();
+        (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+    }
+
+    /// Log-probabilities in the endpoint's shape (`offset`: characters before the first).
+    fn logprobs_json(&self, tokens: &[TokenLogprob], offset: usize) -> Value {
+        match self.kind {
+            Kind::Chat => {
+                let content: Vec<Value> = tokens
+                    .iter()
+                    .map(|t| {
+                        let (text, bytes) = self.piece(t.id);
+                        let top: Vec<Value> = t
+                            .top
+                            .iter()
+                            .map(|&(id, lp)| {
+                                let (text, bytes) = self.piece(id);
+                                json!({"token": text, "logprob": lp, "bytes": bytes})
+                            })
+                            .collect();
+                        json!({"token": text, "logprob": t.logprob, "bytes": bytes, "top_logprobs": top})
+                    })
+                    .collect();
+                json!({ "content": content })
+            }
+            Kind::Text => {
+                let mut toks = Vec::new();
+                let mut lps = Vec::new();
+                let mut tops = Vec::new();
+                let mut offsets = Vec::new();
+                let mut at = offset;
+                for t in tokens {
+                    let (text, _) = self.piece(t.id);
+                    offsets.push(at);
+                    at += text.chars().count();
+                    toks.push(text);
+                    lps.push(t.logprob);
+                    let mut m = Map::new();
+                    for &(id, lp) in &t.top {
+                        m.insert(self.piece(id).0, json!(lp));
+                    }
+                    tops.push(Value::Object(m));
+                }
+                json!({"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+            }
+        }
+    }
+
+    fn usage(&self, t: &Totals) -> Value {
+        json!({
+            "prompt_tokens": t.prompt_tokens,
+            "completion_tokens": t.completion_tokens,
+            "total_tokens": t.prompt_tokens + t.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": t.cached_tokens},
+            "completion_tokens_details": self.completion_details(t),
+        })
+    }
+
+    /// OpenAI's `completion_tokens_details`: for a request with a `prediction`, its
+    /// tokens the answer took (`accepted_prediction_tokens`) and those verified and not
+    /// taken (`rejected_prediction_tokens`; counted in `completion_tokens`' cost, not in
+    /// its number, as OpenAI bills them); zero otherwise (prompt lookup is not a
+    /// prediction: `/metrics` counts it).
+    fn completion_details(&self, t: &Totals) -> Value {
+        let (accepted, rejected) = if self.prediction {
+            (t.accepted, t.proposed - t.accepted)
+        } else {
+            (0, 0)
+        };
+        json!({
+            "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": rejected,
+        })
+    }
+
+    /// One streamed chunk with `choice` (`None`: the usage-only chunk).
+    fn chunk(&self, choice: Option<Value>, usage: Option<Value>) -> Value {
+        let object = match self.kind {
+            Kind::Chat => "chat.completion.chunk",
+            Kind::Text => "text_completion",
+        };
+        let mut v = json!({
+            "id": self.id,
+            "object": object,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": "frink",
+            "choices": choice.map_or_else(Vec::new, |c| vec![c]),
+        });
+        if self.include_usage {
+            v["usage"] = usage.unwrap_or(Value::Null);
+        }
+        v
+    }
+
+    /// The choice `index` of a streamed chunk: a text delta, or the end with its finish
+    /// reason.
+    fn delta_choice(
+        &self,
+        index: usize,
+        text: Option<&str>,
+        logprobs: Value,
+        finish: Option<&str>,
+    ) -> Value {
+        match self.kind {
+            Kind::Chat => {
+                let delta = match text {
+                    Some(t) => json!({"content": t}),
+                    None => json!({}),
+                };
+                json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
+            }
+            Kind::Text => json!({
+                "index": index,
+                "text": text.unwrap_or(""),
+                "logprobs": logprobs,
+                "finish_reason": finish,
+            }),
+        }
+    }
+}
+
+pub(crate) fn sse(v: &Value) -> Bytes {
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+/// Streams the answer as server-sent events.
+///
+/// The event stream owns the receiver: when the client disconnects, the body is dropped,
+/// the channel closes and the scheduler frees the slot at its next step.
+pub(crate) fn stream_response(
+    fmt: Formatter,
+    rx: mpsc::UnboundedReceiver<(usize, Event)>,
+) -> Response {
+    struct S {
+        fmt: Formatter,
+        rx: mpsc::UnboundedReceiver<(usize, Event)>,
+        out: VecDeque<Bytes>,
+        done: bool,
+        /// Characters sent so far, per choice (completion logprobs' text offsets).
+        chars: Vec<usize>,
+        finished: usize,
+        totals: Totals,
+        /// Per choice: the answer's reader (chat requests) and the calls sent.
+        answers: Vec<Option<answer::AnswerStream>>,
+        calls: Vec<usize>,
+    }
+    impl S {
+        /// Sends choice `i`'s parts: reasoning as `reasoning_content` deltas, content as
+        /// content deltas, calls as tool-call deltas.
+        fn push_parts(&mut self, i: usize, parts: Vec<reasoning::Part>, mut logprobs: Value) {
+            for p in parts {
+                match p {
+                    reasoning::Part::Reasoning(t) => {
+                        let c = json!({"index": i, "delta": {"reasoning_content": t}, "logprobs": std::mem::take(&mut logprobs), "finish_reason": null});
+                        self.out.push_back(sse(&self.fmt.chunk(Some(c), None)));
+                    }
+                    reasoning::Part::Content(t) => {
+                        let c =
+                            self.fmt
+                                .delta_choice(i, Some(&t), std::mem::take(&mut logprobs), None);
+                        self.out.push_back(sse(&self.fmt.chunk(Some(c), None)));
+                    }
+                    reasoning::Part::Call(call) => {
+                        for d in self.fmt.call_deltas(i, self.calls[i], &call) {
+                            self.out.push_back(sse(&self.fmt.chunk(Some(d), None)));
+                        }
+                        self.calls[i] += 1;
+                    }
+                }
+            }
+        }
+    }
+    let mut out = VecDeque::new();
+    if fmt.kind == Kind::Chat {
+        for i in 0..fmt.n {
+            let first = fmt.chunk(
+                Some(json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null})),
+                None,
+            );
+            out.push_back(sse(&first));
+        }
+    }
+    let state = S {
+        answers: (0..fmt.n)
+            .map(|_| (fmt.kind == Kind::Chat).then(|| fmt.answer.stream()))
+            .collect(),
+        calls: vec![0; fmt.n],
+        chars: vec![0; fmt.n],
+        fmt,
+        rx,
+        out,
+        done: false,
+        finished: 0,
+        totals: Totals::default(),
+    };
+    let stream = futures_util::stream::unfold(state, |mut s| async move {
+        loop {
+            if let Some(b) = s.out.pop_front() {
+                return Some((Ok::<Bytes, Infallible>(b), s));
+            }
+            if s.done {
+                return None;
+            }
+            match s.rx.recv().await {
+                Some((i, Event::Delta { text, tokens })) => {
+                    // (Text offsets matter to completions, which have neither reasoning nor
+                    // tool calls to take text out of the stream.)
+                    let lp = if s.fmt.logprobs {
+                        s.fmt.logprobs_json(&tokens, s.chars[i])
+                    } else {
+                        Value::Null
+                    };
+                    s.chars[i] += text.chars().count();
+                    let parts = match s.answers[i].as_mut() {
+                        Some(a) => a.push(&text),
+                        None => vec![reasoning::Part::Content(text)],
+                    };
+                    s.push_parts(i, parts, lp);
+                }
+                Some((i, Event::Done(c))) => {
+                    if let Some(a) = s.answers[i].take() {
+                        let parts = a.finish();
+                        s.push_parts(i, parts, Value::Null);
+                    }
+                    let finish = Some(chat_finish(c.finish_reason, s.calls[i] > 0));
+                    let fin = s.fmt.delta_choice(i, None, Value::Null, finish);
+                    s.out.push_back(sse(&s.fmt.chunk(Some(fin), None)));
+                    s.totals.add(i, &c);
+                    s.finished += 1;
+                    if s.finished == s.fmt.n {
+                        if s.fmt.include_usage {
+                            let u = s.fmt.usage(&s.totals);
+                            s.out.push_back(sse(&s.fmt.chunk(None, Some(u))));
+                        }
+                        s.out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                        s.done = true;
+                    }
+                }
+                // (Only embedding requests get one.)
+                Some((_, Event::Embedding(_))) => {}
+                Some((_, e @ (Event::Error(_) | Event::Refused(_)))) => {
+                    s.out.push_back(sse(&s.fmt.failed(Some(e)).body()));
+                    s.out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                    s.done = true;
+                }
+                Some((_, Event::Cancelled(msg))) => {
+                    s.out.push_back(sse(&shutting_down(msg).body()));
+                    s.out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                    s.done = true;
+                }
+                None => {
+                    let e = ApiError::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "server_error",
+                        "the request ended without an answer",
+                    );
+                    s.out.push_back(sse(&e.body()));
+                    s.out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                    s.done = true;
+                }
+            }
+        }
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(stream))
+        .unwrap_or_default()
+}
+
+/// The error of a request whose events ended in `event` (an `Error`, a `Refused`, a
+/// `Cancelled`, or the channel closing without `what`): 500, 400 for a grammar the answer
+/// could not follow, 503 at shutdown.
+impl Formatter {
+    /// [`failed`] for this answer: a grammar error names the field the grammar came from.
+    fn failed(&self, event: Option<Event>) -> ApiError {
+        let mut e = failed(event, "an answer");
+        if e.code == Some("invalid_grammar") {
+            e.param = self.grammar_param.map(str::to_string);
+        }
+        e
+    }
+}
+
+pub(crate) fn failed(event: Option<Event>, what: &str) -> ApiError {
+    match event {
+        Some(Event::Refused(msg)) => ApiError::invalid(None, msg).with_code("invalid_grammar"),
+        Some(Event::Error(msg)) => {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", msg)
+        }
+        Some(Event::Cancelled(msg)) => shutting_down(msg),
+        _ => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            format!("the request ended without {what}"),
+        ),
+    }
+}
+
+/// The answer to a request the scheduler cancelled at shutdown: 503, as for a request
+/// that arrives after shutdown began.
+pub(crate) fn shutting_down(msg: String) -> ApiError {
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable_error", msg)
+}
+
+/// Collects the events of every choice and answers one JSON object.
+pub(crate) async fn whole_response(
+    fmt: Formatter,
+    mut rx: mpsc::UnboundedReceiver<(usize, Event)>,
+) -> Response {
+    let mut text = vec![String::new(); fmt.n];
+    let mut tokens: Vec<Vec<TokenLogprob>> = vec![Vec::new(); fmt.n];
+    let mut finish: Vec<Option<frink_engine::FinishReason>> = vec![None; fmt.n];
+    let mut totals = Totals::default();
+    while finish.iter().any(Option::is_none) {
+        match rx.recv().await {
+            Some((
+                i,
+                Event::Delta {
+                    text: t,
+                    tokens: lp,
+                },
+            )) => {
+                text[i].push_str(&t);
+                tokens[i].extend(lp);
+            }
+            Some((i, Event::Done(c))) => {
+                finish[i] = Some(c.finish_reason);
+                totals.add(i, &c);
+            }
+            // (Only embedding requests get one.)
+            Some((_, Event::Embedding(_))) => {}
+            other => return fmt.failed(other.map(|(_, e)| e)).into_response(),
+        }
+    }
+    let object = match fmt.kind {
+        Kind::Chat => "chat.completion",
+        Kind::Text => "text_completion",
+    };
+    let choices: Vec<Value> = (0..fmt.n)
+        .map(|i| {
+            let logprobs = if fmt.logprobs {
+                fmt.logprobs_json(&tokens[i], 0)
+            } else {
+                Value::Null
+            };
+            let mut thinking = String::new();
+            let mut choice = match fmt.kind {
+                Kind::Chat => {
+                    let (r, content, calls) = fmt.answer.parse(&text[i]);
+                    thinking = r;
+                    let mut message = json!({"role": "assistant", "content": content});
+                    let reason = finish[i].map(|f| chat_finish(f, !calls.is_empty()));
+                    if !calls.is_empty() {
+                        let calls: Vec<Value> = calls
+                            .iter()
+                            .enumerate()
+                            .map(|(k, c)| tools::call_json(&fmt.call_ids(i), k, c))
+                            .collect();
+                        if content.is_empty() {
+                            message["content"] = Value::Null;
+                        }
+                        message["tool_calls"] = Value::Array(calls);
+                    }
+                    json!({"index": i, "message": message, "logprobs": logprobs, "finish_reason": reason})
+                }
+                Kind::Text => json!({
+                    "index": i,
+                    "text": text[i],
+                    "logprobs": logprobs,
+                    "finish_reason": finish[i].map(frink_engine::FinishReason::as_str),
+                }),
+            };
+            if !thinking.is_empty() {
+                choice["message"]["reasoning_content"] = json!(thinking);
+            }
+            choice
+        })
+        .collect();
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "id": fmt.id,
+            "object": object,
+            "created": fmt.created,
+            "model": fmt.model,
+            "system_fingerprint": "frink",
+            "choices": choices,
+            "usage": fmt.usage(&totals),
+            "timings": {
+                "first_token_ms": totals.first_token_ms,
+                "gen_ms": totals.gen_ms,
+                "cached_tokens": totals.cached_tokens,
+            },
+        }),
+    )
+}
