@@ -625,3 +625,166 @@ fn five_hundred_mixed_requests_from_32_clients_leave_nothing_behind() {
     );
     assert_eq!(greedy(), before);
 }
+
+#[test]
+fn pulls_are_few_named_once_answered_with_the_right_status_and_never_block_exit() {
+    let _l = lock();
+    let model = frink_store::Store::from_env()
+        .unwrap()
+        .resolve("smollm2-135m")
+        .unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let stalled = frink_testdata::hub::Repo {
+        files: vec![("m-Q4_K_M.gguf".into(), vec![1u8; 64])],
+        stall_listing_secs: 120,
+        ..Default::default()
+    };
+    let hub = frink_testdata::hub::HubStandIn::start(vec![
+        ("slow/a", stalled.clone()),
+        ("slow/b", stalled.clone()),
+        ("slow/c", stalled),
+    ]);
+    let mut srv = Server::start_env(
+        &["-m", model.to_str().unwrap()],
+        &[
+            ("FRINK_HOME", scratch.path().to_str().unwrap()),
+            ("HF_ENDPOINT", hub.endpoint.as_str()),
+        ],
+    );
+    let pull = |name: &str| {
+        srv.request(
+            "POST",
+            "/api/pull",
+            Some(&json!({"model": name, "stream": false}).to_string()),
+        )
+    };
+    // A malformed name is the client's error, an unknown one is not found.
+    assert_eq!(pull("hf:../x").status, 400);
+    assert_eq!(pull("no-such-model").status, 404);
+    // Two pulls stall on the hub (their clients give up); a third waits for neither.
+    let port = srv.port;
+    for name in ["hf:slow/a", "hf:slow/b"] {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let body = json!({"model": name, "stream": false}).to_string();
+        write!(
+            s,
+            "POST /api/pull HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let r = pull("hf:slow/a");
+    assert_eq!(r.status, 409, "{}", r.text());
+    let r = pull("hf:slow/c");
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(r.json()["error"].is_string());
+    // Everything else answers meanwhile.
+    let v = srv.post_ok("/v1/completions", &json!({"prompt": "hi", "max_tokens": 2}));
+    assert_eq!(v["usage"]["completion_tokens"], 2);
+    // SIGTERM ends the process though two downloads' threads are still waiting.
+    let t0 = Instant::now();
+    let status = srv.terminate(Duration::from_secs(15));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
+}
+
+#[test]
+fn health_answers_when_every_connection_is_busy_and_errors_keep_their_status_when_streamed() {
+    let _l = lock();
+    let srv = Server::start(&[
+        "--max-connections",
+        "3",
+        "--parallel",
+        "1",
+        "--api-key",
+        "k",
+    ]);
+    let port = srv.port;
+    // Three long answers hold every connection the server allows.
+    let long = json!({"prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": true,
+                      "stream": true});
+    let holders: Vec<_> = (0..3)
+        .map(|_| {
+            let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            let body = long.to_string();
+            write!(
+                s,
+                "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n\
+                 Content-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .unwrap();
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    // A liveness probe still answers (GET and HEAD, no key), within the bound.
+    assert!(health_time(port) < Duration::from_millis(200));
+    let r = Client::new(port).request("HEAD", "/health", None);
+    assert_eq!(r.status, 200);
+    // Anything else is told why, in JSON.
+    let r =
+        Client::new(port).request_with("GET", "/v1/models", None, &[("Authorization", "Bearer k")]);
+    let msg = assert_openai_error(&r, 503);
+    assert!(msg.contains("--max-connections"), "{msg}");
+    drop(holders);
+    std::thread::sleep(Duration::from_millis(300));
+
+    // A streamed request whose grammar fails before its first token is a 400, not a 200
+    // stream that carries the error.
+    let body =
+        json!({"prompt": "x", "max_tokens": 4, "stream": true, "grammar": "root ::= \"a\" root"});
+    let r = srv.request_with(
+        "POST",
+        "/v1/completions",
+        Some(&body.to_string()),
+        &[("Authorization", "Bearer k")],
+    );
+    assert_openai_error(&r, 400);
+    assert!(
+        srv.metric_with(
+            "frink_requests_failed_total",
+            &[("Authorization", "Bearer k")]
+        ) >= 1.0
+    );
+}
+
+#[test]
+fn clients_that_go_away_do_not_multiply_the_preparation_work() {
+    let _l = lock();
+    let srv = Server::start(&[]);
+    let threads = || {
+        std::fs::read_to_string(format!("/proc/{}/status", srv.pid()))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("Threads:"))
+            .unwrap()
+            .trim()
+            .parse::<usize>()
+            .unwrap()
+    };
+    let base = threads();
+    // Twelve 2 MB prompts to tokenize, each client gone 50 ms after sending.
+    let body = json!({"content": "hello world ".repeat(170_000)}).to_string();
+    for _ in 0..12 {
+        let mut s = TcpStream::connect(("127.0.0.1", srv.port)).unwrap();
+        write!(
+            s,
+            "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .unwrap();
+        s.write_all(body.as_bytes()).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // At most four run at once (each a blocking thread), whoever is still waiting.
+    let mut peak = 0;
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(2) {
+        peak = peak.max(threads());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(peak <= base + 4, "threads {base} -> {peak}");
+    assert!(health_time(srv.port) < Duration::from_millis(200));
+}

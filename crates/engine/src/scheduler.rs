@@ -359,6 +359,9 @@ pub struct MetricsSnapshot {
     pub requests_cancelled: u64,
     /// Requests refused because the queue was full.
     pub requests_rejected: u64,
+    /// Requests that ended in an error (`Event::Error` or `Event::Refused`: an evaluation
+    /// that failed, a grammar the answer could not follow).
+    pub requests_failed: u64,
     /// Tokens sampled.
     pub tokens_generated: u64,
     /// Prompt tokens of admitted requests.
@@ -423,6 +426,7 @@ struct Shared {
     requests_finished: AtomicU64,
     requests_cancelled: AtomicU64,
     requests_rejected: AtomicU64,
+    requests_failed: AtomicU64,
     tokens_generated: AtomicU64,
     prompt_tokens: AtomicU64,
     prompt_tokens_cached: AtomicU64,
@@ -557,6 +561,7 @@ impl Scheduler {
             requests_finished: s.requests_finished.load(Ordering::Relaxed),
             requests_cancelled: s.requests_cancelled.load(Ordering::Relaxed),
             requests_rejected: s.requests_rejected.load(Ordering::Relaxed),
+            requests_failed: s.requests_failed.load(Ordering::Relaxed),
             tokens_generated: s.tokens_generated.load(Ordering::Relaxed),
             prompt_tokens: s.prompt_tokens.load(Ordering::Relaxed),
             prompt_tokens_cached: s.prompt_tokens_cached.load(Ordering::Relaxed),
@@ -1178,10 +1183,11 @@ impl<'t> Worker<'t> {
             .sum()
     }
 
-    /// Requests finished or cancelled so far.
+    /// Requests finished, cancelled or failed so far.
     fn ended(&self) -> u64 {
         self.shared.requests_finished.load(Ordering::Relaxed)
             + self.shared.requests_cancelled.load(Ordering::Relaxed)
+            + self.shared.requests_failed.load(Ordering::Relaxed)
     }
 
     /// Stops slot `i`'s job to give its blocks to older ones (vLLM's recompute
@@ -1356,6 +1362,7 @@ impl<'t> Worker<'t> {
             Ok(p) => p,
             Err(msg) => {
                 self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+                self.shared.requests_failed.fetch_add(1, Ordering::Relaxed);
                 req.sink.send(Event::Error(msg));
                 return;
             }
@@ -1967,6 +1974,7 @@ impl<'t> Worker<'t> {
                 // Checked before anything was written: fail the sequences of this step.
                 for (i, _, _) in &inputs {
                     if let Some(mut job) = self.slots[*i].job.take() {
+                        self.shared.requests_failed.fetch_add(1, Ordering::Relaxed);
                         job.req
                             .sink
                             .send(Event::Error(format!("evaluation failed: {e}")));
@@ -2090,6 +2098,7 @@ impl<'t> Worker<'t> {
         let id = match sampled {
             Ok(id) => id,
             Err(e) => {
+                self.shared.requests_failed.fetch_add(1, Ordering::Relaxed);
                 job.req.sink.send(Event::Refused(format!(
                     "the grammar cannot be followed at generated token {}: {e}",
                     job.ids.len() + 1
@@ -2124,6 +2133,7 @@ impl<'t> Worker<'t> {
             match job.decoder.push(id) {
                 Ok(piece) => text = job.stops.push(&piece),
                 Err(e) => {
+                    self.shared.requests_failed.fetch_add(1, Ordering::Relaxed);
                     job.req
                         .sink
                         .send(Event::Error(format!("decoding failed: {e}")));
@@ -2212,6 +2222,7 @@ impl Worker<'_> {
                 job.req.sink.send(Event::Embedding(v));
             }
             Err(e) => {
+                self.shared.requests_failed.fetch_add(1, Ordering::Relaxed);
                 job.req.sink.send(Event::Error(e.to_string()));
                 return;
             }

@@ -5,9 +5,11 @@
 //!
 //! - **A cap on open connections** (`--max-connections`). At the cap, the connection idle
 //!   longest is closed to admit the new one (idle: no request being answered; one still
-//!   sending its headers or its body counts as idle), so a crowd of idle or slow
-//!   connections cannot keep `/health` or a real client out. When every open connection is
-//!   answering a request, the new one gets a 503 in the JSON error shape and is closed.
+//!   sending its headers or its body counts as idle; one whose answer is still leaving
+//!   does not), so a crowd of idle or slow connections cannot keep `/health` or a real
+//!   client out. When every open connection is answering a request, a few more are
+//!   admitted for `/health` alone (anything else gets a 503 in the JSON error shape and
+//!   the connection closes), and beyond those a new connection gets that 503 at once.
 //! - **A header-read timeout** (`--header-timeout`): hyper ends a connection whose request
 //!   head is not complete in time (headers sent a byte at a time).
 //! - **An idle timeout** (`--idle-timeout`): a connection answering nothing, and neither
@@ -64,6 +66,10 @@ impl Default for ConnLimits {
     }
 }
 
+/// Connections admitted past the cap for `/health` when every other one is answering a
+/// request ([`Conn::is_overflow`]).
+pub const OVERFLOW: usize = 16;
+
 /// One open connection, as the table and its request handlers see it.
 pub struct Conn {
     id: u64,
@@ -79,9 +85,25 @@ pub struct Conn {
     write_blocked: AtomicU64,
     /// Closes the connection.
     kill: Notify,
+    /// Admitted past the cap, every other connection answering a request: it may only
+    /// ask for `/health` ([`Conn::is_overflow`]).
+    overflow: bool,
 }
 
 impl Conn {
+    /// Whether this connection was admitted past `--max-connections` (every other one was
+    /// answering a request): the gate answers it `/health` only, and closes it.
+    pub fn is_overflow(&self) -> bool {
+        self.overflow
+    }
+
+    /// Whether the connection is answering a request: one being handled, or an answer whose
+    /// bytes are still leaving (a write the socket has not taken). Neither the idle timeout
+    /// nor an eviction closes it then; only the send timeout does.
+    fn busy(&self) -> bool {
+        self.answering.load(Ordering::SeqCst) > 0 || self.write_blocked.load(Ordering::Relaxed) != 0
+    }
+
     fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
     }
@@ -193,19 +215,29 @@ impl ConnTable {
         self.epoch.elapsed().as_millis() as u64
     }
 
-    /// Registers a new connection; at the cap, first closes the one idle longest. `None`
-    /// when the table is full of connections answering requests.
+    /// Registers a new connection; at the cap, first closes the one idle longest. When
+    /// every connection is answering a request, the new one is admitted past the cap for
+    /// `/health` alone (a liveness probe must not fail because the server is busy), up to
+    /// [`OVERFLOW`] such; `None` beyond.
     fn admit(&self) -> Option<Arc<Conn>> {
         let mut open = self.lock();
-        if open.len() >= self.limits.max_connections {
+        let mut overflow = false;
+        let regular = open.values().filter(|c| !c.overflow).count();
+        if regular >= self.limits.max_connections {
             let victim = open
                 .values()
-                .filter(|c| c.answering.load(Ordering::SeqCst) == 0)
+                .filter(|c| !c.overflow && !c.busy())
                 .min_by_key(|c| c.last_io.load(Ordering::Relaxed))
-                .map(|c| c.id)?;
-            if let Some(c) = open.remove(&victim) {
-                c.kill.notify_one();
-                self.evicted.fetch_add(1, Ordering::Relaxed);
+                .map(|c| c.id);
+            match victim {
+                Some(v) => {
+                    if let Some(c) = open.remove(&v) {
+                        c.kill.notify_one();
+                        self.evicted.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                None if open.len() - regular < OVERFLOW => overflow = true,
+                None => return None,
             }
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -217,6 +249,7 @@ impl ConnTable {
             receiving: AtomicBool::new(false),
             write_blocked: AtomicU64::new(0),
             kill: Notify::new(),
+            overflow,
         });
         open.insert(id, Arc::clone(&conn));
         Some(conn)
@@ -234,9 +267,7 @@ impl ConnTable {
         let mut open = self.lock();
         open.retain(|_, c| {
             let quiet = now.saturating_sub(c.last_io.load(Ordering::Relaxed));
-            let idle_expired = c.answering.load(Ordering::SeqCst) == 0
-                && !c.receiving.load(Ordering::SeqCst)
-                && quiet >= idle;
+            let idle_expired = !c.busy() && !c.receiving.load(Ordering::SeqCst) && quiet >= idle;
             let blocked = c.write_blocked.load(Ordering::Relaxed);
             let send_expired = blocked != 0 && now.saturating_sub(blocked - 1) >= send;
             if idle_expired || send_expired {
@@ -496,10 +527,58 @@ mod tests {
         assert!(!open.contains_key(&c.id));
         drop(open);
         assert_eq!(table.evicted.load(Ordering::Relaxed), 1);
-        // Every connection answering: the next is refused, nothing is closed.
+        // Every connection answering: a few more come in for /health only, then none.
         let _all = [b.answering(), d.answering()];
+        for _ in 0..OVERFLOW {
+            assert!(table.admit().is_some_and(|c| c.is_overflow()));
+        }
         assert!(table.admit().is_none());
-        assert_eq!(table.open_count(), 3);
+        assert_eq!(table.open_count(), 3 + OVERFLOW);
+        // A connection whose answer is still leaving (a blocked write) is not idle either.
+        let table = ConnTable::new(limits(1));
+        let e = table.admit().unwrap();
+        e.write_blocked.store(1, Ordering::Relaxed);
+        assert!(table.admit().is_some_and(|c| c.is_overflow()));
+        table.reap();
+        assert!(table.lock().contains_key(&e.id));
+    }
+
+    #[test]
+    fn an_answer_still_leaving_outlives_the_idle_timeout() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let port = listener.local_addr().unwrap().port();
+            // One large answer, handed to hyper whole (as a JSON body is): more than the
+            // socket buffers hold, so its writes block while the client waits.
+            const SIZE: usize = 64 << 20;
+            let app =
+                axum::Router::new().route("/", axum::routing::get(|| async { vec![b'x'; SIZE] }));
+            let mut l = limits(8);
+            l.idle_timeout = Duration::from_millis(300);
+            l.io_timeout = Duration::from_secs(20);
+            let table = Arc::new(ConnTable::new(l));
+            let (_stop_tx, stop_rx) = watch::channel(false);
+            tokio::spawn(accept_loop(listener, app, Arc::clone(&table), stop_rx));
+            let got = tokio::task::spawn_blocking(move || {
+                use std::io::Read;
+                let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+                s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    .unwrap();
+                // Far past the idle timeout before the first read.
+                std::thread::sleep(Duration::from_millis(1500));
+                let mut all = Vec::new();
+                let _ = s.read_to_end(&mut all);
+                all.len()
+            })
+            .await
+            .unwrap();
+            assert!(got > SIZE, "{got} bytes of an answer of {SIZE}");
+            assert_eq!(table.timed_out.load(Ordering::Relaxed), 0);
+        });
     }
 
     #[test]

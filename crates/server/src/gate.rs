@@ -95,9 +95,11 @@ impl ApiKeys {
     }
 }
 
-/// Routes answered without the key: `GET /health` (a load balancer's probe).
+/// Routes answered without the key: `GET` and `HEAD /health` (a load balancer's probe).
+/// (A web page's static files and CORS preflights from an allowed origin join them when
+/// the server serves those.)
 fn is_open(method: &Method, path: &str) -> bool {
-    method == Method::GET && path == "/health"
+    (method == Method::GET || method == Method::HEAD) && path == "/health"
 }
 
 /// `e` in the error shape of the API family `path` belongs to.
@@ -112,16 +114,19 @@ pub fn error_for_path(path: &str, e: ApiError) -> Response {
 /// The gate (an axum middleware over the whole router; see the module documentation).
 pub(crate) async fn gate(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
-    if !is_open(req.method(), &path) {
-        if let Err(e) = st.keys.check(req.headers()) {
-            return error_for_path(&path, e);
-        }
-    }
     let (parts, body) = req.into_parts();
     let conn = parts
         .extensions
         .get::<ConnHandle>()
         .map(|h| Arc::clone(&h.0));
+    if conn.as_ref().is_some_and(|c| c.is_overflow()) {
+        return overflow(&path, parts, next).await;
+    }
+    if !is_open(&parts.method, &path) {
+        if let Err(e) = st.keys.check(&parts.headers) {
+            return error_for_path(&path, e);
+        }
+    }
     let bytes = {
         let _receiving = conn.as_ref().map(|c| c.receiving());
         match read_body(&parts.headers, body, st.conns.limits().io_timeout).await {
@@ -137,6 +142,31 @@ pub(crate) async fn gate(State(st): State<Arc<AppState>>, req: Request, next: Ne
         Some(a) => response.map(|body| Body::new(Held { body, _mark: a })),
         None => response,
     }
+}
+
+/// A connection admitted past the cap ([`crate::conn::Conn::is_overflow`]): `/health`
+/// answers (a liveness probe must not fail because the server is busy), anything else is a
+/// 503; the connection closes after either.
+async fn overflow(path: &str, parts: axum::http::request::Parts, next: Next) -> Response {
+    let mut r = if is_open(&parts.method, path) {
+        next.run(Request::from_parts(parts, Body::empty())).await
+    } else {
+        error_for_path(
+            path,
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_overloaded",
+                "every connection this server allows (--max-connections) is answering a \
+                 request; retry later",
+            )
+            .with_code("too_many_connections"),
+        )
+    };
+    r.headers_mut().insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("close"),
+    );
+    r
 }
 
 /// Reads a request body whole: at most [`MAX_BODY_BYTES`], within `limit`.

@@ -120,6 +120,10 @@ pub struct ServeConfig {
 /// How long in-flight requests may run on after SIGINT/SIGTERM before they are cancelled.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
+/// Pulls (`/api/pull`) running at once: each holds a thread for its whole download, so
+/// they are few (more is a 503) and one name is pulled once at a time (a 409 meanwhile).
+const PULLS: usize = 2;
+
 /// Requests prepared (template rendered, prompt tokenized, grammar compiled) at once, each
 /// on a blocking thread of its own: the two HTTP threads never wait on that work, so
 /// `/health` and light requests answer while heavy ones are prepared.
@@ -196,7 +200,9 @@ struct AppState {
     conns: Arc<conn::ConnTable>,
     /// Requests' preparation (template, tokenizer, grammar) running off the HTTP threads
     /// at once, at most ([`AppState::offload`]).
-    preparing: tokio::sync::Semaphore,
+    preparing: Arc<tokio::sync::Semaphore>,
+    /// The `hf:` and catalog names being pulled (`/api/pull`), at most [`PULLS`] at once.
+    pulls: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Embedding inputs the scheduler's queue holds (`--queue`): a request's inputs are
     /// submitted in waves of at most this many.
     queue: usize,
@@ -228,7 +234,11 @@ pub fn run(config: ServeConfig, load: Loader) -> Result<()> {
         .enable_all()
         .build()
         .context("cannot start the HTTP runtime")?;
-    rt.block_on(serve(config, load))
+    let r = rt.block_on(serve(config, load));
+    // A download (`/api/pull`) still running on a blocking thread must not keep the
+    // process alive after shutdown.
+    rt.shutdown_timeout(Duration::from_millis(500));
+    r
 }
 
 async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
@@ -242,7 +252,8 @@ async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
         model_name: config.model_name.clone(),
         keys: gate::ApiKeys::new(&config.api_keys),
         conns: Arc::new(conn::ConnTable::new(config.conn)),
-        preparing: tokio::sync::Semaphore::new(PREPARING),
+        preparing: Arc::new(tokio::sync::Semaphore::new(PREPARING)),
+        pulls: Default::default(),
         queue: config.queue,
         n_ctx: config.ctx,
         chat_template: config.chat_template.clone(),
@@ -469,21 +480,25 @@ impl AppState {
         self: &Arc<Self>,
         f: impl FnOnce(&AppState) -> Result<T, ApiError> + Send + 'static,
     ) -> Result<T, ApiError> {
-        let _permit = self
-            .preparing
-            .acquire()
+        // The permit lives as long as the work: a client that goes away drops this future,
+        // not the blocking job, which keeps its permit until it ends.
+        let permit = Arc::clone(&self.preparing)
+            .acquire_owned()
             .await
             .map_err(|_| shutting_down("the server is shutting down".into()))?;
         let st = Arc::clone(self);
-        tokio::task::spawn_blocking(move || f(&st))
-            .await
-            .unwrap_or_else(|e| {
-                Err(ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "server_error",
-                    format!("preparing the request failed: {e}"),
-                ))
-            })
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            f(&st)
+        })
+        .await
+        .unwrap_or_else(|e| {
+            Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                format!("preparing the request failed: {e}"),
+            ))
+        })
     }
 
     /// The loaded engine, or 503 while loading.

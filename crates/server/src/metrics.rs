@@ -40,6 +40,12 @@ pub(crate) async fn metrics(State(st): St) -> Response {
         m.requests_cancelled as f64,
     );
     counter(
+        "frink_requests_failed_total",
+        "Requests that ended in an error (a failed evaluation, a grammar the answer could not follow).",
+        "counter",
+        m.requests_failed as f64,
+    );
+    counter(
         "frink_requests_rejected_total",
         "Requests refused with 503 because the queue was full.",
         "counter",

@@ -211,6 +211,20 @@ fn error(e: ApiError) -> Response {
     json_response(e.status, &json!({"error": e.message}))
 }
 
+/// The HTTP error of a failed pull: 404 for a name the catalog does not hold, 400 for a
+/// malformed `hf:` name, 502 for the hub or the package index failing (or sending a file
+/// that does not check out), 500 for the local disk.
+fn pull_error(e: frink_store::StoreError) -> ApiError {
+    use frink_store::StoreError as E;
+    let (status, kind) = match &e {
+        E::UnknownModel { .. } => (StatusCode::NOT_FOUND, "not_found"),
+        E::BadHubName(_) => (StatusCode::BAD_REQUEST, "invalid_request_error"),
+        E::Io { .. } | E::NoHome => (StatusCode::INTERNAL_SERVER_ERROR, "server_error"),
+        _ => (StatusCode::BAD_GATEWAY, "upstream_error"),
+    };
+    ApiError::new(status, kind, e.to_string())
+}
+
 fn bad(message: impl Into<String>) -> ApiError {
     ApiError::invalid(None, message)
 }
@@ -613,7 +627,7 @@ fn begin(st: &AppState, body: &Bytes) -> Result<(Map<String, Value>, String, boo
     let obj = api::parse_object(body)?;
     refuse_unsupported(&obj)?;
     let model = model_field(st, &obj);
-    let stream = obj.get("stream").and_then(Value::as_bool).unwrap_or(true);
+    let stream = api::opt_bool(&obj, "stream")?.unwrap_or(true);
     Ok((obj, model, stream))
 }
 
@@ -679,7 +693,7 @@ pub(crate) async fn generate(State(st): St, body: Bytes) -> Response {
         oa.insert("model".into(), json!(model));
         let num_ctx = options(&obj, &mut oa)?;
         format(&obj, &mut oa)?;
-        let raw = obj.get("raw").and_then(Value::as_bool).unwrap_or(false);
+        let raw = api::opt_bool(&obj, "raw")?.unwrap_or(false);
         let mut p = if raw {
             oa.insert("prompt".into(), json!(prompt));
             prepare_completion(st, &oa)?
@@ -777,7 +791,7 @@ pub(crate) async fn embed(State(st): St, body: Bytes) -> Response {
         let eng = st.engine()?;
         check_dimensions(eng, &obj)?;
         let mut inputs = embedding_inputs(&st, &obj).await?;
-        if obj.get("truncate").and_then(Value::as_bool).unwrap_or(true) {
+        if api::opt_bool(&obj, "truncate")?.unwrap_or(true) {
             for t in &mut inputs {
                 t.truncate(st.n_ctx - 1);
             }
@@ -818,38 +832,68 @@ pub(crate) async fn embeddings(State(st): St, body: Bytes) -> Response {
     }
 }
 
-/// `POST /api/pull`: a catalog model fetched into the store (what `frink pull` does),
-/// with Ollama's status lines; it does not change the model this server runs.
-pub(crate) async fn pull(State(_st): St, body: Bytes) -> Response {
+/// `POST /api/pull`: a catalog model or an `hf:` name fetched into the store (what `frink
+/// pull` does), with Ollama's status lines; it does not change the model this server runs.
+/// At most [`crate::PULLS`] run at once, one per name; a pull runs to its end even if its
+/// client goes (as a `frink pull` would).
+pub(crate) async fn pull(State(st): St, body: Bytes) -> Response {
     let r = (|| {
         let obj = api::parse_object(&body)?;
         let name = api::opt_str(&obj, "model")?
             .or(api::opt_str(&obj, "name")?)
             .ok_or_else(|| bad("'model' is required"))?
             .to_string();
-        let stream = obj.get("stream").and_then(Value::as_bool).unwrap_or(true);
+        let stream = api::opt_bool(&obj, "stream")?.unwrap_or(true);
         Ok((name, stream))
     })();
     let (name, stream) = match r {
         Ok(x) => x,
         Err(e) => return error(e),
     };
-    let fetch = tokio::task::spawn_blocking(
-        move || -> Result<(std::path::PathBuf, u64, String), String> {
-            let store = frink_store::Store::from_env().map_err(|e| e.to_string())?;
-            let path = store.pull(&name).map_err(|e| e.to_string())?;
-            let size = std::fs::metadata(&path).map_or(0, |m| m.len());
-            let digest = store
-                .entry(&name)
-                .map(|e| e.sha256.clone())
-                .unwrap_or_default();
-            Ok((path, size, digest))
-        },
-    );
+    {
+        let mut running = st.pulls.lock().unwrap_or_else(|e| e.into_inner());
+        if running.contains(&name) {
+            return error(ApiError::new(
+                StatusCode::CONFLICT,
+                "conflict",
+                format!("{name} is already being pulled"),
+            ));
+        }
+        if running.len() >= crate::PULLS {
+            return error(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_overloaded",
+                format!("{} pulls are running; retry when one ends", running.len()),
+            ));
+        }
+        running.insert(name.clone());
+    }
+    let fetch = {
+        let st = Arc::clone(&st);
+        tokio::task::spawn_blocking(
+            move || -> Result<(std::path::PathBuf, u64, String), ApiError> {
+                let r = (|| {
+                    let store = frink_store::Store::from_env().map_err(pull_error)?;
+                    let path = store.pull(&name).map_err(pull_error)?;
+                    let size = std::fs::metadata(&path).map_or(0, |m| m.len());
+                    let digest = store
+                        .entry(&name)
+                        .map(|e| e.sha256.clone())
+                        .unwrap_or_default();
+                    Ok((path, size, digest))
+                })();
+                st.pulls
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&name);
+                r
+            },
+        )
+    };
     if !stream {
         return match fetch.await {
             Ok(Ok(_)) => json_response(StatusCode::OK, &json!({"status": "success"})),
-            Ok(Err(e)) => error(ApiError::new(StatusCode::NOT_FOUND, "not_found", e)),
+            Ok(Err(e)) => error(e),
             Err(e) => error(ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "server_error",
@@ -870,7 +914,7 @@ pub(crate) async fn pull(State(_st): St, body: Bytes) -> Response {
                 out.push(json!({"status": "writing manifest"}));
                 out.push(json!({"status": "success"}));
             }
-            Ok(Err(e)) => out.push(json!({"error": e})),
+            Ok(Err(e)) => out.push(json!({"error": e.message})),
             Err(e) => out.push(json!({"error": e.to_string()})),
         }
         futures_util::stream::iter(out)

@@ -385,7 +385,7 @@ pub(crate) async fn complete(st: &AppState, kind: Kind, mut p: Prepared) -> Resp
         grammar_param: p.grammar_param,
     };
     if p.opts.stream {
-        stream_response(fmt, rx)
+        stream_response(fmt, rx).await
     } else {
         whole_response(fmt, rx).await
     }

@@ -221,12 +221,21 @@ pub(crate) fn sse(v: &Value) -> Bytes {
 ///
 /// The event stream owns the receiver: when the client disconnects, the body is dropped,
 /// the channel closes and the scheduler frees the slot at its next step.
-pub(crate) fn stream_response(
+pub(crate) async fn stream_response(
     fmt: Formatter,
-    rx: mpsc::UnboundedReceiver<(usize, Event)>,
+    mut rx: mpsc::UnboundedReceiver<(usize, Event)>,
 ) -> Response {
+    // The first event decides the status: a request that fails before its first token (a
+    // grammar the answer cannot follow, a failed evaluation, shutdown) gets its error
+    // status and body, not a 200 stream that carries the error.
+    let first = match rx.recv().await {
+        Some(e @ (_, Event::Delta { .. } | Event::Done(_) | Event::Embedding(_))) => e,
+        other => return fmt.failed(other.map(|(_, e)| e)).into_response(),
+    };
     struct S {
         fmt: Formatter,
+        /// The first event, already received.
+        first: Option<(usize, Event)>,
         rx: mpsc::UnboundedReceiver<(usize, Event)>,
         out: VecDeque<Bytes>,
         done: bool,
@@ -281,6 +290,7 @@ pub(crate) fn stream_response(
         calls: vec![0; fmt.n],
         chars: vec![0; fmt.n],
         fmt,
+        first: Some(first),
         rx,
         out,
         done: false,
@@ -295,7 +305,11 @@ pub(crate) fn stream_response(
             if s.done {
                 return None;
             }
-            match s.rx.recv().await {
+            let event = match s.first.take() {
+                Some(e) => Some(e),
+                None => s.rx.recv().await,
+            };
+            match event {
                 Some((i, Event::Delta { text, tokens })) => {
                     // (Text offsets matter to completions, which have neither reasoning nor
                     // tool calls to take text out of the stream.)
@@ -368,7 +382,7 @@ pub(crate) fn stream_response(
 /// could not follow, 503 at shutdown.
 impl Formatter {
     /// [`failed`] for this answer: a grammar error names the field the grammar came from.
-    fn failed(&self, event: Option<Event>) -> ApiError {
+    pub(crate) fn failed(&self, event: Option<Event>) -> ApiError {
         let mut e = failed(event, "an answer");
         if e.code == Some("invalid_grammar") {
             e.param = self.grammar_param.map(str::to_string);

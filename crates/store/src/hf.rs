@@ -20,6 +20,12 @@ use tracing::info;
 
 use crate::error::{IoContext, Result, StoreError};
 
+/// The longest a hub request may go without a byte arriving.
+pub const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The largest listing read from the tree API (a real repository's is kilobytes).
+const MAX_LISTING: u64 = 16 << 20;
+
 /// The hub's address unless `HF_ENDPOINT` says otherwise.
 pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
 
@@ -144,8 +150,11 @@ impl Hub {
     }
 
     fn get(&self, url: &str, range_from: u64) -> Result<ureq::Response> {
+        // A hub that stops sending (or never answers) fails the read after a minute instead
+        // of holding the download's thread for ever.
         let agent = ureq::AgentBuilder::new()
             .timeout_connect(std::time::Duration::from_secs(30))
+            .timeout_read(READ_TIMEOUT)
             .redirects(8)
             .build();
         let mut req = agent.get(url);
@@ -185,9 +194,11 @@ impl Hub {
             "{}/api/models/{repo}/tree/{}?recursive=true",
             self.endpoint, self.revision
         );
-        let body = self
-            .get(&url, 0)?
-            .into_string()
+        let mut body = String::new();
+        self.get(&url, 0)?
+            .into_reader()
+            .take(MAX_LISTING)
+            .read_to_string(&mut body)
             .map_err(|e| StoreError::Hub(format!("{url}: {e}")))?;
         let entries: Vec<serde_json::Value> = serde_json::from_str(&body)
             .map_err(|e| StoreError::Hub(format!("{url}: not a file listing ({e})")))?;
@@ -356,10 +367,20 @@ impl Hub {
                     )));
                 }
             };
+            got += n as u64;
+            if got > file.size {
+                // Never more than the listing promised on disk (a hostile hub could fill it).
+                bar.abandon();
+                drop(out);
+                let _ = fs::remove_file(&partial);
+                return Err(StoreError::Hub(format!(
+                    "{url}: the hub sends more than the {} bytes it lists; refusing the file",
+                    file.size
+                )));
+            }
             out.write_all(&buf[..n])
                 .ctx(|| format!("writing {}", partial.display()))?;
             hasher.update(&buf[..n]);
-            got += n as u64;
             bar.set_position(got);
         }
         bar.finish_and_clear();

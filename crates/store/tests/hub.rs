@@ -253,3 +253,25 @@ fn a_link_in_the_store_does_not_lead_a_download_out_of_it() {
     assert!(e.to_string().contains("outside the store"), "{e}");
     assert!(tree(outside.path()).is_empty());
 }
+
+#[test]
+fn a_download_longer_than_its_listing_is_cut_and_removed() {
+    let hub = HubStandIn::start(vec![(
+        "org/long",
+        Repo {
+            files: files(&[("m-Q4_K_M.gguf", bytes(3 << 20, 5))]),
+            understate_size: true,
+            ..Repo::default()
+        },
+    )]);
+    let root = tempfile::tempdir().unwrap();
+    let e = hf::pull(
+        &Hub::new(&hub.endpoint, None),
+        root.path(),
+        &name("hf:org/long"),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("more than the"), "{e}");
+    // Nothing of it stays (the bug left the whole oversized .partial file).
+    assert!(tree(root.path()).is_empty(), "{:?}", tree(root.path()));
+}

@@ -29,6 +29,10 @@ pub struct Repo {
     pub wrong_sha256: bool,
     /// Close the connection halfway through the first download of each file.
     pub cut_first_download: bool,
+    /// List each file at half its size (then send it whole), as a hostile hub could.
+    pub understate_size: bool,
+    /// Answer the listing only after this many seconds (a hub that stalls).
+    pub stall_listing_secs: u64,
 }
 
 /// A request the stand-in saw.
@@ -202,14 +206,28 @@ fn serve(mut conn: TcpStream, st: &Mutex<State>, port: u16) -> std::io::Result<(
         }
     }
     match route {
+        "tree" if repo.stall_listing_secs > 0 => {
+            drop(s);
+            std::thread::sleep(std::time::Duration::from_secs(repo.stall_listing_secs));
+            respond(&mut conn, "503 Service Unavailable", &[], b"stalled")
+        }
         "tree" => {
             let entries: Vec<serde_json::Value> = repo
                 .files
                 .iter()
                 .map(|(p, b)| {
-                    let sha = if repo.wrong_sha256 { "0".repeat(64) } else { sha256_hex(b) };
-                    serde_json::json!({"type": "file", "path": p, "size": b.len(), "oid": "git-sha1",
-                                       "lfs": {"oid": sha, "size": b.len(), "pointerSize": 134}})
+                    let sha = if repo.wrong_sha256 {
+                        "0".repeat(64)
+                    } else {
+                        sha256_hex(b)
+                    };
+                    let size = if repo.understate_size {
+                        b.len() / 2
+                    } else {
+                        b.len()
+                    };
+                    serde_json::json!({"type": "file", "path": p, "size": size, "oid": "git-sha1",
+                                       "lfs": {"oid": sha, "size": size, "pointerSize": 134}})
                 })
                 .collect();
             drop(s);

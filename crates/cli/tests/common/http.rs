@@ -245,7 +245,12 @@ impl Client {
 
     /// `/metrics` value of `name` (a gauge or counter without labels).
     pub fn metric(&self, name: &str) -> f64 {
-        let r = self.request("GET", "/metrics", None);
+        self.metric_with(name, &[])
+    }
+
+    /// [`Client::metric`] with extra headers (an API key).
+    pub fn metric_with(&self, name: &str, headers: &[(&str, &str)]) -> f64 {
+        let r = self.request_with("GET", "/metrics", None, headers);
         assert_eq!(r.status, 200);
         let text = r.text();
         text.lines()
