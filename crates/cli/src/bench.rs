@@ -136,7 +136,9 @@ pub fn peak_rss_bytes() -> Option<u64> {
 
 pub fn run(args: &BenchArgs) -> Result<()> {
     let path = args.model.path()?;
-    let model = args.model.load_path(&path)?;
+    let (model, decision) = args.model.load_path_deciding(&path)?;
+    // What the decode runs through, and how it was chosen (README, "The decode path").
+    eprintln!("{}", decision.describe());
     if let Some(f) = &args.spec_prompt_file {
         return speculation(args, &model, f);
     }
@@ -200,6 +202,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             "stddev_ts": stddev_ts,
             "samples_ns": samples_ns.iter().map(|v| v.round() as u64).collect::<Vec<_>>(),
             "samples_ts": samples_ts,
+            "decode_path": decision.path.name(),
+            "decode_path_chosen": match decision.how {
+                crate::tune::How::Forced(_) => "forced",
+                crate::tune::How::Cached(_) => "cached",
+                crate::tune::How::Measured(_) => "measured",
+                crate::tune::How::Default => "default",
+            },
         }));
     }
     let peak = peak_rss_bytes();

@@ -36,11 +36,30 @@ pub struct ModelArgs {
     /// them).
     #[arg(long = "lora-init-without-apply", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
     pub lora_init_without_apply: bool,
-    /// Read the weights as stored instead of repacking them at load (llama.cpp's
-    /// `--no-repack`; repacking is done where the AVX2 or AVX-512 kernels are the
-    /// machine's best, and never changes a result).
+    /// Read the weights as stored instead of the path measured fastest on this machine
+    /// (llama.cpp's `--no-repack`; see README, "The decode path"; never changes a
+    /// result).
     #[arg(long = "no-repack", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
     pub no_repack: bool,
+    /// Decode through the repacked weights with this software-prefetch hint (`nta`, `t0`,
+    /// `t1`) instead of the path measured fastest on this machine (see README, "The
+    /// decode path"); never changes a result.
+    #[arg(long = "prefetch", value_parser = parse_prefetch, conflicts_with = "no_repack")]
+    pub prefetch: Option<frink_quant::dot::pack::PrefetchHint>,
+    /// Measure the decode paths again on this machine instead of reading the tuning cache
+    /// (`$FRINK_HOME/tuning.json`), and save the result.
+    #[arg(long = "recalibrate", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
+    pub recalibrate: bool,
+    /// Sequences a decode step of this command carries: what the decode path is measured
+    /// with (0: the command does not decode; nothing is measured). Set by the command.
+    #[arg(skip = 1usize)]
+    pub decode_seqs: usize,
+}
+
+/// `nta`, `t0` or `t1` of `--prefetch`.
+fn parse_prefetch(s: &str) -> std::result::Result<frink_quant::dot::pack::PrefetchHint, String> {
+    frink_quant::dot::pack::PrefetchHint::parse(s)
+        .ok_or_else(|| format!("{s:?}: expected nta, t0 or t1"))
 }
 
 /// `FILE:SCALE` of `--lora-scaled` (the last colon splits, so paths may hold colons).
@@ -88,8 +107,39 @@ impl ModelArgs {
 
     /// Sizes the compute thread pool and loads the model at `path` (already resolved).
     pub fn load_path(&self, path: &std::path::Path) -> Result<Model> {
+        let (model, decision) = self.load_path_deciding(path)?;
+        if matches!(decision.how, crate::tune::How::Measured(_)) {
+            eprintln!("frink: {}", decision.describe());
+        }
+        Ok(model)
+    }
+
+    /// [`ModelArgs::load_path`], and how its decode path was chosen ([`crate::tune`]):
+    /// forced by `--no-repack` or `--prefetch`, read from the tuning cache, or measured
+    /// now (a command that decodes, on a machine with packed kernels).
+    pub fn load_path_deciding(
+        &self,
+        path: &std::path::Path,
+    ) -> Result<(Model, crate::tune::Decision)> {
+        use crate::tune::{self, Decision, How};
+        use frink_models::tune::DecodePath;
         init_threads(self.threads)?;
-        let mut model = Model::load_with(path, !self.no_repack)
+        let forced = if self.no_repack {
+            Some((DecodePath::Stored, "--no-repack"))
+        } else {
+            self.prefetch.map(|h| (DecodePath::Packed(h), "--prefetch"))
+        };
+        let seqs = self.decode_seqs.max(1);
+        // The cache is keyed by the file's shapes, read before the weights: a cached
+        // choice of the stored rows skips the packing.
+        let cached = match (forced, self.recalibrate, tune::packing_here()) {
+            (None, false, true) => frink_gguf::GgufFile::open(path)
+                .ok()
+                .and_then(|f| tune::cached(&f, seqs)),
+            _ => None,
+        };
+        let chosen = forced.map(|f| f.0).or(cached.as_ref().map(|c| c.0));
+        let mut model = Model::load_with(path, chosen != Some(DecodePath::Stored))
             .with_context(|| format!("cannot load {}", path.display()))?;
         model.set_expert_budget(self.expert_budget)?;
         self.kv_type
@@ -106,7 +156,27 @@ impl ModelArgs {
                 .add_lora(&file, scale)
                 .with_context(|| format!("cannot load the LoRA adapter {}", file.display()))?;
         }
-        Ok(model)
+        let decision = if let Some((p, flag)) = forced {
+            tune::apply(&mut model, p);
+            Decision {
+                path: model.decode_path(),
+                how: How::Forced(flag),
+            }
+        } else if let Some((p, file)) = cached {
+            tune::apply(&mut model, p);
+            Decision {
+                path: model.decode_path(),
+                how: How::Cached(file),
+            }
+        } else if self.decode_seqs > 0 && model.repacked_bytes() > 0 {
+            tune::measure(&mut model, seqs)?
+        } else {
+            Decision {
+                path: model.decode_path(),
+                how: How::Default,
+            }
+        };
+        Ok((model, decision))
     }
 }
 

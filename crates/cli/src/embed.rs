@@ -39,7 +39,12 @@ pub fn parse_pooling(s: &str) -> std::result::Result<Pooling, String> {
 
 /// Embeds each text in a fresh session and prints the vectors.
 pub fn run(args: &EmbedArgs) -> Result<()> {
-    let mut model = args.model.load()?;
+    // (Whole inputs in batches: no decode path to measure.)
+    let mut model = crate::common::ModelArgs {
+        decode_seqs: 0,
+        ..args.model.clone()
+    }
+    .load()?;
     let tok =
         Tokenizer::from_gguf_releasing(&mut model.file).context("cannot build the tokenizer")?;
     let pooling = frink_engine::embed::pooling(args.pooling, model.config.pooling);

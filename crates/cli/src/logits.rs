@@ -13,7 +13,12 @@ use crate::common::ModelArgs;
 /// `[n_ids][n_vocab]` to `out`; prints `{"n", "n_vocab"}`.
 pub fn run(args: &ModelArgs, ids: &[u32], out: &Path) -> Result<()> {
     anyhow::ensure!(!ids.is_empty(), "--ids is empty");
-    let model = args.load()?;
+    // (One batch from an empty cache: no decode path to measure.)
+    let model = crate::common::ModelArgs {
+        decode_seqs: 0,
+        ..args.clone()
+    }
+    .load()?;
     let mut session = Session::new(&model, ids.len(), args.kv_type).with_batch(ids.len());
     let logits = session.eval(ids, Logits::All)?;
     let mut bytes = Vec::with_capacity(logits.len() * 4);

@@ -15,6 +15,7 @@ mod plan;
 mod run;
 mod serve;
 mod tokenize;
+mod tune;
 mod verify;
 
 use std::process::ExitCode;
@@ -193,6 +194,9 @@ fn run(cli: Cli) -> Result<()> {
                 lora_scaled: Vec::new(),
                 lora_init_without_apply: false,
                 no_repack: false,
+                prefetch: None,
+                recalibrate: false,
+                decode_seqs: 0,
             };
             verify::run(&args, model.is_some(), &golden, kv_type)
         }

@@ -27,7 +27,12 @@ pub struct PerplexityArgs {
 /// Tokenizes the whole file (add_special = true, parse_special = false, as
 /// llama-perplexity does) and computes the perplexity of its chunks.
 pub fn run(args: &PerplexityArgs) -> Result<()> {
-    let mut model = args.model.load()?;
+    // (Whole chunks in batches: no decode path to measure.)
+    let mut model = crate::common::ModelArgs {
+        decode_seqs: 0,
+        ..args.model.clone()
+    }
+    .load()?;
     let tok =
         Tokenizer::from_gguf_releasing(&mut model.file).context("cannot build the tokenizer")?;
     let text = read_text(&args.file)?;

@@ -28,7 +28,12 @@ pub struct PlanArgs {
 /// "resident_selections", "prompt_tokens", "cache"}`. Without `--expert-budget`, every
 /// expert counts as resident.
 pub fn run(args: &PlanArgs) -> Result<()> {
-    let model = args.model.load()?;
+    // (The prompt in batches: no decode path to measure.)
+    let model = crate::common::ModelArgs {
+        decode_seqs: 0,
+        ..args.model.clone()
+    }
+    .load()?;
     if model.config.moe.is_none() {
         bail!("inspect-plan: the model has no routed experts");
     }

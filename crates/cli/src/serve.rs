@@ -143,7 +143,12 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     let draft_model = args.spec.draft_path()?;
     let path = args.model.path()?;
     let (chat_template, chat_template_kwargs) = args.template.resolve()?;
-    let model = args.model.clone();
+    // The decode path is measured with the batches a loaded server decodes (README, "The
+    // decode path").
+    let model = crate::common::ModelArgs {
+        decode_seqs: args.parallel.clamp(1, 4),
+        ..args.model.clone()
+    };
     frink_server::run(
         frink_server::ServeConfig {
             model_name: args.model.model.clone(),

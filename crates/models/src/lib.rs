@@ -17,6 +17,7 @@ mod model;
 pub mod plan;
 pub mod pool;
 pub mod state;
+pub mod tune;
 
 pub use blocks::attention::{AttentionWeights, QkvWeights};
 pub use blocks::ffn::DenseFfn;

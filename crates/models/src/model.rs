@@ -123,6 +123,9 @@ pub struct Model {
     matmul_weights: Vec<Matrix>,
     /// Repacked matrices, with the matrix each was packed from.
     packed: PackedSet,
+    /// Whether products read the packed copies (`true`) or the stored rows
+    /// ([`Model::set_decode_path`]).
+    pub(crate) packed_active: std::sync::atomic::AtomicBool,
 }
 
 /// Repacked matrices found by two indexed loads: the tensor's index, then the matrix's
@@ -168,6 +171,11 @@ impl PackedSet {
 
     fn iter(&self) -> impl Iterator<Item = &frink_quant::dot::pack::Packed> {
         self.by_tensor.iter().flatten().flatten().map(|(_, p)| p)
+    }
+
+    /// The matrices that have a packed copy.
+    fn iter_matrices(&self) -> impl Iterator<Item = &Matrix> {
+        self.by_tensor.iter().flatten().flatten().map(|(m, _)| m)
     }
 
     /// Drops every packed matrix of the tensors `drop` names.
@@ -411,6 +419,7 @@ impl Model {
             lora_scales: Vec::new(),
             matmul_weights,
             packed: Default::default(),
+            packed_active: std::sync::atomic::AtomicBool::new(true),
         };
         model.set_repack(repack && frink_quant::dot::pack::preferred());
         Ok(model)
@@ -481,9 +490,25 @@ impl Model {
     /// else its stored bytes.
     pub fn weight(&self, m: &Matrix) -> crate::kernels::WeightData<'_> {
         use crate::kernels::WeightData;
-        match self.packed.get(m) {
+        let packed = self
+            .packed_active
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .then(|| self.packed.get(m))
+            .flatten();
+        match packed {
             Some(p) => WeightData::Packed(p),
             None => WeightData::Stored(self.data(m)),
+        }
+    }
+
+    /// Releases the mapped pages of every matrix that has a packed copy (advice to the
+    /// OS; they come back if read): what [`Model::set_repack`] does as it packs, again
+    /// after something read the stored rows ([`Model::calibrate`]'s stored candidate).
+    pub fn release_stored(&self) {
+        for p in self.packed.iter_matrices() {
+            let t = self.file.tensor_at(p.tensor);
+            let start = self.file.data_offset() as usize + t.info.offset as usize + p.offset;
+            let _ = self.file.release(start..start + p.rows * p.row_bytes);
         }
     }
 

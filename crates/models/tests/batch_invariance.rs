@@ -7,7 +7,9 @@
 //! inputs), on gemma4 (per-layer embeddings, KV sharing, heads of two sizes) and on the recurrent and hybrid fixtures (mamba, mamba2, lfm2, falcon_h1,
 //! granitemoehybrid, qwen3_next).
 
+use frink_models::tune::DecodePath;
 use frink_models::{pool, KvType, Logits, Model, SeqState, Sequence};
+use frink_quant::dot::pack::PrefetchHint;
 
 fn models() -> Vec<(String, Model)> {
     let mut out = Vec::new();
@@ -202,6 +204,21 @@ fn repacked_weights_give_the_same_logits() {
                 .all(|(a, b)| a.to_bits() == b.to_bits()),
             "{name}: repacked weights changed a logit"
         );
+        // Every decode path the machine may choose (frink_models::tune): the stored rows
+        // with the packed copies kept, and each prefetch hint of the packed kernels.
+        for path in DecodePath::ALL {
+            model.set_decode_path(path);
+            let got = run(&model);
+            assert!(
+                stored
+                    .iter()
+                    .zip(&got)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{name}: decode path {} changed a logit",
+                path.name()
+            );
+        }
+        model.set_decode_path(DecodePath::Packed(PrefetchHint::Nta));
     }
     eprintln!("repacked: {packed:?}");
     if frink_testdata::shared_dir().is_some() {
@@ -218,4 +235,38 @@ fn repacked_weights_give_the_same_logits() {
             assert!(packed.iter().any(|n| n == ty), "{ty} was not repacked");
         }
     }
+}
+
+/// [`Model::calibrate`] times every path it can run, keeps the fastest set, and tries
+/// nothing when there is one candidate; the stored candidate alone is all a model without
+/// packed copies can take.
+#[test]
+fn calibration_times_every_path_and_keeps_the_fastest() {
+    let Some((name, mut model)) = models().into_iter().find(|(n, _)| n == "Q4_K_M") else {
+        return;
+    };
+    model.set_repack(true);
+    let c = model.calibrate(&DecodePath::ALL, 2).unwrap();
+    if model.repacked_bytes() > 0 {
+        assert_eq!(c.timings.len(), DecodePath::ALL.len(), "{name}: {c:?}");
+        assert!(c.rounds >= 3, "{c:?}");
+        assert!(c.timings.iter().all(|(_, t)| t.is_finite() && *t > 0.0));
+        let fastest = c
+            .timings
+            .iter()
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .unwrap()
+            .0;
+        assert_eq!(c.best, fastest);
+        assert_eq!(model.decode_path(), c.best);
+    }
+    let one = model.calibrate(&[DecodePath::Stored], 1).unwrap();
+    assert!(one.timings.is_empty() && one.best == DecodePath::Stored);
+    assert_eq!(model.decode_path(), DecodePath::Stored);
+    model.set_repack(false);
+    let c = model.calibrate(&DecodePath::ALL, 1).unwrap();
+    assert!(
+        c.timings.is_empty() && c.best == DecodePath::Stored,
+        "{c:?}"
+    );
 }

@@ -184,13 +184,25 @@ fn packed(ty: GgmlType, rows: usize, cols: usize, n_a: usize) {
     };
     let mut sum = 0f32;
     let isa = isa().unwrap_or_else(Isa::best);
+    // `FRINK_PREFETCH=nta|t0|t1`: the group kernels' prefetch hint.
+    let hint = std::env::var("FRINK_PREFETCH")
+        .ok()
+        .and_then(|h| frink_quant::dot::pack::PrefetchHint::parse(&h))
+        .unwrap_or_else(frink_quant::dot::pack::prefetch_hint);
     let s = best(reps, || {
         let mut g = 0;
         while g < p.groups() {
             let n = per.min(p.groups() - g);
-            p.dot_groups_on(isa, g, n, black_box(&a), n_a, &prep, &mut |_, _, v| {
-                sum += v[0]
-            });
+            p.dot_groups_on(
+                isa,
+                hint,
+                g,
+                n,
+                black_box(&a),
+                n_a,
+                &prep,
+                &mut |_, _, v| sum += v[0],
+            );
             g += n;
         }
     });

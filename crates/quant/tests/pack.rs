@@ -12,7 +12,7 @@
 //! - A changed weight byte changes the result (the kernels read what they are given).
 
 use frink_gguf::GgmlType;
-use frink_quant::dot::pack::{block_bytes, Packed, GROUP};
+use frink_quant::dot::pack::{block_bytes, prefetch_hint, Packed, PrefetchHint, GROUP};
 use frink_quant::dot::{best_kernel, dot_scalar, quantize_activation, vec_dot_type, ActPrep, Isa};
 use half::f16;
 
@@ -82,12 +82,12 @@ fn acts(rng: &mut Rng, ty: GgmlType, n_a: usize, nb: usize, scale: f32, raw: boo
     a
 }
 
-/// Every result of `p.dot_groups_on(isa, ..)` for groups `g0 .. g0 + n_g`, as `[act
+/// Every result of `p.dot_groups_on(isa, hint, ..)` for groups `g0 .. g0 + n_g`, as `[act
 /// row][weight row]`, with the activation rows prepared by the type's best kernel
 /// (`prepared`) or not.
 fn products_on(
     p: &Packed,
-    isa: Isa,
+    (isa, hint): (Isa, PrefetchHint),
     (g0, n_g): (usize, usize),
     a: &[u8],
     n_a: usize,
@@ -100,7 +100,7 @@ fn products_on(
     } else {
         ActPrep::default()
     };
-    p.dot_groups_on(isa, g0, n_g, a, n_a, &prep, &mut |r, i, v| {
+    p.dot_groups_on(isa, hint, g0, n_g, a, n_a, &prep, &mut |r, i, v| {
         out[r][i..i + v.len()].copy_from_slice(v)
     });
     out
@@ -108,7 +108,7 @@ fn products_on(
 
 /// [`products_on`] by the machine's best kernels, the rows not prepared.
 fn products(p: &Packed, g0: usize, n_g: usize, a: &[u8], n_a: usize) -> Vec<Vec<f32>> {
-    products_on(p, Isa::best(), (g0, n_g), a, n_a, false)
+    products_on(p, (Isa::best(), prefetch_hint()), (g0, n_g), a, n_a, false)
 }
 
 /// The instruction sets with packed kernels that this machine runs (AVX2's group kernels,
@@ -173,9 +173,14 @@ fn packed_kernels_match_scalar_bit_for_bit() {
                     p.dot_groups_scalar(0, p.groups(), &a, n_a, &mut |r, i, v| {
                         twin[r][i..i + v.len()].copy_from_slice(v)
                     });
-                    for isa in isas() {
+                    // Every kernel with every prefetch hint (a hint changes no bit).
+                    let kernels = isas()
+                        .into_iter()
+                        .flat_map(|i| PrefetchHint::ALL.map(|h| (i, h)));
+                    for (isa, hint) in kernels {
                         for prepared in [false, true] {
-                            let got = products_on(&p, isa, (0, p.groups()), &a, n_a, prepared);
+                            let got =
+                                products_on(&p, (isa, hint), (0, p.groups()), &a, n_a, prepared);
                             for (r, got_r) in got.iter().enumerate() {
                                 let ar = &a[r * ab..(r + 1) * ab];
                                 for (i, g) in got_r.iter().enumerate() {
@@ -185,7 +190,7 @@ fn packed_kernels_match_scalar_bit_for_bit() {
                                     assert_eq!(
                                         (g.to_bits(), twin[r][i].to_bits()),
                                         (want.to_bits(), want.to_bits()),
-                                        "{ty} {rows}x{nb} blocks, {isa:?} (prepared: {prepared}), act row {r} of {n_a}, weight row {i}: {g:e} / scalar {want:e}"
+                                        "{ty} {rows}x{nb} blocks, {isa:?} {hint:?} (prepared: {prepared}), act row {r} of {n_a}, weight row {i}: {g:e} / scalar {want:e}"
                                     );
                                     compared += 1;
                                 }

@@ -337,20 +337,31 @@ impl AsyncWrite for Tracked {
     }
 }
 
+/// What the accept loop serves each request with: the gated router, cloned per
+/// connection.
+pub trait HttpService:
+    tower_service::Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static
+{
+}
+
+impl<S> HttpService for S where
+    S: tower_service::Service<Request, Response = Response, Error = Infallible>
+        + Clone
+        + Send
+        + 'static
+{
+}
+
 /// Accepts connections on `listener` and serves each with `service` until `stop` turns
 /// true; then drops the listener at once and returns (the connections finish on their
 /// own tasks). An accept error (out of file descriptors) is logged and retried after a
 /// short pause, never fatal.
-pub async fn accept_loop<S>(
+pub async fn accept_loop<S: HttpService>(
     listener: TcpListener,
     service: S,
     table: Arc<ConnTable>,
     mut stop: watch::Receiver<bool>,
 ) where
-    S: tower_service::Service<Request, Response = Response, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
     S::Future: Send + 'static,
 {
     let reaper = {
@@ -405,17 +416,13 @@ pub async fn accept_loop<S>(
 
 /// Serves one connection until it ends, is killed (idle, evicted) or, after `stop`, has
 /// finished the request it was answering.
-async fn serve_connection<S>(
+async fn serve_connection<S: HttpService>(
     stream: TcpStream,
     conn: Arc<Conn>,
     service: S,
     table: Arc<ConnTable>,
     mut stop: watch::Receiver<bool>,
 ) where
-    S: tower_service::Service<Request, Response = Response, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
     S::Future: Send + 'static,
 {
     let io = TokioIo::new(Tracked {

@@ -50,12 +50,24 @@ pub(crate) struct Prepared {
     pub(crate) model: String,
 }
 
+/// `POST /v1/chat/completions`.
 pub(crate) async fn chat_completions(State(st): St, body: Bytes) -> Response {
+    handle(st, body, Kind::Chat, prepare_chat).await
+}
+
+/// A completion request: its body parsed and `prepare`d off the HTTP threads, then
+/// queued and answered as `kind`.
+async fn handle(
+    st: Arc<AppState>,
+    body: Bytes,
+    kind: Kind,
+    prepare: fn(&AppState, &Map<String, Value>) -> Result<Prepared, ApiError>,
+) -> Response {
     let r = st
-        .offload(move |st| prepare_chat(st, &api::parse_object(&body)?))
+        .offload(move |st| prepare(st, &api::parse_object(&body)?))
         .await;
     match r {
-        Ok(p) => complete(&st, Kind::Chat, p).await,
+        Ok(p) => complete(&st, kind, p).await,
         Err(e) => e.into_response(),
     }
 }
@@ -243,14 +255,9 @@ pub(crate) fn chat_finish(reason: frink_engine::FinishReason, has_calls: bool) -
     }
 }
 
+/// `POST /v1/completions`.
 pub(crate) async fn completions(State(st): St, body: Bytes) -> Response {
-    let r = st
-        .offload(move |st| prepare_completion(st, &api::parse_object(&body)?))
-        .await;
-    match r {
-        Ok(p) => complete(&st, Kind::Text, p).await,
-        Err(e) => e.into_response(),
-    }
+    handle(st, body, Kind::Text, prepare_completion).await
 }
 
 /// A completion request (`prompt` as text or token ids) parsed and tokenized: what

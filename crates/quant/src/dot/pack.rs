@@ -208,6 +208,63 @@ pub fn preferred() -> bool {
     matches!(Isa::best(), Isa::Avx2 | Isa::Avx512Vnni)
 }
 
+/// The cache hint of the software prefetch in the packed group kernels (the decode path:
+/// up to [`PACKED_TILE_ROWS`] activation rows). Which is fastest is a property of the
+/// machine, not of the arithmetic (every hint gives the same bits): on an AMD Zen 5 VM
+/// `Nta` was 1.5-3.6% faster than `T0`; on an Intel Xeon VM (Sapphire Rapids class) `Nta`
+/// halved the decode speed and `T1` was the fastest (measurements at the kernels'
+/// `prefetch_bytes`). frink chooses it per machine by measuring
+/// (`frink_models::Model::calibrate`) unless told (`--prefetch`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PrefetchHint {
+    /// `prefetchnta`: into L1, marked for early eviction (the lines pass L2 and L3 by on
+    /// many parts).
+    Nta,
+    /// `prefetcht0`: into every cache level.
+    T0,
+    /// `prefetcht1`: into L2 (and L3), not L1.
+    T1,
+}
+
+impl PrefetchHint {
+    /// Every hint.
+    pub const ALL: [PrefetchHint; 3] = [PrefetchHint::Nta, PrefetchHint::T0, PrefetchHint::T1];
+
+    /// Its name on the command line and in the tuning cache: `nta`, `t0`, `t1`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PrefetchHint::Nta => "nta",
+            PrefetchHint::T0 => "t0",
+            PrefetchHint::T1 => "t1",
+        }
+    }
+
+    /// The hint named `s` ([`PrefetchHint::name`]).
+    pub fn parse(s: &str) -> Option<PrefetchHint> {
+        Self::ALL.into_iter().find(|h| h.name() == s)
+    }
+}
+
+/// The process's prefetch hint ([`set_prefetch_hint`]), as an index into
+/// [`PrefetchHint::ALL`].
+static PREFETCH_HINT: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Sets the prefetch hint of every later packed product in this process
+/// ([`Packed::dot_groups`]). It changes timing only, never a result.
+pub fn set_prefetch_hint(h: PrefetchHint) {
+    let i = PrefetchHint::ALL.iter().position(|&x| x == h).unwrap_or(0);
+    PREFETCH_HINT.store(i as u8, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The process's prefetch hint (`Nta` until [`set_prefetch_hint`] says otherwise).
+pub fn prefetch_hint() -> PrefetchHint {
+    let i = PREFETCH_HINT.load(std::sync::atomic::Ordering::Relaxed) as usize;
+    PrefetchHint::ALL
+        .get(i)
+        .copied()
+        .unwrap_or(PrefetchHint::Nta)
+}
+
 /// Activation rows above which packed groups are multiplied by the AVX-512 tile (on such
 /// a machine) rather than the group kernels: eight, every decode step (`SMALL_BATCH` in
 /// frink-models). The tile is faster on a cache-resident matrix (`tile_speed packed`, one
@@ -479,14 +536,15 @@ impl Packed {
         prep: &ActPrep,
         sink: &mut TileSink<'_>,
     ) {
-        self.dot_groups_on(Isa::best(), g0, n_g, acts, n_a, prep, sink);
+        self.dot_groups_on(Isa::best(), prefetch_hint(), g0, n_g, acts, n_a, prep, sink);
     }
 
-    /// [`Self::dot_groups`] by the kernels of `isa`: on [`Isa::Avx512Vnni`], products of
-    /// more than [`PACKED_TILE_ROWS`] rows by the 512-bit tile, the rest by the 512-bit
-    /// group kernels; on [`Isa::Avx2`], the AVX2 group kernels; the
-    /// scalar twin where `isa` is not available here or has no packed kernels. The same
-    /// bits whichever runs (the tests compare every available one with the twin).
+    /// [`Self::dot_groups`] by the kernels of `isa`, the group kernels prefetching with
+    /// `hint`: on [`Isa::Avx512Vnni`], products of more than [`PACKED_TILE_ROWS`] rows by
+    /// the 512-bit tile, the rest by the 512-bit group kernels; on [`Isa::Avx2`], the AVX2
+    /// group kernels; the scalar twin where `isa` is not available here or has no packed
+    /// kernels. The same bits whichever runs, whatever the hint (the tests compare every
+    /// available one with the twin).
     ///
     /// # Panics
     /// As [`Self::dot_groups`].
@@ -494,6 +552,7 @@ impl Packed {
     pub fn dot_groups_on(
         &self,
         isa: Isa,
+        hint: PrefetchHint,
         g0: usize,
         n_g: usize,
         acts: &[u8],
@@ -520,10 +579,10 @@ impl Packed {
         #[cfg(target_arch = "x86_64")]
         if matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) && isa.is_available() {
             let wide = isa == Isa::Avx512Vnni;
-            super::x86_pack::dot_groups(self, g0, n_g, acts, n_a, wide, sink);
+            super::x86_pack::dot_groups(self, g0, n_g, acts, n_a, (wide, hint), sink);
             return;
         }
-        let _ = (isa, prep);
+        let _ = (isa, prep, hint);
         self.dot_groups_scalar(g0, n_g, acts, n_a, sink);
     }
 

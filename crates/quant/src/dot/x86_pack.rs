@@ -30,7 +30,8 @@
 use std::arch::x86_64::*;
 
 use super::pack::{
-    Legacy, Packed, GROUP, Q4K_DMIN, Q4K_MINS, Q4K_QS, Q4K_SCALES, Q6K_D, Q6K_QH, Q6K_SCALES,
+    Legacy, Packed, PrefetchHint, GROUP, Q4K_DMIN, Q4K_MINS, Q4K_QS, Q4K_SCALES, Q6K_D, Q6K_QH,
+    Q6K_SCALES,
 };
 use super::x86_tile::{legacy_type, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use super::TileSink;
@@ -52,14 +53,15 @@ thread_local! {
 }
 
 /// See the module documentation: requires AVX2 + F16C and checked bounds; with `wide`
-/// (AVX-512 F/BW/VL/VNNI detected as well) the 512-bit kernels run.
+/// (AVX-512 F/BW/VL/VNNI detected as well) the 512-bit kernels run; the group kernels
+/// prefetch with `hint`.
 pub(super) fn dot_groups(
     p: &Packed,
     g0: usize,
     n_g: usize,
     acts: &[u8],
     n_a: usize,
-    wide: bool,
+    (wide, hint): (bool, PrefetchHint),
     sink: &mut TileSink<'_>,
 ) {
     let (pb, nb) = p.geometry();
@@ -67,21 +69,10 @@ pub(super) fn dot_groups(
     let legacy = p.ty().block_size() == 32;
     let ab = nb * if legacy { LAB } else { KAB };
     assert!((g0 + n_g) * nb * pb <= data.len() && acts.len() == n_a * ab);
-    let run: GroupFn = match p.ty() {
-        GgmlType::Q4_K if wide => group_q4_k_512,
-        GgmlType::Q4_K => group_q4_k,
-        GgmlType::Q6_K if wide => group_q6_k_512,
-        GgmlType::Q6_K => group_q6_k,
-        GgmlType::Q4_0 if wide => group_legacy_512::<Q4_0>,
-        GgmlType::Q4_1 if wide => group_legacy_512::<Q4_1>,
-        GgmlType::Q5_0 if wide => group_legacy_512::<Q5_0>,
-        GgmlType::Q5_1 if wide => group_legacy_512::<Q5_1>,
-        _ if wide => group_legacy_512::<Q8_0>,
-        GgmlType::Q4_0 => group_legacy::<Q4_0>,
-        GgmlType::Q4_1 => group_legacy::<Q4_1>,
-        GgmlType::Q5_0 => group_legacy::<Q5_0>,
-        GgmlType::Q5_1 => group_legacy::<Q5_1>,
-        _ => group_legacy::<Q8_0>,
+    let run: GroupFn = match hint {
+        PrefetchHint::Nta => group_fn_of::<NTA>(p.ty(), wide),
+        PrefetchHint::T0 => group_fn_of::<T0>(p.ty(), wide),
+        PrefetchHint::T1 => group_fn_of::<T1>(p.ty(), wide),
     };
     YSUMS.with_borrow_mut(|ys| {
         ys.clear();
@@ -133,6 +124,27 @@ pub(super) fn dot_groups(
     });
 }
 
+/// The group kernel for weight type `ty` (the 512-bit ones when `wide`) with prefetch hint
+/// `H` ([`NTA`], [`T0`], [`T1`]).
+fn group_fn_of<const H: u8>(ty: GgmlType, wide: bool) -> GroupFn {
+    match ty {
+        GgmlType::Q4_K if wide => group_q4_k_512::<H>,
+        GgmlType::Q4_K => group_q4_k::<H>,
+        GgmlType::Q6_K if wide => group_q6_k_512::<H>,
+        GgmlType::Q6_K => group_q6_k::<H>,
+        GgmlType::Q4_0 if wide => group_legacy_512::<H, Q4_0>,
+        GgmlType::Q4_1 if wide => group_legacy_512::<H, Q4_1>,
+        GgmlType::Q5_0 if wide => group_legacy_512::<H, Q5_0>,
+        GgmlType::Q5_1 if wide => group_legacy_512::<H, Q5_1>,
+        _ if wide => group_legacy_512::<H, Q8_0>,
+        GgmlType::Q4_0 => group_legacy::<H, Q4_0>,
+        GgmlType::Q4_1 => group_legacy::<H, Q4_1>,
+        GgmlType::Q5_0 => group_legacy::<H, Q5_0>,
+        GgmlType::Q5_1 => group_legacy::<H, Q5_1>,
+        _ => group_legacy::<H, Q8_0>,
+    }
+}
+
 /// The sum of each Q8_0 block's 32 quants of `acts` into `out` (one per block); whether
 /// no quant is -128.
 ///
@@ -164,24 +176,24 @@ unsafe fn block_sums(acts: &[u8], out: &mut [i32]) -> bool {
 type GroupFn =
     unsafe fn(*const u8, usize, [*const u8; RA], [*const i32; RA], usize, &mut [[f32; GROUP]; RA]);
 
-/// The row-count dispatch of a group kernel: `$f::<..., R>` for `R = k`.
+/// The row-count dispatch of a group kernel: `$f::<H, ..., R>` for `R = k`.
 macro_rules! by_rows {
     ($f:ident $(, $c:ident)?; $w:ident, $nb:ident, $a:ident, $ys:ident, $k:ident, $res:ident) => {
         match $k {
-            1 => $f::<$($c,)? 1>($w, $nb, [$a[0]], [$ys[0]], $res),
-            2 => $f::<$($c,)? 2>($w, $nb, [$a[0], $a[1]], [$ys[0], $ys[1]], $res),
-            3 => $f::<$($c,)? 3>($w, $nb, [$a[0], $a[1], $a[2]], [$ys[0], $ys[1], $ys[2]], $res),
-            _ => $f::<$($c,)? 4>($w, $nb, $a, $ys, $res),
+            1 => $f::<H, $($c,)? 1>($w, $nb, [$a[0]], [$ys[0]], $res),
+            2 => $f::<H, $($c,)? 2>($w, $nb, [$a[0], $a[1]], [$ys[0], $ys[1]], $res),
+            3 => $f::<H, $($c,)? 3>($w, $nb, [$a[0], $a[1], $a[2]], [$ys[0], $ys[1], $ys[2]], $res),
+            _ => $f::<H, $($c,)? 4>($w, $nb, $a, $ys, $res),
         }
     };
 }
 
-/// A [`GroupFn`] `$name` running `$rows` (generic over the legacy format `F` with `<F>`)
-/// on `k` rows through [`by_rows`].
+/// A [`GroupFn`] `$name` running `$rows` (generic over the prefetch hint `H`, and over the
+/// legacy format `F` with `<F>`) on `k` rows through [`by_rows`].
 macro_rules! group_fn {
     ($(#[$doc:meta])* $name:ident = $rows:ident) => {
         $(#[$doc])*
-        unsafe fn $name(
+        unsafe fn $name<const H: u8>(
             w: *const u8,
             nb: usize,
             a: [*const u8; RA],
@@ -195,7 +207,7 @@ macro_rules! group_fn {
     };
     ($(#[$doc:meta])* $name:ident<F> = $rows:ident) => {
         $(#[$doc])*
-        unsafe fn $name<const F: u8>(
+        unsafe fn $name<const H: u8, const F: u8>(
             w: *const u8,
             nb: usize,
             a: [*const u8; RA],
@@ -301,57 +313,84 @@ unsafe fn f16x8(p: *const u8) -> __m256 {
     _mm256_cvtph_ps(unsafe { _mm_loadu_si128(p.cast()) })
 }
 
-/// Bytes ahead of the block being read that every packed kernel prefetches (the K-quants
-/// an eighth of a block per chunk, the legacy formats a block's lines per block); the
-/// hardware prefetchers stop at page boundaries. A decode step streams each thread's
-/// groups as one run, so the distance sets how far ahead of its reads each core asks.
-/// Measured on an AMD Zen 5 VM, two threads, decode steps of the real-shape files
-/// alternating between distances in one process (medians over 40 rounds of 8 steps, ratio
-/// to the previous distances of two blocks: 2368 bytes for Q4_K, 3360 for Q6_K, 2048 for
-/// the legacy formats): 4096 bytes Qwen2.5-1.5B Q4_K_M 1.06, Q4_0 1.06, OLMoE 1.02,
+/// The prefetch hints of the group kernels, as their const parameter `H`
+/// ([`PrefetchHint`]): `prefetchnta`, `prefetcht0`, `prefetcht1`.
+const NTA: u8 = 0;
+const T0: u8 = 1;
+const T1: u8 = 2;
+
+/// Bytes ahead of the block being read that the packed kernels prefetch with hint `h` (the
+/// K-quants an eighth of a block per chunk, the legacy formats a block's lines per
+/// block); the hardware prefetchers stop at page boundaries. A decode step streams each
+/// thread's groups as one run, so the distance sets how far ahead of its reads each core
+/// asks.
+///
+/// `NTA`: 6144. Measured on an AMD Zen 5 VM, two threads, decode steps of the real-shape
+/// files alternating between distances in one process (medians over 40 rounds of 8 steps,
+/// ratio to the earlier two blocks: 2368 bytes for Q4_K, 3360 for Q6_K, 2048 for the
+/// legacy formats): 4096 bytes Qwen2.5-1.5B Q4_K_M 1.06, Q4_0 1.06, OLMoE 1.02,
 /// Gemma-3-1B 1.06; 6144 bytes 1.12, 1.09, 1.02, 1.05; 8192 bytes 1.15, 1.07, 1.00, 1.02.
 /// (On a Zen 1 VM, one core, two blocks had read as fast as four.)
-const PREFETCH_BYTES: usize = 6144;
-
-/// Prefetches the `len` bytes from `p`: one prefetch per 64 bytes from `p`, no line
-/// arithmetic (with `len` a constant the loop unrolls to `ceil(len / 64)` instructions).
-/// Over consecutive ranges every line is prefetched: a byte's line holds one of its
-/// range's prefetched addresses or the next range's first. A prefetch never faults, so
-/// the range may pass the matrix's end. Against exactly one prefetch per line, found by
-/// dividing offsets (about ten instructions of arithmetic per block or chunk), one core of
-/// an AMD Zen 5 VM decodes a cache-resident matrix faster (`tile_speed packed`, one row,
-/// GB/s, three alternating runs): Q4_K 1536x8960 43.4-44.1 -> 51.2-53.1, Q4_0 8960x1536
-/// 33.9-34.8 -> 40.5-41.5, Q8_0 48.6-50.7 -> 58.5-61.6, Q5_0 28.7-29.6 -> 33.0-34.2, Q6_K
-/// 41.9-44.8 -> 44.1-44.7.
 ///
-/// The hint is non-temporal (`prefetchnta`): a decode step reads each weight once, so
-/// its lines need not displace from L2 and L3 what the serial work between the parallel
-/// steps reads next (the KV cache, norms, activations, scratch). Against `T0`, kernels
-/// alternating token by token in one process (AMD Zen 5 VM, 2 threads, median token
-/// time over 384 tokens): OLMoE-1B-7B Q4_K_M 18117 -> 17637, 17362 -> 16739 and 19149
-/// -> 18925 us, Qwen2.5-1.5B Q4_K_M 24187 -> 23843, Q4_0 20876 -> 20314, Q8_0 24271
-/// -> 24075, Gemma-3-1B 18212 -> 17741, Llama-3.1-8B 100180 -> 98990, smollm2-135m
-/// 2176 -> 2137, qwen2.5-coder-0.5b 8714 -> 8498; eight sequences' steps
-/// (Qwen2.5-1.5B Q4_K_M) 43842 -> 43774 and 42506 -> 41993 us. With the AVX2 kernels
-/// (the same runs, forced) within the noise: Qwen2.5-1.5B Q4_K_M 15981 -> 16547, 16355
-/// -> 16513 and 20948 -> 20311 us, Q4_0 16011 -> 16170, OLMoE 16757 -> 16729,
-/// Gemma-3-1B 15199 -> 14771.
+/// `T0`: 2048 and `T1`: 6144, measured on an Intel Xeon VM (Sapphire Rapids class, two
+/// threads, decode steps alternating in one process, Qwen2.5-1.5B-shaped Q4_K_M, step
+/// time relative to the stored layout's, one sequence / four): T0 1024 0.83, 1536 0.85,
+/// 2048 0.84-0.93 / 1.27, 3072 0.82, 4096 0.78, 6144 0.80 / 1.22; T1 2048 0.87 / 1.29,
+/// 4096 0.88, 6144 0.88-0.91 / 1.34, 8192 0.88; NTA 6144 0.48 / 0.89.
+const fn prefetch_bytes(h: u8) -> usize {
+    match h {
+        T0 => 2048,
+        _ => 6144,
+    }
+}
+
+/// Prefetches the `len` bytes from `p` with hint `H`: one prefetch per 64 bytes from `p`,
+/// no line arithmetic (with `len` a constant the loop unrolls to `ceil(len / 64)`
+/// instructions). Over consecutive ranges every line is prefetched: a byte's line holds
+/// one of its range's prefetched addresses or the next range's first. A prefetch never
+/// faults, so the range may pass the matrix's end. Against exactly one prefetch per line,
+/// found by dividing offsets (about ten instructions of arithmetic per block or chunk),
+/// one core of an AMD Zen 5 VM decodes a cache-resident matrix faster (`tile_speed
+/// packed`, one row, GB/s, three alternating runs): Q4_K 1536x8960 43.4-44.1 -> 51.2-53.1,
+/// Q4_0 8960x1536 33.9-34.8 -> 40.5-41.5, Q8_0 48.6-50.7 -> 58.5-61.6, Q5_0 28.7-29.6 ->
+/// 33.0-34.2, Q6_K 41.9-44.8 -> 44.1-44.7.
+///
+/// Which hint is fastest depends on the machine ([`PrefetchHint`]). Non-temporal
+/// (`prefetchnta`): a decode step reads each weight once, so its lines need not displace
+/// from L2 and L3 what the serial work between the parallel steps reads next (the KV
+/// cache, norms, activations, scratch). Against `T0`, kernels alternating token by token
+/// in one process (AMD Zen 5 VM, 2 threads, median token time over 384 tokens): OLMoE-1B-7B
+/// Q4_K_M 18117 -> 17637, 17362 -> 16739 and 19149 -> 18925 us, Qwen2.5-1.5B Q4_K_M 24187
+/// -> 23843, Q4_0 20876 -> 20314, Q8_0 24271 -> 24075, Gemma-3-1B 18212 -> 17741,
+/// Llama-3.1-8B 100180 -> 98990, smollm2-135m 2176 -> 2137, qwen2.5-coder-0.5b 8714 ->
+/// 8498; eight sequences' steps (Qwen2.5-1.5B Q4_K_M) 43842 -> 43774 and 42506 -> 41993
+/// us. On an Intel Xeon VM (Sapphire Rapids class) the same hint halves the decode speed
+/// (0.48 of the stored layout's, above; there a non-temporal line goes to L1 alone and is
+/// gone before its use, and the L2 streamer is not trained by it), and `T1` (into L2) is
+/// the fastest of the three.
 #[inline(always)]
-fn prefetch_span(p: *const u8, len: usize) {
+fn prefetch_span<const H: u8>(p: *const u8, len: usize) {
     let mut o = 0;
     while o < len {
+        let a = p.wrapping_add(o).cast();
         // SAFETY: `_mm_prefetch` is a hint that reads no memory architecturally; the
         // pointer is only computed (wrapping), never dereferenced.
-        unsafe { _mm_prefetch::<_MM_HINT_NTA>(p.wrapping_add(o).cast()) };
+        unsafe {
+            match H {
+                NTA => _mm_prefetch::<_MM_HINT_NTA>(a),
+                T0 => _mm_prefetch::<_MM_HINT_T0>(a),
+                _ => _mm_prefetch::<_MM_HINT_T1>(a),
+            }
+        }
         o += 64;
     }
 }
 
-/// Prefetches chunk `c`'s eighth of the `pb`-byte block that lies [`PREFETCH_BYTES`]
+/// Prefetches chunk `c`'s eighth of the `pb`-byte block that lies [`prefetch_bytes`]`(H)`
 /// after `p` (the K-quant kernels, one call per chunk; `pb` a multiple of 8).
 #[inline(always)]
-fn prefetch_chunk(p: *const u8, pb: usize, c: usize) {
-    prefetch_span(p.wrapping_add(PREFETCH_BYTES + c * (pb / 8)), pb / 8);
+fn prefetch_chunk<const H: u8>(p: *const u8, pb: usize, c: usize) {
+    prefetch_span::<H>(p.wrapping_add(prefetch_bytes(H) + c * (pb / 8)), pb / 8);
 }
 
 /// Adds block value `v` of block `b` into accumulator `b % 8` of each row.
@@ -383,7 +422,7 @@ fn finish<const R: usize>(acc: &[[__m256; 8]; R], out: &mut [[f32; GROUP]; RA]) 
 /// # Safety
 /// As [`group_q4_k`].
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn rows_q4_k<const R: usize>(
+unsafe fn rows_q4_k<const H: u8, const R: usize>(
     w: *const u8,
     nb: usize,
     a: [*const u8; R],
@@ -401,7 +440,7 @@ unsafe fn rows_q4_k<const R: usize>(
             let ab = a.map(|x| x.add(b * KAB));
             let mut sumi = [_mm256_setzero_si256(); R];
             for c in 0..8 {
-                prefetch_chunk(p, super::pack::Q4K_BYTES, c);
+                prefetch_chunk::<H>(p, super::pack::Q4K_BYTES, c);
                 let mut s16 = [_mm256_setzero_si256(); R];
                 for s in 0..4 {
                     let wv = _mm256_loadu_si256(p.add(Q4K_QS + (4 * c + s) * 32).cast());
@@ -506,7 +545,7 @@ fn nibble_pairs() -> [__m512i; 4] {
 /// # Safety
 /// AVX-512 F/BW/VL/VNNI + AVX2 + F16C; as [`group_q4_k`] otherwise.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
-unsafe fn rows_q4_k_512<const R: usize>(
+unsafe fn rows_q4_k_512<const H: u8, const R: usize>(
     w: *const u8,
     nb: usize,
     a: [*const u8; R],
@@ -524,7 +563,7 @@ unsafe fn rows_q4_k_512<const R: usize>(
             let ab = a.map(|x| x.add(b * KAB));
             let mut sumi = [_mm512_setzero_si512(); R];
             for c in 0..8 {
-                prefetch_chunk(p, super::pack::Q4K_BYTES, c);
+                prefetch_chunk::<H>(p, super::pack::Q4K_BYTES, c);
                 let q = p.add(Q4K_QS + 128 * c);
                 let (w01, w23) = (
                     _mm512_loadu_si512(q.cast()),
@@ -562,7 +601,7 @@ unsafe fn rows_q4_k_512<const R: usize>(
 /// # Safety
 /// As [`group_q6_k`].
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn rows_q6_k<const R: usize>(
+unsafe fn rows_q6_k<const H: u8, const R: usize>(
     w: *const u8,
     nb: usize,
     a: [*const u8; R],
@@ -582,7 +621,7 @@ unsafe fn rows_q6_k<const R: usize>(
             // main loop).
             let mut sumi = q6_k_offsets(p, ab);
             for c in 0..8 {
-                prefetch_chunk(p, super::pack::Q6K_BYTES, c);
+                prefetch_chunk::<H>(p, super::pack::Q6K_BYTES, c);
                 let qhl = _mm256_loadu_si256(p.add(Q6K_QH + 64 * c).cast());
                 let qhh = _mm256_loadu_si256(p.add(Q6K_QH + 64 * c + 32).cast());
                 let scp = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(Q6K_SCALES + 16 * c).cast()));
@@ -689,7 +728,7 @@ unsafe fn q6_k_values<const R: usize>(
 /// # Safety
 /// AVX-512 F/BW/VL/VNNI + AVX2 + F16C; as [`group_q6_k`] otherwise.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
-unsafe fn rows_q6_k_512<const R: usize>(
+unsafe fn rows_q6_k_512<const H: u8, const R: usize>(
     w: *const u8,
     nb: usize,
     a: [*const u8; R],
@@ -717,7 +756,7 @@ unsafe fn rows_q6_k_512<const R: usize>(
             let off = q6_k_offsets(p, ab);
             let mut sumi = [_mm512_setzero_si512(); R];
             for c in 0..8 {
-                prefetch_chunk(p, super::pack::Q6K_BYTES, c);
+                prefetch_chunk::<H>(p, super::pack::Q6K_BYTES, c);
                 let q = p.add(128 * c);
                 let (w01, w23) = (
                     _mm512_loadu_si512(q.cast()),
@@ -805,7 +844,7 @@ unsafe fn f16_bcast(p: *const u8) -> __m256 {
 /// # Safety
 /// As [`group_legacy`].
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn rows_legacy<const F: u8, const R: usize>(
+unsafe fn rows_legacy<const H: u8, const F: u8, const R: usize>(
     w: *const u8,
     nb: usize,
     a: [*const u8; R],
@@ -823,7 +862,7 @@ unsafe fn rows_legacy<const F: u8, const R: usize>(
         // of its sums (caller); every offset below is inside its block.
         unsafe {
             let p = w.add(b * l.bytes);
-            prefetch_span(p.wrapping_add(PREFETCH_BYTES), l.bytes);
+            prefetch_span::<H>(p.wrapping_add(prefetch_bytes(H)), l.bytes);
             let ab = a.map(|x| x.add(b * LAB));
             let mut isum = [_mm256_setzero_si256(); R];
             if F == Q8_0 {
@@ -972,7 +1011,7 @@ fn halves16(a: i16, b: i16) -> __m512i {
 /// # Safety
 /// AVX-512 F/BW/VL/VNNI + AVX2 + F16C; as [`group_legacy`] otherwise.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
-unsafe fn rows_legacy_512<const F: u8, const R: usize>(
+unsafe fn rows_legacy_512<const H: u8, const F: u8, const R: usize>(
     w: *const u8,
     nb: usize,
     a: [*const u8; R],
@@ -1003,7 +1042,7 @@ unsafe fn rows_legacy_512<const F: u8, const R: usize>(
         // of its sums (caller); every offset below is inside its block.
         unsafe {
             let p = w.add(b * l.bytes);
-            prefetch_span(p.wrapping_add(PREFETCH_BYTES), l.bytes);
+            prefetch_span::<H>(p.wrapping_add(prefetch_bytes(H)), l.bytes);
             let ab = a.map(|x| x.add(b * LAB));
             let y: [__m512i; R] =
                 ab.map(|x| _mm512_castsi256_si512(_mm256_loadu_si256(x.add(2).cast())));
