@@ -10,8 +10,8 @@
 //!   client out. When every open connection is answering a request, a few more are
 //!   admitted for `/health` alone (anything else gets a 503 in the JSON error shape and
 //!   the connection closes), and beyond those a new connection gets that 503 at once.
-//! - **A header-read timeout** (`--header-timeout`): hyper ends a connection whose request
-//!   head is not complete in time (headers sent a byte at a time).
+//! - **A header-read timeout** (`--header-timeout`): a connection whose request head is not
+//!   whole that long after its first byte is closed (headers sent a byte at a time).
 //! - **An idle timeout** (`--idle-timeout`): a connection answering nothing, and neither
 //!   reading nor writing a byte for that long, is closed (keep-alive connections between
 //!   requests, connections that never send anything).
@@ -81,6 +81,10 @@ pub struct Conn {
     answering: AtomicUsize,
     /// A request body is being read (the body timeout, not the idle one, governs it).
     receiving: AtomicBool,
+    /// Milliseconds + 1 at which the first byte of a request head arrived (set by a read
+    /// on a connection with no request in hand, cleared when hyper hands the request
+    /// over, its head whole); 0: no head arriving. The header timeout counts from it.
+    head_started: AtomicU64,
     /// Milliseconds + 1 at which a write first found the socket full; 0: not blocked.
     write_blocked: AtomicU64,
     /// Closes the connection.
@@ -118,10 +122,28 @@ impl Conn {
         Answering(Arc::clone(self))
     }
 
+    /// Records that a request's head is whole (hyper handed the request over): the header
+    /// timeout no longer applies to it.
+    fn head_whole(&self) {
+        self.head_started.store(0, Ordering::SeqCst);
+    }
+
     /// Marks a request body as arriving until the guard drops.
     pub fn receiving(self: &Arc<Self>) -> Receiving {
         self.receiving.store(true, Ordering::SeqCst);
         Receiving(Arc::clone(self))
+    }
+
+    /// Records bytes read: on a connection with no request in hand they begin a request
+    /// head, and the header timeout starts.
+    fn read_some(&self) {
+        self.touch();
+        if !self.busy() && !self.receiving.load(Ordering::SeqCst) {
+            let now = self.now_ms() + 1;
+            let _ = self
+                .head_started
+                .compare_exchange(0, now, Ordering::SeqCst, Ordering::SeqCst);
+        }
     }
 
     /// Records the outcome of a write: progress clears the blocked mark, a full socket
@@ -247,6 +269,7 @@ impl ConnTable {
             last_io: AtomicU64::new(self.now_ms()),
             answering: AtomicUsize::new(0),
             receiving: AtomicBool::new(false),
+            head_started: AtomicU64::new(0),
             write_blocked: AtomicU64::new(0),
             kill: Notify::new(),
             overflow,
@@ -259,22 +282,26 @@ impl ConnTable {
         self.lock().remove(&id);
     }
 
-    /// Closes the connections past the idle or the send timeout.
+    /// Closes the connections past the header, idle or send timeout.
     fn reap(&self) {
         let now = self.now_ms();
+        let header = self.limits.header_timeout.as_millis() as u64;
         let idle = self.limits.idle_timeout.as_millis() as u64;
         let send = self.limits.io_timeout.as_millis() as u64;
+        let since = |at: u64| (at != 0).then(|| now.saturating_sub(at - 1));
         let mut open = self.lock();
         open.retain(|_, c| {
             let quiet = now.saturating_sub(c.last_io.load(Ordering::Relaxed));
-            let idle_expired = !c.busy() && !c.receiving.load(Ordering::SeqCst) && quiet >= idle;
-            let blocked = c.write_blocked.load(Ordering::Relaxed);
-            let send_expired = blocked != 0 && now.saturating_sub(blocked - 1) >= send;
-            if idle_expired || send_expired {
+            let waiting = !c.busy() && !c.receiving.load(Ordering::SeqCst);
+            let head = since(c.head_started.load(Ordering::SeqCst));
+            let expired = (waiting && head.is_some_and(|t| t >= header))
+                || (waiting && head.is_none() && quiet >= idle)
+                || since(c.write_blocked.load(Ordering::Relaxed)).is_some_and(|t| t >= send);
+            if expired {
                 c.kill.notify_one();
                 self.timed_out.fetch_add(1, Ordering::Relaxed);
             }
-            !(idle_expired || send_expired)
+            !expired
         });
     }
 }
@@ -295,7 +322,7 @@ impl AsyncRead for Tracked {
         let before = buf.filled().len();
         let r = Pin::new(&mut this.inner).poll_read(cx, buf);
         if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            this.conn.touch();
+            this.conn.read_some();
         }
         r
     }
@@ -431,15 +458,18 @@ async fn serve_connection<S: HttpService>(
     });
     let handle = ConnHandle(Arc::clone(&conn));
     let svc = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+        // hyper hands a request over once its head is whole.
+        handle.0.head_whole();
         let mut req = req.map(Body::new);
         req.extensions_mut().insert(handle.clone());
         let mut service = service.clone();
         tower_service::Service::call(&mut service, req)
     });
+    // The header timeout is the reaper's (it counts from a head's first byte: hyper's
+    // counts from the start of the wait, which would close idle keep-alive connections
+    // after the header timeout rather than the idle one).
     let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(table.limits.header_timeout);
+    builder.timer(TokioTimer::new()).header_read_timeout(None);
     let served = builder.serve_connection(io, svc);
     tokio::pin!(served);
     let mut stopping = false;
@@ -585,6 +615,60 @@ mod tests {
             .unwrap();
             assert!(got > SIZE, "{got} bytes of an answer of {SIZE}");
             assert_eq!(table.timed_out.load(Ordering::Relaxed), 0);
+        });
+    }
+
+    /// The header timeout counts from a head's first byte, not from the wait before it: a
+    /// keep-alive connection idle between requests lives for the idle timeout (a user
+    /// found idle connections closed at the header timeout's 10 s, not the idle 30 s).
+    #[test]
+    fn keep_alive_lives_for_the_idle_timeout_and_slow_heads_die_at_the_header_timeout() {
+        use std::io::Read;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let port = listener.local_addr().unwrap().port();
+            let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+            let mut l = limits(8);
+            l.header_timeout = Duration::from_millis(300);
+            l.idle_timeout = Duration::from_millis(1500);
+            let table = Arc::new(ConnTable::new(l));
+            let (_stop_tx, stop_rx) = watch::channel(false);
+            tokio::spawn(accept_loop(listener, app, Arc::clone(&table), stop_rx));
+            let (second, slow_cut) = tokio::task::spawn_blocking(move || {
+                let ask = |s: &mut std::net::TcpStream| -> bool {
+                    if s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").is_err() {
+                        return false;
+                    }
+                    let mut b = [0u8; 512];
+                    s.read(&mut b)
+                        .is_ok_and(|n| n > 0 && b[..n].ends_with(b"ok"))
+                };
+                let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                assert!(ask(&mut s));
+                // Past the header timeout, inside the idle one: still served.
+                std::thread::sleep(Duration::from_millis(800));
+                let second = ask(&mut s);
+                // A head that never ends: cut at the header timeout.
+                let mut slow = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+                slow.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                slow.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+                let t0 = Instant::now();
+                let mut b = [0u8; 64];
+                let _ = slow.read(&mut b);
+                (second, t0.elapsed())
+            })
+            .await
+            .unwrap();
+            assert!(
+                second,
+                "a keep-alive connection was closed at the header timeout"
+            );
+            assert!(slow_cut < Duration::from_millis(1200), "{slow_cut:?}");
         });
     }
 
