@@ -50,6 +50,10 @@ pub struct ModelArgs {
     /// (`$FRINK_HOME/tuning.json`), and save the result.
     #[arg(long = "recalibrate", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
     pub recalibrate: bool,
+    /// Where the model runs: `auto` (the GPU when one is usable and runs the model, else
+    /// the CPU), `cpu`, `cuda` or `cuda:N` (README, "GPUs").
+    #[arg(long = "device", env = "FRINK_DEVICE", default_value = "auto", value_parser = crate::device::parse_device)]
+    pub device: crate::device::Device,
     /// Sequences a decode step of this command carries: what the decode path is measured
     /// with (0: the command does not decode; nothing is measured). Set by the command.
     #[arg(skip = 1usize)]
@@ -123,6 +127,7 @@ impl ModelArgs {
     ) -> Result<(Model, crate::tune::Decision)> {
         use crate::tune::{self, Decision, How};
         use frink_models::tune::DecodePath;
+        crate::device::resolve(self.device)?;
         init_threads(self.threads)?;
         let forced = if self.no_repack {
             Some((DecodePath::Stored, "--no-repack"))

@@ -7,6 +7,7 @@
 mod bench;
 mod chat;
 mod common;
+mod device;
 mod embed;
 mod inspect;
 mod logits;
@@ -98,6 +99,9 @@ enum Command {
         /// Compute threads.
         #[arg(short = 't', long = "threads", env = "FRINK_THREADS")]
         threads: Option<usize>,
+        /// Where the model runs: auto, cpu, cuda or cuda:N.
+        #[arg(long = "device", env = "FRINK_DEVICE", default_value = "auto", value_parser = device::parse_device)]
+        device: device::Device,
     },
     /// Remove a model from the store (a catalog name or `hf:ORG/REPO/FILE.gguf`).
     Rm {
@@ -109,6 +113,13 @@ enum Command {
     Show {
         /// Catalog name, `hf:` name (fetched on first use) or path to a .gguf file.
         model: String,
+    },
+    /// List the GPUs (name, memory, compute capability), the driver and NVRTC versions,
+    /// and where each library was found (or where it was looked for).
+    Devices {
+        /// Print one JSON object instead of text.
+        #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = ArgAction::Set, default_value_t = false)]
+        json: bool,
     },
     /// List the catalog and which models are in the store.
     List {
@@ -182,6 +193,7 @@ fn run(cli: Cli) -> Result<()> {
             golden,
             kv_type,
             threads,
+            device,
         } => {
             let args = common::ModelArgs {
                 model: model
@@ -197,9 +209,11 @@ fn run(cli: Cli) -> Result<()> {
                 prefetch: None,
                 recalibrate: false,
                 decode_seqs: 0,
+                device,
             };
             verify::run(&args, model.is_some(), &golden, kv_type)
         }
+        Command::Devices { json } => device::list(json),
         Command::Pull { name } => {
             let path = store.pull(&name)?;
             println!("{}", path.display());
