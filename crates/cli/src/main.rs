@@ -22,7 +22,7 @@ mod verify;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use clap::{ArgAction, Parser, Subcommand};
+use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand};
 use frink_store::Store;
 
 #[derive(Parser)]
@@ -142,13 +142,17 @@ fn main() -> ExitCode {
         .init();
     // llama.cpp spells the draft model `-md`, two letters behind one dash, which clap
     // would read as `-m d`: it is `--draft-model` here.
-    let cli = Cli::parse_from(std::env::args_os().map(|a| {
+    let args = std::env::args_os().map(|a| {
         if a == "-md" {
             "--draft-model".into()
         } else {
             a
         }
-    }));
+    });
+    let cli = with_env(Cli::command())
+        .try_get_matches_from(args)
+        .and_then(|m| Cli::from_arg_matches(&m))
+        .unwrap_or_else(|e| e.exit());
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -158,6 +162,32 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// The environment variable of option `--long`: `FRINK_` and the name in capitals, `-` as
+/// `_` (`--kv-type` reads `FRINK_KV_TYPE`): CONTRACT.md's rule, for every option of every
+/// command.
+pub fn env_name(long: &str) -> String {
+    format!("FRINK_{}", long.to_ascii_uppercase().replace('-', "_"))
+}
+
+/// `cmd` with every option of every (sub)command also read from [`env_name`] of its long
+/// name, where it names none itself (the one place the variables are declared; `--help`
+/// and `--version` excepted).
+fn with_env(cmd: clap::Command) -> clap::Command {
+    let cmd = cmd.mut_args(|a| match a.get_long() {
+        Some(long) if a.get_env().is_none() && long != "help" && long != "version" => {
+            let name = env_name(long);
+            a.env(name)
+        }
+        _ => a,
+    });
+    let subs: Vec<String> = cmd
+        .get_subcommands()
+        .map(|s| s.get_name().to_string())
+        .collect();
+    subs.into_iter()
+        .fold(cmd, |c, name| c.mut_subcommand(name, with_env))
 }
 
 fn run(cli: Cli) -> Result<()> {
@@ -264,5 +294,35 @@ fn run(cli: Cli) -> Result<()> {
             println!("{}", info.show());
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every option of every command reads `FRINK_<NAME>` (CONTRACT.md), the name by the
+    /// one rule.
+    #[test]
+    fn every_option_of_every_command_has_its_environment_variable() {
+        fn walk(cmd: &clap::Command, path: &str, checked: &mut usize) {
+            for a in cmd.get_arguments() {
+                let Some(long) = a.get_long() else { continue };
+                if long == "help" || long == "version" {
+                    continue;
+                }
+                let env = a.get_env().map(|e| e.to_string_lossy().into_owned());
+                assert_eq!(env, Some(env_name(long)), "{path} --{long}");
+                *checked += 1;
+            }
+            for s in cmd.get_subcommands() {
+                walk(s, &format!("{path} {}", s.get_name()), checked);
+            }
+        }
+        let mut cmd = with_env(Cli::command());
+        cmd.build();
+        let mut checked = 0;
+        walk(&cmd, "frink", &mut checked);
+        assert!(checked > 100, "only {checked} options found");
     }
 }

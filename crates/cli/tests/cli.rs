@@ -321,3 +321,32 @@ fn bench_depth_and_lists() {
         "peak RSS with depth 2048: {deep}, without: {shallow}"
     );
 }
+
+/// Every option is also read from `FRINK_<NAME>` (here `--n-predict`, `--raw` and
+/// `--greedy` of `run`); a flag given on the command line wins over its variable.
+#[test]
+fn options_are_read_from_their_environment_variables() {
+    let run = |env: &[(&str, &str)], args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_frink"))
+            .args(["run", "--json"])
+            .args(args)
+            .arg("Hi")
+            .env_remove("RUST_LOG")
+            .env_remove("FRINK_MODEL")
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        last_json_line(&out)
+    };
+    let env = [
+        ("FRINK_N_PREDICT", "3"),
+        ("FRINK_RAW", "true"),
+        ("FRINK_GREEDY", "true"),
+    ];
+    let v = run(&env, &[]);
+    assert_eq!(v["ids"].as_array().map(Vec::len), Some(3), "{v}");
+    assert_eq!(v["prompt_ids"].as_array().map(Vec::len), Some(1), "raw: {v}");
+    let v = run(&env, &["-n", "5"]);
+    assert_eq!(v["ids"].as_array().map(Vec::len), Some(5), "{v}");
+}
