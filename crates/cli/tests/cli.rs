@@ -346,7 +346,11 @@ fn options_are_read_from_their_environment_variables() {
     ];
     let v = run(&env, &[]);
     assert_eq!(v["ids"].as_array().map(Vec::len), Some(3), "{v}");
-    assert_eq!(v["prompt_ids"].as_array().map(Vec::len), Some(1), "raw: {v}");
+    assert_eq!(
+        v["prompt_ids"].as_array().map(Vec::len),
+        Some(1),
+        "raw: {v}"
+    );
     let v = run(&env, &["-n", "5"]);
     assert_eq!(v["ids"].as_array().map(Vec::len), Some(5), "{v}");
 }

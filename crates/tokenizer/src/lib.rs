@@ -378,11 +378,6 @@ impl Tokenizer {
         &self.vocab.eog
     }
 
-    /// The special token ids.
-    pub fn special_tokens(&self) -> &SpecialTokens {
-        &self.vocab.special
-    }
-
     /// BOS id, if any.
     pub fn bos_id(&self) -> Option<u32> {
         self.vocab.special.bos

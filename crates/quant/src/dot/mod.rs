@@ -379,11 +379,6 @@ impl std::fmt::Debug for DotKernel {
 }
 
 impl DotKernel {
-    /// The weight type.
-    pub fn weight_type(&self) -> GgmlType {
-        self.ty
-    }
-
     /// The activation type its rows must be quantized to.
     pub fn act_type(&self) -> GgmlType {
         self.act
