@@ -578,14 +578,16 @@ impl GenArgs {
         usize::try_from(self.n_predict).unwrap_or(usize::MAX)
     }
 
-    /// Refuses a prompt that leaves no room in the context, naming both lengths.
+    /// Refuses a prompt that leaves no room in the context, naming both lengths: the
+    /// scheduler's one rule ([`frink_engine::scheduler::PromptLimit`]) for a cache of
+    /// `--ctx` positions.
     pub fn check_fits(&self, n_prompt: usize) -> Result<()> {
-        anyhow::ensure!(
-            n_prompt < self.ctx,
-            "the prompt is {n_prompt} tokens, the context holds {} (raise --ctx)",
-            self.ctx
-        );
-        Ok(())
+        frink_engine::scheduler::PromptLimit {
+            n_ctx: self.ctx,
+            kv_positions: usize::MAX,
+        }
+        .check(n_prompt)
+        .map_err(|e| anyhow::anyhow!("{e}"))
     }
 }
 

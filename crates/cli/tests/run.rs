@@ -121,7 +121,10 @@ fn prompt_longer_than_the_context_is_refused() {
     ]);
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
-    assert!(err.contains("the context holds 4"), "{err}");
+    assert!(
+        err.contains("the prompt is 7 tokens, longer than the context of 4 tokens (--ctx)"),
+        "{err}"
+    );
     assert!(out.stdout.is_empty());
     // Generation that reaches the context stops there with finish_reason "length".
     let v = json_run(&[

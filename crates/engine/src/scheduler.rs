@@ -146,7 +146,75 @@ impl Propose for LazyDraft<'_> {
 /// rows at nearly the cost of one; past that, rows cost their share.
 pub const SPEC_ROWS: usize = 8;
 
+/// The prompt lengths a scheduler can run: the one rule its admission and the server's
+/// request checks read ([`PromptLimit::check`]). A prompt must leave a position to
+/// generate into, in the per-request context and in the shared KV pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PromptLimit {
+    /// Positions one request may use (`--ctx`).
+    pub n_ctx: usize,
+    /// Positions of the whole KV pool.
+    pub kv_positions: usize,
+}
+
+/// Why a prompt cannot run ([`PromptLimit::check`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PromptError {
+    /// No token.
+    #[error("the prompt is empty")]
+    Empty,
+    /// `n` tokens leave no position in the context of `n_ctx`.
+    #[error("the prompt is {n} tokens, longer than the context of {n_ctx} tokens (--ctx)")]
+    Context {
+        /// Tokens.
+        n: usize,
+        /// The context.
+        n_ctx: usize,
+    },
+    /// `n` tokens leave no position in the KV pool of `positions`.
+    #[error(
+        "the prompt is {n} tokens, longer than the KV pool of {positions} positions (--kv-size)"
+    )]
+    Pool {
+        /// Tokens.
+        n: usize,
+        /// The pool's positions.
+        positions: usize,
+    },
+}
+
+impl PromptLimit {
+    /// Whether a prompt of `n` tokens can run.
+    ///
+    /// Errors: [`PromptError`] saying which limit it passes.
+    pub fn check(&self, n: usize) -> Result<(), PromptError> {
+        if n == 0 {
+            Err(PromptError::Empty)
+        } else if n >= self.n_ctx {
+            Err(PromptError::Context {
+                n,
+                n_ctx: self.n_ctx,
+            })
+        } else if n >= self.kv_positions {
+            Err(PromptError::Pool {
+                n,
+                positions: self.kv_positions,
+            })
+        } else {
+            Ok(())
+        }
+    }
+}
+
 impl SchedulerConfig {
+    /// The prompt lengths this configuration runs.
+    pub fn prompt_limit(&self) -> PromptLimit {
+        PromptLimit {
+            n_ctx: self.n_ctx,
+            kv_positions: self.kv_blocks() * frink_models::KV_BLOCK,
+        }
+    }
+
     /// Blocks of the KV pool: `kv_size` positions, or `parallel × n_ctx`, rounded up to
     /// whole blocks.
     pub fn kv_blocks(&self) -> usize {
@@ -1333,25 +1401,14 @@ impl<'t> Worker<'t> {
                 .send(Event::Cancelled("the server is shutting down".into()));
             return;
         }
-        let n = req.prompt.len();
         let n_vocab = self.model.config.n_vocab;
-        let pool = self.pool.n_blocks * frink_models::KV_BLOCK;
-        let error = if n == 0 {
-            Some("the prompt is empty".to_string())
-        } else if n >= self.config.n_ctx {
-            Some(format!(
-                "the prompt is {n} tokens, the context holds {}",
-                self.config.n_ctx
-            ))
-        } else if n >= pool {
-            Some(format!(
-                "the prompt is {n} tokens, the KV pool holds {pool} positions"
-            ))
-        } else {
-            req.prompt
+        let error = match self.config.prompt_limit().check(req.prompt.len()) {
+            Err(e) => Some(e.to_string()),
+            Ok(()) => req
+                .prompt
                 .iter()
                 .find(|&&t| t as usize >= n_vocab)
-                .map(|t| format!("token id {t} is outside the vocabulary of {n_vocab}"))
+                .map(|t| format!("token id {t} is outside the vocabulary of {n_vocab}")),
         };
         let pooler = req
             .embed

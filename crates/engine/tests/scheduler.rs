@@ -533,3 +533,40 @@ fn a_windowed_model_keeps_its_tokens_while_giving_window_blocks_back() {
     assert_eq!(m.requests_finished, 3);
     assert_eq!((m.kv_blocks_total, m.kv_window_blocks_total), (40, 37));
 }
+
+/// The one prompt-length rule: a prompt must leave a position in the context and in the
+/// pool; which limit it passes is named.
+#[test]
+fn the_prompt_limit_names_the_limit_a_prompt_passes() {
+    use frink_engine::scheduler::{PromptError, PromptLimit};
+    let l = PromptLimit {
+        n_ctx: 100,
+        kv_positions: 64,
+    };
+    assert_eq!(l.check(0), Err(PromptError::Empty));
+    assert_eq!(l.check(63), Ok(()));
+    assert_eq!(
+        l.check(64),
+        Err(PromptError::Pool {
+            n: 64,
+            positions: 64
+        })
+    );
+    assert_eq!(
+        l.check(100),
+        Err(PromptError::Context { n: 100, n_ctx: 100 })
+    );
+    let cfg = SchedulerConfig {
+        parallel: 2,
+        n_ctx: 40,
+        ..SchedulerConfig::default()
+    };
+    // The pool of 2 x 40 positions, in whole blocks.
+    assert_eq!(
+        cfg.prompt_limit(),
+        PromptLimit {
+            n_ctx: 40,
+            kv_positions: 80usize.div_ceil(frink_models::KV_BLOCK) * frink_models::KV_BLOCK
+        }
+    );
+}

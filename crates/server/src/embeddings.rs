@@ -122,7 +122,7 @@ pub(crate) async fn embed_inputs(
 ) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
     let eng = st.engine()?;
     for input in &inputs {
-        check_length(st, eng, "input", "an input", input.len())?;
+        check_length(eng, "input", "an input", input.len())?;
     }
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut tx = Some(tx);

@@ -144,8 +144,8 @@ struct Engine {
     /// The loaded LoRA adapters (path, current default scale), by id: `--lora`, changed by
     /// `POST /lora-adapters`.
     lora: std::sync::Mutex<Vec<(String, f32)>>,
-    /// Positions of the KV block pool (a longer prompt can never run).
-    kv_positions: usize,
+    /// The prompt lengths the scheduler runs (a longer prompt can never run).
+    prompt_limit: frink_engine::scheduler::PromptLimit,
 }
 
 impl Engine {
@@ -421,7 +421,7 @@ fn start_engine(config: &ServeConfig, load: Loader) -> Result<Engine> {
         spec_sampling: config.spec_sampling,
         ..SchedulerConfig::default()
     };
-    let kv_positions = sched_config.kv_blocks() * frink_models::KV_BLOCK;
+    let prompt_limit = sched_config.prompt_limit();
     let draft = config
         .draft_model
         .as_deref()
@@ -439,7 +439,7 @@ fn start_engine(config: &ServeConfig, load: Loader) -> Result<Engine> {
         pooling,
         n_embd,
         info,
-        kv_positions,
+        prompt_limit,
     })
 }
 

@@ -398,27 +398,26 @@ pub(crate) async fn complete(st: &AppState, kind: Kind, mut p: Prepared) -> Resp
     }
 }
 
-/// A 400 `context_length_exceeded` on `field` when `what` ("the prompt", "an input") of
-/// `n` tokens leaves no position to evaluate in the context (`--ctx`) or the KV pool.
+/// A 400 on `field` when `what` ("the prompt", "an input") of `n` tokens cannot run: the
+/// scheduler's one rule ([`frink_engine::scheduler::PromptLimit`]); `context_length_exceeded`
+/// when it passes the context or the pool.
 pub(crate) fn check_length(
-    st: &AppState,
     eng: &Engine,
     field: &'static str,
     what: &str,
     n: usize,
 ) -> Result<(), ApiError> {
-    let limit = if n >= st.n_ctx {
-        format!("the context of {} tokens (--ctx)", st.n_ctx)
-    } else if n >= eng.kv_positions {
-        format!("the KV pool of {} positions (--kv-size)", eng.kv_positions)
-    } else {
-        return Ok(());
-    };
-    Err(ApiError::invalid(
-        Some(field),
-        format!("{what} is {n} tokens, longer than {limit}"),
-    )
-    .with_code("context_length_exceeded"))
+    use frink_engine::scheduler::PromptError;
+    eng.prompt_limit.check(n).map_err(|e| {
+        let said = e.to_string().replacen("the prompt", what, 1);
+        let err = ApiError::invalid(Some(field), said);
+        match e {
+            PromptError::Empty => err,
+            PromptError::Context { .. } | PromptError::Pool { .. } => {
+                err.with_code("context_length_exceeded")
+            }
+        }
+    })
 }
 
 /// Checks a prepared request against the server's limits and queues its choices (each a
@@ -434,10 +433,7 @@ pub(crate) fn queue(
     prompt_field: &'static str,
 ) -> Result<mpsc::UnboundedReceiver<(usize, Event)>, ApiError> {
     let eng = st.engine()?;
-    if p.prompt.is_empty() {
-        return Err(ApiError::invalid(Some("prompt"), "the prompt is empty"));
-    }
-    check_length(st, eng, prompt_field, "the prompt", p.prompt.len())?;
+    check_length(eng, prompt_field, "the prompt", p.prompt.len())?;
     // (`n` was checked against --parallel when the request was parsed: api::gen_options.)
     let n = p.opts.n;
     let lora = eng.lora_set(p.opts.lora.as_ref())?;
