@@ -6,8 +6,6 @@
 //! llama.cpp `src/models/<arch>.cpp` (graph) and `src/llama-model.cpp` (hyperparameters
 //! and tensors), transformers `modeling_<arch>.py`.
 
-use crate::config::Gating;
-
 /// How RoPE pairs the dimensions of a head (llama.cpp `LLAMA_ROPE_TYPE_NORM` / `_NEOX`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RopeLayout {
@@ -652,4 +650,13 @@ pub const ARCHS: &[ArchSpec] = &[
 /// The table row for `name`, if supported.
 pub fn arch_spec(name: &str) -> Option<&'static ArchSpec> {
     ARCHS.iter().find(|a| a.name == name)
+}
+
+/// How router logits become expert scores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gating {
+    /// Softmax over all experts.
+    Softmax,
+    /// An independent sigmoid per expert (deepseek v3).
+    Sigmoid,
 }

@@ -16,6 +16,7 @@ pub mod lora;
 mod model;
 pub mod plan;
 pub mod pool;
+pub mod rope;
 pub mod state;
 pub mod tune;
 

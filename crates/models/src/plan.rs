@@ -12,7 +12,7 @@ use frink_gguf::GgufFile;
 use crate::arch::{
     Activation, ArchSpec, Ffn, MixerKind, Norm, NormPlacement, Position, QkNorm, Recurrent,
 };
-use crate::config::RopeParams;
+use crate::rope::RopeParams;
 
 /// The plan of every layer, plus the model-level steps around them.
 #[derive(Clone, Debug, PartialEq)]
