@@ -12,8 +12,7 @@
 //! With `--reasoning-format none` (or a request's `reasoning_format: "none"`) the analysis
 //! messages stay in the content as the model wrote them, markers included.
 
-use crate::reasoning::Part;
-use crate::tools::ToolSet;
+use crate::calls::{Part, ToolSet};
 use frink_engine::partial_match_len;
 
 const START: &str = "<|start|>";
@@ -124,7 +123,7 @@ impl Parser {
             Kind::Reasoning if self.inline => out.push(Part::Content(end.to_string())),
             Kind::Call(name) => {
                 let body = std::mem::take(&mut self.call);
-                match crate::tools::call_from(name, &body) {
+                match crate::calls::call_from(name, &body) {
                     Some(c) => out.push(Part::Call(c)),
                     None => out.push(Part::Content(format!(
                         "{}{MESSAGE}{body}{end}",
@@ -235,7 +234,7 @@ impl Parser {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tools::ToolCall;
+    use crate::calls::ToolCall;
     use serde_json::json;
 
     fn tools() -> ToolSet {

@@ -15,6 +15,7 @@
 
 pub mod answer;
 pub mod api;
+pub mod calls;
 pub mod conn;
 mod embeddings;
 pub mod gate;

@@ -57,16 +57,7 @@ pub fn starts_inside(prompt: &str, tags: Tags) -> bool {
     prompt.trim_end().ends_with(tags.open)
 }
 
-/// A piece of the answer.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Part {
-    /// Thinking, for `reasoning_content`.
-    Reasoning(String),
-    /// The answer, for `content`.
-    Content(String),
-    /// A tool call (harmony answers carry them in their own channel).
-    Call(crate::tools::ToolCall),
-}
+pub use crate::calls::Part;
 
 /// How an answer's reasoning is marked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,7 +112,7 @@ pub enum Splitter {
 
 impl Splitter {
     /// A splitter for `mode`; `tools` are those a harmony answer may call.
-    pub fn new(mode: Mode, tools: &crate::tools::ToolSet) -> Splitter {
+    pub fn new(mode: Mode, tools: &crate::calls::ToolSet) -> Splitter {
         match mode {
             Mode::Think { inside, tags } => Splitter::Think(ThinkSplitter::new(inside, tags)),
             Mode::Harmony { inline } => {
@@ -238,7 +229,7 @@ impl ThinkSplitter {
 }
 
 /// The parts of a whole answer.
-pub fn split_parts(mode: Mode, tools: &crate::tools::ToolSet, text: &str) -> Vec<Part> {
+pub fn split_parts(mode: Mode, tools: &crate::calls::ToolSet, text: &str) -> Vec<Part> {
     let mut s = Splitter::new(mode, tools);
     let mut parts = s.push(text);
     parts.extend(s.finish());
@@ -246,7 +237,7 @@ pub fn split_parts(mode: Mode, tools: &crate::tools::ToolSet, text: &str) -> Vec
 }
 
 /// The calls among `parts`, in order.
-pub fn calls(parts: &[Part]) -> Vec<crate::tools::ToolCall> {
+pub fn calls(parts: &[Part]) -> Vec<crate::calls::ToolCall> {
     parts
         .iter()
         .filter_map(|p| match p {
@@ -279,7 +270,7 @@ mod tests {
                 inside,
                 tags: THINK,
             },
-            &crate::tools::ToolSet::default(),
+            &crate::calls::ToolSet::default(),
             text,
         ))
     }
@@ -342,7 +333,7 @@ mod tests {
             inside: false,
             tags: GEMMA4,
         };
-        let tools = crate::tools::ToolSet::default();
+        let tools = crate::calls::ToolSet::default();
         let text = "<|channel>thought\nFrance's capital.<channel|>Paris.";
         let whole = gather(split_parts(mode, &tools, text));
         assert_eq!(
