@@ -37,13 +37,13 @@ pub struct ModelArgs {
     #[arg(long = "lora-init-without-apply", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
     pub lora_init_without_apply: bool,
     /// Read the weights as stored instead of the path measured fastest on this machine
-    /// (llama.cpp's `--no-repack`; see README, "The decode path"; never changes a
+    /// (llama.cpp's `--no-repack`; see docs/speed.md, "The decode path"; never changes a
     /// result).
     #[arg(long = "no-repack", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
     pub no_repack: bool,
     /// Decode through the repacked weights with this software-prefetch hint (`nta`, `t0`,
-    /// `t1`) instead of the path measured fastest on this machine (see README, "The
-    /// decode path"); never changes a result.
+    /// `t1`) instead of the path measured fastest on this machine (see docs/speed.md,
+    /// "The decode path"); never changes a result.
     #[arg(long = "prefetch", value_parser = parse_prefetch, conflicts_with = "no_repack")]
     pub prefetch: Option<frink_quant::dot::pack::PrefetchHint>,
     /// Measure the decode paths again on this machine instead of reading the tuning cache
@@ -51,7 +51,7 @@ pub struct ModelArgs {
     #[arg(long = "recalibrate", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
     pub recalibrate: bool,
     /// Where the model runs: `auto` (the GPU when one is usable and runs the model, else
-    /// the CPU), `cpu`, `cuda` or `cuda:N` (README, "GPUs").
+    /// the CPU), `cpu`, `cuda` or `cuda:N` (docs/gpu.md).
     #[arg(long = "device", env = "FRINK_DEVICE", default_value = "auto", value_parser = crate::device::parse_device)]
     pub device: crate::device::Device,
     /// Sequences a decode step of this command carries: what the decode path is measured

@@ -1,6 +1,6 @@
 //! `--device auto|cpu|cuda[:N]` and `frink devices`.
 //!
-//! The CUDA backend is being built (README, "GPUs"): its libraries are found and checked,
+//! The CUDA backend is being built (docs/gpu.md): its libraries are found and checked,
 //! its kernels compile and are tested against the CPU on a GPU, but no model runs on a
 //! GPU yet. So `auto` runs on the CPU (saying so when a usable GPU is present), and `cuda`
 //! is refused with an error naming what is missing, or, when nothing is, saying that

@@ -143,7 +143,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     let draft_model = args.spec.draft_path()?;
     let path = args.model.path()?;
     let (chat_template, chat_template_kwargs) = args.template.resolve()?;
-    // The decode path is measured with the batches a loaded server decodes (README, "The
+    // The decode path is measured with the batches a loaded server decodes (docs/speed.md, "The
     // decode path").
     let model = crate::common::ModelArgs {
         decode_seqs: args.parallel.clamp(1, 4),

@@ -972,19 +972,19 @@ fn informational_sample(name: &str) -> Value {
 /// with a 400 naming it, or informational. Each refused field with a value that asks for
 /// something is a 400 with `param` = the field (before this list existed, every one of
 /// them was a 200 with an unconstrained answer); with its neutral value, and each
-/// informational field with any value, the answer is the plain greedy one. README's table
-/// names every field.
+/// informational field with any value, the answer is the plain greedy one. docs/server.md's
+/// table names every field.
 #[test]
 fn every_defined_request_field_is_honoured_refused_or_informational() {
     use frink_server::api::{Defined, Treatment, FIELDS};
     let readme = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"),
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/server.md"),
     )
     .unwrap();
     for f in FIELDS {
         assert!(
             readme.contains(&format!("`{}`", f.name)),
-            "README's field table lacks `{}`",
+            "docs/server.md's field table lacks `{}`",
             f.name
         );
     }

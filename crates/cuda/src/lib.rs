@@ -1,4 +1,4 @@
-//! frink's CUDA backend (being built: see the README's GPU section for what runs on the
+//! frink's CUDA backend (being built: see docs/gpu.md for what runs on the
 //! GPU today).
 //!
 //! Nothing CUDA is linked at build time: the driver (`libcuda`) and NVRTC are found at run

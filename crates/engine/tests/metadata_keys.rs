@@ -4,7 +4,7 @@
 //! catalog models) is loaded as `frink run` loads it: the model, then its tokenizer and
 //! chat template. [`GgufFile::keys_looked_up`] then says which keys were asked for. From
 //! that:
-//! * README's "Metadata keys" table is generated and must match README (so it cannot
+//! * docs/architectures.md's "Metadata keys" table is generated and must match it (so it cannot
 //!   drift from the code; `FRINK_BLESS=1` rewrites it): per architecture the `{arch}.*` keys read, the `general.*` and
 //!   `tokenizer.*` keys read, and the keys the files hold that nothing reads.
 //! * Each key a fixture holds and frink does not read is rewritten (numbers to 0, 7 and
@@ -70,7 +70,7 @@ fn generic(key: &str, arch: &str) -> String {
     }
 }
 
-/// The README block: the `{arch}.*` keys every architecture reads, each one's others, the
+/// The docs/architectures.md block: the `{arch}.*` keys every architecture reads, each one's others, the
 /// shared keys, and those held by a reference file that nothing reads.
 fn table(
     read: &BTreeMap<String, BTreeSet<String>>,
@@ -113,7 +113,7 @@ fn table(
     s
 }
 
-/// Where README's block between the `metadata-keys` markers lies: (README's text, start,
+/// Where docs/architectures.md's block between the `metadata-keys` markers lies: (its text, start,
 /// end).
 fn readme_block(readme: &Path) -> (String, usize, usize) {
     let text = std::fs::read_to_string(readme).unwrap();
@@ -123,7 +123,7 @@ fn readme_block(readme: &Path) -> (String, usize, usize) {
     );
     let a = text
         .find(begin)
-        .expect("README has the metadata-keys block")
+        .expect("docs/architectures.md has the metadata-keys block")
         + begin.len();
     let b = text[a..].find(end).expect("the block is closed") + a;
     (text, a, b)
@@ -201,13 +201,13 @@ fn readme_lists_the_metadata_keys_read_and_unread_keys_change_nothing() {
         .collect();
     let unread: BTreeSet<String> = unread.difference(&read_anywhere).cloned().collect();
     let want = table(&read, &shared, &unread);
-    let readme = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md");
+    let readme = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/architectures.md");
     let (text, a, b) = readme_block(&readme);
     if std::env::var_os("FRINK_BLESS").is_some() {
         std::fs::write(&readme, format!("{}{want}{}", &text[..a], &text[b..])).unwrap();
     }
     assert!(
         text[a..b] == want || std::env::var_os("FRINK_BLESS").is_some(),
-        "README's metadata-keys block is out of date; it should read:\n{want}"
+        "docs/architectures.md's metadata-keys block is out of date; it should read:\n{want}"
     );
 }

@@ -305,7 +305,7 @@ use Defined::{Both, Chat as ChatApi, Completions as TextApi, LlamaCpp};
 use Treatment::{Honoured, Informational};
 
 /// Every request field of OpenAI's chat and completions APIs and of llama.cpp's server,
-/// and frink's treatment of it (README's table lists the same). Sources: OpenAI's API
+/// and frink's treatment of it (docs/server.md's table lists the same). Sources: OpenAI's API
 /// reference (`CreateChatCompletionRequest`, `CreateCompletionRequest`); llama.cpp's
 /// tools/server/README.md (`POST /completion` options and the OpenAI-compatible ones).
 pub const FIELDS: &[Field] = &[

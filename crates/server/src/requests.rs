@@ -129,7 +129,7 @@ pub(crate) fn prepare_chat(st: &AppState, obj: &Map<String, Value>) -> Result<Pr
                 bad(
                     "tools",
                     "this model's chat template teaches no tool-call format frink parses \
-                     (see `frink inspect` and the README's list of formats)"
+                     (see `frink inspect` and docs/server.md's list of formats)"
                         .into(),
                 )
                 .with_code("unsupported_field")
