@@ -6,7 +6,9 @@ use std::sync::mpsc;
 use std::sync::Arc;
 
 use frink_engine::sampling::{Sampler, SamplingParams};
-use frink_engine::scheduler::{Completion, Event, Request, Scheduler, SchedulerConfig};
+use frink_engine::scheduler::{
+    Completion, Event, FailureKind, PromptError, Request, RequestError, Scheduler, SchedulerConfig,
+};
 use frink_engine::{generate, Flow, GenerateParams, Session};
 use frink_models::{KvType, Model};
 use frink_tokenizer::Tokenizer;
@@ -106,7 +108,7 @@ fn done(rx: &mpsc::Receiver<Event>) -> Completion {
     loop {
         match rx.recv().expect("an event") {
             Event::Done(c) => return c,
-            Event::Error(e) | Event::Refused(e) | Event::Cancelled(e) => panic!("{e}"),
+            Event::Failed(e) => panic!("{e}"),
             Event::Delta { .. } | Event::Embedding(_) => {}
         }
     }
@@ -347,7 +349,16 @@ fn a_prompt_longer_than_the_pool_is_refused() {
     let (req, rx) = request(&ids[..20], 1, 4);
     sched.submit(req).unwrap();
     match rx.recv().unwrap() {
-        Event::Error(e) => assert!(e.contains("20 tokens") && e.contains("16 positions"), "{e}"),
+        Event::Failed(e) => {
+            assert_eq!(
+                e,
+                RequestError::Prompt(PromptError::Pool {
+                    n: 20,
+                    positions: 16
+                })
+            );
+            assert_eq!(e.kind(), FailureKind::Request);
+        }
         e => panic!("{e:?}"),
     }
     let (req, rx) = request(&ids[..10], 1, 4);

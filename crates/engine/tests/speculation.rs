@@ -220,7 +220,7 @@ fn collect(rx: &std::sync::mpsc::Receiver<Event>) -> (Completion, String, Vec<To
                 lps.extend(tokens);
             }
             Event::Done(c) => return (c, text, lps),
-            Event::Error(e) | Event::Refused(e) | Event::Cancelled(e) => panic!("{e}"),
+            Event::Failed(e) => panic!("{e}"),
             Event::Embedding(_) => {}
         }
     }

@@ -591,8 +591,8 @@ async fn answer(
                     s.done = true;
                 }
                 Some((_, Event::Embedding(_))) => {}
-                Some((_, Event::Error(msg) | Event::Refused(msg) | Event::Cancelled(msg))) => {
-                    s.out.push_back(json!({"error": msg}));
+                Some((_, Event::Failed(e))) => {
+                    s.out.push_back(json!({"error": e.to_string()}));
                     s.done = true;
                 }
                 None => {

@@ -13,7 +13,9 @@ use crate::api::{json_response, ApiError};
 use std::collections::VecDeque;
 use std::convert::Infallible;
 
-use frink_engine::scheduler::{Completion, Event, TokenLogprob};
+use frink_engine::scheduler::{
+    Completion, Event, FailureKind, PromptError, RequestError, TokenLogprob,
+};
 use frink_tokenizer::Tokenizer;
 
 use crate::requests::{chat_finish, Kind};
@@ -346,13 +348,8 @@ pub(crate) async fn stream_response(
                 }
                 // (Only embedding requests get one.)
                 Some((_, Event::Embedding(_))) => {}
-                Some((_, e @ (Event::Error(_) | Event::Refused(_)))) => {
+                Some((_, e @ Event::Failed(_))) => {
                     s.out.push_back(sse(&s.fmt.failed(Some(e)).body()));
-                    s.out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
-                    s.done = true;
-                }
-                Some((_, Event::Cancelled(msg))) => {
-                    s.out.push_back(sse(&shutting_down(msg).body()));
                     s.out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
                     s.done = true;
                 }
@@ -377,9 +374,10 @@ pub(crate) async fn stream_response(
         .unwrap_or_default()
 }
 
-/// The error of a request whose events ended in `event` (an `Error`, a `Refused`, a
-/// `Cancelled`, or the channel closing without `what`): 500, 400 for a grammar the answer
-/// could not follow, 503 at shutdown.
+/// The error of a request whose events ended in `event` (a `Failed`, or the channel closing
+/// without `what`): by [`RequestError::kind`], 400 for the request's own input (a grammar
+/// the answer could not follow: `invalid_grammar`; a prompt past the context or pool:
+/// `context_length_exceeded`), 500 for the engine's failure, 503 at shutdown.
 impl Formatter {
     /// [`failed`] for this answer: a grammar error names the field the grammar came from.
     pub(crate) fn failed(&self, event: Option<Event>) -> ApiError {
@@ -393,11 +391,23 @@ impl Formatter {
 
 pub(crate) fn failed(event: Option<Event>, what: &str) -> ApiError {
     match event {
-        Some(Event::Refused(msg)) => ApiError::invalid(None, msg).with_code("invalid_grammar"),
-        Some(Event::Error(msg)) => {
-            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", msg)
+        Some(Event::Failed(e)) => {
+            let msg = e.to_string();
+            match (e.kind(), e) {
+                (_, RequestError::Grammar { .. }) => {
+                    ApiError::invalid(None, msg).with_code("invalid_grammar")
+                }
+                (
+                    _,
+                    RequestError::Prompt(PromptError::Context { .. } | PromptError::Pool { .. }),
+                ) => ApiError::invalid(None, msg).with_code("context_length_exceeded"),
+                (FailureKind::Request, _) => ApiError::invalid(None, msg),
+                (FailureKind::Engine, _) => {
+                    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", msg)
+                }
+                (FailureKind::Unavailable, _) => shutting_down(msg),
+            }
         }
-        Some(Event::Cancelled(msg)) => shutting_down(msg),
         _ => ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "server_error",
@@ -503,4 +513,66 @@ pub(crate) async fn whole_response(
             },
         }),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every way a request fails reaches the client with the status its kind says: the
+    /// client's own input 400 (with the code a client can act on), the engine 500, shutdown
+    /// 503; and the channel closing without an event is a 500 naming what was missing.
+    #[test]
+    fn each_request_error_has_its_status_and_code() {
+        let cases = [
+            (
+                RequestError::Grammar {
+                    at: 3,
+                    reason: "no token continues".into(),
+                },
+                StatusCode::BAD_REQUEST,
+                Some("invalid_grammar"),
+            ),
+            (
+                RequestError::Prompt(PromptError::Pool {
+                    n: 20,
+                    positions: 16,
+                }),
+                StatusCode::BAD_REQUEST,
+                Some("context_length_exceeded"),
+            ),
+            (
+                RequestError::Prompt(PromptError::Empty),
+                StatusCode::BAD_REQUEST,
+                None,
+            ),
+            (
+                RequestError::TokenOutOfVocabulary {
+                    id: 70000,
+                    n_vocab: 49152,
+                },
+                StatusCode::BAD_REQUEST,
+                None,
+            ),
+            (
+                RequestError::Evaluation("a step failed".into()),
+                StatusCode::INTERNAL_SERVER_ERROR,
+                None,
+            ),
+            (
+                RequestError::ShuttingDown,
+                StatusCode::SERVICE_UNAVAILABLE,
+                None,
+            ),
+        ];
+        for (e, status, code) in cases {
+            let msg = e.to_string();
+            let api = failed(Some(Event::Failed(e)), "an answer");
+            assert_eq!((api.status, api.code), (status, code), "{msg}");
+            assert_eq!(api.message, msg);
+        }
+        let none = failed(None, "an embedding");
+        assert_eq!(none.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(none.message.contains("without an embedding"));
+    }
 }

@@ -48,8 +48,9 @@ pub struct MetricsSnapshot {
     pub requests_cancelled: u64,
     /// Requests refused because the queue was full.
     pub requests_rejected: u64,
-    /// Requests that ended in an error (`Event::Error` or `Event::Refused`: an evaluation
-    /// that failed, a grammar the answer could not follow).
+    /// Requests that ended in an error (`Event::Failed` other than a shutdown's: an
+    /// evaluation that failed, a grammar the answer could not follow, a prompt refused at
+    /// admission).
     pub requests_failed: u64,
     /// Tokens sampled.
     pub tokens_generated: u64,

@@ -318,8 +318,8 @@ pub struct Completion {
     pub accepted: usize,
 }
 
-/// What the scheduler sends about a request, in order: any number of `Delta`s, then one
-/// `Done` or one `Error`.
+/// What the scheduler sends about a request, in order: any number of `Delta`s (and, for an
+/// embedding request, one `Embedding`), then one `Done` or one `Failed`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
     /// New text (possibly empty when only `tokens` are reported) and, when log-probabilities
@@ -335,15 +335,71 @@ pub enum Event {
     Embedding(Vec<f32>),
     /// The request finished.
     Done(Completion),
-    /// The request failed (the message says why).
-    Error(String),
-    /// The request's own input cannot be served, found while generating: its grammar
-    /// reached a state no token continues or went past `llguidance`'s parser limits (an
-    /// HTTP server answers 400, as for a grammar refused when compiled).
-    Refused(String),
-    /// The server cancelled the request unfinished because it is shutting down (an HTTP
-    /// server answers 503 rather than a failure).
-    Cancelled(String),
+    /// The request ended unfinished; [`RequestError::kind`] says whose fault it was.
+    Failed(RequestError),
+}
+
+/// Why a request ended without its answer ([`Event::Failed`]).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum RequestError {
+    /// The prompt cannot run ([`PromptLimit`]): found at admission.
+    #[error(transparent)]
+    Prompt(#[from] PromptError),
+    /// A prompt token id is not in the model's vocabulary.
+    #[error("token id {id} is outside the vocabulary of {n_vocab}")]
+    TokenOutOfVocabulary {
+        /// The id.
+        id: u32,
+        /// The vocabulary's size.
+        n_vocab: usize,
+    },
+    /// The request's grammar reached a state no token continues, or went past
+    /// `llguidance`'s parser limits, at the `at`-th generated token.
+    #[error("the grammar cannot be followed at generated token {at}: {reason}")]
+    Grammar {
+        /// 1-based index of the token being sampled.
+        at: usize,
+        /// llguidance's words.
+        reason: String,
+    },
+    /// The forward pass failed (the step's sequences all fail; nothing was written).
+    #[error("evaluation failed: {0}")]
+    Evaluation(String),
+    /// A generated token could not be turned into text.
+    #[error("decoding failed: {0}")]
+    Decoding(String),
+    /// The embedding could not be pooled.
+    #[error("embedding failed: {0}")]
+    Embedding(String),
+    /// The scheduler cancelled the request unfinished because it is shutting down.
+    #[error("the server is shutting down")]
+    ShuttingDown,
+}
+
+/// Whose fault a [`RequestError`] is: what an HTTP server answers (400, 500, 503).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailureKind {
+    /// The request's own input cannot be served (HTTP 400).
+    Request,
+    /// The engine failed (HTTP 500).
+    Engine,
+    /// The server is shutting down (HTTP 503).
+    Unavailable,
+}
+
+impl RequestError {
+    /// Whose fault it is.
+    pub fn kind(&self) -> FailureKind {
+        match self {
+            RequestError::Prompt(_)
+            | RequestError::TokenOutOfVocabulary { .. }
+            | RequestError::Grammar { .. } => FailureKind::Request,
+            RequestError::Evaluation(_)
+            | RequestError::Decoding(_)
+            | RequestError::Embedding(_) => FailureKind::Engine,
+            RequestError::ShuttingDown => FailureKind::Unavailable,
+        }
+    }
 }
 
 /// Why [`Scheduler::submit`] refused a request.
@@ -438,7 +494,7 @@ impl Scheduler {
         }
     }
 
-    /// Cancels every running and queued request (each gets an [`Event::Cancelled`]) and
+    /// Cancels every running and queued request (each gets [`Event::Failed`] with [`RequestError::ShuttingDown`]) and
     /// refuses new ones: the last step of a graceful shutdown.
     pub fn cancel_all(&self) {
         self.shared.cancel_all.store(true, Ordering::SeqCst);

@@ -79,10 +79,10 @@ impl<'t> Worker<'t> {
             Ok(id) => id,
             Err(e) => {
                 self.shared.requests_failed.fetch_add(1, Ordering::Relaxed);
-                job.req.sink.send(Event::Refused(format!(
-                    "the grammar cannot be followed at generated token {}: {e}",
-                    job.ids.len() + 1
-                )));
+                job.req.sink.send(Event::Failed(RequestError::Grammar {
+                    at: job.ids.len() + 1,
+                    reason: e.to_string(),
+                }));
                 return None;
             }
         };
@@ -116,7 +116,7 @@ impl<'t> Worker<'t> {
                     self.shared.requests_failed.fetch_add(1, Ordering::Relaxed);
                     job.req
                         .sink
-                        .send(Event::Error(format!("decoding failed: {e}")));
+                        .send(Event::Failed(RequestError::Decoding(e.to_string())));
                     return None;
                 }
             }
@@ -203,7 +203,9 @@ impl Worker<'_> {
             }
             Err(e) => {
                 self.shared.requests_failed.fetch_add(1, Ordering::Relaxed);
-                job.req.sink.send(Event::Error(e.to_string()));
+                job.req
+                    .sink
+                    .send(Event::Failed(RequestError::Embedding(e.to_string())));
                 return;
             }
         }

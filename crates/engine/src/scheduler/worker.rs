@@ -338,14 +338,11 @@ impl<'t> Worker<'t> {
                 let deferred = std::mem::take(&mut self.deferred);
                 for mut req in rx.try_iter().chain(deferred) {
                     self.shared.queued.fetch_sub(1, Ordering::SeqCst);
-                    req.sink
-                        .send(Event::Cancelled("the server is shutting down".into()));
+                    req.sink.send(Event::Failed(RequestError::ShuttingDown));
                 }
                 for mut job in std::mem::take(&mut self.waiting) {
                     self.shared.queued.fetch_sub(1, Ordering::SeqCst);
-                    job.req
-                        .sink
-                        .send(Event::Cancelled("the server is shutting down".into()));
+                    job.req.sink.send(Event::Failed(RequestError::ShuttingDown));
                 }
             }
             self.drop_cancelled();
@@ -367,30 +364,29 @@ impl<'t> Worker<'t> {
         }
         if self.shared.cancel_all.load(Ordering::SeqCst) {
             self.shared.queued.fetch_sub(1, Ordering::SeqCst);
-            req.sink
-                .send(Event::Cancelled("the server is shutting down".into()));
+            req.sink.send(Event::Failed(RequestError::ShuttingDown));
             return;
         }
         let n_vocab = self.model.config.n_vocab;
         let error = match self.config.prompt_limit().check(req.prompt.len()) {
-            Err(e) => Some(e.to_string()),
+            Err(e) => Some(RequestError::Prompt(e)),
             Ok(()) => req
                 .prompt
                 .iter()
                 .find(|&&t| t as usize >= n_vocab)
-                .map(|t| format!("token id {t} is outside the vocabulary of {n_vocab}")),
+                .map(|&id| RequestError::TokenOutOfVocabulary { id, n_vocab }),
         };
         let pooler = req
             .embed
             .map(|p| crate::embed::Pooler::new(p, self.model.config.n_embd))
             .transpose()
-            .map_err(|e| e.to_string());
+            .map_err(|e| RequestError::Embedding(e.to_string()));
         let pooler = match error.map_or(pooler, Err) {
             Ok(p) => p,
-            Err(msg) => {
+            Err(e) => {
                 self.shared.queued.fetch_sub(1, Ordering::SeqCst);
                 self.shared.requests_failed.fetch_add(1, Ordering::Relaxed);
-                req.sink.send(Event::Error(msg));
+                req.sink.send(Event::Failed(e));
                 return;
             }
         };
@@ -466,9 +462,7 @@ impl<'t> Worker<'t> {
             if gone || (all && slot.job.is_some()) {
                 if let Some(mut job) = slot.job.take() {
                     if !gone {
-                        job.req
-                            .sink
-                            .send(Event::Cancelled("the server is shutting down".into()));
+                        job.req.sink.send(Event::Failed(RequestError::ShuttingDown));
                     }
                     self.shared
                         .requests_cancelled
@@ -523,7 +517,7 @@ impl<'t> Worker<'t> {
                         self.shared.requests_failed.fetch_add(1, Ordering::Relaxed);
                         job.req
                             .sink
-                            .send(Event::Error(format!("evaluation failed: {e}")));
+                            .send(Event::Failed(RequestError::Evaluation(e.to_string())));
                     }
                 }
             }
