@@ -8,10 +8,12 @@ use frink_engine::Session;
 use frink_models::Logits;
 
 use crate::common::ModelArgs;
+pub use crate::intermediates::DumpArgs;
 
 /// Evaluates `ids` from an empty cache (one chunk) and writes little-endian f32
-/// `[n_ids][n_vocab]` to `out`; prints `{"n", "n_vocab"}`.
-pub fn run(args: &ModelArgs, ids: &[u32], out: &Path) -> Result<()> {
+/// `[n_ids][n_vocab]` to `out`, and the chosen intermediates where `dump` asks; prints
+/// `{"n", "n_vocab"}` (and `"intermediates"`: the records written).
+pub fn run(args: &ModelArgs, ids: &[u32], out: &Path, dump: &DumpArgs) -> Result<()> {
     anyhow::ensure!(!ids.is_empty(), "--ids is empty");
     // (One batch from an empty cache: no decode path to measure.)
     let model = crate::common::ModelArgs {
@@ -19,6 +21,9 @@ pub fn run(args: &ModelArgs, ids: &[u32], out: &Path) -> Result<()> {
         ..args.clone()
     }
     .load()?;
+    let taps = dump.taps()?;
+    let mut model = model;
+    model.set_taps(taps.clone());
     let mut session = Session::new(&model, ids.len(), args.kv_type).with_batch(ids.len());
     let logits = session.eval(ids, Logits::All)?;
     let mut bytes = Vec::with_capacity(logits.len() * 4);
@@ -28,9 +33,10 @@ pub fn run(args: &ModelArgs, ids: &[u32], out: &Path) -> Result<()> {
     std::fs::File::create(out)
         .and_then(|mut f| f.write_all(&bytes))
         .with_context(|| format!("cannot write {}", out.display()))?;
-    println!(
-        "{}",
-        serde_json::json!({"n": ids.len(), "n_vocab": model.config.n_vocab})
-    );
+    let mut line = serde_json::json!({"n": ids.len(), "n_vocab": model.config.n_vocab});
+    if let (Some(taps), Some(dir)) = (taps, &dump.dir) {
+        line["intermediates"] = crate::intermediates::write(dir, &taps.take())?.into();
+    }
+    println!("{line}");
     Ok(())
 }

@@ -10,6 +10,7 @@ mod common;
 mod device;
 mod embed;
 mod inspect;
+mod intermediates;
 mod logits;
 mod perplexity;
 mod plan;
@@ -83,6 +84,8 @@ enum Command {
         /// Output file: little-endian float32 [n_ids][n_vocab].
         #[arg(short = 'o', long = "output")]
         output: std::path::PathBuf,
+        #[command(flatten)]
+        dump: logits::DumpArgs,
     },
     /// Run every check of a reference directory (shared/golden/<model>,
     /// shared/fixtures/tiny/<name>, shared/fixtures/quant/<TYPE>); exit 1 on any mismatch.
@@ -96,6 +99,11 @@ enum Command {
         /// KV cache type (default: the reference's: f16 for golden, f32 for fixtures).
         #[arg(long = "kv-type")]
         kv_type: Option<frink_models::KvType>,
+        /// A tiny fixture's transformers hidden states (f32 [n_layers][n_tokens][n_embd],
+        /// crates/models/tests/data/hidden/make_hidden.py): each layer's output (`l_out`) is
+        /// compared with them and the first layer that departs is named.
+        #[arg(long = "intermediates")]
+        intermediates: Option<std::path::PathBuf>,
         /// Compute threads.
         #[arg(short = 't', long = "threads", env = "FRINK_THREADS")]
         threads: Option<usize>,
@@ -215,13 +223,17 @@ fn run(cli: Cli) -> Result<()> {
         Command::Chat(args) => chat::run(&args),
         Command::Serve(args) => serve::run(&args),
         Command::Perplexity(args) => perplexity::run(&args),
-        Command::Logits { model, ids, output } => {
-            logits::run(&model, &common::parse_ids(&ids)?, &output)
-        }
+        Command::Logits {
+            model,
+            ids,
+            output,
+            dump,
+        } => logits::run(&model, &common::parse_ids(&ids)?, &output, &dump),
         Command::Verify {
             model,
             golden,
             kv_type,
+            intermediates,
             threads,
             device,
         } => {
@@ -241,7 +253,13 @@ fn run(cli: Cli) -> Result<()> {
                 decode_seqs: 0,
                 device,
             };
-            verify::run(&args, model.is_some(), &golden, kv_type)
+            verify::run(
+                &args,
+                model.is_some(),
+                &golden,
+                kv_type,
+                intermediates.as_deref(),
+            )
         }
         Command::Devices { json } => device::list(json),
         Command::Pull { name } => {

@@ -19,13 +19,13 @@ use crate::common::{init_threads, ModelArgs};
 
 /// Collected results.
 #[derive(Default)]
-struct Report {
+pub(crate) struct Report {
     passed: usize,
     failed: usize,
 }
 
 impl Report {
-    fn check(&mut self, name: &str, ok: bool, detail: String) {
+    pub(crate) fn check(&mut self, name: &str, ok: bool, detail: String) {
         if ok {
             self.passed += 1;
             println!("PASS {name}: {detail}");
@@ -36,7 +36,7 @@ impl Report {
     }
 }
 
-fn read_json(path: &Path) -> Result<Value> {
+pub(crate) fn read_json(path: &Path) -> Result<Value> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     // The fixtures' meta.json is Python's JSON (`Infinity` in the Mamba-2 config).
@@ -44,7 +44,7 @@ fn read_json(path: &Path) -> Result<Value> {
         .with_context(|| format!("{} is not JSON", path.display()))
 }
 
-fn read_f32(path: &Path) -> Result<Vec<f32>> {
+pub(crate) fn read_f32(path: &Path) -> Result<Vec<f32>> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     Ok(bytes
         .chunks_exact(4)
@@ -52,7 +52,7 @@ fn read_f32(path: &Path) -> Result<Vec<f32>> {
         .collect())
 }
 
-fn ids(v: &Value) -> Vec<u32> {
+pub(crate) fn ids(v: &Value) -> Vec<u32> {
     v.as_array()
         .map(|a| {
             a.iter()
@@ -64,8 +64,19 @@ fn ids(v: &Value) -> Vec<u32> {
 }
 
 /// Runs the checks of `dir`; `kv_type` overrides the reference's own KV setting.
-pub fn run(args: &ModelArgs, model_given: bool, dir: &Path, kv_type: Option<KvType>) -> Result<()> {
+pub fn run(
+    args: &ModelArgs,
+    model_given: bool,
+    dir: &Path,
+    kv_type: Option<KvType>,
+    intermediates: Option<&Path>,
+) -> Result<()> {
     init_threads(args.threads)?;
+    anyhow::ensure!(
+        intermediates.is_none() || dir.join("model.gguf").is_file(),
+        "--intermediates compares a tiny fixture's layers; {} is not one (no model.gguf)",
+        dir.display()
+    );
     let mut report = Report::default();
     if dir.join("tokenize.json").is_file() {
         golden(
@@ -81,7 +92,11 @@ pub fn run(args: &ModelArgs, model_given: bool, dir: &Path, kv_type: Option<KvTy
         } else {
             dir.join("model.gguf")
         };
-        tiny_fixture(&path, dir, kv_type.unwrap_or(KvType::F32), &mut report)?;
+        let kv_type = kv_type.unwrap_or(KvType::F32);
+        tiny_fixture(&path, dir, kv_type, &mut report)?;
+        if let Some(file) = intermediates {
+            crate::intermediates::layer_check(&path, dir, file, kv_type, &mut report)?;
+        }
     } else if dir.join("meta.json").is_file() && dir.join("dequant").is_dir() {
         anyhow::ensure!(
             model_given,

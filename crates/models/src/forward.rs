@@ -270,24 +270,7 @@ impl Model {
         mut pool: Option<&mut KvPool>,
         seqs: &mut [Sequence<'_>],
     ) -> Result<Vec<Vec<f32>>> {
-        for s in seqs.iter() {
-            self.check_input(s.state, s.tokens)?;
-            if s.tokens.len() > s.state.max_step() {
-                return Err(ModelError::WindowStep {
-                    rows: s.tokens.len(),
-                    max: s.state.max_step(),
-                });
-            }
-            if s.state.is_pooled() && pool.is_none() {
-                return Err(ModelError::KvBlocks {
-                    needed: s.state.n_past + s.tokens.len(),
-                    held: 0,
-                });
-            }
-        }
-        let c = &self.config;
-        let w = &self.weights;
-        let d = c.n_embd;
+        self.check_batch(pool.is_some(), seqs)?;
         // Row ranges of the sequences in the batch, and each row's position.
         let mut starts = Vec::with_capacity(seqs.len() + 1);
         let mut pos = Vec::new();
@@ -296,8 +279,7 @@ impl Model {
             pos.extend((0..s.tokens.len()).map(|i| s.state.n_past + i));
             starts.push(pos.len());
         }
-        let n = pos.len();
-        if n == 0 {
+        if pos.is_empty() {
             return Ok(vec![Vec::new(); seqs.len()]);
         }
         let rows = Rows {
@@ -310,102 +292,186 @@ impl Model {
         let sets: Vec<&[(usize, f32)]> = seqs.iter().map(|s| s.lora.unwrap_or(&defaults)).collect();
         let lora = LoraRows::new(&sets, &rows);
 
-        // inp_embd (+ the adapters' deltas; × sqrt(n_embd) for gemma, × embedding_scale for
-        // granite), then bloom's token_embd_norm.
-        let mut x = vec![0f32; n * d];
         let tokens: Vec<u32> = seqs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
-        for (row, &t) in x.chunks_exact_mut(d).zip(&tokens) {
+        let mut x = self.embed_rows(&tokens, &pos, &lora)?;
+        // Gemma 4's per-layer inputs, once for all layers.
+        let ple_inputs = match &self.weights.ple {
+            Some(p) => Some(self.ple_inputs(p, &tokens, &x)?),
+            None => None,
+        };
+        let mut bufs = LayerBufs::new(x.len());
+        for il in 0..self.config.plan.layers.len() {
+            let at = LayerAt {
+                il,
+                rows: &rows,
+                lora: &lora,
+                ple_inputs: ple_inputs.as_deref(),
+            };
+            self.layer(&at, seqs, &mut x, &mut bufs, pool.as_deref_mut())?;
+        }
+        for s in seqs.iter_mut() {
+            s.state.advance(s.tokens.len());
+        }
+        self.outputs(seqs, &rows, &x, &lora)
+    }
+
+    /// The checks of [`Model::forward_batch_in`] on every sequence, before anything is
+    /// written: its input ([`Model::check_input`]), a windowed state's step size, and a
+    /// pooled state's pool.
+    fn check_batch(&self, have_pool: bool, seqs: &[Sequence<'_>]) -> Result<()> {
+        for s in seqs {
+            self.check_input(s.state, s.tokens)?;
+            if s.tokens.len() > s.state.max_step() {
+                return Err(ModelError::WindowStep {
+                    rows: s.tokens.len(),
+                    max: s.state.max_step(),
+                });
+            }
+            if s.state.is_pooled() && !have_pool {
+                return Err(ModelError::KvBlocks {
+                    needed: s.state.n_past + s.tokens.len(),
+                    held: 0,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// `inp_embd`: the tokens' embedding rows (+ the adapters' deltas; × sqrt(n_embd) for
+    /// gemma, × embedding_scale for granite), then bloom's `token_embd_norm`.
+    /// `[tokens.len()][n_embd]`.
+    fn embed_rows(&self, tokens: &[u32], pos: &[usize], lora: &LoraRows) -> Result<Vec<f32>> {
+        let (c, w) = (&self.config, &self.weights);
+        let mut x = vec![0f32; tokens.len() * c.n_embd];
+        for (row, &t) in x.chunks_exact_mut(c.n_embd).zip(tokens) {
             matrix_row(&w.token_embd, self.weight(&w.token_embd), t as usize, row)?;
         }
-        self.lora_embed(&tokens, &lora, &mut x)?;
+        self.lora_embed(tokens, lora, &mut x)?;
         if c.embed_scale != 1.0 {
             x.iter_mut().for_each(|v| *v *= c.embed_scale);
         }
         if let Some(nw) = &w.token_embd_norm {
             self.norm(&mut x, nw);
         }
-        // Gemma 4's per-layer inputs, once for all layers.
-        let ple_inputs = match &w.ple {
-            Some(p) => Some(self.ple_inputs(p, &tokens, &x)?),
-            None => None,
-        };
+        self.tap("inp_embd", None, pos, &x);
+        Ok(x)
+    }
 
-        let mut cur = vec![0f32; n * d];
-        let mut mixed = vec![0f32; n * d];
-        let mut scratch = AttnScratch::default();
-        // Sized by each FFN as it runs (`dense_ffn`, the experts' widths).
-        let mut gate = Vec::new();
-        let mut up = Vec::new();
-        let mut ffn_out = Vec::new();
-        let mut ffn_in = vec![0f32; n * d];
-
-        for (il, (lp, lw)) in c.plan.layers.iter().zip(&w.layers).enumerate() {
-            // attn_norm (post-norm-only architectures read the residual stream itself).
-            cur.copy_from_slice(&x);
-            if let Some(nw) = &lw.attn_norm {
-                self.norm(&mut cur, nw);
-            }
-            // A parallel block's FFN reads the token mixer's normed input.
-            if lp.residual == Residual::Parallel {
-                ffn_out.resize(n * d, 0.0);
-                self.channel_mixer(il, lp, lw, &cur, n, &mut gate, &mut up, &mut ffn_out, &lora)?;
-            }
-            self.token_mixer(
+    /// Layer `at.il` over the batch's rows: the residual stream `x` (`[rows][n_embd]`)
+    /// becomes the layer's output (`l_out`).
+    fn layer(
+        &self,
+        at: &LayerAt<'_>,
+        seqs: &mut [Sequence<'_>],
+        x: &mut [f32],
+        b: &mut LayerBufs,
+        pool: Option<&mut KvPool>,
+    ) -> Result<()> {
+        let (il, c) = (at.il, &self.config);
+        let (lp, lw) = (&c.plan.layers[il], &self.weights.layers[il]);
+        let (n, pos) = (at.rows.pos.len(), at.rows.pos);
+        // attn_norm (post-norm-only architectures read the residual stream itself).
+        b.cur.copy_from_slice(x);
+        if let Some(nw) = &lw.attn_norm {
+            self.norm(&mut b.cur, nw);
+        }
+        self.tap("attn_norm", Some(il), pos, &b.cur);
+        // A parallel block's FFN reads the token mixer's normed input.
+        if lp.residual == Residual::Parallel {
+            b.ffn_out.resize(x.len(), 0.0);
+            self.channel_mixer(
                 il,
-                &lp.mixer,
-                &lw.mixer,
-                seqs,
-                &rows,
-                &cur,
-                &mut scratch,
-                &mut mixed,
-                &lora,
-                pool.as_deref_mut(),
+                lp,
+                lw,
+                &b.cur,
+                n,
+                &mut b.gate,
+                &mut b.up,
+                &mut b.ffn_out,
+                at.lora,
             )?;
-            if let Some(nw) = &lw.post_attn_norm {
-                self.norm(&mut mixed, nw);
+            self.tap("ffn_out", Some(il), pos, &b.ffn_out);
+        }
+        self.token_mixer(
+            il,
+            &lp.mixer,
+            &lw.mixer,
+            seqs,
+            at.rows,
+            &b.cur,
+            &mut b.scratch,
+            &mut b.mixed,
+            at.lora,
+            pool,
+        )?;
+        if let Some(nw) = &lw.post_attn_norm {
+            self.norm(&mut b.mixed, nw);
+        }
+        if c.residual_scale != 1.0 {
+            b.mixed.iter_mut().for_each(|v| *v *= c.residual_scale);
+        }
+        self.tap("attn_out", Some(il), pos, &b.mixed);
+        if lp.residual == Residual::Parallel {
+            // falcon: l_out = (ffn + attention) + residual.
+            x.iter_mut()
+                .zip(b.mixed.iter().zip(&b.ffn_out))
+                .for_each(|(a, (m, f))| *a += f + m);
+        } else {
+            // ffn_inp = residual + token mixer
+            x.iter_mut().zip(&b.mixed).for_each(|(a, m)| *a += m);
+        }
+        if lp.residual == Residual::Sequential && lp.channel != Channel::None {
+            self.tap("ffn_inp", Some(il), pos, x);
+            b.ffn_in.copy_from_slice(x);
+            if let Some(nw) = &lw.ffn_norm {
+                self.norm(&mut b.ffn_in, nw);
+            }
+            self.tap("ffn_norm", Some(il), pos, &b.ffn_in);
+            self.channel_mixer(
+                il,
+                lp,
+                lw,
+                &b.ffn_in,
+                n,
+                &mut b.gate,
+                &mut b.up,
+                &mut b.cur,
+                at.lora,
+            )?;
+            if let Some(nw) = &lw.post_ffn_norm {
+                self.norm(&mut b.cur, nw);
             }
             if c.residual_scale != 1.0 {
-                mixed.iter_mut().for_each(|v| *v *= c.residual_scale);
+                b.cur.iter_mut().for_each(|v| *v *= c.residual_scale);
             }
-            if lp.residual == Residual::Parallel {
-                // falcon: l_out = (ffn + attention) + residual.
-                x.iter_mut()
-                    .zip(mixed.iter().zip(&ffn_out))
-                    .for_each(|(a, (at, f))| *a += f + at);
-            } else {
-                // ffn_inp = residual + token mixer
-                x.iter_mut().zip(&mixed).for_each(|(a, b)| *a += b);
-            }
-            if lp.residual == Residual::Sequential && lp.channel != Channel::None {
-                ffn_in.copy_from_slice(&x);
-                if let Some(nw) = &lw.ffn_norm {
-                    self.norm(&mut ffn_in, nw);
-                }
-                self.channel_mixer(il, lp, lw, &ffn_in, n, &mut gate, &mut up, &mut cur, &lora)?;
-                if let Some(nw) = &lw.post_ffn_norm {
-                    self.norm(&mut cur, nw);
-                }
-                if c.residual_scale != 1.0 {
-                    cur.iter_mut().for_each(|v| *v *= c.residual_scale);
-                }
-                // l_out
-                x.iter_mut().zip(&cur).for_each(|(a, b)| *a += b);
-            }
-            // Gemma 4: the per-layer embedding block, then the layer's output scale.
-            if let (Some(p), Some(inputs)) = (&lw.ple, &ple_inputs) {
-                self.ple_layer(il, p, inputs, &mut x, n)?;
-            }
-            if let Some(s) = lw.out_scale {
-                x.iter_mut().for_each(|v| *v *= s);
-            }
+            self.tap("ffn_out", Some(il), pos, &b.cur);
+            // l_out
+            x.iter_mut().zip(&b.cur).for_each(|(a, f)| *a += f);
         }
-        for s in seqs.iter_mut() {
-            s.state.advance(s.tokens.len());
+        // Gemma 4: the per-layer embedding block, then the layer's output scale.
+        if let (Some(p), Some(inputs)) = (&lw.ple, at.ple_inputs) {
+            self.ple_layer(il, p, inputs, x, n)?;
         }
+        if let Some(s) = lw.out_scale {
+            x.iter_mut().for_each(|v| *v *= s);
+        }
+        self.tap("l_out", Some(il), pos, x);
+        Ok(())
+    }
 
-        // Sequences that want hidden states get their rows after the output norm (the same
-        // norm, row by row, as the LM head's input); the others are left out of the LM head.
+    /// Each sequence's output from the last layer's rows `x`: its hidden states after the
+    /// output norm (`Logits::Hidden`: the same norm, row by row, as the LM head's input),
+    /// or its wanted rows' logits (`[rows][n_vocab]`) from one LM-head product over every
+    /// wanted row of the batch.
+    fn outputs(
+        &self,
+        seqs: &[Sequence<'_>],
+        rows: &Rows<'_>,
+        x: &[f32],
+        lora: &LoraRows,
+    ) -> Result<Vec<Vec<f32>>> {
+        let (c, w) = (&self.config, &self.weights);
+        let (d, n, starts) = (c.n_embd, rows.pos.len(), rows.starts);
         let mut hidden: Vec<Option<Vec<f32>>> = vec![None; seqs.len()];
         for (si, s) in seqs.iter().enumerate() {
             if s.logits == Logits::Hidden {
@@ -417,6 +483,7 @@ impl Model {
         // The rows whose logits are wanted, gathered for one LM-head product.
         let mut wanted: Vec<(usize, usize)> = Vec::with_capacity(seqs.len()); // (first, count)
         let mut wanted_rows = Vec::new();
+        let mut wanted_pos = Vec::new();
         // Batch row → its index among the wanted rows (for the adapters of the LM head).
         let mut wanted_at: Vec<Option<usize>> = vec![None; n];
         for (si, s) in seqs.iter().enumerate() {
@@ -431,12 +498,13 @@ impl Model {
             wanted.push((first, r1 - from));
             (from..r1).for_each(|r| wanted_at[r] = Some(first + r - from));
             wanted_rows.extend_from_slice(&x[from * d..r1 * d]);
+            wanted_pos.extend_from_slice(&rows.pos[from..r1]);
         }
         let lora_head = lora.select(&wanted_at);
         // Each sequence's output: its hidden states, or its rows of the LM head's product.
-        let mut outputs = |mut per_seq: Vec<Vec<f32>>| -> Vec<Vec<f32>> {
-            for (o, h) in per_seq.iter_mut().zip(hidden.iter_mut()) {
-                if let Some(h) = h.take() {
+        let outputs = |mut per_seq: Vec<Vec<f32>>| -> Vec<Vec<f32>> {
+            for (o, h) in per_seq.iter_mut().zip(hidden) {
+                if let Some(h) = h {
                     *o = h;
                 }
             }
@@ -446,9 +514,10 @@ impl Model {
         // The LM head's product: into the caller's vector for one sequence, else into a
         // reused per-thread buffer split per sequence afterwards (a fresh multi-megabyte
         // buffer per decode step cost 13% of an 8-sequence step in page faults).
-        let logits_of = |out: &mut [f32]| -> Result<()> {
+        let mut logits_of = |out: &mut [f32]| -> Result<()> {
             if n_rows > 0 {
                 self.norm(&mut wanted_rows, &w.output_norm);
+                self.tap("result_norm", None, &wanted_pos, &wanted_rows);
                 matmul(&w.output, self.weight(&w.output), &wanted_rows, n_rows, out)?;
                 self.lora_add(&w.output, &wanted_rows, &lora_head, out)?;
                 if c.logit_scale != 1.0 {
@@ -460,7 +529,6 @@ impl Model {
             }
             Ok(())
         };
-        let mut logits_of = logits_of;
         if wanted.len() == 1 {
             let mut out = vec![0f32; n_rows * c.n_vocab];
             logits_of(&mut out)?;
@@ -475,6 +543,41 @@ impl Model {
                 .collect())
         })?;
         Ok(outputs(per_seq))
+    }
+}
+
+/// What one layer of a [`Model::forward_batch_in`] call reads besides its buffers.
+struct LayerAt<'a> {
+    il: usize,
+    rows: &'a Rows<'a>,
+    lora: &'a LoraRows,
+    /// Gemma 4's per-layer inputs of every layer.
+    ple_inputs: Option<&'a [f32]>,
+}
+
+/// The buffers the layers of one call reuse (`[rows][n_embd]` each, the FFN's sized as
+/// it runs).
+struct LayerBufs {
+    cur: Vec<f32>,
+    mixed: Vec<f32>,
+    ffn_in: Vec<f32>,
+    ffn_out: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    scratch: AttnScratch,
+}
+
+impl LayerBufs {
+    fn new(len: usize) -> LayerBufs {
+        LayerBufs {
+            cur: vec![0f32; len],
+            mixed: vec![0f32; len],
+            ffn_in: vec![0f32; len],
+            ffn_out: Vec::new(),
+            gate: Vec::new(),
+            up: Vec::new(),
+            scratch: AttnScratch::default(),
+        }
     }
 }
 

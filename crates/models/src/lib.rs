@@ -18,6 +18,7 @@ pub mod plan;
 pub mod pool;
 pub mod rope;
 pub mod state;
+pub mod taps;
 pub mod tune;
 
 pub use blocks::attention::{AttentionWeights, QkvWeights};

@@ -126,6 +126,8 @@ pub struct Model {
     /// Whether products read the packed copies (`true`) or the stored rows
     /// ([`Model::set_decode_path`]).
     pub(crate) packed_active: std::sync::atomic::AtomicBool,
+    /// Named intermediates to record ([`Model::set_taps`]; `None`: none).
+    pub(crate) taps: Option<std::sync::Arc<crate::taps::Taps>>,
 }
 
 /// Repacked matrices found by two indexed loads: the tensor's index, then the matrix's
@@ -420,6 +422,7 @@ impl Model {
             matmul_weights,
             packed: Default::default(),
             packed_active: std::sync::atomic::AtomicBool::new(true),
+            taps: None,
         };
         model.set_repack(repack && frink_quant::dot::pack::preferred());
         Ok(model)
@@ -435,6 +438,26 @@ impl Model {
     /// where the AVX2 or AVX-512 kernels are this machine's best
     /// ([`frink_quant::dot::pack::preferred`]; llama.cpp repacks its CPU weights the same
     /// way unless `--no-repack`).
+    /// Records the forward pass's named intermediates into `taps` from now on (`None`:
+    /// stop); read them with [`crate::taps::Taps::take`].
+    pub fn set_taps(&mut self, taps: Option<std::sync::Arc<crate::taps::Taps>>) {
+        self.taps = taps;
+    }
+
+    /// Records `values` (one row per entry of `pos`) as intermediate `name` of `layer`
+    /// when taps are set.
+    pub(crate) fn tap(
+        &self,
+        name: &'static str,
+        layer: Option<usize>,
+        pos: &[usize],
+        values: &[f32],
+    ) {
+        if let Some(t) = &self.taps {
+            t.record(name, layer, pos, values);
+        }
+    }
+
     pub fn set_repack(&mut self, on: bool) {
         use frink_quant::dot::pack::{block_bytes, pack_groups, Packed, GROUP};
         if !on {
