@@ -80,104 +80,20 @@ pub(crate) fn prepare_chat(st: &AppState, obj: &Map<String, Value>) -> Result<Pr
     let eng = st.engine()?;
     let messages = api::messages(obj)?;
     let opts = api::gen_options(obj, Endpoint::Chat, eng.tok.n_vocab(), st.parallel)?;
-    let top = api::opt_i64(obj, "top_logprobs")?;
-    let n_probs = api::opt_i64(obj, "n_probs")?;
-    let logprobs = match api::opt_bool(obj, "logprobs")? {
-        Some(true) => Some(top.or(n_probs).unwrap_or(0)),
-        // llama.cpp's n_probs > 0 asks for the probabilities by itself.
-        None => n_probs.filter(|&n| n > 0),
-        Some(false) => None,
-    };
-    if let Some(n) = logprobs.filter(|n| !(0..=20).contains(n)) {
-        let name = if top.is_some() {
-            "top_logprobs"
-        } else {
-            "n_probs"
-        };
-        return Err(ApiError::invalid(
-            Some(name),
-            format!("'{name}' must be between 0 and 20, got {n}"),
-        ));
-    }
-    let logprobs = logprobs.map(|n| n as usize);
-    // Tools: rendered by the template; calls parsed from the answer in the format the
-    // template teaches; a required call enforced by a grammar.
-    let mut grammar = api::grammar(obj)?;
-    // A lazy grammar's trigger (tool_choice "auto": a call, once begun, is enforced).
-    let mut trigger = None;
-    let mut answer = answer::AnswerFormat::default();
-    // The markers whose control tokens the answer must show.
-    let mut markers: Vec<&str> = Vec::new();
-    let mut tools_for_template = None;
+    let logprobs = chat_logprobs(obj)?;
     let template = st.template(eng);
-    let tool_format = tools::ToolFormat::detect(template.unwrap_or(""));
-    // A required or named call needs tools to call (an empty `tools` is none).
-    let choice_needs_tools = obj
-        .get("tool_choice")
-        .is_some_and(|c| !c.is_null() && c != "none" && c != "auto");
-    let no_tools = || ApiError::invalid(Some("tool_choice"), "'tool_choice' requires 'tools'");
-    if let Some(tv) = obj.get("tools").filter(|v| !v.is_null()) {
-        let bad = |p: &str, m: String| ApiError::invalid(Some(p), m);
-        let tools = tools::check_tools(tv).map_err(|m| bad("tools", m))?;
-        if tools.is_empty() && choice_needs_tools {
-            return Err(no_tools());
-        }
-        if !tools.is_empty() {
-            let (usable, required) =
-                tools::choice(&tools, obj.get("tool_choice")).map_err(|m| bad("tool_choice", m))?;
-            let format = tool_format.ok_or_else(|| {
-                bad(
-                    "tools",
-                    "this model's chat template teaches no tool-call format frink parses \
-                     (see `frink inspect` and docs/server.md's list of formats)"
-                        .into(),
-                )
-                .with_code("unsupported_field")
-            })?;
-            let parallel = api::opt_bool(obj, "parallel_tool_calls")?.unwrap_or(true);
-            if required {
-                if let Some((param, _)) = &grammar {
-                    return Err(bad(
-                        param,
-                        format!("'{param}' and a required tool call both constrain the answer"),
-                    ));
-                }
-                let lark = format.call_grammar(&usable, parallel, &|m| eng.tok.control_token(m));
-                grammar = Some(("tool_choice", frink_engine::constraint::Grammar::Lark(lark)));
-            } else if grammar.is_none() && !usable.is_empty() {
-                // `auto`: free text, and a call held to the grammar once it begins.
-                let lark = format.auto_grammar(&usable, parallel, &|m| eng.tok.control_token(m));
-                grammar = Some(("tools", frink_engine::constraint::Grammar::Lark(lark)));
-                trigger = Some(format.triggers(&|m| eng.tok.control_token(m)));
-            }
-            // llama.cpp's `parse_tool_calls: false`: the calls stay in the text.
-            let parse_calls = api::opt_bool(obj, "parse_tool_calls")?.unwrap_or(true);
-            if !usable.is_empty() && parse_calls {
-                // Harmony's calls come out of its channels (the reasoning splitter).
-                answer.tool_format = Some(format).filter(|&f| f != tools::ToolFormat::Harmony);
-                answer.tools = tools::ToolSet::new(&usable);
-                markers.extend(format.markers());
-            }
-            tools_for_template = Some(Value::Array(tools));
-        }
-    } else if choice_needs_tools {
-        return Err(no_tools());
-    }
-    let mut kwargs = st.chat_template_kwargs.clone();
-    match obj.get("chat_template_kwargs") {
-        None | Some(Value::Null) => {}
-        Some(Value::Object(m)) => kwargs.extend(m.clone()),
-        Some(_) => {
-            return Err(ApiError::invalid(
-                Some("chat_template_kwargs"),
-                "'chat_template_kwargs' must be an object",
-            ))
-        }
-    }
+    let mut grammar = api::grammar(obj)?;
+    let ChatTools {
+        format: tool_format,
+        trigger,
+        mut answer,
+        mut markers,
+        for_template: tools_for_template,
+    } = chat_tools(eng, obj, template, &mut grammar)?;
     let inputs = TemplateInputs {
         add_generation_prompt: true,
         tools: tools_for_template,
-        kwargs,
+        kwargs: template_kwargs(st, obj)?,
         ..TemplateInputs::default()
     };
     let gemma4 = tool_format == Some(tools::ToolFormat::Gemma4);
@@ -199,19 +115,7 @@ pub(crate) fn prepare_chat(st: &AppState, obj: &Map<String, Value>) -> Result<Pr
         .tok
         .encode_chat(&rendered)
         .map_err(|e| ApiError::invalid(Some("messages"), e.to_string()))?;
-    let split = match api::opt_str(obj, "reasoning_format")? {
-        None => st.split_reasoning,
-        Some("none") => false,
-        Some("auto" | "deepseek") => true,
-        Some(other) => {
-            return Err(ApiError::invalid(
-                Some("reasoning_format"),
-                format!(
-                    "'reasoning_format' must be \"none\", \"auto\" or \"deepseek\", got {other:?}"
-                ),
-            ))
-        }
-    };
+    let split = split_reasoning(st, obj)?;
     answer.reasoning = reasoning::Mode::detect(template.unwrap_or(""), &rendered.text, split);
     match answer.reasoning {
         Some(reasoning::Mode::Harmony { .. }) => markers.extend(crate::harmony::MARKERS),
@@ -241,6 +145,162 @@ pub(crate) fn prepare_chat(st: &AppState, obj: &Map<String, Value>) -> Result<Pr
         shown_tokens,
         prediction,
         model: model_field(st, obj),
+    })
+}
+
+/// What a chat request's `tools` and `tool_choice` make of it ([`chat_tools`]).
+struct ChatTools {
+    /// The call format the template teaches, if frink parses one.
+    format: Option<tools::ToolFormat>,
+    /// A lazy grammar's trigger (`tool_choice: "auto"`: a call, once begun, is enforced).
+    trigger: Option<Vec<frink_engine::constraint::Trigger>>,
+    /// How the answer is read (its tool format and tools; the reasoning is set later).
+    answer: answer::AnswerFormat,
+    /// The markers whose control tokens the answer must show.
+    markers: Vec<&'static str>,
+    /// The tools handed to the template.
+    for_template: Option<Value>,
+}
+
+/// Tools: rendered by the template; calls parsed from the answer in the format the
+/// template teaches; a required call enforced by a grammar (set into `grammar`, which must
+/// then be free), `auto` by a lazy one.
+///
+/// Errors: a 400 on `tools`, `tool_choice` or the grammar's field.
+fn chat_tools(
+    eng: &Engine,
+    obj: &Map<String, Value>,
+    template: Option<&str>,
+    grammar: &mut Option<(&'static str, frink_engine::constraint::Grammar)>,
+) -> Result<ChatTools, ApiError> {
+    // A lazy grammar's trigger (tool_choice "auto": a call, once begun, is enforced).
+    let mut trigger = None;
+    let mut answer = answer::AnswerFormat::default();
+    // The markers whose control tokens the answer must show.
+    let mut markers: Vec<&str> = Vec::new();
+    let mut tools_for_template = None;
+    let tool_format = tools::ToolFormat::detect(template.unwrap_or(""));
+    // A required or named call needs tools to call (an empty `tools` is none).
+    let choice_needs_tools = obj
+        .get("tool_choice")
+        .is_some_and(|c| !c.is_null() && c != "none" && c != "auto");
+    let no_tools = || ApiError::invalid(Some("tool_choice"), "'tool_choice' requires 'tools'");
+    if let Some(tv) = obj.get("tools").filter(|v| !v.is_null()) {
+        let bad = |p: &str, m: String| ApiError::invalid(Some(p), m);
+        let tools = tools::check_tools(tv).map_err(|m| bad("tools", m))?;
+        if tools.is_empty() && choice_needs_tools {
+            return Err(no_tools());
+        }
+        if !tools.is_empty() {
+            let (usable, required) =
+                tools::choice(&tools, obj.get("tool_choice")).map_err(|m| bad("tool_choice", m))?;
+            let format = tool_format.ok_or_else(|| {
+                bad(
+                    "tools",
+                    "this model's chat template teaches no tool-call format frink parses \
+                     (see `frink inspect` and docs/server.md's list of formats)"
+                        .into(),
+                )
+                .with_code("unsupported_field")
+            })?;
+            let parallel = api::opt_bool(obj, "parallel_tool_calls")?.unwrap_or(true);
+            if required {
+                if let Some((param, _)) = &*grammar {
+                    return Err(bad(
+                        param,
+                        format!("'{param}' and a required tool call both constrain the answer"),
+                    ));
+                }
+                let lark = format.call_grammar(&usable, parallel, &|m| eng.tok.control_token(m));
+                *grammar = Some(("tool_choice", frink_engine::constraint::Grammar::Lark(lark)));
+            } else if grammar.is_none() && !usable.is_empty() {
+                // `auto`: free text, and a call held to the grammar once it begins.
+                let lark = format.auto_grammar(&usable, parallel, &|m| eng.tok.control_token(m));
+                *grammar = Some(("tools", frink_engine::constraint::Grammar::Lark(lark)));
+                trigger = Some(format.triggers(&|m| eng.tok.control_token(m)));
+            }
+            // llama.cpp's `parse_tool_calls: false`: the calls stay in the text.
+            let parse_calls = api::opt_bool(obj, "parse_tool_calls")?.unwrap_or(true);
+            if !usable.is_empty() && parse_calls {
+                // Harmony's calls come out of its channels (the reasoning splitter).
+                answer.tool_format = Some(format).filter(|&f| f != tools::ToolFormat::Harmony);
+                answer.tools = tools::ToolSet::new(&usable);
+                markers.extend(format.markers());
+            }
+            tools_for_template = Some(Value::Array(tools));
+        }
+    } else if choice_needs_tools {
+        return Err(no_tools());
+    }
+    Ok(ChatTools {
+        format: tool_format,
+        trigger,
+        answer,
+        markers,
+        for_template: tools_for_template,
+    })
+}
+
+/// `logprobs` with `top_logprobs` (OpenAI's) or `n_probs` (llama.cpp's; > 0 asks by
+/// itself): how many alternatives per token, at most 20, or `None`.
+fn chat_logprobs(obj: &Map<String, Value>) -> Result<Option<usize>, ApiError> {
+    let top = api::opt_i64(obj, "top_logprobs")?;
+    let n_probs = api::opt_i64(obj, "n_probs")?;
+    let logprobs = match api::opt_bool(obj, "logprobs")? {
+        Some(true) => Some(top.or(n_probs).unwrap_or(0)),
+        // llama.cpp's n_probs > 0 asks for the probabilities by itself.
+        None => n_probs.filter(|&n| n > 0),
+        Some(false) => None,
+    };
+    if let Some(n) = logprobs.filter(|n| !(0..=20).contains(n)) {
+        let name = if top.is_some() {
+            "top_logprobs"
+        } else {
+            "n_probs"
+        };
+        return Err(ApiError::invalid(
+            Some(name),
+            format!("'{name}' must be between 0 and 20, got {n}"),
+        ));
+    }
+    Ok(logprobs.map(|n| n as usize))
+}
+
+/// The template's variables: the server's `--chat-template-kwargs`, extended and
+/// overridden by the request's `chat_template_kwargs`.
+fn template_kwargs(
+    st: &AppState,
+    obj: &Map<String, Value>,
+) -> Result<Map<String, Value>, ApiError> {
+    let mut kwargs = st.chat_template_kwargs.clone();
+    match obj.get("chat_template_kwargs") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(m)) => kwargs.extend(m.clone()),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                Some("chat_template_kwargs"),
+                "'chat_template_kwargs' must be an object",
+            ))
+        }
+    }
+    Ok(kwargs)
+}
+
+/// Whether `<think>` reasoning goes to `reasoning_content`: the request's
+/// `reasoning_format`, else `--reasoning-format`.
+fn split_reasoning(st: &AppState, obj: &Map<String, Value>) -> Result<bool, ApiError> {
+    Ok(match api::opt_str(obj, "reasoning_format")? {
+        None => st.split_reasoning,
+        Some("none") => false,
+        Some("auto" | "deepseek") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                Some("reasoning_format"),
+                format!(
+                    "'reasoning_format' must be \"none\", \"auto\" or \"deepseek\", got {other:?}"
+                ),
+            ))
+        }
     })
 }
 
