@@ -299,38 +299,30 @@ pub fn matmul_each<'a>(projs: &mut [Projection<'a>], xs: &[&[f32]], n: usize) ->
     matmul_inputs(projs, xs, n)
 }
 
-/// The body of [`matmul_many`] (`xs` = one shared input) and [`matmul_each`] (one per
-/// projection).
-fn matmul_inputs<'a>(projs: &mut [Projection<'a>], xs: &[&[f32]], n: usize) -> Result<()> {
+/// One input's rows quantized for one activation type: (input index, type, bytes per row,
+/// the rows).
+type QuantizedInput = (usize, frink_gguf::GgmlType, usize, Vec<u8>);
+
+/// Each kernel's input for [`matmul_inputs`]: the input rows quantized once per input and
+/// activation type (and, for a prefill, prepared once for the tile kernels that want it),
+/// and per projection its kernel and the index of its quantized input (`None`: no integer
+/// kernel, the rows are read as floats).
+///
+/// Errors: columns that are not whole activation blocks, a failed quantization.
+#[allow(clippy::type_complexity)]
+fn quantize_inputs(
+    projs: &[Projection<'_>],
+    xs: &[&[f32]],
+    n: usize,
+) -> Result<(
+    Vec<QuantizedInput>,
+    Vec<frink_quant::dot::ActPrep>,
+    Vec<Option<(frink_quant::dot::DotKernel, usize)>>,
+)> {
     use frink_quant::dot::{best_kernel, has_dot, quantize_activation, DotKernel};
-    let Some(cols) = projs.first().map(|p| p.w.cols) else {
-        return Ok(());
-    };
     let shared = xs.len() == 1;
     let input = |pi: usize| if shared { 0 } else { pi };
-    for (pi, p) in projs.iter().enumerate() {
-        assert_eq!(xs[input(pi)].len(), n * p.w.cols, "matmul input shape");
-        if shared {
-            assert_eq!(p.w.cols, cols, "matmul_many: projections of one input");
-        }
-        assert_eq!(p.out.len(), n * p.w.rows, "matmul output shape");
-        match p.data {
-            WeightData::Stored(d) => {
-                assert_eq!(d.len(), p.w.rows * p.w.row_bytes, "matmul weight bytes")
-            }
-            WeightData::Packed(pk) => assert_eq!(
-                (pk.ty(), pk.rows(), pk.cols()),
-                (p.w.ty, p.w.rows, p.w.cols),
-                "matmul packed weights"
-            ),
-        }
-    }
-    if n == 0 {
-        return Ok(());
-    }
-    // Input rows quantized once per input and activation type (and, for a prefill,
-    // prepared once for the tile kernels that want it).
-    let mut acts: Vec<(usize, frink_gguf::GgmlType, usize, Vec<u8>)> = Vec::new();
+    let mut acts: Vec<QuantizedInput> = Vec::new();
     let mut preps: Vec<frink_quant::dot::ActPrep> = Vec::new();
     let mut kernels: Vec<Option<(DotKernel, usize)>> = Vec::with_capacity(projs.len());
     for (pi, p) in projs.iter().enumerate() {
@@ -392,7 +384,13 @@ fn matmul_inputs<'a>(projs: &mut [Projection<'a>], xs: &[&[f32]], n: usize) -> R
         }
         kernels.push(Some((k, slot)));
     }
-    // Tasks: (projection, first weight row, rows), in projection order.
+    Ok((acts, preps, kernels))
+}
+
+/// The tasks of [`matmul_inputs`]: (projection, first weight row, rows), in projection
+/// order; a decode step's in guided sizes ([`decode_task_rows`]) over all its
+/// projections, a batch's in [`ROWS_PER_TASK_BATCH`] rows.
+fn matmul_tasks(projs: &[Projection<'_>], n: usize) -> Vec<(usize, usize, usize)> {
     let threads = crate::pool::threads();
     let small = n <= SMALL_BATCH;
     let mut tasks: Vec<(usize, usize, usize)> = Vec::new();
@@ -420,6 +418,39 @@ fn matmul_inputs<'a>(projs: &mut [Projection<'a>], xs: &[&[f32]], n: usize) -> R
             left -= per;
         }
     }
+    tasks
+}
+
+/// The body of [`matmul_many`] (`xs` = one shared input) and [`matmul_each`] (one per
+/// projection).
+fn matmul_inputs<'a>(projs: &mut [Projection<'a>], xs: &[&[f32]], n: usize) -> Result<()> {
+    let Some(cols) = projs.first().map(|p| p.w.cols) else {
+        return Ok(());
+    };
+    let shared = xs.len() == 1;
+    let input = |pi: usize| if shared { 0 } else { pi };
+    for (pi, p) in projs.iter().enumerate() {
+        assert_eq!(xs[input(pi)].len(), n * p.w.cols, "matmul input shape");
+        if shared {
+            assert_eq!(p.w.cols, cols, "matmul_many: projections of one input");
+        }
+        assert_eq!(p.out.len(), n * p.w.rows, "matmul output shape");
+        match p.data {
+            WeightData::Stored(d) => {
+                assert_eq!(d.len(), p.w.rows * p.w.row_bytes, "matmul weight bytes")
+            }
+            WeightData::Packed(pk) => assert_eq!(
+                (pk.ty(), pk.rows(), pk.cols()),
+                (p.w.ty, p.w.rows, p.w.cols),
+                "matmul packed weights"
+            ),
+        }
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let (acts, preps, kernels) = quantize_inputs(projs, xs, n)?;
+    let tasks = matmul_tasks(projs, n);
     let mats: Vec<(&'a Matrix, WeightData<'a>)> = projs.iter().map(|p| (p.w, p.data)).collect();
     let outs: Vec<Disjoint<'_, f32>> = projs
         .iter_mut()

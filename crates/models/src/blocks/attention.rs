@@ -258,7 +258,6 @@ impl Model {
         mut pool: Option<&mut KvPool>,
     ) -> Result<()> {
         let c = &self.config;
-        let w = &self.weights;
         let n = rows.n();
         let (starts, pos) = (rows.starts, rows.pos);
         let cur = input;
@@ -279,6 +278,132 @@ impl Model {
         v.resize(n * g.v(), 0.0);
         attn.resize(n * g.attn(), 0.0);
         // Qcur, Kcur, Vcur (Qcur alone where the layer shares another's keys and values)
+        self.qkv_rows(ap, lw, g, cur, n, lora, (q, k, v), (qkv, gate))?;
+        // Q/K norm: rows of head_dim_k values, or of the whole projection.
+        if let Some(qn) = &lw.q_norm {
+            rms_norm(q, qn, c.norm_eps);
+        }
+        // (A sharing layer has no K norm.)
+        if let Some(kn) = &lw.k_norm {
+            rms_norm(k, kn, c.norm_eps);
+        }
+        // Gemma 4's V-norm: each value head to unit RMS (no weight: `x · 1` is `x`).
+        if ap.v_norm && !shares {
+            rms_norm(v, &vec![1f32; g.hd_v], c.norm_eps);
+        }
+        // Keys to rotate and norm: none where they are another layer's.
+        let k_new: &mut [f32] = if shares { &mut [] } else { k.as_mut_slice() };
+        if let Position::Rope(layout) = ap.position {
+            self.rope_rows(ap, g, layout, pos, (q, k_new), rope_tables);
+        }
+        // Llama 4's L2 norm of each head, after RoPE (no weight: `x · 1` is `x`).
+        if ap.qk_norm == QkNorm::L2 {
+            let ones = vec![1f32; g.hd_k];
+            rms_norm(q, &ones, c.norm_eps);
+            rms_norm(k_new, &ones, c.norm_eps);
+        }
+        // NoPE layers' query temperature, by each row's position.
+        if let Some(t) = ap.temperature {
+            for (row, &p) in q.chunks_exact_mut(g.q()).zip(pos) {
+                let f = t.factor(p);
+                if f != 1.0 {
+                    row.iter_mut().for_each(|v| *v *= f);
+                }
+            }
+        }
+        rotate_for_cache(seqs, starts, g, shares, (q, k, v));
+        let dims = (g.k(), g.v());
+        // A windowed layer's rows go through the sequence's window table where it has one
+        // (a pool's window group, a ring of its own).
+        let windowed = ap.window > 0;
+        // The keys and values this layer writes (none where it shares) and reads: its own
+        // cache, or its source layer's (of the same kind, windowed or not).
+        let src = ap.geometry.kv_source.unwrap_or(il);
+        if !shares {
+            write_kv(
+                il,
+                windowed,
+                seqs,
+                starts,
+                (k, v),
+                dims,
+                pool.as_deref_mut(),
+            );
+        }
+        let pool = pool.as_deref();
+        let parts: Vec<AttnSeq<'_>> = seqs
+            .iter()
+            .enumerate()
+            .map(|(si, s)| AttnSeq {
+                layer: match pool.filter(|_| s.state.is_pooled()) {
+                    Some(p) => p.layer(src),
+                    None => s.state.kv(src),
+                },
+                blocks: s.state.table(match pool.filter(|_| s.state.is_pooled()) {
+                    Some(p) => p.in_window_group(src),
+                    None => windowed,
+                }),
+                p0: s.state.n_past,
+                r0: starts[si],
+                n: starts[si + 1] - starts[si],
+            })
+            .collect();
+        attention(
+            c,
+            g,
+            &parts,
+            q,
+            Visible {
+                window: ap.window,
+                chunk: ap.chunk,
+            },
+            ap.softcap,
+            lw.attn_sinks.as_deref(),
+            attn,
+        );
+        // The output is a sum of rotated values: rotated back (the block is its own
+        // inverse).
+        let row_out = g.attn();
+        for (si, s) in seqs.iter().enumerate() {
+            if let Some(b) = s.state.kv_type.value_rotation(g.hd_v) {
+                hadamard_rotate(&mut attn[starts[si] * row_out..starts[si + 1] * row_out], b);
+            }
+        }
+        if ap.output_gate {
+            attn.iter_mut()
+                .zip(gate.iter())
+                .for_each(|(a, &g)| *a *= 1.0 / (1.0 + (-g).exp()));
+        }
+        if let QkvWeights::Mla(mla) = &lw.qkv {
+            self.mla_output(mla, attn, n, attn_out)?;
+            matmul(&lw.wo, self.weight(&lw.wo), attn_out, n, out)?;
+            self.lora_add(&lw.wo, attn_out, lora, out)?;
+        } else {
+            matmul(&lw.wo, self.weight(&lw.wo), attn, n, out)?;
+            self.lora_add(&lw.wo, attn, lora, out)?;
+        }
+        if let Some(b) = &lw.bo {
+            add_bias(out, b);
+        }
+        Ok(())
+    }
+
+    /// Layer `ap`'s Q, K and V rows (`n` each; `q`, `k`, `v` resized by the caller) from
+    /// `cur`: separate, fused or latent projections with their adapters and biases, a
+    /// query-only layer's queries, or Qwen3-Next's per-head query and output gate
+    /// (`scratch`: the fused rows and the gate).
+    #[allow(clippy::too_many_arguments)]
+    fn qkv_rows(
+        &self,
+        ap: &AttentionPlan,
+        lw: &AttentionWeights,
+        g: Dims,
+        cur: &[f32],
+        n: usize,
+        lora: &LoraRows,
+        (q, k, v): (&mut Vec<f32>, &mut Vec<f32>, &mut Vec<f32>),
+        (qkv, gate): (&mut Vec<f32>, &mut Vec<f32>),
+    ) -> Result<()> {
         match &lw.qkv {
             QkvWeights::QueryOnly(wq) => {
                 matmul(wq, self.weight(wq), cur, n, q)?;
@@ -354,170 +479,61 @@ impl Model {
                 }
             }
         }
-        // Q/K norm: rows of head_dim_k values, or of the whole projection.
-        if let Some(qn) = &lw.q_norm {
-            rms_norm(q, qn, c.norm_eps);
-        }
-        // (A sharing layer has no K norm.)
-        if let Some(kn) = &lw.k_norm {
-            rms_norm(k, kn, c.norm_eps);
-        }
-        // Gemma 4's V-norm: each value head to unit RMS (no weight: `x · 1` is `x`).
-        if ap.v_norm && !shares {
-            rms_norm(v, &vec![1f32; g.hd_v], c.norm_eps);
-        }
-        // Keys to rotate and norm: none where they are another layer's.
-        let k_new: &mut [f32] = if shares { &mut [] } else { k.as_mut_slice() };
-        if let Position::Rope(layout) = ap.position {
-            let neox = layout == RopeLayout::Neox;
-            let n_rot = ap.geometry.n_rot;
-            let factors = w.rope_freqs.as_deref().filter(|_| ap.geometry.freq_factors);
-            // One table per parameter set, rotation width and factors.
-            let key = (ap.rope, n_rot, factors.is_some());
-            let ti = match rope_tables.iter().position(|(k, _)| *k == key) {
-                Some(i) => i,
-                None => {
-                    let mut table = Vec::with_capacity(n * n_rot / 2);
-                    let mut angles = Vec::new();
-                    for &p in pos {
-                        rope_angles(p, n_rot, &ap.rope, factors, &mut angles);
-                        table.extend_from_slice(&angles);
-                    }
-                    rope_tables.push((key, table));
-                    rope_tables.len() - 1
-                }
-            };
-            let table = &rope_tables[ti].1;
-            let half = n_rot / 2;
-            // The rotated dimensions: a head's first n_rot, or with MLA its last n_rot
-            // (the RoPE part after the latent).
-            let off = if ap.qkv == QkvLayout::Latent {
-                g.hd_k - n_rot
-            } else {
-                0
-            };
-            let rows = rows_per_task(n);
-            for (t, dim) in [(q.as_mut_slice(), g.q()), (&mut *k_new, g.k())] {
-                pool::for_each_chunk(t, rows * dim, &|ci, part| {
-                    for (r, row) in part.chunks_exact_mut(dim).enumerate() {
-                        let i = ci * rows + r;
-                        let angles = &table[i * half..(i + 1) * half];
-                        for head in row.chunks_exact_mut(g.hd_k) {
-                            rope_rotate(&mut head[off..], angles, neox);
-                        }
-                    }
-                });
-            }
-        }
-        // Llama 4's L2 norm of each head, after RoPE (no weight: `x · 1` is `x`).
-        if ap.qk_norm == QkNorm::L2 {
-            let ones = vec![1f32; g.hd_k];
-            rms_norm(q, &ones, c.norm_eps);
-            rms_norm(k_new, &ones, c.norm_eps);
-        }
-        // NoPE layers' query temperature, by each row's position.
-        if let Some(t) = ap.temperature {
-            for (row, &p) in q.chunks_exact_mut(g.q()).zip(pos) {
-                let f = t.factor(p);
-                if f != 1.0 {
-                    row.iter_mut().for_each(|v| *v *= f);
-                }
-            }
-        }
-        // A quantized cache holds rotated keys and values (llama.cpp PR #21038): each
-        // sequence's queries and keys by its key block, values by its value block.
-        for (si, s) in seqs.iter().enumerate() {
-            let (r0, r1) = (starts[si], starts[si + 1]);
-            let kv = s.state.kv_type;
-            if let Some(b) = kv.key_rotation(g.hd_k) {
-                hadamard_rotate(&mut q[r0 * g.q()..r1 * g.q()], b);
-                if !shares {
-                    hadamard_rotate(&mut k[r0 * g.k()..r1 * g.k()], b);
-                }
-            }
-            if let Some(b) = kv.value_rotation(g.hd_v).filter(|_| !shares) {
-                hadamard_rotate(&mut v[r0 * g.v()..r1 * g.v()], b);
-            }
-        }
-        let dims = (g.k(), g.v());
-        // A windowed layer's rows go through the sequence's window table where it has one
-        // (a pool's window group, a ring of its own).
-        let windowed = ap.window > 0;
-        // The keys and values this layer writes (none where it shares) and reads: its own
-        // cache, or its source layer's (of the same kind, windowed or not).
-        let src = ap.geometry.kv_source.unwrap_or(il);
-        for (si, s) in seqs.iter_mut().enumerate().filter(|_| !shares) {
-            let (r0, r1) = (starts[si], starts[si + 1]);
-            let (kr, vr) = (&k[r0 * dims.0..r1 * dims.0], &v[r0 * dims.1..r1 * dims.1]);
-            let p0 = s.state.n_past;
-            let state = &mut *s.state;
-            if state.is_pooled() {
-                let pool = pool
-                    .as_deref_mut()
-                    .expect("forward_batch_in checked that pooled sequences have their pool");
-                let table = state.table(pool.in_window_group(il));
-                pool.layer_mut(il).write_rows(table, p0, kr, vr);
-            } else {
-                let (layer, table) = state.kv_and_table_mut(il, windowed);
-                layer.write_rows(table, p0, kr, vr);
-            }
-        }
-        let pool = pool.as_deref();
-        let parts: Vec<AttnSeq<'_>> = seqs
-            .iter()
-            .enumerate()
-            .map(|(si, s)| AttnSeq {
-                layer: match pool.filter(|_| s.state.is_pooled()) {
-                    Some(p) => p.layer(src),
-                    None => s.state.kv(src),
-                },
-                blocks: s.state.table(match pool.filter(|_| s.state.is_pooled()) {
-                    Some(p) => p.in_window_group(src),
-                    None => windowed,
-                }),
-                p0: s.state.n_past,
-                r0: starts[si],
-                n: starts[si + 1] - starts[si],
-            })
-            .collect();
-        attention(
-            c,
-            g,
-            &parts,
-            q,
-            Visible {
-                window: ap.window,
-                chunk: ap.chunk,
-            },
-            ap.softcap,
-            lw.attn_sinks.as_deref(),
-            attn,
-        );
-        // The output is a sum of rotated values: rotated back (the block is its own
-        // inverse).
-        let row_out = g.attn();
-        for (si, s) in seqs.iter().enumerate() {
-            if let Some(b) = s.state.kv_type.value_rotation(g.hd_v) {
-                hadamard_rotate(&mut attn[starts[si] * row_out..starts[si + 1] * row_out], b);
-            }
-        }
-        if ap.output_gate {
-            attn.iter_mut()
-                .zip(gate.iter())
-                .for_each(|(a, &g)| *a *= 1.0 / (1.0 + (-g).exp()));
-        }
-        if let QkvWeights::Mla(mla) = &lw.qkv {
-            self.mla_output(mla, attn, n, attn_out)?;
-            matmul(&lw.wo, self.weight(&lw.wo), attn_out, n, out)?;
-            self.lora_add(&lw.wo, attn_out, lora, out)?;
-        } else {
-            matmul(&lw.wo, self.weight(&lw.wo), attn, n, out)?;
-            self.lora_add(&lw.wo, attn, lora, out)?;
-        }
-        if let Some(b) = &lw.bo {
-            add_bias(out, b);
-        }
         Ok(())
+    }
+
+    /// RoPE on the rows' queries and `k_new` (the keys this layer writes; none where it
+    /// shares another's) at positions `pos`, with the layer's parameters (a table of
+    /// angles per parameter set, kept in `rope_tables` for the call's other layers).
+    fn rope_rows(
+        &self,
+        ap: &AttentionPlan,
+        g: Dims,
+        layout: RopeLayout,
+        pos: &[usize],
+        (q, k_new): (&mut [f32], &mut [f32]),
+        rope_tables: &mut Vec<(RopeKey, Vec<(f32, f32)>)>,
+    ) {
+        let (w, n) = (&self.weights, pos.len());
+        let neox = layout == RopeLayout::Neox;
+        let n_rot = ap.geometry.n_rot;
+        let factors = w.rope_freqs.as_deref().filter(|_| ap.geometry.freq_factors);
+        // One table per parameter set, rotation width and factors.
+        let key = (ap.rope, n_rot, factors.is_some());
+        let ti = match rope_tables.iter().position(|(k, _)| *k == key) {
+            Some(i) => i,
+            None => {
+                let mut table = Vec::with_capacity(n * n_rot / 2);
+                let mut angles = Vec::new();
+                for &p in pos {
+                    rope_angles(p, n_rot, &ap.rope, factors, &mut angles);
+                    table.extend_from_slice(&angles);
+                }
+                rope_tables.push((key, table));
+                rope_tables.len() - 1
+            }
+        };
+        let table = &rope_tables[ti].1;
+        let half = n_rot / 2;
+        // The rotated dimensions: a head's first n_rot, or with MLA its last n_rot
+        // (the RoPE part after the latent).
+        let off = if ap.qkv == QkvLayout::Latent {
+            g.hd_k - n_rot
+        } else {
+            0
+        };
+        let rows = rows_per_task(n);
+        for (t, dim) in [(&mut *q, g.q()), (&mut *k_new, g.k())] {
+            pool::for_each_chunk(t, rows * dim, &|ci, part| {
+                for (r, row) in part.chunks_exact_mut(dim).enumerate() {
+                    let i = ci * rows + r;
+                    let angles = &table[i * half..(i + 1) * half];
+                    for head in row.chunks_exact_mut(g.hd_k) {
+                        rope_rotate(&mut head[off..], angles, neox);
+                    }
+                }
+            });
+        }
     }
 }
 
@@ -574,56 +590,8 @@ fn attention(
     let row_out = dims.attn();
     // Keys visible from position `pos`: first_key(pos)..=pos.
     let first_key = |pos: usize| visible.first_key(pos);
-    // Tasks: (sequence, first query head, heads, first row within the sequence).
-    let mut tasks: Vec<(usize, usize, usize, usize)> = Vec::new();
-    // Enough sequences to keep every thread busy with one task per KV head: then each KV
-    // row is widened once for all the heads that read it, even for one-row blocks.
-    let threads = crate::pool::threads();
-    let many = seqs.len() * dims.n_head_kv >= 2 * threads;
-    for (si, s) in seqs.iter().enumerate() {
-        for i0 in (0..s.n).step_by(ATTN_ROWS_PER_TASK) {
-            if s.n - i0 >= 4 || many {
-                tasks.extend((0..dims.n_head_kv).map(|g| (si, g * group, group, i0)));
-            } else {
-                // Too few KV heads for the threads: each KV head's query heads in parts
-                // of at most four (one kernel call), enough parts for every thread. One
-                // head per task left each score a chain of dependent adds (one per eight
-                // elements) with nothing beside it, and widened each key row once per
-                // head: at 4096 cached tokens Qwen2.5-1.5B's decode spent about 45% of a
-                // step in attention (tg128 @ d4096 22.6 t/s against 41.8 at depth 0).
-                let parts = threads
-                    .div_ceil(dims.n_head_kv)
-                    .max(group.div_ceil(4))
-                    .min(group);
-                let per = group.div_ceil(parts);
-                for g in 0..dims.n_head_kv {
-                    tasks.extend(
-                        (0..group)
-                            .step_by(per)
-                            .map(|c| (si, g * group + c, per.min(group - c), i0)),
-                    );
-                }
-            }
-        }
-    }
-    let work = |&(si, _, heads, i0): &(usize, usize, usize, usize)| {
-        let s = &seqs[si];
-        let i1 = (i0 + ATTN_ROWS_PER_TASK).min(s.n);
-        heads * (s.p0 + i1 - first_key(s.p0 + i0)) * (i1 - i0)
-    };
-    tasks.sort_by_key(|t| std::cmp::Reverse(work(t)));
-    // A raw score q·k of head h with key position t: scaled, soft-capped (gemma2), plus
-    // the ALiBi bias (bloom).
-    let score = |raw: f32, h: usize, t: usize| {
-        let mut s = raw * c.attn_scale;
-        if let Some(cap) = softcap {
-            s = cap * (s / cap).tanh();
-        }
-        if let Some(slope) = c.alibi_slopes.get(h) {
-            s += slope * t as f32;
-        }
-        s
-    };
+    let tasks = attention_tasks(seqs, dims, visible);
+    let score = |raw: f32, h: usize, t: usize| scaled_score(c, softcap, raw, h, t);
     let outs = Disjoint::new(out);
     crate::pool::run(tasks.len(), &|task| {
         let (si, h0, heads, i0) = tasks[task];
@@ -746,6 +714,129 @@ fn attention(
             }
         });
     });
+}
+
+/// A raw score q·k of head `h` with key position `t`: scaled, soft-capped (gemma2), plus
+/// the ALiBi bias (bloom).
+fn scaled_score(
+    c: &crate::config::ModelConfig,
+    softcap: Option<f32>,
+    raw: f32,
+    h: usize,
+    t: usize,
+) -> f32 {
+    let mut s = raw * c.attn_scale;
+    if let Some(cap) = softcap {
+        s = cap * (s / cap).tanh();
+    }
+    if let Some(slope) = c.alibi_slopes.get(h) {
+        s += slope * t as f32;
+    }
+    s
+}
+
+/// A quantized cache holds rotated keys and values (llama.cpp PR #21038): each sequence's
+/// queries and keys by its key block, values by its value block (the keys and values only
+/// where the layer writes its own, not `shares` another's).
+fn rotate_for_cache(
+    seqs: &[Sequence<'_>],
+    starts: &[usize],
+    g: Dims,
+    shares: bool,
+    (q, k, v): (&mut [f32], &mut [f32], &mut [f32]),
+) {
+    for (si, s) in seqs.iter().enumerate() {
+        let (r0, r1) = (starts[si], starts[si + 1]);
+        let kv = s.state.kv_type;
+        if let Some(b) = kv.key_rotation(g.hd_k) {
+            hadamard_rotate(&mut q[r0 * g.q()..r1 * g.q()], b);
+            if !shares {
+                hadamard_rotate(&mut k[r0 * g.k()..r1 * g.k()], b);
+            }
+        }
+        if let Some(b) = kv.value_rotation(g.hd_v).filter(|_| !shares) {
+            hadamard_rotate(&mut v[r0 * g.v()..r1 * g.v()], b);
+        }
+    }
+}
+
+/// Each sequence's new keys and values of layer `il` (`k`, `v`: the batch's rows, `dims`
+/// wide) into its cache: the pool's blocks for a pooled sequence, else its own (its window
+/// ring where the layer is `windowed` and it has one).
+fn write_kv(
+    il: usize,
+    windowed: bool,
+    seqs: &mut [Sequence<'_>],
+    starts: &[usize],
+    (k, v): (&[f32], &[f32]),
+    dims: (usize, usize),
+    mut pool: Option<&mut KvPool>,
+) {
+    for (si, s) in seqs.iter_mut().enumerate() {
+        let (r0, r1) = (starts[si], starts[si + 1]);
+        let (kr, vr) = (&k[r0 * dims.0..r1 * dims.0], &v[r0 * dims.1..r1 * dims.1]);
+        let p0 = s.state.n_past;
+        let state = &mut *s.state;
+        if state.is_pooled() {
+            let pool = pool
+                .as_deref_mut()
+                .expect("forward_batch_in checked that pooled sequences have their pool");
+            let table = state.table(pool.in_window_group(il));
+            pool.layer_mut(il).write_rows(table, p0, kr, vr);
+        } else {
+            let (layer, table) = state.kv_and_table_mut(il, windowed);
+            layer.write_rows(table, p0, kr, vr);
+        }
+    }
+}
+
+/// The tasks of an [`attention`] call, largest first: (sequence, first query head, heads,
+/// first row within the sequence), as its doc describes.
+fn attention_tasks(
+    seqs: &[AttnSeq<'_>],
+    dims: Dims,
+    visible: Visible,
+) -> Vec<(usize, usize, usize, usize)> {
+    let group = dims.n_head / dims.n_head_kv;
+    let first_key = |pos: usize| visible.first_key(pos);
+    let mut tasks: Vec<(usize, usize, usize, usize)> = Vec::new();
+    // Enough sequences to keep every thread busy with one task per KV head: then each KV
+    // row is widened once for all the heads that read it, even for one-row blocks.
+    let threads = crate::pool::threads();
+    let many = seqs.len() * dims.n_head_kv >= 2 * threads;
+    for (si, s) in seqs.iter().enumerate() {
+        for i0 in (0..s.n).step_by(ATTN_ROWS_PER_TASK) {
+            if s.n - i0 >= 4 || many {
+                tasks.extend((0..dims.n_head_kv).map(|g| (si, g * group, group, i0)));
+            } else {
+                // Too few KV heads for the threads: each KV head's query heads in parts
+                // of at most four (one kernel call), enough parts for every thread. One
+                // head per task left each score a chain of dependent adds (one per eight
+                // elements) with nothing beside it, and widened each key row once per
+                // head: at 4096 cached tokens Qwen2.5-1.5B's decode spent about 45% of a
+                // step in attention (tg128 @ d4096 22.6 t/s against 41.8 at depth 0).
+                let parts = threads
+                    .div_ceil(dims.n_head_kv)
+                    .max(group.div_ceil(4))
+                    .min(group);
+                let per = group.div_ceil(parts);
+                for g in 0..dims.n_head_kv {
+                    tasks.extend(
+                        (0..group)
+                            .step_by(per)
+                            .map(|c| (si, g * group + c, per.min(group - c), i0)),
+                    );
+                }
+            }
+        }
+    }
+    let work = |&(si, _, heads, i0): &(usize, usize, usize, usize)| {
+        let s = &seqs[si];
+        let i1 = (i0 + ATTN_ROWS_PER_TASK).min(s.n);
+        heads * (s.p0 + i1 - first_key(s.p0 + i0)) * (i1 - i0)
+    };
+    tasks.sort_by_key(|t| std::cmp::Reverse(work(t)));
+    tasks
 }
 
 /// Which earlier keys a query sees: the mask options of an attention layer, composable.
