@@ -36,7 +36,7 @@ impl<'m> Session<'m> {
 
     /// Positions already in the cache.
     pub fn n_past(&self) -> usize {
-        self.cache.n_past
+        self.cache.n_past()
     }
 
     /// Size of the cache in positions.

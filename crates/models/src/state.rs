@@ -76,8 +76,10 @@ pub struct SeqState {
     pub kv_type: KvType,
     pub n_ctx: usize,
     pub layers: Vec<LayerState>,
-    /// A pooled state's block table (empty for a state with its own cache).
-    pub blocks: Vec<u32>,
+    /// A pooled state's block table (empty for a state with its own cache): the pool's
+    /// owner edits it through [`SeqState::table_mut`], [`SeqState::adopt`] and
+    /// [`SeqState::take_table`].
+    pub(crate) blocks: Vec<u32>,
     /// Whether its keys and values live in a shared pool.
     pooled: bool,
     /// The longest sliding window of its layers ([`crate::plan::Plan::window`]; 0: none).
@@ -90,8 +92,9 @@ pub struct SeqState {
     /// Positions written since it was last cleared (a ring's blocks were overwritten up
     /// to there, also past a later cut).
     written: usize,
-    /// Positions `0..n_past` have been evaluated.
-    pub n_past: usize,
+    /// Positions `0..n_past` have been evaluated ([`SeqState::n_past`]; advanced by the
+    /// forward pass, cut by [`SeqState::truncate`], set by [`SeqState::adopt`]).
+    pub(crate) n_past: usize,
 }
 
 /// The one rule of [`SeqState::table`]: a windowed layer's window table where there is
@@ -404,6 +407,46 @@ impl SeqState {
         }
         self.n_past = keep;
         keep
+    }
+
+    /// Positions `0..n_past` have been evaluated: the next token goes at `n_past`.
+    pub fn n_past(&self) -> usize {
+        self.n_past
+    }
+
+    /// A pooled state's block table (the pool block of each 16 positions; empty for a
+    /// state with its own cache).
+    pub fn blocks(&self) -> &[u32] {
+        &self.blocks
+    }
+
+    /// The block table, for the pool's owner to add blocks before a step (a block it adds
+    /// must be no other sequence's) or release them after a cut.
+    pub fn table_mut(&mut self) -> &mut Vec<u32> {
+        &mut self.blocks
+    }
+
+    /// Makes a pooled state hold `table`, whose first `n` positions already hold this
+    /// sequence's keys and values (a prefix placed by the pool's owner: shared blocks of
+    /// the prefix cache, or another sequence's); the recurrent layers are not touched
+    /// (take them with [`SeqState::copy_recurrent`] or [`SeqState::restore`]).
+    ///
+    /// Panics if the state is not pooled or `table` cannot hold `n` positions.
+    pub fn adopt(&mut self, table: Vec<u32>, n: usize) {
+        assert!(self.pooled, "adopt: a state with its own cache");
+        assert!(
+            table.len() * KV_BLOCK >= n,
+            "adopt: {} blocks for {n} positions",
+            table.len()
+        );
+        self.blocks = table;
+        self.n_past = n;
+    }
+
+    /// Empties a pooled state's block table, returning it (for the pool's owner to release
+    /// its blocks); the state must then be cut ([`SeqState::truncate`]) before it is used.
+    pub fn take_table(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.blocks)
     }
 
     /// Records `n` positions evaluated after `n_past` (the forward pass's bookkeeping).

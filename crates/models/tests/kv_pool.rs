@@ -78,8 +78,8 @@ fn pooled_and_contiguous_caches_give_the_same_logits() {
             let mut sa = SeqState::pooled(c, CTX, &pool);
             let mut sb = SeqState::pooled(c, CTX, &pool);
             // Interleaved and out of order: a gets 9, 2, 5; b gets 0, 11, 7.
-            sa.blocks = vec![9, 2, 5];
-            sb.blocks = vec![0, 11, 7];
+            *sa.table_mut() = vec![9, 2, 5];
+            *sb.table_mut() = vec![0, 11, 7];
             let mut got_a = Vec::new();
             let mut got_b = Vec::new();
             // Prefill both in one batch, then decode both together.
@@ -115,8 +115,7 @@ fn pooled_and_contiguous_caches_give_the_same_logits() {
             // never written, and gives a's own continuation.
             if !c.plan.is_recurrent() {
                 let mut sc = SeqState::pooled(c, CTX, &pool);
-                sc.blocks = vec![9, 2, 3];
-                sc.n_past = 2 * KV_BLOCK;
+                sc.adopt(vec![9, 2, 3], 2 * KV_BLOCK);
                 let mut seqs = [Sequence {
                     state: &mut sc,
                     tokens: &a[2 * KV_BLOCK..37],
@@ -132,8 +131,7 @@ fn pooled_and_contiguous_caches_give_the_same_logits() {
                 // Another sequence's block in the table (the second, which a sliding
                 // window of 16 still sees from positions 32..37): other keys, other logits.
                 let mut sd = SeqState::pooled(c, CTX, &pool);
-                sd.blocks = vec![9, 0, 4];
-                sd.n_past = 2 * KV_BLOCK;
+                sd.adopt(vec![9, 0, 4], 2 * KV_BLOCK);
                 let mut seqs = [Sequence {
                     state: &mut sd,
                     tokens: &a[2 * KV_BLOCK..37],
@@ -165,7 +163,7 @@ fn a_pooled_sequence_without_blocks_is_refused_before_writing() {
     let mut pool = KvPool::new(c, 4, KvType::F32);
     let before = pool.clone();
     let mut s = SeqState::pooled(c, CTX, &pool);
-    s.blocks = vec![1];
+    *s.table_mut() = vec![1];
     let toks = ids(&model, 0, KV_BLOCK + 1);
     let mut seqs = [Sequence {
         state: &mut s,
@@ -190,5 +188,5 @@ fn a_pooled_sequence_without_blocks_is_refused_before_writing() {
     let err = model.forward_batch_in(None, &mut seqs).unwrap_err();
     assert!(matches!(err, ModelError::KvBlocks { .. }), "{err}");
     assert!(pool == before, "nothing was written");
-    assert_eq!(seqs[0].state.n_past, 0);
+    assert_eq!(seqs[0].state.n_past(), 0);
 }

@@ -188,7 +188,7 @@ fn a_recurrent_state_is_never_cut() {
     // Cut at 10: cleared, so the caller evaluates from 0 and gets the fresh logits.
     assert_eq!(s.truncate(10), 0);
     // (Keys and values past n_past stay as they were: they are never read.)
-    assert_eq!(s.n_past, 0);
+    assert_eq!(s.n_past(), 0);
     for r in s.layers.iter().filter_map(|l| l.recurrent.as_ref()) {
         assert!(r.conv.iter().chain(&r.ssm).all(|&v| v == 0.0));
     }

@@ -76,7 +76,7 @@ fn pooled(model: &Model, kv: KvType, tokens: &[u32], window_group: usize) -> Vec
     let n_blocks = CTX / KV_BLOCK;
     let mut pool = KvPool::with_window_group(c, n_blocks, window_group, kv);
     let mut st = SeqState::pooled(c, CTX, &pool);
-    st.blocks = (0..n_blocks as u32).collect();
+    *st.table_mut() = (0..n_blocks as u32).collect();
     // Window blocks handed out from the end of the free list; given back to its end.
     let mut free: Vec<u32> = (0..window_group as u32).collect();
     let mut out = Vec::new();
@@ -203,10 +203,9 @@ fn a_cut_behind_the_window_is_refused_not_read() {
         // A pooled window table whose needed block was given back: refused before writing.
         let pool = KvPool::with_window_group(c, CTX / KV_BLOCK, 8, KvType::F32);
         let mut st = SeqState::pooled(c, CTX, &pool);
-        st.blocks = (0..(CTX / KV_BLOCK) as u32).collect();
+        st.adopt((0..(CTX / KV_BLOCK) as u32).collect(), 3 * KV_BLOCK + 1);
         let t = st.window_table_mut().unwrap();
         *t = vec![EVICTED, EVICTED, EVICTED, 0, 1, 2];
-        st.n_past = 3 * KV_BLOCK + 1;
         let mut pool = pool;
         let mut seqs = [Sequence {
             state: &mut st,
@@ -219,6 +218,6 @@ fn a_cut_behind_the_window_is_refused_not_read() {
             matches!(r, Err(ModelError::WindowRows { .. })),
             "{name} (window {window}): {r:?}"
         );
-        assert_eq!(st.n_past, 3 * KV_BLOCK + 1, "nothing written");
+        assert_eq!(st.n_past(), 3 * KV_BLOCK + 1, "nothing written");
     }
 }

@@ -165,7 +165,7 @@ impl Worker<'_> {
             .slots
             .iter()
             .filter(|s| s.job.is_some())
-            .map(|s| s.cache.n_past)
+            .map(|s| s.cache.n_past())
             .sum();
         self.shared.kv_used.store(used, Ordering::Relaxed);
         // Used: the blocks of running sequences (vLLM's usage); cached: the rest that is
@@ -174,7 +174,7 @@ impl Worker<'_> {
             .slots
             .iter()
             .filter(|s| s.job.is_some())
-            .flat_map(|s| s.cache.blocks.iter().copied())
+            .flat_map(|s| s.cache.blocks().iter().copied())
             .collect();
         running.sort_unstable();
         running.dedup();

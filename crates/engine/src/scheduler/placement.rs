@@ -59,7 +59,7 @@ impl<'t> Worker<'t> {
                 .window_table_mut()
                 .expect("pooled slots of a pool with a window group have a window table")
         } else {
-            &mut cache.blocks
+            cache.table_mut()
         }
     }
 
@@ -79,7 +79,7 @@ impl<'t> Worker<'t> {
         if self.window_blocks.is_none() {
             return;
         }
-        let behind = self.window_from(self.slots[i].cache.n_past);
+        let behind = self.window_from(self.slots[i].cache.n_past());
         for j in 0..behind.min(self.table(i, true).len()) {
             let b = std::mem::replace(&mut self.table(i, true)[j], frink_models::EVICTED);
             if b != frink_models::EVICTED {
@@ -145,7 +145,7 @@ impl<'t> Worker<'t> {
     /// position), then drops the oldest beyond the per-slot count and the byte budget.
     pub(super) fn save_checkpoint(&mut self, i: usize) {
         let slot = &mut self.slots[i];
-        let at = slot.cache.n_past;
+        let at = slot.cache.n_past();
         if slot.checkpoints.iter().any(|(_, c)| c.n_past == at) {
             return;
         }
@@ -267,7 +267,7 @@ impl<'t> Worker<'t> {
         for &g in self.groups() {
             // A window block the next write lands in that was given back (a window of one
             // position) is replaced.
-            let at = self.slots[i].cache.n_past / frink_models::KV_BLOCK;
+            let at = self.slots[i].cache.n_past() / frink_models::KV_BLOCK;
             if self.table(i, g).get(at) == Some(&frink_models::EVICTED) {
                 let b = self.group(g).alloc().expect("counted available");
                 self.table(i, g)[at] = b;
@@ -286,7 +286,9 @@ impl<'t> Worker<'t> {
         while short(self) {
             let Some(i) = (0..self.slots.len())
                 .filter(|i| !except.contains(i))
-                .filter(|&i| self.slots[i].job.is_none() && !self.slots[i].cache.blocks.is_empty())
+                .filter(|&i| {
+                    self.slots[i].job.is_none() && !self.slots[i].cache.blocks().is_empty()
+                })
                 .min_by_key(|&i| self.slots[i].used)
             else {
                 return;
@@ -299,7 +301,7 @@ impl<'t> Worker<'t> {
     pub(super) fn reclaimable(&self, except: &[usize]) -> usize {
         (0..self.slots.len())
             .filter(|i| !except.contains(i) && self.slots[*i].job.is_none())
-            .flat_map(|i| &self.slots[i].cache.blocks)
+            .flat_map(|i| self.slots[i].cache.blocks())
             .filter(|&&b| self.blocks.refs(b) == 1)
             .count()
     }
@@ -311,13 +313,13 @@ impl<'t> Worker<'t> {
             return;
         }
         let slot = &mut self.slots[i];
-        let full = slot.cache.n_past / frink_models::KV_BLOCK;
+        let full = slot.cache.n_past() / frink_models::KV_BLOCK;
         while slot.hashes.len() < full {
             let k = slot.hashes.len();
             let parent = k.checked_sub(1).map_or(0, |p| slot.hashes[p]);
             let toks = &slot.tokens[k * frink_models::KV_BLOCK..(k + 1) * frink_models::KV_BLOCK];
             let h = block_hash(parent, toks, &slot.lora);
-            self.blocks.register(slot.cache.blocks[k], h);
+            self.blocks.register(slot.cache.blocks()[k], h);
             // The window group's block of the same positions, under the same key (a
             // prefix hit needs both: see `window_hit`).
             if let (Some(wm), Some(t)) = (self.window_blocks.as_mut(), slot.cache.window_table()) {
@@ -347,7 +349,7 @@ impl<'t> Worker<'t> {
             .map(|(s, j)| {
                 let end =
                     (j.req.prompt.len() + j.ids.len() + self.growth(j)).min(self.config.n_ctx);
-                SeqState::blocks_for(end).saturating_sub(s.cache.blocks.len())
+                SeqState::blocks_for(end).saturating_sub(s.cache.blocks().len())
             })
             .sum()
     }
@@ -435,7 +437,7 @@ impl<'t> Worker<'t> {
             Source::Own(..) => 0,
             _ => self.slots[best]
                 .cache
-                .blocks
+                .blocks()
                 .iter()
                 .filter(|&&b| self.blocks.refs(b) == 1)
                 .count(),
@@ -526,7 +528,7 @@ impl<'t> Worker<'t> {
                 .slots
                 .iter()
                 .enumerate()
-                .filter(|&(i, s)| i != best && s.cache.blocks.len() > hit.len())
+                .filter(|&(i, s)| i != best && s.cache.blocks().len() > hit.len())
                 .map(|(i, s)| {
                     (
                         i,
@@ -647,11 +649,10 @@ impl<'t> Worker<'t> {
             }
         }
         let slot = &mut self.slots[best];
-        slot.cache.blocks = table;
+        slot.cache.adopt(table, p);
         if let Some(t) = window_table {
             *slot.cache.window_table_mut().expect("a window group") = t;
         }
-        slot.cache.n_past = p;
         slot.tokens = input[..p].to_vec();
         slot.hashes = hashes[..p / frink_models::KV_BLOCK].to_vec();
         slot.checkpoints.clear();
@@ -670,7 +671,7 @@ impl<'t> Worker<'t> {
         // Its full blocks shared, a partial last one copied; its state (or
         // checkpoint) copied.
         let full = shared / frink_models::KV_BLOCK;
-        let src: Vec<u32> = self.slots[d].cache.blocks[..SeqState::blocks_for(shared)].to_vec();
+        let src: Vec<u32> = self.slots[d].cache.blocks()[..SeqState::blocks_for(shared)].to_vec();
         let mut table = Vec::with_capacity(src.len());
         for &b in &src[..full] {
             self.blocks.retain(b);
@@ -690,22 +691,20 @@ impl<'t> Worker<'t> {
             let (a, b) = self.slots.split_at_mut(d);
             (&mut a[best], &b[0])
         };
-        dst.cache.blocks = table;
+        dst.cache.adopt(table, p);
         match cp {
             Some(c) if srcs.checkpoints[c].1.n_past == p => {
-                dst.cache.n_past = p;
                 dst.cache.restore(&srcs.checkpoints[c].1);
                 self.shared
                     .checkpoints_restored
                     .fetch_add(1, Ordering::Relaxed);
             }
-            _ if p == srcs.cache.n_past => {
+            _ if p == srcs.cache.n_past() => {
                 dst.cache.copy_recurrent(&srcs.cache);
-                dst.cache.n_past = p;
             }
             _ => {
                 // The state at `p` is not at hand: start over.
-                for b in std::mem::take(&mut dst.cache.blocks) {
+                for b in dst.cache.take_table() {
                     self.blocks.release(b);
                 }
                 dst.cache.truncate(0);

@@ -85,7 +85,7 @@ pub(super) struct Job<'t> {
 }
 
 /// A sequence slot: its state (keys and values in blocks of the shared pool), the ids its
-/// blocks hold (`tokens.len() == cache.n_past`) and the keys of its full blocks, and for a
+/// blocks hold (`tokens.len() == cache.n_past()`) and the keys of its full blocks, and for a
 /// recurrent model checkpoints of its state at positions up to there (each valid for
 /// `tokens[..n_past]`, which stay unchanged while it is kept). An idle slot keeps its
 /// blocks (a conversation's next turn continues from them) until the pool needs them.
@@ -542,7 +542,7 @@ impl<'t> Worker<'t> {
         let mut order: Vec<usize> = (0..self.slots.len()).collect();
         order.sort_by_key(|&i| self.slots[i].job.as_ref().map(|j| j.arrived));
         for i in order {
-            let n_past = self.slots[i].cache.n_past;
+            let n_past = self.slots[i].cache.n_past();
             let Some(job) = self.slots[i].job.as_mut() else {
                 continue;
             };
@@ -643,7 +643,7 @@ impl<'t> Worker<'t> {
                 inputs.remove(k);
                 continue;
             }
-            let n = self.slots[i].cache.n_past + toks.len();
+            let n = self.slots[i].cache.n_past() + toks.len();
             self.slide(i);
             if self.grow(i, n) {
                 k += 1;
@@ -737,7 +737,7 @@ impl<'t> Worker<'t> {
         for ((i, toks, want), logits) in inputs.into_iter().zip(rows) {
             let slot = &mut self.slots[i];
             slot.tokens.extend_from_slice(&toks);
-            let n_past = slot.cache.n_past;
+            let n_past = slot.cache.n_past();
             if want == Logits::All {
                 self.verify(i, &toks[1..], &logits, n_past - toks.len());
                 continue;
