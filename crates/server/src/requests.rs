@@ -19,15 +19,8 @@ use frink_engine::scheduler::{Event, EventSink, Request, SubmitError};
 use frink_tokenizer::TemplateInputs;
 
 use crate::api::{Endpoint, GenOptions, Prompt};
-use crate::respond::{shutting_down, stream_response, whole_response, Formatter};
+use crate::respond::{shutting_down, stream_response, whole_response, Formatter, Kind};
 use crate::{answer, reasoning, tools, unix_now, AppState, Engine, St};
-
-/// Which endpoint a completion answers (their shapes differ).
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    Chat,
-    Text,
-}
 
 /// A parsed, tokenized completion request, ready to queue.
 pub(crate) struct Prepared {
@@ -302,17 +295,6 @@ fn split_reasoning(st: &AppState, obj: &Map<String, Value>) -> Result<bool, ApiE
             ))
         }
     })
-}
-
-/// OpenAI's `finish_reason` of a chat answer: `tool_calls` where calls were read from an
-/// answer that ended by itself; an answer cut by `max_tokens` or the context stays
-/// `length` whatever was read from it (as llama-server reports it), so a client sees
-/// that the last call may be cut short.
-pub(crate) fn chat_finish(reason: frink_engine::FinishReason, has_calls: bool) -> &'static str {
-    match reason {
-        frink_engine::FinishReason::Stop if has_calls => "tool_calls",
-        r => r.as_str(),
-    }
 }
 
 /// `POST /v1/completions`.

@@ -18,7 +18,6 @@ use frink_engine::scheduler::{
 };
 use frink_tokenizer::Tokenizer;
 
-use crate::requests::{chat_finish, Kind};
 use crate::{answer, reasoning, tools};
 
 /// Builds the JSON of responses and chunks.
@@ -372,6 +371,24 @@ pub(crate) async fn stream_response(
         .header(header::CACHE_CONTROL, "no-cache")
         .body(Body::from_stream(stream))
         .unwrap_or_default()
+}
+
+/// Which endpoint a completion answers (their shapes differ).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Chat,
+    Text,
+}
+
+/// OpenAI's `finish_reason` of a chat answer: `tool_calls` where calls were read from an
+/// answer that ended by itself; an answer cut by `max_tokens` or the context stays
+/// `length` whatever was read from it (as llama-server reports it), so a client sees
+/// that the last call may be cut short.
+pub(crate) fn chat_finish(reason: frink_engine::FinishReason, has_calls: bool) -> &'static str {
+    match reason {
+        frink_engine::FinishReason::Stop if has_calls => "tool_calls",
+        r => r.as_str(),
+    }
 }
 
 /// The error of a request whose events ended in `event` (a `Failed`, or the channel closing

@@ -58,8 +58,7 @@ pub(super) const DS_CALL_END: &str = "<｜tool▁call▁end｜>";
 pub(super) const DS_SEP: &str = "<｜tool▁sep｜>";
 pub(super) const GEMMA4_OPEN: &str = "<|tool_call>";
 pub(super) const GEMMA4_CLOSE: &str = "<tool_call|>";
-/// Gemma 4's string delimiter (both ends), in calls and tool declarations.
-pub(super) const GEMMA4_QUOTE: &str = "<|\"|>";
+pub(super) use super::parse::GEMMA4_QUOTE;
 /// How a Gemma 4 template writes a call (llama.cpp's `common/chat.cpp` detects the
 /// format by the same text).
 pub(super) const GEMMA4_CALL: &str = "'<|tool_call>call:'";

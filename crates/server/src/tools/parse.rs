@@ -3,8 +3,10 @@
 
 use serde_json::{Map, Value};
 
-use super::format::GEMMA4_QUOTE;
 use crate::calls::{ToolCall, ToolSet};
+
+/// Gemma 4's string delimiter (both ends), in calls and tool declarations.
+pub(super) const GEMMA4_QUOTE: &str = "<|\"|>";
 
 /// Parses one value of Gemma 4's argument syntax (its template's `format_argument`):
 /// `<|"|>text<|"|>` strings, `{key:value,…}` with bare (or quoted) keys, `[value,…]`,
