@@ -244,6 +244,7 @@ fn speculation(args: &BenchArgs, model: &Model, file: &std::path::Path) -> Resul
     let n_ctx = prompt.len() + n_gen + 1;
     let draft_model = args.spec.load_draft(&tok)?;
     let mut params = frink_engine::GenerateParams {
+        ignore_eos: false,
         max_tokens: n_gen,
         eog: tok.eog_ids().iter().copied().collect(),
         speculation: None,

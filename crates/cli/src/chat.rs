@@ -46,6 +46,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
     let mut session = Session::new(&model, args.gen.ctx, args.model.kv_type);
     let params = GenerateParams {
         max_tokens: args.gen.max_tokens(),
+        ignore_eos: args.gen.ignore_eos,
         eog: tok.eog_ids().iter().copied().collect(),
         speculation: args.gen.speculation(),
         spec_sampling: args.gen.spec.spec_sampling(),
@@ -101,7 +102,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
             &args.gen.spec,
             draft.as_mut(),
             |id| {
-                if tok.is_eog(id) {
+                if tok.is_eog(id) && !args.gen.ignore_eos {
                     return Flow::Continue;
                 }
                 let piece = decoder.push(id).unwrap_or_default();

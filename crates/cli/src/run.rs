@@ -108,6 +108,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         Sampler::new(sampling).with_constraint(grammar.as_ref().map(|g| g.fresh()).transpose()?);
     let params = GenerateParams {
         max_tokens,
+        ignore_eos: args.gen.ignore_eos,
         eog: tok.eog_ids().iter().copied().collect(),
         speculation: args.gen.speculation(),
         spec_sampling: args.gen.spec.spec_sampling(),
@@ -132,7 +133,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         &args.gen.spec,
         draft.as_mut(),
         |id| {
-            if tok.is_eog(id) {
+            if tok.is_eog(id) && !args.gen.ignore_eos {
                 return Flow::Continue;
             }
             match decoder.push(id) {

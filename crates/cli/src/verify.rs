@@ -182,6 +182,7 @@ fn greedy(
     let mut s = Session::new(model, prompt.len() + n, kv_type);
     let mut sampler = Sampler::new(SamplingParams::greedy());
     let params = GenerateParams {
+        ignore_eos: false,
         max_tokens: n,
         eog: eog.iter().copied().collect(),
         speculation: None,

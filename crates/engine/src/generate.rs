@@ -77,11 +77,54 @@ pub struct Generation {
     pub accepted: usize,
 }
 
+/// The one finishing rule of every decode loop: [`generate_with`] (`frink run`, `chat`) and
+/// the server's scheduler apply it after each token, so a rule cannot exist in one and not
+/// the other (llama.cpp's CLI and server share theirs). An end-of-generation token ends the
+/// answer with `Stop` unless `ignore_eos` (then only a complete grammar, which allows
+/// nothing but end-of-generation tokens, still ends it there); so does a stop string;
+/// `max_tokens` generated tokens or a full context end it with `Length`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FinishRule {
+    /// Most tokens to generate (`None`: until the context is full).
+    pub max_tokens: Option<usize>,
+    /// llama.cpp's `ignore_eos`: end-of-generation tokens are answer tokens like others.
+    pub ignore_eos: bool,
+}
+
+impl FinishRule {
+    /// Whether a token (`is_eog`: in the model's end-of-generation set) ends the answer as
+    /// its end of generation: its text is then not shown.
+    pub fn ends_at_eog(&self, is_eog: bool, grammar_complete: bool) -> bool {
+        is_eog && (!self.ignore_eos || grammar_complete)
+    }
+
+    /// Why the answer ends after its `generated`-th token, if it does: `eog` from
+    /// [`FinishRule::ends_at_eog`], `stopped` when a stop string was seen (or the caller
+    /// stops), `context_full` when no position is left for another token.
+    pub fn after(
+        &self,
+        eog: bool,
+        stopped: bool,
+        generated: usize,
+        context_full: bool,
+    ) -> Option<FinishReason> {
+        if eog || stopped {
+            Some(FinishReason::Stop)
+        } else if self.max_tokens.is_some_and(|m| generated >= m) || context_full {
+            Some(FinishReason::Length)
+        } else {
+            None
+        }
+    }
+}
+
 /// Limits of one generation.
 #[derive(Clone, Debug, Default)]
 pub struct GenerateParams {
     /// Most tokens to generate.
     pub max_tokens: usize,
+    /// Go on past end-of-generation tokens ([`FinishRule::ignore_eos`]).
+    pub ignore_eos: bool,
     /// End-of-generation token ids (the model's EOG set).
     pub eog: HashSet<u32>,
     /// Speculative decoding by prompt lookup (`None`: off). It never changes the tokens.
@@ -327,9 +370,9 @@ impl Adaptive {
 /// Evaluates `prompt` after what `session` holds, then samples up to `max_tokens` tokens,
 /// handing each to `on_token` as soon as it is chosen.
 ///
-/// Stops after an end-of-generation token (included in `ids`, not evaluated), when
-/// `on_token` says [`Flow::Stop`], after `max_tokens`, or when the next token would not fit
-/// in the context (`context_full`). Prompt tokens are recorded in the sampler's penalty
+/// Stops by [`FinishRule`]: after an end-of-generation token (included in `ids`, not
+/// evaluated; not with `ignore_eos`), when `on_token` says [`Flow::Stop`], after
+/// `max_tokens`, or when the next token would not fit in the context (`context_full`). Prompt tokens are recorded in the sampler's penalty
 /// history first, as llama.cpp does.
 ///
 /// With a constrained sampler ([`Sampler::with_constraint`]) every token is one its grammar
@@ -399,6 +442,10 @@ pub fn generate_with(
     // emitted token but the last (which plain decoding never evaluates).
     let base = session.n_past();
     let nv = session.model().config.n_vocab;
+    let rule = FinishRule {
+        max_tokens: Some(params.max_tokens),
+        ignore_eos: params.ignore_eos,
+    };
     let mut steady_start = None;
     // Emits `id`: true when generation ends with it.
     let mut emit = |id: u32, out: &mut Generation, sampler: &mut Sampler| -> bool {
@@ -411,11 +458,14 @@ pub fn generate_with(
             out.timings.gen_tokens += 1;
         }
         let flow = on_token(id);
-        if params.eog.contains(&id) || flow == Flow::Stop {
-            out.finish_reason = FinishReason::Stop;
-            return true;
+        let eog = rule.ends_at_eog(params.eog.contains(&id), sampler.constraint_complete());
+        match rule.after(eog, flow == Flow::Stop, out.ids.len(), false) {
+            Some(reason) => {
+                out.finish_reason = reason;
+                true
+            }
+            None => false,
         }
-        out.ids.len() == params.max_tokens
     };
     // The prompt and the tokens emitted, for the proposer (extended as they are emitted).
     let mut history: Vec<u32> = Vec::new();
@@ -601,6 +651,39 @@ impl StopMatcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each branch of the one finishing rule.
+    #[test]
+    fn the_finishing_rule() {
+        let plain = FinishRule {
+            max_tokens: Some(4),
+            ignore_eos: false,
+        };
+        let ignoring = FinishRule {
+            ignore_eos: true,
+            ..plain
+        };
+        assert!(plain.ends_at_eog(true, false));
+        assert!(!ignoring.ends_at_eog(true, false));
+        // A complete grammar allows nothing else: it ends even under ignore_eos.
+        assert!(ignoring.ends_at_eog(true, true));
+        assert!(!plain.ends_at_eog(false, true));
+        assert_eq!(plain.after(true, false, 1, false), Some(FinishReason::Stop));
+        assert_eq!(plain.after(false, true, 1, false), Some(FinishReason::Stop));
+        assert_eq!(plain.after(false, false, 3, false), None);
+        assert_eq!(
+            plain.after(false, false, 4, false),
+            Some(FinishReason::Length)
+        );
+        assert_eq!(
+            plain.after(false, false, 1, true),
+            Some(FinishReason::Length)
+        );
+        // Stop wins over the budget reached by the same token.
+        assert_eq!(plain.after(true, false, 4, false), Some(FinishReason::Stop));
+        let unbounded = FinishRule::default();
+        assert_eq!(unbounded.after(false, false, 1 << 20, false), None);
+    }
 
     fn run(stops: &[&str], pieces: &[&str]) -> (String, bool) {
         let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();

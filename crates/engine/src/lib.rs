@@ -14,9 +14,9 @@ mod session;
 
 pub use draft::{check_same_vocabulary, load_draft_model, DraftModel};
 pub use generate::{
-    generate, generate_with, partial_match_len, Adaptive, FinishReason, Flow, GenerateError,
-    GenerateParams, Generation, NgramLookup, PredictionLookup, Propose, Speculation, StepCost,
-    StopMatcher, Timings,
+    generate, generate_with, partial_match_len, Adaptive, FinishReason, FinishRule, Flow,
+    GenerateError, GenerateParams, Generation, NgramLookup, PredictionLookup, Propose, Speculation,
+    StepCost, StopMatcher, Timings,
 };
 pub use perplexity::{perplexity, Perplexity};
 pub use sampling::SpecSampling;

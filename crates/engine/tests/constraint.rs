@@ -58,6 +58,7 @@ impl Fixture {
                 prompt,
                 &mut sampler,
                 &GenerateParams {
+                    ignore_eos: false,
                     max_tokens: n,
                     eog: self.tok.eog_ids().iter().copied().collect(),
                     speculation: spec,

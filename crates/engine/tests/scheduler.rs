@@ -128,6 +128,7 @@ fn tokens_do_not_depend_on_batching_chunking_or_prefix_reuse() {
         &ids[..20],
         &mut sampler,
         &GenerateParams {
+            ignore_eos: false,
             max_tokens: 12,
             eog: Default::default(),
             speculation: None,
@@ -488,6 +489,7 @@ fn a_windowed_model_keeps_its_tokens_while_giving_window_blocks_back() {
             prompt,
             &mut sampler,
             &GenerateParams {
+                ignore_eos: false,
                 max_tokens: n,
                 eog: Default::default(),
                 speculation: None,

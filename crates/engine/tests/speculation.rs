@@ -85,6 +85,7 @@ fn run_mode(
     let mut s = Session::new(model, prompt.len() + n + 2, KvType::F16);
     let mut sampler = Sampler::new(sampling.clone());
     let params = GenerateParams {
+        ignore_eos: false,
         max_tokens: n,
         eog: HashSet::new(),
         speculation: None,

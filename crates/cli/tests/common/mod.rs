@@ -40,3 +40,4 @@ pub fn last_json_line(out: &Output) -> Value {
         .unwrap_or_else(|e| panic!("last stdout line is not JSON ({e}): {last:?}"))
 }
 pub mod http;
+pub mod serve;

@@ -106,7 +106,11 @@ impl<'t> Worker<'t> {
 
         // A complete grammar allows only end-of-generation tokens: the answer ends there
         // even with `ignore_eos`.
-        let eog = self.tok.is_eog(id) && (!job.req.ignore_eos || job.sampler.constraint_complete());
+        let rule = crate::FinishRule {
+            max_tokens: job.req.max_tokens,
+            ignore_eos: job.req.ignore_eos,
+        };
+        let eog = rule.ends_at_eog(self.tok.is_eog(id), job.sampler.constraint_complete());
         let mut text = String::new();
         let mut tokens = Vec::new();
         if !eog {
@@ -124,15 +128,12 @@ impl<'t> Worker<'t> {
                 tokens.push(logprob_of(logits, id, n));
             }
         }
-        let finish = if eog || job.stops.stopped() {
-            Some(FinishReason::Stop)
-        } else if job.req.max_tokens.is_some_and(|m| job.ids.len() >= m)
-            || n_past >= self.config.n_ctx
-        {
-            Some(FinishReason::Length)
-        } else {
-            None
-        };
+        let finish = rule.after(
+            eog,
+            job.stops.stopped(),
+            job.ids.len(),
+            n_past >= self.config.n_ctx,
+        );
         let Some(finish_reason) = finish else {
             if (!text.is_empty() || !tokens.is_empty())
                 && !job.req.sink.send(Event::Delta { text, tokens })

@@ -1,0 +1,595 @@
+//! `frink serve`'s answers through the official clients and the answer readers (the real
+//! binary over HTTP): the `openai` and `ollama` Python packages, structured output, tool
+//! calls in every format, reasoning, embeddings and Ollama's API. Tests run one at a time
+//! (a lock), each with its own server.
+
+mod common;
+
+use common::http::Server;
+use common::serve::{chat, lock, message};
+use common::{frink, last_json_line, stderr};
+use serde_json::{json, Value};
+/// A virtualenv with the official `openai` package (made once under the target directory),
+/// or `None` after a visible notice when pip cannot install it (a failure under CI=true).
+fn openai_venv() -> Option<std::path::PathBuf> {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("openai-venv");
+    let python = dir.join("bin/python");
+    let has = |p: &std::path::Path| {
+        std::process::Command::new(p)
+            .args(["-c", "import openai, jsonschema, ollama"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if has(&python) {
+        return Some(python);
+    }
+    let run = |cmd: &mut std::process::Command| {
+        cmd.output()
+            .map(|o| {
+                (
+                    o.status.success(),
+                    String::from_utf8_lossy(&o.stderr).into_owned(),
+                )
+            })
+            .unwrap_or_else(|e| (false, e.to_string()))
+    };
+    let (ok, err) = run(std::process::Command::new("python3")
+        .args(["-m", "venv"])
+        .arg(&dir));
+    let (ok, err) = if ok {
+        run(std::process::Command::new(dir.join("bin/pip")).args([
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "openai",
+            "jsonschema",
+            "ollama",
+        ]))
+    } else {
+        (ok, err)
+    };
+    if ok && has(&python) {
+        return Some(python);
+    }
+    let msg = format!(
+        "cannot install the openai, jsonschema and ollama packages into {}: {err}",
+        dir.display()
+    );
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{msg}");
+    }
+    eprintln!("SKIPPED the openai client tests: {msg}");
+    None
+}
+
+#[test]
+fn openai_python_client_end_to_end() {
+    let _l = lock();
+    let Some(python) = openai_venv() else {
+        return;
+    };
+    let srv = Server::start(&[]);
+    run_client_script(&python, "openai_e2e.py", &srv, &[], "checks passed");
+}
+
+/// Runs `tests/<script>` with the venv's `python`, the server's base URL and `args`;
+/// asserts it succeeds and prints `marker`.
+fn run_client_script(
+    python: &std::path::Path,
+    script: &str,
+    srv: &Server,
+    args: &[&str],
+    marker: &str,
+) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(script);
+    let out = std::process::Command::new(python)
+        .arg(path)
+        .arg(format!("http://127.0.0.1:{}/v1", srv.port))
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run {script}: {e}"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprint!("{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{script} failed");
+    assert!(text.contains(marker), "{script}: no {marker:?}");
+}
+
+/// Structured output with the official `openai` client (tests/structured_e2e.py) on two
+/// catalog models, one with a 49k and one with a 152k vocabulary: 33 JSON schemas of
+/// real-world shapes and 7 grammars (4 Lark, 3 GBNF), each greedy and with three seeds;
+/// every answer that ends with `stop` parses and validates (`jsonschema`) or matches, at
+/// least 95% end with `stop` (measured: 160 of 160 on both; 144 of 148 before JSON
+/// whitespace was bounded), and unsupported schema features, GBNF token references,
+/// malformed grammars and `response_format`s are 400s naming the field. Before
+/// constrained decoding, these requests got 200 and free text.
+#[test]
+fn structured_output_with_the_openai_client() {
+    let _l = lock();
+    let Some(python) = openai_venv() else {
+        return;
+    };
+    for model in ["smollm2-135m", "qwen2.5-coder-0.5b"] {
+        let srv = Server::start(&["-m", model, "--parallel", "4"]);
+        eprintln!("{model}:");
+        run_client_script(
+            &python,
+            "structured_e2e.py",
+            &srv,
+            &[model],
+            "structured checks passed",
+        );
+    }
+}
+
+/// Tool calling with the official `openai` client on qwen2.5-coder-0.5b (its template
+/// teaches Hermes `<tool_call>` calls; tests/tools_e2e.py): a two-turn tool loop streamed
+/// and not, streamed deltas equal to the whole `tool_calls`, and `tool_choice: "required"`
+/// or a named function giving a call whose arguments validate against the tool's schema in
+/// each of 100 sampled runs (measured: 100 of 100; before, `tools` was refused with a 400).
+#[test]
+fn tool_calls_with_the_openai_client() {
+    let _l = lock();
+    let Some(python) = openai_venv() else {
+        return;
+    };
+    let model = "qwen2.5-coder-0.5b";
+    let srv = Server::start(&["-m", model, "--parallel", "4"]);
+    run_client_script(
+        &python,
+        "tools_e2e.py",
+        &srv,
+        &[model],
+        "tool checks passed",
+    );
+}
+
+/// Reasoning separated into `reasoning_content`, whole and streamed, for a template that
+/// teaches `<think>` (here one given with `--chat-template`, the answer held to the shape
+/// `<think>…</think>…` by a grammar so that smollm2 writes one): the thinking never reaches
+/// `content`, the streamed deltas reassemble to the whole answer's fields, and
+/// `reasoning_format: "none"` keeps the text inline.
+#[test]
+fn think_blocks_go_to_reasoning_content() {
+    let _l = lock();
+    let template = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant (may <think> first):";
+    let srv = Server::start(&["--chat-template", template]);
+    let grammar = "%llguidance {}\nstart: \"<think>\" /[a-z ]{3,20}/ \"</think>\" /[a-z ]{3,20}/";
+    let body = |extra: Value| {
+        let mut b = chat(
+            "Why is the sky blue?",
+            json!({"temperature": 0, "max_tokens": 40, "grammar": grammar}),
+        );
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let whole = srv.post_ok("/v1/chat/completions", &body(json!({})));
+    let m = &whole["choices"][0]["message"];
+    let thinking = m["reasoning_content"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{whole}"));
+    let content = m["content"].as_str().unwrap();
+    assert!(!thinking.is_empty() && !content.is_empty(), "{whole}");
+    assert!(
+        !content.contains("think") && !thinking.contains('<'),
+        "{whole}"
+    );
+    let inline = srv.post_ok(
+        "/v1/chat/completions",
+        &body(json!({"reasoning_format": "none"})),
+    );
+    // Inline, the same text; split, the answer's leading whitespace after `</think>` goes.
+    let text = message(&inline);
+    let rest = text
+        .strip_prefix(&format!("<think>{thinking}</think>"))
+        .unwrap_or_else(|| panic!("{inline}"));
+    assert_eq!(rest.trim_start(), content, "{inline}");
+    let (chunks, done) = srv
+        .stream("/v1/chat/completions", &body(json!({"stream": true})))
+        .collect();
+    assert!(done);
+    let (mut r, mut c) = (String::new(), String::new());
+    for ch in &chunks {
+        for x in ch["choices"].as_array().unwrap() {
+            r.push_str(x["delta"]["reasoning_content"].as_str().unwrap_or(""));
+            c.push_str(x["delta"]["content"].as_str().unwrap_or(""));
+        }
+    }
+    assert_eq!((r.as_str(), c.as_str()), (thinking, content));
+}
+
+/// A Llama 3.1 template (given with `--chat-template-file`) makes frink read and enforce
+/// its JSON call format, `{"name", "parameters"}`: a required call comes back as
+/// `tool_calls` with the schema's arguments, whatever the model (smollm2 here).
+#[test]
+fn llama3_template_calls_are_json_with_parameters() {
+    let _l = lock();
+    let template = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tokenizer/tests/data/templates/meta-llama-Llama-3.1-8B-Instruct.jinja");
+    let srv = Server::start(&["--chat-template-file", template.to_str().unwrap()]);
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                       "required": ["city"], "additionalProperties": false}}}]);
+    let got = srv.post_ok(
+        "/v1/chat/completions",
+        &chat(
+            "What is the weather in Paris?",
+            json!({"tools": tools, "tool_choice": "required", "temperature": 0, "max_tokens": 60}),
+        ),
+    );
+    let c = &got["choices"][0];
+    assert_eq!(c["finish_reason"], "tool_calls", "{got}");
+    let call = &c["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "get_weather");
+    let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert!(
+        args["city"]
+            .as_str()
+            .is_some_and(|s| s.chars().count() <= 20),
+        "{got}"
+    );
+}
+
+/// An answer cut by `max_tokens` in the middle of its calls reports `finish_reason:
+/// "length"` (as llama-server does), not `"tool_calls"`: the calls that were whole come
+/// back, the cut one stays in the content, whole and streamed. With one call allowed the
+/// answer ends after it, `"tool_calls"`. (smollm2 under Gemma 4's template and the grammar
+/// of `tool_choice: "required"`, greedy: a call, then the next one cut at 40 tokens.) A
+/// required call without tools, absent or an empty list, is a 400.
+#[test]
+fn calls_cut_by_max_tokens_finish_with_length() {
+    let _l = lock();
+    let template = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tokenizer/tests/data/templates/google-gemma-4-31B-it.jinja");
+    let srv = Server::start(&["--chat-template-file", template.to_str().unwrap()]);
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+                       "required": ["city"]}}}]);
+    let body = |parallel: bool, stream: bool| {
+        chat(
+            "What is the weather in Paris?",
+            json!({"tools": tools, "tool_choice": "required", "parallel_tool_calls": parallel,
+                   "temperature": 0, "max_tokens": 40, "stream": stream}),
+        )
+    };
+    let got = srv.post_ok("/v1/chat/completions", &body(true, false));
+    let c = &got["choices"][0];
+    assert_eq!(c["finish_reason"], "length", "{got}");
+    assert_eq!(got["usage"]["completion_tokens"], 40, "{got}");
+    let calls = c["message"]["tool_calls"].as_array().unwrap();
+    assert!(!calls.is_empty(), "{got}");
+    assert!(
+        c["message"]["content"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("<|tool_call>")),
+        "the cut call stays in the content: {got}"
+    );
+    let (chunks, done) = srv
+        .stream("/v1/chat/completions", &body(true, true))
+        .collect();
+    assert!(done);
+    let (streamed, finish) = streamed_calls(&chunks);
+    assert_eq!(finish.as_deref(), Some("length"));
+    assert_eq!(streamed.len(), calls.len());
+    let one = srv.post_ok("/v1/chat/completions", &body(false, false));
+    assert_eq!(one["choices"][0]["finish_reason"], "tool_calls", "{one}");
+    assert_eq!(
+        one["choices"][0]["message"]["tool_calls"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    // A required call with no tools (absent or an empty list) is a 400 naming the field.
+    for extra in [
+        json!({"tool_choice": "required"}),
+        json!({"tools": [], "tool_choice": "required"}),
+    ] {
+        let r = srv.post_raw(
+            "/v1/chat/completions",
+            chat("Hi", extra.clone()).to_string().as_bytes(),
+        );
+        assert_eq!(r.status, 400, "{extra}: {}", r.text());
+        assert!(
+            r.text().contains("'tool_choice' requires 'tools'"),
+            "{}",
+            r.text()
+        );
+    }
+}
+
+/// A streamed tool call reassembled: (index, id, name, arguments).
+type StreamedCall = (u64, String, String, String);
+
+/// The tool calls of a streamed answer reassembled from their deltas, by index, and the
+/// last finish reason.
+fn streamed_calls(chunks: &[Value]) -> (Vec<StreamedCall>, Option<String>) {
+    let mut calls: Vec<StreamedCall> = Vec::new();
+    let mut finish = None;
+    for ch in chunks {
+        for c in ch["choices"].as_array().into_iter().flatten() {
+            if let Some(f) = c["finish_reason"].as_str() {
+                finish = Some(f.to_string());
+            }
+            for d in c["delta"]["tool_calls"].as_array().into_iter().flatten() {
+                let k = d["index"].as_u64().unwrap();
+                if !calls.iter().any(|c| c.0 == k) {
+                    calls.push((k, String::new(), String::new(), String::new()));
+                }
+                let e = calls.iter_mut().find(|c| c.0 == k).unwrap();
+                e.1.push_str(d["id"].as_str().unwrap_or(""));
+                e.2.push_str(d["function"]["name"].as_str().unwrap_or(""));
+                e.3.push_str(d["function"]["arguments"].as_str().unwrap_or(""));
+            }
+        }
+    }
+    (calls, finish)
+}
+
+/// Every tool format frink reads, end to end through `frink serve` with the family's real
+/// template (`--chat-template-file`; the model is smollm2, which knows none of them, so the
+/// grammar of `tool_choice: "required"` writes the call): the answer comes back as
+/// `tool_calls` whose arguments validate against the schema, streamed deltas reassemble to
+/// the same call, and `frink inspect`'s format name is the one detected. (Markers that are
+/// control tokens in the family's own vocabulary are plain text in smollm2's; the
+/// control-token path is tests in crates/server/tests/tool_grammars.rs.)
+#[test]
+fn every_tool_format_round_trips_through_the_server() {
+    let _l = lock();
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tokenizer/tests/data/templates");
+    // (gpt-oss's template, like transformers, needs a description to render a tool.)
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "minLength": 1, "maxLength": 12},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                       "required": ["city", "unit"]}}}]);
+    for file in [
+        "Qwen3-Coder.jinja",
+        "mistralai-Mistral-Nemo-Instruct-2407.jinja",
+        "Mistral-Small-3.2-24B-Instruct-2506.jinja",
+        "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
+        "deepseek-ai-DeepSeek-V3.1.jinja",
+        "openai-gpt-oss-120b.jinja",
+        "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja",
+        "ibm-granite-granite-3.3-2B-Instruct.jinja",
+        "google-gemma-4-31B-it.jinja",
+    ] {
+        let path = dir.join(file);
+        let srv = Server::start(&["--chat-template-file", path.to_str().unwrap()]);
+        let body = |stream: bool| {
+            chat(
+                "What is the weather in Paris?",
+                json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+                       "parallel_tool_calls": false, "temperature": 0, "max_tokens": 120, "stream": stream}),
+            )
+        };
+        let got = srv.post_ok("/v1/chat/completions", &body(false));
+        let c = &got["choices"][0];
+        assert_eq!(c["finish_reason"], "tool_calls", "{file}: {got}");
+        let call = &c["message"]["tool_calls"][0];
+        assert_eq!(call["function"]["name"], "get_weather", "{file}: {got}");
+        let arguments = call["function"]["arguments"].as_str().unwrap();
+        let args: Value = serde_json::from_str(arguments).unwrap();
+        let city = args["city"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{file}: {got}"));
+        assert!((1..=12).contains(&city.chars().count()), "{file}: {got}");
+        assert!(
+            args["unit"] == "celsius" || args["unit"] == "fahrenheit",
+            "{file}: {got}"
+        );
+        let (chunks, done) = srv.stream("/v1/chat/completions", &body(true)).collect();
+        assert!(done, "{file}");
+        let (calls, finish) = streamed_calls(&chunks);
+        assert_eq!(finish.as_deref(), Some("tool_calls"), "{file}");
+        assert_eq!(calls.len(), 1, "{file}: {chunks:?}");
+        assert!(!calls[0].1.is_empty(), "{file}: empty id");
+        assert_eq!(
+            (calls[0].2.as_str(), calls[0].3.as_str()),
+            ("get_weather", arguments),
+            "{file}: streamed call differs from the whole one"
+        );
+        eprintln!("{file}: {arguments}");
+    }
+}
+
+/// `/v1/embeddings` and llama-server's `/embeddings`: 16 inputs in one request give the
+/// vectors each gives alone (and `frink embed` gives), bit for bit: an embedding does not
+/// depend on its batch; base64 holds the same floats; `dimensions` other than the model's
+/// and an empty input are 400s naming the field.
+#[test]
+fn embeddings_are_batch_invariant_and_match_frink_embed() {
+    let _l = lock();
+    let srv = Server::start(&["--parallel", "8"]);
+    let texts: Vec<String> = (0..16)
+        .map(|i| {
+            format!(
+                "Sentence number {i} about {}.",
+                ["cats", "rust", "rain", "chess"][i % 4]
+            )
+        })
+        .collect();
+    let all = srv.post_ok("/v1/embeddings", &json!({"model": "x", "input": texts}));
+    let data = all["data"].as_array().unwrap();
+    assert_eq!(data.len(), 16);
+    assert!(all["usage"]["prompt_tokens"].as_u64().unwrap() > 16);
+    for (i, t) in texts.iter().enumerate() {
+        assert_eq!(data[i]["index"], i);
+        let one = srv.post_ok("/v1/embeddings", &json!({"input": t}));
+        assert_eq!(
+            one["data"][0]["embedding"], data[i]["embedding"],
+            "input {i}"
+        );
+    }
+    let cli = frink(&["embed", "--json", &texts[3]]);
+    assert!(cli.status.success(), "{}", stderr(&cli));
+    assert_eq!(last_json_line(&cli)["embeddings"][0], data[3]["embedding"]);
+    // base64: the little-endian f32 bytes of the same vector.
+    let b = srv.post_ok(
+        "/v1/embeddings",
+        &json!({"input": texts[3], "encoding_format": "base64"}),
+    );
+    let floats: Vec<Value> = data[3]["embedding"].as_array().unwrap().clone();
+    let b64 = b["data"][0]["embedding"].as_str().unwrap();
+    let bytes = decode_base64(b64);
+    assert_eq!(bytes.len(), floats.len() * 4);
+    for (k, f) in floats.iter().enumerate() {
+        let x = f32::from_le_bytes(bytes[k * 4..k * 4 + 4].try_into().unwrap());
+        assert_eq!(x as f64, f.as_f64().unwrap() as f32 as f64);
+    }
+    // llama-server's shape.
+    let l = srv.post_ok("/embeddings", &json!({"content": texts[3]}));
+    assert_eq!(l[0]["embedding"][0], data[3]["embedding"]);
+    for (body, param) in [
+        (json!({"input": "x", "dimensions": 7}), "dimensions"),
+        (json!({"input": []}), "input"),
+        (json!({"input": [[]]}), "input"),
+        (json!({"model": "x"}), "input"),
+        (
+            json!({"input": "x", "encoding_format": "hex"}),
+            "encoding_format",
+        ),
+    ] {
+        let r = srv.request("POST", "/v1/embeddings", Some(&body.to_string()));
+        let v = r.json();
+        assert_eq!(r.status, 400, "{body}: {v}");
+        assert_eq!(v["error"]["param"], param, "{body}: {v}");
+    }
+}
+
+/// Standard base64 (with padding) decoded, for the test above.
+fn decode_base64(s: &str) -> Vec<u8> {
+    let val = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        b'/' => 63,
+        _ => panic!("not base64: {c}"),
+    } as u32;
+    let mut out = Vec::new();
+    for chunk in s.as_bytes().chunks(4) {
+        let pad = chunk.iter().filter(|&&c| c == b'=').count();
+        let n = chunk
+            .iter()
+            .map(|&c| if c == b'=' { 0 } else { val(c) })
+            .fold(0u32, |acc, v| (acc << 6) | v);
+        let bytes = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
+        out.extend_from_slice(&bytes[..3 - pad]);
+    }
+    out
+}
+
+/// Ollama's API with the official `ollama` Python client (tests/ollama_e2e.py) on
+/// qwen2.5-coder-0.5b: chat streamed and not (greedy: the same answer as
+/// /v1/chat/completions), generate (templated and raw), list, show, ps, embed and the
+/// legacy embeddings, pull of a catalog name, `format` with a schema, a tool call with
+/// object arguments and its result in the history, images refused.
+#[test]
+fn ollama_python_client_end_to_end() {
+    let _l = lock();
+    let Some(python) = openai_venv() else {
+        return;
+    };
+    let model = "qwen2.5-coder-0.5b";
+    let srv = Server::start(&["-m", model, "--parallel", "2"]);
+    run_client_script(
+        &python,
+        "ollama_e2e.py",
+        &srv,
+        &[model],
+        "ollama checks passed",
+    );
+}
+
+/// Ollama's error shape and the refusals of what frink does not implement, over raw HTTP.
+#[test]
+fn ollama_endpoints_refuse_what_they_cannot_honour() {
+    let _l = lock();
+    let srv = Server::start(&[]);
+    for (path, body, needle) in [
+        (
+            "/api/chat",
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi", "images": ["aGk="]}]}),
+            "images",
+        ),
+        (
+            "/api/generate",
+            json!({"model": "m", "prompt": "def f(", "suffix": "return 1"}),
+            "suffix",
+        ),
+        (
+            "/api/generate",
+            json!({"model": "m", "prompt": "hi", "template": "{{ .Prompt }}"}),
+            "template",
+        ),
+        (
+            "/api/generate",
+            json!({"model": "m", "prompt": "hi", "context": [1, 2]}),
+            "context",
+        ),
+        (
+            "/api/chat",
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "options": {"tfs_z": 0.5}}),
+            "tfs_z",
+        ),
+        (
+            "/api/chat",
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "options": {"mirostat": 2}}),
+            "mirostat",
+        ),
+        (
+            "/api/chat",
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "options": {"num_ctx": 4}}),
+            "num_ctx",
+        ),
+        (
+            "/api/chat",
+            json!({"model": "m", "messages": "hi"}),
+            "messages",
+        ),
+        (
+            "/api/embed",
+            json!({"model": "m", "input": "hi", "dimensions": 3}),
+            "dimensions",
+        ),
+    ] {
+        let r = srv.request("POST", path, Some(&body.to_string()));
+        let v = r.json();
+        assert_eq!(r.status, 400, "{path} {body}: {v}");
+        let msg = v["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("not Ollama's shape: {v}"));
+        assert!(msg.contains(needle), "{path} {body}: {msg}");
+    }
+    // `think` on a model whose template has no thinking (smollm2's), as Ollama refuses it.
+    let r = srv.request(
+        "POST",
+        "/api/chat",
+        Some(
+            &json!({"model": "m", "think": true, "messages": [{"role": "user", "content": "hi"}]})
+                .to_string(),
+        ),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.json()["error"].as_str().unwrap().contains("think"));
+    // A request naming no work: Ollama's load answer.
+    let v = srv.post_ok("/api/generate", &json!({"model": "m"}));
+    assert_eq!(
+        (v["done"].clone(), v["done_reason"].clone()),
+        (json!(true), json!("load"))
+    );
+    // num_ctx bounds the answer: prompt plus answer fit it.
+    let v = srv.post_ok(
+        "/api/chat",
+        &json!({"model": "m", "stream": false, "messages": [{"role": "user", "content": "Tell me a story."}],
+                "options": {"num_ctx": 40, "temperature": 0}}),
+    );
+    let total = v["prompt_eval_count"].as_u64().unwrap() + v["eval_count"].as_u64().unwrap();
+    assert!(total <= 40 && v["done_reason"] == "length", "{v}");
+}
