@@ -369,8 +369,17 @@ fn idle_slow_and_half_sent_connections_are_timed_out_and_capped() {
     std::thread::sleep(Duration::from_millis(300));
     let open = held.iter_mut().map(closed).filter(|c| !c).count();
     assert!(open <= 64, "{open} of the 2,064 connections still open");
-    assert!(srv.metric("frink_connections_evicted_total") >= 2000.0);
-    assert!(srv.metric("frink_connections_timed_out_total") >= 2.0);
+    // Every connection past the cap was closed: evicted to admit a newer one, or timed out
+    // by --idle-timeout 1 when opening the 2,064 took longer than a second (a loaded
+    // machine: 1,9xx evicted and the rest timed out, seen when the whole file ran).
+    let (evicted, timed_out) = (
+        srv.metric("frink_connections_evicted_total"),
+        srv.metric("frink_connections_timed_out_total"),
+    );
+    assert!(
+        evicted >= 1000.0 && evicted + timed_out >= 2000.0 && timed_out >= 2.0,
+        "evicted {evicted}, timed out {timed_out}"
+    );
     assert!(srv.metric("frink_connections_open") <= 64.0);
     // The server took no harm.
     let v = srv.post_ok("/v1/completions", &json!({"prompt": "hi", "max_tokens": 2}));
