@@ -13,8 +13,9 @@ maximum RSS, as `/usr/bin/time -v` reports it). Each round's figures go to stder
 
 MODEL is a catalog name or a .gguf path (default: the three catalog models);
 `python3 benches/real_shapes.py --list` prints the real-shape benchmark files.
-`-p`, `-n` and `-d` take llama-bench's comma lists. The anchor is installed as
-shared/ANCHOR.md says; LLAMA_BENCH overrides its llama-bench binary.
+`-p`, `-n` and `-d` take llama-bench's comma lists. frink is target/release/frink (build
+it first: `cargo build --release`; $FRINK overrides); llama.cpp is installed as
+docs/speed.md says ("The llama.cpp beside it"); LLAMA_BENCH overrides its llama-bench.
 
 The bound: a decode step reads every weight it uses once, so tg <= bandwidth / bytes per
 token, with the bandwidth measured by benches/bandwidth.rs (built here on first use)
@@ -119,11 +120,11 @@ def test_name(o):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("-t", type=int, default=2)
-    ap.add_argument("-p", default="512")
-    ap.add_argument("-n", default="128")
-    ap.add_argument("-d", default="0")
-    ap.add_argument("-r", type=int, default=3)
+    ap.add_argument("-t", type=int, default=2, help="threads, for both engines")
+    ap.add_argument("-p", default="512", help="prompt sizes (comma list; 0: none)")
+    ap.add_argument("-n", default="128", help="generation lengths (comma list; 0: none)")
+    ap.add_argument("-d", default="0", help="depths: tokens already in the KV cache (comma list)")
+    ap.add_argument("-r", type=int, default=3, help="repetitions per test within a run")
     ap.add_argument("--rounds", type=int, default=1,
                     help="alternating rounds per model; medians are reported")
     ap.add_argument("--no-bound", action="store_true", help="skip the bandwidth probe")

@@ -129,7 +129,8 @@ def measure(cmd, port, streams, n, reps, env=None):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("-m", default=os.path.expanduser(
-        "~/.cache/frink/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+        "~/.cache/frink/models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+        help="the GGUF file both servers load (default: the catalog's smollm2-135m)")
     ap.add_argument("-t", type=int, default=2)
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--streams", type=int, default=8)
