@@ -15,7 +15,7 @@ pub struct ModelArgs {
     #[arg(short = 'm', long = "model", env = "FRINK_MODEL", default_value = frink_store::default_model_name())]
     pub model: String,
     /// Compute threads (default: the machine's physical cores).
-    #[arg(short = 't', long = "threads", env = "FRINK_THREADS")]
+    #[arg(short = 't', long = "threads", env = "FRINK_THREADS", value_parser = at_least_one)]
     pub threads: Option<usize>,
     /// KV cache element type: f16 (llama.cpp's default), f32 or q8_0 (llama.cpp's
     /// `-ctk q8_0 -ctv q8_0`: about half the memory of f16).
@@ -54,6 +54,10 @@ pub struct ModelArgs {
     /// the CPU), `cpu`, `cuda` or `cuda:N` (docs/gpu.md).
     #[arg(long = "device", env = "FRINK_DEVICE", default_value = "auto", value_parser = crate::device::parse_device)]
     pub device: crate::device::Device,
+    /// Layers on the GPU (llama.cpp's `-ngl`): 0 keeps every layer on the CPU; any other
+    /// count is refused while no model runs on a GPU (docs/gpu.md).
+    #[arg(long = "gpu-layers", env = "FRINK_GPU_LAYERS")]
+    pub gpu_layers: Option<usize>,
     /// Sequences a decode step of this command carries: what the decode path is measured
     /// with (0: the command does not decode; nothing is measured). Set by the command.
     #[arg(skip = 1usize)]
@@ -128,6 +132,12 @@ impl ModelArgs {
         use crate::tune::{self, Decision, How};
         use frink_models::tune::DecodePath;
         crate::device::resolve(self.device)?;
+        if let Some(n) = self.gpu_layers.filter(|&n| n > 0) {
+            anyhow::bail!(
+                "--gpu-layers {n}: no model runs on a GPU yet (frink devices shows what is \
+                 found); --gpu-layers 0 keeps every layer on the CPU"
+            );
+        }
         init_threads(self.threads)?;
         let forced = if self.no_repack {
             Some((DecodePath::Stored, "--no-repack"))
@@ -425,10 +435,10 @@ pub struct GenArgs {
     #[arg(long)]
     pub system: Option<String>,
     /// Tokens to generate (-1: until an end-of-generation token or the context is full).
-    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
+    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(-1..))]
     pub n_predict: i64,
-    /// Context size in tokens (the KV cache).
-    #[arg(long, default_value_t = 4096)]
+    /// Context size in tokens (the KV cache; llama.cpp's `-c`).
+    #[arg(short = 'c', long, default_value_t = 4096)]
     pub ctx: usize,
     /// Go on past end-of-generation tokens (llama.cpp's `--ignore-eos`; the server's
     /// `ignore_eos`): the answer ends at `-n`, a stop string or the context.
@@ -436,6 +446,16 @@ pub struct GenArgs {
     pub ignore_eos: bool,
     #[command(flatten)]
     pub spec: SpecArgs,
+}
+
+/// A count that must be at least 1 (`-t 0` is refused naming the value, as llama.cpp's
+/// tools do not run without threads).
+pub fn at_least_one(s: &str) -> std::result::Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1, got 0".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("`{s}` is not a whole number")),
+    }
 }
 
 /// Speculative decoding flags of `run`, `chat` and `serve`.

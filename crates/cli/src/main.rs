@@ -11,6 +11,7 @@ mod device;
 mod embed;
 mod inspect;
 mod intermediates;
+mod interrupt;
 mod logits;
 mod perplexity;
 mod plan;
@@ -137,6 +138,14 @@ enum Command {
     },
 }
 
+/// llama.cpp's flags of two letters behind one dash, which clap would read as a one-letter
+/// flag and its value (`-md` as `-m d`): each is its long name here.
+const LLAMA_CPP_FLAGS: &[(&str, &str)] = &[
+    ("-md", "--draft-model"),
+    ("-np", "--parallel"),
+    ("-ngl", "--gpu-layers"),
+];
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -148,15 +157,13 @@ fn main() -> ExitCode {
         .without_time()
         .with_target(false)
         .init();
-    // llama.cpp spells the draft model `-md`, two letters behind one dash, which clap
-    // would read as `-m d`: it is `--draft-model` here.
-    let args = std::env::args_os().map(|a| {
-        if a == "-md" {
-            "--draft-model".into()
-        } else {
-            a
-        }
-    });
+    let args =
+        std::env::args_os().map(
+            |a| match LLAMA_CPP_FLAGS.iter().find(|(short, _)| a == *short) {
+                Some((_, long)) => (*long).into(),
+                None => a,
+            },
+        );
     let cli = with_env(Cli::command())
         .try_get_matches_from(args)
         .and_then(|m| Cli::from_arg_matches(&m))
@@ -252,6 +259,7 @@ fn run(cli: Cli) -> Result<()> {
                 recalibrate: false,
                 decode_seqs: 0,
                 device,
+                gpu_layers: None,
             };
             verify::run(
                 &args,

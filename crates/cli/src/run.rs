@@ -44,8 +44,11 @@ pub struct RunArgs {
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = ArgAction::Set, default_value_t = false)]
     pub stats: bool,
     /// The prompt.
-    #[arg(required_unless_present_any = ["prompt_file", "prompt_ids"])]
+    #[arg(required_unless_present_any = ["prompt_file", "prompt_ids", "prompt_flag"])]
     pub prompt: Option<String>,
+    /// The prompt, as llama.cpp's `-p` gives it (instead of PROMPT).
+    #[arg(short = 'p', long = "prompt", id = "prompt_flag", conflicts_with_all = ["prompt", "prompt_file", "prompt_ids"])]
+    pub prompt_flag: Option<String>,
 }
 
 /// Prompt ids for `args`: token ids as given, the raw text tokenized with the model's BOS
@@ -54,7 +57,10 @@ fn prompt_ids(args: &RunArgs, tok: &Tokenizer) -> Result<Vec<u32>> {
     if let Some(ids) = &args.prompt_ids {
         return parse_ids(ids);
     }
-    let text = match (&args.prompt, &args.prompt_file) {
+    let text = match (
+        args.prompt.as_ref().or(args.prompt_flag.as_ref()),
+        &args.prompt_file,
+    ) {
         (Some(p), _) => p.clone(),
         (None, Some(f)) => read_text(f)?,
         (None, None) => bail!("no prompt: give PROMPT, --prompt-file F or --prompt-ids 1,2,3"),
@@ -116,13 +122,13 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let mut decoder = tok.stream_decoder(false);
     let mut stops = StopMatcher::new(&args.sampling.stop);
     let mut text = String::new();
-    let mut stdout = std::io::stdout().lock();
-    let mut emit = |s: &str, text: &mut String| {
+    let mut out = Output::new(args.json);
+    let interrupted = crate::interrupt::on_sigint()?;
+    // Shows `s`; true once the reader has gone.
+    let mut emit = |s: &str, text: &mut String| -> bool {
         text.push_str(s);
-        if !args.json && !s.is_empty() {
-            let _ = stdout.write_all(s.as_bytes());
-            let _ = stdout.flush();
-        }
+        out.write(s);
+        out.closed()
     };
     let mut decode_error = None;
     let gen = crate::common::generate_speculative(
@@ -136,14 +142,17 @@ pub fn run(args: &RunArgs) -> Result<()> {
             if tok.is_eog(id) && !args.gen.ignore_eos {
                 return Flow::Continue;
             }
+            let mut closed = false;
             match decoder.push(id) {
                 Ok(piece) => {
                     let shown = stops.push(&piece);
-                    emit(&shown, &mut text);
+                    closed = emit(&shown, &mut text);
                 }
                 Err(e) => decode_error = Some(e),
             }
-            if stops.stopped() || decode_error.is_some() {
+            // A reader gone (`| head`) or Ctrl+C: stop now, not at the budget.
+            let gone = closed || interrupted.load(std::sync::atomic::Ordering::Relaxed);
+            if stops.stopped() || decode_error.is_some() || gone {
                 Flow::Stop
             } else {
                 Flow::Continue
@@ -165,7 +174,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     }
     let t = gen.timings;
     if args.json {
-        let out = serde_json::json!({
+        let json = serde_json::json!({
             "prompt_ids": prompt,
             "ids": gen.ids,
             "text": text,
@@ -180,9 +189,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
                 "gen_ms": t.gen_ms,
             },
         });
-        println!("{out}");
+        out.line(&json.to_string());
     } else {
-        println!();
+        out.line("");
         let rate = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
         eprintln!(
             "[load {load_ms:.0} ms | prompt {} tokens in {:.0} ms ({:.1} t/s) | first token {:.0} ms | {} more tokens in {:.0} ms ({:.1} t/s)]",
@@ -199,6 +208,51 @@ pub fn run(args: &RunArgs) -> Result<()> {
         crate::common::print_moe_stats(&model);
     }
     Ok(())
+}
+
+/// Standard output for a streamed answer: written and flushed piece by piece; once a write
+/// fails (the reader closed the pipe: `frink run … | head`), nothing more is written and
+/// [`Output::closed`] says so, so generation stops at once and the process ends quietly.
+struct Output {
+    stdout: std::io::Stdout,
+    /// `--json`: the pieces are not streamed (only the final line is written).
+    quiet: bool,
+    closed: bool,
+}
+
+impl Output {
+    fn new(quiet: bool) -> Output {
+        Output {
+            stdout: std::io::stdout(),
+            quiet,
+            closed: false,
+        }
+    }
+
+    fn write(&mut self, s: &str) {
+        if !self.quiet && !s.is_empty() {
+            self.put(s.as_bytes());
+        }
+    }
+
+    /// `s` and a newline, in any mode.
+    fn line(&mut self, s: &str) {
+        self.put(format!("{s}\n").as_bytes());
+    }
+
+    fn put(&mut self, bytes: &[u8]) {
+        if self.closed {
+            return;
+        }
+        let mut lock = self.stdout.lock();
+        if lock.write_all(bytes).and_then(|()| lock.flush()).is_err() {
+            self.closed = true;
+        }
+    }
+
+    fn closed(&self) -> bool {
+        self.closed
+    }
 }
 
 /// Says on stderr when the file has no chat template of its own, so a base model answering

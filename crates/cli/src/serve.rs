@@ -22,7 +22,7 @@ pub struct ServeArgs {
     pub parallel: usize,
     /// The longest context one request may use, in tokens (not a reservation: requests
     /// share the KV pool).
-    #[arg(long, env = "FRINK_CTX", default_value_t = 4096)]
+    #[arg(short = 'c', long, env = "FRINK_CTX", default_value_t = 4096)]
     pub ctx: usize,
     /// Positions of the KV block pool all requests share (default: parallel × ctx).
     #[arg(long = "kv-size", env = "FRINK_KV_SIZE", conflicts_with = "kv_mem")]

@@ -354,3 +354,29 @@ fn options_are_read_from_their_environment_variables() {
     let v = run(&env, &["-n", "5"]);
     assert_eq!(v["ids"].as_array().map(Vec::len), Some(5), "{v}");
 }
+
+/// llama.cpp's flags where they mean the same (`-c`, `-p`, `-ngl 0`; `-np` on serve), and
+/// values llama.cpp habits produce refused with the value named: `-n -5` (only -1 means
+/// unlimited), `-t 0`, `-ngl 99` while no model runs on a GPU.
+#[test]
+fn llama_cpp_flags_and_refused_values() {
+    let out = frink(&[
+        "run", "-ngl", "0", "-c", "2048", "-p", "hi", "-n", "8", "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v = last_json_line(&out);
+    assert!(v["ids"].as_array().unwrap().len() <= 8, "{v}");
+    for (args, code, named) in [
+        (&["run", "-n", "-5", "hi"][..], 2, "-5"),
+        (&["run", "-t", "0", "hi"][..], 2, "0"),
+        (&["run", "-ngl", "99", "hi"][..], 1, "--gpu-layers 99"),
+        (&["run", "-p", "hi", "there"][..], 2, "prompt"),
+    ] {
+        let out = frink(args);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+        assert!(err.contains(named), "{args:?}: {err}");
+    }
+    let help = frink(&["serve", "-np", "2", "--help"]);
+    assert!(help.status.success(), "{}", stderr(&help));
+}

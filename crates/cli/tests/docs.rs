@@ -148,9 +148,15 @@ fn options(words: &[&str]) -> Vec<String> {
             let short = part.len() == 2
                 && part.starts_with('-')
                 && part[1..].starts_with(|c: char| c.is_ascii_alphabetic());
-            // llama.cpp's `-md`, which frink's main.rs reads as `--draft-model`.
-            if part == "-md" {
-                out.push("--draft-model".to_string());
+            // llama.cpp's two-letter flags, which frink's main.rs reads as their long
+            // names (LLAMA_CPP_FLAGS).
+            let llama = [
+                ("-md", "--draft-model"),
+                ("-np", "--parallel"),
+                ("-ngl", "--gpu-layers"),
+            ];
+            if let Some((_, long)) = llama.iter().find(|(s, _)| *s == part) {
+                out.push(long.to_string());
             } else if long || short {
                 out.push(part.to_string());
             }

@@ -36,6 +36,10 @@ fn malformed_requests_get_4xx_and_the_server_keeps_serving() {
         ),
         (
             "/v1/chat/completions",
+            json!({"messages": [{"role": "wizard", "content": "hi"}]}).to_string(),
+        ),
+        (
+            "/v1/chat/completions",
             chat("hi", json!({"max_tokens": 0})).to_string(),
         ),
         (
@@ -103,7 +107,7 @@ fn malformed_requests_get_4xx_and_the_server_keeps_serving() {
         ),
         ("/tokenize", json!({"content": 3}).to_string()),
     ];
-    assert_eq!(bad.len(), 30);
+    assert_eq!(bad.len(), 31);
     for (path, body) in &bad {
         let r = srv.post_raw(path, body.as_bytes());
         assert!(

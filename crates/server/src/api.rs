@@ -850,6 +850,18 @@ pub fn gen_options(
     })
 }
 
+/// The roles a chat message may have: OpenAI's (`developer` is its newer `system`,
+/// `function` the legacy `tool`), which Ollama's are a subset of; any other is a 400, as
+/// OpenAI answers it.
+const ROLES: [&str; 6] = [
+    "system",
+    "developer",
+    "user",
+    "assistant",
+    "tool",
+    "function",
+];
+
 /// `messages` of a chat request: role, text (a string, null, or an array of
 /// `{"type": "text", "text": …}` parts) and every other field the template may read
 /// (`tool_calls` with their `arguments` parsed into objects, `tool_call_id`, `name`).
@@ -873,6 +885,12 @@ pub fn messages(obj: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> 
                 .get("role")
                 .and_then(Value::as_str)
                 .ok_or_else(|| bad(&format!("messages[{i}].role must be a string")))?;
+            if !ROLES.contains(&role) {
+                return Err(bad(&format!(
+                    "messages[{i}].role {role:?} is not one of {}",
+                    ROLES.join(", ")
+                )));
+            }
             let content = match m.get("content") {
                 None | Some(Value::Null) => String::new(),
                 Some(Value::String(s)) => s.clone(),
