@@ -105,6 +105,14 @@ pub struct ServeArgs {
     /// Bytes all checkpoints may hold together (K, M or G suffix); the oldest go first.
     #[arg(long = "checkpoint-budget", value_parser = crate::common::parse_bytes, default_value = "1G")]
     pub checkpoint_budget: usize,
+    /// Each request's log line: `text` (at info level, through RUST_LOG) or `json` (one
+    /// object a line on stderr: method, path, status, client, total_ms and, for a
+    /// completion, model, tokens, first_token_ms, tokens_per_second; never prompt text).
+    #[arg(long = "log-format", value_parser = ["text", "json"], default_value = "text")]
+    pub log_format: String,
+    /// No request log lines.
+    #[arg(long = "log-disable", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
+    pub log_disable: bool,
 }
 
 /// Resolves the model (fetching a catalog model on first use) and serves until SIGINT or
@@ -177,6 +185,11 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             draft_min: args.spec.draft_min,
             spec_adaptive: args.spec_adaptive,
             spec_sampling: args.spec.spec_sampling(),
+            log_format: match (args.log_disable, args.log_format.as_str()) {
+                (true, _) => frink_server::log::LogFormat::Off,
+                (false, "json") => frink_server::log::LogFormat::Json,
+                _ => frink_server::log::LogFormat::Text,
+            },
         },
         // The same loading as every other command (thread pool, model options).
         Box::new(move || model.load_path(&path)),

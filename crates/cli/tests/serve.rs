@@ -804,3 +804,97 @@ fn vllm_metrics_report_running_requests_and_kv_use() {
         "{text}"
     );
 }
+
+/// `--log-format json`: one line per request once its answer has left, with its status,
+/// client, total time and, for a completion, the model, tokens and timings (20 requests:
+/// `/health`, whole and streamed chat completions, a completion, a 404, a 400); never the
+/// prompt's text. The
+/// start-up banner names the model, the context and the slots.
+#[test]
+fn each_request_is_logged_with_its_status_tokens_and_timings() {
+    let _l = lock();
+    let srv = Server::start(&["--log-format", "json", "--parallel", "2", "--ctx", "1024"]);
+    assert_eq!(srv.request("GET", "/health", None).status, 200);
+    let secret = "ultramarine-aardvark";
+    for i in 0..16 {
+        let mut body = chat(
+            &format!("{secret} {i}"),
+            json!({"temperature": 0, "max_tokens": 4 + i % 3}),
+        );
+        if i % 2 == 1 {
+            body["stream"] = true.into();
+            let _ = srv.stream("/v1/chat/completions", &body).collect();
+        } else {
+            srv.post_ok("/v1/chat/completions", &body);
+        }
+    }
+    let r = srv.request("GET", "/no-such-route", None);
+    assert_eq!(r.status, 404);
+    let r = srv.post_raw("/v1/chat/completions", b"{");
+    assert_eq!(r.status, 400);
+    srv.post_ok(
+        "/v1/completions",
+        &json!({"prompt": "The sky", "max_tokens": 3}),
+    );
+    // The last line is written when its body has left: give it a moment.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let lines = loop {
+        let log = srv.log.lock().unwrap().clone();
+        let lines: Vec<Value> = log
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v["method"].is_string())
+            .collect();
+        if lines.iter().filter(|v| v["path"] != "/health").count() >= 19
+            || Instant::now() > deadline
+        {
+            break (log, lines);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (log, lines) = lines;
+    assert!(!log.contains(secret), "a prompt's text was logged");
+    assert!(
+        log.contains("model smollm2-135m")
+            && log.contains("context 1024 tokens")
+            && log.contains("2 slots"),
+        "{log}"
+    );
+    let chats: Vec<&Value> = lines
+        .iter()
+        .filter(|v| v["path"] == "/v1/chat/completions" && v["status"] == 200)
+        .collect();
+    assert_eq!(chats.len(), 16, "{log}");
+    for (i, v) in chats.iter().enumerate() {
+        assert_eq!(v["method"], "POST");
+        assert_eq!(v["model"], "x", "{v}");
+        assert!(v["prompt_tokens"].as_u64().unwrap() > 5, "{v}");
+        let n = v["completion_tokens"].as_u64().unwrap();
+        assert!((1..=6).contains(&n), "{i}: {v}");
+        assert!(v["first_token_ms"].as_f64().unwrap() > 0.0, "{v}");
+        assert!(
+            v["total_ms"].as_f64().unwrap() >= v["first_token_ms"].as_f64().unwrap(),
+            "{v}"
+        );
+        assert!(
+            v["client"].as_str().unwrap().starts_with("127.0.0.1:"),
+            "{v}"
+        );
+    }
+    let status = |path: &str, code: u64| {
+        lines
+            .iter()
+            .any(|v| v["path"] == path && v["status"] == code)
+    };
+    assert!(
+        status("/no-such-route", 404) && status("/v1/chat/completions", 400),
+        "{log}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|v| v["path"] == "/v1/completions" && v["completion_tokens"] == 3),
+        "{log}"
+    );
+    assert!(status("/health", 200), "{log}");
+}

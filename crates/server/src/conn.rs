@@ -191,6 +191,11 @@ impl Drop for Receiving {
 #[derive(Clone)]
 pub struct ConnHandle(pub Arc<Conn>);
 
+/// The client's address of a request's connection (a request extension; the request log
+/// names it).
+#[derive(Clone, Copy, Debug)]
+pub struct Peer(pub Option<std::net::SocketAddr>);
+
 /// The open connections.
 pub struct ConnTable {
     limits: ConnLimits,
@@ -452,6 +457,7 @@ async fn serve_connection<S: HttpService>(
 ) where
     S::Future: Send + 'static,
 {
+    let peer = Peer(stream.peer_addr().ok());
     let io = TokioIo::new(Tracked {
         inner: stream,
         conn: Arc::clone(&conn),
@@ -462,6 +468,7 @@ async fn serve_connection<S: HttpService>(
         handle.0.head_whole();
         let mut req = req.map(Body::new);
         req.extensions_mut().insert(handle.clone());
+        req.extensions_mut().insert(peer);
         let mut service = service.clone();
         tower_service::Service::call(&mut service, req)
     });

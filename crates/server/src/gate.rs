@@ -112,7 +112,43 @@ pub fn error_for_path(path: &str, e: ApiError) -> Response {
 }
 
 /// The gate (an axum middleware over the whole router; see the module documentation).
-pub(crate) async fn gate(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+pub(crate) async fn gate(
+    State(st): State<Arc<AppState>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let counts = crate::log::RequestLog::default();
+    let line = crate::log::Line {
+        format: st.log_format,
+        method: req.method().to_string(),
+        path: req.uri().path().to_string(),
+        status: 0,
+        client: req
+            .extensions()
+            .get::<crate::conn::Peer>()
+            .and_then(|p| p.0),
+        start: std::time::Instant::now(),
+        counts: counts.clone(),
+    };
+    req.extensions_mut().insert(counts);
+    let response = checked(st, req, next).await;
+    if line.format == crate::log::LogFormat::Off {
+        return response;
+    }
+    let line = crate::log::Line {
+        status: response.status().as_u16(),
+        ..line
+    };
+    response.map(|body| {
+        Body::new(crate::log::Logged {
+            body,
+            line: Some(line),
+        })
+    })
+}
+
+/// The gate's checks and the route (see [`gate`]).
+async fn checked(st: Arc<AppState>, req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
     let (parts, body) = req.into_parts();
     let conn = parts

@@ -20,6 +20,7 @@ pub mod conn;
 mod embeddings;
 pub mod gate;
 pub mod harmony;
+pub mod log;
 mod metrics;
 pub mod ollama;
 pub mod reasoning;
@@ -116,6 +117,8 @@ pub struct ServeConfig {
     pub spec_adaptive: bool,
     /// `--spec-sampling`: how proposals are accepted ([`SchedulerConfig::spec_sampling`]).
     pub spec_sampling: frink_engine::SpecSampling,
+    /// How each request's log line is written (`--log-format`, `--log-disable`).
+    pub log_format: log::LogFormat,
 }
 
 /// How long in-flight requests may run on after SIGINT/SIGTERM before they are cancelled.
@@ -214,10 +217,37 @@ struct AppState {
     split_reasoning: bool,
     /// Slots: the most choices (`n`) one request may ask for.
     parallel: usize,
+    /// How request lines are written ([`log::LogFormat`]).
+    log_format: log::LogFormat,
     created: u64,
     next_id: AtomicU64,
     /// Prefix groups of multi-choice requests (apart from response ids, which stay 1, 2, 3…).
     next_group: AtomicU64,
+}
+
+/// What is served, once loaded: the model's name, file and architecture, the context,
+/// slots, KV pool, threads, device and the tool-call and reasoning formats its template
+/// teaches.
+fn banner(config: &ServeConfig, eng: &Engine, template: Option<&str>) -> String {
+    let template = template.or(eng.tok.chat_template()).unwrap_or("");
+    let tools = tools::ToolFormat::detect(template).map_or("none", |f| f.name());
+    let thinking = if template.contains("<think>") || template.contains("<|channel") {
+        "yes"
+    } else {
+        "no"
+    };
+    format!(
+        "model {} ({}), architecture {}, context {} tokens, {} slots, KV pool {} positions \
+         ({:?}), {} threads, device cpu, tool calls {tools}, reasoning {thinking}",
+        config.model_name,
+        config.model_path.display(),
+        eng.tok.architecture(),
+        config.ctx,
+        config.parallel,
+        eng.prompt_limit.kv_positions,
+        config.kv_type,
+        frink_models::pool::threads(),
+    )
 }
 
 /// Loads the model (sizing the compute pool first): the caller's policy, run on a
@@ -261,6 +291,7 @@ async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
         chat_template_kwargs: config.chat_template_kwargs.clone(),
         split_reasoning: config.split_reasoning,
         parallel: config.parallel,
+        log_format: config.log_format,
         created: unix_now(),
         next_id: AtomicU64::new(1),
         next_group: AtomicU64::new(1),
@@ -272,8 +303,10 @@ async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
         let config = config.clone();
         std::thread::spawn(move || match start_engine(&config, loader) {
             Ok(engine) => {
+                let banner = banner(&config, &engine, state.chat_template.as_deref());
                 let _ = state.engine.set(engine);
                 tracing::info!("model loaded; serving on http://{local}");
+                eprintln!("frink serve: {banner}");
                 eprintln!("frink serve: ready on http://{local}");
             }
             Err(e) => {

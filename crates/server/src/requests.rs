@@ -44,8 +44,12 @@ pub(crate) struct Prepared {
 }
 
 /// `POST /v1/chat/completions`.
-pub(crate) async fn chat_completions(State(st): St, body: Bytes) -> Response {
-    handle(st, body, Kind::Chat, prepare_chat).await
+pub(crate) async fn chat_completions(
+    State(st): St,
+    log: Option<axum::Extension<crate::log::RequestLog>>,
+    body: Bytes,
+) -> Response {
+    handle(st, body, Kind::Chat, prepare_chat, log.map(|l| l.0)).await
 }
 
 /// A completion request: its body parsed and `prepare`d off the HTTP threads, then
@@ -55,12 +59,13 @@ async fn handle(
     body: Bytes,
     kind: Kind,
     prepare: fn(&AppState, &Map<String, Value>) -> Result<Prepared, ApiError>,
+    log: Option<crate::log::RequestLog>,
 ) -> Response {
     let r = st
         .offload(move |st| prepare(st, &api::parse_object(&body)?))
         .await;
     match r {
-        Ok(p) => complete(&st, kind, p).await,
+        Ok(p) => complete(&st, kind, p, log.unwrap_or_default()).await,
         Err(e) => e.into_response(),
     }
 }
@@ -298,8 +303,12 @@ fn split_reasoning(st: &AppState, obj: &Map<String, Value>) -> Result<bool, ApiE
 }
 
 /// `POST /v1/completions`.
-pub(crate) async fn completions(State(st): St, body: Bytes) -> Response {
-    handle(st, body, Kind::Text, prepare_completion).await
+pub(crate) async fn completions(
+    State(st): St,
+    log: Option<axum::Extension<crate::log::RequestLog>>,
+    body: Bytes,
+) -> Response {
+    handle(st, body, Kind::Text, prepare_completion, log.map(|l| l.0)).await
 }
 
 /// A completion request (`prompt` as text or token ids) parsed and tokenized: what
@@ -398,7 +407,12 @@ pub(crate) fn submit_error(e: SubmitError) -> ApiError {
 }
 
 /// Queues a prepared request and answers it, streamed or whole.
-pub(crate) async fn complete(st: &AppState, kind: Kind, mut p: Prepared) -> Response {
+pub(crate) async fn complete(
+    st: &AppState,
+    kind: Kind,
+    mut p: Prepared,
+    log: crate::log::RequestLog,
+) -> Response {
     let prompt_field = if kind == Kind::Chat {
         "messages"
     } else {
@@ -432,6 +446,7 @@ pub(crate) async fn complete(st: &AppState, kind: Kind, mut p: Prepared) -> Resp
         answer: std::mem::take(&mut p.answer),
         prediction: p.prediction.is_some(),
         grammar_param: p.grammar_param,
+        log,
     };
     if p.opts.stream {
         stream_response(fmt, rx).await

@@ -37,6 +37,8 @@ pub(crate) struct Formatter {
     pub(crate) prediction: bool,
     /// The request field its grammar came from (named by a grammar error).
     pub(crate) grammar_param: Option<&'static str>,
+    /// Where the request's log line finds its counts.
+    pub(crate) log: crate::log::RequestLog,
 }
 
 /// The finished choices' counts as OpenAI's `usage` reports them: the prompt once, the
@@ -54,6 +56,18 @@ pub(crate) struct Totals {
 }
 
 impl Totals {
+    /// These counts for the request's log line.
+    fn log(&self, fmt: &Formatter) {
+        fmt.log.set(crate::log::Counts {
+            model: fmt.model.clone(),
+            prompt_tokens: self.prompt_tokens,
+            cached_tokens: self.cached_tokens,
+            completion_tokens: self.completion_tokens,
+            first_token_ms: self.first_token_ms,
+            gen_ms: self.gen_ms,
+        });
+    }
+
     fn add(&mut self, index: usize, c: &Completion) {
         if index == 0 {
             self.prompt_tokens = c.prompt_tokens;
@@ -335,6 +349,7 @@ pub(crate) async fn stream_response(
                     let fin = s.fmt.delta_choice(i, None, Value::Null, finish);
                     s.out.push_back(sse(&s.fmt.chunk(Some(fin), None)));
                     s.totals.add(i, &c);
+                    s.totals.log(&s.fmt);
                     s.finished += 1;
                     if s.finished == s.fmt.n {
                         if s.fmt.include_usage {
@@ -463,6 +478,7 @@ pub(crate) async fn whole_response(
             Some((i, Event::Done(c))) => {
                 finish[i] = Some(c.finish_reason);
                 totals.add(i, &c);
+                totals.log(&fmt);
             }
             // (Only embedding requests get one.)
             Some((_, Event::Embedding(_))) => {}

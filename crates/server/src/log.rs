@@ -1,0 +1,173 @@
+//! One log line per request, written when its answer has left (a stream's last event) or
+//! its client went away: method, path, status, client, the total time and, for a
+//! completion, the model, prompt and generated tokens, time to first token and tokens per
+//! second (llama-server's and Ollama's request logs). Text through `tracing` at info
+//! level (`RUST_LOG` as usual), or one JSON object a line on stderr with
+//! `--log-format json`; none with `--log-disable`. Prompt and answer text are never
+//! logged.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use axum::body::{Body, Bytes};
+use serde_json::{json, Value};
+
+/// How request lines are written (`--log-format`, `--log-disable`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// `tracing` at info level.
+    #[default]
+    Text,
+    /// One JSON object a line on stderr.
+    Json,
+    /// No request lines.
+    Off,
+}
+
+/// A completion's counts, filled in by the answer's formatter as choices finish (the
+/// request extension the gate gives every request).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Counts {
+    pub model: String,
+    pub prompt_tokens: usize,
+    pub cached_tokens: usize,
+    pub completion_tokens: usize,
+    pub first_token_ms: f64,
+    pub gen_ms: f64,
+}
+
+/// Where a request's handler leaves its [`Counts`] for the log line.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RequestLog(Arc<Mutex<Option<Counts>>>);
+
+impl RequestLog {
+    /// Records the request's counts (the latest call wins: all choices so far).
+    pub(crate) fn set(&self, c: Counts) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(c);
+    }
+
+    fn get(&self) -> Option<Counts> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// What the line says besides the counts.
+pub(crate) struct Line {
+    pub format: LogFormat,
+    pub method: String,
+    pub path: String,
+    pub status: u16,
+    pub client: Option<std::net::SocketAddr>,
+    pub start: Instant,
+    pub counts: RequestLog,
+}
+
+impl Line {
+    /// The line's fields as JSON (`aborted`: the body was dropped before its end).
+    fn fields(&self, aborted: bool) -> Value {
+        let mut v = json!({
+            "method": self.method,
+            "path": self.path,
+            "status": self.status,
+            "client": self.client.map(|a| a.to_string()),
+            "total_ms": round(self.start.elapsed().as_secs_f64() * 1e3),
+        });
+        if aborted {
+            v["aborted"] = true.into();
+        }
+        if let Some(c) = self.counts.get() {
+            let tps = if c.gen_ms > 0.0 && c.completion_tokens > 1 {
+                (c.completion_tokens - 1) as f64 * 1e3 / c.gen_ms
+            } else {
+                0.0
+            };
+            v["model"] = c.model.into();
+            v["prompt_tokens"] = c.prompt_tokens.into();
+            v["cached_tokens"] = c.cached_tokens.into();
+            v["completion_tokens"] = c.completion_tokens.into();
+            v["first_token_ms"] = round(c.first_token_ms).into();
+            v["tokens_per_second"] = round(tps).into();
+        }
+        v
+    }
+
+    fn write(&self, aborted: bool) {
+        let v = self.fields(aborted);
+        match self.format {
+            LogFormat::Off => {}
+            LogFormat::Json => eprintln!("{v}"),
+            LogFormat::Text => {
+                let mut text = format!(
+                    "{} {} {} {} ms",
+                    self.method, self.path, self.status, v["total_ms"]
+                );
+                for k in [
+                    "model",
+                    "prompt_tokens",
+                    "completion_tokens",
+                    "first_token_ms",
+                    "tokens_per_second",
+                    "client",
+                    "aborted",
+                ] {
+                    match &v[k] {
+                        Value::Null => {}
+                        Value::String(s) => text.push_str(&format!(" {k}={s}")),
+                        other => text.push_str(&format!(" {k}={other}")),
+                    }
+                }
+                tracing::info!("{text}");
+            }
+        }
+    }
+}
+
+fn round(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+/// A response body that writes its request's line when it ends (or is dropped unfinished).
+pub(crate) struct Logged {
+    pub body: Body,
+    pub line: Option<Line>,
+}
+
+impl http_body::Body for Logged {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.body).poll_frame(cx);
+        if let Poll::Ready(None) = r {
+            if let Some(line) = this.line.take() {
+                line.write(false);
+            }
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        if let Some(line) = self.line.take() {
+            // A body hyper never polled to its end: the client went away (or the answer
+            // was a bodyless one, whose end is its drop).
+            let aborted = !http_body::Body::is_end_stream(&self.body);
+            line.write(aborted);
+        }
+    }
+}
