@@ -91,7 +91,7 @@ fn session_at_depth<'m>(
         .checked_add(n_prompt)
         .and_then(|n| n.checked_add(n_gen + 1))
         .ok_or_else(|| anyhow::anyhow!("-d + -p + -n overflow"))?;
-    frink_engine::check_kv_memory(model, n_ctx, 1, args.model.kv_type, "-d + -p + -n")
+    frink_engine::check_kv_memory(&model.config, n_ctx, 1, args.model.kv_type, "-d + -p + -n")
         .map_err(anyhow::Error::msg)?;
     let mut session =
         Session::new(model, n_ctx, args.model.kv_type).with_batch(frink_engine::DEFAULT_BATCH);

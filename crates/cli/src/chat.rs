@@ -35,7 +35,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
         Tokenizer::from_gguf_releasing(&mut model.file).context("cannot build the tokenizer")?,
     );
     let grammar = args.sampling.grammar_for(&tok)?;
-    frink_engine::check_kv_memory(&model, args.gen.ctx, 1, args.model.kv_type, "--ctx")
+    frink_engine::check_kv_memory(&model.config, args.gen.ctx, 1, args.model.kv_type, "--ctx")
         .map_err(anyhow::Error::msg)?;
     let sampling = args.sampling.params(tok.n_vocab())?;
     let draft_model = args.gen.spec.load_draft(&tok)?;

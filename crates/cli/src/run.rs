@@ -101,7 +101,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     anyhow::ensure!(!prompt.is_empty(), "the prompt is empty");
     args.gen.check_fits(prompt.len())?;
     let max_tokens = args.gen.max_tokens();
-    frink_engine::check_kv_memory(&model, args.gen.ctx, 1, args.model.kv_type, "--ctx")
+    frink_engine::check_kv_memory(&model.config, args.gen.ctx, 1, args.model.kv_type, "--ctx")
         .map_err(anyhow::Error::msg)?;
     let sampling = args.sampling.params(tok.n_vocab())?;
     let draft_model = args.gen.spec.load_draft(&tok)?;

@@ -1,7 +1,7 @@
 //! `frink serve`: the OpenAI-compatible HTTP server (frink-server), with the flags and
 //! `FRINK_*` environment variables of CONTRACT.md.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Args;
 
 use crate::common::ModelArgs;
@@ -157,43 +157,48 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         decode_seqs: args.parallel.clamp(1, 4),
         ..args.model.clone()
     };
-    frink_server::run(
-        frink_server::ServeConfig {
-            model_name: args.model.model.clone(),
-            host: args.host.clone(),
-            port: args.port,
-            parallel: args.parallel,
-            ctx: args.ctx,
-            kv_size: args.kv_size.unwrap_or(0),
-            kv_mem: args.kv_mem,
-            queue: args.queue.max(1),
-            api_keys,
-            conn,
-            kv_type: args.model.kv_type,
-            chat_template,
-            chat_template_kwargs,
-            split_reasoning: args.reasoning_format == "auto",
-            pooling: args.pooling,
-            model_path: path.clone(),
-            ctx_checkpoints: args.ctx_checkpoints,
-            checkpoint_interval: args.checkpoint_interval,
-            checkpoint_budget: args.checkpoint_budget,
-            prompt_lookup: spec == crate::common::SpecKind::Ngram,
-            draft_max: args.spec.draft_max,
-            draft_model,
-            draft_p_min: args.spec.draft_p_min,
-            draft_min: args.spec.draft_min,
-            spec_adaptive: args.spec_adaptive,
-            spec_sampling: args.spec.spec_sampling(),
-            log_format: match (args.log_disable, args.log_format.as_str()) {
-                (true, _) => frink_server::log::LogFormat::Off,
-                (false, "json") => frink_server::log::LogFormat::Json,
-                _ => frink_server::log::LogFormat::Text,
-            },
+    let config = frink_server::ServeConfig {
+        model_name: args.model.model.clone(),
+        host: args.host.clone(),
+        port: args.port,
+        parallel: args.parallel,
+        ctx: args.ctx,
+        kv_size: args.kv_size.unwrap_or(0),
+        kv_mem: args.kv_mem,
+        queue: args.queue.max(1),
+        api_keys,
+        conn,
+        kv_type: args.model.kv_type,
+        chat_template,
+        chat_template_kwargs,
+        split_reasoning: args.reasoning_format == "auto",
+        pooling: args.pooling,
+        model_path: path.clone(),
+        ctx_checkpoints: args.ctx_checkpoints,
+        checkpoint_interval: args.checkpoint_interval,
+        checkpoint_budget: args.checkpoint_budget,
+        prompt_lookup: spec == crate::common::SpecKind::Ngram,
+        draft_max: args.spec.draft_max,
+        draft_model,
+        draft_p_min: args.spec.draft_p_min,
+        draft_min: args.spec.draft_min,
+        spec_adaptive: args.spec_adaptive,
+        spec_sampling: args.spec.spec_sampling(),
+        log_format: match (args.log_disable, args.log_format.as_str()) {
+            (true, _) => frink_server::log::LogFormat::Off,
+            (false, "json") => frink_server::log::LogFormat::Json,
+            _ => frink_server::log::LogFormat::Text,
         },
-        // The same loading as every other command (thread pool, model options).
-        Box::new(move || model.load_path(&path)),
-    )
+    };
+    // Sizes are checked against the file's metadata before anything listens or loads.
+    let file = frink_gguf::GgufFile::open(&path)
+        .with_context(|| format!("cannot load {}", path.display()))?;
+    let shape = frink_models::ModelConfig::from_gguf(&file)
+        .with_context(|| format!("cannot load {}", path.display()))?;
+    drop(file);
+    frink_server::kv_pool_positions(&config, &shape)?;
+    // The same loading as every other command (thread pool, model options).
+    frink_server::run(config, Box::new(move || model.load_path(&path)))
 }
 
 /// The keys of `--api-key` (repeatable) and `--api-key-file` (one per line, blank lines

@@ -321,7 +321,7 @@ fn a_context_larger_than_memory_is_refused_naming_the_flag() {
                 "--parallel",
                 "64",
             ],
-            "--parallel × --ctx",
+            "--parallel 64 × --ctx 99999999 (the KV pool's default size)",
         ),
         (
             vec!["bench", "-m", m, "-p", "999999999999", "-n", "1", "-r", "1"],
@@ -335,6 +335,8 @@ fn a_context_larger_than_memory_is_refused_naming_the_flag() {
             err.contains(&format!("error: {flag}: a KV cache of")) && err.contains("GiB"),
             "{args:?}: {err}"
         );
+        // Refused from the file's metadata before the server listens or loads.
+        assert!(!err.contains("listening"), "{args:?}: {err}");
     }
 }
 

@@ -82,6 +82,15 @@ impl<'m> Session<'m> {
     }
 }
 
+/// `n_ctx` positions, or `n_seq × n_ctx` of several sequences.
+fn positions(n_seq: usize, n_ctx: usize) -> String {
+    if n_seq == 1 {
+        format!("{n_ctx} positions")
+    } else {
+        format!("{n_seq} × {n_ctx} positions")
+    }
+}
+
 /// Refuses a context whose KV caches cannot fit: `n_seq` sequences of `n_ctx` positions of
 /// `model` with elements of `kv_type`, before anything is allocated (without it a huge
 /// `--ctx` aborts the process in the allocator). The bound is the machine's memory
@@ -89,13 +98,13 @@ impl<'m> Session<'m> {
 ///
 /// Errors: a message naming the sizes and `what` (the flag that set them).
 pub fn check_kv_memory(
-    model: &Model,
+    config: &frink_models::ModelConfig,
     n_ctx: usize,
     n_seq: usize,
     kv_type: KvType,
     what: &str,
 ) -> Result<(), String> {
-    let need = SeqState::kv_bytes(&model.config, n_ctx, kv_type).and_then(|b| b.checked_mul(n_seq));
+    let need = SeqState::kv_bytes(config, n_ctx, kv_type).and_then(|b| b.checked_mul(n_seq));
     let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
         let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
         let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
@@ -104,10 +113,12 @@ pub fn check_kv_memory(
     let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
     match (need, total) {
         (None, _) => Err(format!(
-            "{what}: a KV cache of {n_seq} × {n_ctx} positions is larger than any machine's memory"
+            "{what}: a KV cache of {} is larger than any machine's memory",
+            positions(n_seq, n_ctx)
         )),
         (Some(need), Some(total)) if need > total => Err(format!(
-            "{what}: a KV cache of {n_seq} × {n_ctx} positions needs {:.1} GiB, more than this machine's {:.1} GiB",
+            "{what}: a KV cache of {} needs {:.1} GiB, more than this machine's {:.1} GiB",
+            positions(n_seq, n_ctx),
             gib(need),
             gib(total)
         )),

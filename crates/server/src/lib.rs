@@ -399,6 +399,44 @@ async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
 }
 
 /// Loads the model, builds the tokenizer and starts the scheduler.
+/// The KV pool's positions for `config` on a model of `model`'s shape: `--kv-size`, else
+/// `--kv-mem` bytes in whole blocks, else `--parallel × --ctx`; checked against this
+/// machine's memory. `frink serve` calls it with the file's metadata before it listens, so
+/// a size that cannot fit is refused before anything is bound or loaded.
+///
+/// # Errors
+/// `--kv-mem` below one block, or a pool larger than the machine's memory, naming the
+/// flags and the sizes.
+pub fn kv_pool_positions(config: &ServeConfig, model: &frink_models::ModelConfig) -> Result<usize> {
+    let (kv_size, what) = match (config.kv_size, config.kv_mem) {
+        (0, Some(bytes)) => {
+            let block = frink_models::KvPool::block_bytes(model, config.kv_type)
+                .unwrap_or(usize::MAX)
+                .max(1);
+            anyhow::ensure!(
+                bytes >= block,
+                "--kv-mem {bytes}: one KV block of {} positions takes {block} bytes",
+                frink_models::KV_BLOCK
+            );
+            (
+                bytes / block * frink_models::KV_BLOCK,
+                "--kv-mem".to_string(),
+            )
+        }
+        (0, None) => (
+            config.parallel.saturating_mul(config.ctx),
+            format!(
+                "--parallel {} × --ctx {} (the KV pool's default size)",
+                config.parallel, config.ctx
+            ),
+        ),
+        (n, _) => (n, "--kv-size".to_string()),
+    };
+    frink_engine::check_kv_memory(model, kv_size, 1, config.kv_type, &what)
+        .map_err(anyhow::Error::msg)?;
+    Ok(kv_size)
+}
+
 fn start_engine(config: &ServeConfig, load: Loader) -> Result<Engine> {
     let mut model = load()?;
     let lora = model
@@ -417,27 +455,7 @@ fn start_engine(config: &ServeConfig, load: Loader) -> Result<Engine> {
     let tok = Arc::new(
         Tokenizer::from_gguf_releasing(&mut model.file).context("cannot build the tokenizer")?,
     );
-    // The pool: --kv-size positions, else --kv-mem bytes, else --parallel × --ctx.
-    let (kv_size, what) = match (config.kv_size, config.kv_mem) {
-        (0, Some(bytes)) => {
-            let block = frink_models::KvPool::block_bytes(&model.config, config.kv_type)
-                .unwrap_or(usize::MAX)
-                .max(1);
-            anyhow::ensure!(
-                bytes >= block,
-                "--kv-mem {bytes}: one KV block of {} positions takes {block} bytes",
-                frink_models::KV_BLOCK
-            );
-            (bytes / block * frink_models::KV_BLOCK, "--kv-mem")
-        }
-        (0, None) => (
-            config.parallel.saturating_mul(config.ctx),
-            "--parallel × --ctx",
-        ),
-        (n, _) => (n, "--kv-size"),
-    };
-    frink_engine::check_kv_memory(&model, kv_size, 1, config.kv_type, what)
-        .map_err(anyhow::Error::msg)?;
+    let kv_size = kv_pool_positions(config, &model.config)?;
     let sched_config = SchedulerConfig {
         parallel: config.parallel,
         n_ctx: config.ctx,
