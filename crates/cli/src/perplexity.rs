@@ -38,6 +38,17 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
     let text = read_text(&args.file)?;
     let tokens = tok.encode(&text, true, false)?;
     let bos = if tok.add_bos() { tok.bos_id() } else { None };
+    anyhow::ensure!(
+        args.ctx >= 4,
+        "-c {}: a chunk needs at least 4 tokens",
+        args.ctx
+    );
+    anyhow::ensure!(
+        tokens.len() >= args.ctx,
+        "the text has {} tokens, fewer than one chunk of {} (-c): perplexity scores whole chunks",
+        tokens.len(),
+        args.ctx
+    );
     eprintln!(
         "{} tokens, {} chunks of {}",
         tokens.len(),

@@ -380,3 +380,23 @@ fn llama_cpp_flags_and_refused_values() {
     let help = frink(&["serve", "-np", "2", "--help"]);
     assert!(help.status.success(), "{}", stderr(&help));
 }
+
+/// Messages that said something else: a text shorter than one perplexity chunk, and the
+/// plan of a file without `rope_freqs.weight` (smollm2's) no longer lists it.
+#[test]
+fn short_texts_and_absent_tensors_are_named_as_such() {
+    let dir = tempfile::tempdir().unwrap();
+    let short = dir.path().join("short.txt");
+    std::fs::write(&short, "hi there").unwrap();
+    let out = frink(&["perplexity", "-f", short.to_str().unwrap(), "-c", "512"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(err.contains("fewer than one chunk of 512 (-c)"), "{err}");
+    let out = frink(&["inspect", "smollm2-135m", "--plan"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let plan = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        plan.contains("RoPE") && !plan.contains("rope_freqs"),
+        "{plan}"
+    );
+}

@@ -18,6 +18,18 @@ pub enum StoreError {
         known: String,
     },
 
+    /// A model to remove that the store does not hold (a catalog model never pulled, or a
+    /// hub file not fetched).
+    #[error("{name:?} is not in the store{} (it holds: {held}; `frink list` shows them)", if *.in_catalog { ": a catalog model not pulled" } else { "" })]
+    NotInStore {
+        /// The name asked for.
+        name: String,
+        /// Whether the name is a catalog model's.
+        in_catalog: bool,
+        /// The models the store holds, comma-separated (`none`).
+        held: String,
+    },
+
     /// `resolve` was given something that is neither a catalog name nor an existing file.
     #[error("model file {} not found (and it is not a catalog name; known models: {known})", path.display())]
     ModelFileNotFound {

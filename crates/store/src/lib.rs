@@ -313,20 +313,32 @@ impl Store {
     /// Removes the model `name` (a catalog name or `hf:ORG/REPO/FILE.gguf`, with its
     /// shards) from the store; returns the files removed.
     ///
-    /// Errors: [`StoreError::UnknownModel`] if the store does not hold it; [`StoreError::Io`].
+    /// Errors: [`StoreError::NotInStore`] for a catalog or hub model it does not hold,
+    /// [`StoreError::UnknownModel`] for another name; [`StoreError::Io`].
     pub fn remove(&self, name: &str) -> Result<Vec<PathBuf>> {
         let listed = self
             .list()
             .into_iter()
             .find(|m| m.name == name)
-            .ok_or_else(|| StoreError::UnknownModel {
-                name: name.to_string(),
-                known: self
-                    .list()
-                    .iter()
-                    .map(|m| m.name.clone())
-                    .collect::<Vec<_>>()
-                    .join(", "),
+            .ok_or_else(|| {
+                let held: Vec<String> = self.list().into_iter().map(|m| m.name).collect();
+                let in_catalog = self.entry(name).is_ok();
+                if in_catalog || name.starts_with("hf:") {
+                    StoreError::NotInStore {
+                        name: name.to_string(),
+                        in_catalog,
+                        held: if held.is_empty() {
+                            "none".into()
+                        } else {
+                            held.join(", ")
+                        },
+                    }
+                } else {
+                    StoreError::UnknownModel {
+                        name: name.to_string(),
+                        known: self.known_names(),
+                    }
+                }
             })?;
         let fname = listed
             .path

