@@ -176,10 +176,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
         if !args.json {
             if results.is_empty() {
-                println!("| model | size | params | backend | threads | test | t/s |");
-                println!("| --- | ---: | ---: | --- | ---: | ---: | ---: |");
+                outln!("| model | size | params | backend | threads | test | t/s |");
+                outln!("| --- | ---: | ---: | --- | ---: | ---: | ---: |");
             }
-            println!(
+            outln!(
                 "| {arch} | {:.2} MiB | {:.2} M | CPU | {threads} | {name} | {avg_ts:.2} ± {stddev_ts:.2} |",
                 model_size as f64 / (1 << 20) as f64,
                 n_params as f64 / 1e6
@@ -216,9 +216,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         r["peak_rss_bytes"] = json!(peak);
     }
     if args.json {
-        println!("{}", serde_json::Value::Array(results));
+        outln!("{}", serde_json::Value::Array(results));
     } else if let Some(p) = peak {
-        println!(
+        outln!(
             "\npeak resident memory: {:.1} MiB",
             p as f64 / (1 << 20) as f64
         );
@@ -302,16 +302,16 @@ fn speculation(args: &BenchArgs, model: &Model, file: &std::path::Path) -> Resul
     let tokens = ids.map_or(0, |v| v.len());
     let acceptance = accepted as f64 / proposed.max(1) as f64;
     if args.json {
-        println!(
+        outln!(
             "{}",
             json!({"prompt_tokens": prompt.len(), "gen_tokens": tokens, "plain_ts": off,
                    "spec_ts": on, "speedup": on_ts / off_ts, "proposed": proposed,
                    "accepted": accepted, "acceptance": acceptance})
         );
     } else {
-        println!("| prompt | tokens | plain t/s | speculative t/s | speedup | accepted |");
-        println!("| ---: | ---: | ---: | ---: | ---: | ---: |");
-        println!(
+        outln!("| prompt | tokens | plain t/s | speculative t/s | speedup | accepted |");
+        outln!("| ---: | ---: | ---: | ---: | ---: | ---: |");
+        outln!(
             "| {} | {tokens} | {off_ts:.2} | {on_ts:.2} | {:.2}x | {accepted} of {proposed} ({:.0}%) |",
             prompt.len(),
             on_ts / off_ts,

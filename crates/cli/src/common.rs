@@ -642,3 +642,17 @@ pub fn print_moe_stats(model: &Model) {
         );
     }
 }
+
+/// Writes `args` to standard output; when the reader has gone (a closed pipe) the process
+/// ends quietly with exit 0 rather than panicking ([`outln!`]).
+pub fn out(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    if stdout
+        .write_fmt(args)
+        .and_then(|()| stdout.flush())
+        .is_err()
+    {
+        std::process::exit(0);
+    }
+}

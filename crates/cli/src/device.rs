@@ -70,25 +70,25 @@ pub fn resolve(d: Device) -> Result<()> {
 pub fn list(json: bool) -> Result<()> {
     let p = frink_cuda::probe();
     if json {
-        println!("{}", p.json());
+        outln!("{}", p.json());
         return Ok(());
     }
     match &p.driver {
-        Ok((path, v)) => println!(
+        Ok((path, v)) => outln!(
             "driver: CUDA {} ({path})",
             frink_cuda::device::version_name(*v)
         ),
-        Err(e) => println!("driver: {e}"),
+        Err(e) => outln!("driver: {e}"),
     }
     match &p.nvrtc {
-        Ok((path, (a, b))) => println!("NVRTC: {a}.{b} ({path})"),
-        Err(e) => println!("NVRTC: {e}"),
+        Ok((path, (a, b))) => outln!("NVRTC: {a}.{b} ({path})"),
+        Err(e) => outln!("NVRTC: {e}"),
     }
     if p.gpus.is_empty() {
-        println!("GPUs: none");
+        outln!("GPUs: none");
     }
     for g in &p.gpus {
-        println!(
+        outln!(
             "GPU {}: {}, {:.1} GiB, compute capability {}.{}, {} multiprocessors",
             g.index,
             g.name,

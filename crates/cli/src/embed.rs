@@ -57,11 +57,11 @@ pub fn run(args: &EmbedArgs) -> Result<()> {
         out.push(v);
     }
     if args.json {
-        println!("{}", serde_json::json!({ "embeddings": out }));
+        outln!("{}", serde_json::json!({ "embeddings": out }));
     } else {
         for v in &out {
             let line: Vec<String> = v.iter().map(|x| format!("{x:.7}")).collect();
-            println!("{}", line.join(" "));
+            outln!("{}", line.join(" "));
         }
     }
     Ok(())

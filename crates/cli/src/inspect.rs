@@ -19,7 +19,7 @@ const FULL_ARRAY_MAX: usize = 256;
 pub fn plan(path: &Path) -> Result<()> {
     let f = GgufFile::open(path).with_context(|| format!("cannot read {}", path.display()))?;
     let config = frink_models::ModelConfig::from_gguf(&f)?;
-    print!("{}", config.plan);
+    out!("{}", config.plan);
     Ok(())
 }
 
@@ -84,17 +84,17 @@ pub fn inspect(path: &Path, tensors: bool, json: bool) -> Result<()> {
             })),
             "tensors": table,
         });
-        println!("{}", serde_json::to_string(&out)?);
+        outln!("{}", serde_json::to_string(&out)?);
         return Ok(());
     }
 
     let total: u64 = counts.values().map(|c| c.1).sum();
-    println!("file:          {}", path.display());
-    println!("architecture:  {}", f.architecture().unwrap_or("(none)"));
+    outln!("file:          {}", path.display());
+    outln!("architecture:  {}", f.architecture().unwrap_or("(none)"));
     if let Some(name) = f.get("general.name").and_then(|v| v.as_str()) {
-        println!("name:          {name}");
+        outln!("name:          {name}");
     }
-    println!(
+    outln!(
         "GGUF:          v{}, {} bytes, {} metadata keys, data at byte {} (alignment {})",
         f.version(),
         f.file_len(),
@@ -102,7 +102,7 @@ pub fn inspect(path: &Path, tensors: bool, json: bool) -> Result<()> {
         f.data_offset(),
         f.alignment()
     );
-    println!("tensors:       {} ({total} bytes)", f.tensor_infos().len());
+    outln!("tensors:       {} ({total} bytes)", f.tensor_infos().len());
     if let Some(l) = lora_summary(&f) {
         let ranks = match (l.ranks.first(), l.ranks.last()) {
             (Some(a), Some(b)) if a == b => format!("rank {a}"),
@@ -122,7 +122,7 @@ pub fn inspect(path: &Path, tensors: bool, json: bool) -> Result<()> {
             }
         }
         let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} ×{n}")).collect();
-        println!(
+        outln!(
             "LoRA adapter:  for {}, alpha {}, {ranks}, {} matrices: {}",
             f.architecture().unwrap_or("(none)"),
             l.alpha,
@@ -130,19 +130,19 @@ pub fn inspect(path: &Path, tensors: bool, json: bool) -> Result<()> {
             kinds.join(", ")
         );
     } else {
-        println!("tool calls:    {}", tool_format_name(&f));
+        outln!("tool calls:    {}", tool_format_name(&f));
     }
     for (t, (n, b)) in &by_count {
-        println!("  {:<8} {n:>5} tensors {b:>12} bytes", t.name());
+        outln!("  {:<8} {n:>5} tensors {b:>12} bytes", t.name());
     }
-    println!("metadata:");
+    outln!("metadata:");
     for (k, v) in f.metadata() {
-        println!("  {k} = {}", value_text(v));
+        outln!("  {k} = {}", value_text(v));
     }
     if tensors {
-        println!("tensor table (offset = absolute byte offset of the data; shape ne0 first):");
+        outln!("tensor table (offset = absolute byte offset of the data; shape ne0 first):");
         for t in f.tensor_infos() {
-            println!(
+            outln!(
                 "  {:<40} {:<8} {:<24} {:>12} {:>12}",
                 t.name,
                 t.ggml_type.name(),

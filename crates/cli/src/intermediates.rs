@@ -140,7 +140,7 @@ pub fn layer_check(
         .eval(&input, Logits::Last)?;
     let (errors, first) = first_departure(&taps.take(), &layers, LAYER_TOLERANCE);
     for (layer, err) in &errors {
-        println!("layer {layer:>3} l_out: max|Δ|/max|ref| = {err:.2e}");
+        outln!("layer {layer:>3} l_out: max|Δ|/max|ref| = {err:.2e}");
     }
     report.check(
         "every layer's output vs transformers",

@@ -37,6 +37,6 @@ pub fn run(args: &ModelArgs, ids: &[u32], out: &Path, dump: &DumpArgs) -> Result
     if let (Some(taps), Some(dir)) = (taps, &dump.dir) {
         line["intermediates"] = crate::intermediates::write(dir, &taps.take())?.into();
     }
-    println!("{line}");
+    outln!("{line}");
     Ok(())
 }

@@ -4,6 +4,21 @@
 //! one JSON value as the last line of stdout, progress goes to stderr, exit status is 0 on
 //! success, 1 on failure (with one `error: …` line on stderr) and 2 on bad usage.
 
+/// `println!` for the commands' output: a reader that went away (`frink inspect … | head`)
+/// ends the process quietly with exit 0, as `head` expects, where `println!` panics.
+macro_rules! outln {
+    ($($t:tt)*) => {
+        $crate::common::out(format_args!("{}\n", format_args!($($t)*)))
+    };
+}
+
+/// `print!` with [`outln!`]'s rule.
+macro_rules! out {
+    ($($t:tt)*) => {
+        $crate::common::out(format_args!($($t)*))
+    };
+}
+
 mod bench;
 mod chat;
 mod common;
@@ -170,6 +185,15 @@ fn main() -> ExitCode {
         .unwrap_or_else(|e| e.exit());
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader of standard output went away (`| head`): not an error of ours.
+        Err(e)
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) =>
+        {
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             // One line: the error and its causes joined.
             let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
@@ -272,32 +296,34 @@ fn run(cli: Cli) -> Result<()> {
         Command::Devices { json } => device::list(json),
         Command::Pull { name } => {
             let path = store.pull(&name)?;
-            println!("{}", path.display());
+            outln!("{}", path.display());
             Ok(())
         }
         Command::List { json } => {
             let models = store.list();
             if json {
-                println!("{}", serde_json::to_string(&models)?);
+                outln!("{}", serde_json::to_string(&models)?);
             } else {
-                println!("store: {}", store.root().display());
+                outln!("store: {}", store.root().display());
                 for entry in store.catalog() {
                     let present = models.iter().find(|m| m.name == entry.name);
                     match present {
-                        Some(m) => println!(
+                        Some(m) => outln!(
                             "  {:<22} {:>12} bytes  {}",
                             m.name,
                             m.bytes,
                             m.path.display()
                         ),
-                        None => println!(
+                        None => outln!(
                             "  {:<22} {:>12}        (not pulled: frink pull {})",
-                            entry.name, "-", entry.name
+                            entry.name,
+                            "-",
+                            entry.name
                         ),
                     }
                 }
                 for m in models.iter().filter(|m| m.name.starts_with("hf:")) {
-                    println!(
+                    outln!(
                         "  {:<22} {:>12} bytes  {}",
                         m.name,
                         m.bytes,
@@ -317,7 +343,7 @@ fn run(cli: Cli) -> Result<()> {
             let path = store.resolve(&model)?;
             let m = frink_models::Model::load(&path)?;
             let info = frink_server::ollama::ModelInfo::read(&m, &path.to_string_lossy(), None);
-            println!("{}", info.show());
+            outln!("{}", info.show());
             Ok(())
         }
     }

@@ -78,7 +78,7 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
     )?;
     eprintln!();
     if args.json {
-        println!(
+        outln!(
             "{}",
             serde_json::json!({
                 "ppl": r.ppl,
@@ -89,9 +89,12 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
             })
         );
     } else {
-        println!(
+        outln!(
             "PPL = {:.4} +/- {:.5} ({} chunks of {})",
-            r.ppl, r.ppl_plus_minus, r.n_chunks, r.ctx
+            r.ppl,
+            r.ppl_plus_minus,
+            r.n_chunks,
+            r.ctx
         );
     }
     Ok(())

@@ -91,6 +91,6 @@ pub fn run(args: &PlanArgs) -> Result<()> {
         "resident_selections": served,
         "cache": cache,
     });
-    println!("{out}");
+    outln!("{out}");
     Ok(())
 }

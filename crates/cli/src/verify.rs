@@ -28,10 +28,10 @@ impl Report {
     pub(crate) fn check(&mut self, name: &str, ok: bool, detail: String) {
         if ok {
             self.passed += 1;
-            println!("PASS {name}: {detail}");
+            outln!("PASS {name}: {detail}");
         } else {
             self.failed += 1;
-            println!("FAIL {name}: {detail}");
+            outln!("FAIL {name}: {detail}");
         }
     }
 }
@@ -116,7 +116,7 @@ pub fn run(
             dir.display()
         );
     }
-    println!("{} passed, {} failed", report.passed, report.failed);
+    outln!("{} passed, {} failed", report.passed, report.failed);
     if report.failed > 0 {
         bail!(
             "{} of {} checks failed",
@@ -326,7 +326,7 @@ fn quant_fixture(path: &Path, dir: &Path, kv_type: KvType, report: &mut Report) 
         }
         match first_flip {
             None => {
-                println!("INFO expert selection: equal to llama.cpp's at every layer and position")
+                outln!("INFO expert selection: equal to llama.cpp's at every layer and position")
             }
             Some((il, p)) => {
                 n_pos = p;
@@ -337,7 +337,7 @@ fn quant_fixture(path: &Path, dir: &Path, kv_type: KvType, report: &mut Report) 
                     })
                     .collect::<Vec<_>>()
                     .join(", ");
-                println!(
+                outln!(
                     "INFO expert selection: first differs from llama.cpp's at layer {il}, position {p}; logits compared before it; after it (position: max|Δ|/max|ref| of the row): {after}"
                 );
             }
@@ -402,7 +402,7 @@ fn quant_fixture(path: &Path, dir: &Path, kv_type: KvType, report: &mut Report) 
     let want = ids(&g["llamacpp"]);
     let got = greedy(&model, &ids(&g["prompt_ids"]), want.len(), kv_type, &[])?;
     let same = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
-    println!(
+    outln!(
         "INFO greedy continuation: first {same} of {} ids equal llama.cpp's (quantized activations; free-running, so informational)",
         want.len()
     );
@@ -619,7 +619,7 @@ fn golden(
             },
         );
     }
-    println!("INFO generate: {to_end}/{n_cases} prompts match llama.cpp to their recorded end");
+    outln!("INFO generate: {to_end}/{n_cases} prompts match llama.cpp to their recorded end");
 
     // perplexity.json: the corpus (beside the golden directories) at each recorded ctx;
     // an independent engine following the same rules lands within 1-1.5% (README).

@@ -400,3 +400,32 @@ fn short_texts_and_absent_tensors_are_named_as_such() {
         "{plan}"
     );
 }
+
+/// A reader that goes away early (`frink tokenize - | head -c 10` on 480 KB of text, whose
+/// ids do not fit the pipe): exit 0 and nothing on stderr (it said "error: Broken pipe"
+/// and exited 1).
+#[test]
+fn a_closed_pipe_ends_commands_quietly() {
+    use std::io::{Read, Write};
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_frink"))
+        .args(["tokenize", "-m", "smollm2-135m", "-"])
+        .env_remove("FRINK_MODEL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all("hello world ".repeat(40_000).as_bytes())
+        .unwrap();
+    let mut first = [0u8; 10];
+    child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}: {err}", out.status);
+    assert!(!err.contains("error") && !err.contains("panicked"), "{err}");
+}
