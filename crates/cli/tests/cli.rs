@@ -407,15 +407,7 @@ fn short_texts_and_absent_tensors_are_named_as_such() {
 #[test]
 fn a_closed_pipe_ends_commands_quietly() {
     use std::io::{Read, Write};
-    use std::process::{Command, Stdio};
-    let mut child = Command::new(env!("CARGO_BIN_EXE_frink"))
-        .args(["tokenize", "-m", "smollm2-135m", "-"])
-        .env_remove("FRINK_MODEL")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = common::spawn(&["tokenize", "-m", "smollm2-135m", "-"]);
     child
         .stdin
         .take()

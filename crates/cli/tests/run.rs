@@ -448,16 +448,17 @@ fn a_draft_model_changes_no_token() {
 /// two cores) with its standard output piped, and waits for its first `bytes` bytes.
 fn long_run(bytes: usize) -> (std::process::Child, std::process::ChildStdout) {
     use std::io::Read;
-    use std::process::{Command, Stdio};
-    let mut child = Command::new(env!("CARGO_BIN_EXE_frink"))
-        .args(["run", "--greedy", "--ignore-eos", "-n", "4000", "-t", "2"])
-        .arg("Write a very long essay about the sea.")
-        .env_remove("FRINK_MODEL")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = common::spawn(&[
+        "run",
+        "--greedy",
+        "--ignore-eos",
+        "-n",
+        "4000",
+        "-t",
+        "2",
+        "Write a very long essay about the sea.",
+    ]);
+    drop(child.stdin.take());
     let mut stdout = child.stdout.take().unwrap();
     let mut got = vec![0u8; bytes];
     stdout.read_exact(&mut got).unwrap();

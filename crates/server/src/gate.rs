@@ -131,24 +131,26 @@ pub(crate) async fn gate(
         counts: counts.clone(),
     };
     req.extensions_mut().insert(counts);
-    let response = checked(st, req, next).await;
-    if line.format == crate::log::LogFormat::Off {
-        return response;
-    }
-    let line = crate::log::Line {
+    let (response, mark) = checked(st, req, next).await;
+    let line = (line.format != crate::log::LogFormat::Off).then(|| crate::log::Line {
         status: response.status().as_u16(),
         ..line
-    };
+    });
+    if mark.is_none() && line.is_none() {
+        return response;
+    }
     response.map(|body| {
-        Body::new(crate::log::Logged {
+        Body::new(Held {
             body,
-            line: Some(line),
+            _mark: mark,
+            line,
         })
     })
 }
 
-/// The gate's checks and the route (see [`gate`]).
-async fn checked(st: Arc<AppState>, req: Request, next: Next) -> Response {
+/// The gate's checks and the route (see [`gate`]); with the response, the mark that keeps
+/// its connection answering while the body leaves (none for an answer refused here).
+async fn checked(st: Arc<AppState>, req: Request, next: Next) -> (Response, Option<Answering>) {
     let path = req.uri().path().to_string();
     let (parts, body) = req.into_parts();
     let conn = parts
@@ -156,28 +158,25 @@ async fn checked(st: Arc<AppState>, req: Request, next: Next) -> Response {
         .get::<ConnHandle>()
         .map(|h| Arc::clone(&h.0));
     if conn.as_ref().is_some_and(|c| c.is_overflow()) {
-        return overflow(&path, parts, next).await;
+        return (overflow(&path, parts, next).await, None);
     }
     if !is_open(&parts.method, &path) {
         if let Err(e) = st.keys.check(&parts.headers) {
-            return error_for_path(&path, e);
+            return (error_for_path(&path, e), None);
         }
     }
     let bytes = {
         let _receiving = conn.as_ref().map(|c| c.receiving());
         match read_body(&parts.headers, body, st.conns.limits().io_timeout).await {
             Ok(b) => b,
-            Err(e) => return error_for_path(&path, e),
+            Err(e) => return (error_for_path(&path, e), None),
         }
     };
     let answering = conn.as_ref().map(|c| c.answering());
     let response = next
         .run(Request::from_parts(parts, Body::from(bytes)))
         .await;
-    match answering {
-        Some(a) => response.map(|body| Body::new(Held { body, _mark: a })),
-        None => response,
-    }
+    (response, answering)
 }
 
 /// A connection admitted past the cap ([`crate::conn::Conn::is_overflow`]): `/health`
@@ -277,10 +276,12 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: Duration) -> Result<B
 }
 
 /// A response body that keeps its connection marked as answering until it is sent whole or
-/// dropped.
+/// dropped, and writes its request's log line when it ends (or is dropped unfinished: its
+/// client went away).
 struct Held {
     body: Body,
-    _mark: Answering,
+    _mark: Option<Answering>,
+    line: Option<crate::log::Line>,
 }
 
 impl http_body::Body for Held {
@@ -291,7 +292,14 @@ impl http_body::Body for Held {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.body).poll_frame(cx);
+        if let Poll::Ready(None) = r {
+            if let Some(line) = this.line.take() {
+                line.write(false);
+            }
+        }
+        r
     }
 
     fn is_end_stream(&self) -> bool {
@@ -300,6 +308,16 @@ impl http_body::Body for Held {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.body.size_hint()
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(line) = self.line.take() {
+            // A body never polled to its end: the client went away (or the answer had no
+            // body, whose end is its drop).
+            line.write(!http_body::Body::is_end_stream(&self.body));
+        }
     }
 }
 

@@ -1,4 +1,4 @@
-//! One log line per request, written when its answer has left (a stream's last event) or
+//! One log line per request, written (by the gate's response body) when its answer has left (a stream's last event) or
 //! its client went away: method, path, status, client, the total time and, for a
 //! completion, the model, prompt and generated tokens, time to first token and tokens per
 //! second (llama-server's and Ollama's request logs). Text through `tracing` at info
@@ -6,12 +6,9 @@
 //! `--log-format json`; none with `--log-disable`. Prompt and answer text are never
 //! logged.
 
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Instant;
 
-use axum::body::{Body, Bytes};
 use serde_json::{json, Value};
 
 /// How request lines are written (`--log-format`, `--log-disable`).
@@ -93,7 +90,8 @@ impl Line {
         v
     }
 
-    fn write(&self, aborted: bool) {
+    /// Writes the line (`aborted`: the body was dropped before its end).
+    pub(crate) fn write(&self, aborted: bool) {
         let v = self.fields(aborted);
         match self.format {
             LogFormat::Off => {}
@@ -126,48 +124,4 @@ impl Line {
 
 fn round(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
-}
-
-/// A response body that writes its request's line when it ends (or is dropped unfinished).
-pub(crate) struct Logged {
-    pub body: Body,
-    pub line: Option<Line>,
-}
-
-impl http_body::Body for Logged {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
-        let this = self.get_mut();
-        let r = Pin::new(&mut this.body).poll_frame(cx);
-        if let Poll::Ready(None) = r {
-            if let Some(line) = this.line.take() {
-                line.write(false);
-            }
-        }
-        r
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
-    }
-}
-
-impl Drop for Logged {
-    fn drop(&mut self) {
-        if let Some(line) = self.line.take() {
-            // A body hyper never polled to its end: the client went away (or the answer
-            // was a bodyless one, whose end is its drop).
-            let aborted = !http_body::Body::is_end_stream(&self.body);
-            line.write(aborted);
-        }
-    }
 }

@@ -2,14 +2,22 @@
 #![allow(dead_code)] // each test binary uses its own subset
 
 use std::io::Write;
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 
 use serde_json::Value;
 
 /// Runs `frink ARGS` with `stdin` (or an empty standard input) and no RUST_LOG/FRINK_MODEL
 /// from the caller's environment.
 pub fn frink_with_stdin(args: &[&str], stdin: &[u8]) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_frink"))
+    let mut child = spawn(args);
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// Starts `frink ARGS` with its three streams piped and no RUST_LOG/FRINK_MODEL from the
+/// caller's environment (for a test that reads or closes them as it runs).
+pub fn spawn(args: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_frink"))
         .args(args)
         .env_remove("RUST_LOG")
         .env_remove("FRINK_MODEL")
@@ -17,9 +25,7 @@ pub fn frink_with_stdin(args: &[&str], stdin: &[u8]) -> Output {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("run frink");
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    child.wait_with_output().unwrap()
+        .expect("run frink")
 }
 
 /// Runs `frink ARGS` with an empty standard input.

@@ -47,18 +47,7 @@ mod tests {
     use frink_tokenizer::ChatMessage;
     use serde_json::{json, Value};
 
-    /// The text of `items` joined, and their calls in order.
-    fn gather(items: Vec<Item>) -> (String, Vec<ToolCall>) {
-        let mut content = String::new();
-        let mut calls = Vec::new();
-        for it in items {
-            match it {
-                Item::Text(t) => content.push_str(&t),
-                Item::Call(c) => calls.push(c),
-            }
-        }
-        (content, calls)
-    }
+    use stream::gather;
 
     fn weather() -> Value {
         json!({"type": "function", "function": {"name": "get_weather", "parameters": {

@@ -191,6 +191,15 @@ pub fn parse(format: ToolFormat, tools: &ToolSet, text: &str) -> (String, Vec<To
     let mut p = StreamParser::new(format, tools.clone());
     let mut items = p.push(text);
     items.extend(p.finish());
+    let (mut content, calls) = gather(items);
+    if !calls.is_empty() {
+        content = content.trim().to_string();
+    }
+    (content, calls)
+}
+
+/// The text of `items` joined, and their calls in order.
+pub(super) fn gather(items: Vec<Item>) -> (String, Vec<ToolCall>) {
     let mut content = String::new();
     let mut calls = Vec::new();
     for it in items {
@@ -198,9 +207,6 @@ pub fn parse(format: ToolFormat, tools: &ToolSet, text: &str) -> (String, Vec<To
             Item::Text(t) => content.push_str(&t),
             Item::Call(c) => calls.push(c),
         }
-    }
-    if !calls.is_empty() {
-        content = content.trim().to_string();
     }
     (content, calls)
 }
