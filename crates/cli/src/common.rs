@@ -615,6 +615,24 @@ impl GenArgs {
     }
 }
 
+/// The timing line `run` prints after an answer (and `chat` under `/set verbose`): load
+/// time when given, prompt tokens and their rate, time to the first token, generated tokens
+/// and their rate.
+pub fn timing_line(load_ms: Option<f64>, t: &frink_engine::Timings) -> String {
+    let rate = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
+    let load = load_ms.map_or(String::new(), |ms| format!("load {ms:.0} ms | "));
+    format!(
+        "[{load}prompt {} tokens in {:.0} ms ({:.1} t/s) | first token {:.0} ms | {} more tokens in {:.0} ms ({:.1} t/s)]",
+        t.prompt_tokens,
+        t.prompt_ms,
+        rate(t.prompt_tokens, t.prompt_ms),
+        t.first_token_ms,
+        t.gen_tokens,
+        t.gen_ms,
+        rate(t.gen_tokens, t.gen_ms)
+    )
+}
+
 /// Prints, on stderr, how often each routed expert was selected per layer and the expert
 /// cache's hits and misses (`--stats`); nothing for a dense model.
 pub fn print_moe_stats(model: &Model) {

@@ -192,17 +192,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         out.line(&json.to_string());
     } else {
         out.line("");
-        let rate = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
-        eprintln!(
-            "[load {load_ms:.0} ms | prompt {} tokens in {:.0} ms ({:.1} t/s) | first token {:.0} ms | {} more tokens in {:.0} ms ({:.1} t/s)]",
-            t.prompt_tokens,
-            t.prompt_ms,
-            rate(t.prompt_tokens, t.prompt_ms),
-            t.first_token_ms,
-            t.gen_tokens,
-            t.gen_ms,
-            rate(t.gen_tokens, t.gen_ms)
-        );
+        eprintln!("{}", crate::common::timing_line(Some(load_ms), &t));
     }
     if args.stats {
         crate::common::print_moe_stats(&model);

@@ -28,52 +28,14 @@ pub struct ModelInfo {
     digest: Option<String>,
     family: String,
     parameter_size: String,
+    /// The number of weights (Ollama's `general.parameter_count`, a number).
+    parameter_count: u64,
     quantization_level: String,
     model_info: Map<String, Value>,
     template: String,
     capabilities: Vec<&'static str>,
     modified_at: String,
     path: String,
-}
-
-/// llama.cpp's `enum llama_ftype` (include/llama.h): the names of `general.file_type`.
-fn file_type_name(t: u64) -> Option<&'static str> {
-    Some(match t {
-        0 => "F32",
-        1 => "F16",
-        2 => "Q4_0",
-        3 => "Q4_1",
-        7 => "Q8_0",
-        8 => "Q5_0",
-        9 => "Q5_1",
-        10 => "Q2_K",
-        11 => "Q3_K_S",
-        12 => "Q3_K_M",
-        13 => "Q3_K_L",
-        14 => "Q4_K_S",
-        15 => "Q4_K_M",
-        16 => "Q5_K_S",
-        17 => "Q5_K_M",
-        18 => "Q6_K",
-        19 => "IQ2_XXS",
-        20 => "IQ2_XS",
-        21 => "Q2_K_S",
-        22 => "IQ3_XS",
-        23 => "IQ3_XXS",
-        24 => "IQ1_S",
-        25 => "IQ4_NL",
-        26 => "IQ3_S",
-        27 => "IQ3_M",
-        28 => "IQ2_S",
-        29 => "IQ2_M",
-        30 => "IQ4_XS",
-        31 => "IQ1_M",
-        32 => "BF16",
-        36 => "TQ1_0",
-        37 => "TQ2_0",
-        38 => "MXFP4_MOE",
-        _ => return None,
-    })
 }
 
 /// A GGUF scalar as JSON (arrays are left out of `model_info`, as Ollama leaves the
@@ -97,15 +59,6 @@ fn scalar_json(v: &frink_gguf::MetaValue) -> Option<Value> {
     })
 }
 
-/// `n` parameters as Ollama writes sizes (`135.0M`, `1.5B`).
-fn parameter_size(n: u64) -> String {
-    if n >= 1_000_000_000 {
-        format!("{:.1}B", n as f64 / 1e9)
-    } else {
-        format!("{:.1}M", n as f64 / 1e6)
-    }
-}
-
 /// RFC 3339 time in UTC with microseconds, as Ollama writes `created_at`.
 fn rfc3339(t: SystemTime) -> String {
     let micros = t
@@ -127,13 +80,8 @@ impl ModelInfo {
             .filter(|(k, _)| k != "tokenizer.chat_template")
             .filter_map(|(k, v)| Some((k.clone(), scalar_json(v)?)))
             .collect();
-        let params: u64 = f.tensor_infos().iter().map(|t| t.n_elements()).sum();
-        let quantization_level = f
-            .get("general.file_type")
-            .and_then(|v| v.as_u64())
-            .and_then(file_type_name)
-            .unwrap_or("unknown")
-            .to_string();
+        let params = f.parameter_count();
+        let quantization_level = f.file_type_name().unwrap_or("unknown").to_string();
         let template = template
             .map(str::to_string)
             .or_else(|| {
@@ -168,7 +116,8 @@ impl ModelInfo {
             size: meta.map_or(0, |m| m.len()),
             digest,
             family: arch,
-            parameter_size: parameter_size(params),
+            parameter_size: frink_gguf::parameter_size(params),
+            parameter_count: params,
             quantization_level,
             model_info,
             template,
@@ -182,7 +131,10 @@ impl ModelInfo {
     /// parameters, template, details, metadata (`model_info`) and capabilities.
     pub fn show(&self) -> Value {
         let mut model_info = self.model_info.clone();
-        model_info.insert("general.parameter_count".into(), json!(self.parameter_size));
+        model_info.insert(
+            "general.parameter_count".into(),
+            json!(self.parameter_count),
+        );
         json!({
             "modelfile": format!("# served by frink\nFROM {}\n", self.path),
             "parameters": "temperature 0.8\ntop_k 40\ntop_p 0.95\nmin_p 0.05\nrepeat_penalty 1",

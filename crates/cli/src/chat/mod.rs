@@ -1,0 +1,360 @@
+//! `frink chat`: multi-turn chat in the terminal, with Ollama's prompt: line editing and
+//! history ([`input`]), commands ([`commands`]), Ctrl+C stopping an answer and keeping the
+//! conversation. Each turn re-renders the conversation with the model's template and
+//! evaluates only what the KV cache does not already hold.
+
+mod commands;
+mod input;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::{Context, Result};
+use clap::Args;
+use frink_engine::sampling::Sampler;
+use frink_engine::{DraftModel, Flow, GenerateParams, Session, StopMatcher};
+use frink_models::Model;
+use frink_tokenizer::{ChatMessage, TemplateInputs, Tokenizer};
+
+use crate::common::{CliGrammar, GenArgs, ModelArgs, SamplingArgs};
+use commands::{Command, Settings};
+use input::Input;
+
+/// Flags of `frink chat`.
+#[derive(Args, Debug)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub gen: GenArgs,
+    #[command(flatten)]
+    pub template: crate::common::TemplateArgs,
+}
+
+/// Length of the common prefix of two id sequences.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// The conversation: the system message apart (it survives `/clear`), then the turns.
+/// `/save` writes it as `{"system": …, "messages": [{"role", "content"}, …]}`.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+struct Conversation {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    system: Option<String>,
+    #[serde(default)]
+    messages: Vec<ChatMessage>,
+}
+
+impl Conversation {
+    /// The messages the template renders: the system message first, if any.
+    fn rendered(&self) -> Vec<ChatMessage> {
+        let system = self
+            .system
+            .iter()
+            .map(|s| ChatMessage::new("system", s.as_str()));
+        system.chain(self.messages.iter().cloned()).collect()
+    }
+
+    fn save(&self, path: &Path) -> Result<()> {
+        let json = serde_json::to_string_pretty(self)?;
+        std::fs::write(path, json + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))
+    }
+
+    /// Reads a conversation `/save` wrote (or a bare array of messages).
+    fn load(path: &Path) -> Result<Conversation> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not JSON", path.display()))?;
+        let mut c: Conversation = if v.is_array() {
+            Conversation {
+                system: None,
+                messages: serde_json::from_value(v)?,
+            }
+        } else {
+            serde_json::from_value(v).with_context(|| {
+                format!("{}: expected {{\"system\", \"messages\"}}", path.display())
+            })?
+        };
+        // A system message inside the list becomes the conversation's system message.
+        if c.messages.first().is_some_and(|m| m.role == "system") {
+            c.system = Some(c.messages.remove(0).content);
+        }
+        if let Some(m) = c
+            .messages
+            .iter()
+            .find(|m| !ROLES.contains(&m.role.as_str()))
+        {
+            anyhow::bail!("{}: unknown role `{}`", path.display(), m.role);
+        }
+        Ok(c)
+    }
+}
+
+/// The roles a saved conversation may hold after its system message.
+const ROLES: [&str; 3] = ["user", "assistant", "tool"];
+
+/// The model side of a chat: the session and its cache, the template, and how to answer.
+struct Replier<'m> {
+    session: Session<'m>,
+    draft: Option<DraftModel<'m>>,
+    tok: &'m Tokenizer,
+    template: Option<String>,
+    inputs: TemplateInputs,
+    grammar: Option<CliGrammar>,
+    gen: &'m GenArgs,
+    /// Token ids whose keys and values the cache holds, in order.
+    cached: Vec<u32>,
+}
+
+impl Replier<'_> {
+    /// The prompt of the next answer: `convo` rendered and tokenized.
+    ///
+    /// # Errors
+    /// The template fails, or the prompt leaves no room in the context (both lengths
+    /// named); the conversation is kept either way.
+    fn prompt(&self, convo: &Conversation) -> Result<Vec<u32>> {
+        let prompt = self.tok.apply_template_with(
+            self.template.as_deref(),
+            &convo.rendered(),
+            &self.inputs,
+        )?;
+        let ids = self.tok.encode_chat(&prompt)?;
+        self.gen.check_fits(ids.len())?;
+        Ok(ids)
+    }
+
+    /// Streams the answer to `ids` on standard output and returns its text; stops at an
+    /// end-of-generation token, a stop string, the budget, a full context, or when
+    /// `interrupted` is set (Ctrl+C).
+    fn answer(
+        &mut self,
+        ids: Vec<u32>,
+        settings: &Settings,
+        interrupted: &AtomicBool,
+    ) -> Result<String> {
+        // Reuse the cached prefix; always evaluate at least one token for fresh logits.
+        let keep = common_prefix(&self.cached, &ids).min(ids.len() - 1);
+        // A recurrent model keeps its whole state or starts over.
+        let keep = self.session.truncate(keep);
+        // Each answer starts afresh: the seed's stream, and the grammar from its start.
+        let mut sampler = Sampler::new(settings.sampling.clone())
+            .with_constraint(self.grammar.as_ref().map(|g| g.fresh()).transpose()?);
+        let params = GenerateParams {
+            max_tokens: settings.max_tokens(),
+            ignore_eos: self.gen.ignore_eos,
+            eog: self.tok.eog_ids().iter().copied().collect(),
+            speculation: self.gen.speculation(),
+            spec_sampling: self.gen.spec.spec_sampling(),
+        };
+        let tok = self.tok;
+        let mut decoder = tok.stream_decoder(false);
+        let mut stops = StopMatcher::new(&settings.stop);
+        let mut answer = String::new();
+        if let Some(d) = self.draft.as_mut() {
+            d.prefix = ids[..keep].to_vec();
+        }
+        let ignore_eos = self.gen.ignore_eos;
+        let gen = crate::common::generate_speculative(
+            &mut self.session,
+            &ids[keep..],
+            &mut sampler,
+            &params,
+            &self.gen.spec,
+            self.draft.as_mut(),
+            |id| {
+                if tok.is_eog(id) && !ignore_eos {
+                    return Flow::Continue;
+                }
+                let shown = stops.push(&decoder.push(id).unwrap_or_default());
+                answer.push_str(&shown);
+                out!("{shown}");
+                if stops.stopped() || interrupted.load(Ordering::Relaxed) {
+                    Flow::Stop
+                } else {
+                    Flow::Continue
+                }
+            },
+        )?;
+        let tail = stops.push(&decoder.finish()) + &stops.finish();
+        answer.push_str(&tail);
+        outln!("{tail}");
+        if interrupted.load(Ordering::Relaxed) {
+            eprintln!("[stopped]");
+        }
+        if gen.context_full {
+            eprintln!("[the context of {} tokens is full]", self.gen.ctx);
+        }
+        if settings.verbose {
+            eprintln!("{}", crate::common::timing_line(None, &gen.timings));
+        }
+        // The cache now holds the prompt and every generated token but the last.
+        self.cached = ids;
+        self.cached
+            .extend_from_slice(&gen.ids[..gen.ids.len().saturating_sub(1)]);
+        self.cached.truncate(self.session.n_past());
+        Ok(answer)
+    }
+}
+
+/// `/show info`: what the model is and how this chat runs it.
+fn describe(model: &Model, path: &Path, tok: &Tokenizer, args: &ChatArgs) -> String {
+    let f = &model.file;
+    let template =
+        if args.template.chat_template.is_some() || args.template.chat_template_file.is_some() {
+            "given on the command line".to_string()
+        } else if tok.chat_template().is_some() {
+            "the file's".to_string()
+        } else {
+            format!("built-in {} turns (the file has none)", tok.architecture())
+        };
+    format!(
+        "  model          {}\n  file           {}\n  architecture   {}\n  parameters     {}\n  \
+         quantization   {}\n  context        {} tokens (trained for {})\n  layers         {}\n  \
+         embedding      {}\n  template       {template}",
+        args.model.model,
+        path.display(),
+        f.architecture().unwrap_or("unknown"),
+        frink_gguf::parameter_size(f.parameter_count()),
+        f.file_type_name().unwrap_or("unknown"),
+        args.gen.ctx,
+        model.config.n_ctx_train,
+        model.config.n_layer,
+        model.config.n_embd,
+    )
+}
+
+pub fn run(args: &ChatArgs) -> Result<()> {
+    let path = args.model.path()?;
+    let mut model = args.model.load_path(&path)?;
+    let tok_arc = std::sync::Arc::new(
+        Tokenizer::from_gguf_releasing(&mut model.file).context("cannot build the tokenizer")?,
+    );
+    let tok: &Tokenizer = &tok_arc;
+    let grammar = args.sampling.grammar_for(&tok_arc)?;
+    frink_engine::check_kv_memory(&model.config, args.gen.ctx, 1, args.model.kv_type, "--ctx")
+        .map_err(anyhow::Error::msg)?;
+    let mut settings = Settings {
+        sampling: args.sampling.params(tok.n_vocab())?,
+        n_predict: args.gen.n_predict,
+        stop: args.sampling.stop.clone(),
+        verbose: false,
+    };
+    let info = describe(&model, &path, tok, args);
+    let draft_model = args.gen.spec.load_draft(tok)?;
+    let draft = draft_model.as_ref().map(|m| {
+        let (ctx, kv) = (args.gen.ctx, args.model.kv_type);
+        args.gen.spec.draft(m, ctx, kv, tok, &settings.sampling)
+    });
+    let (template, kwargs) = args.template.resolve()?;
+    if template.is_none() {
+        crate::run::warn_builtin_template(tok);
+    }
+    let mut replier = Replier {
+        session: Session::new(&model, args.gen.ctx, args.model.kv_type),
+        draft,
+        tok,
+        template,
+        inputs: TemplateInputs {
+            add_generation_prompt: true,
+            kwargs,
+            ..Default::default()
+        },
+        grammar,
+        gen: &args.gen,
+        cached: Vec::new(),
+    };
+    let mut convo = Conversation {
+        system: args.gen.system.clone(),
+        messages: Vec::new(),
+    };
+    let interrupted = crate::interrupt::on_sigint()?;
+    let mut reader = input::Reader::new(input::history_path())?;
+    eprintln!("frink chat: type a message (/help lists the commands, /bye or Ctrl+D leaves)");
+    loop {
+        let text = match reader.read()? {
+            Input::End => break,
+            Input::Interrupted => {
+                eprintln!("(Ctrl+C stops an answer; /bye or Ctrl+D leaves)");
+                continue;
+            }
+            Input::Text(t) if t.trim().is_empty() => continue,
+            Input::Text(t) => t,
+        };
+        match commands::parse(&text) {
+            Ok(Some(Command::Bye)) => break,
+            Ok(Some(cmd)) => {
+                if let Err(e) = apply(cmd, &mut convo, &mut settings, &info) {
+                    eprintln!("error: {e:#}");
+                }
+                continue;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                continue;
+            }
+        }
+        convo.messages.push(ChatMessage::new("user", text));
+        let ids = match replier.prompt(&convo) {
+            Ok(ids) => ids,
+            Err(e) => {
+                convo.messages.pop();
+                eprintln!("error: {e:#} (the message was not sent; /clear starts over)");
+                continue;
+            }
+        };
+        interrupted.store(false, Ordering::Relaxed);
+        let answer = replier.answer(ids, &settings, &interrupted)?;
+        convo.messages.push(ChatMessage::new("assistant", answer));
+    }
+    Ok(())
+}
+
+/// Carries out a command other than `/bye`.
+fn apply(
+    cmd: Command,
+    convo: &mut Conversation,
+    settings: &mut Settings,
+    info: &str,
+) -> Result<()> {
+    match cmd {
+        Command::Help => eprintln!("{}", commands::HELP),
+        Command::Bye => {}
+        Command::Clear => {
+            convo.messages.clear();
+            eprintln!("Cleared the conversation.");
+        }
+        Command::System(s) => {
+            convo.system = (!s.is_empty()).then_some(s);
+            eprintln!("Set the system message.");
+        }
+        Command::Parameter(p) => {
+            settings.set(p);
+            eprintln!("Set the parameter.");
+        }
+        Command::Verbose(v) => {
+            settings.verbose = v;
+            eprintln!("Set {} mode.", if v { "verbose" } else { "quiet" });
+        }
+        Command::ShowInfo => eprintln!("{info}"),
+        Command::ShowSystem => eprintln!(
+            "{}",
+            convo.system.as_deref().unwrap_or("(no system message)")
+        ),
+        Command::ShowParameters => eprintln!("{}", settings.describe()),
+        Command::Save(p) => {
+            convo.save(Path::new(&p))?;
+            eprintln!("Saved the conversation to {p}.");
+        }
+        Command::Load(p) => {
+            *convo = Conversation::load(Path::new(&p))?;
+            eprintln!("Loaded {} messages from {p}.", convo.messages.len());
+        }
+    }
+    Ok(())
+}
