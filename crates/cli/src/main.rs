@@ -304,32 +304,7 @@ fn run(cli: Cli) -> Result<()> {
             if json {
                 outln!("{}", serde_json::to_string(&models)?);
             } else {
-                outln!("store: {}", store.root().display());
-                for entry in store.catalog() {
-                    let present = models.iter().find(|m| m.name == entry.name);
-                    match present {
-                        Some(m) => outln!(
-                            "  {:<22} {:>12} bytes  {}",
-                            m.name,
-                            m.bytes,
-                            m.path.display()
-                        ),
-                        None => outln!(
-                            "  {:<22} {:>12}        (not pulled: frink pull {})",
-                            entry.name,
-                            "-",
-                            entry.name
-                        ),
-                    }
-                }
-                for m in models.iter().filter(|m| m.name.starts_with("hf:")) {
-                    outln!(
-                        "  {:<22} {:>12} bytes  {}",
-                        m.name,
-                        m.bytes,
-                        m.path.display()
-                    );
-                }
+                list(&store, &models);
             }
             Ok(())
         }
@@ -346,6 +321,37 @@ fn run(cli: Cli) -> Result<()> {
             outln!("{}", info.show());
             Ok(())
         }
+    }
+}
+
+/// `frink list`: the catalog (pulled or not) and the hub models in the store, sizes in
+/// decimal units as `ollama list` writes them (`--json` has the bytes).
+fn list(store: &frink_store::Store, models: &[frink_store::ListedModel]) {
+    outln!("store: {}", store.root().display());
+    outln!("  {:<36} {:>8}  PATH", "NAME", "SIZE");
+    for entry in store.catalog() {
+        match models.iter().find(|m| m.name == entry.name) {
+            Some(m) => outln!(
+                "  {:<36} {:>8}  {}",
+                m.name,
+                frink_gguf::human_bytes(m.bytes),
+                m.path.display()
+            ),
+            None => outln!(
+                "  {:<36} {:>8}  (not pulled: frink pull {})",
+                entry.name,
+                "-",
+                entry.name
+            ),
+        }
+    }
+    for m in models.iter().filter(|m| m.name.starts_with("hf:")) {
+        outln!(
+            "  {:<36} {:>8}  {}",
+            m.name,
+            frink_gguf::human_bytes(m.bytes),
+            m.path.display()
+        );
     }
 }
 

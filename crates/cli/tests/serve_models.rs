@@ -546,3 +546,69 @@ fn a_draft_model_serves_the_answers_of_no_speculation() {
     eprintln!("draft proposals taken: {accepted}");
     assert!(accepted > 0.0);
 }
+
+/// Ollama's `/api/pull` streams its progress while the download runs (it sent every line
+/// at the end): a hub model sent in 10 pieces 150 ms apart shows bytes growing, the first
+/// of them well before the end.
+#[test]
+fn api_pull_streams_progress_as_it_downloads() {
+    let _one = lock();
+    use frink_testdata::hub::{HubStandIn, Repo, TRICKLE_GAP, TRICKLE_PIECES};
+    let model = frink_store::Store::from_env()
+        .unwrap()
+        .resolve("smollm2-135m")
+        .unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let size = 1_000_000;
+    let hub = HubStandIn::start(vec![(
+        "org/slow",
+        Repo {
+            files: vec![("m-Q4_K_M.gguf".into(), vec![3u8; size])],
+            trickle: true,
+            ..Default::default()
+        },
+    )]);
+    let srv = Server::start_env(
+        &["-m", model.to_str().unwrap()],
+        &[
+            ("FRINK_HOME", home.path().to_str().unwrap()),
+            ("HF_ENDPOINT", hub.endpoint.as_str()),
+        ],
+    );
+    let t0 = std::time::Instant::now();
+    let mut s = srv.stream("/api/pull", &json!({"model": "hf:org/slow"}));
+    assert_eq!(s.status, 200);
+    let mut lines: Vec<(Duration, Value)> = Vec::new();
+    while let Some(l) = s.next_line() {
+        lines.push((t0.elapsed(), serde_json::from_str(&l).unwrap()));
+    }
+    let statuses: Vec<&str> = lines
+        .iter()
+        .map(|(_, v)| v["status"].as_str().unwrap_or("?"))
+        .collect();
+    assert_eq!(statuses.first(), Some(&"pulling manifest"), "{statuses:?}");
+    assert_eq!(
+        &statuses[statuses.len() - 3..],
+        ["verifying sha256 digest", "writing manifest", "success"]
+    );
+    let partial: Vec<(Duration, u64)> = lines
+        .iter()
+        .filter(|(_, v)| v["total"] == size)
+        .map(|(t, v)| (*t, v["completed"].as_u64().unwrap()))
+        .filter(|&(_, c)| c > 0 && c < size as u64)
+        .collect();
+    // 1.5 s of download, a line at most every 200 ms: several partial counts, growing.
+    assert!(partial.len() >= 3, "{lines:?}");
+    assert!(partial.windows(2).all(|w| w[0].1 < w[1].1), "{partial:?}");
+    let end = lines.last().unwrap().0;
+    let download = TRICKLE_GAP * TRICKLE_PIECES as u32;
+    assert!(
+        partial[0].0 + download / 2 < end,
+        "the first progress line came at {:?}, the end at {end:?}",
+        partial[0].0
+    );
+    assert!(home
+        .path()
+        .join("models/hf/org/slow/m-Q4_K_M.gguf")
+        .is_file());
+}

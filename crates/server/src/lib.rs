@@ -23,6 +23,7 @@ pub mod harmony;
 pub mod log;
 mod metrics;
 pub mod ollama;
+mod pull;
 pub mod reasoning;
 mod requests;
 mod respond;
@@ -332,7 +333,7 @@ async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
         .route("/api/embed", post(ollama::embed))
         .route("/api/embeddings", post(ollama::embeddings))
         .route("/api/show", post(ollama::show))
-        .route("/api/pull", post(ollama::pull))
+        .route("/api/pull", post(pull::pull))
         .route("/api/tags", get(ollama::tags))
         .route("/api/ps", get(ollama::ps))
         .route("/api/version", get(ollama::version))

