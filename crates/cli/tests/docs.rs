@@ -419,7 +419,7 @@ fn every_documented_example_runs() {
         for b in split(&name, &text).0.into_iter().filter(|b| !b.check_only) {
             if b.text.contains("../shared") && !shared.exists() {
                 assert!(!ci, "{}: ../shared is missing under CI=true", b.at);
-                println!("SKIPPED {}: ../shared is absent", b.at);
+                frink_testdata::skipped(&b.at, "../shared is absent");
                 continue;
             }
             if b.text.contains("frink serve") {

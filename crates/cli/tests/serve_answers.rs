@@ -58,7 +58,7 @@ fn openai_venv() -> Option<std::path::PathBuf> {
     if std::env::var("CI").is_ok_and(|v| v == "true") {
         panic!("{msg}");
     }
-    eprintln!("SKIPPED the openai client tests: {msg}");
+    frink_testdata::skipped("the openai and ollama client tests", &msg);
     None
 }
 

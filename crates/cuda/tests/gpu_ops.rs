@@ -20,7 +20,12 @@ fn gpu() -> Option<(Context, frink_cuda::device::Module)> {
             if std::env::var("FRINK_TEST_CUDA").is_ok_and(|v| v == "1") {
                 panic!("FRINK_TEST_CUDA=1 but no usable GPU: {e}");
             }
-            eprintln!("SKIPPED (no usable GPU: {e})");
+            // Each test runs on a thread named after it.
+            let test = std::thread::current()
+                .name()
+                .unwrap_or("a GPU check")
+                .to_string();
+            frink_testdata::skipped(&test, &format!("no usable GPU: {e}"));
             return None;
         }
     };

@@ -69,7 +69,7 @@ fn every_kernel_compiles_for_every_architecture_without_spills() {
         Ok(n) => n,
         Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => panic!("{e}"),
         Err(e) => {
-            eprintln!("SKIPPED the NVRTC compile checks: {e}");
+            frink_testdata::skipped("the NVRTC compile checks", &e);
             return;
         }
     };
@@ -108,7 +108,10 @@ fn every_kernel_compiles_for_every_architecture_without_spills() {
 #[test]
 fn a_compiled_kernel_is_cached_and_read_back() {
     let Ok(nvrtc) = nvrtc() else {
-        eprintln!("SKIPPED (no NVRTC; the other test says why)");
+        frink_testdata::skipped(
+            "the NVRTC cache check",
+            "no NVRTC (the compile check says why)",
+        );
         return;
     };
     let dir = tempfile::tempdir().unwrap();

@@ -35,9 +35,28 @@ pub fn require(rel: &str, test: &str) -> Option<PathBuf> {
         if std::env::var("CI").is_ok_and(|v| v == "true") {
             panic!("{test}: {msg}; CI=true requires it");
         }
-        eprintln!("SKIPPED {test}: {msg}");
+        skipped(test, &msg);
     }
     found
+}
+
+/// Says that `test` skipped and why: `SKIPPED {test}: {why}` on stderr (which cargo shows
+/// only for failing tests), and the same line appended to the file `$FRINK_SKIP_LOG` names,
+/// if set, so that a run can count what it skipped (`.ci/run` prints the list).
+pub fn skipped(test: &str, why: &str) {
+    let line = format!("SKIPPED {test}: {why}");
+    eprintln!("{line}");
+    if let Some(path) = std::env::var_os("FRINK_SKIP_LOG") {
+        use std::io::Write;
+        let appended = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .and_then(|mut f| f.write_all(format!("{line}\n").as_bytes()));
+        if let Err(e) = appended {
+            eprintln!("cannot append to $FRINK_SKIP_LOG: {e}");
+        }
+    }
 }
 
 /// A fixture directory's `meta.json`. The generator writes it with Python's `json`, which
