@@ -113,6 +113,9 @@ pub struct ServeArgs {
     /// No request log lines.
     #[arg(long = "log-disable", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
     pub log_disable: bool,
+    /// Log each request's rendered prompt and the answer's text too (never by default).
+    #[arg(long = "log-prompts", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
+    pub log_prompts: bool,
 }
 
 /// Resolves the model (fetching a catalog model on first use) and serves until SIGINT or
@@ -189,6 +192,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             (false, "json") => frink_server::log::LogFormat::Json,
             _ => frink_server::log::LogFormat::Text,
         },
+        log_prompts: args.log_prompts,
     };
     // Sizes are checked against the file's metadata before anything listens or loads.
     let file = frink_gguf::GgufFile::open(&path)

@@ -898,3 +898,65 @@ fn each_request_is_logged_with_its_status_tokens_and_timings() {
     );
     assert!(status("/health", 200), "{log}");
 }
+
+/// Ollama's endpoints log their tokens too, and `--log-prompts` adds the rendered prompt
+/// and the answer's text to each line (the test above: never without it).
+#[test]
+fn log_prompts_adds_the_texts_and_ollama_requests_count_their_tokens() {
+    let _l = lock();
+    let srv = Server::start(&["--log-format", "json", "--log-prompts"]);
+    let secret = "ultramarine-aardvark";
+    let v = srv.post_ok(
+        "/v1/chat/completions",
+        &chat(secret, json!({"temperature": 0, "max_tokens": 5})),
+    );
+    let answer = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let o = srv.post_ok(
+        "/api/generate",
+        &json!({"model": "x", "prompt": format!("{secret} again"), "stream": false,
+                "options": {"temperature": 0, "num_predict": 4}}),
+    );
+    assert_eq!(o["eval_count"], 4);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let lines = loop {
+        let lines: Vec<Value> = srv
+            .log
+            .lock()
+            .unwrap()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v["method"] == "POST")
+            .collect();
+        if lines.len() >= 2 || Instant::now() > deadline {
+            break lines;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let prompt = lines[0]["prompt"].as_str().unwrap();
+    // The rendered prompt: the template's markers around the message.
+    assert!(
+        prompt.contains(secret) && prompt.contains("<|im_start|>"),
+        "{prompt}"
+    );
+    assert!(
+        lines[0]["answer"].as_str().unwrap().starts_with(&answer),
+        "{}",
+        lines[0]
+    );
+    assert_eq!(lines[1]["path"], "/api/generate");
+    assert_eq!(lines[1]["completion_tokens"], 4, "{}", lines[1]);
+    assert!(
+        lines[1]["prompt_tokens"].as_u64().unwrap() > 3,
+        "{}",
+        lines[1]
+    );
+    assert_eq!(
+        lines[1]["answer"].as_str().unwrap(),
+        o["response"].as_str().unwrap()
+    );
+    assert!(lines[1]["prompt"].as_str().unwrap().contains("again"));
+}

@@ -117,7 +117,7 @@ pub(crate) async fn gate(
     mut req: Request,
     next: Next,
 ) -> Response {
-    let counts = crate::log::RequestLog::default();
+    let counts = crate::log::RequestLog::new(st.log_prompts);
     let line = crate::log::Line {
         format: st.log_format,
         method: req.method().to_string(),

@@ -120,6 +120,8 @@ pub struct ServeConfig {
     pub spec_sampling: frink_engine::SpecSampling,
     /// How each request's log line is written (`--log-format`, `--log-disable`).
     pub log_format: log::LogFormat,
+    /// `--log-prompts`: the log lines carry the prompt and the answer text.
+    pub log_prompts: bool,
 }
 
 /// How long in-flight requests may run on after SIGINT/SIGTERM before they are cancelled.
@@ -220,6 +222,8 @@ struct AppState {
     parallel: usize,
     /// How request lines are written ([`log::LogFormat`]).
     log_format: log::LogFormat,
+    /// `--log-prompts` ([`ServeConfig::log_prompts`]).
+    log_prompts: bool,
     created: u64,
     next_id: AtomicU64,
     /// Prefix groups of multi-choice requests (apart from response ids, which stay 1, 2, 3…).
@@ -293,6 +297,7 @@ async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
         split_reasoning: config.split_reasoning,
         parallel: config.parallel,
         log_format: config.log_format,
+        log_prompts: config.log_prompts,
         created: unix_now(),
         next_id: AtomicU64::new(1),
         next_group: AtomicU64::new(1),

@@ -3,8 +3,8 @@
 //! completion, the model, prompt and generated tokens, time to first token and tokens per
 //! second (llama-server's and Ollama's request logs). Text through `tracing` at info
 //! level (`RUST_LOG` as usual), or one JSON object a line on stderr with
-//! `--log-format json`; none with `--log-disable`. Prompt and answer text are never
-//! logged.
+//! `--log-format json`; none with `--log-disable`. Prompt and answer text are logged only
+//! with `--log-prompts` (`prompt`: the rendered prompt; `answer`: the first choice's text).
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -35,18 +35,55 @@ pub(crate) struct Counts {
     pub gen_ms: f64,
 }
 
-/// Where a request's handler leaves its [`Counts`] for the log line.
+/// Where a request's handler leaves its [`Counts`] (and, under `--log-prompts`, its
+/// prompt and answer text) for the log line.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct RequestLog(Arc<Mutex<Option<Counts>>>);
+pub(crate) struct RequestLog(Arc<Recorded>);
+
+#[derive(Debug, Default)]
+struct Recorded {
+    /// `--log-prompts`: the line carries the prompt and answer text.
+    texts: bool,
+    counts: Mutex<Option<Counts>>,
+    prompt: Mutex<Option<String>>,
+    answer: Mutex<Option<String>>,
+}
+
+/// A poisoned lock's data is still the latest written.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 impl RequestLog {
+    /// A record for one request; `texts`: keep its prompt and answer text (`--log-prompts`).
+    pub(crate) fn new(texts: bool) -> RequestLog {
+        RequestLog(Arc::new(Recorded {
+            texts,
+            ..Default::default()
+        }))
+    }
+
     /// Records the request's counts (the latest call wins: all choices so far).
     pub(crate) fn set(&self, c: Counts) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(c);
+        *lock(&self.0.counts) = Some(c);
+    }
+
+    /// Records the rendered prompt's text (kept only under `--log-prompts`).
+    pub(crate) fn set_prompt(&self, text: impl FnOnce() -> String) {
+        if self.0.texts {
+            *lock(&self.0.prompt) = Some(text());
+        }
+    }
+
+    /// Records the first choice's answer text (kept only under `--log-prompts`).
+    pub(crate) fn set_answer(&self, text: impl FnOnce() -> String) {
+        if self.0.texts {
+            *lock(&self.0.answer) = Some(text());
+        }
     }
 
     fn get(&self) -> Option<Counts> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        lock(&self.0.counts).clone()
     }
 }
 
@@ -87,6 +124,12 @@ impl Line {
             v["first_token_ms"] = round(c.first_token_ms).into();
             v["tokens_per_second"] = round(tps).into();
         }
+        if let Some(t) = lock(&self.counts.0.prompt).clone() {
+            v["prompt"] = t.into();
+        }
+        if let Some(t) = lock(&self.counts.0.answer).clone() {
+            v["answer"] = t.into();
+        }
         v
     }
 
@@ -109,9 +152,15 @@ impl Line {
                     "tokens_per_second",
                     "client",
                     "aborted",
+                    "prompt",
+                    "answer",
                 ] {
                     match &v[k] {
                         Value::Null => {}
+                        // Texts quoted and escaped, so that a line stays one line.
+                        Value::String(s) if k == "prompt" || k == "answer" => {
+                            text.push_str(&format!(" {k}={}", Value::String(s.clone())))
+                        }
                         Value::String(s) => text.push_str(&format!(" {k}={s}")),
                         other => text.push_str(&format!(" {k}={other}")),
                     }

@@ -363,6 +363,9 @@ struct Reply {
     shape: Shape,
     model: String,
     start: Instant,
+    /// The request's log line, and the tokenizer its `--log-prompts` texts are read with.
+    log: crate::log::RequestLog,
+    tok: Option<Arc<frink_tokenizer::Tokenizer>>,
 }
 
 impl Reply {
@@ -424,6 +427,18 @@ impl Reply {
         v["prompt_eval_duration"] = json!(ns(c.first_token_ms));
         v["eval_count"] = json!(c.ids.len());
         v["eval_duration"] = json!(ns(c.gen_ms));
+        self.log.set(crate::log::Counts {
+            model: self.model.clone(),
+            prompt_tokens: c.prompt_tokens,
+            cached_tokens: c.cached_tokens,
+            completion_tokens: c.ids.len(),
+            first_token_ms: c.first_token_ms,
+            gen_ms: c.gen_ms,
+        });
+        if let Some(tok) = &self.tok {
+            self.log
+                .set_answer(|| tok.decode(&c.ids, true).unwrap_or_default());
+        }
     }
 }
 
@@ -445,7 +460,9 @@ async fn answer(
     shape: Shape,
     stream: bool,
     start: Instant,
+    log: Option<axum::Extension<crate::log::RequestLog>>,
 ) -> Response {
+    let log = log.map(|l| l.0).unwrap_or_default();
     let mut rx = match queue(
         st,
         &mut p,
@@ -458,10 +475,17 @@ async fn answer(
         Ok(rx) => rx,
         Err(e) => return error(e),
     };
+    let tok = st.engine().ok().map(|e| Arc::clone(&e.tok));
+    if let Some(tok) = &tok {
+        // The prompt as the model sees it: the template's special tokens rendered.
+        log.set_prompt(|| tok.decode(&p.prompt, true).unwrap_or_default());
+    }
     let reply = Reply {
         shape,
         model: std::mem::take(&mut p.model),
         start,
+        log,
+        tok,
     };
     let format = std::mem::take(&mut p.answer);
     if !stream {
@@ -570,7 +594,11 @@ fn begin(st: &AppState, body: &Bytes) -> Result<(Map<String, Value>, String, boo
 }
 
 /// `POST /api/chat`.
-pub(crate) async fn chat(State(st): St, body: Bytes) -> Response {
+pub(crate) async fn chat(
+    State(st): St,
+    log: Option<axum::Extension<crate::log::RequestLog>>,
+    body: Bytes,
+) -> Response {
     let start = Instant::now();
     let r = st
         .offload(move |st| {
@@ -594,7 +622,7 @@ pub(crate) async fn chat(State(st): St, body: Bytes) -> Response {
         })
         .await;
     match r {
-        Ok(Ok((p, stream))) => answer(&st, p, Shape::Chat, stream, start).await,
+        Ok(Ok((p, stream))) => answer(&st, p, Shape::Chat, stream, start, log).await,
         Ok(Err(model)) => loaded(model, Shape::Chat),
         Err(e) => error(e),
     }
@@ -603,7 +631,11 @@ pub(crate) async fn chat(State(st): St, body: Bytes) -> Response {
 /// `POST /api/generate`: `prompt` (and `system`) through the chat template, or as given
 /// with `raw`; `suffix` (fill-in-the-middle), a `template` of Ollama's Go syntax and a
 /// previous `context` are refused.
-pub(crate) async fn generate(State(st): St, body: Bytes) -> Response {
+pub(crate) async fn generate(
+    State(st): St,
+    log: Option<axum::Extension<crate::log::RequestLog>>,
+    body: Bytes,
+) -> Response {
     let start = Instant::now();
     let r = st
         .offload(move |st| {
@@ -650,7 +682,7 @@ pub(crate) async fn generate(State(st): St, body: Bytes) -> Response {
     })
         .await;
     match r {
-        Ok(Ok((p, stream))) => answer(&st, p, Shape::Generate, stream, start).await,
+        Ok(Ok((p, stream))) => answer(&st, p, Shape::Generate, stream, start, log).await,
         Ok(Err(model)) => loaded(model, Shape::Generate),
         Err(e) => error(e),
     }

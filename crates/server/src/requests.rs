@@ -422,6 +422,10 @@ pub(crate) async fn complete(
         Ok(rx) => rx,
         Err(e) => return e.into_response(),
     };
+    if let Ok(eng) = st.engine() {
+        // The prompt as the model sees it: the template's special tokens rendered.
+        log.set_prompt(|| eng.tok.decode(&p.prompt, true).unwrap_or_default());
+    }
     let Ok(eng) = st.engine() else {
         return ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -68,8 +68,11 @@ impl Totals {
         });
     }
 
-    fn add(&mut self, index: usize, c: &Completion) {
+    fn add(&mut self, index: usize, c: &Completion, fmt: &Formatter) {
         if index == 0 {
+            // Special tokens rendered: the answer as the model wrote it.
+            fmt.log
+                .set_answer(|| fmt.tok.decode(&c.ids, true).unwrap_or_default());
             self.prompt_tokens = c.prompt_tokens;
             self.cached_tokens = c.cached_tokens;
             self.first_token_ms = c.first_token_ms;
@@ -348,7 +351,7 @@ pub(crate) async fn stream_response(
                     let finish = Some(chat_finish(c.finish_reason, s.calls[i] > 0));
                     let fin = s.fmt.delta_choice(i, None, Value::Null, finish);
                     s.out.push_back(sse(&s.fmt.chunk(Some(fin), None)));
-                    s.totals.add(i, &c);
+                    s.totals.add(i, &c, &s.fmt);
                     s.totals.log(&s.fmt);
                     s.finished += 1;
                     if s.finished == s.fmt.n {
@@ -477,7 +480,7 @@ pub(crate) async fn whole_response(
             }
             Some((i, Event::Done(c))) => {
                 finish[i] = Some(c.finish_reason);
-                totals.add(i, &c);
+                totals.add(i, &c, &fmt);
                 totals.log(&fmt);
             }
             // (Only embedding requests get one.)
