@@ -162,6 +162,37 @@ fn chat_keeps_the_conversation() {
     assert_ne!(two[1], alone[0], "the second turn ignored the first");
 }
 
+/// A message the context cannot hold is refused with both lengths and left out of the
+/// conversation, which goes on (it ended the chat); commands are not sent to the model;
+/// `/load` gives back what `/save` wrote.
+#[test]
+fn chat_refuses_an_overflowing_message_and_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("c.json");
+    let long = "colour ".repeat(200);
+    let input = format!(
+        "/set system Be brief.\n{long}\nSay hi.\n/help\n/save {0}\n/clear\n/load {0}\n/save {0}\n",
+        file.display()
+    );
+    let out = frink_with_stdin(
+        &["chat", "--greedy", "-n", "4", "-c", "128", "-t", "2"],
+        input.as_bytes(),
+    );
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("128") && err.contains("the message was not sent"),
+        "{err}"
+    );
+    assert!(err.contains("/set parameter NAME VALUE"), "/help: {err}");
+    let saved: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(saved["system"], "Be brief.");
+    let msgs = saved["messages"].as_array().unwrap();
+    assert_eq!(msgs.len(), 2, "{saved}");
+    assert_eq!(msgs[0]["content"], "Say hi.");
+    assert_eq!(msgs[1]["role"], "assistant");
+}
+
 /// `--json-schema`, `--regex` and `--grammar` constrain the answer (JSON that satisfies
 /// the schema, greedy and sampled; text matching the regex or Lark grammar, ending with
 /// `stop`), a GBNF file too; a GBNF token reference, a schema keyword that cannot be
