@@ -592,11 +592,6 @@ pub fn generate_speculative(
 }
 
 impl GenArgs {
-    /// The speculation `--spec` and `--draft-max` ask for (`None`: off, or 0 proposals).
-    pub fn speculation(&self) -> Option<frink_engine::Speculation> {
-        self.spec.speculation()
-    }
-
     /// The token budget of one answer.
     pub fn max_tokens(&self) -> usize {
         usize::try_from(self.n_predict).unwrap_or(usize::MAX)

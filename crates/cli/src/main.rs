@@ -22,6 +22,7 @@ macro_rules! out {
 mod bench;
 mod chat;
 mod common;
+mod decode;
 mod device;
 mod embed;
 mod inspect;

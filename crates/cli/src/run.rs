@@ -6,8 +6,6 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::{ArgAction, Args};
-use frink_engine::sampling::Sampler;
-use frink_engine::{Flow, GenerateParams, Session, StopMatcher};
 use frink_tokenizer::{ChatMessage, Tokenizer};
 
 use crate::common::{parse_ids, read_text, GenArgs, ModelArgs, SamplingArgs};
@@ -104,82 +102,50 @@ pub fn run(args: &RunArgs) -> Result<()> {
     frink_engine::check_kv_memory(&model.config, args.gen.ctx, 1, args.model.kv_type, "--ctx")
         .map_err(anyhow::Error::msg)?;
     let sampling = args.sampling.params(tok.n_vocab())?;
-    let draft_model = args.gen.spec.load_draft(&tok)?;
-    let mut draft = draft_model.as_ref().map(|m| {
-        let (ctx, kv) = (args.gen.ctx, args.model.kv_type);
-        args.gen.spec.draft(m, ctx, kv, &tok, &sampling)
-    });
-    let mut session = Session::new(&model, args.gen.ctx, args.model.kv_type);
-    let mut sampler =
-        Sampler::new(sampling).with_constraint(grammar.as_ref().map(|g| g.fresh()).transpose()?);
-    let params = GenerateParams {
-        max_tokens,
+    let draft = args.gen.spec.load_draft(&tok)?;
+    let config = crate::decode::config(&args.gen, args.model.kv_type)?;
+    let ask = crate::decode::Ask {
+        prompt: prompt.clone(),
+        sampling,
+        max_tokens: (max_tokens != usize::MAX).then_some(max_tokens),
+        stop: args.sampling.stop.clone(),
         ignore_eos: args.gen.ignore_eos,
-        eog: tok.eog_ids().iter().copied().collect(),
-        speculation: args.gen.speculation(),
-        spec_sampling: args.gen.spec.spec_sampling(),
+        constraint: grammar.as_ref().map(|g| g.fresh()).transpose()?,
     };
-    let mut decoder = tok.stream_decoder(false);
-    let mut stops = StopMatcher::new(&args.sampling.stop);
     let mut text = String::new();
     let mut out = Output::new(args.json);
     let interrupted = crate::interrupt::on_sigint()?;
-    // Shows `s`; true once the reader has gone.
-    let mut emit = |s: &str, text: &mut String| -> bool {
-        text.push_str(s);
-        out.write(s);
-        out.closed()
-    };
-    let mut decode_error = None;
-    let gen = crate::common::generate_speculative(
-        &mut session,
-        &prompt,
-        &mut sampler,
-        &params,
-        &args.gen.spec,
-        draft.as_mut(),
-        |id| {
-            if tok.is_eog(id) && !args.gen.ignore_eos {
-                return Flow::Continue;
-            }
-            let mut closed = false;
-            match decoder.push(id) {
-                Ok(piece) => {
-                    let shown = stops.push(&piece);
-                    closed = emit(&shown, &mut text);
-                }
-                Err(e) => decode_error = Some(e),
-            }
-            // A reader gone (`| head`) or Ctrl+C: stop now, not at the budget.
-            let gone = closed || interrupted.load(std::sync::atomic::Ordering::Relaxed);
-            if stops.stopped() || decode_error.is_some() || gone {
-                Flow::Stop
-            } else {
-                Flow::Continue
-            }
+    let done = frink_engine::scheduler::Scheduler::scoped(
+        &model,
+        draft.as_ref(),
+        std::sync::Arc::clone(&tok),
+        config,
+        |sched| {
+            // Shows each piece; false once the reader has gone (`| head`).
+            crate::decode::answer(sched, &model, ask, &interrupted, |piece| {
+                text.push_str(piece);
+                out.write(piece);
+                !out.closed()
+            })
         },
     )?;
-    if let Some(e) = decode_error {
-        return Err(e.into());
-    }
-    let tail = stops.push(&decoder.finish());
-    emit(&tail, &mut text);
-    let tail = stops.finish();
-    emit(&tail, &mut text);
-    if gen.context_full {
+    if done.finish_reason == frink_engine::FinishReason::Length
+        && done.ids.len() < max_tokens
+        && prompt.len() + done.ids.len() >= args.gen.ctx
+    {
         eprintln!(
             "\n[generation stopped: the context of {} tokens is full]",
             args.gen.ctx
         );
     }
-    let t = gen.timings;
+    let t = crate::decode::timings(&done);
     if args.json {
         let json = serde_json::json!({
             "prompt_ids": prompt,
-            "ids": gen.ids,
+            "ids": done.ids,
             "text": text,
-            "finish_reason": gen.finish_reason.as_str(),
-            "speculation": {"proposed": gen.proposed, "accepted": gen.accepted},
+            "finish_reason": done.finish_reason.as_str(),
+            "speculation": {"proposed": done.proposed, "accepted": done.accepted},
             "timings": {
                 "load_ms": load_ms,
                 "prompt_tokens": t.prompt_tokens,

@@ -1,5 +1,8 @@
-//! The generation loop and stop conditions shared by `frink run`, `frink chat` and (later)
-//! the server.
+//! A generation loop over one [`Session`] (a contiguous KV cache, no scheduler): what
+//! `frink verify` checks the golden tokens with, `frink bench` measures speculation with,
+//! and the scheduler's tests compare against. `frink run`, `chat` and the server decode
+//! through the scheduler ([`crate::scheduler`]); the finishing rule ([`FinishRule`]) is
+//! one for both.
 
 use std::collections::HashSet;
 use std::time::Instant;
@@ -77,8 +80,8 @@ pub struct Generation {
     pub accepted: usize,
 }
 
-/// The one finishing rule of every decode loop: [`generate_with`] (`frink run`, `chat`) and
-/// the server's scheduler apply it after each token, so a rule cannot exist in one and not
+/// The one finishing rule of every decode loop: [`generate_with`] and the scheduler (`frink
+/// run`, `chat` and the server) apply it after each token, so a rule cannot exist in one and not
 /// the other (llama.cpp's CLI and server share theirs). An end-of-generation token ends the
 /// answer with `Stop` unless `ignore_eos` (then only a complete grammar, which allows
 /// nothing but end-of-generation tokens, still ends it there); so does a stop string;

@@ -173,9 +173,9 @@ impl Settings {
         }
     }
 
-    /// The most tokens of one answer.
-    pub fn max_tokens(&self) -> usize {
-        usize::try_from(self.n_predict).unwrap_or(usize::MAX)
+    /// The most tokens of one answer (`None`: no limit but the context).
+    pub fn max_tokens(&self) -> Option<usize> {
+        usize::try_from(self.n_predict).ok()
     }
 
     /// `/show parameters`: one `name value` line each, Ollama's names.

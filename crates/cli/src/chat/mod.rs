@@ -8,11 +8,11 @@ mod input;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use frink_engine::sampling::Sampler;
-use frink_engine::{DraftModel, Flow, GenerateParams, Session, StopMatcher};
+use frink_engine::scheduler::Scheduler;
 use frink_models::Model;
 use frink_tokenizer::{ChatMessage, TemplateInputs, Tokenizer};
 
@@ -31,11 +31,6 @@ pub struct ChatArgs {
     pub gen: GenArgs,
     #[command(flatten)]
     pub template: crate::common::TemplateArgs,
-}
-
-/// Length of the common prefix of two id sequences.
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 /// The conversation: the system message apart (it survives `/clear`), then the turns.
@@ -98,17 +93,16 @@ impl Conversation {
 /// The roles a saved conversation may hold after its system message.
 const ROLES: [&str; 3] = ["user", "assistant", "tool"];
 
-/// The model side of a chat: the session and its cache, the template, and how to answer.
+/// The model side of a chat: the scheduler (whose one slot keeps the conversation's keys
+/// and values between turns), the template, and how to answer.
 struct Replier<'m> {
-    session: Session<'m>,
-    draft: Option<DraftModel<'m>>,
+    sched: &'m Scheduler,
+    model: &'m Model,
     tok: &'m Tokenizer,
     template: Option<String>,
     inputs: TemplateInputs,
     grammar: Option<CliGrammar>,
     gen: &'m GenArgs,
-    /// Token ids whose keys and values the cache holds, in order.
-    cached: Vec<u32>,
 }
 
 impl Replier<'_> {
@@ -132,71 +126,41 @@ impl Replier<'_> {
     /// end-of-generation token, a stop string, the budget, a full context, or when
     /// `interrupted` is set (Ctrl+C).
     fn answer(
-        &mut self,
+        &self,
         ids: Vec<u32>,
         settings: &Settings,
-        interrupted: &AtomicBool,
+        interrupted: &Arc<AtomicBool>,
     ) -> Result<String> {
-        // Reuse the cached prefix; always evaluate at least one token for fresh logits.
-        let keep = common_prefix(&self.cached, &ids).min(ids.len() - 1);
-        // A recurrent model keeps its whole state or starts over.
-        let keep = self.session.truncate(keep);
-        // Each answer starts afresh: the seed's stream, and the grammar from its start.
-        let mut sampler = Sampler::new(settings.sampling.clone())
-            .with_constraint(self.grammar.as_ref().map(|g| g.fresh()).transpose()?);
-        let params = GenerateParams {
+        let n_prompt = ids.len();
+        let ask = crate::decode::Ask {
+            prompt: ids,
+            sampling: settings.sampling.clone(),
             max_tokens: settings.max_tokens(),
+            stop: settings.stop.clone(),
             ignore_eos: self.gen.ignore_eos,
-            eog: self.tok.eog_ids().iter().copied().collect(),
-            speculation: self.gen.speculation(),
-            spec_sampling: self.gen.spec.spec_sampling(),
+            // Each answer starts its grammar afresh.
+            constraint: self.grammar.as_ref().map(|g| g.fresh()).transpose()?,
         };
-        let tok = self.tok;
-        let mut decoder = tok.stream_decoder(false);
-        let mut stops = StopMatcher::new(&settings.stop);
         let mut answer = String::new();
-        if let Some(d) = self.draft.as_mut() {
-            d.prefix = ids[..keep].to_vec();
-        }
-        let ignore_eos = self.gen.ignore_eos;
-        let gen = crate::common::generate_speculative(
-            &mut self.session,
-            &ids[keep..],
-            &mut sampler,
-            &params,
-            &self.gen.spec,
-            self.draft.as_mut(),
-            |id| {
-                if tok.is_eog(id) && !ignore_eos {
-                    return Flow::Continue;
-                }
-                let shown = stops.push(&decoder.push(id).unwrap_or_default());
-                answer.push_str(&shown);
-                out!("{shown}");
-                if stops.stopped() || interrupted.load(Ordering::Relaxed) {
-                    Flow::Stop
-                } else {
-                    Flow::Continue
-                }
-            },
-        )?;
-        let tail = stops.push(&decoder.finish()) + &stops.finish();
-        answer.push_str(&tail);
-        outln!("{tail}");
+        let done = crate::decode::answer(self.sched, self.model, ask, interrupted, |piece| {
+            answer.push_str(piece);
+            out!("{piece}");
+            true
+        })?;
+        outln!("");
         if interrupted.load(Ordering::Relaxed) {
             eprintln!("[stopped]");
         }
-        if gen.context_full {
+        if done.finish_reason == frink_engine::FinishReason::Length
+            && Some(done.ids.len()) != settings.max_tokens()
+            && n_prompt + done.ids.len() >= self.gen.ctx
+        {
             eprintln!("[the context of {} tokens is full]", self.gen.ctx);
         }
         if settings.verbose {
-            eprintln!("{}", crate::common::timing_line(None, &gen.timings));
+            let t = crate::decode::timings(&done);
+            eprintln!("{}", crate::common::timing_line(None, &t));
         }
-        // The cache now holds the prompt and every generated token but the last.
-        self.cached = ids;
-        self.cached
-            .extend_from_slice(&gen.ids[..gen.ids.len().saturating_sub(1)]);
-        self.cached.truncate(self.session.n_past());
         Ok(answer)
     }
 }
@@ -238,42 +202,58 @@ pub fn run(args: &ChatArgs) -> Result<()> {
     let grammar = args.sampling.grammar_for(&tok_arc)?;
     frink_engine::check_kv_memory(&model.config, args.gen.ctx, 1, args.model.kv_type, "--ctx")
         .map_err(anyhow::Error::msg)?;
-    let mut settings = Settings {
+    let settings = Settings {
         sampling: args.sampling.params(tok.n_vocab())?,
         n_predict: args.gen.n_predict,
         stop: args.sampling.stop.clone(),
         verbose: false,
     };
     let info = describe(&model, &path, tok, args);
-    let draft_model = args.gen.spec.load_draft(tok)?;
-    let draft = draft_model.as_ref().map(|m| {
-        let (ctx, kv) = (args.gen.ctx, args.model.kv_type);
-        args.gen.spec.draft(m, ctx, kv, tok, &settings.sampling)
-    });
+    let draft = args.gen.spec.load_draft(tok)?;
+    let config = crate::decode::config(&args.gen, args.model.kv_type)?;
     let (template, kwargs) = args.template.resolve()?;
     if template.is_none() {
         crate::run::warn_builtin_template(tok);
     }
-    let mut replier = Replier {
-        session: Session::new(&model, args.gen.ctx, args.model.kv_type),
-        draft,
-        tok,
-        template,
-        inputs: TemplateInputs {
-            add_generation_prompt: true,
-            kwargs,
-            ..Default::default()
-        },
-        grammar,
-        gen: &args.gen,
-        cached: Vec::new(),
-    };
-    let mut convo = Conversation {
-        system: args.gen.system.clone(),
-        messages: Vec::new(),
-    };
     let interrupted = crate::interrupt::on_sigint()?;
     let mut reader = input::Reader::new(input::history_path())?;
+    Scheduler::scoped(
+        &model,
+        draft.as_ref(),
+        Arc::clone(&tok_arc),
+        config,
+        |sched| {
+            let replier = Replier {
+                sched,
+                model: &model,
+                tok,
+                template,
+                inputs: TemplateInputs {
+                    add_generation_prompt: true,
+                    kwargs,
+                    ..Default::default()
+                },
+                grammar,
+                gen: &args.gen,
+            };
+            let convo = Conversation {
+                system: args.gen.system.clone(),
+                messages: Vec::new(),
+            };
+            converse(&replier, convo, settings, &info, &mut reader, &interrupted)
+        },
+    )
+}
+
+/// The chat's loop: reads messages and commands until `/bye` or the end of the input.
+fn converse(
+    replier: &Replier<'_>,
+    mut convo: Conversation,
+    mut settings: Settings,
+    info: &str,
+    reader: &mut input::Reader,
+    interrupted: &Arc<AtomicBool>,
+) -> Result<()> {
     eprintln!("frink chat: type a message (/help lists the commands, /bye or Ctrl+D leaves)");
     loop {
         let text = match reader.read()? {
@@ -288,7 +268,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
         match commands::parse(&text) {
             Ok(Some(Command::Bye)) => break,
             Ok(Some(cmd)) => {
-                if let Err(e) = apply(cmd, &mut convo, &mut settings, &info) {
+                if let Err(e) = apply(cmd, &mut convo, &mut settings, info) {
                     eprintln!("error: {e:#}");
                 }
                 continue;
@@ -309,7 +289,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
             }
         };
         interrupted.store(false, Ordering::Relaxed);
-        let answer = replier.answer(ids, &settings, &interrupted)?;
+        let answer = replier.answer(ids, &settings, interrupted)?;
         convo.messages.push(ChatMessage::new("assistant", answer));
     }
     Ok(())

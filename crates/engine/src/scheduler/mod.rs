@@ -35,7 +35,7 @@ pub use metrics::{Histogram, MetricsSnapshot};
 use worker::Worker;
 
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -230,6 +230,12 @@ pub trait EventSink: Send {
     fn send(&mut self, event: Event) -> bool;
     /// Whether the receiver is gone (checked every step, also before the first token).
     fn is_closed(&self) -> bool;
+    /// Whether the receiver wants the answer to end now, as a stop string would end it:
+    /// the next sampled token is the last, and `Done` follows with what was generated
+    /// (Ctrl+C in `frink run` and `chat`). Checked at every sampled token.
+    fn stop_requested(&self) -> bool {
+        false
+    }
 }
 
 impl EventSink for mpsc::Sender<Event> {
@@ -435,28 +441,62 @@ impl Scheduler {
         tok: Arc<Tokenizer>,
         config: SchedulerConfig,
     ) -> Scheduler {
-        let mut config = config;
+        let (mut sched, rx) = Scheduler::handle(config);
+        let thread = {
+            let shared = Arc::clone(&sched.shared);
+            let config = sched.config.clone();
+            std::thread::Builder::new()
+                .name("frink-scheduler".into())
+                .spawn(move || Worker::new(&model, draft.as_ref(), &tok, config, shared).run(rx))
+                .expect("cannot start the scheduler thread")
+        };
+        sched.thread = Some(thread);
+        sched
+    }
+
+    /// Runs `f` with a scheduler over borrowed models (`frink run` and `chat`, which keep
+    /// the model for what follows: `--stats`); the scheduler's thread ends, its running
+    /// requests finished, before this returns.
+    pub fn scoped<R>(
+        model: &Model,
+        draft: Option<&Model>,
+        tok: Arc<Tokenizer>,
+        config: SchedulerConfig,
+        f: impl FnOnce(&Scheduler) -> R,
+    ) -> R {
+        let (sched, rx) = Scheduler::handle(config);
+        let shared = Arc::clone(&sched.shared);
+        let worker_config = sched.config.clone();
+        std::thread::scope(|scope| {
+            std::thread::Builder::new()
+                .name("frink-scheduler".into())
+                .spawn_scoped(scope, move || {
+                    Worker::new(model, draft, &tok, worker_config, shared).run(rx)
+                })
+                .expect("cannot start the scheduler thread");
+            let r = f(&sched);
+            // Closing the queue ends the worker; the scope waits for it.
+            drop(sched);
+            r
+        })
+    }
+
+    /// The handle's half of a scheduler (its thread not yet started) and the queue's
+    /// receiving end, `config` with its minimums applied.
+    fn handle(mut config: SchedulerConfig) -> (Scheduler, Receiver<Request>) {
         config.parallel = config.parallel.max(1);
         config.queue = config.queue.max(1);
         config.prefill_chunk = config.prefill_chunk.max(1);
         config.prefill_chunk_alone = config.prefill_chunk_alone.max(1);
         config.checkpoint_interval = config.checkpoint_interval.max(1);
         let (tx, rx) = mpsc::sync_channel(config.queue);
-        let shared = Arc::new(Shared::default());
-        let thread = {
-            let shared = Arc::clone(&shared);
-            let config = config.clone();
-            std::thread::Builder::new()
-                .name("frink-scheduler".into())
-                .spawn(move || Worker::new(&model, draft.as_ref(), &tok, config, shared).run(rx))
-                .expect("cannot start the scheduler thread")
-        };
-        Scheduler {
+        let sched = Scheduler {
             tx: Some(tx),
-            shared,
-            thread: Some(thread),
+            shared: Arc::new(Shared::default()),
+            thread: None,
             config,
-        }
+        };
+        (sched, rx)
     }
 
     /// The configuration in force.

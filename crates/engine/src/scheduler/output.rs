@@ -130,7 +130,7 @@ impl<'t> Worker<'t> {
         }
         let finish = rule.after(
             eog,
-            job.stops.stopped(),
+            job.stops.stopped() || job.req.sink.stop_requested(),
             job.ids.len(),
             n_past >= self.config.n_ctx,
         );

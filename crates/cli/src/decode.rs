@@ -1,0 +1,141 @@
+//! `frink run` and `chat` decode through the server's scheduler: one slot of `--ctx`
+//! positions, the same admission, speculation, sampling, finishing rules and stops as
+//! `frink serve`, so a rule cannot exist in one and not the other (llama.cpp's CLI and
+//! server share their loop the same way). A conversation's earlier turns stay in the slot
+//! and are reused as the server reuses a client's prefix.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+
+use anyhow::Result;
+use frink_engine::constraint::Constraint;
+use frink_engine::sampling::SamplingParams;
+use frink_engine::scheduler::{Completion, Event, EventSink, Request, Scheduler, SchedulerConfig};
+use frink_models::{KvType, Model};
+
+use crate::common::GenArgs;
+
+/// The scheduler's settings for one conversation at a time: one slot and a KV pool of
+/// `--ctx` positions, the speculation `--spec`, `--draft-max`, `--draft-min`,
+/// `--draft-p-min` and `--spec-sampling` ask for.
+///
+/// # Errors
+/// An unknown `--spec` value.
+pub fn config(gen: &GenArgs, kv_type: KvType) -> Result<SchedulerConfig> {
+    let spec = gen.spec.kind()?;
+    Ok(SchedulerConfig {
+        parallel: 1,
+        n_ctx: gen.ctx,
+        kv_size: gen.ctx,
+        queue: 1,
+        kv_type,
+        prompt_lookup: spec == crate::common::SpecKind::Ngram,
+        draft_max: if spec == crate::common::SpecKind::Off {
+            0
+        } else {
+            gen.spec.draft_max
+        },
+        draft_p_min: gen.spec.draft_p_min,
+        draft_min: gen.spec.draft_min,
+        spec_sampling: gen.spec.spec_sampling(),
+        ..SchedulerConfig::default()
+    })
+}
+
+/// What one answer is asked with.
+pub struct Ask {
+    /// The prompt's token ids (template applied).
+    pub prompt: Vec<u32>,
+    pub sampling: SamplingParams,
+    /// Most tokens (`None`: until the context is full).
+    pub max_tokens: Option<usize>,
+    pub stop: Vec<String>,
+    pub ignore_eos: bool,
+    pub constraint: Option<Constraint>,
+}
+
+/// The request's end of the channel: `stop_requested` once Ctrl+C was pressed or the
+/// reader of the answer went away.
+struct Sink {
+    tx: mpsc::Sender<Event>,
+    interrupted: Arc<AtomicBool>,
+    gone: Arc<AtomicBool>,
+}
+
+impl EventSink for Sink {
+    fn send(&mut self, event: Event) -> bool {
+        self.tx.send(event).is_ok()
+    }
+    fn is_closed(&self) -> bool {
+        false
+    }
+    fn stop_requested(&self) -> bool {
+        self.interrupted.load(Ordering::Relaxed) || self.gone.load(Ordering::Relaxed)
+    }
+}
+
+/// Asks `sched` for the answer to `ask` with the adapters `model` applies (`--lora`),
+/// handing each piece of text to `on_text` as it comes (`false` from it: the reader has
+/// gone, and the answer ends at the next token, as it does once `interrupted` is set).
+///
+/// # Errors
+/// The scheduler refuses or fails the request (the message says why).
+pub fn answer(
+    sched: &Scheduler,
+    model: &Model,
+    ask: Ask,
+    interrupted: &Arc<AtomicBool>,
+    mut on_text: impl FnMut(&str) -> bool,
+) -> Result<Completion> {
+    let (tx, rx) = mpsc::channel();
+    let gone = Arc::new(AtomicBool::new(false));
+    let req = Request {
+        prompt: ask.prompt,
+        sampling: ask.sampling,
+        max_tokens: ask.max_tokens,
+        stop: ask.stop,
+        ignore_eos: ask.ignore_eos,
+        top_logprobs: None,
+        constraint: ask.constraint,
+        prefix_group: None,
+        follows_prefix: false,
+        embed: None,
+        shown_tokens: Vec::new(),
+        lora: model.lora_scales.iter().copied().enumerate().collect(),
+        prediction: None,
+        sink: Box::new(Sink {
+            tx,
+            interrupted: Arc::clone(interrupted),
+            gone: Arc::clone(&gone),
+        }),
+    };
+    sched
+        .submit(req)
+        .map_err(|e| anyhow::anyhow!("the scheduler refused the request: {e:?}"))?;
+    loop {
+        match rx.recv() {
+            Ok(Event::Delta { text, .. }) => {
+                if !text.is_empty() && !on_text(&text) {
+                    gone.store(true, Ordering::Relaxed);
+                }
+            }
+            Ok(Event::Done(c)) => return Ok(c),
+            Ok(Event::Failed(e)) => return Err(e.into()),
+            Ok(Event::Embedding(_)) => {}
+            Err(_) => anyhow::bail!("the scheduler ended without an answer"),
+        }
+    }
+}
+
+/// The timings of `c` as `run` reports them: the prompt tokens evaluated (those a chat's
+/// earlier turns left in the cache are not) and the time to the first token, then the
+/// tokens after the first.
+pub fn timings(c: &Completion) -> frink_engine::Timings {
+    frink_engine::Timings {
+        prompt_tokens: c.prompt_tokens - c.cached_tokens,
+        prompt_ms: c.first_token_ms,
+        first_token_ms: c.first_token_ms,
+        gen_tokens: c.ids.len().saturating_sub(1),
+        gen_ms: c.gen_ms,
+    }
+}
