@@ -41,8 +41,15 @@ pub struct RunArgs {
     /// the end (mixture-of-experts models).
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = ArgAction::Set, default_value_t = false)]
     pub stats: bool,
+    /// Fill in the middle: the text before the gap (with `--fim-suffix`; PROMPT, if given,
+    /// is the start of the middle). The model needs FIM tokens (qwen2.5-coder-0.5b).
+    #[arg(long = "fim-prefix", value_name = "S", conflicts_with_all = ["prompt_file", "prompt_ids", "raw"])]
+    pub fim_prefix: Option<String>,
+    /// Fill in the middle: the text after the gap.
+    #[arg(long = "fim-suffix", value_name = "S", requires = "fim_prefix")]
+    pub fim_suffix: Option<String>,
     /// The prompt.
-    #[arg(required_unless_present_any = ["prompt_file", "prompt_ids", "prompt_flag"])]
+    #[arg(required_unless_present_any = ["prompt_file", "prompt_ids", "prompt_flag", "fim_prefix"])]
     pub prompt: Option<String>,
     /// The prompt, as llama.cpp's `-p` gives it (instead of PROMPT).
     #[arg(short = 'p', long = "prompt", id = "prompt_flag", conflicts_with_all = ["prompt", "prompt_file", "prompt_ids"])]
@@ -54,6 +61,24 @@ pub struct RunArgs {
 fn prompt_ids(args: &RunArgs, tok: &Tokenizer) -> Result<Vec<u32>> {
     if let Some(ids) = &args.prompt_ids {
         return parse_ids(ids);
+    }
+    if let Some(prefix) = &args.fim_prefix {
+        let infill = frink_tokenizer::Infill {
+            prefix,
+            suffix: args.fim_suffix.as_deref().unwrap_or(""),
+            middle: args
+                .prompt
+                .as_ref()
+                .or(args.prompt_flag.as_ref())
+                .map_or("", |s| s),
+            extra: Vec::new(),
+        };
+        let limits = frink_tokenizer::InfillLimits {
+            n_ctx: args.gen.ctx,
+            n_predict: usize::try_from(args.gen.n_predict).ok(),
+            ..Default::default()
+        };
+        return Ok(tok.infill_prompt(&infill, limits)?);
     }
     let text = match (
         args.prompt.as_ref().or(args.prompt_flag.as_ref()),

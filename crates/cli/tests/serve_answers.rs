@@ -520,11 +520,6 @@ fn ollama_endpoints_refuse_what_they_cannot_honour() {
         ),
         (
             "/api/generate",
-            json!({"model": "m", "prompt": "def f(", "suffix": "return 1"}),
-            "suffix",
-        ),
-        (
-            "/api/generate",
             json!({"model": "m", "prompt": "hi", "template": "{{ .Prompt }}"}),
             "template",
         ),

@@ -171,7 +171,6 @@ fn refused_sample(name: &str) -> (Value, Option<Value>) {
         "web_search_options" => (json!({}), None),
         "best_of" => (json!(3), Some(json!(1))),
         "echo" => (json!(true), Some(json!(false))),
-        "suffix" => (json!(" the end."), Some(json!(""))),
         "dynatemp_range" => (json!(0.5), Some(json!(0))),
         "typical_p" => (json!(0.5), Some(json!(1.0))),
         "dry_multiplier" => (json!(0.8), Some(json!(0.0))),

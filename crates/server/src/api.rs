@@ -383,11 +383,8 @@ pub const FIELDS: &[Field] = &[
         refused(is_one, "only best_of = 1 is supported"),
     ),
     field_of("echo", TextApi, refused(is_false, "echo is not supported")),
-    field_of(
-        "suffix",
-        TextApi,
-        refused(empty, "suffix (insertion) is not supported"),
-    ),
+    // Fill-in-the-middle: the prompt is the prefix (crate::infill).
+    field_of("suffix", TextApi, Honoured),
     // llama.cpp, honoured.
     field_of("top_k", LlamaCpp, Honoured),
     field_of("min_p", LlamaCpp, Honoured),

@@ -20,6 +20,7 @@ pub mod conn;
 mod embeddings;
 pub mod gate;
 pub mod harmony;
+mod infill;
 pub mod log;
 mod metrics;
 pub mod ollama;
@@ -343,6 +344,7 @@ async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
         .route("/api/ps", get(ollama::ps))
         .route("/api/version", get(ollama::version))
         .route("/lora-adapters", get(lora_adapters).post(set_lora_adapters))
+        .route("/infill", post(infill::infill))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .fallback(not_found)

@@ -629,8 +629,8 @@ pub(crate) async fn chat(
 }
 
 /// `POST /api/generate`: `prompt` (and `system`) through the chat template, or as given
-/// with `raw`; `suffix` (fill-in-the-middle), a `template` of Ollama's Go syntax and a
-/// previous `context` are refused.
+/// with `raw`, or with `suffix` fill-in-the-middle ([`crate::infill`]); a `template` of
+/// Ollama's Go syntax and a previous `context` are refused.
 pub(crate) async fn generate(
     State(st): St,
     log: Option<axum::Extension<crate::log::RequestLog>>,
@@ -641,7 +641,6 @@ pub(crate) async fn generate(
         .offload(move |st| {
         let (obj, model, stream) = begin(st, &body)?;
         for (field, what) in [
-            ("suffix", "fill-in-the-middle ('suffix') is not implemented"),
             ("template", "'template' is Ollama's Go template syntax; frink renders the file's Jinja template (use --chat-template)"),
         ] {
             if obj.get(field).and_then(Value::as_str).is_some_and(|s| !s.is_empty()) {
@@ -664,8 +663,13 @@ pub(crate) async fn generate(
         let num_ctx = options(&obj, &mut oa)?;
         format(&obj, &mut oa)?;
         let raw = api::opt_bool(&obj, "raw")?.unwrap_or(false);
-        let mut p = if raw {
+        let suffix = api::opt_str(&obj, "suffix")?.filter(|s| !s.is_empty());
+        let mut p = if raw || suffix.is_some() {
+            // With a suffix: fill-in-the-middle, the prompt the text before the gap.
             oa.insert("prompt".into(), json!(prompt));
+            if let Some(suffix) = suffix {
+                oa.insert("suffix".into(), json!(suffix));
+            }
             prepare_completion(st, &oa)?
         } else {
             let mut msgs = Vec::new();

@@ -339,12 +339,28 @@ pub(crate) fn prepare_completion(
         Some((_, n)) => Some(n as usize),
         None => None,
     };
-    let prompt = match prompt {
-        Prompt::Text(t) => eng
+    let suffix = api::opt_str(obj, "suffix")?.filter(|s| !s.is_empty());
+    let prompt = match (prompt, suffix) {
+        // Fill-in-the-middle: the prompt is the text before the gap.
+        (Prompt::Text(t), Some(suffix)) => {
+            let infill = frink_tokenizer::Infill {
+                prefix: &t,
+                suffix,
+                ..Default::default()
+            };
+            crate::infill::infill_ids(st, eng, &infill, opts.max_tokens, "suffix")?
+        }
+        (Prompt::Ids(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                Some("suffix"),
+                "'suffix' needs the prompt as text (the text before the gap)",
+            ))
+        }
+        (Prompt::Text(t), None) => eng
             .tok
             .encode(&t, true, true)
             .map_err(|e| ApiError::invalid(Some("prompt"), e.to_string()))?,
-        Prompt::Ids(ids) => ids,
+        (Prompt::Ids(ids), None) => ids,
     };
     let n_vocab = eng.tok.n_vocab();
     if let Some(t) = prompt.iter().find(|&&t| t as usize >= n_vocab) {

@@ -78,6 +78,12 @@ pub enum TokenizerError {
         "chat template transforms message contents (beyond trimming); cannot keep them literal"
     )]
     TemplateContentNotLiteral,
+    /// Fill-in-the-middle asked of a vocabulary without its prefix, suffix and middle tokens.
+    #[error("this model has no fill-in-the-middle tokens (its vocabulary lacks {missing}); use a code model with FIM tokens (e.g. qwen2.5-coder-0.5b)")]
+    NoFim {
+        /// The missing token kinds, e.g. `FIM prefix, FIM middle`.
+        missing: String,
+    },
     /// Could not read a model file.
     #[error(transparent)]
     Gguf(#[from] frink_gguf::GgufError),

@@ -25,6 +25,7 @@
 mod chat;
 mod decode;
 mod error;
+mod fim;
 mod model;
 mod partition;
 mod pretok;
@@ -46,6 +47,7 @@ use frink_gguf::GgufFile;
 
 pub use chat::{render_template, ChatMessage, ChatPrompt, TemplateInputs, TemplateSource};
 pub use error::{Result, TokenizerError};
+pub use fim::{Infill, InfillLimits};
 pub use pretok::{PreTokenizer, SUPPORTED as SUPPORTED_PRE_TOKENIZERS};
 pub use vocab::{SpecialTokens, TokenAttr, VocabKind};
 

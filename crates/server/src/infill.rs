@@ -1,0 +1,183 @@
+//! Fill-in-the-middle: llama.cpp's `POST /infill` (`input_prefix`, `input_suffix`,
+//! `input_extra` with other files of the repository, `prompt` as the middle's start;
+//! answered in llama.cpp's native shape: `content`, `tokens_predicted`, `tokens_evaluated`,
+//! `stop_type`, `timings`), and `suffix` on `/v1/completions` and Ollama's `/api/generate`
+//! (the prompt is the prefix). The prompt is built as llama-server builds it
+//! ([`frink_tokenizer::Tokenizer::infill_prompt`]); a model without FIM tokens is a 400.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use frink_engine::scheduler::Event;
+use frink_tokenizer::{Infill, InfillLimits};
+use serde_json::{json, Map, Value};
+
+use crate::api::{self, json_response, ApiError, Endpoint};
+use crate::requests::{model_field, queue, Prepared};
+use crate::{answer, AppState, Engine};
+
+/// llama-server's default batch, which its infill rule sizes the prefix and suffix by.
+const N_BATCH: usize = 2048;
+
+/// The infill prompt of `infill` for `eng`'s model: a 400 naming `field` for a model
+/// without FIM tokens.
+pub(crate) fn infill_ids(
+    st: &AppState,
+    eng: &Engine,
+    infill: &Infill<'_>,
+    max_tokens: Option<usize>,
+    field: &'static str,
+) -> Result<Vec<u32>, ApiError> {
+    let limits = InfillLimits {
+        n_ctx: st.n_ctx,
+        n_batch: N_BATCH,
+        n_predict: max_tokens,
+    };
+    eng.tok
+        .infill_prompt(infill, limits)
+        .map_err(|e| ApiError::invalid(Some(field), e.to_string()))
+}
+
+/// `input_extra`: `[{"filename", "text"}]` (a file name defaults to `tmp`, as llama.cpp's).
+fn extra(obj: &Map<String, Value>) -> Result<Vec<(&str, &str)>, ApiError> {
+    let bad = || {
+        ApiError::invalid(
+            Some("input_extra"),
+            "'input_extra' must be an array of {\"filename\": string, \"text\": string}",
+        )
+    };
+    match obj.get("input_extra") {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|item| {
+                let o = item.as_object().ok_or_else(bad)?;
+                let text = o.get("text").and_then(Value::as_str).ok_or_else(bad)?;
+                let name = match o.get("filename") {
+                    None | Some(Value::Null) => "tmp",
+                    Some(v) => v.as_str().ok_or_else(bad)?,
+                };
+                Ok((name, text))
+            })
+            .collect(),
+        Some(_) => Err(bad()),
+    }
+}
+
+/// An `/infill` request parsed and tokenized.
+fn prepare(st: &AppState, obj: &Map<String, Value>) -> Result<Prepared, ApiError> {
+    let eng = st.engine()?;
+    let opts = api::gen_options(obj, Endpoint::Completions, eng.tok.n_vocab(), st.parallel)?;
+    if opts.stream {
+        return Err(ApiError::invalid(
+            Some("stream"),
+            "streaming /infill is not implemented; stream /v1/completions with 'suffix'",
+        ));
+    }
+    if opts.n > 1 {
+        return Err(ApiError::invalid(Some("n"), "/infill answers one choice"));
+    }
+    let text = |name: &'static str| -> Result<&str, ApiError> {
+        Ok(api::opt_str(obj, name)?.unwrap_or(""))
+    };
+    let infill = Infill {
+        prefix: text("input_prefix")?,
+        suffix: text("input_suffix")?,
+        middle: text("prompt")?,
+        extra: extra(obj)?,
+    };
+    let prompt = infill_ids(st, eng, &infill, opts.max_tokens, "input_prefix")?;
+    let grammar = api::grammar(obj)?;
+    let grammar_param = grammar.as_ref().map(|g| g.0);
+    let constraint = eng.constraint(grammar, None)?;
+    Ok(Prepared {
+        prompt,
+        opts,
+        logprobs: None,
+        constraint,
+        grammar_param,
+        answer: answer::AnswerFormat::default(),
+        shown_tokens: Vec::new(),
+        prediction: None,
+        model: model_field(st, obj),
+    })
+}
+
+/// `POST /infill` (module docs).
+pub(crate) async fn infill(
+    State(st): State<Arc<AppState>>,
+    log: Option<axum::Extension<crate::log::RequestLog>>,
+    body: Bytes,
+) -> Response {
+    let log = log.map(|l| l.0).unwrap_or_default();
+    let r = st
+        .offload(move |st| {
+            let mut obj = api::parse_object(&body)?;
+            // Honoured here (the completion endpoints refuse it).
+            let return_tokens = api::opt_bool(&obj, "return_tokens")?.unwrap_or(false);
+            obj.remove("return_tokens");
+            Ok((prepare(st, &obj)?, return_tokens))
+        })
+        .await;
+    let (mut p, return_tokens) = match r {
+        Ok(x) => x,
+        Err(e) => return e.into_response(),
+    };
+    let mut rx = match queue(&st, &mut p, "input_prefix") {
+        Ok(rx) => rx,
+        Err(e) => return e.into_response(),
+    };
+    let mut content = String::new();
+    loop {
+        match rx.recv().await {
+            Some((_, Event::Delta { text, .. })) => content.push_str(&text),
+            Some((_, Event::Done(c))) => {
+                log.set(crate::log::Counts {
+                    model: p.model.clone(),
+                    prompt_tokens: c.prompt_tokens,
+                    cached_tokens: c.cached_tokens,
+                    completion_tokens: c.ids.len(),
+                    first_token_ms: c.first_token_ms,
+                    gen_ms: c.gen_ms,
+                });
+                let stop_type = match c.finish_reason {
+                    frink_engine::FinishReason::Length => "limit",
+                    _ => "eos",
+                };
+                let n_gen = c.ids.len();
+                let mut v = json!({
+                    "content": content,
+                    "model": p.model,
+                    "stop": true,
+                    "stop_type": stop_type,
+                    "tokens_predicted": n_gen,
+                    "tokens_evaluated": c.prompt_tokens,
+                    "tokens_cached": c.cached_tokens,
+                    "truncated": false,
+                    "timings": {
+                        "prompt_n": c.prompt_tokens - c.cached_tokens,
+                        "prompt_ms": c.first_token_ms,
+                        "predicted_n": n_gen,
+                        "predicted_ms": c.gen_ms,
+                        "predicted_per_second": if c.gen_ms > 0.0 && n_gen > 1 {
+                            (n_gen - 1) as f64 * 1e3 / c.gen_ms
+                        } else {
+                            0.0
+                        },
+                    },
+                });
+                if return_tokens {
+                    v["tokens"] = json!(c.ids);
+                }
+                return json_response(StatusCode::OK, &v);
+            }
+            Some((_, Event::Embedding(_))) => {}
+            other => {
+                return crate::respond::failed(other.map(|(_, e)| e), "an infill").into_response()
+            }
+        }
+    }
+}
