@@ -16,8 +16,8 @@ use frink_tokenizer::{Infill, InfillLimits};
 use serde_json::{json, Map, Value};
 
 use crate::api::{self, json_response, ApiError, Endpoint};
-use crate::requests::{model_field, queue, Prepared};
-use crate::{answer, AppState, Engine};
+use crate::requests::{queue, text_prepared, Prepared};
+use crate::{AppState, Engine};
 
 /// llama-server's default batch, which its infill rule sizes the prefix and suffix by.
 const N_BATCH: usize = 2048;
@@ -90,20 +90,7 @@ fn prepare(st: &AppState, obj: &Map<String, Value>) -> Result<Prepared, ApiError
         extra: extra(obj)?,
     };
     let prompt = infill_ids(st, eng, &infill, opts.max_tokens, "input_prefix")?;
-    let grammar = api::grammar(obj)?;
-    let grammar_param = grammar.as_ref().map(|g| g.0);
-    let constraint = eng.constraint(grammar, None)?;
-    Ok(Prepared {
-        prompt,
-        opts,
-        logprobs: None,
-        constraint,
-        grammar_param,
-        answer: answer::AnswerFormat::default(),
-        shown_tokens: Vec::new(),
-        prediction: None,
-        model: model_field(st, obj),
-    })
+    text_prepared(st, eng, obj, prompt, opts, None)
 }
 
 /// `POST /infill` (module docs).

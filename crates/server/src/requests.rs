@@ -369,6 +369,19 @@ pub(crate) fn prepare_completion(
             format!("token id {t} is outside the vocabulary of {n_vocab}"),
         ));
     }
+    text_prepared(st, eng, obj, prompt, opts, logprobs)
+}
+
+/// A prepared request of plain text (`/v1/completions`, `/infill`): `prompt` and `opts`
+/// with `obj`'s grammar fields compiled, no chat parsing of the answer.
+pub(crate) fn text_prepared(
+    st: &AppState,
+    eng: &Engine,
+    obj: &Map<String, Value>,
+    prompt: Vec<u32>,
+    opts: GenOptions,
+    logprobs: Option<usize>,
+) -> Result<Prepared, ApiError> {
     let grammar = api::grammar(obj)?;
     let grammar_param = grammar.as_ref().map(|g| g.0);
     let constraint = eng.constraint(grammar, None)?;

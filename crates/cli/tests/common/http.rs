@@ -388,13 +388,8 @@ pub struct Stream {
 impl Stream {
     /// The next `data:` payload (`None` at the end of the body).
     pub fn next_data(&mut self) -> Option<String> {
-        let mut line = String::new();
         loop {
-            line.clear();
-            if self.body.read_line(&mut line).ok()? == 0 {
-                return None;
-            }
-            if let Some(d) = line.trim_end().strip_prefix("data: ") {
+            if let Some(d) = self.next_line()?.strip_prefix("data: ") {
                 return Some(d.to_string());
             }
         }
