@@ -15,7 +15,7 @@ pub struct ModelArgs {
     #[arg(short = 'm', long = "model", env = "FRINK_MODEL", default_value = frink_store::default_model_name())]
     pub model: String,
     /// Compute threads (default: the machine's physical cores).
-    #[arg(short = 't', long = "threads", env = "FRINK_THREADS", value_parser = at_least_one)]
+    #[arg(short = 't', long = "threads", env = "FRINK_THREADS", value_parser = threads)]
     pub threads: Option<usize>,
     /// KV cache element type: f16 (llama.cpp's default), f32 or q8_0 (llama.cpp's
     /// `-ctk q8_0 -ctv q8_0`: about half the memory of f16).
@@ -388,8 +388,19 @@ fn parse_logit_bias(s: &str) -> std::result::Result<(u32, f32), String> {
 impl SamplingArgs {
     /// The sampler parameters these flags describe, for a model of `n_vocab` tokens.
     ///
-    /// Errors: a `--logit-bias` id outside the vocabulary (it would bias nothing).
+    /// Errors: a `--logit-bias` id outside the vocabulary (it would bias nothing); a NaN or
+    /// infinite value of a sampling flag.
     pub fn params(&self, n_vocab: usize) -> Result<frink_engine::sampling::SamplingParams> {
+        for (flag, v) in [
+            ("--temp", self.temp),
+            ("--top-p", self.top_p),
+            ("--min-p", self.min_p),
+            ("--repeat-penalty", self.repeat_penalty),
+            ("--presence-penalty", self.presence_penalty),
+            ("--frequency-penalty", self.frequency_penalty),
+        ] {
+            anyhow::ensure!(v.is_finite(), "{flag} must be a finite number, got {v}");
+        }
         if let Some((id, _)) = self
             .logit_bias
             .iter()
@@ -438,7 +449,7 @@ pub struct GenArgs {
     #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(-1..))]
     pub n_predict: i64,
     /// Context size in tokens (the KV cache; llama.cpp's `-c`).
-    #[arg(short = 'c', long, default_value_t = 4096)]
+    #[arg(short = 'c', long, default_value_t = 4096, value_parser = positions)]
     pub ctx: usize,
     /// Go on past end-of-generation tokens (llama.cpp's `--ignore-eos`; the server's
     /// `ignore_eos`): the answer ends at `-n`, a stop string or the context.
@@ -456,6 +467,35 @@ pub fn at_least_one(s: &str) -> std::result::Result<usize, String> {
         Ok(n) => Ok(n),
         Err(_) => Err(format!("`{s}` is not a whole number")),
     }
+}
+
+/// The most compute threads a command starts (`-t`): far above any machine's cores, below
+/// what the system lets one process start.
+pub const MAX_THREADS: usize = 1024;
+
+/// `-t N`: 1 to [`MAX_THREADS`], the value named when refused.
+pub fn threads(s: &str) -> std::result::Result<usize, String> {
+    match at_least_one(s)? {
+        n if n > MAX_THREADS => Err(format!(
+            "{n} threads is more than the {MAX_THREADS} allowed"
+        )),
+        n => Ok(n),
+    }
+}
+
+/// The largest context (`--ctx`, `--kv-size`): llama.cpp's `n_ctx` is a 32-bit integer,
+/// and positions beyond it overflow the sizes computed from it.
+pub const MAX_CTX: usize = i32::MAX as usize;
+
+/// `--ctx N` and `--kv-size N`: 2 to [`MAX_CTX`] positions, the value named when refused.
+pub fn positions(s: &str) -> std::result::Result<usize, String> {
+    let n: usize = s
+        .parse()
+        .map_err(|_| format!("`{s}` is not a whole number"))?;
+    if !(2..=MAX_CTX).contains(&n) {
+        return Err(format!("{n} positions: must be between 2 and {MAX_CTX}"));
+    }
+    Ok(n)
 }
 
 /// Speculative decoding flags of `run`, `chat` and `serve`.
@@ -657,15 +697,22 @@ pub fn print_moe_stats(model: &Model) {
 }
 
 /// Writes `args` to standard output; when the reader has gone (a closed pipe) the process
-/// ends quietly with exit 0 rather than panicking ([`outln!`]).
+/// ends quietly with exit 0 rather than panicking ([`outln!`]); any other write error (a
+/// full disk) is reported and ends it with exit 1.
 pub fn out(args: std::fmt::Arguments<'_>) {
     use std::io::Write;
     let mut stdout = std::io::stdout().lock();
-    if stdout
-        .write_fmt(args)
-        .and_then(|()| stdout.flush())
-        .is_err()
-    {
+    if let Err(e) = stdout.write_fmt(args).and_then(|()| stdout.flush()) {
+        exit_on_write_error(&e);
+    }
+}
+
+/// Ends the process after a failed write to standard output: quietly with exit 0 when the
+/// reader has gone (`| head`), with the error and exit 1 otherwise.
+pub fn exit_on_write_error(e: &std::io::Error) -> ! {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
         std::process::exit(0);
     }
+    eprintln!("error: cannot write the output: {e}");
+    std::process::exit(1);
 }

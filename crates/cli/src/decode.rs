@@ -55,11 +55,14 @@ pub struct Ask {
 }
 
 /// The request's end of the channel: `stop_requested` once Ctrl+C was pressed or the
-/// reader of the answer went away.
+/// reader of the answer went away; before the answer's first text that closes it instead
+/// (the scheduler drops it between prompt chunks: a long prompt is not evaluated to its end).
 struct Sink {
     tx: mpsc::Sender<Event>,
     interrupted: Arc<AtomicBool>,
     gone: Arc<AtomicBool>,
+    /// Text has come (set by the receiving side).
+    started: Arc<AtomicBool>,
 }
 
 impl EventSink for Sink {
@@ -67,7 +70,7 @@ impl EventSink for Sink {
         self.tx.send(event).is_ok()
     }
     fn is_closed(&self) -> bool {
-        false
+        self.stop_requested() && !self.started.load(Ordering::Relaxed)
     }
     fn stop_requested(&self) -> bool {
         self.interrupted.load(Ordering::Relaxed) || self.gone.load(Ordering::Relaxed)
@@ -89,6 +92,8 @@ pub fn answer(
 ) -> Result<Completion> {
     let (tx, rx) = mpsc::channel();
     let gone = Arc::new(AtomicBool::new(false));
+    let started = Arc::new(AtomicBool::new(false));
+    let n_prompt = ask.prompt.len();
     let req = Request {
         prompt: ask.prompt,
         sampling: ask.sampling,
@@ -107,6 +112,7 @@ pub fn answer(
             tx,
             interrupted: Arc::clone(interrupted),
             gone: Arc::clone(&gone),
+            started: Arc::clone(&started),
         }),
     };
     sched
@@ -115,6 +121,7 @@ pub fn answer(
     loop {
         match rx.recv() {
             Ok(Event::Delta { text, .. }) => {
+                started.store(true, Ordering::Relaxed);
                 if !text.is_empty() && !on_text(&text) {
                     gone.store(true, Ordering::Relaxed);
                 }
@@ -122,6 +129,19 @@ pub fn answer(
             Ok(Event::Done(c)) => return Ok(c),
             Ok(Event::Failed(e)) => return Err(e.into()),
             Ok(Event::Embedding(_)) => {}
+            // Dropped while its prompt was evaluated (Ctrl+C, or no reader): no answer.
+            Err(_) if interrupted.load(Ordering::Relaxed) || gone.load(Ordering::Relaxed) => {
+                return Ok(Completion {
+                    finish_reason: frink_engine::FinishReason::Stop,
+                    prompt_tokens: n_prompt,
+                    cached_tokens: 0,
+                    ids: Vec::new(),
+                    first_token_ms: 0.0,
+                    gen_ms: 0.0,
+                    proposed: 0,
+                    accepted: 0,
+                })
+            }
             Err(_) => anyhow::bail!("the scheduler ended without an answer"),
         }
     }

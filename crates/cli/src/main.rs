@@ -122,7 +122,7 @@ enum Command {
         #[arg(long = "intermediates")]
         intermediates: Option<std::path::PathBuf>,
         /// Compute threads.
-        #[arg(short = 't', long = "threads", env = "FRINK_THREADS")]
+        #[arg(short = 't', long = "threads", env = "FRINK_THREADS", value_parser = common::threads)]
         threads: Option<usize>,
         /// Where the model runs: auto, cpu, cuda or cuda:N.
         #[arg(long = "device", env = "FRINK_DEVICE", default_value = "auto", value_parser = device::parse_device)]

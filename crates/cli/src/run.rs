@@ -226,7 +226,11 @@ impl Output {
             return;
         }
         let mut lock = self.stdout.lock();
-        if lock.write_all(bytes).and_then(|()| lock.flush()).is_err() {
+        if let Err(e) = lock.write_all(bytes).and_then(|()| lock.flush()) {
+            if e.kind() != std::io::ErrorKind::BrokenPipe {
+                // Not a reader gone but the output lost (a full disk): say so, exit 1.
+                crate::common::exit_on_write_error(&e);
+            }
             self.closed = true;
         }
     }

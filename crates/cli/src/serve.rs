@@ -22,10 +22,10 @@ pub struct ServeArgs {
     pub parallel: usize,
     /// The longest context one request may use, in tokens (not a reservation: requests
     /// share the KV pool).
-    #[arg(short = 'c', long, env = "FRINK_CTX", default_value_t = 4096)]
+    #[arg(short = 'c', long, env = "FRINK_CTX", default_value_t = 4096, value_parser = crate::common::positions)]
     pub ctx: usize,
     /// Positions of the KV block pool all requests share (default: parallel × ctx).
-    #[arg(long = "kv-size", env = "FRINK_KV_SIZE", conflicts_with = "kv_mem")]
+    #[arg(long = "kv-size", env = "FRINK_KV_SIZE", conflicts_with = "kv_mem", value_parser = crate::common::positions)]
     pub kv_size: Option<usize>,
     /// Bytes of the KV block pool (K, M or G suffix), instead of --kv-size.
     #[arg(long = "kv-mem", env = "FRINK_KV_MEM", value_parser = crate::common::parse_bytes)]

@@ -371,12 +371,42 @@ fn llama_cpp_flags_and_refused_values() {
         (&["run", "-t", "0", "hi"][..], 2, "0"),
         (&["run", "-ngl", "99", "hi"][..], 1, "--gpu-layers 99"),
         (&["run", "-p", "hi", "there"][..], 2, "prompt"),
+        // Sizes whose products overflowed (an abort allocating 2^62 bytes, a panic in serve).
+        (
+            &["run", "-c", "18446744073709551615", "hi"][..],
+            2,
+            "must be between 2 and",
+        ),
+        (&["chat", "-c", "0"][..], 2, "must be between 2 and"),
+        (
+            &["serve", "--kv-size", "18446744073709551615"][..],
+            2,
+            "must be between 2 and",
+        ),
+        // A thread count the system cannot start (it panicked).
+        (&["run", "-t", "40000", "hi"][..], 2, "40000 threads"),
+        (
+            &["run", "--temp", "nan", "hi"][..],
+            1,
+            "--temp must be a finite number",
+        ),
     ] {
         let out = frink(args);
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
         assert!(err.contains(named), "{args:?}: {err}");
     }
+    // `-n 0`, as llama.cpp's: the prompt is evaluated, nothing generated (one token came).
+    let v = last_json_line(&frink(&["run", "-n", "0", "-t", "2", "--json", "hi"]));
+    assert_eq!(v["ids"], serde_json::json!([]), "{v}");
+    // A full disk is an error, not a quiet exit 0 (a closed pipe is: run.rs).
+    let full = std::process::Command::new(env!("CARGO_BIN_EXE_frink"))
+        .args(["run", "-n", "4", "-t", "2", "hi"])
+        .stdout(std::fs::File::create("/dev/full").unwrap())
+        .output()
+        .unwrap();
+    assert_eq!(full.status.code(), Some(1), "{}", stderr(&full));
+    assert!(stderr(&full).contains("No space left"), "{}", stderr(&full));
     let help = frink(&["serve", "-np", "2", "--help"]);
     assert!(help.status.success(), "{}", stderr(&help));
 }

@@ -336,7 +336,7 @@ fn a_context_larger_than_memory_is_refused_naming_the_flag() {
                 "--prompt-ids",
                 "1,2,3",
                 "--ctx",
-                "999999999999",
+                "2000000000",
             ],
             "--ctx",
         ),

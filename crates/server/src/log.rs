@@ -138,7 +138,7 @@ impl Line {
         let v = self.fields(aborted);
         match self.format {
             LogFormat::Off => {}
-            LogFormat::Json => eprintln!("{v}"),
+            LogFormat::Json => eprintln!("{}", one_line(&v.to_string())),
             LogFormat::Text => {
                 let mut text = format!(
                     "{} {} {} {} ms",
@@ -165,12 +165,34 @@ impl Line {
                         other => text.push_str(&format!(" {k}={other}")),
                     }
                 }
-                tracing::info!("{text}");
+                tracing::info!("{}", one_line(&text));
             }
         }
     }
 }
 
+/// `s` with the characters some readers take as line breaks besides `\n` and `\r` (NEL,
+/// U+2028, U+2029; JSON leaves them raw) escaped, so one request stays one line.
+fn one_line(s: &str) -> String {
+    s.replace('\u{85}', "\\u0085")
+        .replace('\u{2028}', "\\u2028")
+        .replace('\u{2029}', "\\u2029")
+}
+
 fn round(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn unicode_line_breaks_are_escaped() {
+        let v = serde_json::json!({"prompt": "a\u{2028}b\u{2029}c\u{85}d\ne"});
+        let line = super::one_line(&v.to_string());
+        assert_eq!(line.lines().count(), 1);
+        assert!(!line.contains(['\u{2028}', '\u{2029}', '\u{85}']), "{line}");
+        // Still JSON, with the same text.
+        let back: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(back, v);
+    }
 }

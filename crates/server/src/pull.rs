@@ -80,7 +80,19 @@ fn admit(st: &AppState, name: &str) -> Result<(), ApiError> {
 /// Runs the pull of `name` on a blocking thread, sending its progress (at most every
 /// [`EVERY`], and the last bytes always) and then its end on `tx`.
 fn start(st: Arc<AppState>, name: String, tx: mpsc::UnboundedSender<Msg>) {
+    /// Gives the pull's place back on every way out, a panic included.
+    struct Place(Arc<AppState>, String);
+    impl Drop for Place {
+        fn drop(&mut self) {
+            self.0
+                .pulls
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&self.1);
+        }
+    }
     tokio::task::spawn_blocking(move || {
+        let _place = Place(Arc::clone(&st), name.clone());
         let last = Mutex::new(None::<Instant>);
         let progress = |e: PullEvent| {
             if let PullEvent::Downloading { completed, total } = e {
@@ -97,10 +109,7 @@ fn start(st: Arc<AppState>, name: String, tx: mpsc::UnboundedSender<Msg>) {
             .and_then(|store| store.pull_with(&name, &progress))
             .map(drop)
             .map_err(pull_error);
-        st.pulls
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&name);
+        drop(_place);
         let _ = tx.send(Msg::Done(r));
     });
 }
@@ -161,9 +170,21 @@ pub(crate) async fn pull(State(st): State<Arc<AppState>>, body: Bytes) -> Respon
     }
     let digest = digest(&name);
     let first = futures_util::stream::iter([json!({"status": "pulling manifest"})]);
-    let rest = futures_util::stream::unfold(rx, |mut rx| async move {
-        let msg = rx.recv().await?;
-        Some((msg, rx))
+    // A pull that ends without its end (a panic on the pulling thread) says so.
+    let rest = futures_util::stream::unfold(Some(rx), |rx| async move {
+        let mut rx = rx?;
+        match rx.recv().await {
+            Some(msg @ Msg::Done(_)) => Some((msg, None)),
+            Some(msg) => Some((msg, Some(rx))),
+            None => Some((
+                Msg::Done(Err(ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "server_error",
+                    "the pull ended without finishing",
+                ))),
+                None,
+            )),
+        }
     });
     use futures_util::StreamExt;
     let lines =

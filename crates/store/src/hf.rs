@@ -506,24 +506,37 @@ pub fn pull_with(
         .iter()
         .map(|f| contained(&dir, &f.path))
         .collect::<Result<Vec<_>>>()?;
-    let total: u64 = chosen.iter().map(|f| f.size).sum();
+    let Some(first) = dests.first().cloned() else {
+        return Err(StoreError::Hub(format!(
+            "hf:{}: the listing names no file to fetch",
+            name.repo
+        )));
+    };
+    // Sizes come from the hub: a hostile listing must not overflow the sum.
+    let total = chosen.iter().fold(0u64, |t, f| t.saturating_add(f.size));
     let mut done = 0u64;
     for (f, dest) in chosen.iter().zip(&dests) {
         if !dest.is_file() {
             make_parent_inside(root, dest)?;
-            debug!("fetching {} from hf:{}", f.path, name.repo);
-            let on_bytes = |n: u64| {
-                progress.event(crate::PullEvent::Downloading {
-                    completed: done + n,
-                    total,
-                })
-            };
-            hub.download(&name.repo, f, dest, &on_bytes)?;
+            // One download of a file at a time, whatever name asked for it (`hf:o/r` and
+            // `hf:o/r:Q4_K_M` are the same file), in this process or another.
+            let rel = dest.strip_prefix(root).unwrap_or(dest).to_string_lossy();
+            let _lock = crate::lock_exclusive(root, &rel, &format!("hf:{}", name.repo))?;
+            if !dest.is_file() {
+                debug!("fetching {} from hf:{}", f.path, name.repo);
+                let on_bytes = |n: u64| {
+                    progress.event(crate::PullEvent::Downloading {
+                        completed: done.saturating_add(n),
+                        total,
+                    })
+                };
+                hub.download(&name.repo, f, dest, &on_bytes)?;
+            }
         }
-        done += f.size;
+        done = done.saturating_add(f.size);
     }
     progress.event(crate::PullEvent::Verifying);
-    Ok(dests[0].clone())
+    Ok(first)
 }
 
 #[cfg(test)]

@@ -212,30 +212,7 @@ impl Store {
         fs::create_dir_all(&self.root)
             .ctx(|| format!("creating the model store {}", self.root.display()))?;
 
-        let locks = self.root.join(".locks");
-        fs::create_dir_all(&locks).ctx(|| format!("creating {}", locks.display()))?;
-        let lock_path = locks.join(format!("{}.lock", entry.file));
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .open(&lock_path)
-            .ctx(|| format!("opening lock file {}", lock_path.display()))?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(TryLockError::WouldBlock) => {
-                info!("waiting for another pull of {name} to finish");
-                lock.lock()
-                    .ctx(|| format!("locking {}", lock_path.display()))?;
-            }
-            Err(TryLockError::Error(e)) => {
-                return Err(StoreError::Io {
-                    context: format!("locking {}", lock_path.display()),
-                    source: e,
-                })
-            }
-        }
+        let lock = lock_exclusive(&self.root, &entry.file, name)?;
         // The lock is released when `lock` is dropped, on every path out of this function.
 
         if dest.is_file() {
@@ -494,6 +471,39 @@ impl Store {
         debug!("{}: {bytes} bytes, sha256 {actual}", entry.name);
         Ok(())
     }
+}
+
+/// Takes the exclusive lock `<root>/.locks/<key>.lock` (`key` a file name, or a path in
+/// the store with `/`), waiting for another pull of `what` that holds it, in this process or
+/// another; released when the returned file is dropped.
+///
+/// Errors: [`StoreError::Io`] when the lock file cannot be created or locked.
+pub(crate) fn lock_exclusive(root: &Path, key: &str, what: &str) -> Result<File> {
+    let locks = root.join(".locks");
+    fs::create_dir_all(&locks).ctx(|| format!("creating {}", locks.display()))?;
+    let lock_path = locks.join(format!("{}.lock", key.replace(['/', '\\'], "%")));
+    let lock = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&lock_path)
+        .ctx(|| format!("opening lock file {}", lock_path.display()))?;
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(TryLockError::WouldBlock) => {
+            info!("waiting for another pull of {what} to finish");
+            lock.lock()
+                .ctx(|| format!("locking {}", lock_path.display()))?;
+        }
+        Err(TryLockError::Error(e)) => {
+            return Err(StoreError::Io {
+                context: format!("locking {}", lock_path.display()),
+                source: e,
+            })
+        }
+    }
+    Ok(lock)
 }
 
 /// Deletes its path when dropped unless disarmed.

@@ -174,6 +174,7 @@ fn a_sharded_model_is_fetched_whole_and_a_token_is_required_where_asked() {
 }
 
 /// Every file under `dir`, recursively (paths relative to it).
+/// The files under `dir`, but the pulls' lock files (`.locks/`, kept on purpose).
 fn tree(dir: &std::path::Path) -> Vec<String> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
@@ -181,7 +182,9 @@ fn tree(dir: &std::path::Path) -> Vec<String> {
         for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
             let p = e.path();
             if p.is_dir() {
-                stack.push(p);
+                if e.file_name() != ".locks" {
+                    stack.push(p);
+                }
             } else {
                 out.push(p.strip_prefix(dir).unwrap().display().to_string());
             }
@@ -274,4 +277,54 @@ fn a_download_longer_than_its_listing_is_cut_and_removed() {
     assert!(e.to_string().contains("more than the"), "{e}");
     // Nothing of it stays (the bug left the whole oversized .partial file).
     assert!(tree(root.path()).is_empty(), "{:?}", tree(root.path()));
+}
+
+/// A listing whose only model is a split of zero shards names nothing to fetch: an error,
+/// not a panic (it indexed an empty list).
+#[test]
+fn a_listing_of_zero_shards_is_an_error() {
+    let hub = HubStandIn::start(vec![(
+        "org/zero",
+        Repo {
+            files: files(&[("m-00001-of-00000.gguf", bytes(100, 3))]),
+            ..Repo::default()
+        },
+    )]);
+    let root = tempfile::tempdir().unwrap();
+    let r = hf::pull(
+        &Hub::new(&hub.endpoint, None),
+        root.path(),
+        &name("hf:org/zero"),
+    );
+    assert!(r.is_err(), "{r:?}");
+}
+
+/// Two pulls of one file under two names (`hf:o/r` and `hf:o/r:Q4_K_M`) at once, from two
+/// threads: one downloads, the other waits for it; the file is whole and checks out.
+#[test]
+fn concurrent_pulls_of_one_file_take_turns() {
+    let q4 = bytes(2_000_000, 5);
+    let hub = HubStandIn::start(vec![(
+        "org/two",
+        Repo {
+            files: files(&[("m-Q4_K_M.gguf", q4.clone())]),
+            trickle: true,
+            ..Repo::default()
+        },
+    )]);
+    let root = tempfile::tempdir().unwrap();
+    let paths: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = ["hf:org/two", "hf:org/two:Q4_K_M"]
+            .into_iter()
+            .map(|n| {
+                let (root, endpoint) = (root.path(), hub.endpoint.clone());
+                s.spawn(move || hf::pull(&Hub::new(&endpoint, None), root, &name(n)))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for p in &paths {
+        let p = p.as_ref().unwrap();
+        assert_eq!(std::fs::read(p).unwrap(), q4);
+    }
 }

@@ -121,15 +121,24 @@ fn parameter(arg: &str) -> Result<Parameter> {
             .ok()
             .with_context(|| format!("/set parameter {name}: `{v}` is not a valid value"))
     }
+    // A number that is not NaN or infinite.
+    let real = |name: &str, v: &str| -> Result<f32> {
+        let x: f32 = num(name, v)?;
+        anyhow::ensure!(
+            x.is_finite(),
+            "/set parameter {name}: `{v}` is not a finite number"
+        );
+        Ok(x)
+    };
     Ok(match name {
-        "temperature" => Parameter::Temperature(num(name, value)?),
+        "temperature" => Parameter::Temperature(real(name, value)?),
         "top_k" => Parameter::TopK(num(name, value)?),
-        "top_p" => Parameter::TopP(num(name, value)?),
-        "min_p" => Parameter::MinP(num(name, value)?),
-        "repeat_penalty" => Parameter::RepeatPenalty(num(name, value)?),
+        "top_p" => Parameter::TopP(real(name, value)?),
+        "min_p" => Parameter::MinP(real(name, value)?),
+        "repeat_penalty" => Parameter::RepeatPenalty(real(name, value)?),
         "repeat_last_n" => Parameter::RepeatLastN(num(name, value)?),
-        "presence_penalty" => Parameter::PresencePenalty(num(name, value)?),
-        "frequency_penalty" => Parameter::FrequencyPenalty(num(name, value)?),
+        "presence_penalty" => Parameter::PresencePenalty(real(name, value)?),
+        "frequency_penalty" => Parameter::FrequencyPenalty(real(name, value)?),
         "seed" => Parameter::Seed(num(name, value)?),
         "num_predict" => match num::<i64>(name, value)? {
             n if n >= -1 => Parameter::NumPredict(n),

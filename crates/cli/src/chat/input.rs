@@ -3,7 +3,7 @@
 //! In both, a message that starts with `"""` goes on over lines until one ends with `"""`,
 //! as in Ollama's prompt.
 
-use std::io::{BufRead, IsTerminal};
+use std::io::{BufRead, IsTerminal, Read};
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
@@ -24,8 +24,11 @@ const HISTORY_LINES: usize = 1000;
 /// One thing the user typed.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Input {
-    /// A message or a command (multi-line messages joined with `\n`, without the quotes).
+    /// A line: a message, or a command when it starts with `/`.
     Text(String),
+    /// A `"""` block: always a message (its lines joined with `\n`, without the quotes and
+    /// the line breaks right after the opening and before the closing ones).
+    Block(String),
     /// Ctrl+C at the prompt (on a terminal).
     Interrupted,
     /// Ctrl+D or the end of the input.
@@ -42,7 +45,32 @@ enum Source {
         editor: Box<Editor<(), DefaultHistory>>,
         history: Option<PathBuf>,
     },
-    Lines(std::io::Lines<std::io::StdinLock<'static>>),
+    Lines(std::io::StdinLock<'static>),
+}
+
+/// The longest line read from a pipe (bytes); a longer one is refused, not buffered.
+const MAX_LINE: usize = 16 << 20;
+
+/// One line of `r` without its newline, at most [`MAX_LINE`] bytes (`None` at the end).
+fn read_line_capped<R: BufRead>(r: &mut R) -> Result<Option<String>> {
+    let mut buf = Vec::new();
+    let n = Read::take(&mut *r, MAX_LINE as u64 + 1)
+        .read_until(b'\n', &mut buf)
+        .context("reading standard input")?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if buf.last() == Some(&b'\n') {
+        buf.pop();
+        if buf.last() == Some(&b'\r') {
+            buf.pop();
+        }
+    } else if buf.len() > MAX_LINE {
+        anyhow::bail!("an input line is longer than {MAX_LINE} bytes");
+    }
+    String::from_utf8(buf)
+        .map(Some)
+        .context("standard input is not UTF-8")
 }
 
 impl Reader {
@@ -55,7 +83,7 @@ impl Reader {
         let tty = std::io::stdin().is_terminal() && std::io::stderr().is_terminal();
         if !tty {
             return Ok(Reader {
-                source: Source::Lines(std::io::stdin().lock().lines()),
+                source: Source::Lines(std::io::stdin().lock()),
             });
         }
         let config = rustyline::Config::builder()
@@ -98,7 +126,7 @@ impl Reader {
         let mut lines = vec![rest.to_string()];
         while !ends_block(&lines) {
             match self.line(MORE)? {
-                Input::Text(t) => lines.push(t),
+                Input::Text(t) | Input::Block(t) => lines.push(t),
                 // Ctrl+C abandons the block; Ctrl+D ends it as it stands.
                 Input::Interrupted => return Ok(Input::Interrupted),
                 Input::End => break,
@@ -108,8 +136,10 @@ impl Reader {
         if let Some(t) = text.trim_end().strip_suffix(FENCE) {
             text = t.to_string();
         }
+        let text = text.strip_prefix('\n').unwrap_or(&text);
+        let text = text.strip_suffix('\n').unwrap_or(text).to_string();
         self.remember(&format!("{FENCE}{text}{FENCE}"));
-        Ok(Input::Text(text))
+        Ok(Input::Block(text))
     }
 
     fn line(&mut self, prompt: &str) -> Result<Input> {
@@ -120,12 +150,9 @@ impl Reader {
                 Err(ReadlineError::Eof) => Ok(Input::End),
                 Err(e) => Err(e).context("reading the terminal"),
             },
-            Source::Lines(lines) => {
+            Source::Lines(stdin) => {
                 eprint!("{prompt}");
-                match lines.next() {
-                    Some(l) => Ok(Input::Text(l.context("reading standard input")?)),
-                    None => Ok(Input::End),
-                }
+                Ok(read_line_capped(stdin)?.map_or(Input::End, Input::Text))
             }
         }
     }

@@ -61,6 +61,17 @@ impl Conversation {
 
     /// Reads a conversation `/save` wrote (or a bare array of messages).
     fn load(path: &Path) -> Result<Conversation> {
+        // Checked before reading: a device, a FIFO or a huge file is not a conversation.
+        let meta =
+            std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
+        anyhow::ensure!(meta.is_file(), "{} is not a regular file", path.display());
+        anyhow::ensure!(
+            meta.len() <= MAX_CONVERSATION_BYTES,
+            "{} is {} bytes; a conversation file may hold {} at most",
+            path.display(),
+            meta.len(),
+            MAX_CONVERSATION_BYTES
+        );
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?;
         let v: serde_json::Value = serde_json::from_str(&text)
@@ -89,6 +100,9 @@ impl Conversation {
         Ok(c)
     }
 }
+
+/// The largest conversation file `/load` reads (far more than any context holds).
+const MAX_CONVERSATION_BYTES: u64 = 64 << 20;
 
 /// The roles a saved conversation may hold after its system message.
 const ROLES: [&str; 3] = ["user", "assistant", "tool"];
@@ -262,10 +276,17 @@ fn converse(
                 eprintln!("(Ctrl+C stops an answer; /bye or Ctrl+D leaves)");
                 continue;
             }
-            Input::Text(t) if t.trim().is_empty() => continue,
-            Input::Text(t) => t,
+            Input::Text(t) | Input::Block(t) if t.trim().is_empty() => continue,
+            Input::Block(t) => (t, false),
+            Input::Text(t) => (t, true),
         };
-        match commands::parse(&text) {
+        let (text, may_be_command) = text;
+        let parsed = if may_be_command {
+            commands::parse(&text)
+        } else {
+            Ok(None)
+        };
+        match parsed {
             Ok(Some(Command::Bye)) => break,
             Ok(Some(cmd)) => {
                 if let Err(e) = apply(cmd, &mut convo, &mut settings, info) {

@@ -181,7 +181,7 @@ impl SchedulerConfig {
     pub fn prompt_limit(&self) -> PromptLimit {
         PromptLimit {
             n_ctx: self.n_ctx,
-            kv_positions: self.kv_blocks() * frink_models::KV_BLOCK,
+            kv_positions: self.kv_blocks().saturating_mul(frink_models::KV_BLOCK),
         }
     }
 

@@ -60,6 +60,18 @@ impl<'t> Worker<'t> {
         n_past: usize,
         expect: Option<(u32, Option<&[Candidate]>)>,
     ) -> Option<Job<'t>> {
+        if job.req.max_tokens == Some(0) {
+            // llama.cpp's `n_predict: 0`: the prompt is evaluated (and its keys and values
+            // kept for the next request), nothing is generated.
+            self.complete(
+                job,
+                FinishReason::Length,
+                String::new(),
+                Vec::new(),
+                Instant::now(),
+            );
+            return None;
+        }
         let sampled = match expect {
             Some((d, q)) => {
                 job.sampler
