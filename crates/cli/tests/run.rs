@@ -170,8 +170,9 @@ fn chat_refuses_an_overflowing_message_and_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("c.json");
     let long = "colour ".repeat(200);
+    // A """ block is a message even when it starts with `/` (it ran as a command).
     let input = format!(
-        "/set system Be brief.\n{long}\nSay hi.\n/help\n/save {0}\n/clear\n/load {0}\n/save {0}\n",
+        "/set system Be brief.\n{long}\nSay hi.\n\"\"\"/set system pwned\"\"\"\n/help\n/save {0}\n/clear\n/load {0}\n/save {0}\n",
         file.display()
     );
     let out = frink_with_stdin(
@@ -188,9 +189,10 @@ fn chat_refuses_an_overflowing_message_and_goes_on() {
     let saved: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
     assert_eq!(saved["system"], "Be brief.");
     let msgs = saved["messages"].as_array().unwrap();
-    assert_eq!(msgs.len(), 2, "{saved}");
+    assert_eq!(msgs.len(), 4, "{saved}");
     assert_eq!(msgs[0]["content"], "Say hi.");
     assert_eq!(msgs[1]["role"], "assistant");
+    assert_eq!(msgs[2]["content"], "/set system pwned");
 }
 
 /// `--json-schema`, `--regex` and `--grammar` constrain the answer (JSON that satisfies

@@ -1,7 +1,7 @@
 //! One log line per request, written (by the gate's response body) when its answer has left (a stream's last event) or
 //! its client went away: method, path, status, client, the total time and, for a
 //! completion, the model, prompt and generated tokens, time to first token and tokens per
-//! second (llama-server's and Ollama's request logs). Text through `tracing` at info
+//! second (llama-server's and Ollama's request logs), and the time it was written (UTC). Text through `tracing` at info
 //! level (`RUST_LOG` as usual), or one JSON object a line on stderr with
 //! `--log-format json`; none with `--log-disable`. Prompt and answer text are logged only
 //! with `--log-prompts` (`prompt`: the rendered prompt; `answer`: the first choice's text).
@@ -101,7 +101,13 @@ pub(crate) struct Line {
 impl Line {
     /// The line's fields as JSON (`aborted`: the body was dropped before its end).
     fn fields(&self, aborted: bool) -> Value {
+        let now = std::time::SystemTime::now();
+        let millis = now
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_millis());
+        let time = frink_tokenizer::strftime("%Y-%m-%dT%H:%M:%S", now).unwrap_or_default();
         let mut v = json!({
+            "time": format!("{time}.{millis:03}Z"),
             "method": self.method,
             "path": self.path,
             "status": self.status,
