@@ -63,13 +63,7 @@ impl<'t> Worker<'t> {
         if job.req.max_tokens == Some(0) {
             // llama.cpp's `n_predict: 0`: the prompt is evaluated (and its keys and values
             // kept for the next request), nothing is generated.
-            self.complete(
-                job,
-                FinishReason::Length,
-                String::new(),
-                Vec::new(),
-                Instant::now(),
-            );
+            self.end_now(job);
             return None;
         }
         let sampled = match expect {
@@ -160,6 +154,18 @@ impl<'t> Worker<'t> {
         };
         self.complete(job, finish_reason, text, tokens, now);
         None
+    }
+
+    /// Ends `job` here with `length` and nothing more to show (a budget of 0 tokens, or a
+    /// full pool with no other request to preempt).
+    pub(super) fn end_now(&self, job: Job<'t>) {
+        self.complete(
+            job,
+            FinishReason::Length,
+            String::new(),
+            Vec::new(),
+            Instant::now(),
+        );
     }
 
     /// Ends `job` with `finish_reason`: the text its decoder and stop matcher still hold

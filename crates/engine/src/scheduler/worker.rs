@@ -665,13 +665,7 @@ impl<'t> Worker<'t> {
             if running.len() == 1 {
                 // Alone and the pool is full: its context ends here.
                 let job = self.slots[i].job.take().expect("slot i runs a job");
-                self.complete(
-                    job,
-                    FinishReason::Length,
-                    String::new(),
-                    Vec::new(),
-                    Instant::now(),
-                );
+                self.end_now(job);
                 inputs.remove(k);
                 continue;
             }
