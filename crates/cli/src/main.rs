@@ -196,8 +196,15 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            // One line: the error and its causes joined.
-            let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
+            // One line: the error and its causes joined; a cause the message before already
+            // ends with (an error that prints its source) is not said twice.
+            let mut chain: Vec<String> = Vec::new();
+            for c in e.chain() {
+                let s = c.to_string();
+                if !chain.last().is_some_and(|last| last.ends_with(&s)) {
+                    chain.push(s);
+                }
+            }
             eprintln!("error: {}", chain.join(": ").replace('\n', " "));
             ExitCode::from(1)
         }

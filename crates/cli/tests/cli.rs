@@ -451,3 +451,21 @@ fn a_closed_pipe_ends_commands_quietly() {
     assert!(out.status.success(), "{}: {err}", out.status);
     assert!(!err.contains("error") && !err.contains("panicked"), "{err}");
 }
+
+/// An error that prints its cause is not followed by the same cause again ("…/.locks: File
+/// exists (os error 17): File exists (os error 17)").
+#[test]
+fn an_error_says_its_cause_once() {
+    let home = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(home.path().join("models")).unwrap();
+    std::fs::write(home.path().join("models/.locks"), b"").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_frink"))
+        .args(["pull", "smollm2-135m"])
+        .env("FRINK_HOME", home.path())
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.matches("File exists").count(), 1, "{err}");
+}
