@@ -36,6 +36,8 @@ import json
 import os
 import statistics
 import subprocess
+
+from tools import FRINK_HOW, LLAMA_HOW, require_program
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -132,6 +134,8 @@ def main():
                     default=["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"])
     a = ap.parse_args()
     llama_bench = os.environ.get("LLAMA_BENCH", default_llama_bench())
+    require_program(FRINK, "frink", FRINK_HOW)
+    llama_bench = require_program(llama_bench, "llama-bench", LLAMA_HOW)
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = os.path.dirname(llama_bench) + ":" + env.get("LD_LIBRARY_PATH", "")
     print("| model | test | frink t/s | llama.cpp t/s | ratio | % of bound (frink / llama.cpp) "

@@ -16,6 +16,8 @@ import argparse
 import json
 import os
 import subprocess
+
+from tools import FRINK_HOW, require_program
 import sys
 import threading
 import time
@@ -70,6 +72,7 @@ def main():
     ap.add_argument("--concurrent", action="store_true")
     a = ap.parse_args()
     frink = os.environ.get("FRINK", os.path.join(ROOT, "target", "release", "frink"))
+    require_program(frink, "frink", FRINK_HOW)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([frink, "serve", "-m", a.m, "-t", str(a.t), "--port", str(port),

