@@ -117,19 +117,18 @@ pub(crate) async fn infill(
         Ok(rx) => rx,
         Err(e) => return e.into_response(),
     };
+    // Queued: the engine is there.
+    let tok = match st.engine() {
+        Ok(eng) => Arc::clone(&eng.tok),
+        Err(e) => return e.into_response(),
+    };
+    log.set_prompt(&tok, &p.prompt);
     let mut content = String::new();
     loop {
         match rx.recv().await {
             Some((_, Event::Delta { text, .. })) => content.push_str(&text),
             Some((_, Event::Done(c))) => {
-                log.set(crate::log::Counts {
-                    model: p.model.clone(),
-                    prompt_tokens: c.prompt_tokens,
-                    cached_tokens: c.cached_tokens,
-                    completion_tokens: c.ids.len(),
-                    first_token_ms: c.first_token_ms,
-                    gen_ms: c.gen_ms,
-                });
+                log.finished(&p.model, &c, &tok);
                 let stop_type = match c.finish_reason {
                     frink_engine::FinishReason::Length => "limit",
                     _ => "eos",

@@ -9,6 +9,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use frink_engine::scheduler::Completion;
+use frink_tokenizer::Tokenizer;
 use serde_json::{json, Value};
 
 /// How request lines are written (`--log-format`, `--log-disable`).
@@ -68,18 +70,33 @@ impl RequestLog {
         *lock(&self.0.counts) = Some(c);
     }
 
-    /// Records the rendered prompt's text (kept only under `--log-prompts`).
-    pub(crate) fn set_prompt(&self, text: impl FnOnce() -> String) {
+    /// Records the prompt `ids` as the model sees them, the template's special tokens
+    /// rendered (decoded only under `--log-prompts`).
+    pub(crate) fn set_prompt(&self, tok: &Tokenizer, ids: &[u32]) {
         if self.0.texts {
-            *lock(&self.0.prompt) = Some(text());
+            *lock(&self.0.prompt) = Some(tok.decode(ids, true).unwrap_or_default());
         }
     }
 
-    /// Records the first choice's answer text (kept only under `--log-prompts`).
-    pub(crate) fn set_answer(&self, text: impl FnOnce() -> String) {
+    /// Records the first choice's answer `ids` as the model wrote them (decoded only under
+    /// `--log-prompts`).
+    pub(crate) fn set_answer(&self, tok: &Tokenizer, ids: &[u32]) {
         if self.0.texts {
-            *lock(&self.0.answer) = Some(text());
+            *lock(&self.0.answer) = Some(tok.decode(ids, true).unwrap_or_default());
         }
+    }
+
+    /// Records a one-choice request's end: `c`'s counts for `model`, and its answer.
+    pub(crate) fn finished(&self, model: &str, c: &Completion, tok: &Tokenizer) {
+        self.set(Counts {
+            model: model.to_string(),
+            prompt_tokens: c.prompt_tokens,
+            cached_tokens: c.cached_tokens,
+            completion_tokens: c.ids.len(),
+            first_token_ms: c.first_token_ms,
+            gen_ms: c.gen_ms,
+        });
+        self.set_answer(tok, &c.ids);
     }
 
     fn get(&self) -> Option<Counts> {

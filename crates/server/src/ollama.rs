@@ -365,7 +365,7 @@ struct Reply {
     start: Instant,
     /// The request's log line, and the tokenizer its `--log-prompts` texts are read with.
     log: crate::log::RequestLog,
-    tok: Option<Arc<frink_tokenizer::Tokenizer>>,
+    tok: Arc<frink_tokenizer::Tokenizer>,
 }
 
 impl Reply {
@@ -427,18 +427,7 @@ impl Reply {
         v["prompt_eval_duration"] = json!(ns(c.first_token_ms));
         v["eval_count"] = json!(c.ids.len());
         v["eval_duration"] = json!(ns(c.gen_ms));
-        self.log.set(crate::log::Counts {
-            model: self.model.clone(),
-            prompt_tokens: c.prompt_tokens,
-            cached_tokens: c.cached_tokens,
-            completion_tokens: c.ids.len(),
-            first_token_ms: c.first_token_ms,
-            gen_ms: c.gen_ms,
-        });
-        if let Some(tok) = &self.tok {
-            self.log
-                .set_answer(|| tok.decode(&c.ids, true).unwrap_or_default());
-        }
+        self.log.finished(&self.model, c, &self.tok);
     }
 }
 
@@ -475,11 +464,12 @@ async fn answer(
         Ok(rx) => rx,
         Err(e) => return error(e),
     };
-    let tok = st.engine().ok().map(|e| Arc::clone(&e.tok));
-    if let Some(tok) = &tok {
-        // The prompt as the model sees it: the template's special tokens rendered.
-        log.set_prompt(|| tok.decode(&p.prompt, true).unwrap_or_default());
-    }
+    // Queued: the engine is there.
+    let tok = match st.engine() {
+        Ok(eng) => Arc::clone(&eng.tok),
+        Err(e) => return error(e),
+    };
+    log.set_prompt(&tok, &p.prompt);
     let reply = Reply {
         shape,
         model: std::mem::take(&mut p.model),

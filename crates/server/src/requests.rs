@@ -451,10 +451,6 @@ pub(crate) async fn complete(
         Ok(rx) => rx,
         Err(e) => return e.into_response(),
     };
-    if let Ok(eng) = st.engine() {
-        // The prompt as the model sees it: the template's special tokens rendered.
-        log.set_prompt(|| eng.tok.decode(&p.prompt, true).unwrap_or_default());
-    }
     let Ok(eng) = st.engine() else {
         return ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -463,6 +459,7 @@ pub(crate) async fn complete(
         )
         .into_response();
     };
+    log.set_prompt(&eng.tok, &p.prompt);
     let fmt = Formatter {
         kind,
         id: st.next_id(if kind == Kind::Chat {

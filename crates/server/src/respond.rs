@@ -71,8 +71,7 @@ impl Totals {
     fn add(&mut self, index: usize, c: &Completion, fmt: &Formatter) {
         if index == 0 {
             // Special tokens rendered: the answer as the model wrote it.
-            fmt.log
-                .set_answer(|| fmt.tok.decode(&c.ids, true).unwrap_or_default());
+            fmt.log.set_answer(&fmt.tok, &c.ids);
             self.prompt_tokens = c.prompt_tokens;
             self.cached_tokens = c.cached_tokens;
             self.first_token_ms = c.first_token_ms;
