@@ -632,9 +632,9 @@ pub fn generate_speculative(
 }
 
 impl GenArgs {
-    /// The token budget of one answer.
-    pub fn max_tokens(&self) -> usize {
-        usize::try_from(self.n_predict).unwrap_or(usize::MAX)
+    /// The token budget of one answer ([`budget`] of `-n`).
+    pub fn max_tokens(&self) -> Option<usize> {
+        budget(self.n_predict)
     }
 
     /// Refuses a prompt that leaves no room in the context, naming both lengths: the
@@ -648,6 +648,11 @@ impl GenArgs {
         .check(n_prompt)
         .map_err(|e| anyhow::anyhow!("{e}"))
     }
+}
+
+/// The token budget `-n` (`num_predict`) gives: `None` for -1, no limit but the context.
+pub fn budget(n_predict: i64) -> Option<usize> {
+    usize::try_from(n_predict).ok()
 }
 
 /// The timing line `run` prints after an answer (and `chat` under `/set verbose`): load

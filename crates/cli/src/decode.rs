@@ -147,6 +147,20 @@ pub fn answer(
     }
 }
 
+/// Whether `c`, the answer to a prompt of `n_prompt` tokens with the budget `max_tokens`,
+/// ended because the context of `n_ctx` positions was full (the scheduler reports that as
+/// `length`, as the budget).
+pub fn context_full(
+    c: &Completion,
+    n_prompt: usize,
+    max_tokens: Option<usize>,
+    n_ctx: usize,
+) -> bool {
+    c.finish_reason == frink_engine::FinishReason::Length
+        && Some(c.ids.len()) != max_tokens
+        && n_prompt + c.ids.len() >= n_ctx
+}
+
 /// The timings of `c` as `run` reports them: the prompt tokens evaluated (those a chat's
 /// earlier turns left in the cache are not) and the time to the first token, then the
 /// tokens after the first.

@@ -75,7 +75,7 @@ fn prompt_ids(args: &RunArgs, tok: &Tokenizer) -> Result<Vec<u32>> {
         };
         let limits = frink_tokenizer::InfillLimits {
             n_ctx: args.gen.ctx,
-            n_predict: usize::try_from(args.gen.n_predict).ok(),
+            n_predict: args.gen.max_tokens(),
             ..Default::default()
         };
         return Ok(tok.infill_prompt(&infill, limits)?);
@@ -132,7 +132,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let ask = crate::decode::Ask {
         prompt: prompt.clone(),
         sampling,
-        max_tokens: (max_tokens != usize::MAX).then_some(max_tokens),
+        max_tokens,
         stop: args.sampling.stop.clone(),
         ignore_eos: args.gen.ignore_eos,
         constraint: grammar.as_ref().map(|g| g.fresh()).transpose()?,
@@ -154,10 +154,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
             })
         },
     )?;
-    if done.finish_reason == frink_engine::FinishReason::Length
-        && done.ids.len() < max_tokens
-        && prompt.len() + done.ids.len() >= args.gen.ctx
-    {
+    if crate::decode::context_full(&done, prompt.len(), max_tokens, args.gen.ctx) {
         eprintln!(
             "\n[generation stopped: the context of {} tokens is full]",
             args.gen.ctx

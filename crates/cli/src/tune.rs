@@ -64,9 +64,7 @@ impl Decision {
 
 /// The cache file: next to the model store.
 fn cache_path() -> Option<PathBuf> {
-    frink_store::default_root()
-        .ok()
-        .and_then(|r| r.parent().map(|p| p.join("tuning.json")))
+    frink_store::home_file("tuning.json")
 }
 
 /// `vendor family model stepping name` of the first processor in /proc/cpuinfo.

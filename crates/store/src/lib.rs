@@ -78,6 +78,12 @@ pub fn default_root() -> Result<PathBuf> {
     )
 }
 
+/// `$FRINK_HOME/NAME` (default `~/.cache/frink/NAME`): a file of frink's own beside the
+/// model store (the tuning cache, the chat history). `None` when no home is set.
+pub fn home_file(name: &str) -> Option<PathBuf> {
+    default_root().ok()?.parent().map(|home| home.join(name))
+}
+
 fn root_from(frink_home: Option<OsString>, home: Option<OsString>) -> Result<PathBuf> {
     if let Some(h) = frink_home.filter(|h| !h.is_empty()) {
         return Ok(PathBuf::from(h).join("models"));

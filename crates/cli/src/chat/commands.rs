@@ -184,7 +184,7 @@ impl Settings {
 
     /// The most tokens of one answer (`None`: no limit but the context).
     pub fn max_tokens(&self) -> Option<usize> {
-        usize::try_from(self.n_predict).ok()
+        crate::common::budget(self.n_predict)
     }
 
     /// `/show parameters`: one `name value` line each, Ollama's names.

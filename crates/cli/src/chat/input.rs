@@ -184,10 +184,7 @@ fn ends_block(lines: &[String]) -> bool {
 /// Where the chat history lives: `$FRINK_HOME/chat_history` (default
 /// `~/.cache/frink/chat_history`), beside the model store.
 pub fn history_path() -> Option<PathBuf> {
-    frink_store::default_root()
-        .ok()?
-        .parent()
-        .map(|p| p.join("chat_history"))
+    frink_store::home_file("chat_history")
 }
 
 #[cfg(test)]

@@ -165,10 +165,7 @@ impl Replier<'_> {
         if interrupted.load(Ordering::Relaxed) {
             eprintln!("[stopped]");
         }
-        if done.finish_reason == frink_engine::FinishReason::Length
-            && Some(done.ids.len()) != settings.max_tokens()
-            && n_prompt + done.ids.len() >= self.gen.ctx
-        {
+        if crate::decode::context_full(&done, n_prompt, settings.max_tokens(), self.gen.ctx) {
             eprintln!("[the context of {} tokens is full]", self.gen.ctx);
         }
         if settings.verbose {
