@@ -133,6 +133,7 @@ pub fn answer(
             Err(_) if interrupted.load(Ordering::Relaxed) || gone.load(Ordering::Relaxed) => {
                 return Ok(Completion {
                     finish_reason: frink_engine::FinishReason::Stop,
+                    stop_string: None,
                     prompt_tokens: n_prompt,
                     cached_tokens: 0,
                     ids: Vec::new(),

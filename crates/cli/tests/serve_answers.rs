@@ -9,14 +9,15 @@ use common::http::Server;
 use common::serve::{chat, lock, message};
 use common::{frink, last_json_line, stderr};
 use serde_json::{json, Value};
-/// A virtualenv with the official `openai` package (made once under the target directory),
+/// A virtualenv with the official `openai`, `ollama` and `anthropic` packages (made once
+/// under the target directory),
 /// or `None` after a visible notice when pip cannot install it (a failure under CI=true).
 fn openai_venv() -> Option<std::path::PathBuf> {
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("openai-venv");
     let python = dir.join("bin/python");
     let has = |p: &std::path::Path| {
         std::process::Command::new(p)
-            .args(["-c", "import openai, jsonschema, ollama"])
+            .args(["-c", "import openai, jsonschema, ollama, anthropic"])
             .output()
             .is_ok_and(|o| o.status.success())
     };
@@ -44,6 +45,7 @@ fn openai_venv() -> Option<std::path::PathBuf> {
             "openai",
             "jsonschema",
             "ollama",
+            "anthropic",
         ]))
     } else {
         (ok, err)
@@ -52,13 +54,13 @@ fn openai_venv() -> Option<std::path::PathBuf> {
         return Some(python);
     }
     let msg = format!(
-        "cannot install the openai, jsonschema and ollama packages into {}: {err}",
+        "cannot install the openai, jsonschema, ollama and anthropic packages into {}: {err}",
         dir.display()
     );
     if std::env::var("CI").is_ok_and(|v| v == "true") {
         panic!("{msg}");
     }
-    frink_testdata::skipped("the openai and ollama client tests", &msg);
+    frink_testdata::skipped("the openai, ollama and anthropic client tests", &msg);
     None
 }
 
@@ -143,6 +145,25 @@ fn tool_calls_with_the_openai_client() {
         &[model],
         "tool checks passed",
     );
+}
+
+/// Anthropic's Messages API with the official `anthropic` client on qwen2.5-coder-0.5b
+/// (tests/anthropic_e2e.py), the key given as `x-api-key`: a message with a system
+/// prompt, the same greedy text and token count as `/v1/chat/completions` for the same
+/// conversation, the streamed events reassembled to it, `count_tokens` equal to the prompt
+/// `/v1/chat/completions` reports, a stop sequence reported by name, a prefill continued,
+/// a tool loop (`tool_choice` `any` and named, streamed calls equal to whole ones, a
+/// `tool_result` answered in text), `output_config.format` held to its schema, and errors
+/// (an image block, a wrong key) in Anthropic's shape. Before, every route was a 404.
+#[test]
+fn anthropic_python_client_end_to_end() {
+    let _l = lock();
+    let Some(python) = openai_venv() else {
+        return;
+    };
+    let model = "qwen2.5-coder-0.5b";
+    let srv = Server::start(&["-m", model, "--api-key", "sekrit"]);
+    run_client_script(&python, "anthropic_e2e.py", &srv, &[model], "checks passed");
 }
 
 /// Reasoning separated into `reasoning_content`, whole and streamed, for a template that

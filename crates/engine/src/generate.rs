@@ -593,7 +593,8 @@ pub fn partial_match_len(text: &str, pat: &str) -> usize {
 pub struct StopMatcher {
     stops: Vec<String>,
     pending: String,
-    stopped: bool,
+    /// The index in `stops` of the string that matched, once one has.
+    matched: Option<usize>,
 }
 
 impl StopMatcher {
@@ -602,28 +603,36 @@ impl StopMatcher {
         StopMatcher {
             stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
             pending: String::new(),
-            stopped: false,
+            matched: None,
         }
     }
 
     /// Whether a stop string has matched.
     pub fn stopped(&self) -> bool {
-        self.stopped
+        self.matched.is_some()
+    }
+
+    /// The stop string that matched (the one that starts first in the text; of two that
+    /// start at the same place, the first given), if one has (Anthropic's `stop_sequence`,
+    /// llama.cpp's `stopping_word`).
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.map(|i| self.stops[i].as_str())
     }
 
     /// Adds `text`; returns what can be emitted now.
     pub fn push(&mut self, text: &str) -> String {
-        if self.stopped {
+        if self.matched.is_some() {
             return String::new();
         }
         self.pending.push_str(text);
-        if let Some(at) = self
+        if let Some((at, i)) = self
             .stops
             .iter()
-            .filter_map(|s| self.pending.find(s.as_str()))
+            .enumerate()
+            .filter_map(|(i, s)| self.pending.find(s.as_str()).map(|at| (at, i)))
             .min()
         {
-            self.stopped = true;
+            self.matched = Some(i);
             let out = self.pending[..at].to_string();
             self.pending.clear();
             return out;
@@ -643,7 +652,7 @@ impl StopMatcher {
 
     /// Releases held-back text at the end of generation (nothing if a stop matched).
     pub fn finish(&mut self) -> String {
-        if self.stopped {
+        if self.matched.is_some() {
             String::new()
         } else {
             std::mem::take(&mut self.pending)

@@ -106,6 +106,8 @@ fn is_open(method: &Method, path: &str) -> bool {
 pub fn error_for_path(path: &str, e: ApiError) -> Response {
     if path.starts_with("/api/") {
         json_response(e.status, &serde_json::json!({"error": e.message}))
+    } else if path.starts_with("/v1/messages") {
+        crate::anthropic::error(e)
     } else {
         e.into_response()
     }

@@ -14,6 +14,7 @@
 //! `POST /tokenize`, `POST /detokenize`.
 
 pub mod answer;
+mod anthropic;
 pub mod api;
 pub mod calls;
 pub mod conn;
@@ -345,6 +346,8 @@ async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
         .route("/api/version", get(ollama::version))
         .route("/lora-adapters", get(lora_adapters).post(set_lora_adapters))
         .route("/infill", post(infill::infill))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .fallback(not_found)

@@ -75,6 +75,16 @@ async fn handle(
 ///
 /// Errors: a 400 naming the field at fault.
 pub(crate) fn prepare_chat(st: &AppState, obj: &Map<String, Value>) -> Result<Prepared, ApiError> {
+    prepare_chat_with(st, obj, None)
+}
+
+/// [`prepare_chat`] with `prefill`: the start of the answer, which the model continues
+/// (after the template's generation prompt), as Anthropic's final assistant message is.
+pub(crate) fn prepare_chat_with(
+    st: &AppState,
+    obj: &Map<String, Value>,
+    prefill: Option<&str>,
+) -> Result<Prepared, ApiError> {
     let eng = st.engine()?;
     let messages = api::messages(obj)?;
     let opts = api::gen_options(obj, Endpoint::Chat, eng.tok.n_vocab(), st.parallel)?;
@@ -108,6 +118,9 @@ pub(crate) fn prepare_chat(st: &AppState, obj: &Map<String, Value>) -> Result<Pr
         // A history that ends with a closed model turn (results and an answer) gets no
         // new one from Gemma 4's template: open it, as llama.cpp does.
         rendered.text.push_str("<|turn>model\n");
+    }
+    if let Some(text) = prefill {
+        rendered.text.push_str(text);
     }
     let prompt = eng
         .tok

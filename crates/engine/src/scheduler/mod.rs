@@ -307,6 +307,8 @@ pub struct TokenLogprob {
 pub struct Completion {
     /// `stop` (end of generation or a stop string) or `length` (budget or context).
     pub finish_reason: FinishReason,
+    /// The stop string that ended the answer (its `stop` list's), if one did.
+    pub stop_string: Option<String>,
     /// Prompt tokens of the request.
     pub prompt_tokens: usize,
     /// Prompt tokens reused from a slot's cache (not evaluated again).

@@ -197,8 +197,10 @@ impl<'t> Worker<'t> {
             .requests_finished
             .fetch_add(1, Ordering::Relaxed);
         self.publish_busy();
+        let stop_string = stops.matched().map(str::to_string);
         req.sink.send(Event::Done(Completion {
             finish_reason,
+            stop_string,
             prompt_tokens: req.prompt.len(),
             cached_tokens: job.cached,
             ids: job.ids,
@@ -235,6 +237,7 @@ impl Worker<'_> {
         self.publish_busy();
         job.req.sink.send(Event::Done(Completion {
             finish_reason: FinishReason::Stop,
+            stop_string: None,
             prompt_tokens: job.req.prompt.len(),
             cached_tokens: 0,
             ids: Vec::new(),
