@@ -42,6 +42,10 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub api_key: Vec<String>,
+    /// Let web pages of this origin call the server (`https://host[:port]`, or `*` for
+    /// any); repeatable. None by default: browsers keep cross-origin answers from pages.
+    #[arg(long = "cors-origin", env = "FRINK_CORS_ORIGIN", value_delimiter = ',', value_parser = cors_origin)]
+    pub cors_origin: Vec<String>,
     /// Read API keys from a file, one per line (blank lines and `#` comments skipped).
     #[arg(long = "api-key-file", env = "FRINK_API_KEY_FILE")]
     pub api_key_file: Option<std::path::PathBuf>,
@@ -170,6 +174,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         kv_mem: args.kv_mem,
         queue: args.queue.max(1),
         api_keys,
+        cors_origins: args.cors_origin.clone(),
         conn,
         kv_type: args.model.kv_type,
         chat_template,
@@ -203,6 +208,11 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     frink_server::kv_pool_positions(&config, &shape)?;
     // The same loading as every other command (thread pool, model options).
     frink_server::run(config, Box::new(move || model.load_path(&path)))
+}
+
+/// A `--cors-origin` value ([`frink_server::cors::check_origin`]).
+fn cors_origin(s: &str) -> Result<String, String> {
+    frink_server::cors::check_origin(s).map(|()| s.to_string())
 }
 
 /// The keys of `--api-key` (repeatable) and `--api-key-file` (one per line, blank lines

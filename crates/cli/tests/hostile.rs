@@ -166,6 +166,132 @@ fn grammars_that_cannot_be_met_are_400s_in_a_sentence() {
     assert_eq!(v["choices"][0]["text"], "ab");
 }
 
+/// Every route (but `GET /health`) refuses a wrong or missing key with a 401 in its API's
+/// error shape, and takes either of two keys (`--api-key` twice) from either header; a
+/// browser's preflight from the `--cors-origin` is answered (204, methods, the headers it
+/// asked for) before any key, one from another origin is a 403 naming it, and answers to
+/// the allowed origin carry `Access-Control-Allow-Origin` (a 401 too, so a page can read
+/// it), those to others none. Before, a preflight was a 401 and no answer had the header.
+#[test]
+fn cors_and_keys_on_every_route() {
+    let _l = lock();
+    let srv = Server::start(&[
+        "--api-key",
+        "one",
+        "--api-key",
+        "two",
+        "--cors-origin",
+        "http://localhost:3000",
+    ]);
+    let routes = [
+        ("GET", "/v1/models"),
+        ("GET", "/models"),
+        ("GET", "/metrics"),
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/chat/completions"),
+        ("POST", "/v1/completions"),
+        ("POST", "/completions"),
+        ("POST", "/v1/embeddings"),
+        ("POST", "/embeddings"),
+        ("POST", "/v1/messages"),
+        ("POST", "/v1/messages/count_tokens"),
+        ("POST", "/api/chat"),
+        ("POST", "/api/generate"),
+        ("POST", "/api/embed"),
+        ("POST", "/api/embeddings"),
+        ("POST", "/api/show"),
+        ("POST", "/api/pull"),
+        ("GET", "/api/tags"),
+        ("GET", "/api/ps"),
+        ("GET", "/api/version"),
+        ("GET", "/lora-adapters"),
+        ("POST", "/lora-adapters"),
+        ("POST", "/infill"),
+        ("POST", "/tokenize"),
+        ("POST", "/detokenize"),
+    ];
+    for (method, path) in routes {
+        for headers in [
+            &[][..],
+            &[("Authorization", "Bearer three")][..],
+            &[("x-api-key", "onetwo")][..],
+        ] {
+            let r = srv.request_with(method, path, Some("{}"), headers);
+            assert_eq!(r.status, 401, "{method} {path} {headers:?}: {}", r.text());
+            let v = r.json();
+            let shaped = if path.starts_with("/api/") {
+                v["error"].is_string()
+            } else if path.starts_with("/v1/messages") {
+                v["type"] == "error" && v["error"]["type"] == "authentication_error"
+            } else {
+                v["error"]["message"].is_string()
+            };
+            assert!(shaped, "{method} {path}: {v}");
+        }
+    }
+    for key in [("Authorization", "Bearer one"), ("x-api-key", "two")] {
+        let r = srv.request_with("GET", "/v1/models", None, &[key]);
+        assert_eq!(r.status, 200, "{key:?}: {}", r.text());
+    }
+    // A preflight from the allowed origin, without a key.
+    let pre = |origin: &str| {
+        srv.request_with(
+            "OPTIONS",
+            "/v1/chat/completions",
+            None,
+            &[
+                ("Origin", origin),
+                ("Access-Control-Request-Method", "POST"),
+                (
+                    "Access-Control-Request-Headers",
+                    "authorization, content-type",
+                ),
+            ],
+        )
+    };
+    let r = pre("http://localhost:3000");
+    assert_eq!(r.status, 204, "{}", r.text());
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        Some("http://localhost:3000")
+    );
+    assert!(r
+        .header("access-control-allow-methods")
+        .is_some_and(|m| m.contains("POST")));
+    assert_eq!(
+        r.header("access-control-allow-headers"),
+        Some("authorization, content-type")
+    );
+    let r = pre("https://evil.example");
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert!(r.text().contains("evil.example"), "{}", r.text());
+    assert_eq!(r.header("access-control-allow-origin"), None);
+    // Answers carry the header for the allowed origin only.
+    let from = |origin: &str, key: &str| {
+        srv.request_with(
+            "GET",
+            "/v1/models",
+            None,
+            &[("Origin", origin), ("x-api-key", key)],
+        )
+    };
+    let r = from("http://localhost:3000", "one");
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        Some("http://localhost:3000")
+    );
+    let r = from("http://localhost:3000", "wrong");
+    assert_eq!(r.status, 401);
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        Some("http://localhost:3000")
+    );
+    let r = from("https://evil.example", "one");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("access-control-allow-origin"), None);
+}
+
 #[test]
 fn every_error_is_json_and_every_route_but_health_needs_the_key() {
     let _l = lock();

@@ -133,7 +133,10 @@ pub(crate) async fn gate(
         counts: counts.clone(),
     };
     req.extensions_mut().insert(counts);
-    let (response, mark) = checked(st, req, next).await;
+    let origin = req.headers().get(header::ORIGIN).cloned();
+    let cors = st.cors.clone();
+    let (mut response, mark) = checked(st, req, next).await;
+    cors.decorate(origin.as_ref(), &mut response);
     let line = (line.format != crate::log::LogFormat::Off).then(|| crate::log::Line {
         status: response.status().as_u16(),
         ..line
@@ -161,6 +164,12 @@ async fn checked(st: Arc<AppState>, req: Request, next: Next) -> (Response, Opti
         .map(|h| Arc::clone(&h.0));
     if conn.as_ref().is_some_and(|c| c.is_overflow()) {
         return (overflow(&path, parts, next).await, None);
+    }
+    if crate::cors::Cors::is_preflight(&parts.method, &parts.headers) {
+        let r = st
+            .cors
+            .preflight(&parts.headers, |e| error_for_path(&path, e));
+        return (r, None);
     }
     if !is_open(&parts.method, &path) {
         if let Err(e) = st.keys.check(&parts.headers) {

@@ -18,6 +18,7 @@ mod anthropic;
 pub mod api;
 pub mod calls;
 pub mod conn;
+pub mod cors;
 mod embeddings;
 pub mod gate;
 pub mod harmony;
@@ -82,6 +83,9 @@ pub struct ServeConfig {
     /// Keys accepted on every route but `GET /health` (`--api-key`, repeatable, and
     /// `--api-key-file`); none: no key is required.
     pub api_keys: Vec<String>,
+    /// Origins whose web pages may call the server (`--cors-origin`, repeatable; `*` any;
+    /// none: no cross-origin answers) ([`cors::Cors`]).
+    pub cors_origins: Vec<String>,
     /// Limits on connections (`--max-connections`, the timeouts; [`conn::ConnLimits`]).
     pub conn: conn::ConnLimits,
     /// KV cache element type.
@@ -205,6 +209,8 @@ struct AppState {
     model_name: String,
     /// The keys the gate accepts ([`gate::ApiKeys`]).
     keys: gate::ApiKeys,
+    /// The origins allowed cross-origin requests ([`cors::Cors`]).
+    cors: cors::Cors,
     /// The open connections and their limits.
     conns: Arc<conn::ConnTable>,
     /// Requests' preparation (template, tokenizer, grammar) running off the HTTP threads
@@ -289,6 +295,7 @@ async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
         engine: OnceLock::new(),
         model_name: config.model_name.clone(),
         keys: gate::ApiKeys::new(&config.api_keys),
+        cors: cors::Cors::new(&config.cors_origins),
         conns: Arc::new(conn::ConnTable::new(config.conn)),
         preparing: Arc::new(tokio::sync::Semaphore::new(PREPARING)),
         pulls: Default::default(),
