@@ -422,6 +422,7 @@ impl SamplingArgs {
             presence_penalty: self.presence_penalty,
             seed,
             logit_bias: self.logit_bias.clone(),
+            chain: None,
         })
     }
 }

@@ -79,8 +79,12 @@
 //! `-inf` is degenerate: greedy then follows [`argmax`] (NaN never wins unless the whole
 //! row is NaN) and sampling draws uniformly among the remaining candidates.
 
+mod chain;
+
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
+
+pub use chain::{Chain, InfillVocab, Stage, INFILL_MAX_CANDIDATES};
 
 use rand_chacha::ChaCha20Rng;
 
@@ -143,6 +147,9 @@ pub struct SamplingParams {
     /// `-inf` bans the token (see [`ban_bias`]). Ids outside the row are skipped; a token
     /// listed twice gets both biases. Default: none.
     pub logit_bias: Vec<(u32, f32)>,
+    /// The stages in a request's order (llama.cpp's `samplers`), instead of the default
+    /// chain above; `None`: the default. ([`chain`]'s rules: a stage not named does not run.)
+    pub chain: Option<Chain>,
 }
 
 /// The bias a request's `bias` stands for: OpenAI's `logit_bias` documents -100 as a ban,
@@ -172,6 +179,7 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             seed: DEFAULT_SEED,
             logit_bias: Vec::new(),
+            chain: None,
         }
     }
 }
@@ -186,8 +194,15 @@ impl SamplingParams {
         }
     }
 
-    /// Whether these settings decode greedily: temperature `<= 0` (or NaN).
+    /// Whether these settings decode greedily: temperature `<= 0` (or NaN) in the
+    /// default chain. (A custom chain keeps only the best candidate where its
+    /// `temperature` stage runs, and never without one.)
     pub fn is_greedy(&self) -> bool {
+        self.chain.is_none() && self.is_temperature_greedy()
+    }
+
+    /// Whether the temperature is `<= 0` (or NaN).
+    fn is_temperature_greedy(&self) -> bool {
         self.temperature.is_nan() || self.temperature <= 0.0
     }
 
@@ -516,6 +531,9 @@ impl Sampler {
     /// The chain after the logit bias: penalties, then the greedy choice or
     /// top-k → top-p → min-p → temperature.
     fn run_chain(&mut self, logits: &[f32]) {
+        if self.params.chain.is_some() {
+            return self.run_custom(logits);
+        }
         if self.params.is_greedy() {
             let best = self.greedy_pick(logits);
             self.cands.clear();

@@ -445,21 +445,9 @@ pub const FIELDS: &[Field] = &[
         LlamaCpp,
         refused(at_most_one, "min_keep above 1 is not supported"),
     ),
-    field_of(
-        "n_indent",
-        LlamaCpp,
-        refused(is_zero, "n_indent is not supported"),
-    ),
-    field_of(
-        "t_max_predict_ms",
-        LlamaCpp,
-        refused(is_zero, "a time limit on generation is not supported"),
-    ),
-    field_of(
-        "samplers",
-        LlamaCpp,
-        refused(never, "a custom sampler order is not supported"),
-    ),
+    field_of("n_indent", LlamaCpp, Honoured),
+    field_of("t_max_predict_ms", LlamaCpp, Honoured),
+    field_of("samplers", LlamaCpp, Honoured),
     field_of("lora", LlamaCpp, Honoured),
     field_of(
         "image_data",
@@ -600,6 +588,8 @@ pub struct GenOptions {
     pub include_usage: bool,
     /// Choices to generate (`n`, at least 1).
     pub n: usize,
+    /// llama.cpp's `n_indent` and `t_max_predict_ms` ([`crate::llamacpp::Watch`]).
+    pub limits: crate::llamacpp::TextLimits,
     /// llama.cpp's `lora`: `[{"id", "scale"}]`, the request's adapters (the others at
     /// scale 0; [`lora_list`] reads it against the loaded adapters). `None`: the server's
     /// current scales.
@@ -728,26 +718,29 @@ pub fn gen_options(
     };
     refuse_unsupported(obj, ep)?;
     let mut max_tokens = None;
+    let mut limited = false;
     for name in ["max_tokens", "max_completion_tokens"] {
-        if let Some(n) = opt_i64(obj, name)? {
-            if n <= 0 {
+        match opt_i64(obj, name)? {
+            None => {}
+            // llama.cpp's meaning (its `max_tokens` is `n_predict`): no limit but the
+            // context.
+            Some(-1) => limited = true,
+            Some(n) if n >= 1 => {
+                max_tokens = Some(n as usize);
+                limited = true;
+            }
+            Some(n) => {
                 return Err(ApiError::invalid(
                     Some(name),
-                    format!("'{name}' must be at least 1, got {n}"),
-                ));
+                    format!("'{name}' must be at least 1 (or -1: no limit), got {n}"),
+                ))
             }
-            max_tokens = Some(n as usize);
         }
     }
-    if max_tokens.is_none() {
-        // llama.cpp's n_predict: a negative value means no limit.
+    if !limited {
+        // llama.cpp's n_predict: a negative value means no limit; 0 evaluates the prompt
+        // (and keeps it cached) and generates nothing.
         if let Some(n) = opt_i64(obj, "n_predict")? {
-            if n == 0 {
-                return Err(ApiError::invalid(
-                    Some("n_predict"),
-                    "'n_predict' must not be 0",
-                ));
-            }
             max_tokens = usize::try_from(n).ok();
         }
     }
@@ -793,6 +786,7 @@ pub fn gen_options(
         };
     }
     p.logit_bias = logit_bias(obj, n_vocab)?;
+    p.chain = crate::llamacpp::samplers(obj, p.top_k)?;
     p.seed = match opt_i64(obj, "seed")? {
         Some(s) => s as u64,
         None => frink_engine::sampling::random_seed(),
@@ -843,6 +837,7 @@ pub fn gen_options(
         stream,
         include_usage,
         n,
+        limits: crate::llamacpp::TextLimits::read(obj)?,
         lora: field(obj, "lora").cloned(),
     })
 }

@@ -1,7 +1,6 @@
 //! Fill-in-the-middle: llama.cpp's `POST /infill` (`input_prefix`, `input_suffix`,
 //! `input_extra` with other files of the repository, `prompt` as the middle's start;
-//! answered in llama.cpp's native shape: `content`, `tokens_predicted`, `tokens_evaluated`,
-//! `stop_type`, `timings`), and `suffix` on `/v1/completions` and Ollama's `/api/generate`
+//! answered in llama.cpp's native shape, whole or streamed: [`crate::native`]), and `suffix` on `/v1/completions` and Ollama's `/api/generate`
 //! (the prompt is the prefix). The prompt is built as llama-server builds it
 //! ([`frink_tokenizer::Tokenizer::infill_prompt`]); a model without FIM tokens is a 400.
 
@@ -9,14 +8,12 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use frink_engine::scheduler::Event;
 use frink_tokenizer::{Infill, InfillLimits};
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
-use crate::api::{self, json_response, ApiError, Endpoint};
-use crate::requests::{queue, text_prepared, Prepared};
+use crate::api::{self, ApiError, Endpoint};
+use crate::requests::{text_prepared, Prepared};
 use crate::{AppState, Engine};
 
 /// llama-server's default batch, which its infill rule sizes the prefix and suffix by.
@@ -71,15 +68,6 @@ fn extra(obj: &Map<String, Value>) -> Result<Vec<(&str, &str)>, ApiError> {
 fn prepare(st: &AppState, obj: &Map<String, Value>) -> Result<Prepared, ApiError> {
     let eng = st.engine()?;
     let opts = api::gen_options(obj, Endpoint::Completions, eng.tok.n_vocab(), st.parallel)?;
-    if opts.stream {
-        return Err(ApiError::invalid(
-            Some("stream"),
-            "streaming /infill is not implemented; stream /v1/completions with 'suffix'",
-        ));
-    }
-    if opts.n > 1 {
-        return Err(ApiError::invalid(Some("n"), "/infill answers one choice"));
-    }
     let text = |name: &'static str| -> Result<&str, ApiError> {
         Ok(api::opt_str(obj, name)?.unwrap_or(""))
     };
@@ -99,71 +87,18 @@ pub(crate) async fn infill(
     log: Option<axum::Extension<crate::log::RequestLog>>,
     body: Bytes,
 ) -> Response {
-    let log = log.map(|l| l.0).unwrap_or_default();
     let r = st
         .offload(move |st| {
             let mut obj = api::parse_object(&body)?;
-            // Honoured here (the completion endpoints refuse it).
-            let return_tokens = api::opt_bool(&obj, "return_tokens")?.unwrap_or(false);
-            obj.remove("return_tokens");
+            let return_tokens = crate::native::take_return_tokens(&mut obj)?;
             Ok((prepare(st, &obj)?, return_tokens))
         })
         .await;
-    let (mut p, return_tokens) = match r {
-        Ok(x) => x,
-        Err(e) => return e.into_response(),
-    };
-    let mut rx = match queue(&st, &mut p, "input_prefix") {
-        Ok(rx) => rx,
-        Err(e) => return e.into_response(),
-    };
-    // Queued: the engine is there.
-    let tok = match st.engine() {
-        Ok(eng) => Arc::clone(&eng.tok),
-        Err(e) => return e.into_response(),
-    };
-    log.set_prompt(&tok, &p.prompt);
-    let mut content = String::new();
-    loop {
-        match rx.recv().await {
-            Some((_, Event::Delta { text, .. })) => content.push_str(&text),
-            Some((_, Event::Done(c))) => {
-                log.finished(&p.model, &c, &tok);
-                let stop_type = match c.finish_reason {
-                    frink_engine::FinishReason::Length => "limit",
-                    _ => "eos",
-                };
-                let n_gen = c.ids.len();
-                let mut v = json!({
-                    "content": content,
-                    "model": p.model,
-                    "stop": true,
-                    "stop_type": stop_type,
-                    "tokens_predicted": n_gen,
-                    "tokens_evaluated": c.prompt_tokens,
-                    "tokens_cached": c.cached_tokens,
-                    "truncated": false,
-                    "timings": {
-                        "prompt_n": c.prompt_tokens - c.cached_tokens,
-                        "prompt_ms": c.first_token_ms,
-                        "predicted_n": n_gen,
-                        "predicted_ms": c.gen_ms,
-                        "predicted_per_second": if c.gen_ms > 0.0 && n_gen > 1 {
-                            (n_gen - 1) as f64 * 1e3 / c.gen_ms
-                        } else {
-                            0.0
-                        },
-                    },
-                });
-                if return_tokens {
-                    v["tokens"] = json!(c.ids);
-                }
-                return json_response(StatusCode::OK, &v);
-            }
-            Some((_, Event::Embedding(_))) => {}
-            other => {
-                return crate::respond::failed(other.map(|(_, e)| e), "an infill").into_response()
-            }
+    match r {
+        Ok((p, return_tokens)) => {
+            let log = log.map(|l| l.0).unwrap_or_default();
+            crate::native::answer(&st, p, "input_prefix", return_tokens, log).await
         }
+        Err(e) => e.into_response(),
     }
 }

@@ -23,8 +23,10 @@ mod embeddings;
 pub mod gate;
 pub mod harmony;
 mod infill;
+pub mod llamacpp;
 pub mod log;
 mod metrics;
+mod native;
 pub mod ollama;
 mod pull;
 pub mod reasoning;
@@ -159,9 +161,33 @@ struct Engine {
     lora: std::sync::Mutex<Vec<(String, f32)>>,
     /// The prompt lengths the scheduler runs (a longer prompt can never run).
     prompt_limit: frink_engine::scheduler::PromptLimit,
+    /// What llama.cpp's `infill` sampler reads of the vocabulary, built at its first use.
+    infill_vocab: OnceLock<Arc<frink_engine::sampling::InfillVocab>>,
 }
 
 impl Engine {
+    /// The vocabulary as llama.cpp's `infill` sampler reads it: each token's text without
+    /// control tokens' (`token_to_piece(id, special = false)`), the end-of-generation ids,
+    /// and the end-of-turn token (EOS where the model names none).
+    fn infill_vocab(&self) -> Arc<frink_engine::sampling::InfillVocab> {
+        Arc::clone(self.infill_vocab.get_or_init(|| {
+            let pieces = (0..self.tok.n_vocab() as u32)
+                .map(|id| {
+                    self.tok
+                        .token_to_piece(id, false)
+                        .map(<[u8]>::to_vec)
+                        .unwrap_or_default()
+                })
+                .collect();
+            let eot = self.tok.eot_id().or(self.tok.eos_id()).unwrap_or(0);
+            Arc::new(frink_engine::sampling::InfillVocab::new(
+                pieces,
+                self.tok.eog_ids(),
+                eot,
+            ))
+        }))
+    }
+
     /// A request's adapters: its own `lora` list (the adapters it does not name at scale 0,
     /// as llama-server does), else the current default scales.
     ///
@@ -353,6 +379,8 @@ async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
         .route("/api/version", get(ollama::version))
         .route("/lora-adapters", get(lora_adapters).post(set_lora_adapters))
         .route("/infill", post(infill::infill))
+        .route("/completion", post(native::completion))
+        .route("/props", get(native::props))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/tokenize", post(tokenize))
@@ -510,6 +538,7 @@ fn start_engine(config: &ServeConfig, load: Loader) -> Result<Engine> {
         n_embd,
         info,
         prompt_limit,
+        infill_vocab: OnceLock::new(),
     })
 }
 

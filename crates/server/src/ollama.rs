@@ -127,6 +127,11 @@ impl ModelInfo {
         }
     }
 
+    /// The model file's path.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
     /// What `/api/show` answers (and `frink show` prints): the modelfile line, default
     /// parameters, template, details, metadata (`model_info`) and capabilities.
     pub fn show(&self) -> Value {

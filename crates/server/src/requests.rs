@@ -540,6 +540,14 @@ pub(crate) fn queue(
     let group = st.next_group.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = mpsc::unbounded_channel();
     let mut sampling = p.opts.sampling.clone();
+    if let Some(chain) = &mut sampling.chain {
+        if chain
+            .stages
+            .contains(&frink_engine::sampling::Stage::Infill)
+        {
+            chain.infill = Some(eng.infill_vocab());
+        }
+    }
     let seed = sampling.seed;
     let constraint = p.constraint.take();
     for i in 0..n {
@@ -558,7 +566,14 @@ pub(crate) fn queue(
             embed: None,
             lora: lora.clone(),
             prediction: p.prediction.clone(),
-            sink: Box::new(ChannelSink(tx.clone(), i)),
+            sink: if p.opts.limits.any() {
+                Box::new(crate::llamacpp::Watch::new(
+                    ChannelSink(tx.clone(), i),
+                    p.opts.limits,
+                ))
+            } else {
+                Box::new(ChannelSink(tx.clone(), i))
+            },
         };
         // On an error the choices already queued see their channel close and are dropped.
         eng.sched.submit(req).map_err(submit_error)?;

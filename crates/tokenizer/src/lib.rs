@@ -390,6 +390,12 @@ impl Tokenizer {
         self.vocab.special.eos
     }
 
+    /// End-of-turn id (the metadata's, else a token named as llama.cpp looks for one), if
+    /// any.
+    pub fn eot_id(&self) -> Option<u32> {
+        self.vocab.special.eot
+    }
+
     /// Whether `encode(.., add_special = true, ..)` prepends BOS.
     pub fn add_bos(&self) -> bool {
         self.vocab.add_bos

@@ -1,0 +1,313 @@
+//! llama.cpp's native completion shape, which `POST /completion` and `POST /infill` answer
+//! in (llama.cpp's `tools/server/README.md`): `content`, `stop`, `stop_type` (`eos`,
+//! `word` with `stopping_word`, `limit`), `tokens_predicted`, `tokens_evaluated`,
+//! `tokens_cached`, `timings`, `tokens` with `return_tokens`, `completion_probabilities`
+//! with `n_probs`; streamed as `data:` lines of `{"content", "stop": false}` and a last
+//! one with `stop: true` and the counts.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use frink_engine::scheduler::{Completion, Event, TokenLogprob};
+use frink_engine::FinishReason;
+use frink_tokenizer::Tokenizer;
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc;
+
+use crate::api::{self, json_response, ApiError};
+use crate::requests::{prepare_completion, queue, Prepared};
+use crate::respond::{failed, sse};
+use crate::AppState;
+
+/// Takes `return_tokens` out of a request (the OpenAI endpoints refuse it; the native ones
+/// honour it).
+///
+/// # Errors
+/// A 400 when it is not a boolean.
+pub(crate) fn take_return_tokens(obj: &mut Map<String, Value>) -> Result<bool, ApiError> {
+    let v = api::opt_bool(obj, "return_tokens")?.unwrap_or(false);
+    obj.remove("return_tokens");
+    Ok(v)
+}
+
+/// `POST /completion`: llama.cpp's native completion (`prompt` text or token ids, every
+/// sampling field), answered in its shape, streamed with `"stream": true`.
+pub(crate) async fn completion(
+    State(st): State<Arc<AppState>>,
+    log: Option<axum::Extension<crate::log::RequestLog>>,
+    body: Bytes,
+) -> Response {
+    let r = st
+        .offload(move |st| {
+            let mut obj = api::parse_object(&body)?;
+            let return_tokens = take_return_tokens(&mut obj)?;
+            Ok((prepare_completion(st, &obj)?, return_tokens))
+        })
+        .await;
+    match r {
+        Ok((p, return_tokens)) => {
+            answer(
+                &st,
+                p,
+                "prompt",
+                return_tokens,
+                log.map(|l| l.0).unwrap_or_default(),
+            )
+            .await
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `stop_type` and `stopping_word` of a finished answer.
+fn stop_type(c: &Completion) -> (&'static str, &str) {
+    match (c.finish_reason, &c.stop_string) {
+        (FinishReason::Length, _) => ("limit", ""),
+        (_, Some(s)) => ("word", s.as_str()),
+        _ => ("eos", ""),
+    }
+}
+
+/// What every line of one answer is written with.
+struct Native {
+    model: String,
+    tok: Arc<Tokenizer>,
+    return_tokens: bool,
+    probs: bool,
+    /// The prompt, detokenized (llama.cpp's `prompt` field).
+    prompt: String,
+    log: crate::log::RequestLog,
+}
+
+impl Native {
+    /// `completion_probabilities` entries of `tokens` (llama.cpp's shape with
+    /// `post_sampling_probs` off: log-probabilities, the best alternatives).
+    fn probs(&self, tokens: &[TokenLogprob]) -> Value {
+        let entry = |id: u32, lp: f32| {
+            let bytes = self
+                .tok
+                .token_to_piece(id, true)
+                .unwrap_or_default()
+                .to_vec();
+            json!({"id": id, "token": String::from_utf8_lossy(&bytes), "bytes": bytes, "logprob": lp})
+        };
+        Value::Array(
+            tokens
+                .iter()
+                .map(|t| {
+                    let mut e = entry(t.id, t.logprob);
+                    e["top_logprobs"] =
+                        Value::Array(t.top.iter().map(|&(id, lp)| entry(id, lp)).collect());
+                    e
+                })
+                .collect(),
+        )
+    }
+
+    /// A streamed piece.
+    fn piece(&self, text: String, tokens: &[TokenLogprob]) -> Value {
+        let mut v = json!({"index": 0, "content": text, "tokens": [], "stop": false});
+        if self.probs {
+            v["completion_probabilities"] = self.probs(tokens);
+        }
+        v
+    }
+
+    /// The whole answer (`content`: all of it, or "" at the end of a stream).
+    fn last(&self, content: String, c: &Completion, probs: &[TokenLogprob]) -> Value {
+        self.log.finished(&self.model, c, &self.tok);
+        let (stop_type, word) = stop_type(c);
+        let n_gen = c.ids.len();
+        let mut v = json!({
+            "index": 0,
+            "content": content,
+            "tokens": if self.return_tokens { json!(c.ids) } else { json!([]) },
+            "id_slot": -1,
+            "model": self.model,
+            "stop": true,
+            "stop_type": stop_type,
+            "stopping_word": word,
+            "tokens_predicted": n_gen,
+            "tokens_evaluated": c.prompt_tokens,
+            "tokens_cached": c.cached_tokens,
+            "truncated": false,
+            "prompt": self.prompt,
+            "timings": {
+                "prompt_n": c.prompt_tokens - c.cached_tokens,
+                "prompt_ms": c.first_token_ms,
+                "cache_n": c.cached_tokens,
+                "predicted_n": n_gen,
+                "predicted_ms": c.gen_ms,
+                "predicted_per_second": if c.gen_ms > 0.0 && n_gen > 1 {
+                    (n_gen - 1) as f64 * 1e3 / c.gen_ms
+                } else {
+                    0.0
+                },
+            },
+        });
+        if self.probs {
+            v["completion_probabilities"] = self.probs(probs);
+        }
+        v
+    }
+}
+
+/// Queues `p` (`prompt_field` names the field of a prompt too long) and answers in
+/// llama.cpp's native shape, whole or streamed as `p.opts.stream` says.
+pub(crate) async fn answer(
+    st: &AppState,
+    mut p: Prepared,
+    prompt_field: &'static str,
+    return_tokens: bool,
+    log: crate::log::RequestLog,
+) -> Response {
+    if p.opts.n > 1 {
+        return ApiError::invalid(Some("n"), "llama.cpp's native endpoints answer one choice")
+            .into_response();
+    }
+    let mut rx = match queue(st, &mut p, prompt_field) {
+        Ok(rx) => rx,
+        Err(e) => return e.into_response(),
+    };
+    let tok = match st.engine() {
+        Ok(eng) => Arc::clone(&eng.tok),
+        Err(e) => return e.into_response(),
+    };
+    log.set_prompt(&tok, &p.prompt);
+    let n = Native {
+        model: std::mem::take(&mut p.model),
+        prompt: tok.decode(&p.prompt, true).unwrap_or_default(),
+        tok,
+        return_tokens,
+        probs: p.logprobs.is_some(),
+        log,
+    };
+    if !p.opts.stream {
+        let mut content = String::new();
+        let mut probs = Vec::new();
+        loop {
+            match rx.recv().await {
+                Some((_, Event::Delta { text, tokens })) => {
+                    content.push_str(&text);
+                    probs.extend(tokens);
+                }
+                Some((_, Event::Done(c))) => {
+                    return json_response(StatusCode::OK, &n.last(content, &c, &probs))
+                }
+                Some((_, Event::Embedding(_))) => {}
+                other => return failed(other.map(|(_, e)| e), "an answer").into_response(),
+            }
+        }
+    }
+    streamed(n, rx).await
+}
+
+/// The native stream: a `data:` line per piece, the last with `stop: true`; an error as a
+/// `data: {"error": …}` line. A request that fails before its first token gets its error
+/// status instead.
+async fn streamed(n: Native, mut rx: mpsc::UnboundedReceiver<(usize, Event)>) -> Response {
+    let first = match rx.recv().await {
+        Some(e @ (_, Event::Delta { .. } | Event::Done(_))) => e,
+        other => return failed(other.map(|(_, e)| e), "an answer").into_response(),
+    };
+    struct S {
+        n: Native,
+        first: Option<(usize, Event)>,
+        rx: mpsc::UnboundedReceiver<(usize, Event)>,
+        out: VecDeque<Bytes>,
+        done: bool,
+    }
+    let state = S {
+        n,
+        first: Some(first),
+        rx,
+        out: VecDeque::new(),
+        done: false,
+    };
+    let stream = futures_util::stream::unfold(state, |mut s| async move {
+        loop {
+            if let Some(b) = s.out.pop_front() {
+                return Some((Ok::<Bytes, Infallible>(b), s));
+            }
+            if s.done {
+                return None;
+            }
+            let ev = match s.first.take() {
+                Some(e) => Some(e),
+                None => s.rx.recv().await,
+            };
+            match ev {
+                Some((_, Event::Delta { text, tokens })) => {
+                    if !text.is_empty() || !tokens.is_empty() {
+                        s.out.push_back(sse(&s.n.piece(text, &tokens)));
+                    }
+                }
+                Some((_, Event::Done(c))) => {
+                    s.out.push_back(sse(&s.n.last(String::new(), &c, &[])));
+                    s.done = true;
+                }
+                Some((_, Event::Embedding(_))) => {}
+                other => {
+                    let e = failed(other.map(|(_, e)| e), "an answer");
+                    s.out.push_back(sse(&e.body()));
+                    s.done = true;
+                }
+            }
+        }
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(stream))
+        .unwrap_or_default()
+}
+
+/// `GET /props`: what llama.cpp's server reports about itself, for clients that read it
+/// (llama.vscode, llama.cpp's web page): the slots, the context, the default sampling
+/// settings, the model's file, its chat template and special tokens.
+pub(crate) async fn props(State(st): State<Arc<AppState>>) -> Response {
+    let r = (|| -> Result<Value, ApiError> {
+        let eng = st.engine()?;
+        let d = frink_engine::sampling::SamplingParams::default();
+        let token = |id: Option<u32>| {
+            id.and_then(|id| eng.tok.token_to_piece(id, true).ok())
+                .map(|b| String::from_utf8_lossy(b).into_owned())
+                .unwrap_or_default()
+        };
+        Ok(json!({
+            "default_generation_settings": {
+                "n_ctx": st.n_ctx,
+                "params": {
+                    "n_predict": -1,
+                    "temperature": d.temperature,
+                    "top_k": d.top_k,
+                    "top_p": d.top_p,
+                    "min_p": d.min_p,
+                    "repeat_penalty": d.repeat_penalty,
+                    "repeat_last_n": d.repeat_last_n,
+                    "presence_penalty": d.presence_penalty,
+                    "frequency_penalty": d.frequency_penalty,
+                    "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
+                },
+            },
+            "total_slots": st.parallel,
+            "model_alias": st.model_name,
+            "model_path": eng.info.path(),
+            "modalities": {"vision": false, "audio": false},
+            "chat_template": st.template(eng).unwrap_or(""),
+            "bos_token": token(eng.tok.bos_id()),
+            "eos_token": token(eng.tok.eos_id()),
+            "build_info": format!("frink {}", env!("CARGO_PKG_VERSION")),
+        }))
+    })();
+    match r {
+        Ok(v) => json_response(StatusCode::OK, &v),
+        Err(e) => e.into_response(),
+    }
+}
