@@ -166,6 +166,25 @@ fn anthropic_python_client_end_to_end() {
     run_client_script(&python, "anthropic_e2e.py", &srv, &[model], "checks passed");
 }
 
+/// OpenAI's Responses API with the official `openai` client on qwen2.5-coder-0.5b
+/// (tests/responses_e2e.py): a plain response with the same greedy text and token counts
+/// as `/v1/chat/completions`, the stream read by the SDK's own accumulator (which checks
+/// every item's identity) to the same text, `text.format` held to a JSON schema, a
+/// function-call loop continued with `previous_response_id` equal to the chat endpoint's
+/// answer for the same history, retrieval, deletion (then a 404, also as a
+/// `previous_response_id`), `store: false`, cancel, and refusals by name. Before, every
+/// route was a 404.
+#[test]
+fn responses_with_the_openai_client() {
+    let _l = lock();
+    let Some(python) = openai_venv() else {
+        return;
+    };
+    let model = "qwen2.5-coder-0.5b";
+    let srv = Server::start(&["-m", model]);
+    run_client_script(&python, "responses_e2e.py", &srv, &[model], "checks passed");
+}
+
 /// Reasoning separated into `reasoning_content`, whole and streamed, for a template that
 /// teaches `<think>` (here one given with `--chat-template`, the answer held to the shape
 /// `<think>…</think>…` by a grammar so that smollm2 writes one): the thinking never reaches

@@ -166,7 +166,6 @@ fn refused_sample(name: &str) -> (Value, Option<Value>) {
         "function_call" => (json!({"name": "f"}), Some(json!("auto"))),
         "audio" => (json!({"voice": "alloy", "format": "wav"}), None),
         "modalities" => (json!(["text", "audio"]), Some(json!(["text"]))),
-        "reasoning_effort" => (json!("high"), None),
         "verbosity" => (json!("low"), None),
         "web_search_options" => (json!({}), None),
         "best_of" => (json!(3), Some(json!(1))),
@@ -298,7 +297,7 @@ fn every_defined_request_field_is_honoured_refused_or_informational() {
         }
     }
     eprintln!("{refused} refused and {informational} informational fields checked");
-    assert!(refused >= 22 && informational >= 15);
+    assert!(refused >= 21 && informational >= 15);
 }
 
 /// `logit_bias` and `--logit-bias`: banning (-100) the first token of the greedy answer
@@ -503,4 +502,64 @@ fn chat_template_and_its_kwargs_shape_the_prompt() {
     let tok = frink(&["tokenize", "--json", "Q: hi FLAGA:"]);
     assert_eq!(ids, last_json_line(&tok), "{}", stderr(&tok));
     assert_eq!(ids.as_array().unwrap().len() as u64, flag);
+}
+
+/// OpenAI's `reasoning_effort` (and the Responses API's `reasoning.effort`, Anthropic's
+/// `output_config.effort`) reaches a template that reads `reasoning_effort` as that
+/// variable, changing the prompt; on a template without it, each is a 400 naming it.
+/// Before, `reasoning_effort` was refused on every template.
+#[test]
+fn reasoning_effort_is_the_templates_variable() {
+    let _l = lock();
+    let template =
+        "Q: {{ messages[-1].content }} effort={{ reasoning_effort | default('none') }}\nA:";
+    let srv = Server::start(&["--chat-template", template]);
+    let prompt_tokens = |extra: Value| {
+        let mut e = json!({"temperature": 0, "max_tokens": 1});
+        for (k, v) in extra.as_object().unwrap() {
+            e[k] = v.clone();
+        }
+        srv.post_ok("/v1/chat/completions", &chat("hi", e))["usage"]["prompt_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    let none = prompt_tokens(json!({}));
+    let long = prompt_tokens(json!({"reasoning_effort": "extraordinarily thorough please"}));
+    assert!(long > none + 2, "{none} {long}");
+    let resp = srv.post_ok(
+        "/v1/responses",
+        &json!({"input": "hi", "max_output_tokens": 1, "store": false,
+                "reasoning": {"effort": "extraordinarily thorough please"}}),
+    );
+    assert_eq!(resp["usage"]["input_tokens"], long, "{resp}");
+    drop(srv);
+    let plain = Server::start(&[]);
+    for (path, body, param) in [
+        (
+            "/v1/chat/completions",
+            chat("hi", json!({"reasoning_effort": "high", "max_tokens": 1})),
+            "reasoning_effort",
+        ),
+        (
+            "/v1/responses",
+            json!({"input": "hi", "reasoning": {"effort": "high"}}),
+            "reasoning_effort",
+        ),
+    ] {
+        let r = plain.post_raw(path, body.to_string().as_bytes());
+        assert_eq!(r.status, 400, "{path}: {}", r.text());
+        assert_eq!(r.json()["error"]["param"], param, "{path}");
+    }
+    let r = plain.post_raw(
+        "/v1/messages",
+        json!({"max_tokens": 1, "messages": [{"role": "user", "content": "hi"}],
+               "output_config": {"effort": "high"}})
+        .to_string()
+        .as_bytes(),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("reasoning effort"));
 }

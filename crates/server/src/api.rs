@@ -362,11 +362,7 @@ pub const FIELDS: &[Field] = &[
         ChatApi,
         refused(text_only, "only the text modality is supported"),
     ),
-    field_of(
-        "reasoning_effort",
-        ChatApi,
-        refused(never, "reasoning_effort is not supported yet"),
-    ),
+    field_of("reasoning_effort", ChatApi, Honoured),
     field_of(
         "verbosity",
         ChatApi,

@@ -32,6 +32,7 @@ mod pull;
 pub mod reasoning;
 mod requests;
 mod respond;
+mod responses;
 pub mod tools;
 
 use embeddings::{embeddings, embeddings_llamacpp};
@@ -260,6 +261,8 @@ struct AppState {
     log_prompts: bool,
     created: u64,
     next_id: AtomicU64,
+    /// Stored responses of the Responses API (`previous_response_id`).
+    responses: responses::Store,
     /// Prefix groups of multi-choice requests (apart from response ids, which stay 1, 2, 3…).
     next_group: AtomicU64,
 }
@@ -336,6 +339,7 @@ async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
         created: unix_now(),
         next_id: AtomicU64::new(1),
         next_group: AtomicU64::new(1),
+        responses: responses::Store::default(),
     });
     // Load the model off the runtime; a failure ends the server.
     let (fail_tx, mut fail_rx) = mpsc::unbounded_channel::<anyhow::Error>();
@@ -381,6 +385,12 @@ async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
         .route("/infill", post(infill::infill))
         .route("/completion", post(native::completion))
         .route("/props", get(native::props))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::retrieve).delete(responses::delete),
+        )
+        .route("/v1/responses/{id}/cancel", post(responses::cancel))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/tokenize", post(tokenize))

@@ -101,7 +101,7 @@ pub(crate) fn prepare_chat_with(
     let inputs = TemplateInputs {
         add_generation_prompt: true,
         tools: tools_for_template,
-        kwargs: template_kwargs(st, obj)?,
+        kwargs: template_kwargs(st, obj, template)?,
         ..TemplateInputs::default()
     };
     let gemma4 = tool_format == Some(tools::ToolFormat::Gemma4);
@@ -278,10 +278,16 @@ fn chat_logprobs(obj: &Map<String, Value>) -> Result<Option<usize>, ApiError> {
 }
 
 /// The template's variables: the server's `--chat-template-kwargs`, extended and
-/// overridden by the request's `chat_template_kwargs`.
+/// overridden by the request's `chat_template_kwargs`, then OpenAI's `reasoning_effort`
+/// as the template variable of that name (gpt-oss's templates read it; Anthropic's
+/// `output_config.effort` and the Responses API's `reasoning.effort` arrive here as it).
+///
+/// Errors: a 400 for a `chat_template_kwargs` that is not an object, or a
+/// `reasoning_effort` on a template that reads no such variable.
 fn template_kwargs(
     st: &AppState,
     obj: &Map<String, Value>,
+    template: Option<&str>,
 ) -> Result<Map<String, Value>, ApiError> {
     let mut kwargs = st.chat_template_kwargs.clone();
     match obj.get("chat_template_kwargs") {
@@ -291,6 +297,25 @@ fn template_kwargs(
             return Err(ApiError::invalid(
                 Some("chat_template_kwargs"),
                 "'chat_template_kwargs' must be an object",
+            ))
+        }
+    }
+    match obj.get("reasoning_effort") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(e)) if template.is_some_and(|t| t.contains("reasoning_effort")) => {
+            kwargs.insert("reasoning_effort".into(), Value::String(e.clone()));
+        }
+        Some(Value::String(_)) => {
+            return Err(ApiError::invalid(
+                Some("reasoning_effort"),
+                "'reasoning_effort': this model's chat template reads no reasoning effort",
+            )
+            .with_code("unsupported_field"))
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                Some("reasoning_effort"),
+                "'reasoning_effort' must be a string",
             ))
         }
     }

@@ -74,8 +74,8 @@ async fn prepare(
 }
 
 /// Refuses thinking (`thinking.type` `enabled` or `adaptive`) on a model whose template
-/// has none, and an `output_config.effort` on a template that reads no
-/// `reasoning_effort`, as Ollama's `think` is refused: a template would ignore either.
+/// has none, as Ollama's `think` is refused: the template would ignore it. (An
+/// `output_config.effort` is checked as OpenAI's `reasoning_effort` is.)
 fn check_thinking(st: &AppState, chat: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
     let kwargs = &chat.get("chat_template_kwargs");
     let template = st.template(st.engine()?).unwrap_or("");
@@ -85,14 +85,6 @@ fn check_thinking(st: &AppState, chat: &serde_json::Map<String, Value>) -> Resul
         return Err(ApiError::invalid(
             Some("thinking"),
             "'thinking': this model's chat template has no thinking",
-        ));
-    }
-    if kwargs.is_some_and(|k| k.get("reasoning_effort").is_some())
-        && !template.contains("reasoning_effort")
-    {
-        return Err(ApiError::invalid(
-            Some("output_config.effort"),
-            "'output_config.effort': this model's chat template reads no reasoning effort",
         ));
     }
     Ok(())

@@ -299,9 +299,8 @@ fn output_format(v: &Value, at: &str) -> Result<Option<Value>, ApiError> {
     }
 }
 
-/// `thinking` (`enabled` with a budget, `adaptive`, `disabled`) and `output_config.effort`
-/// as the template variables the Ollama side sets for the same asks: `enable_thinking`
-/// and `reasoning_effort`. `budget_tokens` is a target in Anthropic's API too ("Claude
+/// `thinking` (`enabled` with a budget, `adaptive`, `disabled`) as the template variable
+/// the Ollama side sets for the same ask, `enable_thinking`. `budget_tokens` is a target in Anthropic's API too ("Claude
 /// may not use its entire budget"); `max_tokens` bounds the whole answer.
 fn thinking(obj: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
     let mut kwargs = Map::new();
@@ -320,13 +319,6 @@ fn thinking(obj: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
                 ))
             }
         }
-    }
-    if let Some(effort) = obj
-        .get("output_config")
-        .and_then(|c| c.get("effort"))
-        .filter(|e| !e.is_null())
-    {
-        kwargs.insert("reasoning_effort".into(), effort.clone());
     }
     Ok(kwargs)
 }
@@ -417,6 +409,14 @@ pub(crate) fn translate(
     let kwargs = thinking(obj)?;
     if !kwargs.is_empty() {
         chat.insert("chat_template_kwargs".into(), Value::Object(kwargs));
+    }
+    // The template's variable, checked where every API's effort is.
+    if let Some(effort) = obj
+        .get("output_config")
+        .and_then(|c| c.get("effort"))
+        .filter(|e| !e.is_null())
+    {
+        chat.insert("reasoning_effort".into(), effort.clone());
     }
     Ok(Translated {
         chat,
