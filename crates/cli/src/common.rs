@@ -452,7 +452,7 @@ pub struct GenArgs {
     /// Context size in tokens (the KV cache; llama.cpp's `-c`).
     #[arg(short = 'c', long, default_value_t = 4096, value_parser = positions)]
     pub ctx: usize,
-    /// Go on past end-of-generation tokens (llama.cpp's `--ignore-eos`; the server's
+    /// Never sample an end-of-generation token (llama.cpp's `--ignore-eos`; the server's
     /// `ignore_eos`): the answer ends at `-n`, a stop string or the context.
     #[arg(long = "ignore-eos", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
     pub ignore_eos: bool,

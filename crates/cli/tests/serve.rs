@@ -41,7 +41,7 @@ fn greedy_answers_equal_frink_run_greedy() {
     );
     assert_eq!(got["object"], "chat.completion");
 
-    // The same finishing rule: `ignore_eos` goes on past the end of the turn (here at
+    // The same finishing rule: `ignore_eos` never samples the end of the turn (here at
     // about 10 tokens) in both, to the budget.
     let run = frink(&[
         "run",
@@ -93,6 +93,41 @@ fn greedy_answers_equal_frink_run_greedy() {
     assert_eq!(got["choices"][0]["finish_reason"], "length");
     assert_eq!(got["usage"]["completion_tokens"], 24);
     assert_eq!(got["object"], "text_completion");
+}
+
+/// `ignore_eos` with llama.cpp's meaning: end-of-generation tokens are never sampled, in
+/// `frink run --ignore-eos` and the server alike. llama-server (the anchor, greedy, 12
+/// tokens) answers "Say just: yes" on qwen2.5-coder-0.5b with "Yes. I'm ready to help you.
+/// How can I"; frink's first nine tokens are those (the tenth is a near tie: "What");
+/// before, frink sampled the end of turn and went on: "Yes.<|im_end|>\n<|im_end|>…".
+#[test]
+fn ignore_eos_never_samples_the_end_of_turn() {
+    let _l = lock();
+    let srv = Server::start(&["-m", "qwen2.5-coder-0.5b"]);
+    let got = srv.post_ok(
+        "/v1/chat/completions",
+        &chat(
+            "Say just: yes",
+            json!({"temperature": 0, "max_tokens": 12, "ignore_eos": true}),
+        ),
+    );
+    let text = message(&got);
+    assert!(text.starts_with("Yes. I'm ready to help you."), "{text:?}");
+    assert!(!text.contains("<|im_"), "{text:?}");
+    assert_eq!(got["usage"]["completion_tokens"], 12);
+    let run = frink(&[
+        "run",
+        "-m",
+        "qwen2.5-coder-0.5b",
+        "--json",
+        "--greedy",
+        "--ignore-eos",
+        "-n",
+        "12",
+        "Say just: yes",
+    ]);
+    assert!(run.status.success(), "{}", stderr(&run));
+    assert_eq!(last_json_line(&run)["text"].as_str().unwrap(), text);
 }
 
 #[test]

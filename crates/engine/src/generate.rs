@@ -83,18 +83,32 @@ pub struct Generation {
 /// The one finishing rule of every decode loop: [`generate_with`] and the scheduler (`frink
 /// run`, `chat` and the server) apply it after each token, so a rule cannot exist in one and not
 /// the other (llama.cpp's CLI and server share theirs). An end-of-generation token ends the
-/// answer with `Stop` unless `ignore_eos` (then only a complete grammar, which allows
-/// nothing but end-of-generation tokens, still ends it there); so does a stop string;
-/// `max_tokens` generated tokens or a full context end it with `Length`.
+/// answer with `Stop`; with `ignore_eos` none can be sampled (llama.cpp's meaning: its
+/// server adds a `-inf` logit bias to each, [`FinishRule::prepare`]), except where a
+/// complete grammar allows nothing else, which still ends the answer there. A stop string
+/// ends it with `Stop` too; `max_tokens` generated tokens or a full context with `Length`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FinishRule {
     /// Most tokens to generate (`None`: until the context is full).
     pub max_tokens: Option<usize>,
-    /// llama.cpp's `ignore_eos`: end-of-generation tokens are answer tokens like others.
+    /// llama.cpp's `ignore_eos`: end-of-generation tokens are never sampled.
     pub ignore_eos: bool,
 }
 
 impl FinishRule {
+    /// Readies `sampler` for the rule: with `ignore_eos`, the end-of-generation tokens
+    /// `eog` banned (a `-inf` bias), unless a grammar constrains it (a complete grammar
+    /// allows only those tokens, and ends the answer with them).
+    pub fn prepare(
+        &self,
+        sampler: &mut crate::sampling::Sampler,
+        eog: impl IntoIterator<Item = u32>,
+    ) {
+        if self.ignore_eos && !sampler.is_constrained() {
+            sampler.ban(eog);
+        }
+    }
+
     /// Whether a token (`is_eog`: in the model's end-of-generation set) ends the answer as
     /// its end of generation: its text is then not shown.
     pub fn ends_at_eog(&self, is_eog: bool, grammar_complete: bool) -> bool {
@@ -126,7 +140,7 @@ impl FinishRule {
 pub struct GenerateParams {
     /// Most tokens to generate.
     pub max_tokens: usize,
-    /// Go on past end-of-generation tokens ([`FinishRule::ignore_eos`]).
+    /// Never sample end-of-generation tokens ([`FinishRule::ignore_eos`]).
     pub ignore_eos: bool,
     /// End-of-generation token ids (the model's EOG set).
     pub eog: HashSet<u32>,
@@ -449,6 +463,7 @@ pub fn generate_with(
         max_tokens: Some(params.max_tokens),
         ignore_eos: params.ignore_eos,
     };
+    rule.prepare(sampler, params.eog.iter().copied());
     let mut steady_start = None;
     // Emits `id`: true when generation ends with it.
     let mut emit = |id: u32, out: &mut Generation, sampler: &mut Sampler| -> bool {

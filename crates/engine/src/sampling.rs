@@ -309,6 +309,13 @@ impl Sampler {
         }
     }
 
+    /// Bans `ids` from now on: a `-inf` logit bias each ([`ban_bias`]).
+    pub fn ban(&mut self, ids: impl IntoIterator<Item = u32>) {
+        self.params
+            .logit_bias
+            .extend(ids.into_iter().map(|id| (id, f32::NEG_INFINITY)));
+    }
+
     /// Whether a constraint is set.
     pub fn is_constrained(&self) -> bool {
         self.constraint.is_some()

@@ -391,6 +391,11 @@ impl<'t> Worker<'t> {
             }
         };
         let mut sampler = Sampler::new(req.sampling.clone()).with_constraint(req.constraint.take());
+        crate::FinishRule {
+            max_tokens: req.max_tokens,
+            ignore_eos: req.ignore_eos,
+        }
+        .prepare(&mut sampler, self.tok.eog_ids().iter().copied());
         for &t in &req.prompt {
             sampler.accept(t);
         }
