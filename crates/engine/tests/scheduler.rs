@@ -83,6 +83,16 @@ fn params(seed: u64) -> SamplingParams {
     }
 }
 
+/// The model's end-of-generation ids (what `ignore_eos` bans).
+fn eog(model: &Model) -> std::collections::HashSet<u32> {
+    Tokenizer::from_gguf(&model.file)
+        .unwrap()
+        .eog_ids()
+        .iter()
+        .copied()
+        .collect()
+}
+
 fn request(prompt: &[u32], seed: u64, n: usize) -> (Request, mpsc::Receiver<Event>) {
     let (tx, rx) = mpsc::channel();
     let req = Request {
@@ -128,9 +138,9 @@ fn tokens_do_not_depend_on_batching_chunking_or_prefix_reuse() {
         &ids[..20],
         &mut sampler,
         &GenerateParams {
-            ignore_eos: false,
+            ignore_eos: true,
             max_tokens: 12,
-            eog: Default::default(),
+            eog: eog(&model),
             speculation: None,
             ..Default::default()
         },
@@ -489,9 +499,10 @@ fn a_windowed_model_keeps_its_tokens_while_giving_window_blocks_back() {
             prompt,
             &mut sampler,
             &GenerateParams {
-                ignore_eos: false,
+                // As the scheduler's requests (`request`): end-of-generation tokens banned.
+                ignore_eos: true,
                 max_tokens: n,
-                eog: Default::default(),
+                eog: eog(&model),
                 speculation: None,
                 ..Default::default()
             },
