@@ -133,6 +133,20 @@ for extra, param in [
     except openai.BadRequestError as e:
         check(e.body.get("param") == param, f"{extra}: param {e.body.get('param')}")
 
+# A keyword whose value constrains nothing is accepted (llguidance alone refuses
+# `uniqueItems` whatever its value), and an overlapping oneOf is refused with what the API
+# offers instead (not an option of the grammar library no request can set).
+r = ask("List two colors.", None, response_format={"type": "json_schema", "json_schema": {"name": "u", "schema": {
+    "type": "array", "items": {"type": "string"}, "uniqueItems": False, "maxItems": 3}}})
+check(r.finish_reason == "length" or isinstance(json.loads(r.message.content), list), f"uniqueItems: false: {r.message.content!r}")
+try:
+    ask("Hi.", None, response_format={"type": "json_schema", "json_schema": {"name": "o", "schema": {
+        "oneOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]}}})
+    check(False, "an overlapping oneOf was accepted")
+except openai.BadRequestError as e:
+    msg = e.body.get("message", "")
+    check("anyOf" in msg and "coerce_one_of" not in msg, f"oneOf message: {msg}")
+
 print(
     f"{len(jobs)} constrained answers ({len(SCHEMAS)} schemas, {len(LARK)} grammars; "
     f"{stopped} ended with stop) in {time.time() - t0:.1f} s; {len(failures)} failures"

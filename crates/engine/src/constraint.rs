@@ -247,6 +247,13 @@ fn one_line(msg: &str) -> String {
     let head = head.split_whitespace().collect::<Vec<_>>().join(" ");
     // llguidance catches its own panics (an internal limit such as 65,535 symbols) and
     // reports them with the assertion's text.
+    if head.contains("coerce_one_of") {
+        // (llguidance names an option of its own, which no request can set.)
+        return "'oneOf' with branches that can match the same value is not supported: \
+                frink cannot enforce that exactly one matches; use 'anyOf' (any branch may \
+                match), or make the branches exclusive (e.g. by 'type' or a 'const' field)"
+            .to_string();
+    }
     match head.strip_prefix("panic: ") {
         Some(p) => format!("the grammar is beyond what llguidance can compile (too large?): {p}"),
         None => head,
@@ -347,39 +354,27 @@ enum Phase {
 /// (The server's tool-call grammars embed their JSON with the same layout.)
 pub const JSON_WHITESPACE: &str = r"(?:\x20|\x0A{1,2}[\x20\x09]{0,20})";
 
-/// Sets `additionalProperties: false` on every object schema below `v` that lists
-/// `properties` and says nothing about other keys (no `additionalProperties`,
-/// `patternProperties` or `unevaluatedProperties`), as llama.cpp's json-schema-to-grammar
-/// does (common/json-schema-to-grammar.cpp): the answer still validates against the
-/// schema as written, and a small model no longer invents keys until its budget runs out.
-/// Walks the schema keywords that hold subschemas, so a property that happens to be named
-/// `properties` is left alone.
-fn close_objects(v: &mut serde_json::Value) {
+/// Calls `f` on `v` and every subschema below it, through the keywords that hold
+/// subschemas (so a property that happens to be named `properties` is left alone).
+fn each_schema(
+    v: &mut serde_json::Value,
+    f: &mut impl FnMut(&mut serde_json::Map<String, serde_json::Value>),
+) {
     use serde_json::Value;
     let Value::Object(o) = v else {
         return;
     };
-    if o.contains_key("properties")
-        && ![
-            "additionalProperties",
-            "patternProperties",
-            "unevaluatedProperties",
-        ]
-        .iter()
-        .any(|k| o.contains_key(*k))
-    {
-        o.insert("additionalProperties".into(), Value::Bool(false));
-    }
+    f(o);
     for (k, sub) in o.iter_mut() {
         match k.as_str() {
             "properties" | "$defs" | "definitions" | "patternProperties" | "dependentSchemas" => {
                 if let Value::Object(m) = sub {
-                    m.values_mut().for_each(close_objects);
+                    m.values_mut().for_each(|s| each_schema(s, f));
                 }
             }
             "anyOf" | "oneOf" | "allOf" | "prefixItems" => {
                 if let Value::Array(a) = sub {
-                    a.iter_mut().for_each(close_objects);
+                    a.iter_mut().for_each(|s| each_schema(s, f));
                 }
             }
             "items"
@@ -391,19 +386,61 @@ fn close_objects(v: &mut serde_json::Value) {
             | "contains"
             | "propertyNames"
             | "unevaluatedItems"
-            | "unevaluatedProperties" => close_objects(sub),
+            | "unevaluatedProperties" => each_schema(sub, f),
             _ => {}
         }
     }
 }
 
+/// Sets `additionalProperties: false` on an object schema that lists `properties` and
+/// says nothing about other keys (no `additionalProperties`, `patternProperties` or
+/// `unevaluatedProperties`), as llama.cpp's json-schema-to-grammar does
+/// (common/json-schema-to-grammar.cpp): the answer still validates against the schema as
+/// written, and a small model no longer invents keys until its budget runs out.
+fn close_object(o: &mut serde_json::Map<String, serde_json::Value>) {
+    if o.contains_key("properties")
+        && ![
+            "additionalProperties",
+            "patternProperties",
+            "unevaluatedProperties",
+        ]
+        .iter()
+        .any(|k| o.contains_key(*k))
+    {
+        o.insert(
+            "additionalProperties".into(),
+            serde_json::Value::Bool(false),
+        );
+    }
+}
+
+/// Drops the keywords whose value constrains nothing, which llguidance refuses as
+/// unimplemented even then: `uniqueItems: false`, an empty `dependentRequired` (or one
+/// whose lists are all empty), an empty `dependentSchemas`. (Their constraining values
+/// stay, and are refused naming the keyword.)
+fn drop_neutral(o: &mut serde_json::Map<String, serde_json::Value>) {
+    use serde_json::Value;
+    o.retain(|k, v| match (k.as_str(), &*v) {
+        ("uniqueItems", Value::Bool(false)) => false,
+        ("dependentRequired", Value::Object(m)) => {
+            !m.values().all(|l| l.as_array().is_some_and(Vec::is_empty))
+        }
+        ("dependentSchemas", Value::Object(m)) => !m.is_empty(),
+        _ => true,
+    });
+}
+
 /// `schema` with frink's JSON defaults: objects that list their properties closed
-/// ([`close_objects`]) and the layout bounded, unless the schema sets its own layout
+/// ([`close_object`]), keywords that constrain nothing dropped ([`drop_neutral`]) and the
+/// layout bounded, unless the schema sets its own layout
 /// (`x-guidance`). What every JSON schema frink enforces gets (`response_format`,
 /// `json_schema`, tool-call arguments).
 pub fn json_schema_defaults(schema: &serde_json::Value) -> serde_json::Value {
     let mut schema = schema.clone();
-    close_objects(&mut schema);
+    each_schema(&mut schema, &mut |o| {
+        drop_neutral(o);
+        close_object(o);
+    });
     if let Some(obj) = schema.as_object_mut() {
         if !obj.contains_key("x-guidance") {
             let opts = llguidance::JsonCompileOptions {
@@ -524,7 +561,7 @@ impl Constraint {
 
 #[cfg(test)]
 mod tests {
-    use super::{close_objects, one_line};
+    use super::{close_object, drop_neutral, each_schema, one_line};
 
     /// llguidance's verbose messages (taken from its output) become one sentence.
     #[test]
@@ -564,7 +601,7 @@ mod tests {
             },
             "$defs": {"d": {"anyOf": [{"properties": {"e": {}}}, {"type": "object"}]}}
         });
-        close_objects(&mut s);
+        each_schema(&mut s, &mut close_object);
         assert_eq!(s["additionalProperties"], false);
         assert_eq!(s["properties"]["inner"]["additionalProperties"], false);
         assert_eq!(s["properties"]["open"]["additionalProperties"], true);
@@ -580,5 +617,22 @@ mod tests {
         assert!(s["properties"]["properties"]
             .get("additionalProperties")
             .is_none());
+    }
+
+    /// Neutral values go (below the top too), constraining ones stay to be refused.
+    #[test]
+    fn neutral_keywords_are_dropped() {
+        let mut s = json!({
+            "type": "array", "uniqueItems": false,
+            "items": {"type": "object", "properties": {"a": {}}, "dependentRequired": {"a": []},
+                      "dependentSchemas": {}},
+            "anyOf": [{"uniqueItems": true}, {"dependentRequired": {"a": ["b"]}}]
+        });
+        each_schema(&mut s, &mut drop_neutral);
+        assert!(s.get("uniqueItems").is_none());
+        assert!(s["items"].get("dependentRequired").is_none());
+        assert!(s["items"].get("dependentSchemas").is_none());
+        assert_eq!(s["anyOf"][0]["uniqueItems"], true);
+        assert_eq!(s["anyOf"][1]["dependentRequired"]["a"][0], "b");
     }
 }
