@@ -153,6 +153,18 @@ for ch in autos:
 check(called > 0, "auto: no run called a tool")
 print(f"auto: {called}/40 sampled runs called a tool, {valid} of them with valid calls")
 
+# A budget that cuts the answer inside a call never leaves call markup in the content
+# (before, a cut second call left '<tool_call>\n{\n  "name": "' there), whole or streamed.
+two_cities = {"role": "user", "content": "What is the weather in Paris and in Tokyo right now?"}
+for n in range(4, 64, 6):
+    for stream_it in (False, True):
+        kw = dict(model=model, messages=[two_cities], tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=n)
+        if stream_it:
+            text = "".join(ch.choices[0].delta.content or "" for ch in client.chat.completions.create(stream=True, **kw) if ch.choices)
+        else:
+            text = client.chat.completions.create(**kw).choices[0].message.content or ""
+        check("<tool_call" not in text and '"name"' not in text, f"max_tokens {n} (stream={stream_it}): markup in the content: {text!r}")
+
 # Refusals: an unknown named function, tool_choice without tools.
 for kw, param in [({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
                   ({"tools": [{"type": "function"}]}, "tools")]:

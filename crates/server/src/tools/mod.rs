@@ -93,7 +93,9 @@ mod tests {
             (Llama3Json, "{\"name\": \"get_weather\", \"parameters\": {", "{\"name\": \"get_weather\", \"parameters\": {", vec![]),
             (MistralJson, "Sure.[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, \"id\": \"a1b2c3d4e\"}]", "Sure.", vec![paris()]),
             (MistralJson, "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}, {\"name\": \"x\", \"arguments\": {}}]", "", two()),
-            (MistralJson, "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\"", "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\"", vec![]),
+            // A call cut short (max_tokens) is dropped, not shown as content.
+            (MistralJson, "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\"", "", vec![]),
+            (Hermes, "Sure.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\n  \"name\": \"", "Sure.", vec![paris()]),
             (Granite, "Checking.<|tool_call|>[{\"arguments\": {\"city\": \"Paris\"}, \"name\": \"get_weather\"}]", "Checking.", vec![paris()]),
             (Granite, "<|tool_call|>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}, {\"name\": \"x\", \"arguments\": {}}]", "", two()),
             (Granite, "<|tool_call|>[{\"name\": 3}]", "<|tool_call|>[{\"name\": 3}]", vec![]),

@@ -153,7 +153,8 @@ impl StreamParser {
     }
 
     /// The end of the output: held text, or an unterminated call (a call the model ended
-    /// without its closing marker counts if its body is a valid call).
+    /// without its closing marker counts if its body is a valid call; a cut one is
+    /// dropped).
     pub fn finish(mut self) -> Vec<Item> {
         let items = self.read_end();
         self.settle(items)
@@ -168,7 +169,18 @@ impl StreamParser {
             }
         }
         if self.in_call {
-            return self.body_items(strip_markers(&rest, syntax.drop).as_str(), &syntax, false);
+            // A call the output ends inside counts if its body is already a call. Else, one
+            // cut short (by `max_tokens` or the context: a format with a closing marker
+            // never wrote it, or the body's brackets or a string are still open) is
+            // dropped, never shown as content; a finished body that is no call stays
+            // content, as a closed one does.
+            let body = strip_markers(&rest, syntax.drop);
+            let cut = syntax.close.is_some() || unfinished(&body);
+            return match self.format.parse_body(&body, &self.tools) {
+                Some(calls) => calls.into_iter().map(Item::Call).collect(),
+                None if cut => Vec::new(),
+                None => self.body_items(&body, &syntax, false),
+            };
         }
         let rest = strip_markers(&rest, syntax.drop);
         if rest.is_empty() {
@@ -177,6 +189,24 @@ impl StreamParser {
             vec![Item::Text(rest)]
         }
     }
+}
+
+/// Whether `body` stops inside a JSON string or with a bracket or brace still open.
+fn unfinished(body: &str) -> bool {
+    let (mut depth, mut in_string, mut escaped) = (0i64, false, false);
+    for c in body.chars() {
+        match (in_string, c) {
+            (true, _) if escaped => escaped = false,
+            (true, '\\') => escaped = true,
+            (true, '"') => in_string = false,
+            (true, _) => {}
+            (false, '"') => in_string = true,
+            (false, '{' | '[') => depth += 1,
+            (false, '}' | ']') => depth -= 1,
+            _ => {}
+        }
+    }
+    in_string || depth > 0
 }
 
 /// `text` without the markers `drop`.
