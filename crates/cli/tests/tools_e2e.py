@@ -165,6 +165,27 @@ for n in range(4, 64, 6):
             text = client.chat.completions.create(**kw).choices[0].message.content or ""
         check("<tool_call" not in text and '"name"' not in text, f"max_tokens {n} (stream={stream_it}): markup in the content: {text!r}")
 
+# A JSON schema beside tools under tool_choice "auto": the model may call a tool (before,
+# the schema governed the whole answer and no call could be made) or answer in the schema.
+person = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": person}}
+r = client.chat.completions.create(model=model, messages=[USER], tools=[WEATHER], tool_choice="auto", temperature=0,
+                                   max_tokens=96, response_format=rf)
+calls = r.choices[0].message.tool_calls or []
+check(len(calls) == 1 and calls[0].function.name == "get_weather", f"schema + auto tools: no call: {r.choices[0].message}")
+r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Invent a person. Answer in JSON."}],
+                                   tools=[WEATHER], tool_choice="auto", temperature=0, max_tokens=96, response_format=rf)
+m = r.choices[0].message
+check(bool(m.tool_calls) or (r.choices[0].finish_reason == "stop" and jsonschema.validate(json.loads(m.content), person) is None),
+      f"schema + auto tools: neither a call nor the schema: {m}")
+try:
+    client.chat.completions.create(model=model, messages=[USER], tools=[WEATHER], tool_choice="auto", max_tokens=4,
+                                   extra_body={"grammar": 'root ::= "yes"'})
+    check(False, "a grammar beside auto tools was accepted")
+except openai.BadRequestError as e:
+    check(e.body.get("param") == "grammar", f"grammar + auto tools: {e.body}")
+
 # Refusals: an unknown named function, tool_choice without tools.
 for kw, param in [({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
                   ({"tools": [{"type": "function"}]}, "tools")]:

@@ -224,11 +224,9 @@ fn chat_tools(
                 }
                 let lark = format.call_grammar(&usable, parallel, &|m| eng.tok.control_token(m));
                 *grammar = Some(("tool_choice", frink_engine::constraint::Grammar::Lark(lark)));
-            } else if grammar.is_none() && !usable.is_empty() {
-                // `auto`: free text, and a call held to the grammar once it begins.
-                let lark = format.auto_grammar(&usable, parallel, &|m| eng.tok.control_token(m));
-                *grammar = Some(("tools", frink_engine::constraint::Grammar::Lark(lark)));
-                trigger = Some(format.triggers(&|m| eng.tok.control_token(m)));
+            } else if !usable.is_empty() {
+                *grammar =
+                    auto_grammar(eng, format, &usable, parallel, grammar.take(), &mut trigger)?;
             }
             // llama.cpp's `parse_tool_calls: false`: the calls stay in the text.
             let parse_calls = api::opt_bool(obj, "parse_tool_calls")?.unwrap_or(true);
@@ -250,6 +248,50 @@ fn chat_tools(
         markers,
         for_template: tools_for_template,
     })
+}
+
+/// The grammar of `tool_choice: "auto"` with `usable` tools: alone, free text with a call
+/// held to the grammar once it begins (a lazy grammar, its `trigger` set); beside a JSON
+/// schema or `json_object` (`asked`), a call or one JSON value of that shape, from the
+/// first token ([`tools::ToolFormat::call_or_json_grammar`]).
+///
+/// Errors: a 400 for another grammar beside the tools (a call and the grammar's text
+/// cannot both be the answer).
+fn auto_grammar(
+    eng: &Engine,
+    format: tools::ToolFormat,
+    usable: &[&Value],
+    parallel: bool,
+    asked: Option<(&'static str, frink_engine::constraint::Grammar)>,
+    trigger: &mut Option<Vec<frink_engine::constraint::Trigger>>,
+) -> Result<Option<(&'static str, frink_engine::constraint::Grammar)>, ApiError> {
+    use frink_engine::constraint::Grammar;
+    let token = |m: &str| eng.tok.control_token(m);
+    let (param, schema) = match asked {
+        None => {
+            let lark = format.auto_grammar(usable, parallel, &token);
+            *trigger = Some(format.triggers(&token));
+            return Ok(Some(("tools", Grammar::Lark(lark))));
+        }
+        // (Harmony's answer lives in its channels: a bare JSON answer is not its shape.)
+        Some((param, Grammar::JsonSchema(s))) if format != tools::ToolFormat::Harmony => (param, s),
+        Some((param, Grammar::JsonObject)) if format != tools::ToolFormat::Harmony => {
+            (param, serde_json::json!({"type": "object"}))
+        }
+        Some((param, _)) => {
+            return Err(ApiError::invalid(
+                Some(param),
+                format!(
+                    "'{param}' beside tools under tool_choice \"auto\": the answer cannot both \
+                     follow the grammar and call a tool; set tool_choice \"none\" (the \
+                     grammar alone) or \"required\" (a call)"
+                ),
+            )
+            .with_code("unsupported_field"))
+        }
+    };
+    let lark = format.call_or_json_grammar(usable, parallel, &token, &schema);
+    Ok(Some((param, Grammar::Lark(lark))))
 }
 
 /// `logprobs` with `top_logprobs` (OpenAI's) or `n_probs` (llama.cpp's; > 0 asks by

@@ -36,6 +36,28 @@ impl ToolFormat {
         self.grammar(tools, parallel, token, self.json_fallback_triggers())
     }
 
+    /// The grammar of `tool_choice: "auto"` beside a JSON schema (`response_format`): the
+    /// answer is either the calls of [`ToolFormat::call_grammar`] or one JSON value of
+    /// `schema`, so the model may call a tool or answer in the asked shape.
+    pub fn call_or_json_grammar(
+        self,
+        tools: &[&Value],
+        parallel: bool,
+        token: &dyn Fn(&str) -> Option<u32>,
+        schema: &Value,
+    ) -> String {
+        let r = Rules {
+            tools,
+            parallel,
+            token,
+        };
+        self.grammar(tools, parallel, token, false).replacen(
+            "start: native\n",
+            &format!("start: native | answer\nanswer: {}\n", r.json_rule(schema)),
+            1,
+        )
+    }
+
     fn grammar(
         self,
         tools: &[&Value],
