@@ -53,6 +53,19 @@ check(gs == g.response, "generate stream != whole")
 raw = client.generate(model=model, prompt="def fib(n):", raw=True, options=GREEDY)
 check(len(raw.response) > 0, "raw generate")
 
+# Log-probabilities (Ollama's logprobs and top_logprobs): one per generated token, greedy
+# tokens the most likely, spelling the answer; the stream's lines carry the same.
+lp = client.chat(model=model, messages=MESSAGES, options=GREEDY, logprobs=True, top_logprobs=3)
+# (The end-of-turn token that ended the answer is counted in eval_count, but has no text.)
+check(lp.logprobs is not None and len(lp.logprobs) == lp.eval_count - (lp.done_reason == "stop"), f"chat logprobs: {lp.logprobs and len(lp.logprobs)} vs {lp.eval_count}")
+check(all(len(t.top_logprobs) == 3 and abs(t.top_logprobs[0].logprob - t.logprob) < 1e-6 for t in lp.logprobs),
+      "greedy: each token is its top alternative")
+check("".join(t.token for t in lp.logprobs).startswith(lp.message.content), "the tokens spell the answer")
+streamed = [t for p in client.chat(model=model, messages=MESSAGES, options=GREEDY, logprobs=True, stream=True) for t in (p.logprobs or [])]
+check([t.token for t in streamed] == [t.token for t in lp.logprobs], "streamed logprobs != whole")
+glp = client.generate(model=model, prompt="def fib(n):", raw=True, options=GREEDY, logprobs=True, top_logprobs=2)
+check(len(glp.logprobs) == glp.eval_count - (glp.done_reason == "stop") and len(glp.logprobs[0].top_logprobs) == 2, f"generate logprobs {glp.logprobs[:1]}")
+
 # list, show, ps.
 models = client.list().models
 check(len(models) == 1 and models[0].model == model and models[0].details.format == "gguf", f"list {models}")

@@ -226,6 +226,54 @@ fn options(
     Ok(num_ctx)
 }
 
+/// `logprobs` and `top_logprobs` (0–20 alternatives) as the OpenAI fields of a chat
+/// (`chat`) or raw completion request.
+fn logprobs(
+    obj: &Map<String, Value>,
+    out: &mut Map<String, Value>,
+    chat: bool,
+) -> Result<(), ApiError> {
+    if !api::opt_bool(obj, "logprobs")?.unwrap_or(false) {
+        return Ok(());
+    }
+    let top = api::opt_i64(obj, "top_logprobs")?.unwrap_or(0);
+    if !(0..=20).contains(&top) {
+        return Err(bad(format!(
+            "'top_logprobs' must be between 0 and 20, got {top}"
+        )));
+    }
+    if chat {
+        out.insert("logprobs".into(), json!(true));
+        out.insert("top_logprobs".into(), json!(top));
+    } else {
+        out.insert("logprobs".into(), json!(top));
+    }
+    Ok(())
+}
+
+/// Ollama's `logprobs` entries of `tokens`: each token's text, log-probability and bytes,
+/// with its best alternatives.
+fn logprobs_json(
+    tok: &frink_tokenizer::Tokenizer,
+    tokens: &[frink_engine::scheduler::TokenLogprob],
+) -> Value {
+    let entry = |id: u32, lp: f32| {
+        let bytes = tok.token_to_piece(id, true).unwrap_or_default().to_vec();
+        json!({"token": String::from_utf8_lossy(&bytes), "logprob": lp, "bytes": bytes})
+    };
+    Value::Array(
+        tokens
+            .iter()
+            .map(|t| {
+                let mut e = entry(t.id, t.logprob);
+                e["top_logprobs"] =
+                    Value::Array(t.top.iter().map(|&(id, lp)| entry(id, lp)).collect());
+                e
+            })
+            .collect(),
+    )
+}
+
 /// `format`: `"json"`, a JSON schema, or nothing, as the OpenAI `response_format`.
 fn format(obj: &Map<String, Value>, out: &mut Map<String, Value>) -> Result<(), ApiError> {
     match obj.get("format") {
@@ -279,8 +327,7 @@ fn think(
     Ok(())
 }
 
-/// Refuses what frink cannot honour in any request: images, and log-probabilities in
-/// Ollama's shape.
+/// Refuses what frink cannot honour in any request: images.
 fn refuse_unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
     let has_images = |v: Option<&Value>| v.and_then(Value::as_array).is_some_and(|a| !a.is_empty());
     if has_images(obj.get("images"))
@@ -290,11 +337,6 @@ fn refuse_unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
             .is_some_and(|ms| ms.iter().any(|m| has_images(m.get("images"))))
     {
         return Err(bad("images are not supported: frink runs text models"));
-    }
-    if obj.get("logprobs").and_then(Value::as_bool) == Some(true) {
-        return Err(bad(
-            "'logprobs' is not implemented on the Ollama endpoints (use /v1/chat/completions)",
-        ));
     }
     Ok(())
 }
@@ -483,14 +525,28 @@ async fn answer(
         tok,
     };
     let format = std::mem::take(&mut p.answer);
+    let with_logprobs = p.logprobs.is_some();
     if !stream {
         let mut text = String::new();
+        let mut tokens = Vec::new();
         loop {
             match rx.recv().await {
-                Some((_, Event::Delta { text: t, .. })) => text.push_str(&t),
+                Some((
+                    _,
+                    Event::Delta {
+                        text: t,
+                        tokens: lp,
+                    },
+                )) => {
+                    text.push_str(&t);
+                    tokens.extend(lp);
+                }
                 Some((_, Event::Done(c))) => {
                     let (thinking, content, calls) = format.parse(&text);
                     let mut v = reply.part(&content, &thinking, &calls, true);
+                    if with_logprobs {
+                        v["logprobs"] = logprobs_json(&reply.tok, &tokens);
+                    }
                     reply.finish(&mut v, &c);
                     return json_response(StatusCode::OK, &v);
                 }
@@ -505,17 +561,27 @@ async fn answer(
         reply: Reply,
         out: VecDeque<Value>,
         done: bool,
+        /// With `logprobs`: the tokens not yet on a line (text held back by the reader
+        /// goes out with a later line).
+        pending: Option<Vec<frink_engine::scheduler::TokenLogprob>>,
     }
     impl S {
         fn parts(&mut self, parts: Vec<reasoning::Part>) {
             for part in parts {
-                let v = match part {
+                let mut v = match part {
                     reasoning::Part::Reasoning(t) => self.reply.part("", &t, &[], false),
                     reasoning::Part::Content(t) if t.is_empty() => continue,
                     reasoning::Part::Content(t) => self.reply.part(&t, "", &[], false),
                     reasoning::Part::Call(c) => self.reply.part("", "", &[c], false),
                 };
+                self.logprobs(&mut v);
                 self.out.push_back(v);
+            }
+        }
+
+        fn logprobs(&mut self, v: &mut Value) {
+            if let Some(p) = self.pending.as_mut() {
+                v["logprobs"] = logprobs_json(&self.reply.tok, &std::mem::take(p));
             }
         }
     }
@@ -525,6 +591,7 @@ async fn answer(
         reply,
         out: VecDeque::new(),
         done: false,
+        pending: with_logprobs.then(Vec::new),
     };
     let lines = futures_util::stream::unfold(state, |mut s| async move {
         loop {
@@ -535,7 +602,10 @@ async fn answer(
                 return None;
             }
             match s.rx.recv().await {
-                Some((_, Event::Delta { text, .. })) => {
+                Some((_, Event::Delta { text, tokens })) => {
+                    if let Some(p) = s.pending.as_mut() {
+                        p.extend(tokens);
+                    }
                     let parts = s.reader.as_mut().map(|r| r.push(&text)).unwrap_or_default();
                     s.parts(parts);
                 }
@@ -543,6 +613,9 @@ async fn answer(
                     let parts = s.reader.take().map(|r| r.finish()).unwrap_or_default();
                     s.parts(parts);
                     let mut v = s.reply.part("", "", &[], true);
+                    if s.pending.as_ref().is_some_and(|p| !p.is_empty()) {
+                        s.logprobs(&mut v);
+                    }
                     s.reply.finish(&mut v, &c);
                     s.out.push_back(v);
                     s.done = true;
@@ -611,6 +684,7 @@ pub(crate) async fn chat(
             let num_ctx = options(&obj, &mut oa)?;
             format(&obj, &mut oa)?;
             think(st, &obj, &mut oa)?;
+            logprobs(&obj, &mut oa, true)?;
             let mut p = prepare_chat(st, &oa)?;
             limit_context(st, &mut p, num_ctx)?;
             Ok(Ok((p, stream)))
@@ -665,6 +739,7 @@ pub(crate) async fn generate(
             if let Some(suffix) = suffix {
                 oa.insert("suffix".into(), json!(suffix));
             }
+            logprobs(&obj, &mut oa, false)?;
             prepare_completion(st, &oa)?
         } else {
             let mut msgs = Vec::new();
@@ -674,6 +749,7 @@ pub(crate) async fn generate(
             msgs.push(json!({"role": "user", "content": prompt}));
             oa.insert("messages".into(), Value::Array(msgs));
             think(st, &obj, &mut oa)?;
+            logprobs(&obj, &mut oa, true)?;
             prepare_chat(st, &oa)?
         };
         limit_context(st, &mut p, num_ctx)?;
