@@ -7,6 +7,8 @@
 //! value (CONTRACT.md: a defined field is never accepted and ignored). Fields neither API
 //! defines are ignored (clients send new ones).
 
+pub mod llamacpp;
+
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use frink_engine::constraint::Grammar;
@@ -584,8 +586,8 @@ pub struct GenOptions {
     pub include_usage: bool,
     /// Choices to generate (`n`, at least 1).
     pub n: usize,
-    /// llama.cpp's `n_indent` and `t_max_predict_ms` ([`crate::llamacpp::Watch`]).
-    pub limits: crate::llamacpp::TextLimits,
+    /// llama.cpp's `n_indent` and `t_max_predict_ms` ([`crate::api::llamacpp::Watch`]).
+    pub limits: crate::api::llamacpp::TextLimits,
     /// llama.cpp's `lora`: `[{"id", "scale"}]`, the request's adapters (the others at
     /// scale 0; [`lora_list`] reads it against the loaded adapters). `None`: the server's
     /// current scales.
@@ -782,7 +784,7 @@ pub fn gen_options(
         };
     }
     p.logit_bias = logit_bias(obj, n_vocab)?;
-    p.chain = crate::llamacpp::samplers(obj, p.top_k)?;
+    p.chain = crate::api::llamacpp::samplers(obj, p.top_k)?;
     p.seed = match opt_i64(obj, "seed")? {
         Some(s) => s as u64,
         None => frink_engine::sampling::random_seed(),
@@ -833,7 +835,7 @@ pub fn gen_options(
         stream,
         include_usage,
         n,
-        limits: crate::llamacpp::TextLimits::read(obj)?,
+        limits: crate::api::llamacpp::TextLimits::read(obj)?,
         lora: field(obj, "lora").cloned(),
     })
 }

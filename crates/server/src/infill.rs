@@ -9,34 +9,12 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use frink_tokenizer::{Infill, InfillLimits};
+use frink_tokenizer::Infill;
 use serde_json::{Map, Value};
 
 use crate::api::{self, ApiError, Endpoint};
-use crate::requests::{text_prepared, Prepared};
-use crate::{AppState, Engine};
-
-/// llama-server's default batch, which its infill rule sizes the prefix and suffix by.
-const N_BATCH: usize = 2048;
-
-/// The infill prompt of `infill` for `eng`'s model: a 400 naming `field` for a model
-/// without FIM tokens.
-pub(crate) fn infill_ids(
-    st: &AppState,
-    eng: &Engine,
-    infill: &Infill<'_>,
-    max_tokens: Option<usize>,
-    field: &'static str,
-) -> Result<Vec<u32>, ApiError> {
-    let limits = InfillLimits {
-        n_ctx: st.n_ctx,
-        n_batch: N_BATCH,
-        n_predict: max_tokens,
-    };
-    eng.tok
-        .infill_prompt(infill, limits)
-        .map_err(|e| ApiError::invalid(Some(field), e.to_string()))
-}
+use crate::requests::{infill_ids, text_prepared, Prepared};
+use crate::AppState;
 
 /// `input_extra`: `[{"filename", "text"}]` (a file name defaults to `tmp`, as llama.cpp's).
 fn extra(obj: &Map<String, Value>) -> Result<Vec<(&str, &str)>, ApiError> {

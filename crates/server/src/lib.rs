@@ -23,7 +23,6 @@ mod embeddings;
 pub mod gate;
 pub mod harmony;
 mod infill;
-pub mod llamacpp;
 pub mod log;
 mod metrics;
 mod native;

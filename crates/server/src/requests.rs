@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering;
 
 use frink_engine::constraint::Constraint;
 use frink_engine::scheduler::{Event, EventSink, Request, SubmitError};
-use frink_tokenizer::TemplateInputs;
+use frink_tokenizer::{Infill, InfillLimits, TemplateInputs};
 
 use crate::api::{Endpoint, GenOptions, Prompt};
 use crate::respond::{shutting_down, stream_response, whole_response, Formatter, Kind};
@@ -423,12 +423,12 @@ pub(crate) fn prepare_completion(
     let prompt = match (prompt, suffix) {
         // Fill-in-the-middle: the prompt is the text before the gap.
         (Prompt::Text(t), Some(suffix)) => {
-            let infill = frink_tokenizer::Infill {
+            let infill = Infill {
                 prefix: &t,
                 suffix,
                 ..Default::default()
             };
-            crate::infill::infill_ids(st, eng, &infill, opts.max_tokens, "suffix")?
+            infill_ids(st, eng, &infill, opts.max_tokens, "suffix")?
         }
         (Prompt::Ids(_), Some(_)) => {
             return Err(ApiError::invalid(
@@ -450,6 +450,28 @@ pub(crate) fn prepare_completion(
         ));
     }
     text_prepared(st, eng, obj, prompt, opts, logprobs)
+}
+
+/// llama-server's default batch, which its infill rule sizes the prefix and suffix by.
+const N_BATCH: usize = 2048;
+
+/// The infill prompt of `infill` for `eng`'s model: a 400 naming `field` for a model
+/// without FIM tokens.
+pub(crate) fn infill_ids(
+    st: &AppState,
+    eng: &Engine,
+    infill: &Infill<'_>,
+    max_tokens: Option<usize>,
+    field: &'static str,
+) -> Result<Vec<u32>, ApiError> {
+    let limits = InfillLimits {
+        n_ctx: st.n_ctx,
+        n_batch: N_BATCH,
+        n_predict: max_tokens,
+    };
+    eng.tok
+        .infill_prompt(infill, limits)
+        .map_err(|e| ApiError::invalid(Some(field), e.to_string()))
 }
 
 /// A prepared request of plain text (`/v1/completions`, `/infill`): `prompt` and `opts`
@@ -634,7 +656,7 @@ pub(crate) fn queue(
             lora: lora.clone(),
             prediction: p.prediction.clone(),
             sink: if p.opts.limits.any() {
-                Box::new(crate::llamacpp::Watch::new(
+                Box::new(crate::api::llamacpp::Watch::new(
                     ChannelSink(tx.clone(), i),
                     p.opts.limits,
                 ))
