@@ -234,6 +234,49 @@ pub(crate) fn sse(v: &Value) -> Bytes {
     Bytes::from(format!("data: {v}\n\n"))
 }
 
+/// The state of one streamed answer ([`stream_response`]).
+struct S {
+    fmt: Formatter,
+    /// The first event, already received.
+    first: Option<(usize, Event)>,
+    rx: mpsc::UnboundedReceiver<(usize, Event)>,
+    out: VecDeque<Bytes>,
+    done: bool,
+    /// Characters sent so far, per choice (completion logprobs' text offsets).
+    chars: Vec<usize>,
+    finished: usize,
+    totals: Totals,
+    /// Per choice: the answer's reader (chat requests) and the calls sent.
+    answers: Vec<Option<answer::AnswerStream>>,
+    calls: Vec<usize>,
+}
+impl S {
+    /// Sends choice `i`'s parts: reasoning as `reasoning_content` deltas, content as
+    /// content deltas, calls as tool-call deltas.
+    fn push_parts(&mut self, i: usize, parts: Vec<reasoning::Part>, mut logprobs: Value) {
+        for p in parts {
+            match p {
+                reasoning::Part::Reasoning(t) => {
+                    let c = json!({"index": i, "delta": {"reasoning_content": t}, "logprobs": std::mem::take(&mut logprobs), "finish_reason": null});
+                    self.out.push_back(sse(&self.fmt.chunk(Some(c), None)));
+                }
+                reasoning::Part::Content(t) => {
+                    let c = self
+                        .fmt
+                        .delta_choice(i, Some(&t), std::mem::take(&mut logprobs), None);
+                    self.out.push_back(sse(&self.fmt.chunk(Some(c), None)));
+                }
+                reasoning::Part::Call(call) => {
+                    for d in self.fmt.call_deltas(i, self.calls[i], &call) {
+                        self.out.push_back(sse(&self.fmt.chunk(Some(d), None)));
+                    }
+                    self.calls[i] += 1;
+                }
+            }
+        }
+    }
+}
+
 /// Streams the answer as server-sent events.
 ///
 /// The event stream owns the receiver: when the client disconnects, the body is dropped,
@@ -249,47 +292,6 @@ pub(crate) async fn stream_response(
         Some(e @ (_, Event::Delta { .. } | Event::Done(_) | Event::Embedding(_))) => e,
         other => return fmt.failed(other.map(|(_, e)| e)).into_response(),
     };
-    struct S {
-        fmt: Formatter,
-        /// The first event, already received.
-        first: Option<(usize, Event)>,
-        rx: mpsc::UnboundedReceiver<(usize, Event)>,
-        out: VecDeque<Bytes>,
-        done: bool,
-        /// Characters sent so far, per choice (completion logprobs' text offsets).
-        chars: Vec<usize>,
-        finished: usize,
-        totals: Totals,
-        /// Per choice: the answer's reader (chat requests) and the calls sent.
-        answers: Vec<Option<answer::AnswerStream>>,
-        calls: Vec<usize>,
-    }
-    impl S {
-        /// Sends choice `i`'s parts: reasoning as `reasoning_content` deltas, content as
-        /// content deltas, calls as tool-call deltas.
-        fn push_parts(&mut self, i: usize, parts: Vec<reasoning::Part>, mut logprobs: Value) {
-            for p in parts {
-                match p {
-                    reasoning::Part::Reasoning(t) => {
-                        let c = json!({"index": i, "delta": {"reasoning_content": t}, "logprobs": std::mem::take(&mut logprobs), "finish_reason": null});
-                        self.out.push_back(sse(&self.fmt.chunk(Some(c), None)));
-                    }
-                    reasoning::Part::Content(t) => {
-                        let c =
-                            self.fmt
-                                .delta_choice(i, Some(&t), std::mem::take(&mut logprobs), None);
-                        self.out.push_back(sse(&self.fmt.chunk(Some(c), None)));
-                    }
-                    reasoning::Part::Call(call) => {
-                        for d in self.fmt.call_deltas(i, self.calls[i], &call) {
-                            self.out.push_back(sse(&self.fmt.chunk(Some(d), None)));
-                        }
-                        self.calls[i] += 1;
-                    }
-                }
-            }
-        }
-    }
     let mut out = VecDeque::new();
     if fmt.kind == Kind::Chat {
         for i in 0..fmt.n {
