@@ -154,6 +154,19 @@ fn native_completion_streams_and_props() {
             .iter()
             .all(|c| c["stop"] == false));
     }
+    // llama.cpp's precedence: n_predict first, max_tokens only without it.
+    for (fields, n) in [
+        (json!({"n_predict": 3, "max_tokens": -1}), 3),
+        (json!({"n_predict": 0, "max_tokens": 5}), 0),
+        (json!({"max_tokens": 2}), 2),
+    ] {
+        let mut b = json!({"prompt": "def add(a, b):\n", "temperature": 0});
+        for (k, v) in fields.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        let got = srv.post_ok("/completion", &b);
+        assert_eq!(got["tokens_predicted"], n, "{fields}: {got}");
+    }
     let probs = srv.post_ok(
         "/completion",
         &json!({"prompt": "The capital of France is", "n_predict": 3, "temperature": 0, "n_probs": 2}),

@@ -715,31 +715,28 @@ pub fn gen_options(
         }
     };
     refuse_unsupported(obj, ep)?;
-    let mut max_tokens = None;
-    let mut limited = false;
+    let mut max_tokens;
+    // llama.cpp's order: `n_predict` first, `max_tokens` when it is absent. A negative
+    // `n_predict` means no limit; 0 evaluates the prompt (and keeps it cached) and
+    // generates nothing.
+    let n_predict = opt_i64(obj, "n_predict")?;
+    max_tokens = n_predict.and_then(|n| usize::try_from(n).ok());
     for name in ["max_tokens", "max_completion_tokens"] {
-        match opt_i64(obj, name)? {
-            None => {}
+        let n = match opt_i64(obj, name)? {
+            None => continue,
             // llama.cpp's meaning (its `max_tokens` is `n_predict`): no limit but the
             // context.
-            Some(-1) => limited = true,
-            Some(n) if n >= 1 => {
-                max_tokens = Some(n as usize);
-                limited = true;
-            }
+            Some(-1) => None,
+            Some(n) if n >= 1 => Some(n as usize),
             Some(n) => {
                 return Err(ApiError::invalid(
                     Some(name),
                     format!("'{name}' must be at least 1 (or -1: no limit), got {n}"),
                 ))
             }
-        }
-    }
-    if !limited {
-        // llama.cpp's n_predict: a negative value means no limit; 0 evaluates the prompt
-        // (and keeps it cached) and generates nothing.
-        if let Some(n) = opt_i64(obj, "n_predict")? {
-            max_tokens = usize::try_from(n).ok();
+        };
+        if n_predict.is_none() {
+            max_tokens = n;
         }
     }
     let mut p = SamplingParams::default();

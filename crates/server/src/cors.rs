@@ -123,7 +123,9 @@ impl Cors {
         if let Some(allow) = self.allow(origin) {
             let h = r.headers_mut();
             h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, allow);
-            h.append(header::VARY, HeaderValue::from_static("Origin"));
+            if !h.get_all(header::VARY).iter().any(|v| v == "Origin") {
+                h.append(header::VARY, HeaderValue::from_static("Origin"));
+            }
         }
     }
 }

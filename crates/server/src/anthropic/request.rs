@@ -386,6 +386,12 @@ pub(crate) fn translate(
         }
         _ => None,
     };
+    if !messages.iter().any(|m| m["role"] != "system") {
+        return Err(bad(
+            "messages",
+            "'messages' holds no user turn to answer (its content is empty, or it is only an assistant prefill)",
+        ));
+    }
     chat.insert("messages".into(), Value::Array(messages));
     if let Some(t) = obj.get("tools").filter(|t| !t.is_null()) {
         chat.insert("tools".into(), tools(t)?);

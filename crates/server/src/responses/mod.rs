@@ -34,10 +34,22 @@ use crate::{unix_now, AppState, St};
 
 /// The most responses kept.
 const MAX_STORED: usize = 1024;
-/// The most bytes of stored responses and conversations (JSON text).
+/// The most bytes stored responses and conversations hold in memory ([`held_bytes`]).
 const MAX_STORED_BYTES: usize = 64 << 20;
 /// How long a stored response is kept.
 const EXPIRY: Duration = Duration::from_secs(24 * 3600);
+
+/// What `v` holds in memory, estimated from above: every JSON node as a whole
+/// `serde_json::Value` (its text can be 2 bytes: `0,`), strings and keys by their length.
+fn held_bytes(v: &Value) -> usize {
+    const NODE: usize = std::mem::size_of::<Value>() + 16;
+    NODE + match v {
+        Value::String(s) => s.len(),
+        Value::Array(a) => a.iter().map(held_bytes).sum(),
+        Value::Object(o) => o.iter().map(|(k, v)| k.len() + NODE + held_bytes(v)).sum(),
+        _ => 0,
+    }
+}
 
 /// A stored response and the conversation that continues from it.
 struct Stored {
@@ -63,11 +75,7 @@ impl Store {
     /// Keeps `response` and its conversation, dropping the oldest (and the expired) to
     /// stay within the bounds; one larger than all of them is not kept (returns false).
     fn put(&self, id: String, response: Value, conversation: Vec<Value>) -> bool {
-        let bytes = response.to_string().len()
-            + conversation
-                .iter()
-                .map(|m| m.to_string().len())
-                .sum::<usize>();
+        let bytes = held_bytes(&response) + conversation.iter().map(held_bytes).sum::<usize>();
         if bytes > MAX_STORED_BYTES {
             return false;
         }
@@ -434,5 +442,25 @@ pub(crate) async fn cancel(State(st): St, Path(id): Path<String>) -> Response {
         )
         .into_response(),
         None => not_found(&id).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stored value is counted by what it holds, not by its text: a million `0,` (2 MB
+    /// of text) count as tens of megabytes (here 200,000: several megabytes each), so a few fill the store, and the oldest go.
+    #[test]
+    fn the_store_counts_memory_and_drops_the_oldest() {
+        let big = json!({"k": vec![0; 200_000]});
+        assert!(held_bytes(&big) >= 200_000 * std::mem::size_of::<Value>());
+        let store = Store::default();
+        for i in 0..8 {
+            store.put(format!("r{i}"), big.clone(), Vec::new());
+        }
+        let g = store.lock();
+        assert!(g.2 <= MAX_STORED_BYTES, "{}", g.2);
+        assert!(g.0.len() < 8 && g.0.contains_key("r7") && !g.0.contains_key("r0"));
     }
 }

@@ -87,6 +87,27 @@ const REFUSED: &[(&str, &str)] = &[
 ];
 
 fn check_fields(obj: &Map<String, Value>) -> Result<(), ApiError> {
+    // Echoed and stored: held to OpenAI's bounds (at most 16 string pairs, keys of 64
+    // characters and values of 512; a user id of 256).
+    if let Some(m) = obj.get("metadata").filter(|m| !m.is_null()) {
+        let ok = m.as_object().is_some_and(|o| {
+            o.len() <= 16
+                && o.iter().all(|(k, v)| {
+                    k.chars().count() <= 64 && v.as_str().is_some_and(|s| s.chars().count() <= 512)
+                })
+        });
+        if !ok {
+            return Err(bad("metadata", "'metadata' must be at most 16 string pairs (keys up to 64 characters, values up to 512)"));
+        }
+    }
+    if let Some(u) = obj.get("user").filter(|u| !u.is_null()) {
+        if u.as_str().is_none_or(|s| s.chars().count() > 256) {
+            return Err(bad(
+                "user",
+                "'user' must be a string of at most 256 characters",
+            ));
+        }
+    }
     for (k, v) in obj {
         if READ.contains(&k.as_str()) || INERT.contains(&k.as_str()) {
             continue;
@@ -202,7 +223,8 @@ fn input_messages(input: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
             }
             "function_call_output" => {
                 let call_id = item.get("call_id").and_then(Value::as_str).unwrap_or("");
-                let output = content_text(item.get("output").unwrap_or(&Value::Null), &at)?;
+                let output = content_text(item.get("output").unwrap_or(&Value::Null), &format!("{at}.output"))
+                    .map_err(|_| bad("input", format!("'{at}.output' must be a string or input_text parts")))?;
                 out.push(json!({"role": "tool", "tool_call_id": call_id, "content": output}));
             }
             "reasoning" => {
@@ -255,6 +277,12 @@ fn tools(v: &Value) -> Result<Value, ApiError> {
             )
             .with_code("unsupported_field"));
         }
+        if !t.get("name").is_some_and(Value::is_string) {
+            return Err(bad(
+                "tools",
+                format!("tools[{i}].name must be a string (the Responses API's tools are flat: {{\"type\": \"function\", \"name\", \"parameters\"}})"),
+            ));
+        }
         let mut f = Map::new();
         for key in ["name", "description", "parameters", "strict"] {
             if let Some(v) = t.get(key).filter(|v| !v.is_null()) {
@@ -297,7 +325,10 @@ fn text_format(text: &Value) -> Result<Option<Value>, ApiError> {
         }
         other => Err(bad(
             "text",
-            format!("'text.format.type' must be text, json_object or json_schema, got {other:?}"),
+            format!(
+                "'text.format.type' must be text, json_object or json_schema, got {}",
+                other.unwrap_or("nothing")
+            ),
         )),
     }
 }
@@ -322,6 +353,12 @@ pub(crate) fn translate(
         .get("input")
         .ok_or_else(|| bad("input", "'input' is required"))?;
     input_messages(input, &mut conversation)?;
+    if conversation.is_empty() {
+        return Err(bad(
+            "input",
+            "'input' holds no message (and there is no previous response to continue)",
+        ));
+    }
     let mut messages = Vec::with_capacity(conversation.len() + 1);
     if let Some(instr) = obj.get("instructions").filter(|v| !unset(v)) {
         let text = instr
@@ -390,8 +427,9 @@ pub(crate) fn translate(
                     return Err(bad(
                         "include",
                         format!(
-                        "'include': {other:?} is not implemented (reasoning.encrypted_content is)"
-                    ),
+                            "'include': {} is not implemented (reasoning.encrypted_content is)",
+                            other.map_or_else(|| v.to_string(), |o| format!("{o:?}"))
+                        ),
                     )
                     .with_code("unsupported_field"))
                 }
