@@ -6,12 +6,11 @@
 //! one with `stop: true` and the counts.
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use frink_engine::scheduler::{Completion, Event, TokenLogprob};
 use frink_engine::FinishReason;
@@ -21,7 +20,7 @@ use tokio::sync::mpsc;
 
 use crate::api::{self, json_response, ApiError};
 use crate::requests::{prepare_completion, queue, Prepared};
-use crate::respond::{failed, sse};
+use crate::respond::{event_stream, failed, sse, OnEvent};
 use crate::AppState;
 
 /// Takes `return_tokens` out of a request (the OpenAI endpoints refuse it; the native ones
@@ -215,57 +214,30 @@ async fn streamed(n: Native, mut rx: mpsc::UnboundedReceiver<(usize, Event)>) ->
         Some(e @ (_, Event::Delta { .. } | Event::Done(_))) => e,
         other => return failed(other.map(|(_, e)| e), "an answer").into_response(),
     };
-    struct S {
-        n: Native,
-        first: Option<(usize, Event)>,
-        rx: mpsc::UnboundedReceiver<(usize, Event)>,
-        out: VecDeque<Bytes>,
-        done: bool,
-    }
-    let state = S {
-        n,
-        first: Some(first),
-        rx,
-        out: VecDeque::new(),
-        done: false,
-    };
-    let stream = futures_util::stream::unfold(state, |mut s| async move {
-        loop {
-            if let Some(b) = s.out.pop_front() {
-                return Some((Ok::<Bytes, Infallible>(b), s));
+    event_stream(n, VecDeque::new(), first, rx)
+}
+
+impl OnEvent for Native {
+    fn on_event(&mut self, event: Option<(usize, Event)>, out: &mut VecDeque<Bytes>) -> bool {
+        match event {
+            Some((_, Event::Delta { text, tokens })) => {
+                if !text.is_empty() || !tokens.is_empty() {
+                    out.push_back(sse(&self.piece(text, &tokens)));
+                }
+                false
             }
-            if s.done {
-                return None;
+            Some((_, Event::Done(c))) => {
+                out.push_back(sse(&self.last(String::new(), &c, &[])));
+                true
             }
-            let ev = match s.first.take() {
-                Some(e) => Some(e),
-                None => s.rx.recv().await,
-            };
-            match ev {
-                Some((_, Event::Delta { text, tokens })) => {
-                    if !text.is_empty() || !tokens.is_empty() {
-                        s.out.push_back(sse(&s.n.piece(text, &tokens)));
-                    }
-                }
-                Some((_, Event::Done(c))) => {
-                    s.out.push_back(sse(&s.n.last(String::new(), &c, &[])));
-                    s.done = true;
-                }
-                Some((_, Event::Embedding(_))) => {}
-                other => {
-                    let e = failed(other.map(|(_, e)| e), "an answer");
-                    s.out.push_back(sse(&e.body()));
-                    s.done = true;
-                }
+            Some((_, Event::Embedding(_))) => false,
+            other => {
+                let e = failed(other.map(|(_, e)| e), "an answer");
+                out.push_back(sse(&e.body()));
+                true
             }
         }
-    });
-    Response::builder()
-        .status(StatusCode::OK)
-        .header(header::CONTENT_TYPE, "text/event-stream")
-        .header(header::CACHE_CONTROL, "no-cache")
-        .body(Body::from_stream(stream))
-        .unwrap_or_default()
+    }
 }
 
 /// `GET /props`: what llama.cpp's server reports about itself, for clients that read it

@@ -237,11 +237,6 @@ pub(crate) fn sse(v: &Value) -> Bytes {
 /// The state of one streamed answer ([`stream_response`]).
 struct S {
     fmt: Formatter,
-    /// The first event, already received.
-    first: Option<(usize, Event)>,
-    rx: mpsc::UnboundedReceiver<(usize, Event)>,
-    out: VecDeque<Bytes>,
-    done: bool,
     /// Characters sent so far, per choice (completion logprobs' text offsets).
     chars: Vec<usize>,
     finished: usize,
@@ -253,22 +248,28 @@ struct S {
 impl S {
     /// Sends choice `i`'s parts: reasoning as `reasoning_content` deltas, content as
     /// content deltas, calls as tool-call deltas.
-    fn push_parts(&mut self, i: usize, parts: Vec<reasoning::Part>, mut logprobs: Value) {
+    fn push_parts(
+        &mut self,
+        out: &mut VecDeque<Bytes>,
+        i: usize,
+        parts: Vec<reasoning::Part>,
+        mut logprobs: Value,
+    ) {
         for p in parts {
             match p {
                 reasoning::Part::Reasoning(t) => {
                     let c = json!({"index": i, "delta": {"reasoning_content": t}, "logprobs": std::mem::take(&mut logprobs), "finish_reason": null});
-                    self.out.push_back(sse(&self.fmt.chunk(Some(c), None)));
+                    out.push_back(sse(&self.fmt.chunk(Some(c), None)));
                 }
                 reasoning::Part::Content(t) => {
                     let c = self
                         .fmt
                         .delta_choice(i, Some(&t), std::mem::take(&mut logprobs), None);
-                    self.out.push_back(sse(&self.fmt.chunk(Some(c), None)));
+                    out.push_back(sse(&self.fmt.chunk(Some(c), None)));
                 }
                 reasoning::Part::Call(call) => {
                     for d in self.fmt.call_deltas(i, self.calls[i], &call) {
-                        self.out.push_back(sse(&self.fmt.chunk(Some(d), None)));
+                        out.push_back(sse(&self.fmt.chunk(Some(d), None)));
                     }
                     self.calls[i] += 1;
                 }
@@ -309,25 +310,16 @@ pub(crate) async fn stream_response(
         calls: vec![0; fmt.n],
         chars: vec![0; fmt.n],
         fmt,
-        first: Some(first),
-        rx,
-        out,
-        done: false,
         finished: 0,
         totals: Totals::default(),
     };
-    let stream = futures_util::stream::unfold(state, |mut s| async move {
-        loop {
-            if let Some(b) = s.out.pop_front() {
-                return Some((Ok::<Bytes, Infallible>(b), s));
-            }
-            if s.done {
-                return None;
-            }
-            let event = match s.first.take() {
-                Some(e) => Some(e),
-                None => s.rx.recv().await,
-            };
+    event_stream(state, out, first, rx)
+}
+
+impl OnEvent for S {
+    fn on_event(&mut self, event: Option<(usize, Event)>, out: &mut VecDeque<Bytes>) -> bool {
+        let s = self;
+        {
             match event {
                 Some((i, Event::Delta { text, tokens })) => {
                     // (Text offsets matter to completions, which have neither reasoning nor
@@ -342,34 +334,34 @@ pub(crate) async fn stream_response(
                         Some(a) => a.push(&text),
                         None => vec![reasoning::Part::Content(text)],
                     };
-                    s.push_parts(i, parts, lp);
+                    s.push_parts(out, i, parts, lp);
                 }
                 Some((i, Event::Done(c))) => {
                     if let Some(a) = s.answers[i].take() {
                         let parts = a.finish();
-                        s.push_parts(i, parts, Value::Null);
+                        s.push_parts(out, i, parts, Value::Null);
                     }
                     let finish = Some(chat_finish(c.finish_reason, s.calls[i] > 0));
                     let fin = s.fmt.delta_choice(i, None, Value::Null, finish);
-                    s.out.push_back(sse(&s.fmt.chunk(Some(fin), None)));
+                    out.push_back(sse(&s.fmt.chunk(Some(fin), None)));
                     s.totals.add(i, &c, &s.fmt);
                     s.totals.log(&s.fmt);
                     s.finished += 1;
                     if s.finished == s.fmt.n {
                         if s.fmt.include_usage {
                             let u = s.fmt.usage(&s.totals);
-                            s.out.push_back(sse(&s.fmt.chunk(None, Some(u))));
+                            out.push_back(sse(&s.fmt.chunk(None, Some(u))));
                         }
-                        s.out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
-                        s.done = true;
+                        out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                        return true;
                     }
                 }
                 // (Only embedding requests get one.)
                 Some((_, Event::Embedding(_))) => {}
                 Some((_, e @ Event::Failed(_))) => {
-                    s.out.push_back(sse(&s.fmt.failed(Some(e)).body()));
-                    s.out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
-                    s.done = true;
+                    out.push_back(sse(&s.fmt.failed(Some(e)).body()));
+                    out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                    return true;
                 }
                 None => {
                     let e = ApiError::new(
@@ -377,11 +369,47 @@ pub(crate) async fn stream_response(
                         "server_error",
                         "the request ended without an answer",
                     );
-                    s.out.push_back(sse(&e.body()));
-                    s.out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
-                    s.done = true;
+                    out.push_back(sse(&e.body()));
+                    out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                    return true;
                 }
             }
+        }
+        false
+    }
+}
+
+/// What a streamed answer does with each event of its request ([`event_stream`]).
+pub(crate) trait OnEvent: Send + 'static {
+    /// Handles `event` (`None`: the channel closed without an end), queueing what to send
+    /// in `out`; true when the stream is over.
+    fn on_event(&mut self, event: Option<(usize, Event)>, out: &mut VecDeque<Bytes>) -> bool;
+}
+
+/// A server-sent event stream: `out` first, then each event of `rx` (`first` already
+/// received: it decided the status) through `state`, until it says the stream is over.
+/// The stream owns the receiver: when the client disconnects, the body is dropped, the
+/// channel closes and the scheduler frees the slot at its next step.
+pub(crate) fn event_stream(
+    state: impl OnEvent,
+    out: VecDeque<Bytes>,
+    first: (usize, Event),
+    rx: mpsc::UnboundedReceiver<(usize, Event)>,
+) -> Response {
+    let drive = (state, Some(first), rx, out, false);
+    let stream = futures_util::stream::unfold(drive, |mut d| async move {
+        loop {
+            if let Some(b) = d.3.pop_front() {
+                return Some((Ok::<Bytes, Infallible>(b), d));
+            }
+            if d.4 {
+                return None;
+            }
+            let event = match d.1.take() {
+                Some(e) => Some(e),
+                None => d.2.recv().await,
+            };
+            d.4 = d.0.on_event(event, &mut d.3);
         }
     });
     Response::builder()

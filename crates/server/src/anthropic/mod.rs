@@ -13,12 +13,11 @@
 mod request;
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::StatusCode;
 use axum::response::Response;
 use frink_engine::scheduler::{Completion, Event};
 use frink_engine::FinishReason;
@@ -28,7 +27,7 @@ use tokio::sync::mpsc;
 use crate::api::{self, json_response, ApiError};
 use crate::reasoning::Part;
 use crate::requests::{prepare_chat_with, queue, Prepared};
-use crate::respond::failed;
+use crate::respond::{event_stream, failed, OnEvent};
 use crate::tools::ToolCall;
 use crate::{AppState, St};
 
@@ -365,66 +364,55 @@ async fn streamed(
         &json!({"type": "message_start", "message": reply.message(Vec::new(), None)}),
     ));
     out.push_back(event("ping", &json!({"type": "ping"})));
-    struct S {
-        reply: Reply,
-        blocks: Blocks,
-        reader: Option<crate::answer::AnswerStream>,
-        first: Option<(usize, Event)>,
-        rx: mpsc::UnboundedReceiver<(usize, Event)>,
-        done: bool,
-    }
-    let state = S {
+    let state = Streamed {
         blocks: Blocks {
             id: reply.id.clone(),
             open: None,
             next: 0,
             calls: 0,
-            out,
+            out: VecDeque::new(),
         },
         reply,
         reader: Some(reader),
-        first: Some(first),
-        rx,
-        done: false,
     };
-    let stream = futures_util::stream::unfold(state, |mut s| async move {
-        loop {
-            if let Some(b) = s.blocks.out.pop_front() {
-                return Some((Ok::<Bytes, Infallible>(b), s));
+    event_stream(state, out, first, rx)
+}
+
+/// A streamed answer's state ([`streamed`]).
+struct Streamed {
+    reply: Reply,
+    blocks: Blocks,
+    reader: Option<crate::answer::AnswerStream>,
+}
+
+impl OnEvent for Streamed {
+    fn on_event(&mut self, ev: Option<(usize, Event)>, out: &mut VecDeque<Bytes>) -> bool {
+        let done = match ev {
+            Some((_, Event::Delta { text, .. })) => {
+                let parts = self
+                    .reader
+                    .as_mut()
+                    .map(|r| r.push(&text))
+                    .unwrap_or_default();
+                self.blocks.parts(parts);
+                false
             }
-            if s.done {
-                return None;
+            Some((_, Event::Done(c))) => {
+                let parts = self.reader.take().map(|r| r.finish()).unwrap_or_default();
+                self.blocks.parts(parts);
+                self.blocks.finish(&self.reply, &c);
+                true
             }
-            let ev = match s.first.take() {
-                Some(e) => Some(e),
-                None => s.rx.recv().await,
-            };
-            match ev {
-                Some((_, Event::Delta { text, .. })) => {
-                    let parts = s.reader.as_mut().map(|r| r.push(&text)).unwrap_or_default();
-                    s.blocks.parts(parts);
-                }
-                Some((_, Event::Done(c))) => {
-                    let parts = s.reader.take().map(|r| r.finish()).unwrap_or_default();
-                    s.blocks.parts(parts);
-                    s.blocks.finish(&s.reply, &c);
-                    s.done = true;
-                }
-                Some((_, Event::Embedding(_))) => {}
-                other => {
-                    let e = failed(other.map(|(_, e)| e), "an answer");
-                    s.blocks.out.push_back(event("error", &error_body(&e)));
-                    s.done = true;
-                }
+            Some((_, Event::Embedding(_))) => false,
+            other => {
+                let e = failed(other.map(|(_, e)| e), "an answer");
+                self.blocks.out.push_back(event("error", &error_body(&e)));
+                true
             }
-        }
-    });
-    Response::builder()
-        .status(StatusCode::OK)
-        .header(header::CONTENT_TYPE, "text/event-stream")
-        .header(header::CACHE_CONTROL, "no-cache")
-        .body(Body::from_stream(stream))
-        .unwrap_or_default()
+        };
+        out.extend(self.blocks.out.drain(..));
+        done
+    }
 }
 
 #[cfg(test)]

@@ -14,13 +14,12 @@ mod output;
 mod request;
 
 use std::collections::{HashMap, VecDeque};
-use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{header, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use frink_engine::scheduler::{Completion, Event};
 use frink_engine::FinishReason;
@@ -29,7 +28,7 @@ use tokio::sync::mpsc;
 
 use crate::api::{self, json_response, ApiError};
 use crate::requests::{prepare_chat, queue};
-use crate::respond::failed;
+use crate::respond::{event_stream, failed, OnEvent};
 use crate::{unix_now, AppState, St};
 
 /// The most responses kept.
@@ -329,86 +328,74 @@ async fn streamed(
         json!({"response": start}),
         &mut seq,
     ));
-    struct S {
-        reply: Reply,
-        items: output::Items,
-        reader: Option<crate::answer::AnswerStream>,
-        first: Option<(usize, Event)>,
-        rx: mpsc::UnboundedReceiver<(usize, Event)>,
-        out: VecDeque<Bytes>,
-        seq: u64,
-        done: bool,
-    }
-    impl S {
-        fn flush(&mut self) {
-            for (ty, payload) in self.items.take_events() {
-                let b = event(&ty, payload, &mut self.seq);
-                self.out.push_back(b);
-            }
-        }
-    }
-    let state = S {
+    let state = Streamed {
         reply,
         items,
         reader: Some(reader),
-        first: Some(first),
-        rx,
-        out,
         seq,
-        done: false,
     };
-    let stream = futures_util::stream::unfold(state, |mut s| async move {
-        loop {
-            if let Some(b) = s.out.pop_front() {
-                return Some((Ok::<Bytes, Infallible>(b), s));
+    event_stream(state, out, first, rx)
+}
+
+/// A streamed answer's state ([`streamed`]).
+struct Streamed {
+    reply: Reply,
+    items: output::Items,
+    reader: Option<crate::answer::AnswerStream>,
+    /// The next event's sequence number.
+    seq: u64,
+}
+
+impl Streamed {
+    fn flush(&mut self, out: &mut VecDeque<Bytes>) {
+        for (ty, payload) in self.items.take_events() {
+            out.push_back(event(&ty, payload, &mut self.seq));
+        }
+    }
+}
+
+impl OnEvent for Streamed {
+    fn on_event(&mut self, ev: Option<(usize, Event)>, out: &mut VecDeque<Bytes>) -> bool {
+        match ev {
+            Some((_, Event::Delta { text, .. })) => {
+                let parts = self
+                    .reader
+                    .as_mut()
+                    .map(|r| r.push(&text))
+                    .unwrap_or_default();
+                self.items.parts(parts);
+                self.flush(out);
+                false
             }
-            if s.done {
-                return None;
+            Some((_, Event::Done(c))) => {
+                let parts = self.reader.take().map(|r| r.finish()).unwrap_or_default();
+                self.items.parts(parts);
+                self.items.close();
+                self.flush(out);
+                let v = self.reply.finish(&self.items.done, &c);
+                let ty = if v["status"] == "completed" {
+                    "response.completed"
+                } else {
+                    "response.incomplete"
+                };
+                out.push_back(event(ty, json!({"response": v}), &mut self.seq));
+                true
             }
-            let ev = match s.first.take() {
-                Some(e) => Some(e),
-                None => s.rx.recv().await,
-            };
-            match ev {
-                Some((_, Event::Delta { text, .. })) => {
-                    let parts = s.reader.as_mut().map(|r| r.push(&text)).unwrap_or_default();
-                    s.items.parts(parts);
-                    s.flush();
-                }
-                Some((_, Event::Done(c))) => {
-                    let parts = s.reader.take().map(|r| r.finish()).unwrap_or_default();
-                    s.items.parts(parts);
-                    s.items.close();
-                    s.flush();
-                    let v = s.reply.finish(&s.items.done, &c);
-                    let ty = if v["status"] == "completed" {
-                        "response.completed"
-                    } else {
-                        "response.incomplete"
-                    };
-                    let b = event(ty, json!({"response": v}), &mut s.seq);
-                    s.out.push_back(b);
-                    s.done = true;
-                }
-                Some((_, Event::Embedding(_))) => {}
-                other => {
-                    let e = failed(other.map(|(_, e)| e), "an answer");
-                    let mut v = s.reply.object("failed", &s.items.done, None);
-                    v["error"] =
-                        json!({"code": e.code.unwrap_or("server_error"), "message": e.message});
-                    let b = event("response.failed", json!({"response": v}), &mut s.seq);
-                    s.out.push_back(b);
-                    s.done = true;
-                }
+            Some((_, Event::Embedding(_))) => false,
+            other => {
+                let e = failed(other.map(|(_, e)| e), "an answer");
+                let mut v = self.reply.object("failed", &self.items.done, None);
+                v["error"] =
+                    json!({"code": e.code.unwrap_or("server_error"), "message": e.message});
+                out.push_back(event(
+                    "response.failed",
+                    json!({"response": v}),
+                    &mut self.seq,
+                ));
+                true
             }
         }
-    });
-    Response::builder()
-        .status(StatusCode::OK)
-        .header(header::CONTENT_TYPE, "text/event-stream")
-        .header(header::CACHE_CONTROL, "no-cache")
-        .body(Body::from_stream(stream))
-        .unwrap_or_default()
+    }
 }
 
 /// `GET /v1/responses/{id}`: a stored response.
