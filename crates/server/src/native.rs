@@ -87,25 +87,7 @@ impl Native {
     /// `completion_probabilities` entries of `tokens` (llama.cpp's shape with
     /// `post_sampling_probs` off: log-probabilities, the best alternatives).
     fn probs(&self, tokens: &[TokenLogprob]) -> Value {
-        let entry = |id: u32, lp: f32| {
-            let bytes = self
-                .tok
-                .token_to_piece(id, true)
-                .unwrap_or_default()
-                .to_vec();
-            json!({"id": id, "token": String::from_utf8_lossy(&bytes), "bytes": bytes, "logprob": lp})
-        };
-        Value::Array(
-            tokens
-                .iter()
-                .map(|t| {
-                    let mut e = entry(t.id, t.logprob);
-                    e["top_logprobs"] =
-                        Value::Array(t.top.iter().map(|&(id, lp)| entry(id, lp)).collect());
-                    e
-                })
-                .collect(),
-        )
+        crate::respond::token_logprobs(&self.tok, tokens, true)
     }
 
     /// A streamed piece.

@@ -251,29 +251,6 @@ fn logprobs(
     Ok(())
 }
 
-/// Ollama's `logprobs` entries of `tokens`: each token's text, log-probability and bytes,
-/// with its best alternatives.
-fn logprobs_json(
-    tok: &frink_tokenizer::Tokenizer,
-    tokens: &[frink_engine::scheduler::TokenLogprob],
-) -> Value {
-    let entry = |id: u32, lp: f32| {
-        let bytes = tok.token_to_piece(id, true).unwrap_or_default().to_vec();
-        json!({"token": String::from_utf8_lossy(&bytes), "logprob": lp, "bytes": bytes})
-    };
-    Value::Array(
-        tokens
-            .iter()
-            .map(|t| {
-                let mut e = entry(t.id, t.logprob);
-                e["top_logprobs"] =
-                    Value::Array(t.top.iter().map(|&(id, lp)| entry(id, lp)).collect());
-                e
-            })
-            .collect(),
-    )
-}
-
 /// `format`: `"json"`, a JSON schema, or nothing, as the OpenAI `response_format`.
 fn format(obj: &Map<String, Value>, out: &mut Map<String, Value>) -> Result<(), ApiError> {
     match obj.get("format") {
@@ -545,7 +522,7 @@ async fn answer(
                     let (thinking, content, calls) = format.parse(&text);
                     let mut v = reply.part(&content, &thinking, &calls, true);
                     if with_logprobs {
-                        v["logprobs"] = logprobs_json(&reply.tok, &tokens);
+                        v["logprobs"] = crate::respond::token_logprobs(&reply.tok, &tokens, false);
                     }
                     reply.finish(&mut v, &c);
                     return json_response(StatusCode::OK, &v);
@@ -581,7 +558,8 @@ async fn answer(
 
         fn logprobs(&mut self, v: &mut Value) {
             if let Some(p) = self.pending.as_mut() {
-                v["logprobs"] = logprobs_json(&self.reply.tok, &std::mem::take(p));
+                v["logprobs"] =
+                    crate::respond::token_logprobs(&self.reply.tok, &std::mem::take(p), false);
             }
         }
     }

@@ -379,6 +379,36 @@ impl OnEvent for S {
     }
 }
 
+/// Tokens' log-probabilities as llama.cpp's `completion_probabilities` (`with_id`) and
+/// Ollama's `logprobs` write them: each token's text, bytes and log-probability, with its
+/// best alternatives in `top_logprobs`.
+pub(crate) fn token_logprobs(
+    tok: &frink_tokenizer::Tokenizer,
+    tokens: &[TokenLogprob],
+    with_id: bool,
+) -> Value {
+    let entry = |id: u32, lp: f32| {
+        let bytes = tok.token_to_piece(id, true).unwrap_or_default().to_vec();
+        let mut e =
+            json!({"token": String::from_utf8_lossy(&bytes), "bytes": bytes, "logprob": lp});
+        if with_id {
+            e["id"] = json!(id);
+        }
+        e
+    };
+    Value::Array(
+        tokens
+            .iter()
+            .map(|t| {
+                let mut e = entry(t.id, t.logprob);
+                e["top_logprobs"] =
+                    Value::Array(t.top.iter().map(|&(id, lp)| entry(id, lp)).collect());
+                e
+            })
+            .collect(),
+    )
+}
+
 /// What a streamed answer does with each event of its request ([`event_stream`]).
 pub(crate) trait OnEvent: Send + 'static {
     /// Handles `event` (`None`: the channel closed without an end), queueing what to send
