@@ -81,6 +81,9 @@ pub struct DraftModel<'m> {
     /// End-of-generation ids (the target's; the vocabulary is the same): a draft stops
     /// after proposing one.
     pub eog: HashSet<u32>,
+    /// Never propose an end-of-generation token (the target bans them: `ignore_eos`,
+    /// [`crate::FinishRule::prepare`]), so the draft follows the target's distribution.
+    pub ban_eog: bool,
     /// Draws proposals from this chain instead of taking the most likely token.
     sampler: Option<Sampler>,
     /// The distributions of the last draft's tokens (with a sampler).
@@ -101,6 +104,7 @@ impl<'m> DraftModel<'m> {
             n_min: 0,
             prefix: Vec::new(),
             eog: HashSet::new(),
+            ban_eog: false,
             sampler: None,
             dists: Vec::new(),
         }
@@ -138,6 +142,13 @@ impl<'m> DraftModel<'m> {
         let mut out = Vec::new();
         self.dists.clear();
         while out.len() < max {
+            if self.ban_eog {
+                for &t in &self.eog {
+                    if let Some(l) = logits.get_mut(t as usize) {
+                        *l = f32::NEG_INFINITY;
+                    }
+                }
+            }
             let (t, p) = match &mut self.sampler {
                 None => most_likely(&logits),
                 Some(s) => {

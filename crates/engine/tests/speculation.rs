@@ -330,7 +330,14 @@ fn the_scheduler_speculates_beside_seven_other_streams() {
         let nv = model.config.n_vocab as u32;
         let prompt = repetitive(&model, 120);
         let greedy = greedy();
-        let plain = |s: &SamplingParams, n| run(&model, &prompt, n, s, None).0.ids;
+        // As the scheduler's requests here (`ignore_eos`): end-of-generation tokens banned.
+        let banned = |s: &SamplingParams| {
+            let mut s = s.clone();
+            s.logit_bias
+                .extend(tok.eog_ids().iter().map(|&t| (t, f32::NEG_INFINITY)));
+            s
+        };
+        let plain = |s: &SamplingParams, n| run(&model, &prompt, n, &banned(s), None).0.ids;
         let g = plain(&greedy, n);
         let s1 = plain(&seeded(1), n);
         let wrong = |ids: &[u32]| ids.iter().map(|&t| (t + 1) % nv).collect::<Vec<u32>>();

@@ -22,6 +22,8 @@ pub(super) struct LazyDraft<'t> {
     pub(super) p_min: f32,
     pub(super) n_min: usize,
     pub(super) eog: HashSet<u32>,
+    /// The target bans end-of-generation tokens ([`DraftModel::ban_eog`]).
+    pub(super) ban_eog: bool,
     /// Draws from this chain (rejection sampling), else greedy.
     pub(super) sampling: Option<SamplingParams>,
     pub(super) draft: Option<DraftModel<'t>>,
@@ -34,6 +36,7 @@ impl Propose for LazyDraft<'_> {
             d.p_min = self.p_min;
             d.n_min = self.n_min;
             d.eog = std::mem::take(&mut self.eog);
+            d.ban_eog = self.ban_eog;
             if let Some(p) = &self.sampling {
                 d.sample_with(p);
             }
@@ -415,6 +418,7 @@ impl<'t> Worker<'t> {
                     p_min: self.config.draft_p_min,
                     n_min: self.config.draft_min,
                     eog: self.tok.eog_ids().iter().copied().collect(),
+                    ban_eog: req.ignore_eos && !sampler.is_constrained(),
                     sampling: (self.config.spec_sampling == SpecSampling::Rejection)
                         .then(|| req.sampling.clone()),
                     draft: None,
