@@ -180,10 +180,14 @@ fn main() -> ExitCode {
                 None => a,
             },
         );
-    let cli = with_env(Cli::command())
+    let matches = with_env(Cli::command())
         .try_get_matches_from(args)
-        .and_then(|m| Cli::from_arg_matches(&m))
         .unwrap_or_else(|e| e.exit());
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // `frink serve` without -m (or FRINK_MODEL) serves what each request names.
+    if let (Command::Serve(a), Some(m)) = (&mut cli.command, matches.subcommand_matches("serve")) {
+        a.model_given = m.value_source("model") != Some(clap::parser::ValueSource::DefaultValue);
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         // The reader of standard output went away (`| head`): not an error of ours.

@@ -120,6 +120,34 @@ pub struct ServeArgs {
     /// Log each request's rendered prompt and the answer's text too (never by default).
     #[arg(long = "log-prompts", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
     pub log_prompts: bool,
+    /// Models loaded at once, at most (a request for another unloads the least recently
+    /// used idle one).
+    #[arg(long = "max-models", default_value_t = 3)]
+    pub max_models: usize,
+    /// Bytes the loaded models may hold together, each counted as its file and KV pool (K,
+    /// M or G suffix; default: the memory available when the server starts).
+    #[arg(long = "max-memory", value_parser = crate::common::parse_bytes)]
+    pub max_memory: Option<usize>,
+    /// How long a model stays loaded after its last request (Ollama's forms: `5m`, `1h`,
+    /// seconds, `0` unloads at once, negative never; the -m model stays unless a request
+    /// says otherwise).
+    #[arg(long = "keep-alive", default_value = "5m", value_parser = keep_alive, allow_hyphen_values = true)]
+    pub keep_alive: frink_server::models::KeepAlive,
+    /// Models with settings of their own (a TOML file of `[models.NAME]` tables: `model`,
+    /// `ctx`, `parallel`, `kv_size`, `kv_type`, `pooling`, `chat_template_file`,
+    /// `draft_model`, `draft_max`, `lora`, `keep_alive`; docs/server.md).
+    #[arg(long = "models-config")]
+    pub models_config: Option<std::path::PathBuf>,
+    /// Whether -m (or FRINK_MODEL) was given: without it the server loads the model each
+    /// request names.
+    #[arg(skip)]
+    pub model_given: bool,
+}
+
+/// A `--keep-alive` value ([`frink_server::models::KeepAlive::parse`]).
+fn keep_alive(s: &str) -> Result<frink_server::models::KeepAlive, String> {
+    frink_server::models::KeepAlive::parse(&serde_json::Value::String(s.to_string()))
+        .map_err(|e| e.replace("'keep_alive'", "--keep-alive"))
 }
 
 /// Resolves the model (fetching a catalog model on first use) and serves until SIGINT or
@@ -156,7 +184,12 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     let api_keys = api_keys(args)?;
     let spec = args.spec.kind()?;
     let draft_model = args.spec.draft_path()?;
-    let path = args.model.path()?;
+    anyhow::ensure!(args.max_models >= 1, "--max-models must be at least 1");
+    let path = if args.model_given {
+        Some(args.model.path()?)
+    } else {
+        None
+    };
     let (chat_template, chat_template_kwargs) = args.template.resolve()?;
     // The decode path is measured with the batches a loaded server decodes (docs/speed.md, "The
     // decode path").
@@ -165,7 +198,11 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         ..args.model.clone()
     };
     let config = frink_server::ServeConfig {
-        model_name: args.model.model.clone(),
+        model_name: if args.model_given {
+            args.model.model.clone()
+        } else {
+            String::new()
+        },
         host: args.host.clone(),
         port: args.port,
         parallel: args.parallel,
@@ -182,6 +219,19 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         split_reasoning: args.reasoning_format == "auto",
         pooling: args.pooling,
         model_path: path.clone(),
+        max_models: args.max_models,
+        max_memory: args.max_memory.map(|b| b as u64),
+        keep_alive: args.keep_alive,
+        models_config: match &args.models_config {
+            Some(p) => frink_server::models::config::read(p, &|name| {
+                let store = frink_store::Store::from_env()?;
+                match store.list().into_iter().find(|m| m.name == name) {
+                    Some(m) => Ok(m.path),
+                    None => Ok(store.resolve(name)?),
+                }
+            })?,
+            None => Vec::new(),
+        },
         ctx_checkpoints: args.ctx_checkpoints,
         checkpoint_interval: args.checkpoint_interval,
         checkpoint_budget: args.checkpoint_budget,
@@ -200,14 +250,34 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         log_prompts: args.log_prompts,
     };
     // Sizes are checked against the file's metadata before anything listens or loads.
-    let file = frink_gguf::GgufFile::open(&path)
-        .with_context(|| format!("cannot load {}", path.display()))?;
-    let shape = frink_models::ModelConfig::from_gguf(&file)
-        .with_context(|| format!("cannot load {}", path.display()))?;
-    drop(file);
-    frink_server::kv_pool_positions(&config, &shape)?;
-    // The same loading as every other command (thread pool, model options).
-    frink_server::run(config, Box::new(move || model.load_path(&path)))
+    if let Some(path) = &path {
+        let file = frink_gguf::GgufFile::open(path)
+            .with_context(|| format!("cannot load {}", path.display()))?;
+        let shape = frink_models::ModelConfig::from_gguf(&file)
+            .with_context(|| format!("cannot load {}", path.display()))?;
+        drop(file);
+        frink_server::kv_pool_positions(&config, &shape)?;
+    }
+    // The same loading as every other command (thread pool, model options), for each
+    // model the server loads.
+    // LoRA adapters belong to the -m model; other models load without them.
+    let plain = crate::common::ModelArgs {
+        lora: Vec::new(),
+        lora_scaled: Vec::new(),
+        ..model.clone()
+    };
+    frink_server::run(
+        config,
+        std::sync::Arc::new(move |p, lora| match lora {
+            Some(files) => crate::common::ModelArgs {
+                lora: files.to_vec(),
+                ..plain.clone()
+            }
+            .load_path(p),
+            None if path.as_deref() == Some(p) => model.load_path(p),
+            None => plain.load_path(p),
+        }),
+    )
 }
 
 /// A `--cors-origin` value ([`frink_server::cors::check_origin`]).

@@ -68,12 +68,12 @@ check(len(glp.logprobs) == glp.eval_count - (glp.done_reason == "stop") and len(
 
 # list, show, ps.
 models = client.list().models
-check(len(models) == 1 and models[0].model == model and models[0].details.format == "gguf", f"list {models}")
+check(models[0].model == model and models[0].details.format == "gguf", f"list: the -m model first {models}")
 s = client.show(model)
 check("completion" in s.capabilities and "tools" in s.capabilities, f"capabilities {s.capabilities}")
 check(s.modelinfo.get("general.architecture") == "qwen2", "model_info")
 check(s.details.quantization_level == "Q4_K_M", f"quantization {s.details.quantization_level}")
-check(len(client.ps().models) == 1, "ps")
+check([m.model for m in client.ps().models] == [model], "ps: the -m model alone is loaded")
 
 # embed (normalised) and embeddings (raw) against /v1/embeddings.
 e = client.embed(model=model, input=["red", "a green apple"])

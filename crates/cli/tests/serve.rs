@@ -479,7 +479,10 @@ fn queue_limit_api_key_and_small_endpoints() {
         json!({"prompt": "Once upon a time", "max_tokens": 3000, "ignore_eos": true}).to_string();
     let port = srv.port;
     let mut running = Vec::new();
-    for gauge in ["frink_slots_busy 1", "frink_queue_depth 1"] {
+    for gauge in [
+        "frink_slots_busy{model_name=\"smollm2-135m\"} 1",
+        "frink_queue_depth{model_name=\"smollm2-135m\"} 1",
+    ] {
         let long = long.clone();
         running.push(std::thread::spawn(move || {
             common::http::Client::new(port)
@@ -543,8 +546,8 @@ fn frink_environment_variables_configure_the_server() {
         ],
     );
     assert_eq!(srv.request("GET", "/metrics", None).status, 401);
-    let m = srv.request_with("GET", "/metrics", None, &[("Authorization", "Bearer k2")]);
-    assert!(m.text().contains("frink_slots_total 3"), "{}", m.text());
+    let slots = srv.metric_with("frink_slots_total", &[("Authorization", "Bearer k2")]);
+    assert_eq!(slots, 3.0);
     let long = json!({"prompt": "word ".repeat(200)}).to_string();
     let r = srv.request_with(
         "POST",
@@ -740,7 +743,9 @@ fn n_choices_share_the_prompt_and_equal_single_requests() {
             .lines()
             .filter(|l| !l.starts_with('#'))
             .filter_map(|l| {
-                let (k, v) = l.split_once(' ')?;
+                // One model: its series by name, without the `model_name` label.
+                let (k, v) = l.rsplit_once(' ')?;
+                let k = k.split('{').next()?;
                 Some((k.to_string(), v.parse().ok()?))
             })
             .collect()
@@ -835,7 +840,9 @@ fn vllm_metrics_report_running_requests_and_kv_use() {
     assert_eq!(srv.metric("vllm:kv_cache_usage_perc"), 0.0);
     let text = srv.request("GET", "/metrics", None).text();
     assert!(
-        text.contains("vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"64\""),
+        text.contains(
+            "vllm:cache_config_info{model_name=\"smollm2-135m\",block_size=\"16\",num_gpu_blocks=\"64\""
+        ),
         "{text}"
     );
 }

@@ -6,64 +6,9 @@
 mod common;
 
 use common::http::Server;
-use common::serve::{chat, lock, message};
+use common::serve::{chat, lock, message, openai_venv, run_client_script};
 use common::{frink, last_json_line, stderr};
 use serde_json::{json, Value};
-/// A virtualenv with the official `openai`, `ollama` and `anthropic` packages (made once
-/// under the target directory),
-/// or `None` after a visible notice when pip cannot install it (a failure under CI=true).
-fn openai_venv() -> Option<std::path::PathBuf> {
-    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("openai-venv");
-    let python = dir.join("bin/python");
-    let has = |p: &std::path::Path| {
-        std::process::Command::new(p)
-            .args(["-c", "import openai, jsonschema, ollama, anthropic"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if has(&python) {
-        return Some(python);
-    }
-    let run = |cmd: &mut std::process::Command| {
-        cmd.output()
-            .map(|o| {
-                (
-                    o.status.success(),
-                    String::from_utf8_lossy(&o.stderr).into_owned(),
-                )
-            })
-            .unwrap_or_else(|e| (false, e.to_string()))
-    };
-    let (ok, err) = run(std::process::Command::new("python3")
-        .args(["-m", "venv"])
-        .arg(&dir));
-    let (ok, err) = if ok {
-        run(std::process::Command::new(dir.join("bin/pip")).args([
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "openai",
-            "jsonschema",
-            "ollama",
-            "anthropic",
-        ]))
-    } else {
-        (ok, err)
-    };
-    if ok && has(&python) {
-        return Some(python);
-    }
-    let msg = format!(
-        "cannot install the openai, jsonschema, ollama and anthropic packages into {}: {err}",
-        dir.display()
-    );
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{msg}");
-    }
-    frink_testdata::skipped("the openai, ollama and anthropic client tests", &msg);
-    None
-}
-
 #[test]
 fn openai_python_client_end_to_end() {
     let _l = lock();
@@ -72,30 +17,6 @@ fn openai_python_client_end_to_end() {
     };
     let srv = Server::start(&[]);
     run_client_script(&python, "openai_e2e.py", &srv, &[], "checks passed");
-}
-
-/// Runs `tests/<script>` with the venv's `python`, the server's base URL and `args`;
-/// asserts it succeeds and prints `marker`.
-fn run_client_script(
-    python: &std::path::Path,
-    script: &str,
-    srv: &Server,
-    args: &[&str],
-    marker: &str,
-) {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests")
-        .join(script);
-    let out = std::process::Command::new(python)
-        .arg(path)
-        .arg(format!("http://127.0.0.1:{}/v1", srv.port))
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("run {script}: {e}"));
-    let text = String::from_utf8_lossy(&out.stdout);
-    eprint!("{text}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "{script} failed");
-    assert!(text.contains(marker), "{script}: no {marker:?}");
 }
 
 /// Structured output with the official `openai` client (tests/structured_e2e.py) on two

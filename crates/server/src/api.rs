@@ -17,7 +17,7 @@ use frink_tokenizer::ChatMessage;
 use serde_json::{json, Map, Value};
 
 /// An error answered as `{"error": {"message", "type", "param", "code"}}`.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ApiError {
     /// HTTP status.
     pub status: StatusCode,

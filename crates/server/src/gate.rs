@@ -22,7 +22,7 @@ use sha2::{Digest, Sha256};
 
 use crate::api::{json_response, ApiError};
 use crate::conn::{Answering, ConnHandle};
-use crate::AppState;
+use crate::Server;
 
 /// The largest request body read, in bytes (larger ones are a 413).
 pub const MAX_BODY_BYTES: usize = 2 << 20;
@@ -114,11 +114,7 @@ pub fn error_for_path(path: &str, e: ApiError) -> Response {
 }
 
 /// The gate (an axum middleware over the whole router; see the module documentation).
-pub(crate) async fn gate(
-    State(st): State<Arc<AppState>>,
-    mut req: Request,
-    next: Next,
-) -> Response {
+pub(crate) async fn gate(State(st): State<Arc<Server>>, mut req: Request, next: Next) -> Response {
     let counts = crate::log::RequestLog::new(st.log_prompts);
     let line = crate::log::Line {
         format: st.log_format,
@@ -155,7 +151,7 @@ pub(crate) async fn gate(
 
 /// The gate's checks and the route (see [`gate`]); with the response, the mark that keeps
 /// its connection answering while the body leaves (none for an answer refused here).
-async fn checked(st: Arc<AppState>, req: Request, next: Next) -> (Response, Option<Answering>) {
+async fn checked(st: Arc<Server>, req: Request, next: Next) -> (Response, Option<Answering>) {
     let path = req.uri().path().to_string();
     let (parts, body) = req.into_parts();
     let conn = parts

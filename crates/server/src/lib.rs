@@ -9,9 +9,12 @@
 //! `data: [DONE]`. When the client goes away the channel closes and the scheduler frees the
 //! request's slot at its next step.
 //!
+//! Several models can be served: each request's `model` selects one, loaded on demand
+//! ([`models`]); each loaded model has its own scheduler and router ([`engine`]).
+//!
 //! Endpoints and shapes follow CONTRACT.md (HTTP): `POST /v1/chat/completions`,
 //! `POST /v1/completions`, `GET /v1/models`, `GET /health`, `GET /metrics`,
-//! `POST /tokenize`, `POST /detokenize`.
+//! `POST /tokenize`, `POST /detokenize`, and the Ollama, Anthropic and llama.cpp families.
 
 pub mod answer;
 mod anthropic;
@@ -20,11 +23,13 @@ pub mod calls;
 pub mod conn;
 pub mod cors;
 mod embeddings;
+mod engine;
 pub mod gate;
 pub mod harmony;
 mod infill;
 pub mod log;
 mod metrics;
+pub mod models;
 mod native;
 pub mod ollama;
 mod pull;
@@ -34,9 +39,9 @@ mod respond;
 mod responses;
 pub mod tools;
 
-use embeddings::{embeddings, embeddings_llamacpp};
+pub use engine::kv_pool_positions;
+use engine::Engine;
 use metrics::metrics;
-use requests::{chat_completions, completions};
 use respond::shutting_down;
 
 use std::collections::VecDeque;
@@ -53,10 +58,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use frink_engine::constraint::{Constraint, GrammarCompiler};
-use frink_engine::scheduler::{Completion, Event, Scheduler, SchedulerConfig};
+use frink_engine::scheduler::{Completion, Event};
 use frink_models::{KvType, Model};
-use frink_tokenizer::Tokenizer;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
@@ -65,7 +68,7 @@ use crate::api::{json_response, ApiError};
 /// Settings of `frink serve` (CONTRACT.md).
 #[derive(Clone, Debug)]
 pub struct ServeConfig {
-    /// The name reported by `/v1/models` (the `-m` value).
+    /// The `-m` value: the name the `-m` model is served under (empty without `-m`).
     pub model_name: String,
     /// Address to listen on.
     pub host: String,
@@ -103,8 +106,19 @@ pub struct ServeConfig {
     pub split_reasoning: bool,
     /// Embeddings' pooling (`--pooling`; `None`: the file's, else mean).
     pub pooling: Option<frink_models::Pooling>,
-    /// The model file (what Ollama's `/api/show` and `/api/tags` describe).
-    pub model_path: std::path::PathBuf,
+    /// The `-m` model's file; `None`: the server was started without `-m` and loads the
+    /// model each request names.
+    pub model_path: Option<std::path::PathBuf>,
+    /// Models resident at once, at most (`--max-models`).
+    pub max_models: usize,
+    /// Bytes the resident models may hold together (`--max-memory`; each counted as its
+    /// file and KV pool); `None`: what the machine has available at start.
+    pub max_memory: Option<u64>,
+    /// How long a model stays loaded after its last request (`--keep-alive`; the `-m`
+    /// model stays loaded unless a request says otherwise).
+    pub keep_alive: models::KeepAlive,
+    /// `--models-config`'s models and their own settings.
+    pub models_config: Vec<models::config::ModelSettings>,
     /// Recurrent models: checkpoints per slot, positions between them, bytes in all
     /// ([`frink_engine::scheduler::SchedulerConfig::ctx_checkpoints`]).
     pub ctx_checkpoints: usize,
@@ -144,106 +158,26 @@ const PULLS: usize = 2;
 /// `/health` and light requests answer while heavy ones are prepared.
 const PREPARING: usize = 4;
 
-/// The loaded model's side of the server.
-struct Engine {
-    sched: Scheduler,
-    tok: Arc<Tokenizer>,
-    /// Compiles requests' grammars against the vocabulary.
-    grammars: GrammarCompiler,
-    /// How embeddings pool ([`frink_engine::embed::pooling`]).
-    pooling: frink_models::Pooling,
-    /// The model's hidden size (an embedding's length).
-    n_embd: usize,
-    /// What Ollama's endpoints report about the model.
-    info: ollama::ModelInfo,
-    /// The loaded LoRA adapters (path, current default scale), by id: `--lora`, changed by
-    /// `POST /lora-adapters`.
-    lora: std::sync::Mutex<Vec<(String, f32)>>,
-    /// The prompt lengths the scheduler runs (a longer prompt can never run).
-    prompt_limit: frink_engine::scheduler::PromptLimit,
-    /// What llama.cpp's `infill` sampler reads of the vocabulary, built at its first use.
-    infill_vocab: OnceLock<Arc<frink_engine::sampling::InfillVocab>>,
-}
-
-impl Engine {
-    /// The vocabulary as llama.cpp's `infill` sampler reads it: each token's text without
-    /// control tokens' (`token_to_piece(id, special = false)`), the end-of-generation ids,
-    /// and the end-of-turn token (EOS where the model names none).
-    fn infill_vocab(&self) -> Arc<frink_engine::sampling::InfillVocab> {
-        Arc::clone(self.infill_vocab.get_or_init(|| {
-            let pieces = (0..self.tok.n_vocab() as u32)
-                .map(|id| {
-                    self.tok
-                        .token_to_piece(id, false)
-                        .map(<[u8]>::to_vec)
-                        .unwrap_or_default()
-                })
-                .collect();
-            let eot = self.tok.eot_id().or(self.tok.eos_id()).unwrap_or(0);
-            Arc::new(frink_engine::sampling::InfillVocab::new(
-                pieces,
-                self.tok.eog_ids(),
-                eot,
-            ))
-        }))
-    }
-
-    /// A request's adapters: its own `lora` list (the adapters it does not name at scale 0,
-    /// as llama-server does), else the current default scales.
-    ///
-    /// Errors: a 400 for a malformed list or an id that is not loaded.
-    fn lora_set(&self, requested: Option<&Value>) -> Result<Vec<(usize, f32)>, ApiError> {
-        let cur = self.lora.lock().unwrap_or_else(|e| e.into_inner());
-        match requested {
-            None | Some(Value::Null) => Ok(cur.iter().map(|(_, s)| *s).enumerate().collect()),
-            Some(v) => {
-                let list = api::lora_list(v, cur.len(), "lora")?;
-                Ok((0..cur.len())
-                    .map(|i| (i, list.iter().find(|e| e.0 == i).map_or(0.0, |e| e.1)))
-                    .collect())
-            }
-        }
-    }
-
-    /// The compiled constraint of a request's grammar (from its grammar fields, or a
-    /// required tool call), or `None` without one: compiled once per request, whatever
-    /// its `n` (each choice gets a clone).
-    ///
-    /// Errors: a 400 `invalid_grammar` naming the field, with the compiler's sentence.
-    fn constraint(
-        &self,
-        grammar: Option<(&'static str, frink_engine::constraint::Grammar)>,
-        triggers: Option<Vec<frink_engine::constraint::Trigger>>,
-    ) -> Result<Option<Constraint>, ApiError> {
-        let Some((param, g)) = grammar else {
-            return Ok(None);
-        };
-        match triggers {
-            Some(t) => self.grammars.compile_lazy(&g, t),
-            None => self.grammars.compile(&g),
-        }
-        .map(Some)
-        .map_err(|e| {
-            ApiError::invalid(Some(param), format!("'{param}': {e}")).with_code("invalid_grammar")
-        })
-    }
-}
-
-struct AppState {
-    /// Set once the model is loaded (`/health` says `loading` before).
-    engine: OnceLock<Engine>,
-    model_name: String,
-    /// The keys the gate accepts ([`gate::ApiKeys`]).
-    keys: gate::ApiKeys,
-    /// The origins allowed cross-origin requests ([`cors::Cors`]).
-    cors: cors::Cors,
-    /// The open connections and their limits.
-    conns: Arc<conn::ConnTable>,
+/// What every loaded model shares with the rest of the server.
+struct Shared {
     /// Requests' preparation (template, tokenizer, grammar) running off the HTTP threads
     /// at once, at most ([`AppState::offload`]).
     preparing: Arc<tokio::sync::Semaphore>,
-    /// The `hf:` and catalog names being pulled (`/api/pull`), at most [`PULLS`] at once.
-    pulls: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Stored responses of the Responses API (`previous_response_id`).
+    responses: responses::Store,
+    next_id: AtomicU64,
+    /// Prefix groups of multi-choice requests (apart from response ids, which stay 1, 2, 3…).
+    next_group: AtomicU64,
+    created: u64,
+}
+
+/// One loaded model's side of the server: its engine and the settings its requests are
+/// prepared with (the state of its router, [`engine::model_router`]).
+struct AppState {
+    /// The model's engine (set when it is loaded).
+    engine: OnceLock<Engine>,
+    /// The name it is served under.
+    model_name: String,
     /// Embedding inputs the scheduler's queue holds (`--queue`): a request's inputs are
     /// submitted in waves of at most this many.
     queue: usize,
@@ -254,51 +188,44 @@ struct AppState {
     split_reasoning: bool,
     /// Slots: the most choices (`n`) one request may ask for.
     parallel: usize,
+    shared: Arc<Shared>,
+}
+
+/// The server's state: the models it has and holds, and everything not one model's.
+pub(crate) struct Server {
+    registry: models::registry::Registry,
+    models: Arc<models::Models>,
+    /// The `-m` model has loaded (`/health` says `loading` before); true without `-m`.
+    ready: std::sync::atomic::AtomicBool,
+    /// The keys the gate accepts ([`gate::ApiKeys`]).
+    keys: gate::ApiKeys,
+    /// The origins allowed cross-origin requests ([`cors::Cors`]).
+    cors: cors::Cors,
+    /// The open connections and their limits.
+    conns: Arc<conn::ConnTable>,
+    /// The `hf:` and catalog names being pulled (`/api/pull`), at most [`PULLS`] at once.
+    pulls: std::sync::Mutex<std::collections::HashSet<String>>,
     /// How request lines are written ([`log::LogFormat`]).
     log_format: log::LogFormat,
     /// `--log-prompts` ([`ServeConfig::log_prompts`]).
     log_prompts: bool,
+    /// The chat template override (what `/api/show` reports).
+    chat_template: Option<String>,
+    shared: Arc<Shared>,
     created: u64,
-    next_id: AtomicU64,
-    /// Stored responses of the Responses API (`previous_response_id`).
-    responses: responses::Store,
-    /// Prefix groups of multi-choice requests (apart from response ids, which stay 1, 2, 3…).
-    next_group: AtomicU64,
 }
 
-/// What is served, once loaded: the model's name, file and architecture, the context,
-/// slots, KV pool, threads, device and the tool-call and reasoning formats its template
-/// teaches.
-fn banner(config: &ServeConfig, eng: &Engine, template: Option<&str>) -> String {
-    let template = template.or(eng.tok.chat_template()).unwrap_or("");
-    let tools = tools::ToolFormat::detect(template).map_or("none", |f| f.name());
-    let thinking = if template.contains("<think>") || template.contains("<|channel") {
-        "yes"
-    } else {
-        "no"
-    };
-    format!(
-        "model {} ({}), architecture {}, context {} tokens, {} slots, KV pool {} positions \
-         ({:?}), {} threads, device cpu, tool calls {tools}, reasoning {thinking}",
-        config.model_name,
-        config.model_path.display(),
-        eng.tok.architecture(),
-        config.ctx,
-        config.parallel,
-        eng.prompt_limit.kv_positions,
-        config.kv_type,
-        frink_models::pool::threads(),
-    )
-}
-
-/// Loads the model (sizing the compute pool first): the caller's policy, run on a
-/// background thread once the listener is bound.
-pub type Loader = Box<dyn FnOnce() -> Result<Model> + Send>;
+/// Loads a model file (sizing the compute pool first): the caller's policy, run on a
+/// thread of its own for each model the server loads. The adapters: `None` the
+/// caller's own rule (`--lora` for the `-m` model), else these at scale 1.
+pub type Loader =
+    Arc<dyn Fn(&std::path::Path, Option<&[std::path::PathBuf]>) -> Result<Model> + Send + Sync>;
 
 /// Runs the server until SIGINT or SIGTERM; returns once it has shut down.
 ///
-/// The listener is bound first and `load` runs in the background, so `/health` answers
-/// `503 {"status": "loading"}` until the model is ready.
+/// The listener is bound first and the `-m` model (if any) loads in the background, so
+/// `/health` answers `503 {"status": "loading"}` until it is ready; other models load
+/// when a request names them.
 pub fn run(config: ServeConfig, load: Loader) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -313,90 +240,136 @@ pub fn run(config: ServeConfig, load: Loader) -> Result<()> {
     r
 }
 
+/// The server's state for `config`.
+fn server_state(config: &ServeConfig, loader: Loader) -> Arc<Server> {
+    let shared = Arc::new(Shared {
+        preparing: Arc::new(tokio::sync::Semaphore::new(PREPARING)),
+        responses: responses::Store::default(),
+        next_id: AtomicU64::new(1),
+        next_group: AtomicU64::new(1),
+        created: unix_now(),
+    });
+    let store = frink_store::Store::from_env().ok();
+    let registry = models::registry::Registry::new(
+        config
+            .model_path
+            .clone()
+            .map(|p| (config.model_name.clone(), p)),
+        config.models_config.clone(),
+        store,
+        frink_store::home_file("aliases.json"),
+    );
+    let build = Arc::new(engine::Builder {
+        config: config.clone(),
+        loader,
+        shared: Arc::clone(&shared),
+    });
+    let models = Arc::new(models::Models::new(
+        build,
+        config.max_models,
+        config.max_memory.unwrap_or_else(models::available_memory),
+        config.keep_alive,
+    ));
+    Arc::new(Server {
+        registry,
+        models,
+        ready: std::sync::atomic::AtomicBool::new(config.model_path.is_none()),
+        keys: gate::ApiKeys::new(&config.api_keys),
+        cors: cors::Cors::new(&config.cors_origins),
+        conns: Arc::new(conn::ConnTable::new(config.conn)),
+        pulls: Default::default(),
+        log_format: config.log_format,
+        log_prompts: config.log_prompts,
+        chat_template: config.chat_template.clone(),
+        created: shared.created,
+        shared,
+    })
+}
+
+/// The routes: the server's own, and every model-scoped one through
+/// [`models::dispatch::dispatch`] (the same paths as [`engine::model_router`]).
+fn router(state: &Arc<Server>) -> Router {
+    let mut app = Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/v1/models", get(models::manage::list))
+        .route("/models", get(models::manage::list))
+        .route("/models/load", post(models::manage::load))
+        .route("/models/unload", post(models::manage::unload))
+        .route("/api/show", post(models::manage::show))
+        .route("/api/pull", post(pull::pull))
+        .route("/api/tags", get(models::manage::tags))
+        .route("/api/ps", get(models::manage::ps))
+        .route("/api/delete", axum::routing::delete(models::manage::delete))
+        .route("/api/copy", post(models::manage::copy))
+        .route("/api/create", post(models::manage::create))
+        .route("/api/version", get(ollama::version))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::retrieve).delete(responses::delete),
+        )
+        .route("/v1/responses/{id}/cancel", post(responses::cancel));
+    for (path, method) in engine::MODEL_ROUTES {
+        let d = match *method {
+            "GET" => get(models::dispatch::dispatch),
+            "GET POST" => get(models::dispatch::dispatch).post(models::dispatch::dispatch),
+            _ => post(models::dispatch::dispatch),
+        };
+        app = app.route(path, d);
+    }
+    app.fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(Arc::clone(state))
+}
+
 async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
     let addr = format!("{}:{}", config.host, config.port);
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
     let local: SocketAddr = listener.local_addr()?;
-    let state = Arc::new(AppState {
-        engine: OnceLock::new(),
-        model_name: config.model_name.clone(),
-        keys: gate::ApiKeys::new(&config.api_keys),
-        cors: cors::Cors::new(&config.cors_origins),
-        conns: Arc::new(conn::ConnTable::new(config.conn)),
-        preparing: Arc::new(tokio::sync::Semaphore::new(PREPARING)),
-        pulls: Default::default(),
-        queue: config.queue,
-        n_ctx: config.ctx,
-        chat_template: config.chat_template.clone(),
-        chat_template_kwargs: config.chat_template_kwargs.clone(),
-        split_reasoning: config.split_reasoning,
-        parallel: config.parallel,
-        log_format: config.log_format,
-        log_prompts: config.log_prompts,
-        created: unix_now(),
-        next_id: AtomicU64::new(1),
-        next_group: AtomicU64::new(1),
-        responses: responses::Store::default(),
-    });
-    // Load the model off the runtime; a failure ends the server.
+    let state = server_state(&config, loader);
+    // Load the -m model off the runtime; a failure ends the server.
     let (fail_tx, mut fail_rx) = mpsc::unbounded_channel::<anyhow::Error>();
+    match state.registry.resolve(None) {
+        Ok(source) if config.model_path.is_some() => {
+            let state = Arc::clone(&state);
+            tokio::spawn(async move {
+                match state.models.acquire(&source, None).await {
+                    Ok(lease) => {
+                        drop(lease);
+                        state.ready.store(true, Ordering::Release);
+                        tracing::info!("model loaded; serving on http://{local}");
+                        eprintln!("frink serve: ready on http://{local}");
+                    }
+                    Err(e) => {
+                        let _ = fail_tx.send(anyhow::anyhow!("{}", e.message));
+                    }
+                }
+            });
+            eprintln!("frink serve: listening on http://{local} (loading the model)");
+        }
+        _ => {
+            drop(fail_tx);
+            eprintln!(
+                "frink serve: no -m: models load when a request names one ({} listed)",
+                state.registry.list().len()
+            );
+            eprintln!("frink serve: ready on http://{local}");
+        }
+    }
     {
-        let state = Arc::clone(&state);
-        let config = config.clone();
-        std::thread::spawn(move || match start_engine(&config, loader) {
-            Ok(engine) => {
-                let banner = banner(&config, &engine, state.chat_template.as_deref());
-                let _ = state.engine.set(engine);
-                tracing::info!("model loaded; serving on http://{local}");
-                eprintln!("frink serve: {banner}");
-                eprintln!("frink serve: ready on http://{local}");
-            }
-            Err(e) => {
-                let _ = fail_tx.send(e);
+        // Idle models go when their keep-alive ends.
+        let models = Arc::clone(&state.models);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                models.expire();
             }
         });
     }
-    eprintln!("frink serve: listening on http://{local} (loading the model)");
-
-    let app = Router::new()
-        .route("/health", get(health))
-        .route("/metrics", get(metrics))
-        .route("/v1/models", get(models))
-        .route("/models", get(models))
-        .route("/v1/chat/completions", post(chat_completions))
-        .route("/chat/completions", post(chat_completions))
-        .route("/v1/completions", post(completions))
-        .route("/completions", post(completions))
-        .route("/v1/embeddings", post(embeddings))
-        .route("/embeddings", post(embeddings_llamacpp))
-        .route("/api/chat", post(ollama::chat))
-        .route("/api/generate", post(ollama::generate))
-        .route("/api/embed", post(ollama::embed))
-        .route("/api/embeddings", post(ollama::embeddings))
-        .route("/api/show", post(ollama::show))
-        .route("/api/pull", post(pull::pull))
-        .route("/api/tags", get(ollama::tags))
-        .route("/api/ps", get(ollama::ps))
-        .route("/api/version", get(ollama::version))
-        .route("/lora-adapters", get(lora_adapters).post(set_lora_adapters))
-        .route("/infill", post(infill::infill))
-        .route("/completion", post(native::completion))
-        .route("/props", get(native::props))
-        .route("/v1/responses", post(responses::create))
-        .route(
-            "/v1/responses/{id}",
-            get(responses::retrieve).delete(responses::delete),
-        )
-        .route("/v1/responses/{id}/cancel", post(responses::cancel))
-        .route("/v1/messages", post(anthropic::messages))
-        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
-        .route("/tokenize", post(tokenize))
-        .route("/detokenize", post(detokenize))
-        .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
-        .with_state(Arc::clone(&state));
+    let app = router(&state);
     // The gate runs before routing: the key, the bounded body, the connection's mark.
     let service = tower_layer::Layer::layer(
         &axum::middleware::from_fn_with_state(Arc::clone(&state), gate::gate),
@@ -429,17 +402,24 @@ async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
     // Let running requests finish for a while, then cancel them; their streams end.
     let wait_idle = async {
         loop {
-            match state.engine.get() {
-                Some(e) if e.sched.in_flight() > 0 => {
-                    tokio::time::sleep(Duration::from_millis(20)).await
-                }
-                _ => break,
+            let busy: usize = state
+                .models
+                .each_app()
+                .iter()
+                .filter_map(|a| a.engine.get())
+                .map(|e| e.sched.in_flight())
+                .sum();
+            if busy == 0 {
+                break;
             }
+            tokio::time::sleep(Duration::from_millis(20)).await
         }
     };
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, wait_idle).await;
-    if let Some(e) = state.engine.get() {
-        e.sched.cancel_all();
+    for a in state.models.each_app() {
+        if let Some(e) = a.engine.get() {
+            e.sched.cancel_all();
+        }
     }
     let t0 = std::time::Instant::now();
     while state.conns.open_count() > 0 {
@@ -451,104 +431,6 @@ async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
     }
     eprintln!("frink serve: stopped");
     Ok(())
-}
-
-/// Loads the model, builds the tokenizer and starts the scheduler.
-/// The KV pool's positions for `config` on a model of `model`'s shape: `--kv-size`, else
-/// `--kv-mem` bytes in whole blocks, else `--parallel × --ctx`; checked against this
-/// machine's memory. `frink serve` calls it with the file's metadata before it listens, so
-/// a size that cannot fit is refused before anything is bound or loaded.
-///
-/// # Errors
-/// `--kv-mem` below one block, or a pool larger than the machine's memory, naming the
-/// flags and the sizes.
-pub fn kv_pool_positions(config: &ServeConfig, model: &frink_models::ModelConfig) -> Result<usize> {
-    let (kv_size, what) = match (config.kv_size, config.kv_mem) {
-        (0, Some(bytes)) => {
-            let block = frink_models::KvPool::block_bytes(model, config.kv_type)
-                .unwrap_or(usize::MAX)
-                .max(1);
-            anyhow::ensure!(
-                bytes >= block,
-                "--kv-mem {bytes}: one KV block of {} positions takes {block} bytes",
-                frink_models::KV_BLOCK
-            );
-            (
-                bytes / block * frink_models::KV_BLOCK,
-                "--kv-mem".to_string(),
-            )
-        }
-        (0, None) => (
-            config.parallel.saturating_mul(config.ctx),
-            format!(
-                "--parallel {} × --ctx {} (the KV pool's default size)",
-                config.parallel, config.ctx
-            ),
-        ),
-        (n, _) => (n, "--kv-size".to_string()),
-    };
-    frink_engine::check_kv_memory(model, kv_size, 1, config.kv_type, &what)
-        .map_err(anyhow::Error::msg)?;
-    Ok(kv_size)
-}
-
-fn start_engine(config: &ServeConfig, load: Loader) -> Result<Engine> {
-    let mut model = load()?;
-    let lora = model
-        .adapters
-        .iter()
-        .map(|a| a.path.clone())
-        .zip(model.lora_scales.iter().copied())
-        .collect();
-    let pooling = frink_engine::embed::pooling(config.pooling, model.config.pooling);
-    let n_embd = model.config.n_embd;
-    let info = ollama::ModelInfo::read(
-        &model,
-        &config.model_path.to_string_lossy(),
-        config.chat_template.as_deref(),
-    );
-    let tok = Arc::new(
-        Tokenizer::from_gguf_releasing(&mut model.file).context("cannot build the tokenizer")?,
-    );
-    let kv_size = kv_pool_positions(config, &model.config)?;
-    let sched_config = SchedulerConfig {
-        parallel: config.parallel,
-        n_ctx: config.ctx,
-        kv_size,
-        queue: config.queue,
-        kv_type: config.kv_type,
-        ctx_checkpoints: config.ctx_checkpoints,
-        checkpoint_interval: config.checkpoint_interval,
-        checkpoint_budget: config.checkpoint_budget,
-        prompt_lookup: config.prompt_lookup,
-        draft_max: config.draft_max,
-        draft_p_min: config.draft_p_min,
-        draft_min: config.draft_min,
-        spec_adaptive: config.spec_adaptive,
-        spec_sampling: config.spec_sampling,
-        ..SchedulerConfig::default()
-    };
-    let prompt_limit = sched_config.prompt_limit();
-    let draft = config
-        .draft_model
-        .as_deref()
-        .map(|p| frink_engine::load_draft_model(p, &tok))
-        .transpose()
-        .map_err(anyhow::Error::msg)?;
-    let sched = Scheduler::start_with_draft(model, draft, Arc::clone(&tok), sched_config);
-    let grammars = GrammarCompiler::new(Arc::clone(&tok))
-        .context("cannot index the vocabulary for grammars")?;
-    Ok(Engine {
-        lora: std::sync::Mutex::new(lora),
-        sched,
-        tok,
-        grammars,
-        pooling,
-        n_embd,
-        info,
-        prompt_limit,
-        infill_vocab: OnceLock::new(),
-    })
 }
 
 /// Resolves on SIGINT or SIGTERM.
@@ -590,7 +472,7 @@ impl AppState {
     ) -> Result<T, ApiError> {
         // The permit lives as long as the work: a client that goes away drops this future,
         // not the blocking job, which keeps its permit until it ends.
-        let permit = Arc::clone(&self.preparing)
+        let permit = Arc::clone(&self.shared.preparing)
             .acquire_owned()
             .await
             .map_err(|_| shutting_down("the server is shutting down".into()))?;
@@ -628,7 +510,10 @@ impl AppState {
     }
 
     fn next_id(&self, prefix: &str) -> String {
-        format!("{prefix}-{}", self.next_id.fetch_add(1, Ordering::Relaxed))
+        format!(
+            "{prefix}-{}",
+            self.shared.next_id.fetch_add(1, Ordering::Relaxed)
+        )
     }
 }
 
@@ -654,113 +539,15 @@ async fn method_not_allowed() -> Response {
     .into_response()
 }
 
-async fn health(State(st): St) -> Response {
-    if st.engine.get().is_some() {
+/// `GET /health`: 200 once the `-m` model has loaded (at once without `-m`), 503
+/// `{"status": "loading"}` before.
+async fn health(State(srv): State<Arc<Server>>) -> Response {
+    if srv.ready.load(Ordering::Acquire) {
         json_response(StatusCode::OK, &json!({"status": "ok"}))
     } else {
         json_response(
             StatusCode::SERVICE_UNAVAILABLE,
             &json!({"status": "loading"}),
         )
-    }
-}
-
-async fn models(State(st): St) -> Response {
-    json_response(
-        StatusCode::OK,
-        &json!({"object": "list", "data": [{
-            "id": st.model_name,
-            "object": "model",
-            "created": st.created,
-            "owned_by": "frink",
-        }]}),
-    )
-}
-
-/// llama-server's `GET /lora-adapters`: `[{"id", "path", "scale"}]`, the default scales.
-async fn lora_adapters(State(st): St) -> Response {
-    let r = (|| Ok::<_, ApiError>(lora_json(st.engine()?)))();
-    match r {
-        Ok(v) => json_response(StatusCode::OK, &v),
-        Err(e) => e.into_response(),
-    }
-}
-
-/// llama-server's `POST /lora-adapters` `[{"id", "scale"}]`: sets the default scales (the
-/// adapters it does not name to 0) and answers with the new list.
-async fn set_lora_adapters(State(st): St, body: Bytes) -> Response {
-    let r = (|| {
-        let eng = st.engine()?;
-        let v: Value = serde_json::from_slice(&body)
-            .map_err(|e| ApiError::invalid(None, format!("the body is not JSON: {e}")))?;
-        {
-            let mut cur = eng.lora.lock().unwrap_or_else(|e| e.into_inner());
-            let list = api::lora_list(&v, cur.len(), "lora-adapters")?;
-            for (i, (_, s)) in cur.iter_mut().enumerate() {
-                *s = list.iter().find(|e| e.0 == i).map_or(0.0, |e| e.1);
-            }
-        }
-        Ok::<_, ApiError>(lora_json(eng))
-    })();
-    match r {
-        Ok(v) => json_response(StatusCode::OK, &v),
-        Err(e) => e.into_response(),
-    }
-}
-
-fn lora_json(eng: &Engine) -> Value {
-    let cur = eng.lora.lock().unwrap_or_else(|e| e.into_inner());
-    Value::Array(
-        cur.iter()
-            .enumerate()
-            .map(|(i, (path, scale))| json!({"id": i, "path": path, "scale": scale}))
-            .collect(),
-    )
-}
-
-async fn tokenize(State(st): St, body: Bytes) -> Response {
-    let r = st
-        .offload(move |st| {
-            let eng = st.engine()?;
-            let obj = api::parse_object(&body)?;
-            let content = api::opt_str(&obj, "content")?.unwrap_or_default();
-            let add_special = api::opt_bool(&obj, "add_special")?.unwrap_or(false);
-            let parse_special = api::opt_bool(&obj, "parse_special")?.unwrap_or(true);
-            let ids = eng
-                .tok
-                .encode(content, add_special, parse_special)
-                .map_err(|e| ApiError::invalid(Some("content"), e.to_string()))?;
-            Ok::<_, ApiError>(json!({ "tokens": ids }))
-        })
-        .await;
-    match r {
-        Ok(v) => json_response(StatusCode::OK, &v),
-        Err(e) => e.into_response(),
-    }
-}
-
-async fn detokenize(State(st): St, body: Bytes) -> Response {
-    let r = (|| {
-        let eng = st.engine()?;
-        let obj = api::parse_object(&body)?;
-        let bad = || ApiError::invalid(Some("tokens"), "'tokens' must be an array of token ids");
-        let ids = match obj.get("tokens") {
-            None | Some(Value::Null) => Vec::new(),
-            Some(Value::Array(a)) => a
-                .iter()
-                .map(|v| v.as_u64().and_then(|x| u32::try_from(x).ok()))
-                .collect::<Option<Vec<u32>>>()
-                .ok_or_else(bad)?,
-            Some(_) => return Err(bad()),
-        };
-        let text = eng
-            .tok
-            .decode(&ids, true)
-            .map_err(|e| ApiError::invalid(Some("tokens"), e.to_string()))?;
-        Ok(json!({ "content": text }))
-    })();
-    match r {
-        Ok(v) => json_response(StatusCode::OK, &v),
-        Err(e) => e.into_response(),
     }
 }

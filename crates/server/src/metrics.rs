@@ -9,7 +9,9 @@ use std::fmt::Write as _;
 
 use frink_engine::scheduler::{Histogram, MetricsSnapshot};
 
-use crate::St;
+use std::sync::Arc;
+
+use crate::Server;
 
 /// One Prometheus series: name, help text, type (`counter` or `gauge`), value.
 struct Series(&'static str, &'static str, &'static str, f64);
@@ -17,44 +19,139 @@ struct Series(&'static str, &'static str, &'static str, f64);
 const COUNTER: &str = "counter";
 const GAUGE: &str = "gauge";
 
-pub(crate) async fn metrics(State(st): St) -> Response {
-    let m = st
-        .engine
-        .get()
-        .map(|e| e.sched.metrics())
-        .unwrap_or_default();
+/// `GET /metrics`: each loaded model's series labelled `model_name` (vLLM's label), then
+/// the server's own (connections, model loads, memory).
+pub(crate) async fn metrics(State(srv): State<Arc<Server>>) -> Response {
+    let resident = srv.models.resident();
+    let per: Vec<(String, MetricsSnapshot, u64)> = resident
+        .iter()
+        .filter_map(|r| {
+            let e = r.app.engine().ok()?;
+            Some((label(&r.name), e.sched.metrics(), r.bytes))
+        })
+        .collect();
     let mut s = String::new();
-    let series = request_series(&m)
+    let tables: Vec<Vec<Series>> = per
+        .iter()
+        .map(|(_, m, _)| {
+            request_series(m)
+                .into_iter()
+                .chain(step_series(m))
+                .collect()
+        })
+        .collect();
+    if let Some(first) = tables.first() {
+        for (j, Series(name, help, kind, _)) in first.iter().enumerate() {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (k, (model, _, _)) in per.iter().enumerate() {
+                let _ = writeln!(s, "{name}{{model_name=\"{model}\"}} {}", tables[k][j].3);
+            }
+        }
+        let _ = writeln!(
+            s,
+            "# HELP vllm:cache_config_info The KV pool's layout (vLLM's name): positions per block, blocks.\n# TYPE vllm:cache_config_info gauge"
+        );
+        for (model, m, _) in &per {
+            let _ = writeln!(
+                s,
+                "vllm:cache_config_info{{model_name=\"{model}\",block_size=\"{}\",num_gpu_blocks=\"{}\",num_cpu_blocks=\"0\"}} 1",
+                frink_models::KV_BLOCK,
+                m.kv_blocks_total
+            );
+        }
+        let _ = writeln!(
+            s,
+            "# HELP frink_model_bytes Bytes a loaded model counts for (its file and KV pool).\n# TYPE frink_model_bytes gauge"
+        );
+        for (model, _, bytes) in &per {
+            let _ = writeln!(s, "frink_model_bytes{{model_name=\"{model}\"}} {bytes}");
+        }
+    }
+    type Pick = fn(&MetricsSnapshot) -> &Histogram;
+    let hists: [(&str, &str, Pick); 2] = [
+        (
+            "frink_time_to_first_token_seconds",
+            "From a request's arrival to its first token.",
+            |m| &m.ttft,
+        ),
+        (
+            "frink_token_latency_seconds",
+            "Between consecutive tokens of a request.",
+            |m| &m.token_latency,
+        ),
+    ];
+    for (name, help, h) in hists {
+        if per.is_empty() {
+            break;
+        }
+        let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (model, m, _) in &per {
+            histogram(&mut s, name, &format!("model_name=\"{model}\","), h(m));
+        }
+    }
+    let series = connection_series(&srv.conns)
         .into_iter()
-        .chain(connection_series(&st.conns))
-        .chain(step_series(&m));
+        .chain(model_series(&srv.models));
     for Series(name, help, kind, v) in series {
         let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
     }
-    let _ = writeln!(
-        s,
-        "# HELP vllm:cache_config_info The KV pool's layout (vLLM's name): positions per block, blocks.\n# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{block_size=\"{}\",num_gpu_blocks=\"{}\",num_cpu_blocks=\"0\"}} 1",
-        frink_models::KV_BLOCK,
-        m.kv_blocks_total
-    );
-    histogram(
-        &mut s,
-        "frink_time_to_first_token_seconds",
-        "From a request's arrival to its first token.",
-        &m.ttft,
-    );
-    histogram(
-        &mut s,
-        "frink_token_latency_seconds",
-        "Between consecutive tokens of a request.",
-        &m.token_latency,
-    );
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         s,
     )
         .into_response()
+}
+
+/// `name` as a Prometheus label value (backslash, quote and newline escaped).
+fn label(name: &str) -> String {
+    name.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// The model manager's counters and gauges.
+fn model_series(m: &crate::models::Models) -> Vec<Series> {
+    let count =
+        |v: &std::sync::atomic::AtomicU64| v.load(std::sync::atomic::Ordering::Relaxed) as f64;
+    vec![
+        Series(
+            "frink_models_loaded",
+            "Models loaded now.",
+            GAUGE,
+            m.resident().len() as f64,
+        ),
+        Series(
+            "frink_model_loads_total",
+            "Model loads started (the first and every reload).",
+            COUNTER,
+            count(&m.loads),
+        ),
+        Series(
+            "frink_model_unloads_total",
+            "Models unloaded (keep-alive ended, room made for another, or asked).",
+            COUNTER,
+            count(&m.unloads),
+        ),
+        Series(
+            "frink_model_load_failures_total",
+            "Model loads that failed.",
+            COUNTER,
+            count(&m.load_failures),
+        ),
+        Series(
+            "frink_models_bytes",
+            "Bytes the loaded and loading models count for.",
+            GAUGE,
+            m.bytes() as f64,
+        ),
+        Series(
+            "frink_models_memory_budget_bytes",
+            "Bytes the models may hold together (--max-memory).",
+            GAUGE,
+            m.max_memory() as f64,
+        ),
+    ]
 }
 
 /// The requests' counts and the slots' and queue's gauges.
@@ -135,12 +232,17 @@ fn step_series(m: &MetricsSnapshot) -> Vec<Series> {
     ]
 }
 
-pub(crate) fn histogram(s: &mut String, name: &str, help: &str, h: &Histogram) {
-    let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} histogram");
+/// One model's histogram lines (`labels`: `key="value",` pairs before `le`).
+pub(crate) fn histogram(s: &mut String, name: &str, labels: &str, h: &Histogram) {
     for (i, b) in Histogram::BOUNDS.iter().enumerate() {
         let c = h.counts.get(i).copied().unwrap_or(0);
-        let _ = writeln!(s, "{name}_bucket{{le=\"{b}\"}} {c}");
+        let _ = writeln!(s, "{name}_bucket{{{labels}le=\"{b}\"}} {c}");
     }
-    let _ = writeln!(s, "{name}_bucket{{le=\"+Inf\"}} {}", h.count);
-    let _ = writeln!(s, "{name}_sum {}\n{name}_count {}", h.sum, h.count);
+    let _ = writeln!(s, "{name}_bucket{{{labels}le=\"+Inf\"}} {}", h.count);
+    let l = labels.trim_end_matches(',');
+    let _ = writeln!(
+        s,
+        "{name}_sum{{{l}}} {}\n{name}_count{{{l}}} {}",
+        h.sum, h.count
+    );
 }

@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 use crate::api::{self, json_response, ApiError};
 use crate::requests::{prepare_completion, queue, Prepared};
 use crate::respond::{event_stream, failed, sse, OnEvent};
-use crate::AppState;
+use crate::{AppState, Engine, St};
 
 /// Takes `return_tokens` out of a request (the OpenAI endpoints refuse it; the native ones
 /// honour it).
@@ -259,6 +259,92 @@ pub(crate) async fn props(State(st): State<Arc<AppState>>) -> Response {
             "eos_token": token(eng.tok.eos_id()),
             "build_info": format!("frink {}", env!("CARGO_PKG_VERSION")),
         }))
+    })();
+    match r {
+        Ok(v) => json_response(StatusCode::OK, &v),
+        Err(e) => e.into_response(),
+    }
+}
+pub(crate) async fn lora_adapters(State(st): St) -> Response {
+    let r = (|| Ok::<_, ApiError>(lora_json(st.engine()?)))();
+    match r {
+        Ok(v) => json_response(StatusCode::OK, &v),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// llama-server's `POST /lora-adapters` `[{"id", "scale"}]`: sets the default scales (the
+/// adapters it does not name to 0) and answers with the new list.
+pub(crate) async fn set_lora_adapters(State(st): St, body: Bytes) -> Response {
+    let r = (|| {
+        let eng = st.engine()?;
+        let v: Value = serde_json::from_slice(&body)
+            .map_err(|e| ApiError::invalid(None, format!("the body is not JSON: {e}")))?;
+        {
+            let mut cur = eng.lora.lock().unwrap_or_else(|e| e.into_inner());
+            let list = api::lora_list(&v, cur.len(), "lora-adapters")?;
+            for (i, (_, s)) in cur.iter_mut().enumerate() {
+                *s = list.iter().find(|e| e.0 == i).map_or(0.0, |e| e.1);
+            }
+        }
+        Ok::<_, ApiError>(lora_json(eng))
+    })();
+    match r {
+        Ok(v) => json_response(StatusCode::OK, &v),
+        Err(e) => e.into_response(),
+    }
+}
+
+fn lora_json(eng: &Engine) -> Value {
+    let cur = eng.lora.lock().unwrap_or_else(|e| e.into_inner());
+    Value::Array(
+        cur.iter()
+            .enumerate()
+            .map(|(i, (path, scale))| json!({"id": i, "path": path, "scale": scale}))
+            .collect(),
+    )
+}
+
+pub(crate) async fn tokenize(State(st): St, body: Bytes) -> Response {
+    let r = st
+        .offload(move |st| {
+            let eng = st.engine()?;
+            let obj = api::parse_object(&body)?;
+            let content = api::opt_str(&obj, "content")?.unwrap_or_default();
+            let add_special = api::opt_bool(&obj, "add_special")?.unwrap_or(false);
+            let parse_special = api::opt_bool(&obj, "parse_special")?.unwrap_or(true);
+            let ids = eng
+                .tok
+                .encode(content, add_special, parse_special)
+                .map_err(|e| ApiError::invalid(Some("content"), e.to_string()))?;
+            Ok::<_, ApiError>(json!({ "tokens": ids }))
+        })
+        .await;
+    match r {
+        Ok(v) => json_response(StatusCode::OK, &v),
+        Err(e) => e.into_response(),
+    }
+}
+
+pub(crate) async fn detokenize(State(st): St, body: Bytes) -> Response {
+    let r = (|| {
+        let eng = st.engine()?;
+        let obj = api::parse_object(&body)?;
+        let bad = || ApiError::invalid(Some("tokens"), "'tokens' must be an array of token ids");
+        let ids = match obj.get("tokens") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| v.as_u64().and_then(|x| u32::try_from(x).ok()))
+                .collect::<Option<Vec<u32>>>()
+                .ok_or_else(bad)?,
+            Some(_) => return Err(bad()),
+        };
+        let text = eng
+            .tok
+            .decode(&ids, true)
+            .map_err(|e| ApiError::invalid(Some("tokens"), e.to_string()))?;
+        Ok(json!({ "content": text }))
     })();
     match r {
         Ok(v) => json_response(StatusCode::OK, &v),

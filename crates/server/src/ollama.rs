@@ -9,7 +9,9 @@
 //! shapes differ: NDJSON lines (streaming is Ollama's default), `message.thinking`,
 //! `tool_calls` with `arguments` as an object, durations in nanoseconds.
 //!
-//! One model is served: the `model` field is informational, as on the OpenAI endpoints.
+//! The `model` field chose the model before the request got here ([`crate::models`]);
+//! the model endpoints (`/api/tags`, `/api/ps`, `/api/show`, `/api/create`, …) are in
+//! [`crate::models::manage`].
 
 use std::time::Instant;
 
@@ -24,8 +26,7 @@ use crate::respond::failed;
 /// What `/api/tags`, `/api/show` and `/api/ps` report about the loaded model, read from
 /// its file once at load.
 pub struct ModelInfo {
-    size: u64,
-    digest: Option<String>,
+    pub(crate) digest: Option<String>,
     family: String,
     parameter_size: String,
     /// The number of weights (Ollama's `general.parameter_count`, a number).
@@ -34,7 +35,7 @@ pub struct ModelInfo {
     model_info: Map<String, Value>,
     template: String,
     capabilities: Vec<&'static str>,
-    modified_at: String,
+    pub(crate) modified_at: String,
     path: String,
 }
 
@@ -60,7 +61,7 @@ fn scalar_json(v: &frink_gguf::MetaValue) -> Option<Value> {
 }
 
 /// RFC 3339 time in UTC with microseconds, as Ollama writes `created_at`.
-fn rfc3339(t: SystemTime) -> String {
+pub(crate) fn rfc3339(t: SystemTime) -> String {
     let micros = t
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.subsec_micros());
@@ -72,7 +73,17 @@ impl ModelInfo {
     /// Reads what the endpoints report from `model` (before the tokenizer's arrays are
     /// released) and the template the server renders with.
     pub fn read(model: &Model, path: &str, template: Option<&str>) -> ModelInfo {
-        let f = &model.file;
+        ModelInfo::read_file(&model.file, model.config.pooling.is_some(), path, template)
+    }
+
+    /// [`ModelInfo::read`] from the file alone (a model not loaded): `embedding` says
+    /// whether it pools embeddings (its configuration's `pooling`).
+    pub fn read_file(
+        f: &frink_gguf::GgufFile,
+        embedding: bool,
+        path: &str,
+        template: Option<&str>,
+    ) -> ModelInfo {
         let arch = f.architecture().unwrap_or("unknown").to_string();
         let model_info: Map<String, Value> = f
             .metadata()
@@ -91,7 +102,7 @@ impl ModelInfo {
             })
             .unwrap_or_default();
         let mut capabilities = Vec::new();
-        if model.config.pooling.is_some() {
+        if embedding {
             capabilities.push("embedding");
         } else {
             capabilities.push("completion");
@@ -113,7 +124,6 @@ impl ModelInfo {
             .find(|e| path.ends_with(&e.file))
             .map(|e| e.sha256);
         ModelInfo {
-            size: meta.map_or(0, |m| m.len()),
             digest,
             family: arch,
             parameter_size: frink_gguf::parameter_size(params),
@@ -151,7 +161,8 @@ impl ModelInfo {
         })
     }
 
-    fn details(&self) -> Value {
+    /// Ollama's `details` of a model (`/api/tags`, `/api/ps`, `/api/show`).
+    pub fn details(&self) -> Value {
         json!({
             "parent_model": "",
             "format": "gguf",
@@ -177,7 +188,7 @@ fn bad(message: impl Into<String>) -> ApiError {
 /// hardware and loading cannot change the output and are informational; an option whose
 /// value would change the output and that frink does not implement is refused by the
 /// same rules as on the OpenAI endpoints (`typical_p`, `mirostat`).
-fn options(
+pub(crate) fn options(
     obj: &Map<String, Value>,
     out: &mut Map<String, Value>,
 ) -> Result<Option<usize>, ApiError> {
@@ -741,68 +752,12 @@ pub(crate) async fn generate(
     }
 }
 
-/// The loaded model's entry of `/api/tags` and `/api/ps`.
-fn entry(st: &AppState, info: &ModelInfo) -> Value {
-    let mut v = json!({
-        "name": st.model_name,
-        "model": st.model_name,
-        "modified_at": info.modified_at,
-        "size": info.size,
-        "details": info.details(),
-    });
-    if let Some(d) = &info.digest {
-        v["digest"] = json!(d);
-    }
-    v
-}
-
-/// `GET /api/tags`: the model this server runs.
-pub(crate) async fn tags(State(st): St) -> Response {
-    let r = (|| {
-        let eng = st.engine()?;
-        Ok(json!({"models": [entry(&st, &eng.info)]}))
-    })();
-    match r {
-        Ok(v) => json_response(StatusCode::OK, &v),
-        Err(e) => error(e),
-    }
-}
-
-/// `GET /api/ps`: the loaded model (resident until the server stops; no GPU memory).
-pub(crate) async fn ps(State(st): St) -> Response {
-    let r = (|| {
-        let eng = st.engine()?;
-        let mut v = entry(&st, &eng.info);
-        v["expires_at"] = json!("2318-01-01T00:00:00.000000Z");
-        v["size_vram"] = json!(0);
-        v["context_length"] = json!(st.n_ctx);
-        Ok(json!({"models": [v]}))
-    })();
-    match r {
-        Ok(v) => json_response(StatusCode::OK, &v),
-        Err(e) => error(e),
-    }
-}
-
 /// `GET /api/version`: frink's version.
 pub(crate) async fn version() -> Response {
     json_response(
         StatusCode::OK,
         &json!({"version": env!("CARGO_PKG_VERSION")}),
     )
-}
-
-/// `POST /api/show`: the model's details, metadata (`model_info`), template, default
-/// parameters and capabilities.
-pub(crate) async fn show(State(st): St, body: Bytes) -> Response {
-    let r = (|| {
-        let _ = api::parse_object(&body)?;
-        Ok(st.engine()?.info.show())
-    })();
-    match r {
-        Ok(v) => json_response(StatusCode::OK, &v),
-        Err(e) => error(e),
-    }
 }
 
 /// `POST /api/embed`: `input` (a string or strings), L2-normalised vectors; `truncate`

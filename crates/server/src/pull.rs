@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 
 use crate::api::{self, json_response, ApiError};
 use crate::ollama::{error, ndjson};
-use crate::AppState;
+use crate::Server as AppState;
 
 /// The least time between two `pulling` lines of one download.
 const EVERY: Duration = Duration::from_millis(200);

@@ -626,7 +626,7 @@ pub(crate) fn queue(
     // (`n` was checked against --parallel when the request was parsed: api::gen_options.)
     let n = p.opts.n;
     let lora = eng.lora_set(p.opts.lora.as_ref())?;
-    let group = st.next_group.fetch_add(1, Ordering::Relaxed);
+    let group = st.shared.next_group.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = mpsc::unbounded_channel();
     let mut sampling = p.opts.sampling.clone();
     if let Some(chain) = &mut sampling.chain {

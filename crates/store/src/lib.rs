@@ -267,10 +267,51 @@ impl Store {
 
     /// The models present in the store: the catalog's, in catalog order, then those fetched
     /// from the hub (`hf:ORG/REPO/FILE.gguf`, a split model once by its first shard; their
-    /// sha256 is the hub's, checked when fetched, not recomputed: empty here).
+    /// sha256 is the hub's, checked when fetched, not recomputed: empty here), then GGUF
+    /// files placed in the store's folder by hand, named by their file name without
+    /// `.gguf` (sorted; a name the catalog already uses is left out; no sha256).
     /// Never fails: a missing or unreadable store is simply empty.
     pub fn list(&self) -> Vec<ListedModel> {
         let mut out = self.list_catalog();
+        out.extend(self.list_hub());
+        out.extend(self.list_placed(&out));
+        out
+    }
+
+    /// GGUF files in the store's folder that no catalog entry names (see [`Store::list`]).
+    fn list_placed(&self, listed: &[ListedModel]) -> Vec<ListedModel> {
+        let Ok(rd) = fs::read_dir(&self.root) else {
+            return Vec::new();
+        };
+        let mut found: Vec<ListedModel> = rd
+            .flatten()
+            .filter_map(|e| {
+                let file = e.file_name().into_string().ok()?;
+                let stem = file.strip_suffix(".gguf")?;
+                let placed = !stem.is_empty()
+                    && !stem.starts_with('.')
+                    && !self
+                        .catalog
+                        .iter()
+                        .any(|c| c.file == file || c.name == stem)
+                    && !listed.iter().any(|m| m.name == stem)
+                    && hf::shard_of(&file).is_none_or(|(no, _)| no == 1);
+                let meta = fs::metadata(e.path()).ok().filter(|m| m.is_file())?;
+                placed.then(|| ListedModel {
+                    name: stem.to_string(),
+                    path: e.path(),
+                    bytes: meta.len(),
+                    sha256: String::new(),
+                })
+            })
+            .collect();
+        found.sort_by(|a, b| a.name.cmp(&b.name));
+        found
+    }
+
+    /// The hub's models in the store (see [`Store::list`]).
+    fn list_hub(&self) -> Vec<ListedModel> {
+        let mut out = Vec::new();
         let hub = self.root.join("hf");
         let mut stack = vec![hub.clone()];
         let mut found = Vec::new();

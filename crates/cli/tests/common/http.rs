@@ -9,6 +9,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+/// Given to [`Server::start`]: start the server without `-m` (it loads the models that
+/// requests name); not passed to frink.
+pub const NO_M: &str = "<no -m>";
+
 /// A `frink serve` child process on a free loopback port; killed on drop.
 pub struct Server {
     child: Option<Child>,
@@ -40,7 +44,14 @@ impl Server {
     /// As [`Server::start`], with environment variables set.
     pub fn start_env(args: &[&str], env: &[(&str, &str)]) -> Server {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_frink"));
-        cmd.args(["serve", "-t", "2", "--port", "0"]).args(args);
+        cmd.args(["serve", "-t", "2", "--port", "0"])
+            .args(args.iter().filter(|a| **a != NO_M));
+        // Most tests serve one model: the default one unless they name another, or ask
+        // for none with [`NO_M`].
+        let single = !args.iter().any(|a| *a == "-m" || *a == "--model");
+        if single && !args.contains(&NO_M) {
+            cmd.args(["-m", "smollm2-135m"]);
+        }
         for var in [
             "RUST_LOG",
             "FRINK_MODEL",
@@ -243,7 +254,7 @@ impl Client {
         }
     }
 
-    /// `/metrics` value of `name` (a gauge or counter without labels).
+    /// `/metrics` value of `name` (a gauge or counter; summed over its label sets).
     pub fn metric(&self, name: &str) -> f64 {
         self.metric_with(name, &[])
     }
@@ -253,12 +264,19 @@ impl Client {
         let r = self.request_with("GET", "/metrics", None, headers);
         assert_eq!(r.status, 200);
         let text = r.text();
+        // A model's series carry its `model_name` label: summed over the models.
         text.lines()
-            .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
+            .filter_map(|l| {
+                let rest = l.strip_prefix(name)?;
+                let v = match rest.strip_prefix(' ') {
+                    Some(v) => v,
+                    None if rest.starts_with('{') => rest.rsplit_once(' ')?.1,
+                    None => return None,
+                };
+                Some(v.trim().parse::<f64>().unwrap())
+            })
+            .reduce(|a, b| a + b)
             .unwrap_or_else(|| panic!("no {name} in /metrics: {text}"))
-            .trim()
-            .parse()
-            .unwrap()
     }
 }
 

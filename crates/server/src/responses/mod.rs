@@ -210,6 +210,7 @@ impl Reply {
             conversation.extend(output::as_messages(output));
             if !self
                 .st
+                .shared
                 .responses
                 .put(self.id.clone(), v.clone(), conversation)
             {
@@ -231,7 +232,7 @@ pub(crate) async fn create(
             let obj = api::parse_object(&body)?;
             let previous = match api::opt_str(&obj, "previous_response_id")? {
                 Some(id) if !id.is_empty() => {
-                    Some(st.responses.get(id).ok_or_else(|| not_found(id))?.1)
+                    Some(st.shared.responses.get(id).ok_or_else(|| not_found(id))?.1)
                 }
                 _ => None,
             };
@@ -399,16 +400,22 @@ impl OnEvent for Streamed {
 }
 
 /// `GET /v1/responses/{id}`: a stored response.
-pub(crate) async fn retrieve(State(st): St, Path(id): Path<String>) -> Response {
-    match st.responses.get(&id) {
+pub(crate) async fn retrieve(
+    State(st): State<Arc<crate::Server>>,
+    Path(id): Path<String>,
+) -> Response {
+    match st.shared.responses.get(&id) {
         Some((v, _)) => json_response(StatusCode::OK, &v),
         None => not_found(&id).into_response(),
     }
 }
 
 /// `DELETE /v1/responses/{id}`.
-pub(crate) async fn delete(State(st): St, Path(id): Path<String>) -> Response {
-    if st.responses.remove(&id) {
+pub(crate) async fn delete(
+    State(st): State<Arc<crate::Server>>,
+    Path(id): Path<String>,
+) -> Response {
+    if st.shared.responses.remove(&id) {
         json_response(
             StatusCode::OK,
             &json!({"id": id, "object": "response", "deleted": true}),
@@ -421,8 +428,11 @@ pub(crate) async fn delete(State(st): St, Path(id): Path<String>) -> Response {
 /// `POST /v1/responses/{id}/cancel`: only a background response can be cancelled, and
 /// frink runs none (a streamed one is cancelled by closing its connection), so a stored
 /// response is a 400 saying it has finished.
-pub(crate) async fn cancel(State(st): St, Path(id): Path<String>) -> Response {
-    match st.responses.get(&id) {
+pub(crate) async fn cancel(
+    State(st): State<Arc<crate::Server>>,
+    Path(id): Path<String>,
+) -> Response {
+    match st.shared.responses.get(&id) {
         Some(_) => ApiError::invalid(
             None,
             format!("response '{id}' has finished; only background responses can be cancelled, and frink runs none"),
