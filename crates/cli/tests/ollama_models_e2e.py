@@ -43,6 +43,8 @@ check({"smollm2-135m", "qwen2.5-coder-0.5b", "gemma3-270m"} <= set(listed()), f"
 small = client.chat(model="smollm2-135m", messages=ASK, options=GREEDY)
 check(small.message.content and small.model == "smollm2-135m", f"smollm2 answers: {small}")
 check(loaded() == ["smollm2-135m"], f"smollm2 loaded: {loaded()}")
+check(small.load_duration > 0 and small.total_duration > small.load_duration, f"the load is counted: {small.load_duration}")
+check(client.chat(model="smollm2-135m", messages=ASK, options=GREEDY).load_duration == 0, "loaded: no load time")
 coder = client.chat(model="qwen2.5-coder-0.5b", messages=ASK, options=GREEDY)
 check(coder.message.content and coder.message.content != small.message.content, "qwen answers")
 emb = client.embed(model="gemma3-270m", input=["hello", "world"])

@@ -218,7 +218,8 @@ fn answers_equal_a_single_model_server() {
 
 /// Names that look like paths are refused on every endpoint that takes a model name, and
 /// nothing in the store or beside it changes; llama-server's `/models/load` and
-/// `/models/unload` work by name.
+/// `/models/unload` work by name, and while one model loads `/health` and another model's
+/// requests are answered.
 #[test]
 fn path_like_names_are_refused_everywhere() {
     let _l = lock();
@@ -288,12 +289,37 @@ fn path_like_names_are_refused_everywhere() {
             .clone()
     };
     assert_eq!(status(&models), "loaded");
+    // While another model loads, /health and the loaded model answer.
+    let port = srv.port;
+    let loading = std::thread::spawn(move || {
+        Client::new(port).request(
+            "POST",
+            "/models/load",
+            Some(r#"{"model": "qwen2.5-coder-0.5b"}"#),
+        )
+    });
+    let t0 = std::time::Instant::now();
+    let mut slowest = std::time::Duration::ZERO;
+    let mut answered = 0;
+    while !loading.is_finished() && t0.elapsed() < std::time::Duration::from_secs(60) {
+        let t = std::time::Instant::now();
+        assert_eq!(srv.request("GET", "/health", None).status, 200);
+        slowest = slowest.max(t.elapsed());
+        assert!(!greedy(&srv, "smollm2-135m", "Hi").is_empty());
+        answered += 1;
+    }
+    eprintln!("during the load: {answered} answers, /health at most {slowest:?}");
+    assert!(
+        slowest < std::time::Duration::from_millis(500),
+        "/health took {slowest:?} during a load"
+    );
+    assert_eq!(loading.join().unwrap().status, 200);
     assert_eq!(load("/models/unload").json(), json!({"success": true}));
     assert_eq!(
         status(&srv.request("GET", "/models", None).json()),
         "unloaded"
     );
-    assert_eq!(srv.metric("frink_models_loaded"), 0.0);
+    assert_eq!(srv.metric("frink_models_loaded"), 1.0);
 }
 
 /// `--models-config`: a model of its own name with its own settings (here a context of 64

@@ -215,6 +215,15 @@ pub(crate) struct Server {
     created: u64,
 }
 
+/// When a model-scoped request arrived, and how long it waited for its model to load
+/// (zero if it was loaded): Ollama's `total_duration` and `load_duration` count them
+/// (set by [`models::dispatch`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Arrival {
+    pub at: std::time::Instant,
+    pub load: std::time::Duration,
+}
+
 /// Loads a model file (sizing the compute pool first): the caller's policy, run on a
 /// thread of its own for each model the server loads. The adapters: `None` the
 /// caller's own rule (`--lora` for the `-m` model), else these at scale 1.

@@ -22,6 +22,19 @@ use super::*;
 use crate::embeddings::{check_dimensions, embed_inputs, embedding_inputs};
 use crate::requests::{model_field, prepare_chat, prepare_completion, queue, Prepared};
 use crate::respond::failed;
+use crate::Arrival;
+
+/// When the request arrived and how long it waited for its model to load (a request
+/// that did not pass through the dispatcher: now, none).
+fn arrival(a: Option<axum::Extension<Arrival>>) -> Arrival {
+    a.map_or(
+        Arrival {
+            at: Instant::now(),
+            load: std::time::Duration::ZERO,
+        },
+        |e| e.0,
+    )
+}
 
 /// What `/api/tags`, `/api/show` and `/api/ps` report about the loaded model, read from
 /// its file once at load.
@@ -398,6 +411,8 @@ struct Reply {
     shape: Shape,
     model: String,
     start: Instant,
+    /// Time spent waiting for the model to load.
+    load: std::time::Duration,
     /// The request's log line, and the tokenizer its `--log-prompts` texts are read with.
     log: crate::log::RequestLog,
     tok: Arc<frink_tokenizer::Tokenizer>,
@@ -457,7 +472,7 @@ impl Reply {
             _ => "stop",
         });
         v["total_duration"] = json!(self.start.elapsed().as_nanos() as u64);
-        v["load_duration"] = json!(0);
+        v["load_duration"] = json!(self.load.as_nanos() as u64);
         v["prompt_eval_count"] = json!(c.prompt_tokens);
         v["prompt_eval_duration"] = json!(ns(c.first_token_ms));
         v["eval_count"] = json!(c.ids.len());
@@ -483,7 +498,7 @@ async fn answer(
     mut p: Prepared,
     shape: Shape,
     stream: bool,
-    start: Instant,
+    arrival: Arrival,
     log: Option<axum::Extension<crate::log::RequestLog>>,
 ) -> Response {
     let log = log.map(|l| l.0).unwrap_or_default();
@@ -508,7 +523,8 @@ async fn answer(
     let reply = Reply {
         shape,
         model: std::mem::take(&mut p.model),
-        start,
+        start: arrival.at,
+        load: arrival.load,
         log,
         tok,
     };
@@ -654,9 +670,10 @@ fn begin(st: &AppState, body: &Bytes) -> Result<(Map<String, Value>, String, boo
 pub(crate) async fn chat(
     State(st): St,
     log: Option<axum::Extension<crate::log::RequestLog>>,
+    arrived: Option<axum::Extension<Arrival>>,
     body: Bytes,
 ) -> Response {
-    let start = Instant::now();
+    let start = arrival(arrived);
     let r = st
         .offload(move |st| {
             let (obj, model, stream) = begin(st, &body)?;
@@ -692,9 +709,10 @@ pub(crate) async fn chat(
 pub(crate) async fn generate(
     State(st): St,
     log: Option<axum::Extension<crate::log::RequestLog>>,
+    arrived: Option<axum::Extension<Arrival>>,
     body: Bytes,
 ) -> Response {
-    let start = Instant::now();
+    let start = arrival(arrived);
     let r = st
         .offload(move |st| {
         let (obj, model, stream) = begin(st, &body)?;
@@ -762,8 +780,12 @@ pub(crate) async fn version() -> Response {
 
 /// `POST /api/embed`: `input` (a string or strings), L2-normalised vectors; `truncate`
 /// (default true) cuts an input longer than the context, false refuses it.
-pub(crate) async fn embed(State(st): St, body: Bytes) -> Response {
-    let start = Instant::now();
+pub(crate) async fn embed(
+    State(st): St,
+    arrived: Option<axum::Extension<Arrival>>,
+    body: Bytes,
+) -> Response {
+    let start = arrival(arrived);
     let r = async {
         let obj = api::parse_object(&body)?;
         let eng = st.engine()?;
@@ -778,8 +800,8 @@ pub(crate) async fn embed(State(st): St, body: Bytes) -> Response {
         Ok(json!({
             "model": model_field(&st, &obj),
             "embeddings": vectors,
-            "total_duration": start.elapsed().as_nanos() as u64,
-            "load_duration": 0,
+            "total_duration": start.at.elapsed().as_nanos() as u64,
+            "load_duration": start.load.as_nanos() as u64,
             "prompt_eval_count": tokens,
         }))
     };

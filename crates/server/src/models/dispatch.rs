@@ -18,7 +18,7 @@ use super::registry::Defaults;
 use super::{KeepAlive, Lease};
 use crate::api::{json_response, ApiError};
 use crate::gate::error_for_path;
-use crate::Server;
+use crate::{Arrival, Server};
 
 /// The API family of a path, for the defaults a created model applies.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -56,6 +56,7 @@ pub(crate) async fn dispatch(State(srv): State<Arc<Server>>, req: Request) -> Re
 }
 
 async fn route(srv: &Arc<Server>, req: Request) -> Result<Response, ApiError> {
+    let arrived = std::time::Instant::now();
     let (parts, body) = req.into_parts();
     let path = parts.uri.path().to_string();
     let bytes = axum::body::to_bytes(body, usize::MAX)
@@ -86,7 +87,18 @@ async fn route(srv: &Arc<Server>, req: Request) -> Result<Response, ApiError> {
         return unload(srv, name.as_deref(), fam);
     }
     let source = srv.registry.resolve(name.as_deref())?;
+    let was_loaded = srv.models.is_loaded(&source.key());
+    let waited = std::time::Instant::now();
     let lease = srv.models.acquire(&source, keep).await?;
+    let mut parts = parts;
+    parts.extensions.insert(Arrival {
+        at: arrived,
+        load: if was_loaded {
+            std::time::Duration::ZERO
+        } else {
+            waited.elapsed()
+        },
+    });
     let bytes = match (&source.defaults, obj.as_mut()) {
         (Some(d), Some(o)) if fam != Family::Other => {
             apply(d, fam, o)?;
