@@ -56,7 +56,8 @@ enum Command {
     Run(run::RunArgs),
     /// Chat with a model in the terminal, turn by turn.
     Chat(chat::ChatArgs),
-    /// Serve the model over an OpenAI-compatible HTTP API (continuous batching).
+    /// Serve models over OpenAI's, Ollama's, Anthropic's and llama.cpp's HTTP APIs
+    /// (continuous batching); without -m (or FRINK_MODEL), the model each request names.
     Serve(serve::ServeArgs),
     /// Prompt-processing and generation throughput (llama-bench compatible).
     Bench(bench::BenchArgs),

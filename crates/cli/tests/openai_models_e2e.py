@@ -39,6 +39,12 @@ if mode == "router":
     check(small[0] == "smollm2-135m" and coder[0] == "qwen2.5-coder-0.5b", f"named: {small} {coder}")
     check(small[1] != coder[1], "two models, two answers")
     check(answer("smollm2-135m:latest")[1] == small[1], "Ollama's :latest tag")
+    check(client.models.retrieve("qwen2.5-coder-0.5b").id == "qwen2.5-coder-0.5b", "models.retrieve")
+    try:
+        client.models.retrieve("gpt-4o")
+        check(False, "retrieve of an unknown model")
+    except openai.NotFoundError as e:
+        check(e.body["code"] == "model_not_found", f"retrieve 404: {e.body}")
     try:
         answer("gpt-4o")
         check(False, "an unknown model answered")

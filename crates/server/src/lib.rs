@@ -302,6 +302,7 @@ fn router(state: &Arc<Server>) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/v1/models", get(models::manage::list))
+        .route("/v1/models/{*id}", get(models::manage::retrieve))
         .route("/models", get(models::manage::list))
         .route("/models/load", post(models::manage::load))
         .route("/models/unload", post(models::manage::unload))

@@ -94,18 +94,33 @@ pub(crate) async fn list(State(srv): Srv) -> Response {
         .registry
         .list()
         .into_iter()
-        .map(|l| {
-            let loaded = srv.models.is_loaded(&l.source.key());
-            json!({
-                "id": l.source.name,
-                "object": "model",
-                "created": srv.created,
-                "owned_by": "frink",
-                "status": {"value": if loaded { "loaded" } else { "unloaded" }},
-            })
-        })
+        .map(|l| model_object(&srv, &l))
         .collect();
     json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
+}
+
+/// One model in OpenAI's shape, with llama-server's router `status`.
+fn model_object(srv: &Server, l: &Listed) -> Value {
+    let loaded = srv.models.is_loaded(&l.source.key());
+    json!({
+        "id": l.source.name,
+        "object": "model",
+        "created": srv.created,
+        "owned_by": "frink",
+        "status": {"value": if loaded { "loaded" } else { "unloaded" }},
+    })
+}
+
+/// `GET /v1/models/{id}` (OpenAI's `models.retrieve`): one model, or a 404 naming it.
+pub(crate) async fn retrieve(
+    State(srv): Srv,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    let r = srv
+        .registry
+        .find(&id, "model")
+        .map(|l| model_object(&srv, &l));
+    answer("/v1/models", r)
 }
 
 /// `GET /api/ps`: the loaded models, their sizes (no GPU memory: `size_vram` 0) and when

@@ -386,14 +386,21 @@ impl Models {
         let counted = |s: &&Slot| !matches!(s.state, SlotState::Failed(..));
         let fits = |slots: &[Slot]| {
             let n = slots.iter().filter(counted).count();
-            n == 0
-                || (n < self.max_models
-                    && slots
-                        .iter()
-                        .map(|s| s.bytes)
-                        .sum::<u64>()
-                        .saturating_add(need)
-                        <= self.max_memory)
+            n == 0 && {
+                if need > self.max_memory {
+                    tracing::warn!(
+                        "a model of {need} bytes is loaded alone although --max-memory is {}",
+                        self.max_memory
+                    );
+                }
+                true
+            } || (n < self.max_models
+                && slots
+                    .iter()
+                    .map(|s| s.bytes)
+                    .sum::<u64>()
+                    .saturating_add(need)
+                    <= self.max_memory)
         };
         loop {
             if fits(slots) {

@@ -348,7 +348,7 @@ impl Registry {
             return cli().ok_or_else(|| {
                 ApiError::invalid(
                     Some("model"),
-                    "'model' is required: this server was started without -m and serves the model a request names",
+                    "'model' is required (and not empty): this server was started without -m and serves the model a request names",
                 )
             });
         };
