@@ -382,3 +382,87 @@ fn models_config_gives_a_model_its_own_settings() {
         "{err}"
     );
 }
+
+/// What an attacker helper found, each refused or bounded: a created model may not take a
+/// stored model's `:latest` name or an empty one, nor hold parameters its requests would
+/// refuse (a wrong type, an unknown name, a value out of range); a body that is not JSON
+/// is answered as such on a server without -m; `/api/*` errors keep Ollama's shape; an
+/// absurd keep-alive is reported as Ollama's "never"; a `--models-config` value beyond
+/// the flag's bound ends the server at start.
+#[test]
+fn management_requests_cannot_take_or_break_models() {
+    let _l = lock();
+    let home = home();
+    let srv = serve_without_m(home.path(), &[]);
+    let post = |path: &str, body: Value| srv.request("POST", path, Some(&body.to_string()));
+    for name in ["smollm2-135m:latest:latest", "smollm2-135m", ":latest"] {
+        let r = post(
+            "/api/create",
+            json!({"model": name, "from": "smollm2-135m", "system": "HIJACKED", "stream": false}),
+        );
+        assert_eq!(r.status, 400, "{name}: {}", r.text());
+        assert!(r.json()["error"].is_string(), "{}", r.text());
+    }
+    for params in [
+        json!({"temperature": "x"}),
+        json!({"bogus": 1}),
+        json!({"temperature": -1}),
+        json!({"top_p": 7}),
+    ] {
+        let r = post(
+            "/api/create",
+            json!({"model": "broken", "from": "smollm2-135m", "parameters": params, "stream": false}),
+        );
+        assert_eq!(r.status, 400, "{params}: {}", r.text());
+        assert!(r.text().contains("parameters"), "{}", r.text());
+    }
+    let tags = srv.request("GET", "/api/tags", None).json();
+    let names: Vec<&str> = tags["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        !names.contains(&"broken") && !names.contains(&""),
+        "{names:?}"
+    );
+    let show = post("/api/show", json!({"model": "smollm2-135m:latest"})).json();
+    assert!(show.get("system").is_none(), "{show}");
+
+    let r = srv.post_raw("/v1/chat/completions", b"{");
+    assert_eq!(r.status, 400);
+    assert!(r.text().contains("JSON"), "{}", r.text());
+    let r = srv.request("POST", "/api/delete", Some("{}"));
+    assert_eq!(r.status, 405);
+    assert!(r.json()["error"].is_string(), "{}", r.text());
+
+    let r = post(
+        "/api/generate",
+        json!({"model": "smollm2-135m", "keep_alive": "9999999999h"}),
+    );
+    assert_eq!(r.json()["done_reason"], "load");
+    let ps = srv.request("GET", "/api/ps", None).json();
+    let expires = ps["models"][0]["expires_at"].as_str().unwrap().to_string();
+    assert!(expires.starts_with("23"), "{expires}");
+
+    let cfg = home.path().join("models.toml");
+    std::fs::write(
+        &cfg,
+        "[models.b]\nmodel = \"smollm2-135m\"\nkv_size = 18446744073709551615\n",
+    )
+    .unwrap();
+    let out = frink(&[
+        "serve",
+        "--port",
+        "0",
+        "--models-config",
+        cfg.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        common::stderr(&out).contains("kv_size"),
+        "{}",
+        common::stderr(&out)
+    );
+}

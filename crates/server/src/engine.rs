@@ -337,9 +337,20 @@ impl Build for Builder {
         let config = self.config_of(source);
         let positions = kv_pool_positions(&config, &shape).map_err(|e| fail(e.to_string()))?;
         let block = frink_models::KvPool::block_bytes(&shape, config.kv_type).unwrap_or(0);
-        let kv = (positions / frink_models::KV_BLOCK + 1) as u64 * block as u64;
-        let file_bytes = std::fs::metadata(&source.path).map_or(0, |m| m.len());
-        Ok(file_bytes.saturating_add(kv))
+        let kv = ((positions / frink_models::KV_BLOCK) as u64 + 1).saturating_mul(block as u64);
+        // The model's file, its draft model's and its adapters'.
+        let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+        let files = std::iter::once(source.path.as_path())
+            .chain(config.draft_model.as_deref())
+            .chain(
+                source
+                    .settings
+                    .iter()
+                    .flat_map(|s| s.lora.iter().map(|p| p.as_path())),
+            )
+            .map(size)
+            .fold(0u64, u64::saturating_add);
+        Ok(files.saturating_add(kv))
     }
 
     fn load(&self, source: &Source) -> Result<Loaded> {

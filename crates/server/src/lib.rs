@@ -55,7 +55,7 @@ use anyhow::{Context, Result};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
 use frink_engine::scheduler::{Completion, Event};
@@ -211,6 +211,10 @@ pub(crate) struct Server {
     log_prompts: bool,
     /// The chat template override (what `/api/show` reports).
     chat_template: Option<String>,
+    /// What `/api/tags` and `/api/show` report of each file, by its modification time.
+    infos: std::sync::Mutex<
+        std::collections::HashMap<std::path::PathBuf, (SystemTime, Arc<ollama::ModelInfo>)>,
+    >,
     shared: Arc<Shared>,
     created: u64,
 }
@@ -278,6 +282,7 @@ fn server_state(config: &ServeConfig, loader: Loader) -> Arc<Server> {
         config.max_models,
         config.max_memory.unwrap_or_else(models::available_memory),
         config.keep_alive,
+        config.conn.io_timeout,
     ));
     Arc::new(Server {
         registry,
@@ -290,6 +295,7 @@ fn server_state(config: &ServeConfig, loader: Loader) -> Arc<Server> {
         log_format: config.log_format,
         log_prompts: config.log_prompts,
         chat_template: config.chat_template.clone(),
+        infos: Default::default(),
         created: shared.created,
         shared,
     })
@@ -345,7 +351,8 @@ async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
         Ok(source) if config.model_path.is_some() => {
             let state = Arc::clone(&state);
             tokio::spawn(async move {
-                match state.models.acquire(&source, None).await {
+                // No time limit: a large -m model may load for long.
+                match state.models.acquire_waiting(&source, None).await {
                     Ok(lease) => {
                         drop(lease);
                         state.ready.store(true, Ordering::Release);
@@ -529,24 +536,28 @@ impl AppState {
 
 type St = State<Arc<AppState>>;
 
-async fn not_found() -> Response {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        "invalid_request_error",
-        "no such endpoint",
+async fn not_found(uri: axum::http::Uri) -> Response {
+    gate::error_for_path(
+        uri.path(),
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "no such endpoint",
+        )
+        .with_code("not_found"),
     )
-    .with_code("not_found")
-    .into_response()
 }
 
-async fn method_not_allowed() -> Response {
-    ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "invalid_request_error",
-        "this endpoint does not take that HTTP method",
+async fn method_not_allowed(uri: axum::http::Uri) -> Response {
+    gate::error_for_path(
+        uri.path(),
+        ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            "this endpoint does not take that HTTP method",
+        )
+        .with_code("method_not_allowed"),
     )
-    .with_code("method_not_allowed")
-    .into_response()
 }
 
 /// `GET /health`: 200 once the `-m` model has loaded (at once without `-m`), 503

@@ -27,6 +27,9 @@ use serde::Deserialize;
 
 use super::KeepAlive;
 
+/// The most slots a configured model may ask for.
+const MAX_PARALLEL: usize = 4096;
+
 /// One `[models.NAME]` table as written.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -101,9 +104,13 @@ fn settings(
         bail!("{}", e.message);
     }
     let at = |p: PathBuf| if p.is_absolute() { p } else { dir.join(p) };
+    // The flags' own bounds (--ctx and --kv-size: 2 to 2^31 - 1 positions).
     let positive = |key: &str, v: Option<usize>, least: usize| -> Result<Option<usize>> {
+        const MOST: usize = (1 << 31) - 1;
         match v {
-            Some(n) if n < least => bail!("{key} must be at least {least}, got {n}"),
+            Some(n) if !(least..=MOST).contains(&n) => {
+                bail!("{key} must be between {least} and {MOST}, got {n}")
+            }
             _ => Ok(v),
         }
     };
@@ -140,7 +147,12 @@ fn settings(
         name: name.to_string(),
         path: model_path,
         ctx: positive("ctx", t.ctx, 2)?,
-        parallel: positive("parallel", t.parallel, 1)?,
+        parallel: match t.parallel {
+            Some(n) if !(1..=MAX_PARALLEL).contains(&n) => {
+                bail!("parallel must be between 1 and {MAX_PARALLEL}, got {n}")
+            }
+            p => p,
+        },
         kv_size: positive("kv_size", t.kv_size, 2)?,
         kv_type: t
             .kv_type

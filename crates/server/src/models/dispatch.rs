@@ -64,6 +64,10 @@ async fn route(srv: &Arc<Server>, req: Request) -> Result<Response, ApiError> {
         .map_err(|e| ApiError::invalid(None, format!("cannot read the body: {e}")))?;
     // The handler reports a body that is not a JSON object; here it only has no name.
     let mut obj = serde_json::from_slice::<Map<String, Value>>(&bytes).ok();
+    if obj.is_none() && !bytes.is_empty() && srv.registry.resolve(None).is_err() {
+        // No model to pass it to: the body's own fault is the answer.
+        crate::api::parse_object(&bytes)?;
+    }
     let name = match obj.as_ref().and_then(|o| o.get("model")) {
         None | Some(Value::Null) => query_model(parts.uri.query()),
         Some(Value::String(s)) => Some(s.clone()),
@@ -174,7 +178,7 @@ fn only_loads(obj: &Map<String, Value>, fam: Family) -> bool {
 fn unload(srv: &Server, name: Option<&str>, fam: Family) -> Result<Response, ApiError> {
     let source = srv.registry.resolve(name)?;
     // Busy: it is marked to go when its requests end, which is what was asked.
-    let _ = srv.models.unload_now(&source.key());
+    let _ = srv.models.unload_now(&source.key(), true);
     let mut v = match fam {
         Family::OllamaChat => json!({"message": {"role": "assistant", "content": ""}}),
         _ => json!({"response": ""}),
@@ -225,12 +229,18 @@ fn apply(d: &Defaults, fam: Family, obj: &mut Map<String, Value>) -> Result<(), 
             }
         }
         Family::Anthropic => {
-            if let (Some(s), None) = (&d.system, obj.get("system")) {
+            if let (Some(s), true) = (&d.system, unset(obj, "system")) {
                 obj.insert("system".into(), json!(s));
             }
         }
         Family::Responses => {
-            if let (Some(s), None) = (&d.system, obj.get("instructions")) {
+            // A system or developer item of the input is the request's own system prompt.
+            let own = obj["input"].as_array().is_some_and(|items| {
+                items
+                    .iter()
+                    .any(|i| i["role"] == "system" || i["role"] == "developer")
+            });
+            if let (Some(s), true, false) = (&d.system, unset(obj, "instructions"), own) {
                 obj.insert("instructions".into(), json!(s));
             }
         }
@@ -246,7 +256,9 @@ fn apply(d: &Defaults, fam: Family, obj: &mut Map<String, Value>) -> Result<(), 
         }
         if let Some(o) = opts.as_object_mut() {
             for (k, v) in &d.parameters {
-                o.entry(k.clone()).or_insert_with(|| v.clone());
+                if unset(o, k) {
+                    o.insert(k.clone(), v.clone());
+                }
             }
         }
         return Ok(());
@@ -268,9 +280,16 @@ fn apply(d: &Defaults, fam: Family, obj: &mut Map<String, Value>) -> Result<(), 
             (Family::Anthropic | Family::Responses, _) => continue,
             _ => k,
         };
-        obj.entry(k).or_insert(v);
+        if unset(obj, &k) {
+            obj.insert(k, v);
+        }
     }
     Ok(())
+}
+
+/// Whether the request leaves field `k` to the defaults (absent or null).
+fn unset(obj: &Map<String, Value>, k: &str) -> bool {
+    obj.get(k).is_none_or(Value::is_null)
 }
 
 /// A response body holding its model's lease until it ends or is dropped.
@@ -340,6 +359,26 @@ mod tests {
         assert_eq!(msg["system"], "S");
         assert_eq!(msg["max_tokens"], 3);
         assert_eq!(msg["stop_sequences"], json!(["\n"]));
+        // A null is no value: the default applies.
+        let mut nulls = json!({"max_tokens": null, "system": null})
+            .as_object()
+            .cloned()
+            .unwrap();
+        apply(&d, Family::Anthropic, &mut nulls).unwrap();
+        assert_eq!(
+            (nulls["max_tokens"].clone(), nulls["system"].clone()),
+            (json!(7), json!("S"))
+        );
+        // A Responses input with its own system item keeps it alone.
+        let mut own = json!({"input": [{"role": "system", "content": "mine"}, {"role": "user", "content": "hi"}]})
+            .as_object()
+            .cloned()
+            .unwrap();
+        apply(&d, Family::Responses, &mut own).unwrap();
+        assert!(own.get("instructions").is_none(), "{own:?}");
+        let mut plain = json!({"input": "hi"}).as_object().cloned().unwrap();
+        apply(&d, Family::Responses, &mut plain).unwrap();
+        assert_eq!(plain["instructions"], "S");
     }
 
     #[test]

@@ -31,7 +31,29 @@ fn answer(path: &str, r: Result<Value, ApiError>) -> Response {
 }
 
 /// What Ollama reports of a listed model, read from its file (not loaded).
-fn info_of(srv: &Server, l: &Listed) -> Result<ModelInfo, ApiError> {
+fn info_of(srv: &Server, l: &Listed) -> Result<Arc<ModelInfo>, ApiError> {
+    // Read once per file version: many names (created models) share a file.
+    let modified = std::fs::metadata(&l.source.path)
+        .and_then(|m| m.modified())
+        .ok();
+    let mut cache = srv.infos.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((when, info)) = cache.get(&l.source.path) {
+        if Some(*when) == modified {
+            return Ok(Arc::clone(info));
+        }
+    }
+    let info = Arc::new(read_info(srv, l)?);
+    if let Some(m) = modified {
+        if cache.len() >= 4096 {
+            cache.clear();
+        }
+        cache.insert(l.source.path.clone(), (m, Arc::clone(&info)));
+    }
+    Ok(info)
+}
+
+/// [`info_of`] read from the file.
+fn read_info(srv: &Server, l: &Listed) -> Result<ModelInfo, ApiError> {
     let f = frink_gguf::GgufFile::open(&l.source.path).map_err(|e| {
         super::server_error(format!(
             "cannot read model '{}' ({}): {e}",
@@ -79,7 +101,7 @@ pub(crate) async fn tags(State(srv): Srv) -> Response {
         srv2.registry
             .list()
             .iter()
-            .map(|l| tag_entry(l, info_of(&srv2, l).ok().as_ref()))
+            .map(|l| tag_entry(l, info_of(&srv2, l).ok().as_deref()))
             .collect::<Vec<_>>()
     })
     .await
@@ -144,10 +166,9 @@ pub(crate) async fn ps(State(srv): Srv) -> Response {
                 v["size"] = json!(r.bytes);
                 v["size_vram"] = json!(0);
                 v["context_length"] = json!(r.app.n_ctx);
-                // Ollama's "never": far in the future.
-                let expires = r.expires.unwrap_or(
-                    SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(10_957_000_000),
-                );
+                // Ollama's "never": far in the future (and no later, for any keep-alive).
+                let never = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(10_957_000_000);
+                let expires = r.expires.map_or(never, |e| e.min(never));
                 v["expires_at"] = json!(rfc3339(expires));
                 v
             })
@@ -232,7 +253,7 @@ pub(crate) async fn delete(State(srv): Srv, body: Bytes) -> Response {
             srv2.registry.remove_alias(&l.source.name)?;
             return Ok(json!({}));
         }
-        srv2.models.unload_now(&l.source.key())?;
+        srv2.models.unload_now(&l.source.key(), false)?;
         srv2.registry.remove_stored(&l.source.name)?;
         Ok(json!({}))
     })
@@ -321,6 +342,66 @@ pub(crate) async fn create(State(srv): Srv, body: Bytes) -> Response {
     }
 }
 
+/// Ollama's option names (its `api.Options` and `Runner`), by the type of their value.
+const NUMBER_OPTIONS: &[&str] = &[
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "typical_p",
+    "seed",
+    "num_predict",
+    "num_ctx",
+    "repeat_penalty",
+    "repeat_last_n",
+    "presence_penalty",
+    "frequency_penalty",
+    "mirostat",
+    "mirostat_tau",
+    "mirostat_eta",
+    "tfs_z",
+    "num_keep",
+    "num_batch",
+    "num_gpu",
+    "main_gpu",
+    "num_thread",
+];
+const BOOL_OPTIONS: &[&str] = &[
+    "penalize_newline",
+    "numa",
+    "low_vram",
+    "f16_kv",
+    "vocab_only",
+    "use_mmap",
+    "use_mlock",
+];
+
+/// One of `/api/create`'s `parameters`: a known option with a value of its type.
+///
+/// Errors: a 400 naming the parameter.
+fn check_parameter(k: &str, v: &Value) -> Result<(), ApiError> {
+    let ok = if NUMBER_OPTIONS.contains(&k) {
+        v.is_number()
+    } else if BOOL_OPTIONS.contains(&k) {
+        v.is_boolean()
+    } else if k == "stop" {
+        v.is_string() || v.as_array().is_some_and(|a| a.iter().all(Value::is_string))
+    } else {
+        return Err(ApiError::invalid(
+            Some("parameters"),
+            format!("'parameters.{k}' is not one of Ollama's options"),
+        ));
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(
+            Some("parameters"),
+            format!("'parameters.{k}' has the wrong type: {v}"),
+        ))
+    }
+}
+
 /// The defaults of an `/api/create` request, each checked.
 fn create_defaults(obj: &Map<String, Value>) -> Result<Defaults, ApiError> {
     let system = api::opt_str(obj, "system")?.map(str::to_string);
@@ -334,16 +415,27 @@ fn create_defaults(obj: &Map<String, Value>) -> Result<Defaults, ApiError> {
             ))
         }
     };
-    // Checked as a request's `options` are, so a created model cannot hold what its
-    // requests would refuse.
+    // Each a known option of the right type, then checked as a request's `options` are,
+    // so a created model cannot hold what its requests would refuse.
+    for (k, v) in &parameters {
+        check_parameter(k, v)?;
+    }
     let mut wrapped = Map::new();
     wrapped.insert("options".into(), Value::Object(parameters.clone()));
-    crate::ollama::options(&wrapped, &mut Map::new()).map_err(|e| {
+    let mut fields = Map::new();
+    let as_parameters = |e: ApiError| {
         ApiError::invalid(
             Some("parameters"),
-            e.message.replace("options.", "parameters."),
+            format!(
+                "'parameters': {}",
+                e.message.replace("options.", "parameters.")
+            ),
         )
-    })?;
+    };
+    crate::ollama::options(&wrapped, &mut fields).map_err(as_parameters)?;
+    // And as the sampling fields they become, read as a chat request reads them.
+    crate::api::gen_options(&fields, crate::api::Endpoint::Chat, usize::MAX, 1)
+        .map_err(as_parameters)?;
     let messages = match obj.get("messages") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(a)) => {
@@ -407,7 +499,7 @@ pub(crate) async fn unload(State(srv): Srv, body: Bytes) -> Response {
         let obj = api::parse_object(&body)?;
         let name = model_name(&obj)?;
         let l = srv.registry.find(&name, "model")?;
-        srv.models.unload_now(&l.source.key())?;
+        srv.models.unload_now(&l.source.key(), true)?;
         Ok(json!({"success": true}))
     })();
     answer("/models/unload", r)

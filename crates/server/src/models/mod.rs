@@ -170,6 +170,8 @@ pub(crate) struct Models {
     max_models: usize,
     max_memory: u64,
     default_keep: KeepAlive,
+    /// How long a request waits for its model (a load, room for it) before a 503.
+    wait_limit: Duration,
     /// Loads started, by model name order of first use (for `/metrics`).
     pub loads: AtomicU64,
     pub unloads: AtomicU64,
@@ -217,6 +219,9 @@ impl Drop for Waiting<'_> {
                 g.waiting.remove(self.1);
             }
         }
+        drop(g);
+        // A model it protected may now make room for others.
+        self.0.changed.notify_waiters();
     }
 }
 
@@ -259,6 +264,7 @@ impl Models {
         max_models: usize,
         max_memory: u64,
         default_keep: KeepAlive,
+        wait_limit: Duration,
     ) -> Models {
         Models {
             slots: Mutex::new(Slots::default()),
@@ -267,6 +273,7 @@ impl Models {
             max_models: max_models.max(1),
             max_memory,
             default_keep,
+            wait_limit,
             loads: AtomicU64::new(0),
             unloads: AtomicU64::new(0),
             load_failures: AtomicU64::new(0),
@@ -293,6 +300,28 @@ impl Models {
     /// Errors: the load's failure (a 500 naming the file), or a 400 for a file whose
     /// metadata cannot be read.
     pub async fn acquire(
+        self: &Arc<Self>,
+        source: &Source,
+        keep: Option<KeepAlive>,
+    ) -> Result<Lease, ApiError> {
+        tokio::time::timeout(self.wait_limit, self.acquire_waiting(source, keep))
+            .await
+            .unwrap_or_else(|_| {
+                Err(ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable_error",
+                    format!(
+                        "waited {} s for model '{}': the models loaded are answering requests and there is no room for it (--max-models, --max-memory); retry later",
+                        self.wait_limit.as_secs(),
+                        source.name
+                    ),
+                )
+                .with_code("model_busy"))
+            })
+    }
+
+    /// [`Models::acquire`] without its time limit (the `-m` model's first load).
+    pub async fn acquire_waiting(
         self: &Arc<Self>,
         source: &Source,
         keep: Option<KeepAlive>,
@@ -447,7 +476,12 @@ impl Models {
         let models = Arc::clone(self);
         std::thread::spawn(move || {
             let t0 = Instant::now();
-            let r = models.build.load(&source);
+            // A panic while loading fails the load (its waiters get the error) instead of
+            // leaving the slot loading for ever.
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                models.build.load(&source)
+            }))
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("loading {} panicked", source.name)));
             let mut slots = models.lock();
             let key = source.key();
             let Some(slot) = slots.iter_mut().find(|s| s.key == key) else {
@@ -537,17 +571,20 @@ impl Models {
     /// Unloads the model of engine key `key` ([`Source::key`]) now if it is idle (Ollama's `keep_alive: 0` on an
     /// empty request, llama.cpp's `/models/unload`); `Ok(false)` if it was not loaded.
     ///
-    /// Errors: a 409 while requests run on it (it is then marked to go when they end).
-    pub fn unload_now(&self, key: &str) -> Result<bool, ApiError> {
+    /// Errors: a 409 while requests run on it (with `later`, it is then marked to go when
+    /// they end).
+    pub fn unload_now(&self, key: &str, later: bool) -> Result<bool, ApiError> {
         let mut slots = self.lock();
         let Some(i) = slots.iter().position(|s| s.key == key) else {
             return Ok(false);
         };
         let busy = slots[i].leases > 0 || slots.waiting.contains_key(key);
         if busy || matches!(slots[i].state, SlotState::Loading) {
-            // It goes when the requests that hold or await it end.
-            slots[i].draining = slots[i].leases > 0;
-            slots[i].keep = KeepAlive::For(Duration::ZERO);
+            if later {
+                // It goes when the requests that hold or await it end.
+                slots[i].draining = slots[i].leases > 0;
+                slots[i].keep = KeepAlive::For(Duration::ZERO);
+            }
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
                 "invalid_request_error",

@@ -394,6 +394,12 @@ impl Registry {
     pub fn create(&self, name: &str, from: &str, defaults: Defaults) -> Result<(), ApiError> {
         check_name(name, "model")?;
         let name = untagged(name);
+        if name.is_empty() || name.ends_with(":latest") || name.starts_with(':') {
+            return Err(ApiError::invalid(
+                Some("model"),
+                format!("'model': {} is not a model name", json!(truncated(name))),
+            ));
+        }
         if name.starts_with("hf:") {
             return Err(ApiError::invalid(
                 Some("model"),
@@ -402,7 +408,7 @@ impl Registry {
         }
         let base = self.find(from, "from")?;
         let taken = self
-            .lookup(name)
+            .lookup_tagged(name)
             .is_some_and(|l| l.is_ok_and(|s| s.defaults.is_none()));
         let mut aliases = self.lock_aliases();
         if taken {
