@@ -433,6 +433,10 @@ fn management_requests_cannot_take_or_break_models() {
     let r = srv.post_raw("/v1/chat/completions", b"{");
     assert_eq!(r.status, 400);
     assert!(r.text().contains("JSON"), "{}", r.text());
+    // A model file's upload is refused by name before it is read.
+    let r = srv.post_raw("/api/blobs/sha256:00", b"GGUF");
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("files"), "{}", r.text());
     let r = srv.request("POST", "/api/delete", Some("{}"));
     assert_eq!(r.status, 405);
     assert!(r.json()["error"].is_string(), "{}", r.text());

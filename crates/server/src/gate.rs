@@ -172,6 +172,10 @@ async fn checked(st: Arc<Server>, req: Request, next: Next) -> (Response, Option
             return (error_for_path(&path, e), None);
         }
     }
+    if path.starts_with("/api/blobs/") && parts.method != axum::http::Method::HEAD {
+        // Ollama's model-file uploads: refused before a byte of the file is read.
+        return (error_for_path(&path, blob_upload_refused()), None);
+    }
     let bytes = {
         let _receiving = conn.as_ref().map(|c| c.receiving());
         match read_body(&parts.headers, body, st.conns.limits().io_timeout).await {
@@ -184,6 +188,14 @@ async fn checked(st: Arc<Server>, req: Request, next: Next) -> (Response, Option
         .run(Request::from_parts(parts, Body::from(bytes)))
         .await;
     (response, answering)
+}
+
+/// Why `POST /api/blobs/{digest}` (an `/api/create` with `files`) is refused.
+pub(crate) fn blob_upload_refused() -> ApiError {
+    ApiError::invalid(
+        Some("files"),
+        "uploading model files (/api/blobs, /api/create's 'files') is not supported; place the GGUF file in the store's folder ($FRINK_HOME/models) and create from its name",
+    )
 }
 
 /// A connection admitted past the cap ([`crate::conn::Conn::is_overflow`]): `/health`
