@@ -56,6 +56,21 @@ fn snapshot(dir: &Path) -> Vec<(PathBuf, u64)> {
     out
 }
 
+/// The error with which `frink serve --models-config` of `text` refuses to start.
+fn config_refused(home: &Path, text: &str) -> String {
+    let cfg = home.join("refused.toml");
+    std::fs::write(&cfg, text).unwrap();
+    let out = frink(&[
+        "serve",
+        "--port",
+        "0",
+        "--models-config",
+        cfg.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success(), "{text}");
+    common::stderr(&out)
+}
+
 fn serve_without_m(home: &Path, args: &[&str]) -> Server {
     let mut all = vec![NO_M];
     all.extend_from_slice(args);
@@ -367,16 +382,10 @@ fn models_config_gives_a_model_its_own_settings() {
         "{text}"
     );
 
-    std::fs::write(&cfg, "[models.x]\nmodel = \"smollm2-135m\"\ncontext = 64\n").unwrap();
-    let out = frink(&[
-        "serve",
-        "--port",
-        "0",
-        "--models-config",
-        cfg.to_str().unwrap(),
-    ]);
-    assert!(!out.status.success());
-    let err = common::stderr(&out);
+    let err = config_refused(
+        home.path(),
+        "[models.x]\nmodel = \"smollm2-135m\"\ncontext = 64\n",
+    );
     assert!(
         err.contains("unknown field `context`") && err.contains("line 3"),
         "{err}"
@@ -450,23 +459,9 @@ fn management_requests_cannot_take_or_break_models() {
     let expires = ps["models"][0]["expires_at"].as_str().unwrap().to_string();
     assert!(expires.starts_with("23"), "{expires}");
 
-    let cfg = home.path().join("models.toml");
-    std::fs::write(
-        &cfg,
-        "[models.b]\nmodel = \"smollm2-135m\"\nkv_size = 18446744073709551615\n",
-    )
-    .unwrap();
-    let out = frink(&[
-        "serve",
-        "--port",
-        "0",
-        "--models-config",
-        cfg.to_str().unwrap(),
-    ]);
-    assert!(!out.status.success());
-    assert!(
-        common::stderr(&out).contains("kv_size"),
-        "{}",
-        common::stderr(&out)
+    let err = config_refused(
+        home.path(),
+        "[models.b]\nmodel = \"smollm2-135m\"\nkv_size = 4294967296\n",
     );
+    assert!(err.contains("kv_size"), "{err}");
 }
