@@ -20,4 +20,4 @@ pub use generate::{
 };
 pub use perplexity::{perplexity, Perplexity};
 pub use sampling::SpecSampling;
-pub use session::{check_kv_memory, Session, DEFAULT_BATCH};
+pub use session::{check_kv_memory, meminfo_bytes, Session, DEFAULT_BATCH};

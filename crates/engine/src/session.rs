@@ -91,6 +91,15 @@ fn positions(n_seq: usize, n_ctx: usize) -> String {
     }
 }
 
+/// The bytes of `field` (`MemTotal`, `MemAvailable`, …) of Linux's /proc/meminfo, which
+/// gives kibibytes; `None` where it cannot be read.
+pub fn meminfo_bytes(field: &str) -> Option<u64> {
+    let m = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = m.lines().find(|l| l.split(':').next() == Some(field))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 /// Refuses a context whose KV caches cannot fit: `n_seq` sequences of `n_ctx` positions of
 /// `model` with elements of `kv_type`, before anything is allocated (without it a huge
 /// `--ctx` aborts the process in the allocator). The bound is the machine's memory
@@ -105,11 +114,7 @@ pub fn check_kv_memory(
     what: &str,
 ) -> Result<(), String> {
     let need = SeqState::kv_bytes(config, n_ctx, kv_type).and_then(|b| b.checked_mul(n_seq));
-    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
-        let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
-        let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
-        kib.checked_mul(1024)
-    });
+    let total = meminfo_bytes("MemTotal").and_then(|b| usize::try_from(b).ok());
     let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
     match (need, total) {
         (None, _) => Err(format!(

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use anyhow::{Context, Result};
-use axum::routing::{get, post};
+use axum::routing::{get, post, MethodRouter};
 use axum::Router;
 use frink_engine::constraint::{Constraint, GrammarCompiler};
 use frink_engine::scheduler::{Scheduler, SchedulerConfig};
@@ -234,56 +234,58 @@ fn start_engine(
     })
 }
 
-/// The model-scoped endpoints and their methods: the top router sends each to
+/// A model-scoped route: its path, its methods (for the top router's own method check)
+/// and the model router's handlers.
+pub(crate) type ModelRoute = (
+    &'static str,
+    &'static str,
+    fn() -> MethodRouter<Arc<AppState>>,
+);
+
+/// The model-scoped endpoints: the top router sends each to
 /// [`crate::models::dispatch::dispatch`], which passes it to the model's [`model_router`].
-pub(crate) const MODEL_ROUTES: &[(&str, &str)] = &[
-    ("/v1/chat/completions", "POST"),
-    ("/chat/completions", "POST"),
-    ("/v1/completions", "POST"),
-    ("/completions", "POST"),
-    ("/v1/embeddings", "POST"),
-    ("/embeddings", "POST"),
-    ("/api/chat", "POST"),
-    ("/api/generate", "POST"),
-    ("/api/embed", "POST"),
-    ("/api/embeddings", "POST"),
-    ("/lora-adapters", "GET POST"),
-    ("/infill", "POST"),
-    ("/completion", "POST"),
-    ("/props", "GET"),
-    ("/v1/responses", "POST"),
-    ("/v1/messages", "POST"),
-    ("/v1/messages/count_tokens", "POST"),
-    ("/tokenize", "POST"),
-    ("/detokenize", "POST"),
-];
+pub(crate) const MODEL_ROUTES: &[ModelRoute] = {
+    use crate::{anthropic, embeddings, infill, native, requests, responses};
+    &[
+        ("/v1/chat/completions", "POST", || {
+            post(requests::chat_completions)
+        }),
+        ("/chat/completions", "POST", || {
+            post(requests::chat_completions)
+        }),
+        ("/v1/completions", "POST", || post(requests::completions)),
+        ("/completions", "POST", || post(requests::completions)),
+        ("/v1/embeddings", "POST", || post(embeddings::embeddings)),
+        ("/embeddings", "POST", || {
+            post(embeddings::embeddings_llamacpp)
+        }),
+        ("/api/chat", "POST", || post(ollama::chat)),
+        ("/api/generate", "POST", || post(ollama::generate)),
+        ("/api/embed", "POST", || post(ollama::embed)),
+        ("/api/embeddings", "POST", || post(ollama::embeddings)),
+        ("/lora-adapters", "GET POST", || {
+            get(native::lora_adapters).post(native::set_lora_adapters)
+        }),
+        ("/infill", "POST", || post(infill::infill)),
+        ("/completion", "POST", || post(native::completion)),
+        ("/props", "GET", || get(native::props)),
+        ("/v1/responses", "POST", || post(responses::create)),
+        ("/v1/messages", "POST", || post(anthropic::messages)),
+        ("/v1/messages/count_tokens", "POST", || {
+            post(anthropic::count_tokens)
+        }),
+        ("/tokenize", "POST", || post(native::tokenize)),
+        ("/detokenize", "POST", || post(native::detokenize)),
+    ]
+};
 
 /// The router of one loaded model: the handlers of [`MODEL_ROUTES`] over its state.
 pub(crate) fn model_router(app: Arc<AppState>) -> Router {
-    use crate::{anthropic, embeddings, infill, native, requests, responses};
-    Router::new()
-        .route("/v1/chat/completions", post(requests::chat_completions))
-        .route("/chat/completions", post(requests::chat_completions))
-        .route("/v1/completions", post(requests::completions))
-        .route("/completions", post(requests::completions))
-        .route("/v1/embeddings", post(embeddings::embeddings))
-        .route("/embeddings", post(embeddings::embeddings_llamacpp))
-        .route("/api/chat", post(ollama::chat))
-        .route("/api/generate", post(ollama::generate))
-        .route("/api/embed", post(ollama::embed))
-        .route("/api/embeddings", post(ollama::embeddings))
-        .route(
-            "/lora-adapters",
-            get(native::lora_adapters).post(native::set_lora_adapters),
-        )
-        .route("/infill", post(infill::infill))
-        .route("/completion", post(native::completion))
-        .route("/props", get(native::props))
-        .route("/v1/responses", post(responses::create))
-        .route("/v1/messages", post(anthropic::messages))
-        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
-        .route("/tokenize", post(native::tokenize))
-        .route("/detokenize", post(native::detokenize))
+    MODEL_ROUTES
+        .iter()
+        .fold(Router::new(), |r, (path, _, handlers)| {
+            r.route(path, handlers())
+        })
         .with_state(app)
 }
 

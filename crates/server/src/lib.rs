@@ -325,7 +325,7 @@ fn router(state: &Arc<Server>) -> Router {
             get(responses::retrieve).delete(responses::delete),
         )
         .route("/v1/responses/{id}/cancel", post(responses::cancel));
-    for (path, method) in engine::MODEL_ROUTES {
+    for (path, method, _) in engine::MODEL_ROUTES {
         let d = match *method {
             "GET" => get(models::dispatch::dispatch),
             "GET POST" => get(models::dispatch::dispatch).post(models::dispatch::dispatch),
@@ -347,8 +347,8 @@ async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
     let state = server_state(&config, loader);
     // Load the -m model off the runtime; a failure ends the server.
     let (fail_tx, mut fail_rx) = mpsc::unbounded_channel::<anyhow::Error>();
-    match state.registry.resolve(None) {
-        Ok(source) if config.model_path.is_some() => {
+    match state.registry.cli_source() {
+        Some(source) => {
             let state = Arc::clone(&state);
             tokio::spawn(async move {
                 // No time limit: a large -m model may load for long.
@@ -366,7 +366,7 @@ async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
             });
             eprintln!("frink serve: listening on http://{local} (loading the model)");
         }
-        _ => {
+        None => {
             drop(fail_tx);
             eprintln!(
                 "frink serve: no -m: models load when a request names one ({} listed)",

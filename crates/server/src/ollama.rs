@@ -250,6 +250,67 @@ pub(crate) fn options(
     Ok(num_ctx)
 }
 
+/// Ollama's option names (its `api.Options` and `Runner`), by the type of their value.
+const NUMBER_OPTIONS: &[&str] = &[
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "typical_p",
+    "seed",
+    "num_predict",
+    "num_ctx",
+    "repeat_penalty",
+    "repeat_last_n",
+    "presence_penalty",
+    "frequency_penalty",
+    "mirostat",
+    "mirostat_tau",
+    "mirostat_eta",
+    "tfs_z",
+    "num_keep",
+    "num_batch",
+    "num_gpu",
+    "main_gpu",
+    "num_thread",
+];
+const BOOL_OPTIONS: &[&str] = &[
+    "penalize_newline",
+    "numa",
+    "low_vram",
+    "f16_kv",
+    "vocab_only",
+    "use_mmap",
+    "use_mlock",
+];
+
+/// One of Ollama's options (in `field`: `/api/create`'s `parameters`): a known name with
+/// a value of its type. ([`options`] reads those that change an answer.)
+///
+/// Errors: a 400 naming the option.
+pub(crate) fn check_option(k: &str, v: &Value, field: &'static str) -> Result<(), ApiError> {
+    let ok = if NUMBER_OPTIONS.contains(&k) {
+        v.is_number()
+    } else if BOOL_OPTIONS.contains(&k) {
+        v.is_boolean()
+    } else if k == "stop" {
+        v.is_string() || v.as_array().is_some_and(|a| a.iter().all(Value::is_string))
+    } else {
+        return Err(ApiError::invalid(
+            Some(field),
+            format!("'{field}.{k}' is not one of Ollama's options"),
+        ));
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(
+            Some(field),
+            format!("'{field}.{k}' has the wrong type: {v}"),
+        ))
+    }
+}
+
 /// `logprobs` and `top_logprobs` (0–20 alternatives) as the OpenAI fields of a chat
 /// (`chat`) or raw completion request.
 fn logprobs(
@@ -400,7 +461,7 @@ fn limit_context(st: &AppState, p: &mut Prepared, num_ctx: Option<usize>) -> Res
 
 /// What a reply line carries: the chat's `message` or generate's `response`.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Shape {
+pub(crate) enum Shape {
     Chat,
     Generate,
 }
@@ -642,8 +703,9 @@ async fn answer(
 }
 
 /// The reply to a request that names no work (`messages` or `prompt` empty): Ollama loads
-/// the model and answers `done_reason: "load"`.
-fn loaded(model: String, shape: Shape) -> Response {
+/// the model and answers `done_reason: "load"` (or, with `keep_alive: 0`, unloads it and
+/// answers `"unload"`: [`crate::models::dispatch`]).
+pub(crate) fn no_work(model: &str, shape: Shape, reason: &str) -> Response {
     let mut v = match shape {
         Shape::Chat => json!({"message": {"role": "assistant", "content": ""}}),
         Shape::Generate => json!({"response": ""}),
@@ -651,7 +713,7 @@ fn loaded(model: String, shape: Shape) -> Response {
     v["model"] = json!(model);
     v["created_at"] = json!(rfc3339(SystemTime::now()));
     v["done"] = json!(true);
-    v["done_reason"] = json!("load");
+    v["done_reason"] = json!(reason);
     json_response(StatusCode::OK, &v)
 }
 
@@ -698,7 +760,7 @@ pub(crate) async fn chat(
         .await;
     match r {
         Ok(Ok((p, stream))) => answer(&st, p, Shape::Chat, stream, start, log).await,
-        Ok(Err(model)) => loaded(model, Shape::Chat),
+        Ok(Err(model)) => no_work(&model, Shape::Chat, "load"),
         Err(e) => error(e),
     }
 }
@@ -765,7 +827,7 @@ pub(crate) async fn generate(
         .await;
     match r {
         Ok(Ok((p, stream))) => answer(&st, p, Shape::Generate, stream, start, log).await,
-        Ok(Err(model)) => loaded(model, Shape::Generate),
+        Ok(Err(model)) => no_work(&model, Shape::Generate, "load"),
         Err(e) => error(e),
     }
 }

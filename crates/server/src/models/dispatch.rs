@@ -10,13 +10,12 @@ use std::task::{Context, Poll};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{json, Map, Value};
 
 use super::registry::Defaults;
 use super::{KeepAlive, Lease};
-use crate::api::{json_response, ApiError};
+use crate::api::ApiError;
 use crate::gate::error_for_path;
 use crate::{Arrival, Server};
 
@@ -64,12 +63,12 @@ async fn route(srv: &Arc<Server>, req: Request) -> Result<Response, ApiError> {
         .map_err(|e| ApiError::invalid(None, format!("cannot read the body: {e}")))?;
     // The handler reports a body that is not a JSON object; here it only has no name.
     let mut obj = serde_json::from_slice::<Map<String, Value>>(&bytes).ok();
-    if obj.is_none() && !bytes.is_empty() && srv.registry.resolve(None).is_err() {
+    if obj.is_none() && !bytes.is_empty() && srv.registry.cli_source().is_none() {
         // No model to pass it to: the body's own fault is the answer.
         crate::api::parse_object(&bytes)?;
     }
     let name = match obj.as_ref().and_then(|o| o.get("model")) {
-        None | Some(Value::Null) => query_model(parts.uri.query()),
+        None | Some(Value::Null) => query_model(&parts.uri),
         Some(Value::String(s)) => Some(s.clone()),
         Some(v) => {
             return Err(ApiError::invalid(
@@ -123,40 +122,16 @@ async fn route(srv: &Arc<Server>, req: Request) -> Result<Response, ApiError> {
     }))
 }
 
-/// `?model=NAME` of a query string (percent-decoded).
-fn query_model(query: Option<&str>) -> Option<String> {
-    query?.split('&').find_map(|kv| {
-        let v = kv.strip_prefix("model=")?;
-        Some(percent_decode(v))
-    })
-}
-
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = |c: u8| (c as char).to_digit(16);
-        match b[i] {
-            b'%' => {
-                match (
-                    b.get(i + 1).and_then(|&c| hex(c)),
-                    b.get(i + 2).and_then(|&c| hex(c)),
-                ) {
-                    (Some(h), Some(l)) => {
-                        out.push((h * 16 + l) as u8);
-                        i += 3;
-                        continue;
-                    }
-                    _ => out.push(b'%'),
-                }
-            }
-            b'+' => out.push(b' '),
-            c => out.push(c),
-        }
-        i += 1;
+/// `?model=NAME` of a request's query string (percent-decoded; none in a malformed one).
+fn query_model(uri: &axum::http::Uri) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Query {
+        model: Option<String>,
     }
-    String::from_utf8_lossy(&out).into_owned()
+    axum::extract::Query::<Query>::try_from_uri(uri)
+        .ok()?
+        .0
+        .model
 }
 
 /// Whether an Ollama request only loads or unloads its model: a generate without a
@@ -179,15 +154,15 @@ fn unload(srv: &Server, name: Option<&str>, fam: Family) -> Result<Response, Api
     let source = srv.registry.resolve(name)?;
     // Busy: it is marked to go when its requests end, which is what was asked.
     let _ = srv.models.unload_now(&source.key(), true);
-    let mut v = match fam {
-        Family::OllamaChat => json!({"message": {"role": "assistant", "content": ""}}),
-        _ => json!({"response": ""}),
+    let shape = match fam {
+        Family::OllamaChat => crate::ollama::Shape::Chat,
+        _ => crate::ollama::Shape::Generate,
     };
-    v["model"] = json!(name.unwrap_or(&source.name));
-    v["created_at"] = json!(crate::ollama::rfc3339(std::time::SystemTime::now()));
-    v["done"] = json!(true);
-    v["done_reason"] = json!("unload");
-    Ok(json_response(StatusCode::OK, &v))
+    Ok(crate::ollama::no_work(
+        name.unwrap_or(&source.name),
+        shape,
+        "unload",
+    ))
 }
 
 /// Writes a created model's defaults into a request of family `fam`: its system prompt
@@ -383,11 +358,16 @@ mod tests {
 
     #[test]
     fn query_names_are_decoded() {
+        let q = |u: &str| query_model(&u.parse().unwrap());
         assert_eq!(
-            query_model(Some("a=1&model=hf%3Aorg%2Fr")).as_deref(),
+            q("/props?a=1&model=hf%3Aorg%2Fr").as_deref(),
             Some("hf:org/r")
         );
-        assert_eq!(query_model(Some("x=1")), None);
-        assert_eq!(percent_decode("%zz%4"), "%zz%4");
+        assert_eq!(
+            q("/props?model=..%2F..%2Fetc").as_deref(),
+            Some("../../etc")
+        );
+        assert_eq!(q("/props?x=1"), None);
+        assert_eq!(q("/props"), None);
     }
 }

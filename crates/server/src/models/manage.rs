@@ -342,66 +342,6 @@ pub(crate) async fn create(State(srv): Srv, body: Bytes) -> Response {
     }
 }
 
-/// Ollama's option names (its `api.Options` and `Runner`), by the type of their value.
-const NUMBER_OPTIONS: &[&str] = &[
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "typical_p",
-    "seed",
-    "num_predict",
-    "num_ctx",
-    "repeat_penalty",
-    "repeat_last_n",
-    "presence_penalty",
-    "frequency_penalty",
-    "mirostat",
-    "mirostat_tau",
-    "mirostat_eta",
-    "tfs_z",
-    "num_keep",
-    "num_batch",
-    "num_gpu",
-    "main_gpu",
-    "num_thread",
-];
-const BOOL_OPTIONS: &[&str] = &[
-    "penalize_newline",
-    "numa",
-    "low_vram",
-    "f16_kv",
-    "vocab_only",
-    "use_mmap",
-    "use_mlock",
-];
-
-/// One of `/api/create`'s `parameters`: a known option with a value of its type.
-///
-/// Errors: a 400 naming the parameter.
-fn check_parameter(k: &str, v: &Value) -> Result<(), ApiError> {
-    let ok = if NUMBER_OPTIONS.contains(&k) {
-        v.is_number()
-    } else if BOOL_OPTIONS.contains(&k) {
-        v.is_boolean()
-    } else if k == "stop" {
-        v.is_string() || v.as_array().is_some_and(|a| a.iter().all(Value::is_string))
-    } else {
-        return Err(ApiError::invalid(
-            Some("parameters"),
-            format!("'parameters.{k}' is not one of Ollama's options"),
-        ));
-    };
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::invalid(
-            Some("parameters"),
-            format!("'parameters.{k}' has the wrong type: {v}"),
-        ))
-    }
-}
-
 /// The defaults of an `/api/create` request, each checked.
 fn create_defaults(obj: &Map<String, Value>) -> Result<Defaults, ApiError> {
     let system = api::opt_str(obj, "system")?.map(str::to_string);
@@ -418,7 +358,7 @@ fn create_defaults(obj: &Map<String, Value>) -> Result<Defaults, ApiError> {
     // Each a known option of the right type, then checked as a request's `options` are,
     // so a created model cannot hold what its requests would refuse.
     for (k, v) in &parameters {
-        check_parameter(k, v)?;
+        crate::ollama::check_option(k, v, "parameters")?;
     }
     let mut wrapped = Map::new();
     wrapped.insert("options".into(), Value::Object(parameters.clone()));

@@ -658,14 +658,7 @@ pub(crate) fn server_error(message: String) -> ApiError {
 /// What the machine can hold without swapping: `MemAvailable` of /proc/meminfo (all of
 /// the address space where it cannot be read).
 pub fn available_memory() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find_map(|l| l.strip_prefix("MemAvailable:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .map_or(u64::MAX, |kb| kb.saturating_mul(1024))
+    frink_engine::meminfo_bytes("MemAvailable").unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

@@ -243,40 +243,45 @@ impl Registry {
         self.aliases.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The model listed as exactly `name` (the `-m` model's, a stored one's or a created
-    /// one's); `Err(from)` for a created model whose source is gone.
+    /// The `-m` model, if the server was started with one.
+    pub fn cli_source(&self) -> Option<Source> {
+        self.cli.as_ref().map(|(n, p)| Source::plain(n, p, true))
+    }
+
+    /// The models that are not created ones, in the order a name is looked up (the `-m`
+    /// model, `--models-config`'s, the store's), each name once.
+    fn bases(&self) -> Vec<Source> {
+        let mut out: Vec<Source> = Vec::new();
+        let configured = self.configured.iter().map(|c| Source {
+            settings: Some(Arc::clone(c)),
+            ..Source::plain(&c.name, &c.path, false)
+        });
+        let stored = self
+            .stored()
+            .into_iter()
+            .map(|m| Source::plain(&m.name, &m.path, false));
+        for s in self
+            .cli_source()
+            .into_iter()
+            .chain(configured)
+            .chain(stored)
+        {
+            if !out.iter().any(|o| o.name == s.name) {
+                out.push(s);
+            }
+        }
+        out
+    }
+
+    /// The model listed as exactly `name` (one of [`Registry::bases`], else a created
+    /// one); `Err(from)` for a created model whose source is gone.
     fn lookup(&self, name: &str) -> Option<Result<Source, String>> {
-        let stored = self.stored();
-        let base = |n: &str| -> Option<Source> {
-            if let Some((cn, p)) = self.cli.as_ref().filter(|c| c.0 == n) {
-                return Some(Source::plain(cn, p, true));
-            }
-            if let Some(c) = self.configured.iter().find(|c| c.name == n) {
-                return Some(Source {
-                    settings: Some(Arc::clone(c)),
-                    ..Source::plain(&c.name, &c.path, false)
-                });
-            }
-            stored
-                .iter()
-                .find(|m| m.name == n)
-                .map(|m| Source::plain(&m.name, &m.path, false))
-        };
-        if let Some(s) = base(name) {
-            return Some(Ok(s));
+        let bases = self.bases();
+        if let Some(s) = bases.iter().find(|s| s.name == name) {
+            return Some(Ok(s.clone()));
         }
         let def = self.lock_aliases().get(name).cloned()?;
-        let from = def["from"].as_str().unwrap_or_default().to_string();
-        Some(match base(&from) {
-            Some(b) => Ok(Source {
-                name: name.to_string(),
-                defaults: Some(Arc::new(Defaults::from_json(&def))),
-                from: Some(from),
-                is_cli: false,
-                ..b
-            }),
-            None => Err(from),
-        })
+        Some(created(name, &def, &bases))
     }
 
     /// [`Registry::lookup`] of `name`, then of it without `:latest`.
@@ -284,55 +289,22 @@ impl Registry {
         self.lookup(name).or_else(|| self.lookup(untagged(name)))
     }
 
-    /// Every model: the `-m` model first, then `--models-config`'s, the store's, and the
-    /// created ones (whose source still exists).
+    /// Every model: [`Registry::bases`], then the created ones whose source still exists.
     pub fn list(&self) -> Vec<Listed> {
         let listed = |source: Source| Listed {
             bytes: std::fs::metadata(&source.path).map_or(0, |m| m.len()),
             sha256: catalog_sha256(&source.path),
             source,
         };
-        let mut out = Vec::new();
-        if let Some((name, path)) = &self.cli {
-            out.push(listed(Source::plain(name, path, true)));
-        }
-        for c in &self.configured {
-            if !out.iter().any(|l| l.source.name == c.name) {
-                out.push(listed(Source {
-                    settings: Some(Arc::clone(c)),
-                    ..Source::plain(&c.name, &c.path, false)
-                }));
-            }
-        }
-        for m in self.stored() {
-            if !out.iter().any(|l| l.source.name == m.name) {
-                out.push(Listed {
-                    source: Source::plain(&m.name, &m.path, false),
-                    bytes: m.bytes,
-                    sha256: m.sha256,
-                });
-            }
-        }
+        let bases = self.bases();
+        let mut out: Vec<Listed> = bases.iter().cloned().map(listed).collect();
         for (name, def) in self.aliases() {
-            let Some(from) = def["from"].as_str() else {
-                continue;
-            };
-            let Some(base) = out.iter().find(|l| l.source.name == from).cloned() else {
-                continue;
-            };
             if out.iter().any(|l| l.source.name == name) {
                 continue;
             }
-            out.push(Listed {
-                source: Source {
-                    name,
-                    defaults: Some(Arc::new(Defaults::from_json(&def))),
-                    from: Some(from.to_string()),
-                    is_cli: false,
-                    ..base.source.clone()
-                },
-                ..base
-            });
+            if let Ok(s) = created(&name, &def, &bases) {
+                out.push(listed(s));
+            }
         }
         out
     }
@@ -343,7 +315,7 @@ impl Registry {
     /// Errors: 400 for a missing name without `-m`, or a path-like name; 404 for a name
     /// nothing lists without `-m`, or a created model whose source is gone.
     pub fn resolve(&self, name: Option<&str>) -> Result<Source, ApiError> {
-        let cli = || self.cli.as_ref().map(|(n, p)| Source::plain(n, p, true));
+        let cli = || self.cli_source();
         let Some(name) = name.filter(|n| !n.is_empty()) else {
             return cli().ok_or_else(|| {
                 ApiError::invalid(
@@ -352,6 +324,7 @@ impl Registry {
                 )
             });
         };
+        // The -m value itself may be a path (`-m ./model.gguf`): it names the -m model.
         if let Some(s) = cli().filter(|s| s.name == name) {
             return Ok(s);
         }
@@ -469,20 +442,21 @@ impl Registry {
     /// for a name the store does not hold, 500 for the disk.
     pub fn remove_stored(&self, name: &str) -> Result<(), ApiError> {
         let listed = self.find(name, "model")?;
-        if listed.source.is_cli && !self.stored().iter().any(|m| m.path == listed.source.path) {
-            return Err(ApiError::invalid(
-                Some("model"),
-                format!("'{name}' was given with -m, not pulled into the store; it is not deleted through the API"),
-            ));
-        }
-        let store = self.store.as_ref().ok_or_else(|| not_found(name))?;
-        let stored_name = self
+        let stored = self
             .stored()
             .into_iter()
-            .find(|m| m.path == listed.source.path)
-            .map(|m| m.name)
-            .ok_or_else(|| not_found(name))?;
-        store.remove(&stored_name).map(|_| ()).map_err(|e| {
+            .find(|m| m.path == listed.source.path);
+        let (Some(store), Some(stored)) = (&self.store, stored) else {
+            return Err(if listed.source.is_cli {
+                ApiError::invalid(
+                    Some("model"),
+                    format!("'{name}' was given with -m, not pulled into the store; it is not deleted through the API"),
+                )
+            } else {
+                not_found(name)
+            });
+        };
+        store.remove(&stored.name).map(|_| ()).map_err(|e| {
             ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "server_error",
@@ -506,6 +480,23 @@ impl Registry {
             )
         })
     }
+}
+
+/// The created model `name` of definition `def` (`{from, system, …}`) over `bases`;
+/// `Err(from)` when its source is not among them.
+fn created(name: &str, def: &Value, bases: &[Source]) -> Result<Source, String> {
+    let from = def["from"].as_str().unwrap_or_default();
+    bases
+        .iter()
+        .find(|b| b.name == from)
+        .map(|b| Source {
+            name: name.to_string(),
+            defaults: Some(Arc::new(Defaults::from_json(def))),
+            from: Some(from.to_string()),
+            is_cli: false,
+            ..b.clone()
+        })
+        .ok_or_else(|| from.to_string())
 }
 
 /// Writes `v` to `path` through a temporary file renamed over it.
