@@ -1,19 +1,19 @@
 //! Request parsing and OpenAI-shaped errors.
 //!
-//! Bodies are parsed as JSON values and the known fields read one by one, so a wrong type
-//! names its field (`param`). [`FIELDS`] lists every field OpenAI's chat and completions
+//! Bodies are parsed as JSON values and the known fields read one by one into each endpoint
+//! family's typed request ([`request`]), so a wrong type names its field (`param`). [`FIELDS`] lists every field OpenAI's chat and completions
 //! APIs or llama.cpp's server define and how frink treats it: honoured, informational (it
 //! cannot change the output), or refused with a 400 naming it unless it has its neutral
 //! value (CONTRACT.md: a defined field is never accepted and ignored). Fields neither API
 //! defines are ignored (clients send new ones).
 
 pub mod llamacpp;
+pub mod request;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use frink_engine::constraint::Grammar;
 use frink_engine::sampling::SamplingParams;
-use frink_tokenizer::ChatMessage;
 use serde_json::{json, Map, Value};
 
 /// An error answered as `{"error": {"message", "type", "param", "code"}}`.
@@ -100,7 +100,7 @@ pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
 }
 
 /// A present, non-null field.
-fn field<'a>(obj: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
+pub(crate) fn field<'a>(obj: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
     obj.get(name).filter(|v| !v.is_null())
 }
 
@@ -835,113 +835,4 @@ pub fn gen_options(
         limits: crate::api::llamacpp::TextLimits::read(obj)?,
         lora: field(obj, "lora").cloned(),
     })
-}
-
-/// The roles a chat message may have: OpenAI's (`developer` is its newer `system`,
-/// `function` the legacy `tool`), which Ollama's are a subset of; any other is a 400, as
-/// OpenAI answers it.
-const ROLES: [&str; 6] = [
-    "system",
-    "developer",
-    "user",
-    "assistant",
-    "tool",
-    "function",
-];
-
-/// `messages` of a chat request: role, text (a string, null, or an array of
-/// `{"type": "text", "text": …}` parts) and every other field the template may read
-/// (`tool_calls` with their `arguments` parsed into objects, `tool_call_id`, `name`).
-pub fn messages(obj: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
-    let bad = |m: &str| ApiError::invalid(Some("messages"), m.to_string());
-    let list = match field(obj, "messages") {
-        None => return Err(bad("'messages' is required")),
-        Some(Value::Array(a)) => a,
-        Some(_) => return Err(bad("'messages' must be an array")),
-    };
-    if list.is_empty() {
-        return Err(bad("'messages' must not be empty"));
-    }
-    list.iter()
-        .enumerate()
-        .map(|(i, m)| {
-            let m = m
-                .as_object()
-                .ok_or_else(|| bad(&format!("messages[{i}] must be an object")))?;
-            let role = m
-                .get("role")
-                .and_then(Value::as_str)
-                .ok_or_else(|| bad(&format!("messages[{i}].role must be a string")))?;
-            if !ROLES.contains(&role) {
-                return Err(bad(&format!(
-                    "messages[{i}].role {role:?} is not one of {}",
-                    ROLES.join(", ")
-                )));
-            }
-            let content = match m.get("content") {
-                None | Some(Value::Null) => String::new(),
-                Some(Value::String(s)) => s.clone(),
-                Some(Value::Array(parts)) => {
-                    let mut s = String::new();
-                    for part in parts {
-                        match part.get("text").and_then(Value::as_str) {
-                            Some(t) => s.push_str(t),
-                            None => {
-                                return Err(bad(&format!(
-                                    "messages[{i}].content parts must be text parts"
-                                )))
-                            }
-                        }
-                    }
-                    s
-                }
-                Some(_) => {
-                    return Err(bad(&format!(
-                        "messages[{i}].content must be a string or an array of parts"
-                    )))
-                }
-            };
-            if m.get("tool_calls")
-                .is_some_and(|c| !c.is_null() && !c.is_array())
-            {
-                return Err(bad(&format!("messages[{i}].tool_calls must be an array")));
-            }
-            Ok(ChatMessage {
-                role: role.to_string(),
-                content,
-                extra: crate::tools::message_extra(m),
-            })
-        })
-        .collect()
-}
-
-/// The `prompt` of a completion request: a string (or an array holding one), or token ids.
-pub enum Prompt {
-    /// Text to tokenize.
-    Text(String),
-    /// Token ids, used as they are.
-    Ids(Vec<u32>),
-}
-
-/// Reads `prompt`.
-pub fn prompt(obj: &Map<String, Value>) -> Result<Prompt, ApiError> {
-    let bad = |m: &str| ApiError::invalid(Some("prompt"), m.to_string());
-    match field(obj, "prompt") {
-        None => Err(bad("'prompt' is required")),
-        Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
-        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
-            Ok(Prompt::Text(a[0].as_str().unwrap_or_default().to_string()))
-        }
-        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_u64) => Ok(Prompt::Ids(
-            a.iter()
-                .map(|v| v.as_u64().unwrap_or_default().min(u32::MAX as u64) as u32)
-                .collect(),
-        )),
-        Some(Value::Array(a)) if a.len() > 1 && a.iter().all(Value::is_string) => {
-            Err(bad("only one prompt per request is supported"))
-        }
-        Some(_) => Err(bad(
-            "'prompt' must be a string, an array of one string, or an array of token ids",
-        )),
-    }
 }

@@ -12,51 +12,33 @@ use axum::response::{IntoResponse, Response};
 use frink_tokenizer::Infill;
 use serde_json::{Map, Value};
 
-use crate::api::{self, ApiError, Endpoint};
-use crate::requests::{infill_ids, text_prepared, Prepared};
+use crate::api::request::InfillRequest;
+use crate::api::{self, ApiError};
+use crate::requests::{infill_ids, limits, text_prepared, Prepared, TextRequest};
 use crate::AppState;
 
-/// `input_extra`: `[{"filename", "text"}]` (a file name defaults to `tmp`, as llama.cpp's).
-fn extra(obj: &Map<String, Value>) -> Result<Vec<(&str, &str)>, ApiError> {
-    let bad = || {
-        ApiError::invalid(
-            Some("input_extra"),
-            "'input_extra' must be an array of {\"filename\": string, \"text\": string}",
-        )
-    };
-    match obj.get("input_extra") {
-        None | Some(Value::Null) => Ok(Vec::new()),
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|item| {
-                let o = item.as_object().ok_or_else(bad)?;
-                let text = o.get("text").and_then(Value::as_str).ok_or_else(bad)?;
-                let name = match o.get("filename") {
-                    None | Some(Value::Null) => "tmp",
-                    Some(v) => v.as_str().ok_or_else(bad)?,
-                };
-                Ok((name, text))
-            })
-            .collect(),
-        Some(_) => Err(bad()),
-    }
-}
-
-/// An `/infill` request parsed and tokenized.
+/// An `/infill` request read ([`InfillRequest::read`]) and tokenized.
 fn prepare(st: &AppState, obj: &Map<String, Value>) -> Result<Prepared, ApiError> {
     let eng = st.engine()?;
-    let opts = api::gen_options(obj, Endpoint::Completions, eng.tok.n_vocab(), st.parallel)?;
-    let text = |name: &'static str| -> Result<&str, ApiError> {
-        Ok(api::opt_str(obj, name)?.unwrap_or(""))
-    };
+    let req = InfillRequest::read(obj, limits(st, eng))?;
     let infill = Infill {
-        prefix: text("input_prefix")?,
-        suffix: text("input_suffix")?,
-        middle: text("prompt")?,
-        extra: extra(obj)?,
+        prefix: &req.prefix,
+        suffix: &req.suffix,
+        middle: &req.middle,
+        extra: req
+            .extra
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.as_str()))
+            .collect(),
     };
-    let prompt = infill_ids(st, eng, &infill, opts.max_tokens, "input_prefix")?;
-    text_prepared(st, eng, obj, prompt, opts, None)
+    let prompt = infill_ids(st, eng, &infill, req.opts.max_tokens, "input_prefix")?;
+    let text = TextRequest {
+        model: req.model,
+        opts: req.opts,
+        logprobs: None,
+        grammar: req.grammar,
+    };
+    text_prepared(st, eng, prompt, text)
 }
 
 /// `POST /infill` (module docs).

@@ -343,6 +343,20 @@ async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
+    serve_on(listener, config, loader, shutdown_signal()).await
+}
+
+/// Serves on `listener` (`config`'s host and port are not read) until `shutdown`
+/// completes, then shuts down as on SIGTERM: the server [`run`] starts, for a caller that
+/// binds its own socket (the server's tests, in-process).
+///
+/// Errors: a failed load of the `-m` model; an accept loop that fails.
+pub async fn serve_on(
+    listener: tokio::net::TcpListener,
+    config: ServeConfig,
+    loader: Loader,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<()> {
     let local: SocketAddr = listener.local_addr()?;
     let state = server_state(&config, loader);
     // Load the -m model off the runtime; a failure ends the server.
@@ -407,7 +421,7 @@ async fn serve(config: ServeConfig, loader: Loader) -> Result<()> {
         }
         // A successful load drops the sender: this branch is then disabled.
         Some(e) = fail_rx.recv() => return Err(e),
-        () = shutdown_signal() => {}
+        () = shutdown => {}
     }
     eprintln!(
         "frink serve: shutting down (listener closed; in-flight requests get {} s)",

@@ -18,7 +18,8 @@ use frink_engine::constraint::Constraint;
 use frink_engine::scheduler::{Event, EventSink, Request, SubmitError};
 use frink_tokenizer::{Infill, InfillLimits, TemplateInputs};
 
-use crate::api::{Endpoint, GenOptions, Prompt};
+use crate::api::request::{ChatRequest, CompletionRequest, Limits, Prompt, ToolsAsked};
+use crate::api::GenOptions;
 use crate::respond::{shutting_down, stream_response, whole_response, Formatter, Kind};
 use crate::{answer, reasoning, tools, unix_now, AppState, Engine, St};
 
@@ -70,8 +71,17 @@ async fn handle(
     }
 }
 
-/// A chat request (OpenAI's fields, llama.cpp's extensions) parsed, rendered through the
-/// template and tokenized: everything `/v1/chat/completions` and Ollama's `/api/chat` share.
+/// The limits a request is read against on this server's model ([`api::request::Limits`]).
+pub(crate) fn limits(st: &AppState, eng: &Engine) -> Limits {
+    Limits {
+        n_vocab: eng.tok.n_vocab(),
+        max_choices: st.parallel,
+    }
+}
+
+/// A chat request (OpenAI's fields, llama.cpp's extensions) read ([`ChatRequest::read`]),
+/// rendered through the template and tokenized: everything `/v1/chat/completions` and
+/// Ollama's `/api/chat` share.
 ///
 /// Errors: a 400 naming the field at fault.
 pub(crate) fn prepare_chat(st: &AppState, obj: &Map<String, Value>) -> Result<Prepared, ApiError> {
@@ -86,22 +96,41 @@ pub(crate) fn prepare_chat_with(
     prefill: Option<&str>,
 ) -> Result<Prepared, ApiError> {
     let eng = st.engine()?;
-    let messages = api::messages(obj)?;
-    let opts = api::gen_options(obj, Endpoint::Chat, eng.tok.n_vocab(), st.parallel)?;
-    let logprobs = chat_logprobs(obj)?;
+    let mut req = ChatRequest::read(obj, limits(st, eng))?;
+    req.prefill = prefill.map(str::to_string);
+    chat_prepared(st, eng, req)
+}
+
+/// A chat request rendered, constrained and tokenized for `eng`'s model.
+///
+/// Errors: a 400 naming the field at fault (tools the template teaches no format for, a
+/// `reasoning_effort` it does not read, messages it cannot render).
+fn chat_prepared(st: &AppState, eng: &Engine, req: ChatRequest) -> Result<Prepared, ApiError> {
+    let ChatRequest {
+        model,
+        messages,
+        opts,
+        logprobs,
+        mut grammar,
+        tools: tools_asked,
+        template_kwargs: request_kwargs,
+        reasoning_effort,
+        split_reasoning,
+        prediction,
+        prefill,
+    } = req;
     let template = st.template(eng);
-    let mut grammar = api::grammar(obj)?;
     let ChatTools {
         format: tool_format,
         trigger,
         mut answer,
         mut markers,
         for_template: tools_for_template,
-    } = chat_tools(eng, obj, template, &mut grammar)?;
+    } = chat_tools(eng, tools_asked, template, &mut grammar)?;
     let inputs = TemplateInputs {
         add_generation_prompt: true,
         tools: tools_for_template,
-        kwargs: template_kwargs(st, obj, template)?,
+        kwargs: template_kwargs(st, request_kwargs, reasoning_effort, template)?,
         ..TemplateInputs::default()
     };
     let gemma4 = tool_format == Some(tools::ToolFormat::Gemma4);
@@ -120,13 +149,13 @@ pub(crate) fn prepare_chat_with(
         rendered.text.push_str("<|turn>model\n");
     }
     if let Some(text) = prefill {
-        rendered.text.push_str(text);
+        rendered.text.push_str(&text);
     }
     let prompt = eng
         .tok
         .encode_chat(&rendered)
         .map_err(|e| ApiError::invalid(Some("messages"), e.to_string()))?;
-    let split = split_reasoning(st, obj)?;
+    let split = split_reasoning.unwrap_or(st.split_reasoning);
     answer.reasoning = reasoning::Mode::detect(template.unwrap_or(""), &rendered.text, split);
     match answer.reasoning {
         Some(reasoning::Mode::Harmony { .. }) => markers.extend(crate::harmony::MARKERS),
@@ -142,7 +171,7 @@ pub(crate) fn prepare_chat_with(
         .collect();
     let grammar_param = grammar.as_ref().map(|g| g.0);
     let constraint = eng.constraint(grammar, trigger)?;
-    let prediction = api::prediction(obj)?
+    let prediction = prediction
         .map(|text| eng.tok.encode(&text, false, false))
         .transpose()
         .map_err(|e| ApiError::invalid(Some("prediction"), e.to_string()))?;
@@ -155,7 +184,7 @@ pub(crate) fn prepare_chat_with(
         answer,
         shown_tokens,
         prediction,
-        model: model_field(st, obj),
+        model: model.unwrap_or_else(|| st.model_name.clone()),
     })
 }
 
@@ -173,14 +202,15 @@ struct ChatTools {
     for_template: Option<Value>,
 }
 
-/// Tools: rendered by the template; calls parsed from the answer in the format the
-/// template teaches; a required call enforced by a grammar (set into `grammar`, which must
-/// then be free), `auto` by a lazy one.
+/// Tools ([`ToolsAsked`]): rendered by the template; calls parsed from the answer in the
+/// format the template teaches; a required call enforced by a grammar (set into `grammar`,
+/// which must then be free), `auto` by a lazy one.
 ///
-/// Errors: a 400 on `tools`, `tool_choice` or the grammar's field.
+/// Errors: a 400 on `tools` for a template that teaches no format frink parses, or on the
+/// grammar's field beside a call.
 fn chat_tools(
     eng: &Engine,
-    obj: &Map<String, Value>,
+    asked: Option<ToolsAsked>,
     template: Option<&str>,
     grammar: &mut Option<(&'static str, frink_engine::constraint::Grammar)>,
 ) -> Result<ChatTools, ApiError> {
@@ -191,55 +221,39 @@ fn chat_tools(
     let mut markers: Vec<&str> = Vec::new();
     let mut tools_for_template = None;
     let tool_format = tools::ToolFormat::detect(template.unwrap_or(""));
-    // A required or named call needs tools to call (an empty `tools` is none).
-    let choice_needs_tools = obj
-        .get("tool_choice")
-        .is_some_and(|c| !c.is_null() && c != "none" && c != "auto");
-    let no_tools = || ApiError::invalid(Some("tool_choice"), "'tool_choice' requires 'tools'");
-    if let Some(tv) = obj.get("tools").filter(|v| !v.is_null()) {
+    if let Some(asked) = asked {
         let bad = |p: &str, m: String| ApiError::invalid(Some(p), m);
-        let tools = tools::check_tools(tv).map_err(|m| bad("tools", m))?;
-        if tools.is_empty() && choice_needs_tools {
-            return Err(no_tools());
-        }
-        if !tools.is_empty() {
-            let (usable, required) =
-                tools::choice(&tools, obj.get("tool_choice")).map_err(|m| bad("tool_choice", m))?;
-            let format = tool_format.ok_or_else(|| {
-                bad(
-                    "tools",
-                    "this model's chat template teaches no tool-call format frink parses \
-                     (see `frink inspect` and docs/server.md's list of formats)"
-                        .into(),
-                )
-                .with_code("unsupported_field")
-            })?;
-            let parallel = api::opt_bool(obj, "parallel_tool_calls")?.unwrap_or(true);
-            if required {
-                if let Some((param, _)) = &*grammar {
-                    return Err(bad(
-                        param,
-                        format!("'{param}' and a required tool call both constrain the answer"),
-                    ));
-                }
-                let lark = format.call_grammar(&usable, parallel, &|m| eng.tok.control_token(m));
-                *grammar = Some(("tool_choice", frink_engine::constraint::Grammar::Lark(lark)));
-            } else if !usable.is_empty() {
-                *grammar =
-                    auto_grammar(eng, format, &usable, parallel, grammar.take(), &mut trigger)?;
+        let usable = asked.usable();
+        let format = tool_format.ok_or_else(|| {
+            bad(
+                "tools",
+                "this model's chat template teaches no tool-call format frink parses \
+                 (see `frink inspect` and docs/server.md's list of formats)"
+                    .into(),
+            )
+            .with_code("unsupported_field")
+        })?;
+        let parallel = asked.parallel;
+        if asked.required {
+            if let Some((param, _)) = &*grammar {
+                return Err(bad(
+                    param,
+                    format!("'{param}' and a required tool call both constrain the answer"),
+                ));
             }
-            // llama.cpp's `parse_tool_calls: false`: the calls stay in the text.
-            let parse_calls = api::opt_bool(obj, "parse_tool_calls")?.unwrap_or(true);
-            if !usable.is_empty() && parse_calls {
-                // Harmony's calls come out of its channels (the reasoning splitter).
-                answer.tool_format = Some(format).filter(|&f| f != tools::ToolFormat::Harmony);
-                answer.tools = tools::ToolSet::new(&usable);
-                markers.extend(format.markers());
-            }
-            tools_for_template = Some(Value::Array(tools));
+            let lark = format.call_grammar(&usable, parallel, &|m| eng.tok.control_token(m));
+            *grammar = Some(("tool_choice", frink_engine::constraint::Grammar::Lark(lark)));
+        } else if !usable.is_empty() {
+            *grammar = auto_grammar(eng, format, &usable, parallel, grammar.take(), &mut trigger)?;
         }
-    } else if choice_needs_tools {
-        return Err(no_tools());
+        // llama.cpp's `parse_tool_calls: false`: the calls stay in the text.
+        if !usable.is_empty() && asked.parse_calls {
+            // Harmony's calls come out of its channels (the reasoning splitter).
+            answer.tool_format = Some(format).filter(|&f| f != tools::ToolFormat::Harmony);
+            answer.tools = tools::ToolSet::new(&usable);
+            markers.extend(format.markers());
+        }
+        tools_for_template = Some(Value::Array(asked.tools.clone()));
     }
     Ok(ChatTools {
         format: tool_format,
@@ -294,92 +308,31 @@ fn auto_grammar(
     Ok(Some((param, Grammar::Lark(lark))))
 }
 
-/// `logprobs` with `top_logprobs` (OpenAI's) or `n_probs` (llama.cpp's; > 0 asks by
-/// itself): how many alternatives per token, at most 20, or `None`.
-fn chat_logprobs(obj: &Map<String, Value>) -> Result<Option<usize>, ApiError> {
-    let top = api::opt_i64(obj, "top_logprobs")?;
-    let n_probs = api::opt_i64(obj, "n_probs")?;
-    let logprobs = match api::opt_bool(obj, "logprobs")? {
-        Some(true) => Some(top.or(n_probs).unwrap_or(0)),
-        // llama.cpp's n_probs > 0 asks for the probabilities by itself.
-        None => n_probs.filter(|&n| n > 0),
-        Some(false) => None,
-    };
-    if let Some(n) = logprobs.filter(|n| !(0..=20).contains(n)) {
-        let name = if top.is_some() {
-            "top_logprobs"
-        } else {
-            "n_probs"
-        };
-        return Err(ApiError::invalid(
-            Some(name),
-            format!("'{name}' must be between 0 and 20, got {n}"),
-        ));
-    }
-    Ok(logprobs.map(|n| n as usize))
-}
-
 /// The template's variables: the server's `--chat-template-kwargs`, extended and
 /// overridden by the request's `chat_template_kwargs`, then OpenAI's `reasoning_effort`
 /// as the template variable of that name (gpt-oss's templates read it; Anthropic's
 /// `output_config.effort` and the Responses API's `reasoning.effort` arrive here as it).
 ///
-/// Errors: a 400 for a `chat_template_kwargs` that is not an object, or a
-/// `reasoning_effort` on a template that reads no such variable.
+/// Errors: a 400 for a `reasoning_effort` on a template that reads no such variable.
 fn template_kwargs(
     st: &AppState,
-    obj: &Map<String, Value>,
+    asked: Option<Map<String, Value>>,
+    reasoning_effort: Option<String>,
     template: Option<&str>,
 ) -> Result<Map<String, Value>, ApiError> {
     let mut kwargs = st.chat_template_kwargs.clone();
-    match obj.get("chat_template_kwargs") {
-        None | Some(Value::Null) => {}
-        Some(Value::Object(m)) => kwargs.extend(m.clone()),
-        Some(_) => {
-            return Err(ApiError::invalid(
-                Some("chat_template_kwargs"),
-                "'chat_template_kwargs' must be an object",
-            ))
-        }
-    }
-    match obj.get("reasoning_effort") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(e)) if template.is_some_and(|t| t.contains("reasoning_effort")) => {
-            kwargs.insert("reasoning_effort".into(), Value::String(e.clone()));
-        }
-        Some(Value::String(_)) => {
+    kwargs.extend(asked.unwrap_or_default());
+    if let Some(e) = reasoning_effort {
+        if !template.is_some_and(|t| t.contains("reasoning_effort")) {
             return Err(ApiError::invalid(
                 Some("reasoning_effort"),
                 "'reasoning_effort': this model's chat template reads no reasoning effort",
             )
-            .with_code("unsupported_field"))
+            .with_code("unsupported_field"));
         }
-        Some(_) => {
-            return Err(ApiError::invalid(
-                Some("reasoning_effort"),
-                "'reasoning_effort' must be a string",
-            ))
-        }
+        kwargs.insert("reasoning_effort".into(), Value::String(e));
     }
     Ok(kwargs)
-}
-
-/// Whether `<think>` reasoning goes to `reasoning_content`: the request's
-/// `reasoning_format`, else `--reasoning-format`.
-fn split_reasoning(st: &AppState, obj: &Map<String, Value>) -> Result<bool, ApiError> {
-    Ok(match api::opt_str(obj, "reasoning_format")? {
-        None => st.split_reasoning,
-        Some("none") => false,
-        Some("auto" | "deepseek") => true,
-        Some(other) => {
-            return Err(ApiError::invalid(
-                Some("reasoning_format"),
-                format!(
-                    "'reasoning_format' must be \"none\", \"auto\" or \"deepseek\", got {other:?}"
-                ),
-            ))
-        }
-    })
 }
 
 /// `POST /v1/completions`.
@@ -391,8 +344,8 @@ pub(crate) async fn completions(
     handle(st, body, Kind::Text, prepare_completion, log.map(|l| l.0)).await
 }
 
-/// A completion request (`prompt` as text or token ids) parsed and tokenized: what
-/// `/v1/completions` and Ollama's raw `/api/generate` share.
+/// A completion request (`prompt` as text or token ids) read ([`CompletionRequest::read`])
+/// and tokenized: what `/v1/completions` and Ollama's raw `/api/generate` share.
 ///
 /// Errors: a 400 naming the field at fault.
 pub(crate) fn prepare_completion(
@@ -400,27 +353,8 @@ pub(crate) fn prepare_completion(
     obj: &Map<String, Value>,
 ) -> Result<Prepared, ApiError> {
     let eng = st.engine()?;
-    let prompt = api::prompt(obj)?;
-    let opts = api::gen_options(obj, Endpoint::Completions, eng.tok.n_vocab(), st.parallel)?;
-    // OpenAI's integer `logprobs`, else llama.cpp's `n_probs` (0: none).
-    let logprobs = match api::opt_i64(obj, "logprobs")? {
-        Some(n) => Some(("logprobs", n)),
-        None => api::opt_i64(obj, "n_probs")?
-            .filter(|&n| n != 0)
-            .map(|n| ("n_probs", n)),
-    };
-    let logprobs = match logprobs {
-        Some((name, n)) if !(0..=20).contains(&n) => {
-            return Err(ApiError::invalid(
-                Some(name),
-                format!("'{name}' must be between 0 and 20, got {n}"),
-            ))
-        }
-        Some((_, n)) => Some(n as usize),
-        None => None,
-    };
-    let suffix = api::opt_str(obj, "suffix")?.filter(|s| !s.is_empty());
-    let prompt = match (prompt, suffix) {
+    let req = CompletionRequest::read(obj, limits(st, eng))?;
+    let prompt = match (req.prompt, &req.suffix) {
         // Fill-in-the-middle: the prompt is the text before the gap.
         (Prompt::Text(t), Some(suffix)) => {
             let infill = Infill {
@@ -428,28 +362,22 @@ pub(crate) fn prepare_completion(
                 suffix,
                 ..Default::default()
             };
-            infill_ids(st, eng, &infill, opts.max_tokens, "suffix")?
-        }
-        (Prompt::Ids(_), Some(_)) => {
-            return Err(ApiError::invalid(
-                Some("suffix"),
-                "'suffix' needs the prompt as text (the text before the gap)",
-            ))
+            infill_ids(st, eng, &infill, req.opts.max_tokens, "suffix")?
         }
         (Prompt::Text(t), None) => eng
             .tok
             .encode(&t, true, true)
             .map_err(|e| ApiError::invalid(Some("prompt"), e.to_string()))?,
-        (Prompt::Ids(ids), None) => ids,
+        // (`read` refused ids outside the vocabulary and ids beside a suffix.)
+        (Prompt::Ids(ids), _) => ids,
     };
-    let n_vocab = eng.tok.n_vocab();
-    if let Some(t) = prompt.iter().find(|&&t| t as usize >= n_vocab) {
-        return Err(ApiError::invalid(
-            Some("prompt"),
-            format!("token id {t} is outside the vocabulary of {n_vocab}"),
-        ));
-    }
-    text_prepared(st, eng, obj, prompt, opts, logprobs)
+    let text = TextRequest {
+        model: req.model,
+        opts: req.opts,
+        logprobs: req.logprobs,
+        grammar: req.grammar,
+    };
+    text_prepared(st, eng, prompt, text)
 }
 
 /// llama-server's default batch, which its infill rule sizes the prefix and suffix by.
@@ -474,29 +402,34 @@ pub(crate) fn infill_ids(
         .map_err(|e| ApiError::invalid(Some(field), e.to_string()))
 }
 
-/// A prepared request of plain text (`/v1/completions`, `/infill`): `prompt` and `opts`
-/// with `obj`'s grammar fields compiled, no chat parsing of the answer.
+/// What a plain-text request (`/v1/completions`, `/infill`) keeps beside its prompt.
+pub(crate) struct TextRequest {
+    pub(crate) model: Option<String>,
+    pub(crate) opts: GenOptions,
+    pub(crate) logprobs: Option<usize>,
+    pub(crate) grammar: Option<(&'static str, frink_engine::constraint::Grammar)>,
+}
+
+/// A prepared request of plain text: `prompt` with the request's grammar compiled, no
+/// chat parsing of the answer.
 pub(crate) fn text_prepared(
     st: &AppState,
     eng: &Engine,
-    obj: &Map<String, Value>,
     prompt: Vec<u32>,
-    opts: GenOptions,
-    logprobs: Option<usize>,
+    req: TextRequest,
 ) -> Result<Prepared, ApiError> {
-    let grammar = api::grammar(obj)?;
-    let grammar_param = grammar.as_ref().map(|g| g.0);
-    let constraint = eng.constraint(grammar, None)?;
+    let grammar_param = req.grammar.as_ref().map(|g| g.0);
+    let constraint = eng.constraint(req.grammar, None)?;
     Ok(Prepared {
         prompt,
-        opts,
-        logprobs,
+        opts: req.opts,
+        logprobs: req.logprobs,
         constraint,
         grammar_param,
         answer: answer::AnswerFormat::default(),
         shown_tokens: Vec::new(),
         prediction: None,
-        model: model_field(st, obj),
+        model: req.model.unwrap_or_else(|| st.model_name.clone()),
     })
 }
 

@@ -5,6 +5,7 @@
 //! stderr, except under `CI=true`, where its absence fails the run: a check that silently
 //! skips is a check that cannot fail.
 
+pub mod http;
 pub mod hub;
 
 use std::path::{Path, PathBuf};

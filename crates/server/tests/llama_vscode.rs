@@ -8,8 +8,7 @@
 
 mod common;
 
-use common::http::Server;
-use common::serve::lock;
+use common::{lock, TestServer};
 use serde_json::{json, Value};
 
 fn cases() -> Vec<Value> {
@@ -21,15 +20,11 @@ fn cases() -> Vec<Value> {
     v["cases"].as_array().unwrap().clone()
 }
 
-fn server() -> Server {
-    Server::start(&[
-        "-m",
-        "qwen2.5-coder-0.5b",
-        "--ctx",
-        "4096",
-        "--parallel",
-        "1",
-    ])
+fn server() -> TestServer {
+    TestServer::start("qwen2.5-coder-0.5b", |c| {
+        c.ctx = 4096;
+        c.parallel = 1;
+    })
 }
 
 /// Every replayed request succeeds. Where llama-server answered the same for every seed

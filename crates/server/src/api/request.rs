@@ -1,0 +1,599 @@
+//! The typed requests: each endpoint family's JSON body read once, field by field, into a
+//! struct ([`ChatRequest`], [`CompletionRequest`], [`InfillRequest`]) that the rest of the
+//! server works from. Reading refuses what [`super::FIELDS`] refuses and names the field
+//! at fault; what needs the model (the template, the tokenizer) is checked when the
+//! request is prepared ([`crate::requests`]). Ollama's, Anthropic's and the Responses
+//! API's bodies are translated into the OpenAI chat or completion fields first, then read
+//! here, so a rule about a field lives in one place.
+
+use frink_engine::constraint::Grammar;
+use frink_tokenizer::ChatMessage;
+use serde_json::{Map, Value};
+
+use super::GenOptions;
+use super::{field, gen_options, grammar, opt_bool, opt_i64, opt_str, ApiError, Endpoint};
+
+/// What reading a request checks against the loaded model and the server.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Tokens of the model's vocabulary (`logit_bias` keys, prompt ids).
+    pub n_vocab: usize,
+    /// Choices one request may ask for (`n`; `--parallel`).
+    pub max_choices: usize,
+}
+
+/// A chat request: OpenAI's `/v1/chat/completions` fields with llama.cpp's extensions.
+pub struct ChatRequest {
+    /// `model` (informational once routed), when given and not empty.
+    pub model: Option<String>,
+    /// `messages`, each with every field a template may read.
+    pub messages: Vec<ChatMessage>,
+    /// Sampling, length, stops, streaming, choices.
+    pub opts: GenOptions,
+    /// `logprobs` with `top_logprobs` or `n_probs`: alternatives per token (0..=20).
+    pub logprobs: Option<usize>,
+    /// The grammar the answer must match and the field it came from.
+    pub grammar: Option<(&'static str, Grammar)>,
+    /// `tools` with a `tool_choice` that can call them; `None` without tools.
+    pub tools: Option<ToolsAsked>,
+    /// `chat_template_kwargs`: template variables added to the server's.
+    pub template_kwargs: Option<Map<String, Value>>,
+    /// OpenAI's `reasoning_effort` (a template variable of that name).
+    pub reasoning_effort: Option<String>,
+    /// `reasoning_format`: whether reasoning goes to its own field (`None`: the server's
+    /// `--reasoning-format`).
+    pub split_reasoning: Option<bool>,
+    /// OpenAI's predicted output (`prediction.content`).
+    pub prediction: Option<String>,
+    /// The start of the answer, which the model continues (Anthropic's final assistant
+    /// message; not an OpenAI field).
+    pub prefill: Option<String>,
+}
+
+/// A request's `tools` (checked, at least one) and what its `tool_choice` makes of them.
+pub struct ToolsAsked {
+    /// The tools, as the template sees them.
+    pub tools: Vec<Value>,
+    /// Indices into `tools` of those the answer may call (none for `"none"`).
+    pub usable: Vec<usize>,
+    /// A call is required (`"required"` or a named function).
+    pub required: bool,
+    /// `parallel_tool_calls` (default true).
+    pub parallel: bool,
+    /// llama.cpp's `parse_tool_calls` (default true; false: calls stay in the text).
+    pub parse_calls: bool,
+}
+
+impl ToolsAsked {
+    /// The tools the answer may call.
+    pub fn usable(&self) -> Vec<&Value> {
+        self.usable.iter().map(|&i| &self.tools[i]).collect()
+    }
+}
+
+impl ChatRequest {
+    /// Reads a chat request's body.
+    ///
+    /// Errors: a 400 naming the first field at fault (`messages`, then the options, then
+    /// `logprobs`, the grammar, the tools, the template's variables, `reasoning_format`,
+    /// `prediction`).
+    pub fn read(obj: &Map<String, Value>, limits: Limits) -> Result<ChatRequest, ApiError> {
+        let messages = messages(obj)?;
+        let opts = gen_options(obj, Endpoint::Chat, limits.n_vocab, limits.max_choices)?;
+        let logprobs = chat_logprobs(obj)?;
+        let grammar = grammar(obj)?;
+        let tools = tools(obj)?;
+        Ok(ChatRequest {
+            model: model(obj),
+            messages,
+            opts,
+            logprobs,
+            grammar,
+            tools,
+            template_kwargs: template_kwargs(obj)?,
+            reasoning_effort: reasoning_effort(obj)?,
+            split_reasoning: split_reasoning(obj)?,
+            prediction: super::prediction(obj)?,
+            prefill: None,
+        })
+    }
+}
+
+/// A text completion request: OpenAI's `/v1/completions` (and llama.cpp's `/completion`).
+pub struct CompletionRequest {
+    /// `model`, when given and not empty.
+    pub model: Option<String>,
+    /// `prompt`: text or token ids (checked against the vocabulary).
+    pub prompt: Prompt,
+    /// Sampling, length, stops, streaming, choices.
+    pub opts: GenOptions,
+    /// OpenAI's integer `logprobs`, else llama.cpp's `n_probs` (0: none).
+    pub logprobs: Option<usize>,
+    /// `suffix`: fill-in-the-middle, the prompt the text before the gap.
+    pub suffix: Option<String>,
+    /// The grammar the answer must match and the field it came from.
+    pub grammar: Option<(&'static str, Grammar)>,
+}
+
+impl CompletionRequest {
+    /// Reads a completion request's body.
+    ///
+    /// Errors: a 400 naming the field at fault (a token id outside the vocabulary is one
+    /// on `prompt`; a `suffix` beside token ids one on `suffix`).
+    pub fn read(obj: &Map<String, Value>, limits: Limits) -> Result<CompletionRequest, ApiError> {
+        let prompt = prompt(obj)?;
+        let opts = gen_options(
+            obj,
+            Endpoint::Completions,
+            limits.n_vocab,
+            limits.max_choices,
+        )?;
+        let logprobs = match opt_i64(obj, "logprobs")? {
+            Some(n) => Some(("logprobs", n)),
+            None => opt_i64(obj, "n_probs")?
+                .filter(|&n| n != 0)
+                .map(|n| ("n_probs", n)),
+        };
+        let logprobs = match logprobs {
+            Some((name, n)) if !(0..=20).contains(&n) => {
+                return Err(ApiError::invalid(
+                    Some(name),
+                    format!("'{name}' must be between 0 and 20, got {n}"),
+                ))
+            }
+            Some((_, n)) => Some(n as usize),
+            None => None,
+        };
+        let suffix = opt_str(obj, "suffix")?
+            .filter(|s| !s.is_empty())
+            .map(str::to_string);
+        match &prompt {
+            Prompt::Ids(_) if suffix.is_some() => {
+                return Err(ApiError::invalid(
+                    Some("suffix"),
+                    "'suffix' needs the prompt as text (the text before the gap)",
+                ))
+            }
+            Prompt::Ids(ids) => {
+                let n_vocab = limits.n_vocab;
+                if let Some(t) = ids.iter().find(|&&t| t as usize >= n_vocab) {
+                    return Err(ApiError::invalid(
+                        Some("prompt"),
+                        format!("token id {t} is outside the vocabulary of {n_vocab}"),
+                    ));
+                }
+            }
+            Prompt::Text(_) => {}
+        }
+        Ok(CompletionRequest {
+            model: model(obj),
+            prompt,
+            opts,
+            logprobs,
+            suffix,
+            grammar: grammar(obj)?,
+        })
+    }
+}
+
+/// llama.cpp's `POST /infill`: the text before and after the gap, the middle's start, other
+/// files of the repository.
+pub struct InfillRequest {
+    /// `model`, when given and not empty.
+    pub model: Option<String>,
+    /// Sampling, length, stops, streaming.
+    pub opts: GenOptions,
+    /// `input_prefix`: the text before the gap.
+    pub prefix: String,
+    /// `input_suffix`: the text after it.
+    pub suffix: String,
+    /// `prompt`: the start of the middle.
+    pub middle: String,
+    /// `input_extra`: (file name, text) of other files (a name defaults to `tmp`, as
+    /// llama.cpp's).
+    pub extra: Vec<(String, String)>,
+    /// The grammar the answer must match and the field it came from.
+    pub grammar: Option<(&'static str, Grammar)>,
+}
+
+impl InfillRequest {
+    /// Reads an `/infill` body.
+    ///
+    /// Errors: a 400 naming the field at fault.
+    pub fn read(obj: &Map<String, Value>, limits: Limits) -> Result<InfillRequest, ApiError> {
+        let opts = gen_options(
+            obj,
+            Endpoint::Completions,
+            limits.n_vocab,
+            limits.max_choices,
+        )?;
+        let text = |name: &'static str| -> Result<String, ApiError> {
+            Ok(opt_str(obj, name)?.unwrap_or("").to_string())
+        };
+        Ok(InfillRequest {
+            model: model(obj),
+            opts,
+            prefix: text("input_prefix")?,
+            suffix: text("input_suffix")?,
+            middle: text("prompt")?,
+            extra: input_extra(obj)?,
+            grammar: grammar(obj)?,
+        })
+    }
+}
+
+/// A request's `model`, when it is a string that is not empty.
+fn model(obj: &Map<String, Value>) -> Option<String> {
+    obj.get("model")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+}
+
+/// `input_extra`: `[{"filename", "text"}]`.
+fn input_extra(obj: &Map<String, Value>) -> Result<Vec<(String, String)>, ApiError> {
+    let bad = || {
+        ApiError::invalid(
+            Some("input_extra"),
+            "'input_extra' must be an array of {\"filename\": string, \"text\": string}",
+        )
+    };
+    match obj.get("input_extra") {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|item| {
+                let o = item.as_object().ok_or_else(bad)?;
+                let text = o.get("text").and_then(Value::as_str).ok_or_else(bad)?;
+                let name = match o.get("filename") {
+                    None | Some(Value::Null) => "tmp",
+                    Some(v) => v.as_str().ok_or_else(bad)?,
+                };
+                Ok((name.to_string(), text.to_string()))
+            })
+            .collect(),
+        Some(_) => Err(bad()),
+    }
+}
+
+/// `tools` and `tool_choice` (with `parallel_tool_calls`, `parse_tool_calls` when there
+/// are tools). A required or named call needs tools to call (an empty `tools` is none).
+///
+/// Errors: a 400 on `tools` or `tool_choice`.
+fn tools(obj: &Map<String, Value>) -> Result<Option<ToolsAsked>, ApiError> {
+    let choice = obj.get("tool_choice");
+    let choice_needs_tools = choice.is_some_and(|c| !c.is_null() && c != "none" && c != "auto");
+    let no_tools = || ApiError::invalid(Some("tool_choice"), "'tool_choice' requires 'tools'");
+    let bad = |p: &str, m: String| ApiError::invalid(Some(p), m);
+    let Some(tv) = obj.get("tools").filter(|v| !v.is_null()) else {
+        return if choice_needs_tools {
+            Err(no_tools())
+        } else {
+            Ok(None)
+        };
+    };
+    let tools = crate::tools::check_tools(tv).map_err(|m| bad("tools", m))?;
+    if tools.is_empty() {
+        return if choice_needs_tools {
+            Err(no_tools())
+        } else {
+            Ok(None)
+        };
+    }
+    let (usable, required) = {
+        let (usable, required) =
+            crate::tools::choice(&tools, choice).map_err(|m| bad("tool_choice", m))?;
+        let index = |u: &Value| tools.iter().position(|t| std::ptr::eq(t, u));
+        (usable.into_iter().filter_map(index).collect(), required)
+    };
+    Ok(Some(ToolsAsked {
+        tools,
+        usable,
+        required,
+        parallel: opt_bool(obj, "parallel_tool_calls")?.unwrap_or(true),
+        parse_calls: opt_bool(obj, "parse_tool_calls")?.unwrap_or(true),
+    }))
+}
+
+/// `logprobs` with `top_logprobs` (OpenAI's) or `n_probs` (llama.cpp's; > 0 asks by
+/// itself): how many alternatives per token, at most 20, or `None`.
+fn chat_logprobs(obj: &Map<String, Value>) -> Result<Option<usize>, ApiError> {
+    let top = opt_i64(obj, "top_logprobs")?;
+    let n_probs = opt_i64(obj, "n_probs")?;
+    let logprobs = match opt_bool(obj, "logprobs")? {
+        Some(true) => Some(top.or(n_probs).unwrap_or(0)),
+        // llama.cpp's n_probs > 0 asks for the probabilities by itself.
+        None => n_probs.filter(|&n| n > 0),
+        Some(false) => None,
+    };
+    if let Some(n) = logprobs.filter(|n| !(0..=20).contains(n)) {
+        let name = if top.is_some() {
+            "top_logprobs"
+        } else {
+            "n_probs"
+        };
+        return Err(ApiError::invalid(
+            Some(name),
+            format!("'{name}' must be between 0 and 20, got {n}"),
+        ));
+    }
+    Ok(logprobs.map(|n| n as usize))
+}
+
+/// `chat_template_kwargs`: an object.
+fn template_kwargs(obj: &Map<String, Value>) -> Result<Option<Map<String, Value>>, ApiError> {
+    match obj.get("chat_template_kwargs") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(m)) => Ok(Some(m.clone())),
+        Some(_) => Err(ApiError::invalid(
+            Some("chat_template_kwargs"),
+            "'chat_template_kwargs' must be an object",
+        )),
+    }
+}
+
+/// `reasoning_effort`: a string (whether the template reads it is checked when the
+/// request is prepared).
+fn reasoning_effort(obj: &Map<String, Value>) -> Result<Option<String>, ApiError> {
+    match obj.get("reasoning_effort") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(e)) => Ok(Some(e.clone())),
+        Some(_) => Err(ApiError::invalid(
+            Some("reasoning_effort"),
+            "'reasoning_effort' must be a string",
+        )),
+    }
+}
+
+/// `reasoning_format`: `"none"` keeps `<think>` reasoning in the text, `"auto"` and
+/// `"deepseek"` split it out; `None` when absent.
+fn split_reasoning(obj: &Map<String, Value>) -> Result<Option<bool>, ApiError> {
+    Ok(match opt_str(obj, "reasoning_format")? {
+        None => None,
+        Some("none") => Some(false),
+        Some("auto" | "deepseek") => Some(true),
+        Some(other) => {
+            return Err(ApiError::invalid(
+                Some("reasoning_format"),
+                format!(
+                    "'reasoning_format' must be \"none\", \"auto\" or \"deepseek\", got {other:?}"
+                ),
+            ))
+        }
+    })
+}
+
+/// The roles a chat message may have: OpenAI's (`developer` is its newer `system`,
+/// `function` the legacy `tool`), which Ollama's are a subset of; any other is a 400, as
+/// OpenAI answers it.
+const ROLES: [&str; 6] = [
+    "system",
+    "developer",
+    "user",
+    "assistant",
+    "tool",
+    "function",
+];
+
+/// `messages` of a chat request: role, text (a string, null, or an array of
+/// `{"type": "text", "text": …}` parts) and every other field the template may read
+/// (`tool_calls` with their `arguments` parsed into objects, `tool_call_id`, `name`).
+fn messages(obj: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
+    let bad = |m: &str| ApiError::invalid(Some("messages"), m.to_string());
+    let list = match field(obj, "messages") {
+        None => return Err(bad("'messages' is required")),
+        Some(Value::Array(a)) => a,
+        Some(_) => return Err(bad("'messages' must be an array")),
+    };
+    if list.is_empty() {
+        return Err(bad("'messages' must not be empty"));
+    }
+    list.iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let m = m
+                .as_object()
+                .ok_or_else(|| bad(&format!("messages[{i}] must be an object")))?;
+            let role = m
+                .get("role")
+                .and_then(Value::as_str)
+                .ok_or_else(|| bad(&format!("messages[{i}].role must be a string")))?;
+            if !ROLES.contains(&role) {
+                return Err(bad(&format!(
+                    "messages[{i}].role {role:?} is not one of {}",
+                    ROLES.join(", ")
+                )));
+            }
+            let content = match m.get("content") {
+                None | Some(Value::Null) => String::new(),
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Array(parts)) => {
+                    let mut s = String::new();
+                    for part in parts {
+                        match part.get("text").and_then(Value::as_str) {
+                            Some(t) => s.push_str(t),
+                            None => {
+                                return Err(bad(&format!(
+                                    "messages[{i}].content parts must be text parts"
+                                )))
+                            }
+                        }
+                    }
+                    s
+                }
+                Some(_) => {
+                    return Err(bad(&format!(
+                        "messages[{i}].content must be a string or an array of parts"
+                    )))
+                }
+            };
+            if m.get("tool_calls")
+                .is_some_and(|c| !c.is_null() && !c.is_array())
+            {
+                return Err(bad(&format!("messages[{i}].tool_calls must be an array")));
+            }
+            Ok(ChatMessage {
+                role: role.to_string(),
+                content,
+                extra: crate::tools::message_extra(m),
+            })
+        })
+        .collect()
+}
+
+/// The `prompt` of a completion request: a string (or an array holding one), or token ids.
+pub enum Prompt {
+    /// Text to tokenize.
+    Text(String),
+    /// Token ids, used as they are.
+    Ids(Vec<u32>),
+}
+
+/// Reads `prompt`.
+fn prompt(obj: &Map<String, Value>) -> Result<Prompt, ApiError> {
+    let bad = |m: &str| ApiError::invalid(Some("prompt"), m.to_string());
+    match field(obj, "prompt") {
+        None => Err(bad("'prompt' is required")),
+        Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
+        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
+            Ok(Prompt::Text(a[0].as_str().unwrap_or_default().to_string()))
+        }
+        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_u64) => Ok(Prompt::Ids(
+            a.iter()
+                .map(|v| v.as_u64().unwrap_or_default().min(u32::MAX as u64) as u32)
+                .collect(),
+        )),
+        Some(Value::Array(a)) if a.len() > 1 && a.iter().all(Value::is_string) => {
+            Err(bad("only one prompt per request is supported"))
+        }
+        Some(_) => Err(bad(
+            "'prompt' must be a string, an array of one string, or an array of token ids",
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const LIMITS: Limits = Limits {
+        n_vocab: 100,
+        max_choices: 4,
+    };
+
+    fn obj(v: Value) -> Map<String, Value> {
+        v.as_object().cloned().unwrap_or_default()
+    }
+
+    fn chat(v: Value) -> Result<ChatRequest, ApiError> {
+        ChatRequest::read(&obj(v), LIMITS)
+    }
+
+    fn param(r: Result<impl Sized, ApiError>) -> Option<String> {
+        r.err().and_then(|e| e.param)
+    }
+
+    #[test]
+    fn a_chat_request_is_read_into_its_fields() {
+        let r = chat(json!({
+            "model": "m", "messages": [{"role": "user", "content": "hi"}],
+            "logprobs": true, "top_logprobs": 3, "n": 2,
+            "tools": [{"type": "function", "function": {"name": "a"}},
+                      {"type": "function", "function": {"name": "b"}}],
+            "tool_choice": {"type": "function", "function": {"name": "b"}},
+            "parallel_tool_calls": false,
+            "chat_template_kwargs": {"enable_thinking": false},
+            "reasoning_effort": "low", "reasoning_format": "none",
+            "prediction": {"type": "content", "content": "x"},
+        }))
+        .unwrap_or_else(|e| panic!("{}", e.message));
+        assert_eq!(r.model.as_deref(), Some("m"));
+        assert_eq!(r.messages.len(), 1);
+        assert_eq!((r.logprobs, r.opts.n), (Some(3), 2));
+        let t = r.tools.expect("tools");
+        assert_eq!(
+            (t.usable.clone(), t.required, t.parallel),
+            (vec![1], true, false)
+        );
+        assert_eq!(t.usable()[0]["function"]["name"], "b");
+        assert_eq!(r.template_kwargs.map(|m| m.len()), Some(1));
+        assert_eq!(r.reasoning_effort.as_deref(), Some("low"));
+        assert_eq!(r.split_reasoning, Some(false));
+        assert_eq!(r.prediction.as_deref(), Some("x"));
+    }
+
+    #[test]
+    fn each_chat_field_at_fault_is_named() {
+        let m = json!([{"role": "user", "content": "hi"}]);
+        for (body, field) in [
+            (json!({}), "messages"),
+            (json!({"messages": m, "n": 5}), "n"),
+            (
+                json!({"messages": m, "logprobs": true, "top_logprobs": 21}),
+                "top_logprobs",
+            ),
+            (
+                json!({"messages": m, "tool_choice": "required"}),
+                "tool_choice",
+            ),
+            (
+                json!({"messages": m, "tools": [], "tool_choice": "required"}),
+                "tool_choice",
+            ),
+            (json!({"messages": m, "tools": [{"type": "x"}]}), "tools"),
+            (
+                json!({"messages": m, "chat_template_kwargs": 1}),
+                "chat_template_kwargs",
+            ),
+            (
+                json!({"messages": m, "reasoning_effort": 1}),
+                "reasoning_effort",
+            ),
+            (
+                json!({"messages": m, "reasoning_format": "x"}),
+                "reasoning_format",
+            ),
+        ] {
+            assert_eq!(param(chat(body.clone())).as_deref(), Some(field), "{body}");
+        }
+        // No tools: `tool_choice` "auto" or "none" asks nothing, and the tool fields are
+        // not read.
+        let r = chat(json!({"messages": m, "tool_choice": "auto", "parallel_tool_calls": 1}));
+        assert!(r.is_ok_and(|r| r.tools.is_none()));
+    }
+
+    #[test]
+    fn a_completion_request_checks_its_prompt() {
+        let read = |v: Value| CompletionRequest::read(&obj(v), LIMITS);
+        let r = read(json!({"prompt": "a", "suffix": "b", "n_probs": 2}));
+        let r = r.unwrap_or_else(|e| panic!("{}", e.message));
+        assert_eq!((r.suffix.as_deref(), r.logprobs), (Some("b"), Some(2)));
+        assert_eq!(
+            param(read(json!({"prompt": [1, 100]}))).as_deref(),
+            Some("prompt")
+        );
+        assert_eq!(
+            param(read(json!({"prompt": [1], "suffix": "b"}))).as_deref(),
+            Some("suffix")
+        );
+        assert_eq!(
+            param(read(json!({"prompt": "a", "logprobs": 21}))).as_deref(),
+            Some("logprobs")
+        );
+        assert!(read(json!({"prompt": [1, 99]})).is_ok());
+    }
+
+    #[test]
+    fn an_infill_request_reads_its_files() {
+        let read = |v: Value| InfillRequest::read(&obj(v), LIMITS);
+        let r = read(json!({"input_prefix": "a", "input_extra": [{"text": "t"}]}));
+        let r = r.unwrap_or_else(|e| panic!("{}", e.message));
+        assert_eq!((r.prefix.as_str(), r.suffix.as_str()), ("a", ""));
+        assert_eq!(r.extra, vec![("tmp".to_string(), "t".to_string())]);
+        assert_eq!(
+            param(read(json!({"input_extra": [1]}))).as_deref(),
+            Some("input_extra")
+        );
+    }
+}
