@@ -149,46 +149,17 @@ pub(super) struct Shared {
 }
 
 impl Worker<'_> {
-    /// Updates the checkpoint gauges.
-    pub(super) fn publish_checkpoints(&self) {
-        let all = self.slots.iter().flat_map(|s| &s.checkpoints);
-        let (n, bytes) = all.fold((0, 0), |(n, b), (_, c)| (n + 1, b + c.bytes()));
-        self.shared.checkpoints.store(n, Ordering::Relaxed);
-        self.shared.checkpoint_bytes.store(bytes, Ordering::Relaxed);
-    }
-
     /// Updates the busy-slot gauge, the KV positions running requests hold, the pool's
     /// block counts and the waiting jobs.
     pub(super) fn publish_busy(&self) {
         self.shared.slots_busy.store(self.busy(), Ordering::SeqCst);
-        let used: usize = self
-            .slots
-            .iter()
-            .filter(|s| s.job.is_some())
-            .map(|s| s.cache.n_past())
-            .sum();
-        self.shared.kv_used.store(used, Ordering::Relaxed);
+        let running: Vec<usize> = (0..self.jobs.len())
+            .filter(|&i| self.jobs[i].is_some())
+            .collect();
         // Used: the blocks of running sequences (vLLM's usage); cached: the rest that is
         // not free (the prefix cache's blocks nobody holds, idle slots' conversations).
-        let mut running: Vec<u32> = self
-            .slots
-            .iter()
-            .filter(|s| s.job.is_some())
-            .flat_map(|s| s.cache.blocks().iter().copied())
-            .collect();
-        running.sort_unstable();
-        running.dedup();
-        let held = self.pool.n_blocks - self.blocks.free_blocks();
-        self.shared
-            .kv_blocks_used
-            .store(running.len(), Ordering::Relaxed);
-        self.shared
-            .kv_blocks_cached
-            .store(held - running.len(), Ordering::Relaxed);
-        if let Some(wm) = &self.window_blocks {
-            self.shared
-                .kv_window_blocks_held
-                .store(wm.stats().used, Ordering::Relaxed);
-        }
+        let (used, blocks) = self.kv.held_by(&running);
+        self.shared.kv_used.store(used, Ordering::Relaxed);
+        self.kv.publish_blocks(blocks);
     }
 }

@@ -25,6 +25,7 @@
 //! sequence the same bits alone or in a batch, and all sampling state is per request, so a
 //! request's tokens do not depend on what else runs beside it.
 
+mod kv;
 mod metrics;
 mod output;
 mod placement;

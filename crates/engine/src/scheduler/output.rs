@@ -14,8 +14,8 @@ impl<'t> Worker<'t> {
     /// the step ends there (the choice is evaluated next step). The slot is cut back to
     /// the proposals taken; its job goes back unless it finished.
     pub(super) fn verify(&mut self, i: usize, drafts: &[u32], logits: &[f32], at: usize) {
-        let Some(mut job) = self.slots[i].job.take() else {
-            self.register_full_blocks(i);
+        let Some(mut job) = self.jobs[i].take() else {
+            self.kv.register_full_blocks(i);
             return;
         };
         job.proposed += drafts.len();
@@ -40,13 +40,13 @@ impl<'t> Worker<'t> {
             }
         }
         if taken < drafts.len() {
-            self.cut(i, at + 1 + taken);
+            self.kv.cut(i, at + 1 + taken);
         }
-        self.register_full_blocks(i);
+        self.kv.register_full_blocks(i);
         if let Some(j) = job.as_mut() {
             j.adaptive.record(drafts.len(), taken);
         }
-        self.slots[i].job = job;
+        self.jobs[i] = job;
     }
 
     /// Samples the next token of `job` from `logits` (the row at `n_past` positions;

@@ -7,10 +7,10 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use frink_models::{Checkpoint, KvPool, KvType, Logits, Model, ModelError, SeqState, Sequence};
+use frink_models::{KvType, Logits, Model, ModelError, Sequence};
 use frink_tokenizer::{StreamDecoder, Tokenizer};
 
-use super::placement::*;
+use super::kv::*;
 use super::*;
 
 /// A request's [`DraftModel`], its cache made at the first proposal (a queued request
@@ -87,25 +87,6 @@ pub(super) struct Job<'t> {
     pub(super) accepted: usize,
 }
 
-/// A sequence slot: its state (keys and values in blocks of the shared pool), the ids its
-/// blocks hold (`tokens.len() == cache.n_past()`) and the keys of its full blocks, and for a
-/// recurrent model checkpoints of its state at positions up to there (each valid for
-/// `tokens[..n_past]`, which stay unchanged while it is kept). An idle slot keeps its
-/// blocks (a conversation's next turn continues from them) until the pool needs them.
-pub(super) struct Slot<'t> {
-    pub(super) cache: SeqState,
-    pub(super) tokens: Vec<u32>,
-    /// Prefix-cache keys of its full blocks (block `i`: `hashes[i]`).
-    pub(super) hashes: Vec<u64>,
-    pub(super) job: Option<Job<'t>>,
-    /// (creation order, checkpoint), oldest first.
-    pub(super) checkpoints: Vec<(u64, Checkpoint)>,
-    /// The adapters its tokens were evaluated with ([`lora_key`]).
-    pub(super) lora: Vec<(usize, u32)>,
-    /// When it was last given a job (idle slots give their blocks back oldest first).
-    pub(super) used: u64,
-}
-
 /// The identity of an adapter set for prefix reuse: the adapters of nonzero scale, by
 /// index, with their scales' bits (scale 0 computes exactly the base model).
 pub(super) fn lora_key(set: &[(usize, f32)]) -> Vec<(usize, u32)> {
@@ -117,45 +98,6 @@ pub(super) fn lora_key(set: &[(usize, f32)]) -> Vec<(usize, u32)> {
     k.sort_unstable();
     k.dedup_by_key(|e| e.0);
     k
-}
-
-impl Slot<'_> {
-    /// The longest prefix of at most `n` positions this slot can continue from: its
-    /// state cut back ([`SeqState::reusable`]) or one of its checkpoints (its index);
-    /// nothing when its tokens were evaluated with other adapters than `lora`.
-    pub(super) fn reusable(&self, n: usize, lora: &[(usize, u32)]) -> (usize, Option<usize>) {
-        if self.lora != lora {
-            return (0, None);
-        }
-        let whole = self.cache.reusable(n);
-        self.checkpoints
-            .iter()
-            .enumerate()
-            .filter(|(_, (_, c))| c.n_past <= n && c.n_past > whole)
-            .max_by_key(|(_, (_, c))| c.n_past)
-            .map_or((whole, None), |(i, (_, c))| (c.n_past, Some(i)))
-    }
-}
-
-/// Where a placed job's reused prefix comes from.
-pub(super) enum Source {
-    /// The chosen slot's own tokens (or one of its checkpoints).
-    Own(usize, Option<usize>),
-    /// Full blocks of the prefix cache, and the tokens after them another slot holds
-    /// in its next block (that slot, how many): copied into a block of its own
-    /// (copy-on-write for the partial last block).
-    Cache(Vec<u32>, Option<(usize, usize)>),
-    /// Another slot's tokens (a recurrent model: with its checkpoint).
-    Donor(usize, usize, Option<usize>),
-}
-
-impl Source {
-    pub(super) fn len(&self) -> usize {
-        match self {
-            Source::Own(n, _) | Source::Donor(_, n, _) => *n,
-            Source::Cache(b, tail) => b.len() * frink_models::KV_BLOCK + tail.map_or(0, |t| t.1),
-        }
-    }
 }
 
 /// Tokens of a sequence's answer that admission keeps blocks for (its `max_tokens` when
@@ -176,22 +118,15 @@ pub(super) struct Worker<'t> {
     pub(super) tok: &'t Tokenizer,
     pub(super) config: SchedulerConfig,
     pub(super) shared: Arc<Shared>,
-    /// The keys and values of every slot, in blocks.
-    pub(super) pool: KvPool,
-    /// Which blocks are free, held, cached.
-    pub(super) blocks: BlockManager,
-    /// The same for the pool's window group (a model with sliding-window layers whose
-    /// pool keeps their rows apart: [`KvPool::with_window_group`]). Sized so that it never
-    /// runs out: each slot holds at most [`frink_models::window_blocks`] of it.
-    pub(super) window_blocks: Option<BlockManager>,
-    pub(super) slots: Vec<Slot<'t>>,
+    /// Every slot's keys and values, and the pool they live in.
+    pub(super) kv: KvManager,
+    /// The job each slot runs (`None`: the slot is idle).
+    pub(super) jobs: Vec<Option<Job<'t>>>,
     /// Requests waiting for their group's prompt to be evaluated.
     pub(super) deferred: Vec<Request>,
     /// Jobs waiting for a slot and blocks, oldest first: new ones the pool could not
     /// take yet, and preempted ones.
     pub(super) waiting: std::collections::VecDeque<Box<Job<'t>>>,
-    /// Checkpoints taken so far (their creation order).
-    pub(super) checkpoints_taken: u64,
     /// Jobs placed so far (the slots' `used` order).
     pub(super) placements: u64,
     /// Requests ended (finished or cancelled) when a sequence was last preempted: until
@@ -213,25 +148,8 @@ impl<'t> Worker<'t> {
         shared: Arc<Shared>,
     ) -> Self {
         let mut config = config;
-        let n_blocks = config.kv_blocks();
-        let n_window = Self::window_group(model, &mut config, n_blocks);
-        let pool = KvPool::with_window_group(&model.config, n_blocks, n_window, config.kv_type);
-        let slots = (0..config.parallel)
-            .map(|_| Slot {
-                cache: SeqState::pooled(&model.config, config.n_ctx, &pool),
-                tokens: Vec::new(),
-                hashes: Vec::new(),
-                job: None,
-                checkpoints: Vec::new(),
-                lora: Vec::new(),
-                used: 0,
-            })
-            .collect();
-        shared.kv_blocks_total.store(n_blocks, Ordering::Relaxed);
-        shared
-            .kv_window_blocks_total
-            .store(pool.n_window_blocks, Ordering::Relaxed);
-        shared.kv_bytes.store(pool.bytes(), Ordering::Relaxed);
+        let kv = KvManager::new(model, &mut config, Arc::clone(&shared));
+        let jobs = (0..config.parallel).map(|_| None).collect();
         Worker {
             model,
             step_cost: StepCost::default(),
@@ -239,13 +157,10 @@ impl<'t> Worker<'t> {
             tok,
             config,
             shared,
-            pool,
-            blocks: BlockManager::new(n_blocks),
-            window_blocks: (n_window > 0).then(|| BlockManager::new(n_window)),
-            slots,
+            kv,
+            jobs,
             deferred: Vec::new(),
             waiting: Default::default(),
-            checkpoints_taken: 0,
             placements: 0,
             pressed: None,
             spare_core: std::thread::available_parallelism()
@@ -254,7 +169,12 @@ impl<'t> Worker<'t> {
     }
 
     pub(super) fn busy(&self) -> usize {
-        self.slots.iter().filter(|s| s.job.is_some()).count()
+        self.jobs.iter().filter(|j| j.is_some()).count()
+    }
+
+    /// Which slots are idle (`idle[i]`: slot `i` runs no job).
+    pub(super) fn idle(&self) -> Vec<bool> {
+        self.jobs.iter().map(Option::is_none).collect()
     }
 
     /// Requests finished, cancelled or failed so far.
@@ -271,13 +191,10 @@ impl<'t> Worker<'t> {
             return false;
         };
         let want = req.prompt.len().saturating_sub(1);
-        let held = self
-            .slots
-            .iter()
-            .any(|s| common_prefix(&s.tokens, &req.prompt) >= want);
-        let leader_runs = self.slots.iter().any(|s| {
-            s.job
-                .as_ref()
+        let held =
+            (0..self.jobs.len()).any(|i| common_prefix(self.kv.tokens(i), &req.prompt) >= want);
+        let leader_runs = self.jobs.iter().any(|j| {
+            j.as_ref()
                 .is_some_and(|j| j.req.prefix_group == Some(group) && !j.req.follows_prefix)
         });
         !held && leader_runs
@@ -307,7 +224,7 @@ impl<'t> Worker<'t> {
 
     /// Whether a job could be placed now: a free slot, and nobody waiting before it.
     pub(super) fn can_take(&self) -> bool {
-        self.waiting.is_empty() && self.slots.iter().any(|s| s.job.is_none())
+        self.waiting.is_empty() && self.jobs.iter().any(Option::is_none)
     }
 
     pub(super) fn run(mut self, rx: Receiver<Request>) {
@@ -466,10 +383,10 @@ impl<'t> Worker<'t> {
                 .requests_cancelled
                 .fetch_add(gone, Ordering::Relaxed);
         }
-        for slot in &mut self.slots {
-            let gone = slot.job.as_ref().is_some_and(|j| j.req.sink.is_closed());
-            if gone || (all && slot.job.is_some()) {
-                if let Some(mut job) = slot.job.take() {
+        for slot in &mut self.jobs {
+            let gone = slot.as_ref().is_some_and(|j| j.req.sink.is_closed());
+            if gone || (all && slot.is_some()) {
+                if let Some(mut job) = slot.take() {
                     if !gone {
                         job.req.sink.send(Event::Failed(RequestError::ShuttingDown));
                     }
@@ -522,7 +439,7 @@ impl<'t> Worker<'t> {
             Err(e) => {
                 // Checked before anything was written: fail the sequences of this step.
                 for (i, _, _) in &inputs {
-                    if let Some(mut job) = self.slots[*i].job.take() {
+                    if let Some(mut job) = self.jobs[*i].take() {
                         self.shared.requests_failed.fetch_add(1, Ordering::Relaxed);
                         job.req
                             .sink
@@ -540,19 +457,19 @@ impl<'t> Worker<'t> {
     fn decode_inputs(&mut self) -> Vec<Input> {
         let mut inputs: Vec<Input> = Vec::new();
         let n_decode = self
-            .slots
+            .jobs
             .iter()
-            .filter(|s| s.job.as_ref().and_then(decoding).is_some())
+            .filter(|j| j.as_ref().and_then(decoding).is_some())
             .count();
         let mut spare = self.config.spec_rows.saturating_sub(n_decode);
         let draft_max = self.config.draft_max;
         // Rows of the step so far and the tokens they are expected to give.
         let (mut rows, mut expected) = (n_decode, n_decode as f32);
-        let mut order: Vec<usize> = (0..self.slots.len()).collect();
-        order.sort_by_key(|&i| self.slots[i].job.as_ref().map(|j| j.arrived));
+        let mut order: Vec<usize> = (0..self.jobs.len()).collect();
+        order.sort_by_key(|&i| self.jobs[i].as_ref().map(|j| j.arrived));
         for i in order {
-            let n_past = self.slots[i].cache.n_past();
-            let Some(job) = self.slots[i].job.as_mut() else {
+            let n_past = self.kv.n_past(i);
+            let Some(job) = self.jobs[i].as_mut() else {
                 continue;
             };
             let Some(t) = decoding(job) else { continue };
@@ -606,9 +523,9 @@ impl<'t> Worker<'t> {
         } else {
             self.config.prefill_chunk_alone
         };
-        let checkpointing = self.checkpointing();
-        for (i, slot) in self.slots.iter().enumerate() {
-            let Some(job) = &slot.job else { continue };
+        let checkpointing = self.kv.checkpointing();
+        for (i, job) in self.jobs.iter().enumerate() {
+            let Some(job) = job else { continue };
             if job.fed == job.input.len() || budget == 0 {
                 continue;
             }
@@ -643,18 +560,19 @@ impl<'t> Worker<'t> {
     /// rather than take blocks from another sequence, and a job alone in a full pool
     /// ends with `FinishReason::Length`. Removes the inputs of jobs that no longer run.
     fn allocate(&mut self, inputs: &mut Vec<Input>) {
-        let arrived = |w: &Self, i: usize| w.slots[i].job.as_ref().map(|j| j.arrived);
+        let arrived = |w: &Self, i: usize| w.jobs[i].as_ref().map(|j| j.arrived);
         inputs.sort_by_key(|x| arrived(self, x.0));
         let mut k = 0;
         while k < inputs.len() {
             let (i, ref toks, _) = inputs[k];
-            if self.slots[i].job.is_none() {
+            if self.jobs[i].is_none() {
                 inputs.remove(k);
                 continue;
             }
-            let n = self.slots[i].cache.n_past() + toks.len();
-            self.slide(i);
-            if self.grow(i, n) {
+            let n = self.kv.n_past(i) + toks.len();
+            self.kv.slide(i);
+            let idle = self.idle();
+            if self.kv.grow(i, n, &idle) {
                 k += 1;
                 continue;
             }
@@ -664,8 +582,8 @@ impl<'t> Worker<'t> {
                 inputs[k].2 = Logits::Last;
                 continue;
             }
-            let running: Vec<usize> = (0..self.slots.len())
-                .filter(|&j| self.slots[j].job.is_some())
+            let running: Vec<usize> = (0..self.jobs.len())
+                .filter(|&j| self.jobs[j].is_some())
                 .collect();
             let youngest = *running
                 .iter()
@@ -673,14 +591,14 @@ impl<'t> Worker<'t> {
                 .expect("slot i runs a job");
             if running.len() == 1 {
                 // Alone and the pool is full: its context ends here.
-                let job = self.slots[i].job.take().expect("slot i runs a job");
+                let job = self.jobs[i].take().expect("slot i runs a job");
                 self.end_now(job);
                 inputs.remove(k);
                 continue;
             }
             self.preempt(youngest);
         }
-        inputs.retain(|x| self.slots[x.0].job.is_some());
+        inputs.retain(|x| self.jobs[x.0].is_some());
     }
 
     /// The batched forward pass over `inputs` (sorted by slot). Samplers whose grammar
@@ -690,13 +608,12 @@ impl<'t> Worker<'t> {
     /// from the forward pass (measured on 2 cores, smollm2, 8 constrained streams: 0.87x
     /// of free decoding with it, 0.89x without).
     fn forward(&mut self, inputs: &[Input]) -> Result<Vec<Vec<f32>>, ModelError> {
-        let mut seqs = Vec::with_capacity(inputs.len());
         let spare_core = self.spare_core;
         let mut masks: Vec<&mut Sampler> = Vec::new();
+        let mut loras: Vec<Option<&[(usize, f32)]>> = Vec::with_capacity(inputs.len());
         let mut it = inputs.iter().peekable();
-        for (i, slot) in self.slots.iter_mut().enumerate() {
+        for (i, job) in self.jobs.iter_mut().enumerate() {
             if let Some(inp) = it.next_if(|x| x.0 == i) {
-                let Slot { cache, job, .. } = slot;
                 let mut lora = None;
                 if let Some(Job { sampler, req, .. }) = job.as_mut() {
                     if spare_core && inp.2 == Logits::Last && sampler.is_constrained() {
@@ -704,16 +621,23 @@ impl<'t> Worker<'t> {
                     }
                     lora = Some(&req.lora[..]);
                 }
-                seqs.push(Sequence {
-                    state: cache,
-                    tokens: &inp.1,
-                    logits: inp.2,
-                    lora,
-                });
+                loras.push(lora);
             }
         }
+        let which: Vec<usize> = inputs.iter().map(|x| x.0).collect();
+        let (pool, states) = self.kv.states(&which);
+        let mut seqs: Vec<Sequence> = states
+            .into_iter()
+            .zip(inputs)
+            .zip(loras)
+            .map(|((state, inp), lora)| Sequence {
+                state,
+                tokens: &inp.1,
+                logits: inp.2,
+                lora,
+            })
+            .collect();
         let model = &self.model;
-        let pool = &mut self.pool;
         std::thread::scope(|scope| {
             let ahead = (!masks.is_empty()).then(|| {
                 scope.spawn(move || {
@@ -736,17 +660,16 @@ impl<'t> Worker<'t> {
     /// counted (with checkpoints at the interval's multiples and around the prompt's
     /// last token), embeddings pooled, the next token sampled.
     fn take_rows(&mut self, inputs: Vec<Input>, rows: Vec<Vec<f32>>) {
-        let checkpointing = self.checkpointing();
+        let checkpointing = self.kv.checkpointing();
         for ((i, toks, want), logits) in inputs.into_iter().zip(rows) {
-            let slot = &mut self.slots[i];
-            slot.tokens.extend_from_slice(&toks);
-            let n_past = slot.cache.n_past();
+            self.kv.extend_tokens(i, &toks);
+            let n_past = self.kv.n_past(i);
             if want == Logits::All {
                 self.verify(i, &toks[1..], &logits, n_past - toks.len());
                 continue;
             }
-            self.register_full_blocks(i);
-            let Some(mut job) = self.slots[i].job.take() else {
+            self.kv.register_full_blocks(i);
+            let Some(mut job) = self.jobs[i].take() else {
                 continue;
             };
             if job.fed < job.input.len() {
@@ -756,9 +679,7 @@ impl<'t> Worker<'t> {
                     && job.pooler.is_none()
                     && (n_past.is_multiple_of(t) || n_past + 1 == n || n_past == n)
                 {
-                    self.slots[i].job = Some(job);
-                    self.save_checkpoint(i);
-                    job = self.slots[i].job.take().expect("just put back");
+                    self.kv.save_checkpoint(i);
                 }
             }
             if let Some(p) = job.pooler.as_mut() {
@@ -767,7 +688,7 @@ impl<'t> Worker<'t> {
                     self.finish_embedding(job);
                     continue;
                 }
-                self.slots[i].job = Some(job);
+                self.jobs[i] = Some(job);
                 continue;
             }
             let job = if logits.is_empty() {
@@ -775,7 +696,7 @@ impl<'t> Worker<'t> {
             } else {
                 self.sample(job, &logits, n_past, None)
             };
-            self.slots[i].job = job;
+            self.jobs[i] = job;
         }
         self.publish_busy();
     }
