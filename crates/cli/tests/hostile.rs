@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

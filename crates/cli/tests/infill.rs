@@ -7,9 +7,7 @@
 
 mod common;
 
-use common::http::Server;
-use common::serve::lock;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 fn cases() -> Vec<Value> {
     let text = std::fs::read_to_string(

@@ -6,7 +6,7 @@
 mod common;
 
 use common::http::Server;
-use common::serve::{chat, lock, message, openai_venv, run_client_script};
+use common::serve::{lock, openai_venv, run_client_script};
 use common::{frink, last_json_line, stderr};
 use serde_json::{json, Value};
 #[test]

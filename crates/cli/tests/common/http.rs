@@ -6,6 +6,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+#[allow(unused_imports)] // each test binary uses its own subset
 pub use frink_testdata::http::{stream_text, Client, Response, Stream};
 
 /// Given to [`Server::start`]: start the server without `-m` (it loads the models that

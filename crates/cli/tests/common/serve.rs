@@ -2,8 +2,6 @@
 
 use std::sync::Mutex;
 
-use serde_json::{json, Value};
-
 /// Serializes the tests of one test file (each starts a server using both cores).
 pub static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
@@ -12,6 +10,7 @@ pub fn lock() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+#[allow(unused_imports)] // each test binary uses its own subset
 pub use frink_testdata::http::{chat, message};
 
 /// A virtualenv with the official `openai`, `ollama` and `anthropic` packages (made once
