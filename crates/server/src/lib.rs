@@ -44,7 +44,6 @@ use engine::Engine;
 use metrics::metrics;
 use respond::shutting_down;
 
-use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};

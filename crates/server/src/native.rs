@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 
 use crate::api::{self, json_response, ApiError};
 use crate::requests::{prepare_completion, queue, Prepared};
-use crate::respond::{event_stream, failed, sse, OnEvent};
+use crate::respond::{event_stream, failed, first_event, gather, sse, OnEvent};
 use crate::{AppState, Engine, St};
 
 /// Takes `return_tokens` out of a request (the OpenAI endpoints refuse it; the native ones
@@ -151,7 +151,7 @@ pub(crate) async fn answer(
         return ApiError::invalid(Some("n"), "llama.cpp's native endpoints answer one choice")
             .into_response();
     }
-    let mut rx = match queue(st, &mut p, prompt_field) {
+    let rx = match queue(st, &mut p, prompt_field) {
         Ok(rx) => rx,
         Err(e) => return e.into_response(),
     };
@@ -169,21 +169,13 @@ pub(crate) async fn answer(
         log,
     };
     if !p.opts.stream {
-        let mut content = String::new();
-        let mut probs = Vec::new();
-        loop {
-            match rx.recv().await {
-                Some((_, Event::Delta { text, tokens })) => {
-                    content.push_str(&text);
-                    probs.extend(tokens);
-                }
-                Some((_, Event::Done(c))) => {
-                    return json_response(StatusCode::OK, &n.last(content, &c, &probs))
-                }
-                Some((_, Event::Embedding(_))) => {}
-                other => return failed(other.map(|(_, e)| e), "an answer").into_response(),
+        return match gather(1, rx, |_, _| {}).await {
+            Ok(mut g) => {
+                let (content, probs, c) = (g.text.remove(0), g.tokens.remove(0), g.done.remove(0));
+                json_response(StatusCode::OK, &n.last(content, &c, &probs))
             }
-        }
+            Err(e) => failed(e, "an answer").into_response(),
+        };
     }
     streamed(n, rx).await
 }
@@ -192,9 +184,9 @@ pub(crate) async fn answer(
 /// `data: {"error": …}` line. A request that fails before its first token gets its error
 /// status instead.
 async fn streamed(n: Native, mut rx: mpsc::UnboundedReceiver<(usize, Event)>) -> Response {
-    let first = match rx.recv().await {
-        Some(e @ (_, Event::Delta { .. } | Event::Done(_))) => e,
-        other => return failed(other.map(|(_, e)| e), "an answer").into_response(),
+    let first = match first_event(&mut rx).await {
+        Ok(e) => e,
+        Err(e) => return failed(e, "an answer").into_response(),
     };
     event_stream(n, VecDeque::new(), first, rx)
 }

@@ -13,6 +13,7 @@
 //! the model endpoints (`/api/tags`, `/api/ps`, `/api/show`, `/api/create`, …) are in
 //! [`crate::models::manage`].
 
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use axum::body::Body;
@@ -21,7 +22,7 @@ use axum::http::header;
 use super::*;
 use crate::embeddings::{check_dimensions, embed_inputs, embedding_inputs};
 use crate::requests::{model_field, prepare_chat, prepare_completion, queue, Prepared};
-use crate::respond::failed;
+use crate::respond::{answer_stream, failed, first_event, gather, OnEvent};
 use crate::Arrival;
 
 /// When the request arrived and how long it waited for its model to load (a request
@@ -378,7 +379,19 @@ fn think(
     let kwargs = match obj.get("think") {
         None | Some(Value::Null) => return Ok(()),
         Some(Value::Bool(b)) => json!({"enable_thinking": b}),
-        Some(Value::String(level)) => json!({"reasoning_effort": level}),
+        Some(Value::String(level)) => {
+            if !st
+                .template(st.engine()?)
+                .unwrap_or("")
+                .contains("reasoning_effort")
+            {
+                return Err(bad(format!(
+                    "'think': {level:?}: this model's chat template has no levels of thinking; \
+                     send true or false"
+                )));
+            }
+            json!({"reasoning_effort": level})
+        }
         Some(v) => {
             return Err(bad(format!(
                 "'think' must be a boolean or a level, got {v}"
@@ -545,7 +558,7 @@ impl Reply {
 /// An NDJSON response from a stream of lines.
 pub(crate) fn ndjson(stream: impl futures_util::Stream<Item = Value> + Send + 'static) -> Response {
     use futures_util::StreamExt;
-    let body = stream.map(|v| Ok::<Bytes, Infallible>(Bytes::from(format!("{v}\n"))));
+    let body = stream.map(|v| Ok::<Bytes, Infallible>(line(&v)));
     Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, "application/x-ndjson")
@@ -592,114 +605,107 @@ async fn answer(
     let format = std::mem::take(&mut p.answer);
     let with_logprobs = p.logprobs.is_some();
     if !stream {
-        let mut text = String::new();
-        let mut tokens = Vec::new();
-        loop {
-            match rx.recv().await {
-                Some((
-                    _,
-                    Event::Delta {
-                        text: t,
-                        tokens: lp,
-                    },
-                )) => {
-                    text.push_str(&t);
-                    tokens.extend(lp);
-                }
-                Some((_, Event::Done(c))) => {
-                    let (thinking, content, calls) = format.parse(&text);
-                    let mut v = reply.part(&content, &thinking, &calls, true);
-                    if with_logprobs {
-                        v["logprobs"] = crate::respond::token_logprobs(&reply.tok, &tokens, false);
-                    }
-                    reply.finish(&mut v, &c);
-                    return json_response(StatusCode::OK, &v);
-                }
-                Some((_, Event::Embedding(_))) => {}
-                other => return error(failed(other.map(|(_, e)| e), "an answer")),
-            }
+        let mut g = match gather(1, rx, |_, _| {}).await {
+            Ok(g) => g,
+            Err(e) => return error(failed(e, "an answer")),
+        };
+        let (thinking, content, calls) = format.parse(&g.text[0]);
+        let mut v = reply.part(&content, &thinking, &calls, true);
+        if with_logprobs {
+            v["logprobs"] = crate::respond::token_logprobs(&reply.tok, &g.tokens[0], false);
         }
+        reply.finish(&mut v, &g.done.remove(0));
+        return json_response(StatusCode::OK, &v);
     }
-    struct S {
-        rx: mpsc::UnboundedReceiver<(usize, Event)>,
-        reader: Option<answer::AnswerStream>,
-        reply: Reply,
-        out: VecDeque<Value>,
-        done: bool,
-        /// With `logprobs`: the tokens not yet on a line (text held back by the reader
-        /// goes out with a later line).
-        pending: Option<Vec<frink_engine::scheduler::TokenLogprob>>,
-    }
-    impl S {
-        fn parts(&mut self, parts: Vec<reasoning::Part>) {
-            for part in parts {
-                let mut v = match part {
-                    reasoning::Part::Reasoning(t) => self.reply.part("", &t, &[], false),
-                    reasoning::Part::Content(t) if t.is_empty() => continue,
-                    reasoning::Part::Content(t) => self.reply.part(&t, "", &[], false),
-                    reasoning::Part::Call(c) => self.reply.part("", "", &[c], false),
-                };
-                self.logprobs(&mut v);
-                self.out.push_back(v);
-            }
-        }
-
-        fn logprobs(&mut self, v: &mut Value) {
-            if let Some(p) = self.pending.as_mut() {
-                v["logprobs"] =
-                    crate::respond::token_logprobs(&self.reply.tok, &std::mem::take(p), false);
-            }
-        }
-    }
-    let state = S {
-        rx,
+    let first = match first_event(&mut rx).await {
+        Ok(e) => e,
+        Err(e) => return error(failed(e, "an answer")),
+    };
+    let state = Streamed {
         reader: Some(format.stream()),
         reply,
-        out: VecDeque::new(),
-        done: false,
         pending: with_logprobs.then(Vec::new),
     };
-    let lines = futures_util::stream::unfold(state, |mut s| async move {
-        loop {
-            if let Some(v) = s.out.pop_front() {
-                return Some((v, s));
+    answer_stream("application/x-ndjson", state, VecDeque::new(), first, rx)
+}
+
+/// A streamed Ollama answer: a line per piece of the answer (its reasoning, content or a
+/// call), the last with `done: true` and the counts; an error after the first token as a
+/// line `{"error": …}`.
+struct Streamed {
+    reader: Option<answer::AnswerStream>,
+    reply: Reply,
+    /// With `logprobs`: the tokens not yet on a line (text held back by the reader goes
+    /// out with a later line).
+    pending: Option<Vec<frink_engine::scheduler::TokenLogprob>>,
+}
+
+impl Streamed {
+    fn parts(&mut self, parts: Vec<reasoning::Part>, out: &mut VecDeque<Bytes>) {
+        for part in parts {
+            let mut v = match part {
+                reasoning::Part::Reasoning(t) => self.reply.part("", &t, &[], false),
+                reasoning::Part::Content(t) if t.is_empty() => continue,
+                reasoning::Part::Content(t) => self.reply.part(&t, "", &[], false),
+                reasoning::Part::Call(c) => self.reply.part("", "", &[c], false),
+            };
+            self.logprobs(&mut v);
+            out.push_back(line(&v));
+        }
+    }
+
+    fn logprobs(&mut self, v: &mut Value) {
+        if let Some(p) = self.pending.as_mut() {
+            v["logprobs"] =
+                crate::respond::token_logprobs(&self.reply.tok, &std::mem::take(p), false);
+        }
+    }
+}
+
+impl OnEvent for Streamed {
+    fn on_event(&mut self, event: Option<(usize, Event)>, out: &mut VecDeque<Bytes>) -> bool {
+        match event {
+            Some((_, Event::Delta { text, tokens })) => {
+                if let Some(p) = self.pending.as_mut() {
+                    p.extend(tokens);
+                }
+                let parts = self
+                    .reader
+                    .as_mut()
+                    .map(|r| r.push(&text))
+                    .unwrap_or_default();
+                self.parts(parts, out);
+                false
             }
-            if s.done {
-                return None;
+            Some((_, Event::Done(c))) => {
+                let parts = self.reader.take().map(|r| r.finish()).unwrap_or_default();
+                self.parts(parts, out);
+                let mut v = self.reply.part("", "", &[], true);
+                if self.pending.as_ref().is_some_and(|p| !p.is_empty()) {
+                    self.logprobs(&mut v);
+                }
+                self.reply.finish(&mut v, &c);
+                out.push_back(line(&v));
+                true
             }
-            match s.rx.recv().await {
-                Some((_, Event::Delta { text, tokens })) => {
-                    if let Some(p) = s.pending.as_mut() {
-                        p.extend(tokens);
-                    }
-                    let parts = s.reader.as_mut().map(|r| r.push(&text)).unwrap_or_default();
-                    s.parts(parts);
-                }
-                Some((_, Event::Done(c))) => {
-                    let parts = s.reader.take().map(|r| r.finish()).unwrap_or_default();
-                    s.parts(parts);
-                    let mut v = s.reply.part("", "", &[], true);
-                    if s.pending.as_ref().is_some_and(|p| !p.is_empty()) {
-                        s.logprobs(&mut v);
-                    }
-                    s.reply.finish(&mut v, &c);
-                    s.out.push_back(v);
-                    s.done = true;
-                }
-                Some((_, Event::Embedding(_))) => {}
-                Some((_, Event::Failed(e))) => {
-                    s.out.push_back(json!({"error": e.to_string()}));
-                    s.done = true;
-                }
-                None => {
-                    s.out
-                        .push_back(json!({"error": "the request ended without an answer"}));
-                    s.done = true;
-                }
+            Some((_, Event::Embedding(_))) => false,
+            Some((_, Event::Failed(e))) => {
+                out.push_back(line(&json!({"error": e.to_string()})));
+                true
+            }
+            None => {
+                out.push_back(line(
+                    &json!({"error": "the request ended without an answer"}),
+                ));
+                true
             }
         }
-    });
-    ndjson(lines)
+    }
+}
+
+/// One NDJSON line.
+fn line(v: &Value) -> Bytes {
+    Bytes::from(format!("{v}\n"))
 }
 
 /// The reply to a request that names no work (`messages` or `prompt` empty): Ollama loads
@@ -803,6 +809,9 @@ pub(crate) async fn generate(
         let raw = api::opt_bool(&obj, "raw")?.unwrap_or(false);
         let suffix = api::opt_str(&obj, "suffix")?.filter(|s| !s.is_empty());
         let mut p = if raw || suffix.is_some() {
+            if !matches!(obj.get("think"), None | Some(Value::Null) | Some(Value::Bool(false))) {
+                return Err(bad("'think' needs the chat template, which 'raw' and 'suffix' bypass"));
+            }
             // With a suffix: fill-in-the-middle, the prompt the text before the gap.
             oa.insert("prompt".into(), json!(prompt));
             if let Some(suffix) = suffix {

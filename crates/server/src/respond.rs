@@ -286,12 +286,9 @@ pub(crate) async fn stream_response(
     fmt: Formatter,
     mut rx: mpsc::UnboundedReceiver<(usize, Event)>,
 ) -> Response {
-    // The first event decides the status: a request that fails before its first token (a
-    // grammar the answer cannot follow, a failed evaluation, shutdown) gets its error
-    // status and body, not a 200 stream that carries the error.
-    let first = match rx.recv().await {
-        Some(e @ (_, Event::Delta { .. } | Event::Done(_) | Event::Embedding(_))) => e,
-        other => return fmt.failed(other.map(|(_, e)| e)).into_response(),
+    let first = match first_event(&mut rx).await {
+        Ok(e) => e,
+        Err(e) => return fmt.failed(e).into_response(),
     };
     let mut out = VecDeque::new();
     if fmt.kind == Kind::Chat {
@@ -417,10 +414,22 @@ pub(crate) trait OnEvent: Send + 'static {
 }
 
 /// A server-sent event stream: `out` first, then each event of `rx` (`first` already
-/// received: it decided the status) through `state`, until it says the stream is over.
-/// The stream owns the receiver: when the client disconnects, the body is dropped, the
-/// channel closes and the scheduler frees the slot at its next step.
+/// received: it decided the status, [`first_event`]) through `state`, until it says the
+/// stream is over. The stream owns the receiver: when the client disconnects, the body is
+/// dropped, the channel closes and the scheduler frees the slot at its next step.
 pub(crate) fn event_stream(
+    state: impl OnEvent,
+    out: VecDeque<Bytes>,
+    first: (usize, Event),
+    rx: mpsc::UnboundedReceiver<(usize, Event)>,
+) -> Response {
+    answer_stream("text/event-stream", state, out, first, rx)
+}
+
+/// [`event_stream`] as `content_type` (Ollama's answers are `application/x-ndjson`): the
+/// one consumer of a request's events that every streamed answer is written by.
+pub(crate) fn answer_stream(
+    content_type: &'static str,
     state: impl OnEvent,
     out: VecDeque<Bytes>,
     first: (usize, Event),
@@ -444,10 +453,75 @@ pub(crate) fn event_stream(
     });
     Response::builder()
         .status(StatusCode::OK)
-        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CONTENT_TYPE, content_type)
         .header(header::CACHE_CONTROL, "no-cache")
         .body(Body::from_stream(stream))
         .unwrap_or_default()
+}
+
+/// The first event of a streamed answer, which decides its status: a request that fails
+/// before its first token (a grammar the answer cannot follow, a failed evaluation,
+/// shutdown) gets its error status and body (`Err`: the failure, `None` for a channel that
+/// closed without one), not a 200 stream that carries the error.
+pub(crate) async fn first_event(
+    rx: &mut mpsc::UnboundedReceiver<(usize, Event)>,
+) -> Result<(usize, Event), Option<Event>> {
+    match rx.recv().await {
+        Some(e @ (_, Event::Delta { .. } | Event::Done(_) | Event::Embedding(_))) => Ok(e),
+        other => Err(other.map(|(_, e)| e)),
+    }
+}
+
+/// Every choice of a whole answer gathered ([`gather`]).
+pub(crate) struct Gathered {
+    /// Each choice's text.
+    pub(crate) text: Vec<String>,
+    /// Each choice's tokens with their log-probabilities (where asked for).
+    pub(crate) tokens: Vec<Vec<TokenLogprob>>,
+    /// How each choice ended.
+    pub(crate) done: Vec<Completion>,
+}
+
+/// Gathers the events of `n` choices until each has finished, calling `on_done` as each
+/// does (in the order they finish): the one consumer of a request's events that every
+/// whole answer is written from.
+///
+/// Errors: the failure event (`None`: the channel closed first), which the caller
+/// answers in its API's error shape.
+pub(crate) async fn gather(
+    n: usize,
+    mut rx: mpsc::UnboundedReceiver<(usize, Event)>,
+    mut on_done: impl FnMut(usize, &Completion),
+) -> Result<Gathered, Option<Event>> {
+    let mut text = vec![String::new(); n];
+    let mut tokens: Vec<Vec<TokenLogprob>> = vec![Vec::new(); n];
+    let mut done: Vec<Option<Completion>> = (0..n).map(|_| None).collect();
+    while done.iter().any(Option::is_none) {
+        match rx.recv().await {
+            Some((
+                i,
+                Event::Delta {
+                    text: t,
+                    tokens: lp,
+                },
+            )) if i < n => {
+                text[i].push_str(&t);
+                tokens[i].extend(lp);
+            }
+            Some((i, Event::Done(c))) if i < n => {
+                on_done(i, &c);
+                done[i] = Some(c);
+            }
+            // (Only embedding requests get one.)
+            Some((_, Event::Embedding(_))) => {}
+            other => return Err(other.map(|(_, e)| e)),
+        }
+    }
+    Ok(Gathered {
+        text,
+        tokens,
+        done: done.into_iter().flatten().collect(),
+    })
 }
 
 /// Which endpoint a completion answers (their shapes differ).
@@ -519,34 +593,18 @@ pub(crate) fn shutting_down(msg: String) -> ApiError {
 /// Collects the events of every choice and answers one JSON object.
 pub(crate) async fn whole_response(
     fmt: Formatter,
-    mut rx: mpsc::UnboundedReceiver<(usize, Event)>,
+    rx: mpsc::UnboundedReceiver<(usize, Event)>,
 ) -> Response {
-    let mut text = vec![String::new(); fmt.n];
-    let mut tokens: Vec<Vec<TokenLogprob>> = vec![Vec::new(); fmt.n];
-    let mut finish: Vec<Option<frink_engine::FinishReason>> = vec![None; fmt.n];
     let mut totals = Totals::default();
-    while finish.iter().any(Option::is_none) {
-        match rx.recv().await {
-            Some((
-                i,
-                Event::Delta {
-                    text: t,
-                    tokens: lp,
-                },
-            )) => {
-                text[i].push_str(&t);
-                tokens[i].extend(lp);
-            }
-            Some((i, Event::Done(c))) => {
-                finish[i] = Some(c.finish_reason);
-                totals.add(i, &c, &fmt);
-                totals.log(&fmt);
-            }
-            // (Only embedding requests get one.)
-            Some((_, Event::Embedding(_))) => {}
-            other => return fmt.failed(other.map(|(_, e)| e)).into_response(),
-        }
-    }
+    let gathered = gather(fmt.n, rx, |i, c| {
+        totals.add(i, c, &fmt);
+        totals.log(&fmt);
+    })
+    .await;
+    let Gathered { text, tokens, done } = match gathered {
+        Ok(g) => g,
+        Err(e) => return fmt.failed(e).into_response(),
+    };
     let object = match fmt.kind {
         Kind::Chat => "chat.completion",
         Kind::Text => "text_completion",
@@ -564,7 +622,7 @@ pub(crate) async fn whole_response(
                     let (r, content, calls) = fmt.answer.parse(&text[i]);
                     thinking = r;
                     let mut message = json!({"role": "assistant", "content": content});
-                    let reason = finish[i].map(|f| chat_finish(f, !calls.is_empty()));
+                    let reason = chat_finish(done[i].finish_reason, !calls.is_empty());
                     if !calls.is_empty() {
                         let calls: Vec<Value> = calls
                             .iter()
@@ -582,7 +640,7 @@ pub(crate) async fn whole_response(
                     "index": i,
                     "text": text[i],
                     "logprobs": logprobs,
-                    "finish_reason": finish[i].map(frink_engine::FinishReason::as_str),
+                    "finish_reason": done[i].finish_reason.as_str(),
                 }),
             };
             if !thinking.is_empty() {

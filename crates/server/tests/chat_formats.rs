@@ -288,6 +288,12 @@ fn ollama_endpoints_refuse_what_they_cannot_honour() {
             json!({"model": "m", "messages": "hi"}),
             "messages",
         ),
+        // `raw` and `suffix` bypass the template, and so the thinking `think` asks for.
+        (
+            "/api/generate",
+            json!({"model": "m", "prompt": "hi", "raw": true, "think": true}),
+            "think",
+        ),
         (
             "/api/embed",
             json!({"model": "m", "input": "hi", "dimensions": 3}),

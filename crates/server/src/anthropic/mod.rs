@@ -27,7 +27,7 @@ use tokio::sync::mpsc;
 use crate::api::{self, json_response, ApiError};
 use crate::reasoning::Part;
 use crate::requests::{prepare_chat_with, queue, Prepared};
-use crate::respond::{event_stream, failed, OnEvent};
+use crate::respond::{event_stream, failed, first_event, gather, OnEvent};
 use crate::tools::ToolCall;
 use crate::{AppState, St};
 
@@ -199,32 +199,27 @@ fn tool_use(msg_id: &str, k: usize, c: &ToolCall, input: bool) -> Value {
 async fn whole(
     reply: Reply,
     format: &crate::answer::AnswerFormat,
-    mut rx: mpsc::UnboundedReceiver<(usize, Event)>,
+    rx: mpsc::UnboundedReceiver<(usize, Event)>,
 ) -> Response {
-    let mut text = String::new();
-    loop {
-        match rx.recv().await {
-            Some((_, Event::Delta { text: t, .. })) => text.push_str(&t),
-            Some((_, Event::Done(c))) => {
-                let (thinking, content, calls) = format.parse(&text);
-                let mut blocks = Vec::new();
-                if !thinking.is_empty() {
-                    blocks.push(json!({"type": "thinking", "thinking": thinking, "signature": ""}));
-                }
-                if !content.is_empty() {
-                    blocks.push(json!({"type": "text", "text": content}));
-                }
-                for (k, call) in calls.iter().enumerate() {
-                    blocks.push(tool_use(&reply.id, k, call, true));
-                }
-                reply.log.finished(&reply.model, &c, &reply.tok);
-                let v = reply.message(blocks, Some((&c, !calls.is_empty())));
-                return json_response(StatusCode::OK, &v);
-            }
-            Some((_, Event::Embedding(_))) => {}
-            other => return error(failed(other.map(|(_, e)| e), "an answer")),
-        }
+    let mut g = match gather(1, rx, |_, _| {}).await {
+        Ok(g) => g,
+        Err(e) => return error(failed(e, "an answer")),
+    };
+    let c = g.done.remove(0);
+    let (thinking, content, calls) = format.parse(&g.text[0]);
+    let mut blocks = Vec::new();
+    if !thinking.is_empty() {
+        blocks.push(json!({"type": "thinking", "thinking": thinking, "signature": ""}));
     }
+    if !content.is_empty() {
+        blocks.push(json!({"type": "text", "text": content}));
+    }
+    for (k, call) in calls.iter().enumerate() {
+        blocks.push(tool_use(&reply.id, k, call, true));
+    }
+    reply.log.finished(&reply.model, &c, &reply.tok);
+    let v = reply.message(blocks, Some((&c, !calls.is_empty())));
+    json_response(StatusCode::OK, &v)
 }
 
 /// One named server-sent event.
@@ -354,9 +349,9 @@ async fn streamed(
     reader: crate::answer::AnswerStream,
     mut rx: mpsc::UnboundedReceiver<(usize, Event)>,
 ) -> Response {
-    let first = match rx.recv().await {
-        Some(e @ (_, Event::Delta { .. } | Event::Done(_))) => e,
-        other => return error(failed(other.map(|(_, e)| e), "an answer")),
+    let first = match first_event(&mut rx).await {
+        Ok(e) => e,
+        Err(e) => return error(failed(e, "an answer")),
     };
     let mut out = VecDeque::new();
     out.push_back(event(

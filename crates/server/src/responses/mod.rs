@@ -28,7 +28,7 @@ use tokio::sync::mpsc;
 
 use crate::api::{self, json_response, ApiError};
 use crate::requests::{prepare_chat, queue};
-use crate::respond::{event_stream, failed, OnEvent};
+use crate::respond::{event_stream, failed, first_event, gather, OnEvent};
 use crate::{unix_now, AppState, St};
 
 /// The most responses kept.
@@ -278,20 +278,19 @@ async fn whole(
     reply: Reply,
     mut items: output::Items,
     mut reader: crate::answer::AnswerStream,
-    mut rx: mpsc::UnboundedReceiver<(usize, Event)>,
+    rx: mpsc::UnboundedReceiver<(usize, Event)>,
 ) -> Response {
-    loop {
-        match rx.recv().await {
-            Some((_, Event::Delta { text, .. })) => items.parts(reader.push(&text)),
-            Some((_, Event::Done(c))) => {
-                items.parts(reader.finish());
-                items.close();
-                return json_response(StatusCode::OK, &reply.finish(&items.done, &c));
-            }
-            Some((_, Event::Embedding(_))) => {}
-            other => return failed(other.map(|(_, e)| e), "an answer").into_response(),
-        }
-    }
+    let mut g = match gather(1, rx, |_, _| {}).await {
+        Ok(g) => g,
+        Err(e) => return failed(e, "an answer").into_response(),
+    };
+    items.parts(reader.push(&g.text[0]));
+    items.parts(reader.finish());
+    items.close();
+    json_response(
+        StatusCode::OK,
+        &reply.finish(&items.done, &g.done.remove(0)),
+    )
 }
 
 /// One `event:`/`data:` pair with the stream's sequence number.
@@ -312,9 +311,9 @@ async fn streamed(
     reader: crate::answer::AnswerStream,
     mut rx: mpsc::UnboundedReceiver<(usize, Event)>,
 ) -> Response {
-    let first = match rx.recv().await {
-        Some(e @ (_, Event::Delta { .. } | Event::Done(_))) => e,
-        other => return failed(other.map(|(_, e)| e), "an answer").into_response(),
+    let first = match first_event(&mut rx).await {
+        Ok(e) => e,
+        Err(e) => return failed(e, "an answer").into_response(),
     };
     let mut seq = 0;
     let mut out = VecDeque::new();
