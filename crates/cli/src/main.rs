@@ -182,6 +182,16 @@ fn main() -> ExitCode {
             },
         );
     let matches = with_env(Cli::command())
+        .mut_subcommand("serve", |c| {
+            // Its default is not what `frink serve` without -m does: it serves the model
+            // each request names (`model_given` below).
+            c.mut_arg("model", |a| {
+                a.hide_default_value(true).help(
+                    "Catalog name (fetched on first use) or path to a .gguf file, served at \
+                     start; without it, each request's `model` names the model to load",
+                )
+            })
+        })
         .try_get_matches_from(args)
         .unwrap_or_else(|e| e.exit());
     let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());

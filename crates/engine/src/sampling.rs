@@ -774,10 +774,28 @@ impl Sampler {
         }
     }
 
-    /// `llama_sampler_temp_impl` for a positive temperature.
+    /// `llama_sampler_temp_impl` for a positive temperature. A temperature so small that
+    /// the best logit divided by it leaves f32's range (1e-38 on a logit of 20) keeps
+    /// only the best candidates, the limit as the temperature goes to 0: divided, every
+    /// logit above about 3.4 would be +inf and share the mass ([`Self::softmax`]), drawing
+    /// at random among them.
     fn temperature(&mut self) {
         let t = self.params.temperature;
         if t == 1.0 {
+            return;
+        }
+        let max = self
+            .cands
+            .iter()
+            .fold(f32::NEG_INFINITY, |m, c| m.max(c.logit));
+        if max.is_finite() && !(max / t).is_finite() {
+            for c in &mut self.cands {
+                c.logit = if c.logit == max {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                };
+            }
             return;
         }
         for c in &mut self.cands {

@@ -96,6 +96,39 @@ fn argmax_ties_to_lowest_and_nan_never_wins() {
     assert_eq!(argmax(&[1.0, f32::INFINITY, f32::INFINITY]), 1);
 }
 
+/// A positive temperature so small that the best logit divided by it leaves f32's range
+/// samples the best token every time (the limit as the temperature goes to 0). Measured
+/// before the fix: the logits that left the range became +inf and shared the mass, so
+/// seeds 1..19 drew 17 different tokens at 1e-38, 19 at 1e-45 and 3 (7, 8, 9) at
+/// f32::MIN_POSITIVE; after it, token 7 every time.
+#[test]
+fn a_vanishing_temperature_is_the_greedy_limit() {
+    let mut logits = pseudo_logits(1000, 3, 4.0);
+    logits[7] = 20.0;
+    logits[8] = 19.9;
+    logits[9] = 10.0;
+    for t in [1e-38f32, 1e-45, f32::MIN_POSITIVE] {
+        for seed in 1..20 {
+            let mut s = Sampler::new(SamplingParams {
+                temperature: t,
+                top_k: 0,
+                top_p: 1.0,
+                min_p: 0.0,
+                seed,
+                ..SamplingParams::default()
+            });
+            assert_eq!(s.sample(&logits), 7, "temperature {t}, seed {seed}");
+        }
+    }
+    // A small temperature that stays in range is plain sampling, still near greedy.
+    let mut s = Sampler::new(SamplingParams {
+        temperature: 0.01,
+        seed: 1,
+        ..SamplingParams::default()
+    });
+    assert_eq!(s.sample(&logits), 7);
+}
+
 #[test]
 fn greedy_is_argmax_with_ties_to_lowest() {
     let mut logits = pseudo_logits(1000, 7, 4.0);

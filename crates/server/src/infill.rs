@@ -35,7 +35,7 @@ fn prepare(st: &AppState, obj: &Map<String, Value>) -> Result<Prepared, ApiError
     let text = TextRequest {
         model: req.model,
         opts: req.opts,
-        logprobs: None,
+        logprobs: req.logprobs,
         grammar: req.grammar,
     };
     text_prepared(st, eng, prompt, text)

@@ -321,7 +321,25 @@ fn template_kwargs(
     template: Option<&str>,
 ) -> Result<Map<String, Value>, ApiError> {
     let mut kwargs = st.chat_template_kwargs.clone();
-    kwargs.extend(asked.unwrap_or_default());
+    let asked = asked.unwrap_or_default();
+    // The two switches of thinking are refused where the template has none, as the
+    // other APIs' switches are (Ollama's `think`, Anthropic's `thinking`).
+    let source = template.unwrap_or("");
+    let unread =
+        if asked.get("enable_thinking") == Some(&Value::Bool(true)) && !reasoning::thinks(source) {
+            Some("enable_thinking")
+        } else {
+            Some("reasoning_effort")
+                .filter(|k| asked.get(*k).is_some_and(|v| !v.is_null()) && !source.contains(k))
+        };
+    if let Some(k) = unread {
+        return Err(ApiError::invalid(
+            Some("chat_template_kwargs"),
+            format!("'chat_template_kwargs': {k:?}: this model's chat template has no such switch"),
+        )
+        .with_code("unsupported_field"));
+    }
+    kwargs.extend(asked);
     if let Some(e) = reasoning_effort {
         if !template.is_some_and(|t| t.contains("reasoning_effort")) {
             return Err(ApiError::invalid(
@@ -435,11 +453,7 @@ pub(crate) fn text_prepared(
 
 /// The `model` of a request (informational) or the loaded model's name.
 pub(crate) fn model_field(st: &AppState, obj: &Map<String, Value>) -> String {
-    obj.get("model")
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty())
-        .unwrap_or(&st.model_name)
-        .to_string()
+    crate::api::request::model(obj).unwrap_or_else(|| st.model_name.clone())
 }
 
 /// Forwards one choice's scheduler events, tagged with the choice's index.

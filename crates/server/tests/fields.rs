@@ -340,11 +340,34 @@ fn reasoning_effort_is_the_templates_variable() {
             json!({"input": "hi", "reasoning": {"effort": "high"}}),
             "reasoning_effort",
         ),
+        // The same switches as template variables, refused alike (they were ignored).
+        (
+            "/v1/chat/completions",
+            chat(
+                "hi",
+                json!({"chat_template_kwargs": {"enable_thinking": true}}),
+            ),
+            "chat_template_kwargs",
+        ),
+        (
+            "/v1/chat/completions",
+            chat(
+                "hi",
+                json!({"chat_template_kwargs": {"reasoning_effort": "high"}}),
+            ),
+            "chat_template_kwargs",
+        ),
     ] {
         let r = plain.post_raw(path, body.to_string().as_bytes());
         assert_eq!(r.status, 400, "{path}: {}", r.text());
         assert_eq!(r.json()["error"]["param"], param, "{path}");
     }
+    // Turning thinking off where there is none asks nothing.
+    let off = chat(
+        "hi",
+        json!({"max_tokens": 1, "chat_template_kwargs": {"enable_thinking": false}}),
+    );
+    plain.post_ok("/v1/chat/completions", &off);
     let r = plain.post_raw(
         "/v1/messages",
         json!({"max_tokens": 1, "messages": [{"role": "user", "content": "hi"}],

@@ -105,3 +105,33 @@ fn a_model_without_fim_tokens_is_refused_by_name() {
         );
     }
 }
+
+/// `n_probs` on `/infill` gives each token's alternatives, as on `/completion` (it was
+/// ignored: no `completion_probabilities`).
+#[test]
+fn infill_reports_token_probabilities() {
+    let _l = lock();
+    let srv = TestServer::start("qwen2.5-coder-0.5b", |c| {
+        c.ctx = 4096;
+        c.parallel = 1;
+    });
+    let body = json!({"input_prefix": "def add(a, b):\n    return ", "input_suffix": "\n",
+                      "n_predict": 3, "n_probs": 2, "temperature": 0});
+    let v = srv.post_ok("/infill", &body);
+    let probs = v["completion_probabilities"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no completion_probabilities: {v}"));
+    assert_eq!(
+        probs.len() as u64,
+        v["tokens_predicted"].as_u64().unwrap(),
+        "{v}"
+    );
+    assert!(
+        probs
+            .iter()
+            .all(|p| p["top_logprobs"].as_array().is_some_and(|a| a.len() == 2)),
+        "{v}"
+    );
+    let plain = srv.post_ok("/infill", &json!({"input_prefix": "x", "n_predict": 1}));
+    assert!(plain.get("completion_probabilities").is_none(), "{plain}");
+}

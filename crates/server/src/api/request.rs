@@ -128,22 +128,7 @@ impl CompletionRequest {
             limits.n_vocab,
             limits.max_choices,
         )?;
-        let logprobs = match opt_i64(obj, "logprobs")? {
-            Some(n) => Some(("logprobs", n)),
-            None => opt_i64(obj, "n_probs")?
-                .filter(|&n| n != 0)
-                .map(|n| ("n_probs", n)),
-        };
-        let logprobs = match logprobs {
-            Some((name, n)) if !(0..=20).contains(&n) => {
-                return Err(ApiError::invalid(
-                    Some(name),
-                    format!("'{name}' must be between 0 and 20, got {n}"),
-                ))
-            }
-            Some((_, n)) => Some(n as usize),
-            None => None,
-        };
+        let logprobs = completion_logprobs(obj)?;
         let suffix = opt_str(obj, "suffix")?
             .filter(|s| !s.is_empty())
             .map(str::to_string);
@@ -192,6 +177,8 @@ pub struct InfillRequest {
     /// `input_extra`: (file name, text) of other files (a name defaults to `tmp`, as
     /// llama.cpp's).
     pub extra: Vec<(String, String)>,
+    /// llama.cpp's `n_probs` (or an integer `logprobs`): alternatives per token.
+    pub logprobs: Option<usize>,
     /// The grammar the answer must match and the field it came from.
     pub grammar: Option<(&'static str, Grammar)>,
 }
@@ -217,13 +204,14 @@ impl InfillRequest {
             suffix: text("input_suffix")?,
             middle: text("prompt")?,
             extra: input_extra(obj)?,
+            logprobs: completion_logprobs(obj)?,
             grammar: grammar(obj)?,
         })
     }
 }
 
 /// A request's `model`, when it is a string that is not empty.
-fn model(obj: &Map<String, Value>) -> Option<String> {
+pub fn model(obj: &Map<String, Value>) -> Option<String> {
     obj.get("model")
         .and_then(Value::as_str)
         .filter(|s| !s.is_empty())
@@ -295,36 +283,71 @@ fn tools(obj: &Map<String, Value>) -> Result<Option<ToolsAsked>, ApiError> {
     }))
 }
 
+/// An integer field of at most 20 alternatives per token (`top_logprobs`, `n_probs`,
+/// a completion's `logprobs`), checked whenever it is given.
+fn alternatives(obj: &Map<String, Value>, name: &str) -> Result<Option<i64>, ApiError> {
+    let v = opt_i64(obj, name)?;
+    match v {
+        Some(n) if !(0..=20).contains(&n) => Err(ApiError::invalid(
+            Some(name),
+            format!("'{name}' must be between 0 and 20, got {n}"),
+        )),
+        _ => Ok(v),
+    }
+}
+
 /// `logprobs` with `top_logprobs` (OpenAI's) or `n_probs` (llama.cpp's; > 0 asks by
-/// itself): how many alternatives per token, at most 20, or `None`.
+/// itself): how many alternatives per token, at most 20, or `None`. A `top_logprobs`
+/// above 0 without `logprobs: true` is a 400, as OpenAI answers it (it would be ignored).
 fn chat_logprobs(obj: &Map<String, Value>) -> Result<Option<usize>, ApiError> {
-    let top = opt_i64(obj, "top_logprobs")?;
-    let n_probs = opt_i64(obj, "n_probs")?;
+    let top = alternatives(obj, "top_logprobs")?;
+    let n_probs = alternatives(obj, "n_probs")?;
     let logprobs = match opt_bool(obj, "logprobs")? {
         Some(true) => Some(top.or(n_probs).unwrap_or(0)),
+        _ if top.is_some_and(|n| n > 0) => {
+            return Err(ApiError::invalid(
+                Some("top_logprobs"),
+                "'top_logprobs' needs 'logprobs': true",
+            ))
+        }
         // llama.cpp's n_probs > 0 asks for the probabilities by itself.
         None => n_probs.filter(|&n| n > 0),
         Some(false) => None,
     };
-    if let Some(n) = logprobs.filter(|n| !(0..=20).contains(n)) {
-        let name = if top.is_some() {
-            "top_logprobs"
-        } else {
-            "n_probs"
-        };
-        return Err(ApiError::invalid(
-            Some(name),
-            format!("'{name}' must be between 0 and 20, got {n}"),
-        ));
-    }
     Ok(logprobs.map(|n| n as usize))
 }
 
-/// `chat_template_kwargs`: an object.
+/// A text completion's alternatives per token: OpenAI's integer `logprobs`, else
+/// llama.cpp's `n_probs` (0: none); each checked when given.
+fn completion_logprobs(obj: &Map<String, Value>) -> Result<Option<usize>, ApiError> {
+    let logprobs = alternatives(obj, "logprobs")?;
+    let n_probs = alternatives(obj, "n_probs")?;
+    Ok(logprobs.or(n_probs.filter(|&n| n != 0)).map(|n| n as usize))
+}
+
+/// Variables the server sets in the template's context itself (the request has fields
+/// for them); `chat_template_kwargs` may not replace them.
+const RESERVED_KWARGS: [&str; 6] = [
+    "messages",
+    "tools",
+    "documents",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+];
+
+/// `chat_template_kwargs`: an object, none of whose names is one the server sets
+/// ([`RESERVED_KWARGS`]).
 fn template_kwargs(obj: &Map<String, Value>) -> Result<Option<Map<String, Value>>, ApiError> {
     match obj.get("chat_template_kwargs") {
         None | Some(Value::Null) => Ok(None),
-        Some(Value::Object(m)) => Ok(Some(m.clone())),
+        Some(Value::Object(m)) => match m.keys().find(|k| RESERVED_KWARGS.contains(&k.as_str())) {
+            Some(k) => Err(ApiError::invalid(
+                Some("chat_template_kwargs"),
+                format!("'chat_template_kwargs': {k:?} is set by the server from the request"),
+            )),
+            None => Ok(Some(m.clone())),
+        },
         Some(_) => Err(ApiError::invalid(
             Some("chat_template_kwargs"),
             "'chat_template_kwargs' must be an object",
@@ -554,6 +577,38 @@ mod tests {
                 json!({"messages": m, "reasoning_format": "x"}),
                 "reasoning_format",
             ),
+            // The field whose value is out of range is named, whichever asked.
+            (
+                json!({"messages": m, "top_logprobs": 3, "n_probs": 25}),
+                "n_probs",
+            ),
+            (
+                json!({"messages": m, "logprobs": true, "n_probs": 21}),
+                "n_probs",
+            ),
+            // Without `logprobs: true` a `top_logprobs` would be ignored.
+            (json!({"messages": m, "top_logprobs": 5}), "top_logprobs"),
+            (
+                json!({"messages": m, "logprobs": false, "top_logprobs": 5}),
+                "top_logprobs",
+            ),
+            // The server's own template variables are not the request's to replace.
+            (
+                json!({"messages": m, "chat_template_kwargs": {"messages": 1}}),
+                "chat_template_kwargs",
+            ),
+            (
+                json!({"messages": m, "chat_template_kwargs": {"add_generation_prompt": false}}),
+                "chat_template_kwargs",
+            ),
+            (
+                json!({"messages": m, "tools": [{"type": "function", "function": {"name": ""}}]}),
+                "tools",
+            ),
+            (
+                json!({"messages": m, "tools": [{"type": "function", "function": {"name": "f", "parameters": 5}}]}),
+                "tools",
+            ),
         ] {
             assert_eq!(param(chat(body.clone())).as_deref(), Some(field), "{body}");
         }
@@ -582,6 +637,13 @@ mod tests {
             Some("logprobs")
         );
         assert!(read(json!({"prompt": [1, 99]})).is_ok());
+        // Each of the two is checked when given, the one not used too.
+        assert_eq!(
+            param(read(json!({"prompt": "a", "logprobs": 0, "n_probs": 25}))).as_deref(),
+            Some("n_probs")
+        );
+        let r = read(json!({"prompt": "a", "logprobs": 0, "n_probs": 5}));
+        assert_eq!(r.map(|r| r.logprobs).ok(), Some(Some(0)));
     }
 
     #[test]
@@ -591,6 +653,13 @@ mod tests {
         let r = r.unwrap_or_else(|e| panic!("{}", e.message));
         assert_eq!((r.prefix.as_str(), r.suffix.as_str()), ("a", ""));
         assert_eq!(r.extra, vec![("tmp".to_string(), "t".to_string())]);
+        assert_eq!(r.logprobs, None);
+        let r = read(json!({"input_prefix": "a", "n_probs": 2}));
+        assert_eq!(r.map(|r| r.logprobs).ok(), Some(Some(2)));
+        assert_eq!(
+            param(read(json!({"n_probs": 99}))).as_deref(),
+            Some("n_probs")
+        );
         assert_eq!(
             param(read(json!({"input_extra": [1]}))).as_deref(),
             Some("input_extra")

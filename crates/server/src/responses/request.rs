@@ -405,6 +405,9 @@ pub(crate) fn translate(
         chat.insert("response_format".into(), f);
     }
     if let Some(r) = obj.get("reasoning").filter(|r| !r.is_null()) {
+        if !r.is_object() {
+            return Err(bad("reasoning", "'reasoning' must be an object"));
+        }
         if let Some(e) = r.get("effort").filter(|e| !e.is_null()) {
             chat.insert("reasoning_effort".into(), e.clone());
         }

@@ -68,14 +68,17 @@ pub fn choice<'a>(
     }
 }
 
-/// Checks `tools`: an array of `{"type": "function", "function": {"name", …}}`.
+/// Checks `tools`: an array of `{"type": "function", "function": {"name", …}}`, each
+/// name not empty, `parameters` (where given) a schema object.
 pub fn check_tools(v: &Value) -> Result<Vec<Value>, String> {
     let a = v.as_array().ok_or("'tools' must be an array")?;
     for (i, t) in a.iter().enumerate() {
         let ok = t.get("type").and_then(Value::as_str) == Some("function")
             && t.pointer("/function/name")
                 .and_then(Value::as_str)
-                .is_some();
+                .is_some_and(|n| !n.is_empty())
+            && t.pointer("/function/parameters")
+                .is_none_or(|p| p.is_null() || p.is_object());
         if !ok {
             return Err(format!(
                 "tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": …, \"parameters\": …}}}}"
