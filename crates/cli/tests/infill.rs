@@ -10,12 +10,9 @@ mod common;
 use serde_json::Value;
 
 fn cases() -> Vec<Value> {
-    let text = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../server/tests/data/infill.json"),
+    frink_testdata::read_cases(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../server/tests/data/infill.json"),
     )
-    .unwrap();
-    let v: Value = serde_json::from_str(&text).unwrap();
-    v["cases"].as_array().unwrap().clone()
 }
 
 /// `frink run --fim-prefix … --fim-suffix … [MIDDLE]` builds the same prompt and gives the

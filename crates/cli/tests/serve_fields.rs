@@ -121,15 +121,7 @@ fn chat_template_and_its_kwargs_shape_the_prompt() {
         "--chat-template-kwargs",
         r#"{"flag": false}"#,
     ]);
-    let prompt_tokens = |extra: Value| {
-        let mut e = json!({"temperature": 0, "max_tokens": 1});
-        for (k, v) in extra.as_object().unwrap() {
-            e[k] = v.clone();
-        }
-        srv.post_ok("/v1/chat/completions", &chat("hi", e))["usage"]["prompt_tokens"]
-            .as_u64()
-            .unwrap()
-    };
+    let prompt_tokens = |extra: Value| srv.chat_prompt_tokens(&extra);
     let plain = prompt_tokens(json!({}));
     let flag = prompt_tokens(json!({"chat_template_kwargs": {"flag": true}}));
     let both = prompt_tokens(json!({"chat_template_kwargs": {"flag": true, "more": true}}));

@@ -687,17 +687,17 @@ pub fn logit_bias(obj: &Map<String, Value>, n_vocab: usize) -> Result<Vec<(u32, 
     }
 }
 
-/// Reads the options shared by `/v1/chat/completions` and `/v1/completions` of a model with
-/// `n_vocab` tokens on a server that runs at most `max_choices` choices of one request
-/// (`--parallel`), after refusing the fields frink cannot honour there
+/// Reads the options shared by `/v1/chat/completions` and `/v1/completions` within `limits`
+/// (the model's vocabulary, the choices one request may ask for: `--parallel`), after
+/// refusing the fields frink cannot honour there
 /// ([`refuse_unsupported`]). `n` is checked first of all, before anything is built per
 /// choice (a huge `n` once allocated before it was refused).
 pub fn gen_options(
     obj: &Map<String, Value>,
     ep: Endpoint,
-    n_vocab: usize,
-    max_choices: usize,
+    limits: request::Limits,
 ) -> Result<GenOptions, ApiError> {
+    let max_choices = limits.max_choices;
     let n = match opt_i64(obj, "n")? {
         None => 1,
         Some(n) if n >= 1 && n as u64 <= max_choices as u64 => n as usize,
@@ -780,7 +780,7 @@ pub fn gen_options(
             }
         };
     }
-    p.logit_bias = logit_bias(obj, n_vocab)?;
+    p.logit_bias = logit_bias(obj, limits.n_vocab)?;
     p.chain = crate::api::llamacpp::samplers(obj, p.top_k)?;
     p.seed = match opt_i64(obj, "seed")? {
         Some(s) => s as u64,

@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 
 use crate::api::request::InfillRequest;
 use crate::api::{self, ApiError};
-use crate::requests::{infill_ids, limits, text_prepared, Prepared, TextRequest};
+use crate::requests::{infill_ids, limits, text_prepared, Prepared};
 use crate::AppState;
 
 /// An `/infill` request read ([`InfillRequest::read`]) and tokenized.
@@ -31,14 +31,8 @@ fn prepare(st: &AppState, obj: &Map<String, Value>) -> Result<Prepared, ApiError
             .map(|(n, t)| (n.as_str(), t.as_str()))
             .collect(),
     };
-    let prompt = infill_ids(st, eng, &infill, req.opts.max_tokens, "input_prefix")?;
-    let text = TextRequest {
-        model: req.model,
-        opts: req.opts,
-        logprobs: req.logprobs,
-        grammar: req.grammar,
-    };
-    text_prepared(st, eng, prompt, text)
+    let prompt = infill_ids(st, eng, &infill, req.text.opts.max_tokens, "input_prefix")?;
+    text_prepared(st, eng, prompt, req.text)
 }
 
 /// `POST /infill` (module docs).

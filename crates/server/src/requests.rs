@@ -18,7 +18,9 @@ use frink_engine::constraint::Constraint;
 use frink_engine::scheduler::{Event, EventSink, Request, SubmitError};
 use frink_tokenizer::{Infill, InfillLimits, TemplateInputs};
 
-use crate::api::request::{ChatRequest, CompletionRequest, Limits, Prompt, ToolsAsked};
+use crate::api::request::{
+    ChatRequest, CompletionRequest, Limits, Prompt, TextOptions, ToolsAsked,
+};
 use crate::api::GenOptions;
 use crate::respond::{shutting_down, stream_response, whole_response, Formatter, Kind};
 use crate::{answer, reasoning, tools, unix_now, AppState, Engine, St};
@@ -380,7 +382,7 @@ pub(crate) fn prepare_completion(
                 suffix,
                 ..Default::default()
             };
-            infill_ids(st, eng, &infill, req.opts.max_tokens, "suffix")?
+            infill_ids(st, eng, &infill, req.text.opts.max_tokens, "suffix")?
         }
         (Prompt::Text(t), None) => eng
             .tok
@@ -389,13 +391,7 @@ pub(crate) fn prepare_completion(
         // (`read` refused ids outside the vocabulary and ids beside a suffix.)
         (Prompt::Ids(ids), _) => ids,
     };
-    let text = TextRequest {
-        model: req.model,
-        opts: req.opts,
-        logprobs: req.logprobs,
-        grammar: req.grammar,
-    };
-    text_prepared(st, eng, prompt, text)
+    text_prepared(st, eng, prompt, req.text)
 }
 
 /// llama-server's default batch, which its infill rule sizes the prefix and suffix by.
@@ -420,21 +416,13 @@ pub(crate) fn infill_ids(
         .map_err(|e| ApiError::invalid(Some(field), e.to_string()))
 }
 
-/// What a plain-text request (`/v1/completions`, `/infill`) keeps beside its prompt.
-pub(crate) struct TextRequest {
-    pub(crate) model: Option<String>,
-    pub(crate) opts: GenOptions,
-    pub(crate) logprobs: Option<usize>,
-    pub(crate) grammar: Option<(&'static str, frink_engine::constraint::Grammar)>,
-}
-
 /// A prepared request of plain text: `prompt` with the request's grammar compiled, no
 /// chat parsing of the answer.
 pub(crate) fn text_prepared(
     st: &AppState,
     eng: &Engine,
     prompt: Vec<u32>,
-    req: TextRequest,
+    req: TextOptions,
 ) -> Result<Prepared, ApiError> {
     let grammar_param = req.grammar.as_ref().map(|g| g.0);
     let constraint = eng.constraint(req.grammar, None)?;

@@ -309,15 +309,7 @@ fn reasoning_effort_is_the_templates_variable() {
     let srv = TestServer::start("smollm2-135m", |c| {
         c.chat_template = Some(template.to_string());
     });
-    let prompt_tokens = |extra: Value| {
-        let mut e = json!({"temperature": 0, "max_tokens": 1});
-        for (k, v) in extra.as_object().unwrap() {
-            e[k] = v.clone();
-        }
-        srv.post_ok("/v1/chat/completions", &chat("hi", e))["usage"]["prompt_tokens"]
-            .as_u64()
-            .unwrap()
-    };
+    let prompt_tokens = |extra: Value| srv.chat_prompt_tokens(&extra);
     let none = prompt_tokens(json!({}));
     let long = prompt_tokens(json!({"reasoning_effort": "extraordinarily thorough please"}));
     assert!(long > none + 2, "{none} {long}");

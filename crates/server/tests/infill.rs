@@ -11,12 +11,9 @@ use common::{lock, TestServer};
 use serde_json::{json, Value};
 
 fn cases() -> Vec<Value> {
-    let text = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/infill.json"),
+    frink_testdata::read_cases(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/infill.json"),
     )
-    .unwrap();
-    let v: Value = serde_json::from_str(&text).unwrap();
-    v["cases"].as_array().unwrap().clone()
 }
 
 #[test]

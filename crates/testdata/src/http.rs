@@ -131,6 +131,18 @@ impl Client {
         }
     }
 
+    /// The prompt tokens of a one-token greedy answer to a chat of "hi" with `extra`'s
+    /// fields added: how long the template renders for them.
+    pub fn chat_prompt_tokens(&self, extra: &Value) -> u64 {
+        let mut e = serde_json::json!({"temperature": 0, "max_tokens": 1});
+        for (k, v) in extra.as_object().expect("extra fields as an object") {
+            e[k] = v.clone();
+        }
+        self.post_ok("/v1/chat/completions", &chat("hi", e))["usage"]["prompt_tokens"]
+            .as_u64()
+            .expect("usage.prompt_tokens")
+    }
+
     /// `/metrics` value of `name` (a gauge or counter; summed over its label sets).
     pub fn metric(&self, name: &str) -> f64 {
         self.metric_with(name, &[])

@@ -240,6 +240,17 @@ pub fn write_lora(
     w.write_to_file(path).expect("write the adapter");
 }
 
+/// The `cases` array of a JSON file of recorded requests and answers (a test's data, such
+/// as `crates/server/tests/data/infill.json`).
+///
+/// Panics if the file is missing or not of that shape.
+pub fn read_cases(path: &Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let v: serde_json::Value = serde_json::from_str(&text).expect("the cases file is JSON");
+    v["cases"].as_array().expect("a \"cases\" array").clone()
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

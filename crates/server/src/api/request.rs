@@ -79,7 +79,7 @@ impl ChatRequest {
     /// `prediction`).
     pub fn read(obj: &Map<String, Value>, limits: Limits) -> Result<ChatRequest, ApiError> {
         let messages = messages(obj)?;
-        let opts = gen_options(obj, Endpoint::Chat, limits.n_vocab, limits.max_choices)?;
+        let opts = gen_options(obj, Endpoint::Chat, limits)?;
         let logprobs = chat_logprobs(obj)?;
         let grammar = grammar(obj)?;
         let tools = tools(obj)?;
@@ -99,20 +99,42 @@ impl ChatRequest {
     }
 }
 
-/// A text completion request: OpenAI's `/v1/completions` (and llama.cpp's `/completion`).
-pub struct CompletionRequest {
+/// What every plain-text request (`/v1/completions`, `/completion`, `/infill`) has beside
+/// its prompt.
+pub struct TextOptions {
     /// `model`, when given and not empty.
     pub model: Option<String>,
-    /// `prompt`: text or token ids (checked against the vocabulary).
-    pub prompt: Prompt,
     /// Sampling, length, stops, streaming, choices.
     pub opts: GenOptions,
-    /// OpenAI's integer `logprobs`, else llama.cpp's `n_probs` (0: none).
+    /// OpenAI's integer `logprobs`, else llama.cpp's `n_probs` (0: none): alternatives per
+    /// token.
     pub logprobs: Option<usize>,
-    /// `suffix`: fill-in-the-middle, the prompt the text before the gap.
-    pub suffix: Option<String>,
     /// The grammar the answer must match and the field it came from.
     pub grammar: Option<(&'static str, Grammar)>,
+}
+
+impl TextOptions {
+    /// Reads the options of a plain-text request (after its prompt's fields).
+    fn read(obj: &Map<String, Value>, limits: Limits) -> Result<TextOptions, ApiError> {
+        let opts = gen_options(obj, Endpoint::Completions, limits)?;
+        let logprobs = completion_logprobs(obj)?;
+        Ok(TextOptions {
+            model: model(obj),
+            opts,
+            logprobs,
+            grammar: grammar(obj)?,
+        })
+    }
+}
+
+/// A text completion request: OpenAI's `/v1/completions` (and llama.cpp's `/completion`).
+pub struct CompletionRequest {
+    /// `prompt`: text or token ids (checked against the vocabulary).
+    pub prompt: Prompt,
+    /// `suffix`: fill-in-the-middle, the prompt the text before the gap.
+    pub suffix: Option<String>,
+    /// The rest.
+    pub text: TextOptions,
 }
 
 impl CompletionRequest {
@@ -122,13 +144,7 @@ impl CompletionRequest {
     /// on `prompt`; a `suffix` beside token ids one on `suffix`).
     pub fn read(obj: &Map<String, Value>, limits: Limits) -> Result<CompletionRequest, ApiError> {
         let prompt = prompt(obj)?;
-        let opts = gen_options(
-            obj,
-            Endpoint::Completions,
-            limits.n_vocab,
-            limits.max_choices,
-        )?;
-        let logprobs = completion_logprobs(obj)?;
+        let text = TextOptions::read(obj, limits)?;
         let suffix = opt_str(obj, "suffix")?
             .filter(|s| !s.is_empty())
             .map(str::to_string);
@@ -151,12 +167,9 @@ impl CompletionRequest {
             Prompt::Text(_) => {}
         }
         Ok(CompletionRequest {
-            model: model(obj),
             prompt,
-            opts,
-            logprobs,
             suffix,
-            grammar: grammar(obj)?,
+            text,
         })
     }
 }
@@ -164,10 +177,6 @@ impl CompletionRequest {
 /// llama.cpp's `POST /infill`: the text before and after the gap, the middle's start, other
 /// files of the repository.
 pub struct InfillRequest {
-    /// `model`, when given and not empty.
-    pub model: Option<String>,
-    /// Sampling, length, stops, streaming.
-    pub opts: GenOptions,
     /// `input_prefix`: the text before the gap.
     pub prefix: String,
     /// `input_suffix`: the text after it.
@@ -177,10 +186,8 @@ pub struct InfillRequest {
     /// `input_extra`: (file name, text) of other files (a name defaults to `tmp`, as
     /// llama.cpp's).
     pub extra: Vec<(String, String)>,
-    /// llama.cpp's `n_probs` (or an integer `logprobs`): alternatives per token.
-    pub logprobs: Option<usize>,
-    /// The grammar the answer must match and the field it came from.
-    pub grammar: Option<(&'static str, Grammar)>,
+    /// The rest (`n_probs` included).
+    pub text: TextOptions,
 }
 
 impl InfillRequest {
@@ -188,24 +195,16 @@ impl InfillRequest {
     ///
     /// Errors: a 400 naming the field at fault.
     pub fn read(obj: &Map<String, Value>, limits: Limits) -> Result<InfillRequest, ApiError> {
-        let opts = gen_options(
-            obj,
-            Endpoint::Completions,
-            limits.n_vocab,
-            limits.max_choices,
-        )?;
-        let text = |name: &'static str| -> Result<String, ApiError> {
+        let text = TextOptions::read(obj, limits)?;
+        let field = |name: &'static str| -> Result<String, ApiError> {
             Ok(opt_str(obj, name)?.unwrap_or("").to_string())
         };
         Ok(InfillRequest {
-            model: model(obj),
-            opts,
-            prefix: text("input_prefix")?,
-            suffix: text("input_suffix")?,
-            middle: text("prompt")?,
+            prefix: field("input_prefix")?,
+            suffix: field("input_suffix")?,
+            middle: field("prompt")?,
             extra: input_extra(obj)?,
-            logprobs: completion_logprobs(obj)?,
-            grammar: grammar(obj)?,
+            text,
         })
     }
 }
@@ -623,7 +622,7 @@ mod tests {
         let read = |v: Value| CompletionRequest::read(&obj(v), LIMITS);
         let r = read(json!({"prompt": "a", "suffix": "b", "n_probs": 2}));
         let r = r.unwrap_or_else(|e| panic!("{}", e.message));
-        assert_eq!((r.suffix.as_deref(), r.logprobs), (Some("b"), Some(2)));
+        assert_eq!((r.suffix.as_deref(), r.text.logprobs), (Some("b"), Some(2)));
         assert_eq!(
             param(read(json!({"prompt": [1, 100]}))).as_deref(),
             Some("prompt")
@@ -643,7 +642,7 @@ mod tests {
             Some("n_probs")
         );
         let r = read(json!({"prompt": "a", "logprobs": 0, "n_probs": 5}));
-        assert_eq!(r.map(|r| r.logprobs).ok(), Some(Some(0)));
+        assert_eq!(r.map(|r| r.text.logprobs).ok(), Some(Some(0)));
     }
 
     #[test]
@@ -653,9 +652,9 @@ mod tests {
         let r = r.unwrap_or_else(|e| panic!("{}", e.message));
         assert_eq!((r.prefix.as_str(), r.suffix.as_str()), ("a", ""));
         assert_eq!(r.extra, vec![("tmp".to_string(), "t".to_string())]);
-        assert_eq!(r.logprobs, None);
+        assert_eq!(r.text.logprobs, None);
         let r = read(json!({"input_prefix": "a", "n_probs": 2}));
-        assert_eq!(r.map(|r| r.logprobs).ok(), Some(Some(2)));
+        assert_eq!(r.map(|r| r.text.logprobs).ok(), Some(Some(2)));
         assert_eq!(
             param(read(json!({"n_probs": 99}))).as_deref(),
             Some("n_probs")

@@ -374,8 +374,15 @@ fn create_defaults(obj: &Map<String, Value>) -> Result<Defaults, ApiError> {
     };
     crate::ollama::options(&wrapped, &mut fields).map_err(as_parameters)?;
     // And as the sampling fields they become, read as a chat request reads them.
-    crate::api::gen_options(&fields, crate::api::Endpoint::Chat, usize::MAX, 1)
-        .map_err(as_parameters)?;
+    crate::api::gen_options(
+        &fields,
+        crate::api::Endpoint::Chat,
+        crate::api::request::Limits {
+            n_vocab: usize::MAX,
+            max_choices: 1,
+        },
+    )
+    .map_err(as_parameters)?;
     let messages = match obj.get("messages") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(a)) => {
