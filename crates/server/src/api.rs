@@ -60,6 +60,21 @@ impl ApiError {
         self
     }
 
+    /// The error as the API a request was translated from names its fields: each
+    /// `(chat_name, own_name)` pair renames the `param` and the quoted name in the message
+    /// (`'stop'` becomes `'stop_sequences'` for an Anthropic request).
+    pub fn renamed(mut self, names: &[(&str, &str)]) -> ApiError {
+        for (chat, own) in names {
+            if self.param.as_deref() == Some(*chat) {
+                self.param = Some(own.to_string());
+            }
+            self.message = self
+                .message
+                .replace(&format!("'{chat}'"), &format!("'{own}'"));
+        }
+        self
+    }
+
     /// The JSON body.
     pub fn body(&self) -> Value {
         json!({"error": {
@@ -835,4 +850,25 @@ pub fn gen_options(
         limits: crate::api::llamacpp::TextLimits::read(obj)?,
         lora: field(obj, "lora").cloned(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_renamed_error_names_the_field_as_sent() {
+        let e = ApiError::invalid(Some("stop"), "'stop' must be a string; 'stops' is not it")
+            .renamed(&[("stop", "stop_sequences"), ("messages", "input")]);
+        assert_eq!(e.param.as_deref(), Some("stop_sequences"));
+        assert_eq!(
+            e.message,
+            "'stop_sequences' must be a string; 'stops' is not it"
+        );
+        let other = ApiError::invalid(Some("n"), "'n' is 5").renamed(&[("stop", "x")]);
+        assert_eq!(
+            (other.param.as_deref(), other.message.as_str()),
+            (Some("n"), "'n' is 5")
+        );
+    }
 }

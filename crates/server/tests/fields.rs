@@ -327,10 +327,11 @@ fn reasoning_effort_is_the_templates_variable() {
             chat("hi", json!({"reasoning_effort": "high", "max_tokens": 1})),
             "reasoning_effort",
         ),
+        // (named as the Responses API names it)
         (
             "/v1/responses",
             json!({"input": "hi", "reasoning": {"effort": "high"}}),
-            "reasoning_effort",
+            "reasoning.effort",
         ),
         // The same switches as template variables, refused alike (they were ignored).
         (
@@ -427,5 +428,44 @@ fn informational_sample(name: &str) -> Value {
         "mirostat_eta" => json!(0.2),
         "xtc_threshold" => json!(0.2),
         other => panic!("no test value for the informational field {other}: add one here"),
+    }
+}
+
+/// An error about a field of a translated request (Anthropic's, the Responses API's) names
+/// the field as the client sent it, not the chat field it became (they were named
+/// `stop`, `response_format`, `reasoning_effort`).
+#[test]
+fn translated_requests_errors_name_the_fields_sent() {
+    let _l = lock();
+    let srv = TestServer::start("smollm2-135m", |_| {});
+    let anthropic = |extra: Value| {
+        let mut b = json!({"max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        let r = srv.post_raw("/v1/messages", b.to_string().as_bytes());
+        assert_eq!(r.status, 400, "{}", r.text());
+        r.json()["error"]["message"].as_str().unwrap().to_string()
+    };
+    let msg = anthropic(json!({"stop_sequences": 5}));
+    assert!(
+        msg.contains("'stop_sequences'") && !msg.contains("'stop'"),
+        "{msg}"
+    );
+    let msg = anthropic(json!({"output_config": {"format": {"type": "json_schema", "schema": 5}}}));
+    assert!(!msg.contains("response_format"), "{msg}");
+    for (body, param) in [
+        (
+            json!({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": 5}}}),
+            "text.format",
+        ),
+        (
+            json!({"input": "hi", "reasoning": {"effort": 5}}),
+            "reasoning.effort",
+        ),
+    ] {
+        let r = srv.post_raw("/v1/responses", body.to_string().as_bytes());
+        assert_eq!(r.status, 400, "{body}: {}", r.text());
+        assert_eq!(r.json()["error"]["param"], param, "{body}: {}", r.text());
     }
 }

@@ -66,7 +66,8 @@ async fn prepare(
         let obj = api::parse_object(&body)?;
         let t = request::translate(&obj, count_only)?;
         check_thinking(st, &t.chat)?;
-        let p = prepare_chat_with(st, &t.chat, t.prefill.as_deref())?;
+        let p = prepare_chat_with(st, &t.chat, t.prefill.as_deref())
+            .map_err(|e| e.renamed(request::CHAT_NAMES))?;
         Ok((p, t.stream))
     })
     .await

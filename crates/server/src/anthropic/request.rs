@@ -323,6 +323,15 @@ fn thinking(obj: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
     Ok(kwargs)
 }
 
+/// The chat request's fields that Anthropic names otherwise ([`ApiError::renamed`]): an
+/// error about one of them names the field the client sent.
+pub(crate) const CHAT_NAMES: &[(&str, &str)] = &[
+    ("stop", "stop_sequences"),
+    ("response_format", "output_config.format"),
+    ("reasoning_effort", "output_config.effort"),
+    ("chat_template_kwargs", "thinking"),
+];
+
 /// Reads an Anthropic request into the OpenAI chat request it means. `count_only`: a
 /// count-tokens request (no `max_tokens`, nothing generated).
 ///

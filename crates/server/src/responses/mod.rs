@@ -237,7 +237,7 @@ pub(crate) async fn create(
                 _ => None,
             };
             let asked = request::translate(&obj, previous)?;
-            let p = prepare_chat(st, &asked.chat)?;
+            let p = prepare_chat(st, &asked.chat).map_err(|e| e.renamed(request::CHAT_NAMES))?;
             Ok((p, asked))
         })
         .await;

@@ -333,6 +333,15 @@ fn text_format(text: &Value) -> Result<Option<Value>, ApiError> {
     }
 }
 
+/// The chat request's fields that the Responses API names otherwise
+/// ([`ApiError::renamed`]): an error about one of them names the field the client sent.
+pub(crate) const CHAT_NAMES: &[(&str, &str)] = &[
+    ("messages", "input"),
+    ("max_tokens", "max_output_tokens"),
+    ("response_format", "text.format"),
+    ("reasoning_effort", "reasoning.effort"),
+];
+
 /// Reads a Responses request into the chat request it means; `previous` is the stored
 /// conversation of `previous_response_id` (the caller looks it up: a missing one is a
 /// 404 there).
