@@ -172,7 +172,15 @@ fn chat_prepared(st: &AppState, eng: &Engine, req: ChatRequest) -> Result<Prepar
         .filter_map(|m| eng.tok.control_token(m))
         .collect();
     let grammar_param = grammar.as_ref().map(|g| g.0);
-    let constraint = eng.constraint(grammar, trigger)?;
+    let constraint = eng.constraint(grammar, trigger).map_err(|e| {
+        // A tool's schema that does not compile is named, not the grammar built of them.
+        match (grammar_param, inputs.tools.as_ref()) {
+            (Some("tools" | "tool_choice"), Some(tools)) => {
+                tool_schema_error(eng, tools).unwrap_or(e)
+            }
+            _ => e,
+        }
+    })?;
     let prediction = prediction
         .map(|text| eng.tok.encode(&text, false, false))
         .transpose()
@@ -308,6 +316,27 @@ fn auto_grammar(
     };
     let lark = format.call_or_json_grammar(usable, parallel, &token, &schema);
     Ok(Some((param, Grammar::Lark(lark))))
+}
+
+/// The first of `tools` whose `parameters` schema does not compile as a grammar of its
+/// own: a 400 on `tools` naming it and why (the grammar of calls built from every tool
+/// says only that it failed).
+fn tool_schema_error(eng: &Engine, tools: &Value) -> Option<ApiError> {
+    let tools = tools.as_array()?;
+    tools.iter().enumerate().find_map(|(i, t)| {
+        let schema = t
+            .pointer("/function/parameters")
+            .filter(|p| p.is_object())?;
+        let g = frink_engine::constraint::Grammar::JsonSchema(schema.clone());
+        eng.constraint(Some(("tools", g)), None).err().map(|e| {
+            ApiError::invalid(
+                Some("tools"),
+                e.message
+                    .replacen("'tools'", &format!("'tools[{i}].function.parameters'"), 1),
+            )
+            .with_code("invalid_grammar")
+        })
+    })
 }
 
 /// The template's variables: the server's `--chat-template-kwargs`, extended and

@@ -362,3 +362,37 @@ fn streamed_calls(chunks: &[Value]) -> (Vec<StreamedCall>, Option<String>) {
     }
     (calls, finish)
 }
+
+/// A tool whose `parameters` schema cannot be compiled is a 400 on `tools` naming that
+/// tool's schema and why, under `required` and `auto` alike (it was a 400 on
+/// `tool_choice` saying only that the grammar of calls failed).
+#[test]
+fn a_tool_schema_that_cannot_compile_is_named() {
+    let _l = lock();
+    let template = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(
+        "../tokenizer/tests/data/templates/NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja",
+    );
+    let srv = TestServer::start("smollm2-135m", |c| {
+        c.chat_template = Some(std::fs::read_to_string(&template).unwrap());
+    });
+    // (The template reads each tool's description and properties.)
+    let ok = json!({"type": "function", "function": {"name": "ok", "description": "d",
+                    "parameters": {"type": "object", "properties": {}}}});
+    let bad = json!({"type": "function", "function": {"name": "f", "description": "d",
+                     "parameters": {"type": "bogus", "properties": {}}}});
+    for choice in ["required", "auto"] {
+        let body = chat(
+            "hi",
+            json!({"tools": [ok, bad], "tool_choice": choice, "max_tokens": 4}),
+        );
+        let r = srv.request("POST", "/v1/chat/completions", Some(&body.to_string()));
+        assert_eq!(r.status, 400, "{choice}: {}", r.text());
+        let e = &r.json()["error"];
+        assert_eq!(e["param"], "tools", "{choice}: {e}");
+        let msg = e["message"].as_str().unwrap();
+        assert!(
+            msg.contains("tools[1].function.parameters") && msg.contains("bogus"),
+            "{choice}: {msg}"
+        );
+    }
+}
