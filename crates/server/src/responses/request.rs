@@ -397,8 +397,11 @@ pub(crate) fn translate(
     if let Some(c) = obj.get("tool_choice").filter(|c| !c.is_null()) {
         let choice = match c {
             Value::String(_) => c.clone(),
-            Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("function") => {
-                json!({"type": "function", "function": {"name": o.get("name").cloned().unwrap_or(Value::Null)}})
+            Value::Object(o)
+                if o.get("type").and_then(Value::as_str) == Some("function")
+                    && o.get("name").is_some_and(Value::is_string) =>
+            {
+                json!({"type": "function", "function": {"name": o["name"]}})
             }
             _ => return Err(bad("tool_choice", "'tool_choice' must be auto, none, required or {\"type\": \"function\", \"name\": …}")),
         };
@@ -546,6 +549,16 @@ mod tests {
             Some("include")
         );
         assert_eq!(with("frobnicate", json!(1)).as_deref(), Some("frobnicate"));
+        // The Responses shape of a named function, said in its own words.
+        let e = translate(
+            &obj(json!({"input": "hi", "tool_choice": {"type": "function"}})),
+            None,
+        )
+        .err();
+        assert!(e.is_some_and(
+            |e| e.message.contains("\"name\": …}") && !e.message.contains("\"function\": {")
+        ));
+        assert_eq!(with("reasoning", json!(5)).as_deref(), Some("reasoning"));
         assert_eq!(
             with(
                 "input",
