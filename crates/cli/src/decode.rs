@@ -52,6 +52,8 @@ pub struct Ask {
     pub stop: Vec<String>,
     pub ignore_eos: bool,
     pub constraint: Option<Constraint>,
+    /// The prompt's images (their rows at their keys' places).
+    pub images: Vec<frink_engine::image::PromptImage>,
 }
 
 /// The request's end of the channel: `stop_requested` once Ctrl+C was pressed or the
@@ -108,6 +110,7 @@ pub fn answer(
         shown_tokens: Vec::new(),
         lora: model.lora_scales.iter().copied().enumerate().collect(),
         prediction: None,
+        images: ask.images,
         sink: Box::new(Sink {
             tx,
             interrupted: Arc::clone(interrupted),

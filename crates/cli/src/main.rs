@@ -25,6 +25,7 @@ mod common;
 mod decode;
 mod device;
 mod embed;
+mod images;
 mod inspect;
 mod intermediates;
 mod interrupt;

@@ -9,6 +9,13 @@ use clap::{ArgAction, Args};
 use frink_tokenizer::{ChatMessage, Tokenizer};
 
 use crate::common::{parse_ids, read_text, GenArgs, ModelArgs, SamplingArgs};
+use frink_engine::image::{PromptImage, IMAGE_MARKER};
+
+/// The projector and the encoded `--image`s, when `--mmproj` is given.
+type Vision<'a> = Option<(
+    &'a frink_models::vision::VisionModel,
+    &'a [frink_engine::image::EncodedImage],
+)>;
 
 /// Flags of `frink run` (CONTRACT.md).
 #[derive(Args, Debug)]
@@ -27,6 +34,8 @@ pub struct RunArgs {
     pub gen: GenArgs,
     #[command(flatten)]
     pub template: crate::common::TemplateArgs,
+    #[command(flatten)]
+    pub images: crate::images::ImageArgs,
     /// Read the prompt from a file (`-`: standard input), byte for byte.
     #[arg(long = "prompt-file", conflicts_with_all = ["prompt", "prompt_ids"])]
     pub prompt_file: Option<PathBuf>,
@@ -58,9 +67,16 @@ pub struct RunArgs {
 
 /// Prompt ids for `args`: token ids as given, the raw text tokenized with the model's BOS
 /// rule, or the chat template applied to [system,] user.
-fn prompt_ids(args: &RunArgs, tok: &Tokenizer) -> Result<Vec<u32>> {
+fn prompt_ids(
+    args: &RunArgs,
+    tok: &Tokenizer,
+    vision: Vision<'_>,
+) -> Result<(Vec<u32>, Vec<PromptImage>)> {
+    if vision.is_some() && (args.prompt_ids.is_some() || args.fim_prefix.is_some()) {
+        bail!("--image goes with a text prompt, not --prompt-ids or --fim-prefix");
+    }
     if let Some(ids) = &args.prompt_ids {
-        return parse_ids(ids);
+        return Ok((parse_ids(ids)?, Vec::new()));
     }
     if let Some(prefix) = &args.fim_prefix {
         let infill = frink_tokenizer::Infill {
@@ -78,7 +94,7 @@ fn prompt_ids(args: &RunArgs, tok: &Tokenizer) -> Result<Vec<u32>> {
             n_predict: args.gen.max_tokens(),
             ..Default::default()
         };
-        return Ok(tok.infill_prompt(&infill, limits)?);
+        return Ok((tok.infill_prompt(&infill, limits)?, Vec::new()));
     }
     let text = match (
         args.prompt.as_ref().or(args.prompt_flag.as_ref()),
@@ -88,9 +104,47 @@ fn prompt_ids(args: &RunArgs, tok: &Tokenizer) -> Result<Vec<u32>> {
         (None, Some(f)) => read_text(f)?,
         (None, None) => bail!("no prompt: give PROMPT, --prompt-file F or --prompt-ids 1,2,3"),
     };
-    if args.raw {
-        return Ok(tok.encode(&text, true, args.parse_special)?);
+    if let Some((vm, images)) = vision {
+        return image_prompt(args, tok, text, vm, images);
     }
+    if args.raw {
+        return Ok((tok.encode(&text, true, args.parse_special)?, Vec::new()));
+    }
+    let prompt = chat_prompt(args, tok, text)?;
+    Ok((tok.encode_chat(&prompt)?, Vec::new()))
+}
+
+/// The prompt with `images` in it: at its `<__media__>` markers, else before the text
+/// (in the user's message, through the chat template unless `--raw`).
+fn image_prompt(
+    args: &RunArgs,
+    tok: &Tokenizer,
+    text: String,
+    vm: &frink_models::vision::VisionModel,
+    images: &[frink_engine::image::EncodedImage],
+) -> Result<(Vec<u32>, Vec<PromptImage>)> {
+    if args.raw {
+        let special = match args.parse_special {
+            true => std::slice::from_ref(&(0..text.len())).to_vec(),
+            false => Vec::new(),
+        };
+        return crate::images::prompt(tok, &text, &special, vm, images);
+    }
+    let text = match text.contains(IMAGE_MARKER) {
+        true => text,
+        false => format!("{}{text}", IMAGE_MARKER.repeat(images.len())),
+    };
+    let p = chat_prompt(args, tok, text)?;
+    let special = frink_engine::image::outside(&p.content_ranges, p.text.len());
+    crate::images::prompt(tok, &p.text, &special, vm, images)
+}
+
+/// `text` as the user's message (after `--system`'s), rendered by the chat template.
+fn chat_prompt(
+    args: &RunArgs,
+    tok: &Tokenizer,
+    text: String,
+) -> Result<frink_tokenizer::ChatPrompt> {
     let mut messages = Vec::new();
     if let Some(s) = &args.gen.system {
         messages.push(ChatMessage::new("system", s.as_str()));
@@ -106,7 +160,7 @@ fn prompt_ids(args: &RunArgs, tok: &Tokenizer) -> Result<Vec<u32>> {
     if template.is_none() {
         warn_builtin_template(tok);
     }
-    Ok(tok.encode_chat(&prompt)?)
+    Ok(prompt)
 }
 
 pub fn run(args: &RunArgs) -> Result<()> {
@@ -120,7 +174,12 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let grammar = args.sampling.grammar_for(&tok)?;
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
 
-    let prompt = prompt_ids(args, &tok)?;
+    let vision = args.images.load(&model)?;
+    let encoded = match &vision {
+        Some(vm) => args.images.encode(vm)?,
+        None => Vec::new(),
+    };
+    let (prompt, images) = prompt_ids(args, &tok, vision.as_ref().map(|vm| (vm, &encoded[..])))?;
     anyhow::ensure!(!prompt.is_empty(), "the prompt is empty");
     args.gen.check_fits(prompt.len())?;
     let max_tokens = args.gen.max_tokens();
@@ -136,6 +195,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         stop: args.sampling.stop.clone(),
         ignore_eos: args.gen.ignore_eos,
         constraint: grammar.as_ref().map(|g| g.fresh()).transpose()?,
+        images,
     };
     let mut text = String::new();
     let mut out = Output::new(args.json);
@@ -163,7 +223,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let t = crate::decode::timings(&done);
     if args.json {
         let json = serde_json::json!({
-            "prompt_ids": prompt,
+            "prompt_ids": shown_ids(&prompt, &tok, vision.as_ref()),
             "ids": done.ids,
             "text": text,
             "finish_reason": done.finish_reason.as_str(),
@@ -246,4 +306,17 @@ pub fn warn_builtin_template(tok: &Tokenizer) {
             tok.architecture()
         );
     }
+}
+
+/// The prompt's ids as the model's processor spells them: an image's rows as its
+/// placeholder token (they carry image keys inside the engine).
+fn shown_ids(
+    prompt: &[u32],
+    tok: &Tokenizer,
+    vm: Option<&frink_models::vision::VisionModel>,
+) -> Vec<u32> {
+    let placeholder = vm
+        .and_then(|vm| tok.token_id(vm.config.projector.image_text().1))
+        .unwrap_or(0);
+    frink_engine::image::model_ids(prompt, placeholder)
 }

@@ -120,6 +120,16 @@ pub struct ServeArgs {
     /// Log each request's rendered prompt and the answer's text too (never by default).
     #[arg(long = "log-prompts", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
     pub log_prompts: bool,
+    /// The `-m` model's projector file (llama.cpp's `--mmproj`): requests may carry images.
+    #[arg(long = "mmproj", value_name = "FILE")]
+    pub mmproj: Option<std::path::PathBuf>,
+    /// Fetch images given by `http(s)` URL (with size and time limits); without it such
+    /// images are refused (data URIs and base64 always work).
+    #[arg(long = "allow-image-urls", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
+    pub allow_image_urls: bool,
+    /// The most pixels (width × height) an image may have.
+    #[arg(long = "image-max-pixels", value_name = "N", default_value_t = frink_vision::input::DEFAULT_MAX_PIXELS)]
+    pub image_max_pixels: u64,
     /// Models loaded at once, at most (a request for another unloads the least recently
     /// used idle one).
     #[arg(long = "max-models", default_value_t = 3)]
@@ -248,6 +258,9 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             _ => frink_server::log::LogFormat::Text,
         },
         log_prompts: args.log_prompts,
+        mmproj: args.mmproj.clone(),
+        allow_image_urls: args.allow_image_urls,
+        image_max_pixels: args.image_max_pixels,
     };
     // Sizes are checked against the file's metadata before anything listens or loads.
     if let Some(path) = &path {

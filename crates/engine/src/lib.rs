@@ -6,6 +6,7 @@ mod draft;
 pub mod embed;
 pub mod gbnf;
 mod generate;
+pub mod image;
 pub mod kv_blocks;
 mod perplexity;
 pub mod sampling;

@@ -109,6 +109,7 @@ fn request(prompt: &[u32], seed: u64, n: usize) -> (Request, mpsc::Receiver<Even
         embed: None,
         lora: Vec::new(),
         prediction: None,
+        images: Vec::new(),
         sink: Box::new(tx),
     };
     (req, rx)

@@ -292,6 +292,7 @@ fn run_together(
                     embed: None,
                     lora: Vec::new(),
                     prediction: c.prediction.clone(),
+                    images: Vec::new(),
                     sink: Box::new(tx),
                 })
                 .unwrap();

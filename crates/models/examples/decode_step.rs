@@ -59,6 +59,7 @@ fn main() {
                     tokens: t,
                     logits: Logits::Last,
                     lora: None,
+                    embd: &[],
                 })
                 .collect();
             let t = Instant::now();

@@ -236,6 +236,7 @@ impl Model {
             tokens,
             logits,
             lora: None,
+            embd: &[],
         }];
         Ok(self.forward_batch(&mut seqs)?.pop().unwrap_or_default())
     }
@@ -293,7 +294,7 @@ impl Model {
         let lora = LoraRows::new(&sets, &rows);
 
         let tokens: Vec<u32> = seqs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
-        let mut x = self.embed_rows(&tokens, &pos, &lora)?;
+        let mut x = self.embed_rows(&tokens, &pos, &lora, seqs, &starts)?;
         // Gemma 4's per-layer inputs, once for all layers.
         let ple_inputs = match &self.weights.ple {
             Some(p) => Some(self.ple_inputs(p, &tokens, &x)?),
@@ -327,6 +328,7 @@ impl Model {
                     max: s.state.max_step(),
                 });
             }
+            self.check_embd(s)?;
             if s.state.is_pooled() && !have_pool {
                 return Err(ModelError::KvBlocks {
                     needed: s.state.n_past + s.tokens.len(),
@@ -337,10 +339,44 @@ impl Model {
         Ok(())
     }
 
+    /// A sequence's rows given as embeddings: whole rows of this model's width, inside
+    /// its tokens, in order and not overlapping, on a model whose layers read nothing but
+    /// the embedding rows of them (not Gemma 4's per-layer token inputs).
+    fn check_embd(&self, s: &Sequence<'_>) -> Result<()> {
+        let d = self.config.n_embd;
+        let mut end = 0;
+        for e in s.embd {
+            let n = e.n(d);
+            if n == 0 || e.rows.len() != n * d || e.at < end || e.at + n > s.tokens.len() {
+                return Err(ModelError::Unsupported(format!(
+                    "embedding rows at {} ({} values) do not fit {} tokens of width {d} \
+                     after row {end}",
+                    e.at,
+                    e.rows.len(),
+                    s.tokens.len()
+                )));
+            }
+            end = e.at + n;
+        }
+        if !s.embd.is_empty() && self.weights.ple.is_some() {
+            return Err(ModelError::Unsupported(
+                "embedding rows on a model with per-layer token inputs".into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// `inp_embd`: the tokens' embedding rows (+ the adapters' deltas; × sqrt(n_embd) for
     /// gemma, × embedding_scale for granite), then bloom's `token_embd_norm`.
     /// `[tokens.len()][n_embd]`.
-    fn embed_rows(&self, tokens: &[u32], pos: &[usize], lora: &LoraRows) -> Result<Vec<f32>> {
+    fn embed_rows(
+        &self,
+        tokens: &[u32],
+        pos: &[usize],
+        lora: &LoraRows,
+        seqs: &[Sequence<'_>],
+        starts: &[usize],
+    ) -> Result<Vec<f32>> {
         let (c, w) = (&self.config, &self.weights);
         let mut x = vec![0f32; tokens.len() * c.n_embd];
         for (row, &t) in x.chunks_exact_mut(c.n_embd).zip(tokens) {
@@ -352,6 +388,12 @@ impl Model {
         }
         if let Some(nw) = &w.token_embd_norm {
             self.norm(&mut x, nw);
+        }
+        // Rows given as embeddings (checked by `check_batch`).
+        for (s, &r0) in seqs.iter().zip(starts) {
+            for e in s.embd {
+                x[(r0 + e.at) * c.n_embd..][..e.rows.len()].copy_from_slice(e.rows);
+            }
         }
         self.tap("inp_embd", None, pos, &x);
         Ok(x)
@@ -603,4 +645,31 @@ pub struct Sequence<'a> {
     /// Its LoRA adapters (index into [`Model::adapters`], user scale), or `None` for the
     /// model's defaults ([`Model::lora_scales`]).
     pub lora: Option<&'a [(usize, f32)]>,
+    /// Rows of `tokens` given as embeddings instead (an image's rows), in order, not
+    /// overlapping; empty for text alone.
+    pub embd: &'a [EmbdRows<'a>],
+}
+
+/// Rows of a sequence's input given as embeddings, not token ids (an image's rows from a
+/// projector, llama.cpp's `llama_batch.embd`): they replace the embedding rows of
+/// `tokens[at .. at + n]` (placeholder ids) as they are, without the embedding scale
+/// (llama.cpp `src/models/gemma3.cpp` scales token rows only; transformers scatters the
+/// image features after `embed_tokens`' scale).
+#[derive(Clone, Copy, Debug)]
+pub struct EmbdRows<'a> {
+    /// The first row of the call's `tokens` they replace.
+    pub at: usize,
+    /// `n × n_embd` values.
+    pub rows: &'a [f32],
+    /// Whether these rows see each other both ways in attention (transformers Gemma 3's
+    /// `token_type_ids` mask; llama.cpp `mtmd_decode_use_non_causal`); they still see the
+    /// rows before them and only those. All of them must be in the same call.
+    pub bidirectional: bool,
+}
+
+impl EmbdRows<'_> {
+    /// Their number of rows for a model of width `n_embd`.
+    pub fn n(&self, n_embd: usize) -> usize {
+        self.rows.len() / n_embd.max(1)
+    }
 }

@@ -20,6 +20,7 @@ pub mod rope;
 pub mod state;
 pub mod taps;
 pub mod tune;
+pub mod vision;
 
 pub use blocks::attention::{AttentionWeights, QkvWeights};
 pub use blocks::ffn::DenseFfn;
@@ -31,7 +32,7 @@ pub use config::{
     SsmConfig, YarnParams,
 };
 pub use error::{ModelError, Result};
-pub use forward::{Logits, Sequence};
+pub use forward::{EmbdRows, Logits, Sequence};
 pub use kv::{window_blocks, KvPool, KvType, EVICTED, KV_BLOCK, WINDOW_STEP};
 pub use model::{Experts, LayerWeights, Model, MoeStats, NormWeights, Weights};
 pub use state::{Checkpoint, LayerState, RecurrentLayer, SeqState};

@@ -178,6 +178,39 @@ impl<'a> Loader<'a> {
             .ok_or_else(|| self.missing(name))
     }
 
+    /// A tensor of GGUF shape `shape` used as a `rows × cols` matrix (its dimensions
+    /// after the first flattened into the rows, ne0.. into the columns as `cols` says: a
+    /// ViT's patch convolution `[p, p, 3, n_embd]` as `n_embd × 3·p·p`).
+    pub(crate) fn matrix_shaped(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Matrix> {
+        let i = self.index(name).ok_or_else(|| self.missing(name))?;
+        let t = &self.f.tensor_infos()[i];
+        let want: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+        if t.shape != want || shape.iter().product::<usize>() != rows * cols {
+            return Err(self.shape_err(name, shape, i));
+        }
+        if !frink_quant::is_supported(t.ggml_type) || !cols.is_multiple_of(t.ggml_type.block_size())
+        {
+            return Err(ModelError::Tensor {
+                name: name.into(),
+                detail: format!("tensor type {} is not supported here", t.ggml_type),
+            });
+        }
+        Ok(Matrix {
+            ty: t.ggml_type,
+            rows,
+            cols,
+            row_bytes: (t.n_bytes / rows as u64) as usize,
+            tensor: i,
+            offset: 0,
+        })
+    }
+
     pub(crate) fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
         self.matrix_opt(name, rows, cols)?
             .ok_or_else(|| self.missing(name))

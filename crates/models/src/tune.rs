@@ -176,6 +176,7 @@ impl Model {
                         tokens: t,
                         logits: Logits::Last,
                         lora: None,
+                        embd: &[],
                     })
                     .collect();
                 let t = Instant::now();

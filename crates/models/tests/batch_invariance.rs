@@ -91,6 +91,7 @@ fn logits_do_not_depend_on_batch_chunks_or_threads() {
                     tokens: &seq,
                     logits: Logits::All,
                     lora: None,
+                    embd: &[],
                 });
             }
             batch.push(Sequence {
@@ -102,6 +103,7 @@ fn logits_do_not_depend_on_batch_chunks_or_threads() {
                     Logits::All
                 },
                 lora: None,
+                embd: &[],
             });
         }
         let out = model.forward_batch(&mut batch).unwrap();
@@ -131,6 +133,7 @@ fn logits_do_not_depend_on_batch_chunks_or_threads() {
                 tokens: t,
                 logits: Logits::Last,
                 lora: None,
+                embd: &[],
             })
             .collect();
         let out = model.forward_batch(&mut batch).unwrap();
@@ -185,6 +188,7 @@ fn repacked_weights_give_the_same_logits() {
                     tokens: &s[40..],
                     logits: Logits::Last,
                     lora: None,
+                    embd: &[],
                 })
                 .collect();
             out.extend(model.forward_batch(&mut batch).unwrap().concat());

@@ -92,12 +92,14 @@ fn pooled_and_contiguous_caches_give_the_same_logits() {
                         tokens: &a[r.clone()],
                         logits,
                         lora: None,
+                        embd: &[],
                     },
                     Sequence {
                         state: &mut sb,
                         tokens: &b[r],
                         logits,
                         lora: None,
+                        embd: &[],
                     },
                 ];
                 let out = model.forward_batch_in(Some(&mut pool), &mut seqs).unwrap();
@@ -121,6 +123,7 @@ fn pooled_and_contiguous_caches_give_the_same_logits() {
                     tokens: &a[2 * KV_BLOCK..37],
                     logits: Logits::All,
                     lora: None,
+                    embd: &[],
                 }];
                 let out = model.forward_batch_in(Some(&mut pool), &mut seqs).unwrap();
                 let nv = c.n_vocab;
@@ -137,6 +140,7 @@ fn pooled_and_contiguous_caches_give_the_same_logits() {
                     tokens: &a[2 * KV_BLOCK..37],
                     logits: Logits::All,
                     lora: None,
+                    embd: &[],
                 }];
                 let out = model.forward_batch_in(Some(&mut pool), &mut seqs).unwrap();
                 assert!(
@@ -170,6 +174,7 @@ fn a_pooled_sequence_without_blocks_is_refused_before_writing() {
         tokens: &toks,
         logits: Logits::Last,
         lora: None,
+        embd: &[],
     }];
     let err = model
         .forward_batch_in(Some(&mut pool), &mut seqs)

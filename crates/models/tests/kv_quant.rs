@@ -116,6 +116,7 @@ fn q8_0_cache_is_batch_invariant_and_changes_the_logits() {
                 tokens: t,
                 logits: Logits::Last,
                 lora: None,
+                embd: &[],
             })
             .collect();
         let out = model.forward_batch(&mut batch).unwrap();

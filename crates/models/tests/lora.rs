@@ -83,6 +83,7 @@ fn sequences_with_different_adapters_share_a_batch() {
                 tokens: &ids,
                 logits: Logits::All,
                 lora: Some(set),
+                embd: &[],
             }];
             model.forward_batch(&mut seq).unwrap().pop().unwrap()
         })
@@ -172,6 +173,7 @@ fn in_one_batch(model: &Model, ids: &[u32], sets: &[&[(usize, f32)]]) -> Vec<Vec
             tokens: ids,
             logits: Logits::All,
             lora: Some(set),
+            embd: &[],
         })
         .collect();
     model.forward_batch(&mut batch).unwrap()

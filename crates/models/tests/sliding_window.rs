@@ -101,6 +101,7 @@ fn pooled(model: &Model, kv: KvType, tokens: &[u32], window_group: usize) -> Vec
             tokens: &tokens[p..p + s],
             logits: Logits::All,
             lora: None,
+            embd: &[],
         }];
         for piece in model.forward_batch_in(Some(&mut pool), &mut seqs).unwrap() {
             out.extend(piece);
@@ -195,6 +196,7 @@ fn a_cut_behind_the_window_is_refused_not_read() {
             tokens: &long,
             logits: Logits::Last,
             lora: None,
+            embd: &[],
         }];
         assert!(matches!(
             model.forward_batch(&mut seqs),
@@ -212,6 +214,7 @@ fn a_cut_behind_the_window_is_refused_not_read() {
             tokens: &tokens[..1],
             logits: Logits::Last,
             lora: None,
+            embd: &[],
         }];
         let r = model.forward_batch_in(Some(&mut pool), &mut seqs);
         assert!(

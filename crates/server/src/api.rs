@@ -465,12 +465,12 @@ pub const FIELDS: &[Field] = &[
     field_of(
         "image_data",
         LlamaCpp,
-        refused(empty, "images are not supported"),
+        refused(empty, "the old image_data form is not supported: send images as the prompt's multimodal_data ({\"prompt_string\": …, \"multimodal_data\": [base64…]})"),
     ),
     field_of(
         "multimodal_data",
         LlamaCpp,
-        refused(empty, "images and audio are not supported"),
+        refused(empty, "multimodal_data goes inside the prompt: {\"prompt\": {\"prompt_string\": …, \"multimodal_data\": [base64…]}}"),
     ),
     field_of(
         "return_tokens",

@@ -148,6 +148,7 @@ pub(crate) async fn embed_inputs(
                 embed: Some(eng.pooling),
                 lora: lora.clone(),
                 prediction: None,
+                images: Vec::new(),
                 sink: Box::new(ChannelSink(sender.clone(), next)),
             };
             match eng.sched.submit(req) {

@@ -37,6 +37,8 @@ pub(crate) struct Engine {
     pub(crate) prompt_limit: frink_engine::scheduler::PromptLimit,
     /// What llama.cpp's `infill` sampler reads of the vocabulary, built at its first use.
     pub(crate) infill_vocab: OnceLock<Arc<frink_engine::sampling::InfillVocab>>,
+    /// The projector file (`--mmproj`), for requests with images.
+    pub(crate) vision: Option<Arc<frink_models::vision::VisionModel>>,
 }
 
 impl Engine {
@@ -177,6 +179,16 @@ fn start_engine(
     load: &Loader,
 ) -> Result<Engine> {
     let mut model = load(path, lora)?;
+    let vision = match &config.mmproj {
+        Some(p) => {
+            let vm = frink_models::vision::VisionModel::load(p)
+                .with_context(|| format!("cannot load the projector file {}", p.display()))?;
+            frink_vision::input::check_pair(&vm, &model.config)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+            Some(Arc::new(vm))
+        }
+        None => None,
+    };
     let lora = model
         .adapters
         .iter()
@@ -185,11 +197,14 @@ fn start_engine(
         .collect();
     let pooling = frink_engine::embed::pooling(config.pooling, model.config.pooling);
     let n_embd = model.config.n_embd;
-    let info = ollama::ModelInfo::read(
+    let mut info = ollama::ModelInfo::read(
         &model,
         &path.to_string_lossy(),
         config.chat_template.as_deref(),
     );
+    if vision.is_some() {
+        info.capabilities.push("vision");
+    }
     let tok = Arc::new(
         Tokenizer::from_gguf_releasing(&mut model.file).context("cannot build the tokenizer")?,
     );
@@ -231,6 +246,7 @@ fn start_engine(
         info,
         prompt_limit,
         infill_vocab: OnceLock::new(),
+        vision,
     })
 }
 
@@ -305,6 +321,8 @@ impl Builder {
             model_path: Some(source.path.clone()),
             // The draft model speculates for the -m model (whose vocabulary it shares).
             draft_model: self.config.draft_model.clone().filter(|_| source.is_cli),
+            // So does the projector file.
+            mmproj: self.config.mmproj.clone().filter(|_| source.is_cli),
             ..self.config.clone()
         };
         if let Some(s) = &source.settings {
@@ -377,6 +395,10 @@ impl Build for Builder {
             chat_template_kwargs: config.chat_template_kwargs.clone(),
             split_reasoning: config.split_reasoning,
             parallel: config.parallel,
+            images: crate::images::ImageLimits {
+                allow_urls: config.allow_image_urls,
+                max_pixels: config.image_max_pixels,
+            },
             shared: Arc::clone(&self.shared),
         });
         let _ = app.engine.set(engine);

@@ -26,6 +26,7 @@ mod embeddings;
 mod engine;
 pub mod gate;
 pub mod harmony;
+mod images;
 mod infill;
 pub mod log;
 mod metrics;
@@ -143,6 +144,12 @@ pub struct ServeConfig {
     pub log_format: log::LogFormat,
     /// `--log-prompts`: the log lines carry the prompt and the answer text.
     pub log_prompts: bool,
+    /// The `-m` model's projector file (`--mmproj`): its requests may carry images.
+    pub mmproj: Option<std::path::PathBuf>,
+    /// `--allow-image-urls`: images given by `http(s)` URL are fetched (else refused).
+    pub allow_image_urls: bool,
+    /// `--image-max-pixels`: the most pixels an image may have.
+    pub image_max_pixels: u64,
 }
 
 /// How long in-flight requests may run on after SIGINT/SIGTERM before they are cancelled.
@@ -187,6 +194,8 @@ struct AppState {
     split_reasoning: bool,
     /// Slots: the most choices (`n`) one request may ask for.
     parallel: usize,
+    /// How images are taken ([`images::ImageLimits`]).
+    images: images::ImageLimits,
     shared: Arc<Shared>,
 }
 
@@ -210,6 +219,8 @@ pub(crate) struct Server {
     log_prompts: bool,
     /// The chat template override (what `/api/show` reports).
     chat_template: Option<String>,
+    /// The `-m` model is served with a projector file (`/api/show` reports `vision`).
+    cli_vision: bool,
     /// What `/api/tags` and `/api/show` report of each file, by its modification time.
     infos: std::sync::Mutex<
         std::collections::HashMap<std::path::PathBuf, (SystemTime, Arc<ollama::ModelInfo>)>,
@@ -294,6 +305,7 @@ fn server_state(config: &ServeConfig, loader: Loader) -> Arc<Server> {
         log_format: config.log_format,
         log_prompts: config.log_prompts,
         chat_template: config.chat_template.clone(),
+        cli_vision: config.mmproj.is_some(),
         infos: Default::default(),
         created: shared.created,
         shared,

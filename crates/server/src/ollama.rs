@@ -48,7 +48,7 @@ pub struct ModelInfo {
     quantization_level: String,
     model_info: Map<String, Value>,
     template: String,
-    capabilities: Vec<&'static str>,
+    pub(crate) capabilities: Vec<&'static str>,
     pub(crate) modified_at: String,
     path: String,
 }
@@ -402,18 +402,29 @@ fn think(
     Ok(())
 }
 
-/// Refuses what frink cannot honour in any request: images.
-fn refuse_unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
-    let has_images = |v: Option<&Value>| v.and_then(Value::as_array).is_some_and(|a| !a.is_empty());
-    if has_images(obj.get("images"))
-        || obj
-            .get("messages")
-            .and_then(Value::as_array)
-            .is_some_and(|ms| ms.iter().any(|m| has_images(m.get("images"))))
-    {
-        return Err(bad("images are not supported: frink runs text models"));
+/// A message's `content` with its `images` (Ollama: base64 strings) before the text, as
+/// OpenAI content parts (each image a part whose URL is the base64: the server takes
+/// bare base64 too).
+///
+/// Errors: `images` not an array of strings.
+fn with_images(content: &Value, images: Option<&Value>, field: &str) -> Result<Value, ApiError> {
+    let list = match images {
+        None | Some(Value::Null) => return Ok(content.clone()),
+        Some(Value::Array(a)) if a.is_empty() => return Ok(content.clone()),
+        Some(Value::Array(a)) => a,
+        Some(_) => return Err(bad(format!("'{field}' must be an array of base64 strings"))),
+    };
+    let mut parts = Vec::with_capacity(list.len() + 1);
+    for (k, im) in list.iter().enumerate() {
+        let b64 = im
+            .as_str()
+            .ok_or_else(|| bad(format!("{field}[{k}] must be a base64 string")))?;
+        parts.push(json!({"type": "image_url", "image_url": {"url": b64}}));
     }
-    Ok(())
+    if let Some(t) = content.as_str().filter(|t| !t.is_empty()) {
+        parts.push(json!({"type": "text", "text": t}));
+    }
+    Ok(Value::Array(parts))
 }
 
 /// Ollama's chat messages as OpenAI's: `tool_calls` with `arguments` objects become
@@ -429,7 +440,14 @@ fn messages(v: &Value) -> Result<Value, ApiError> {
             .as_object()
             .cloned()
             .ok_or_else(|| bad(format!("messages[{i}] must be an object")))?;
-        m.remove("images");
+        if let Some(images) = m.remove("images") {
+            let content = m.get("content").cloned().unwrap_or(Value::Null);
+            let field = format!("messages[{i}].images");
+            m.insert(
+                "content".into(),
+                with_images(&content, Some(&images), &field)?,
+            );
+        }
         if let Some(calls) = m.get("tool_calls").and_then(Value::as_array) {
             let calls: Vec<Value> = calls
                 .iter()
@@ -728,7 +746,6 @@ pub(crate) fn no_work(model: &str, shape: Shape, reason: &str) -> Response {
 /// default is yes).
 fn begin(st: &AppState, body: &Bytes) -> Result<(Map<String, Value>, String, bool), ApiError> {
     let obj = api::parse_object(body)?;
-    refuse_unsupported(&obj)?;
     let model = model_field(st, &obj);
     let stream = api::opt_bool(&obj, "stream")?.unwrap_or(true);
     Ok((obj, model, stream))
@@ -808,7 +825,11 @@ pub(crate) async fn generate(
         format(&obj, &mut oa)?;
         let raw = api::opt_bool(&obj, "raw")?.unwrap_or(false);
         let suffix = api::opt_str(&obj, "suffix")?.filter(|s| !s.is_empty());
+        let images = obj.get("images").filter(|v| v.as_array().is_none_or(|a| !a.is_empty()));
         let mut p = if raw || suffix.is_some() {
+            if images.is_some() {
+                return Err(bad("'images' need the chat template, which 'raw' and 'suffix' bypass"));
+            }
             if !matches!(obj.get("think"), None | Some(Value::Null) | Some(Value::Bool(false))) {
                 return Err(bad("'think' needs the chat template, which 'raw' and 'suffix' bypass"));
             }
@@ -824,7 +845,7 @@ pub(crate) async fn generate(
             if let Some(system) = api::opt_str(&obj, "system")?.filter(|s| !s.is_empty()) {
                 msgs.push(json!({"role": "system", "content": system}));
             }
-            msgs.push(json!({"role": "user", "content": prompt}));
+            msgs.push(json!({"role": "user", "content": with_images(&json!(prompt), images, "images")?}));
             oa.insert("messages".into(), Value::Array(msgs));
             think(st, &obj, &mut oa)?;
             logprobs(&obj, &mut oa, true)?;

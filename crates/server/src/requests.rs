@@ -44,6 +44,8 @@ pub(crate) struct Prepared {
     /// OpenAI's predicted output, tokenized (proposed for speculative verification).
     pub(crate) prediction: Option<Vec<u32>>,
     pub(crate) model: String,
+    /// The prompt's images ([`frink_engine::image`]).
+    pub(crate) images: Vec<frink_engine::image::PromptImage>,
 }
 
 /// `POST /v1/chat/completions`.
@@ -120,6 +122,7 @@ fn chat_prepared(st: &AppState, eng: &Engine, req: ChatRequest) -> Result<Prepar
         split_reasoning,
         prediction,
         prefill,
+        images: image_sources,
     } = req;
     let template = st.template(eng);
     let ChatTools {
@@ -153,10 +156,25 @@ fn chat_prepared(st: &AppState, eng: &Engine, req: ChatRequest) -> Result<Prepar
     if let Some(text) = prefill {
         rendered.text.push_str(&text);
     }
-    let prompt = eng
-        .tok
-        .encode_chat(&rendered)
-        .map_err(|e| ApiError::invalid(Some("messages"), e.to_string()))?;
+    let model = model.unwrap_or_else(|| st.model_name.clone());
+    let (prompt, images) = if image_sources.is_empty() {
+        let prompt = eng
+            .tok
+            .encode_chat(&rendered)
+            .map_err(|e| ApiError::invalid(Some("messages"), e.to_string()))?;
+        (prompt, Vec::new())
+    } else {
+        let special = frink_engine::image::outside(&rendered.content_ranges, rendered.text.len());
+        crate::images::prompt(
+            eng,
+            &model,
+            &rendered.text,
+            &special,
+            &image_sources,
+            st.images,
+            "messages",
+        )?
+    };
     let split = split_reasoning.unwrap_or(st.split_reasoning);
     answer.reasoning = reasoning::Mode::detect(template.unwrap_or(""), &rendered.text, split);
     match answer.reasoning {
@@ -194,7 +212,8 @@ fn chat_prepared(st: &AppState, eng: &Engine, req: ChatRequest) -> Result<Prepar
         answer,
         shown_tokens,
         prediction,
-        model: model.unwrap_or_else(|| st.model_name.clone()),
+        model,
+        images,
     })
 }
 
@@ -403,7 +422,22 @@ pub(crate) fn prepare_completion(
 ) -> Result<Prepared, ApiError> {
     let eng = st.engine()?;
     let req = CompletionRequest::read(obj, limits(st, eng))?;
+    let mut images = Vec::new();
     let prompt = match (req.prompt, &req.suffix) {
+        // (`read` refused images beside a suffix.)
+        (Prompt::Multimodal(text, sources), _) => {
+            let model = req
+                .text
+                .model
+                .clone()
+                .unwrap_or_else(|| st.model_name.clone());
+            // llama.cpp parses special tokens in a completion's prompt.
+            let special = std::slice::from_ref(&(0..text.len())).to_vec();
+            let (prompt, placed) =
+                crate::images::prompt(eng, &model, &text, &special, &sources, st.images, "prompt")?;
+            images = placed;
+            prompt
+        }
         // Fill-in-the-middle: the prompt is the text before the gap.
         (Prompt::Text(t), Some(suffix)) => {
             let infill = Infill {
@@ -420,7 +454,9 @@ pub(crate) fn prepare_completion(
         // (`read` refused ids outside the vocabulary and ids beside a suffix.)
         (Prompt::Ids(ids), _) => ids,
     };
-    text_prepared(st, eng, prompt, req.text)
+    let mut p = text_prepared(st, eng, prompt, req.text)?;
+    p.images = images;
+    Ok(p)
 }
 
 /// llama-server's default batch, which its infill rule sizes the prefix and suffix by.
@@ -465,6 +501,7 @@ pub(crate) fn text_prepared(
         shown_tokens: Vec::new(),
         prediction: None,
         model: req.model.unwrap_or_else(|| st.model_name.clone()),
+        images: Vec::new(),
     })
 }
 
@@ -619,6 +656,7 @@ pub(crate) fn queue(
             embed: None,
             lora: lora.clone(),
             prediction: p.prediction.clone(),
+            images: p.images.clone(),
             sink: if p.opts.limits.any() {
                 Box::new(crate::api::llamacpp::Watch::new(
                     ChannelSink(tx.clone(), i),

@@ -154,6 +154,7 @@ impl Replier<'_> {
             ignore_eos: self.gen.ignore_eos,
             // Each answer starts its grammar afresh.
             constraint: self.grammar.as_ref().map(|g| g.fresh()).transpose()?,
+            images: Vec::new(),
         };
         let mut answer = String::new();
         let done = crate::decode::answer(self.sched, self.model, ask, interrupted, |piece| {

@@ -287,6 +287,11 @@ pub struct Request {
     /// never change the answer, only how many tokens a step can accept. Ignored (nothing
     /// proposed or counted) on models with recurrent layers.
     pub prediction: Option<Vec<u32>>,
+    /// The images of the prompt: their rows replace the prompt's values at their places,
+    /// which carry their keys ([`crate::image`]). Checked at admission
+    /// ([`crate::image::check_images`]); a request with images proposes nothing for
+    /// speculation.
+    pub images: Vec<crate::image::PromptImage>,
     /// Where the events go.
     pub sink: Box<dyn EventSink>,
 }
@@ -362,6 +367,10 @@ pub enum RequestError {
         /// The vocabulary's size.
         n_vocab: usize,
     },
+    /// The prompt's images do not fit it ([`crate::image::check_images`]), or its kind of
+    /// request takes none (embeddings).
+    #[error("images: {0}")]
+    Images(String),
     /// The request's grammar reached a state no token continues, or went past
     /// `llguidance`'s parser limits, at the `at`-th generated token.
     #[error("the grammar cannot be followed at generated token {at}: {reason}")]
@@ -402,6 +411,7 @@ impl RequestError {
         match self {
             RequestError::Prompt(_)
             | RequestError::TokenOutOfVocabulary { .. }
+            | RequestError::Images(_)
             | RequestError::Grammar { .. } => FailureKind::Request,
             RequestError::Evaluation(_)
             | RequestError::Decoding(_)

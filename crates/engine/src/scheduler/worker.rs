@@ -7,8 +7,10 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use frink_models::{KvType, Logits, Model, ModelError, Sequence};
+use frink_models::{EmbdRows, KvType, Logits, Model, ModelError, Sequence};
 use frink_tokenizer::{StreamDecoder, Tokenizer};
+
+use crate::image::{check_images, chunk_end, embd_rows, is_image_key, model_ids, PromptImage};
 
 use super::kv::*;
 use super::*;
@@ -290,11 +292,12 @@ impl<'t> Worker<'t> {
         let n_vocab = self.model.config.n_vocab;
         let error = match self.config.prompt_limit().check(req.prompt.len()) {
             Err(e) => Some(RequestError::Prompt(e)),
-            Ok(()) => req
-                .prompt
-                .iter()
-                .find(|&&t| t as usize >= n_vocab)
-                .map(|&id| RequestError::TokenOutOfVocabulary { id, n_vocab }),
+            Ok(()) => image_error(&req, self.model.config.n_embd).or_else(|| {
+                req.prompt
+                    .iter()
+                    .find(|&&t| t as usize >= n_vocab && !is_image_key(t))
+                    .map(|&id| RequestError::TokenOutOfVocabulary { id, n_vocab })
+            }),
         };
         let pooler = req
             .embed
@@ -316,35 +319,37 @@ impl<'t> Worker<'t> {
             ignore_eos: req.ignore_eos,
         }
         .prepare(&mut sampler, self.tok.eog_ids().iter().copied());
-        for &t in &req.prompt {
+        for t in model_ids(&req.prompt, IMAGE_PLACEHOLDER) {
             sampler.accept(t);
         }
         let now = Instant::now();
         let decoder = self.tok.stream_decoder(false).showing(&req.shown_tokens);
         // A recurrent state cannot be cut back past rejected proposals.
-        let proposer: Option<Box<dyn Propose + 't>> =
-            if pooler.is_some() || self.model.config.plan.is_recurrent() {
-                None
-            } else if let Some(p) = req.prediction.take() {
-                Some(Box::new(PredictionLookup::new(p, req.prompt.len())))
-            } else if let Some(d) = self.draft {
-                Some(Box::new(LazyDraft {
-                    model: d,
-                    n_ctx: self.config.n_ctx,
-                    kv_type: self.config.kv_type,
-                    p_min: self.config.draft_p_min,
-                    n_min: self.config.draft_min,
-                    eog: self.tok.eog_ids().iter().copied().collect(),
-                    ban_eog: req.ignore_eos && !sampler.is_constrained(),
-                    sampling: (self.config.spec_sampling == SpecSampling::Rejection)
-                        .then(|| req.sampling.clone()),
-                    draft: None,
-                }))
-            } else if self.config.prompt_lookup {
-                Some(Box::new(NgramLookup::default()))
-            } else {
-                None
-            };
+        let proposer: Option<Box<dyn Propose + 't>> = if pooler.is_some()
+            || self.model.config.plan.is_recurrent()
+            || !req.images.is_empty()
+        {
+            None
+        } else if let Some(p) = req.prediction.take() {
+            Some(Box::new(PredictionLookup::new(p, req.prompt.len())))
+        } else if let Some(d) = self.draft {
+            Some(Box::new(LazyDraft {
+                model: d,
+                n_ctx: self.config.n_ctx,
+                kv_type: self.config.kv_type,
+                p_min: self.config.draft_p_min,
+                n_min: self.config.draft_min,
+                eog: self.tok.eog_ids().iter().copied().collect(),
+                ban_eog: req.ignore_eos && !sampler.is_constrained(),
+                sampling: (self.config.spec_sampling == SpecSampling::Rejection)
+                    .then(|| req.sampling.clone()),
+                draft: None,
+            }))
+        } else if self.config.prompt_lookup {
+            Some(Box::new(NgramLookup::default()))
+        } else {
+            None
+        };
         self.waiting.push_back(Box::new(Job {
             stops: StopMatcher::new(&req.stop),
             input: req.prompt.clone(),
@@ -541,7 +546,9 @@ impl<'t> Worker<'t> {
                     take = take.min(n - 1 - pos);
                 }
             }
-            budget -= take;
+            // An image whose rows see each other both ways goes in one call.
+            take = chunk_end(&job.req.images, job.fed, take);
+            budget = budget.saturating_sub(take);
             let want = if job.pooler.is_some() {
                 Logits::Hidden
             } else if take == rest.len() && job.next.is_none() {
@@ -609,6 +616,15 @@ impl<'t> Worker<'t> {
     /// of free decoding with it, 0.89x without).
     fn forward(&mut self, inputs: &[Input]) -> Result<Vec<Vec<f32>>, ModelError> {
         let spare_core = self.spare_core;
+        // Each input's images (shared rows), apart from the jobs the samplers borrow.
+        let images: Vec<Vec<PromptImage>> = inputs
+            .iter()
+            .map(|x| {
+                self.jobs[x.0]
+                    .as_ref()
+                    .map_or(Vec::new(), |j| j.req.images.clone())
+            })
+            .collect();
         let mut masks: Vec<&mut Sampler> = Vec::new();
         let mut loras: Vec<Option<&[(usize, f32)]>> = Vec::with_capacity(inputs.len());
         let mut it = inputs.iter().peekable();
@@ -624,17 +640,28 @@ impl<'t> Worker<'t> {
                 loras.push(lora);
             }
         }
+        // Inputs with image rows: the ids the model reads and the rows it takes instead.
+        let d = self.model.config.n_embd;
+        let mut feeds: Vec<Option<Vec<u32>>> = Vec::with_capacity(inputs.len());
+        let mut embds: Vec<Vec<EmbdRows<'_>>> = Vec::with_capacity(inputs.len());
+        for ((i, toks, _), images) in inputs.iter().zip(&images) {
+            let rows = embd_rows(images, self.kv.n_past(*i), toks.len(), d);
+            feeds.push((!rows.is_empty()).then(|| model_ids(toks, IMAGE_PLACEHOLDER)));
+            embds.push(rows);
+        }
         let which: Vec<usize> = inputs.iter().map(|x| x.0).collect();
         let (pool, states) = self.kv.states(&which);
         let mut seqs: Vec<Sequence> = states
             .into_iter()
             .zip(inputs)
             .zip(loras)
-            .map(|((state, inp), lora)| Sequence {
+            .zip(feeds.iter().zip(&embds))
+            .map(|(((state, inp), lora), (feed, embd))| Sequence {
                 state,
-                tokens: &inp.1,
+                tokens: feed.as_deref().unwrap_or(&inp.1),
                 logits: inp.2,
                 lora,
+                embd,
             })
             .collect();
         let model = &self.model;
@@ -708,4 +735,24 @@ type Input = (usize, Vec<u32>, Logits);
 /// The token a job feeds next when it is decoding (its prompt all fed).
 fn decoding(job: &Job) -> Option<u32> {
     job.next.filter(|_| job.fed == job.input.len())
+}
+
+/// The id the model reads at an image's rows (any id in the vocabulary: the row is
+/// replaced by the image's).
+const IMAGE_PLACEHOLDER: u32 = 0;
+
+/// Why a request's images cannot run: misplaced ([`check_images`]), or on an embedding
+/// request.
+fn image_error(req: &Request, n_embd: usize) -> Option<RequestError> {
+    if req.images.is_empty() {
+        return None;
+    }
+    if req.embed.is_some() {
+        return Some(RequestError::Images(
+            "an embedding request takes no images".into(),
+        ));
+    }
+    check_images(&req.prompt, &req.images, n_embd)
+        .err()
+        .map(RequestError::Images)
 }

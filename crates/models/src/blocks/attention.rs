@@ -331,6 +331,16 @@ impl Model {
             );
         }
         let pool = pool.as_deref();
+        let bidi: Vec<Vec<(usize, usize)>> = seqs
+            .iter()
+            .map(|s| {
+                s.embd
+                    .iter()
+                    .filter(|e| e.bidirectional)
+                    .map(|e| (s.state.n_past + e.at, s.state.n_past + e.at + e.n(c.n_embd)))
+                    .collect()
+            })
+            .collect();
         let parts: Vec<AttnSeq<'_>> = seqs
             .iter()
             .enumerate()
@@ -346,6 +356,7 @@ impl Model {
                 p0: s.state.n_past,
                 r0: starts[si],
                 n: starts[si + 1] - starts[si],
+                bidi: &bidi[si],
             })
             .collect();
         attention(
@@ -551,6 +562,20 @@ struct AttnSeq<'a> {
     p0: usize,
     r0: usize,
     n: usize,
+    /// Position ranges `a..b` of this call whose rows see each other both ways (an
+    /// image's rows in Gemma 3: [`crate::EmbdRows::bidirectional`]).
+    bidi: &'a [(usize, usize)],
+}
+
+impl AttnSeq<'_> {
+    /// The last key position a query at position `pos` sees: itself (causal), or the
+    /// end of its two-way range.
+    fn last_key(&self, pos: usize) -> usize {
+        match self.bidi.iter().find(|&&(a, b)| (a..b).contains(&pos)) {
+            Some(&(_, b)) => b - 1,
+            None => pos,
+        }
+    }
 }
 
 /// Attention of every sequence's new query rows over its own cached keys and values of
@@ -595,18 +620,25 @@ fn attention(
     let outs = Disjoint::new(out);
     crate::pool::run(tasks.len(), &|task| {
         let (si, h0, heads, i0) = tasks[task];
+        let seq = &seqs[si];
         let AttnSeq {
             layer,
             blocks,
             p0,
             r0,
             n,
-        } = seqs[si];
+            ..
+        } = *seq;
         let i1 = (i0 + ATTN_ROWS_PER_TASK).min(n);
         let nr = i1 - i0;
         let g = h0 / group;
         ATTN_SCORES.with_borrow_mut(|scores| {
-            let (t0, t1) = (first_key(p0 + i0), p0 + i1); // keys t0..t1 are read
+            // Keys t0..t1 are read.
+            let t0 = first_key(p0 + i0);
+            let t1 = (i0..i1)
+                .map(|i| seq.last_key(p0 + i) + 1)
+                .max()
+                .unwrap_or(p0 + i1);
             let span = t1 - t0;
             // KV head g's keys and values of positions t0.., read in place (through the
             // block table of a pooled sequence).
@@ -620,7 +652,7 @@ fn attention(
             let head = |u: usize| h0 + u / nr;
             // Unit u sees keys lo(u)..hi(u), relative to t0.
             let lo = |u: usize| first_key(p0 + i0 + u % nr) - t0;
-            let hi = |u: usize| p0 + i0 + u % nr + 1 - t0;
+            let hi = |u: usize| seq.last_key(p0 + i0 + u % nr) + 1 - t0;
             let qrow = |u: usize| &q[(r0 + i0 + u % nr) * dims.q() + head(u) * hd_k..][..hd_k];
             scores.resize(units * span, 0.0);
             // The first units read the rows from memory (prefetched, the first rows before

@@ -7,6 +7,7 @@
 //! here, so a rule about a field lives in one place.
 
 use frink_engine::constraint::Grammar;
+use frink_engine::image::IMAGE_MARKER;
 use frink_tokenizer::ChatMessage;
 use serde_json::{Map, Value};
 
@@ -48,6 +49,18 @@ pub struct ChatRequest {
     /// The start of the answer, which the model continues (Anthropic's final assistant
     /// message; not an OpenAI field).
     pub prefill: Option<String>,
+    /// The images of `image_url` parts, in order (each message's content holds
+    /// [`frink_engine::image::IMAGE_MARKER`] where one was): a `data:` URI or a URL.
+    pub images: Vec<ImageSource>,
+}
+
+/// Where an image of a request comes from, and the field that gave it (for errors).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ImageSource {
+    /// A `data:` URI, an `http(s)` URL, or (Ollama, llama.cpp) bare base64.
+    pub url: String,
+    /// `messages[i].content[j].image_url` and the like.
+    pub param: String,
 }
 
 /// A request's `tools` (checked, at least one) and what its `tool_choice` makes of them.
@@ -78,7 +91,7 @@ impl ChatRequest {
     /// `logprobs`, the grammar, the tools, the template's variables, `reasoning_format`,
     /// `prediction`).
     pub fn read(obj: &Map<String, Value>, limits: Limits) -> Result<ChatRequest, ApiError> {
-        let messages = messages(obj)?;
+        let (messages, images) = messages(obj)?;
         let opts = gen_options(obj, Endpoint::Chat, limits)?;
         let logprobs = chat_logprobs(obj)?;
         let grammar = grammar(obj)?;
@@ -95,6 +108,7 @@ impl ChatRequest {
             split_reasoning: split_reasoning(obj)?,
             prediction: super::prediction(obj)?,
             prefill: None,
+            images,
         })
     }
 }
@@ -164,7 +178,13 @@ impl CompletionRequest {
                     ));
                 }
             }
-            Prompt::Text(_) => {}
+            Prompt::Multimodal(..) if suffix.is_some() => {
+                return Err(ApiError::invalid(
+                    Some("suffix"),
+                    "'suffix' (fill-in-the-middle) takes no images",
+                ))
+            }
+            Prompt::Text(_) | Prompt::Multimodal(..) => {}
         }
         Ok(CompletionRequest {
             prompt,
@@ -400,7 +420,7 @@ const ROLES: [&str; 6] = [
 /// `messages` of a chat request: role, text (a string, null, or an array of
 /// `{"type": "text", "text": …}` parts) and every other field the template may read
 /// (`tool_calls` with their `arguments` parsed into objects, `tool_call_id`, `name`).
-fn messages(obj: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
+fn messages(obj: &Map<String, Value>) -> Result<(Vec<ChatMessage>, Vec<ImageSource>), ApiError> {
     let bad = |m: &str| ApiError::invalid(Some("messages"), m.to_string());
     let list = match field(obj, "messages") {
         None => return Err(bad("'messages' is required")),
@@ -410,7 +430,9 @@ fn messages(obj: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
     if list.is_empty() {
         return Err(bad("'messages' must not be empty"));
     }
-    list.iter()
+    let mut images = Vec::new();
+    let messages = list
+        .iter()
         .enumerate()
         .map(|(i, m)| {
             let m = m
@@ -429,20 +451,7 @@ fn messages(obj: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
             let content = match m.get("content") {
                 None | Some(Value::Null) => String::new(),
                 Some(Value::String(s)) => s.clone(),
-                Some(Value::Array(parts)) => {
-                    let mut s = String::new();
-                    for part in parts {
-                        match part.get("text").and_then(Value::as_str) {
-                            Some(t) => s.push_str(t),
-                            None => {
-                                return Err(bad(&format!(
-                                    "messages[{i}].content parts must be text parts"
-                                )))
-                            }
-                        }
-                    }
-                    s
-                }
+                Some(Value::Array(parts)) => content_parts(i, parts, &mut images)?,
                 Some(_) => {
                     return Err(bad(&format!(
                         "messages[{i}].content must be a string or an array of parts"
@@ -460,7 +469,55 @@ fn messages(obj: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
                 extra: crate::tools::message_extra(m),
             })
         })
-        .collect()
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    Ok((messages, images))
+}
+
+/// The text of message `i`'s content `parts`: its text parts in order, with
+/// [`IMAGE_MARKER`] for each `image_url` part, whose URL goes to `images`.
+fn content_parts(
+    i: usize,
+    parts: &[Value],
+    images: &mut Vec<ImageSource>,
+) -> Result<String, ApiError> {
+    let mut s = String::new();
+    for (j, part) in parts.iter().enumerate() {
+        let param = format!("messages[{i}].content[{j}]");
+        let bad = |m: String| ApiError::invalid(Some(&param), m);
+        if let Some(t) = part.get("text").and_then(Value::as_str) {
+            if t.contains(IMAGE_MARKER) {
+                return Err(bad(format!(
+                    "{param}.text holds {IMAGE_MARKER}, the text that marks an image's place"
+                )));
+            }
+            s.push_str(t);
+            continue;
+        }
+        if part.get("type").and_then(Value::as_str) != Some("image_url") {
+            return Err(bad(format!(
+                "{param} must be a text part or an image_url part"
+            )));
+        }
+        // `{"url": …, "detail": …}`, or the URL alone.
+        let url = match part.get("image_url") {
+            Some(Value::String(u)) => u,
+            Some(Value::Object(o)) => match o.get("url") {
+                Some(Value::String(u)) => u,
+                _ => return Err(bad(format!("{param}.image_url.url must be a string"))),
+            },
+            _ => {
+                return Err(bad(format!(
+                    "{param}.image_url must be an object with a url"
+                )))
+            }
+        };
+        s.push_str(IMAGE_MARKER);
+        images.push(ImageSource {
+            url: url.clone(),
+            param: format!("{param}.image_url"),
+        });
+    }
+    Ok(s)
 }
 
 /// The `prompt` of a completion request: a string (or an array holding one), or token ids.
@@ -469,6 +526,9 @@ pub enum Prompt {
     Text(String),
     /// Token ids, used as they are.
     Ids(Vec<u32>),
+    /// llama.cpp's multimodal prompt `{"prompt_string": …, "multimodal_data": [base64…]}`:
+    /// text with one [`IMAGE_MARKER`] per image.
+    Multimodal(String, Vec<ImageSource>),
 }
 
 /// Reads `prompt`.
@@ -488,8 +548,47 @@ fn prompt(obj: &Map<String, Value>) -> Result<Prompt, ApiError> {
         Some(Value::Array(a)) if a.len() > 1 && a.iter().all(Value::is_string) => {
             Err(bad("only one prompt per request is supported"))
         }
+        Some(Value::Object(o)) => {
+            let text = match o.get("prompt_string") {
+                Some(Value::String(s)) => s.clone(),
+                _ => return Err(bad("'prompt.prompt_string' must be a string")),
+            };
+            let data = match o.get("multimodal_data") {
+                None | Some(Value::Null) => Vec::new(),
+                Some(Value::Array(a)) => a.clone(),
+                Some(_) => {
+                    return Err(bad(
+                        "'prompt.multimodal_data' must be an array of base64 strings",
+                    ))
+                }
+            };
+            if let Some(k) = o
+                .keys()
+                .find(|k| *k != "prompt_string" && *k != "multimodal_data")
+            {
+                return Err(bad(&format!("'prompt.{k}' is not supported")));
+            }
+            let images = data
+                .iter()
+                .enumerate()
+                .map(|(k, d)| match d {
+                    Value::String(s) => Ok(ImageSource {
+                        url: s.clone(),
+                        param: format!("prompt.multimodal_data[{k}]"),
+                    }),
+                    _ => Err(bad(&format!(
+                        "'prompt.multimodal_data[{k}]' must be a base64 string"
+                    ))),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(match images.is_empty() {
+                true => Prompt::Text(text),
+                false => Prompt::Multimodal(text, images),
+            })
+        }
         Some(_) => Err(bad(
-            "'prompt' must be a string, an array of one string, or an array of token ids",
+            "'prompt' must be a string, an array of one string, an array of token ids, or \
+             {\"prompt_string\", \"multimodal_data\"}",
         )),
     }
 }

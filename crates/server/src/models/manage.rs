@@ -124,13 +124,18 @@ pub(crate) async fn list(State(srv): Srv) -> Response {
 /// One model in OpenAI's shape, with llama-server's router `status`.
 fn model_object(srv: &Server, l: &Listed) -> Value {
     let loaded = srv.models.is_loaded(&l.source.key());
-    json!({
+    let mut v = json!({
         "id": l.source.name,
         "object": "model",
         "created": srv.created,
         "owned_by": "frink",
         "status": {"value": if loaded { "loaded" } else { "unloaded" }},
-    })
+    });
+    // What a loaded model can do (Ollama's capability words: `vision` with a projector).
+    if let Some(c) = srv.models.capabilities(&l.source.key()) {
+        v["capabilities"] = json!(c);
+    }
+    v
 }
 
 /// `GET /v1/models/{id}` (OpenAI's `models.retrieve`): one model, or a 404 naming it.
@@ -196,6 +201,12 @@ pub(crate) async fn show(State(srv): Srv, body: Bytes) -> Response {
         let name = model_name(&obj)?;
         let l = srv2.registry.find(&name, "model")?;
         let mut v = info_of(&srv2, &l)?.show();
+        // The -m model takes images when it is served with its projector file.
+        if l.source.is_cli && srv2.cli_vision {
+            if let Some(c) = v["capabilities"].as_array_mut() {
+                c.push(json!("vision"));
+            }
+        }
         if let Some(d) = &l.source.defaults {
             show_defaults(&mut v, d, l.source.from.as_deref().unwrap_or(""));
         }

@@ -634,6 +634,18 @@ impl Models {
             .any(|s| s.key == key && matches!(s.state, SlotState::Ready(_)))
     }
 
+    /// The capabilities of the loaded model of engine key `key` (Ollama's words:
+    /// `completion`, `tools`, `vision`, …), `None` while it is not loaded.
+    pub fn capabilities(&self, key: &str) -> Option<Vec<&'static str>> {
+        self.lock()
+            .iter()
+            .find(|s| s.key == key)
+            .and_then(|s| match &s.state {
+                SlotState::Ready(l) => l.app.engine.get().map(|e| e.info.capabilities.clone()),
+                _ => None,
+            })
+    }
+
     /// Bytes the resident and loading models count for.
     pub fn bytes(&self) -> u64 {
         self.lock().iter().map(|s| s.bytes).sum()

@@ -32,8 +32,13 @@ pub fn model_path(name: &str) -> std::path::PathBuf {
 
 /// `frink serve -m MODEL`'s settings with every flag at its default (`--port 0`).
 pub fn config(model: &str) -> ServeConfig {
+    config_at(model, model_path(model))
+}
+
+/// [`config`] for the model file at `path`, served as `name`.
+pub fn config_at(name: &str, path: std::path::PathBuf) -> ServeConfig {
     ServeConfig {
-        model_name: model.to_string(),
+        model_name: name.to_string(),
         host: "127.0.0.1".into(),
         port: 0,
         parallel: 4,
@@ -54,7 +59,7 @@ pub fn config(model: &str) -> ServeConfig {
         chat_template_kwargs: Default::default(),
         split_reasoning: true,
         pooling: None,
-        model_path: Some(model_path(model)),
+        model_path: Some(path),
         max_models: 3,
         max_memory: None,
         keep_alive: frink_server::models::KeepAlive::parse(&"5m".into())
@@ -72,6 +77,9 @@ pub fn config(model: &str) -> ServeConfig {
         spec_sampling: Default::default(),
         log_format: frink_server::log::LogFormat::Off,
         log_prompts: false,
+        mmproj: None,
+        allow_image_urls: false,
+        image_max_pixels: frink_vision::input::DEFAULT_MAX_PIXELS,
     }
 }
 
@@ -96,6 +104,11 @@ impl TestServer {
     pub fn start(model: &str, set: impl FnOnce(&mut ServeConfig)) -> TestServer {
         let mut config = config(model);
         set(&mut config);
+        TestServer::start_with(config)
+    }
+
+    /// Serves with `config` ([`config_at`] for a file of the tests' own).
+    pub fn start_with(config: ServeConfig) -> TestServer {
         frink_models::pool::set_threads(2);
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
         listener

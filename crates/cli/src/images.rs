@@ -1,0 +1,97 @@
+//! `--mmproj` and `--image` of `frink run`: the projector file, the images encoded, and
+//! the prompt with their rows in place.
+
+use std::ops::Range;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use frink_engine::image::{image_prompt, EncodedImage, PromptImage, IMAGE_MARKER};
+use frink_models::vision::VisionModel;
+use frink_models::Model;
+use frink_tokenizer::Tokenizer;
+
+/// Image input flags (CONTRACT.md).
+#[derive(Args, Debug, Default)]
+pub struct ImageArgs {
+    /// The model's projector file (llama.cpp's `--mmproj`: the vision encoder and
+    /// projector that its converter writes beside a vision model).
+    #[arg(long = "mmproj", value_name = "FILE")]
+    pub mmproj: Option<PathBuf>,
+    /// An image for the prompt (PNG, JPEG, WebP, GIF's first frame); repeatable. Each goes
+    /// where the prompt has `<__media__>`, or before the text when it has none.
+    #[arg(long = "image", value_name = "FILE", requires = "mmproj")]
+    pub image: Vec<PathBuf>,
+    /// The most pixels (width × height) an image may have.
+    #[arg(long = "image-max-pixels", value_name = "N", default_value_t = frink_vision::input::DEFAULT_MAX_PIXELS)]
+    pub image_max_pixels: u64,
+}
+
+/// The largest image file read (before its header is even looked at).
+const MAX_IMAGE_FILE: u64 = 256 << 20;
+
+impl ImageArgs {
+    /// The projector file, checked against `model`, when `--mmproj` is given.
+    pub fn load(&self, model: &Model) -> Result<Option<VisionModel>> {
+        let Some(path) = &self.mmproj else {
+            return Ok(None);
+        };
+        let vm = VisionModel::load(path)
+            .with_context(|| format!("cannot load the projector file {}", path.display()))?;
+        frink_vision::input::check_pair(&vm, &model.config)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        Ok(Some(vm))
+    }
+
+    /// Each `--image` read, decoded, preprocessed and encoded by `vm`.
+    pub fn encode(&self, vm: &VisionModel) -> Result<Vec<EncodedImage>> {
+        self.image
+            .iter()
+            .map(|path| {
+                let len = std::fs::metadata(path)
+                    .with_context(|| format!("cannot read {}", path.display()))?
+                    .len();
+                if len > MAX_IMAGE_FILE {
+                    bail!(
+                        "{}: {len} bytes, more than an image file may have ({MAX_IMAGE_FILE})",
+                        path.display()
+                    );
+                }
+                let bytes = std::fs::read(path)
+                    .with_context(|| format!("cannot read {}", path.display()))?;
+                frink_vision::input::encode_image(vm, &bytes, self.image_max_pixels)
+                    .with_context(|| format!("image {}", path.display()))
+            })
+            .collect()
+    }
+}
+
+/// The prompt values and images of `text` (rendered; `special`: its byte ranges parsed
+/// for special tokens) with `images` at its `<__media__>` markers; a text without markers
+/// gets them all before it (as llama-mtmd-cli places them).
+pub fn prompt(
+    tok: &Tokenizer,
+    text: &str,
+    special: &[Range<usize>],
+    vm: &VisionModel,
+    images: &[EncodedImage],
+) -> Result<(Vec<u32>, Vec<PromptImage>)> {
+    let (text, special) = if text.contains(IMAGE_MARKER) {
+        (text.to_string(), special.to_vec())
+    } else {
+        let pre = IMAGE_MARKER.repeat(images.len());
+        let moved = special
+            .iter()
+            .map(|r| r.start + pre.len()..r.end + pre.len());
+        (format!("{pre}{text}"), moved.collect())
+    };
+    image_prompt(
+        tok,
+        &text,
+        &special,
+        &frink_vision::input::image_text(vm),
+        images,
+        vm.bidirectional(),
+    )
+    .map_err(|e| anyhow::anyhow!("images: {e}"))
+}

@@ -1,0 +1,143 @@
+//! `frink run --mmproj --image` on the tiny Gemma 3 vision fixture
+//! (crates/vision/tests/data/gemma3, transformers' reference): the processor's prompt ids
+//! and transformers' greedy tokens, the same answer from a raw prompt with llama.cpp's
+//! marker, and the refusals.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::{frink, last_json_line, stderr};
+use serde_json::Value;
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../vision/tests/data/gemma3")
+}
+
+fn path(f: &str) -> String {
+    dir().join(f).to_string_lossy().into_owned()
+}
+
+fn meta() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(dir().join("meta.json")).unwrap()).unwrap()
+}
+
+fn ids(v: &Value) -> Vec<u64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect()
+}
+
+/// One image and two images before the text: the processor's ids, transformers' tokens
+/// (up to where transformers' generation stopped).
+#[test]
+fn run_with_images_gives_the_reference() {
+    let m = meta();
+    let (model, mmproj) = (path("model.gguf"), path("mmproj-model.gguf"));
+    for key in ["native", "odd", "two"] {
+        let p = &m["prompts"][key];
+        let mut args = vec![
+            "run", "-m", &model, "--mmproj", &mmproj, "--json", "--greedy", "-n", "8", "-t", "2",
+        ];
+        let files: Vec<String> = p["images"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| path(f.as_str().unwrap()))
+            .collect();
+        for f in &files {
+            args.extend(["--image", f.as_str()]);
+        }
+        args.push(p["text"].as_str().unwrap());
+        let out = frink(&args);
+        assert!(out.status.success(), "{key}: {}", stderr(&out));
+        let j = last_json_line(&out);
+        assert_eq!(
+            ids(&j["prompt_ids"]),
+            ids(&p["input_ids"]),
+            "{key}: prompt ids"
+        );
+        let (got, want) = (ids(&j["ids"]), ids(&p["greedy"]));
+        let n = got.len().min(want.len());
+        assert!(
+            n >= 2 && got[..n] == want[..n],
+            "{key}: {got:?} vs {want:?}"
+        );
+    }
+}
+
+/// A raw prompt with `<__media__>` where the image goes gives the chat's ids.
+#[test]
+fn a_raw_prompt_places_the_image_at_its_marker() {
+    let m = meta();
+    let p = &m["prompts"]["native"];
+    let raw = p["rendered"]
+        .as_str()
+        .unwrap()
+        .replacen("<s>", "", 1)
+        .replacen("<start_of_image>", "<__media__>", 1);
+    let (model, mmproj, image) = (
+        path("model.gguf"),
+        path("mmproj-model.gguf"),
+        path("native.png"),
+    );
+    let out = frink(&[
+        "run",
+        "-m",
+        &model,
+        "--mmproj",
+        &mmproj,
+        "--image",
+        &image,
+        "--raw",
+        "--parse-special",
+        "--json",
+        "--greedy",
+        "-n",
+        "4",
+        "-t",
+        "2",
+        &raw,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        ids(&last_json_line(&out)["prompt_ids"]),
+        ids(&p["input_ids"])
+    );
+}
+
+/// `--image` without `--mmproj`, a projector with a model of another architecture, and a
+/// file that is not an image are errors that say so.
+#[test]
+fn what_cannot_run_is_refused() {
+    let (model, mmproj, image) = (
+        path("model.gguf"),
+        path("mmproj-model.gguf"),
+        path("native.png"),
+    );
+    let out = frink(&["run", "-m", &model, "--image", &image, "-n", "1", "hi"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--mmproj"), "{}", stderr(&out));
+    let out = frink(&[
+        "run",
+        "-m",
+        &model,
+        "--mmproj",
+        &mmproj,
+        "--image",
+        &path("meta.json"),
+        "-n",
+        "1",
+        "hi",
+    ]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("not an image"), "{}", stderr(&out));
+    // The projector file given as the model, and the model as the projector.
+    let out = frink(&[
+        "run", "-m", &model, "--mmproj", &model, "--image", &image, "-n", "1", "hi",
+    ]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("clip"), "{}", stderr(&out));
+}

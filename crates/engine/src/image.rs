@@ -1,0 +1,334 @@
+//! Images in a prompt: each image's rows (from a projector, [`frink_models::vision`]) take
+//! the place of its placeholder tokens, and the prompt carries **image keys** there
+//! instead of token ids: values at or above [`IMAGE_KEY`], derived from a hash of the
+//! image and the row, that no vocabulary reaches. The scheduler's prefix cache compares
+//! and hashes prompts by these values, so the same image in a follow-up turn reuses its
+//! cached rows, and a different image at the same place does not (a false match needs
+//! every row's 31 bits to collide). The model reads a placeholder id at those rows,
+//! replaced by the image's rows ([`frink_models::EmbdRows`]).
+
+use std::sync::Arc;
+
+use frink_models::EmbdRows;
+use sha2::{Digest, Sha256};
+
+/// The lowest image key: token ids are below it (vocabularies stay far below 2³¹).
+pub const IMAGE_KEY: u32 = 1 << 31;
+
+/// Whether prompt value `t` is an image row's key, not a token id.
+pub fn is_image_key(t: u32) -> bool {
+    t >= IMAGE_KEY
+}
+
+/// The keys of an image's `n` rows: row `r`'s is 31 bits of SHA-256(`hash` ‖ `r`), with
+/// the top bit set. `hash` identifies the image's content (its decoded pixels' hash).
+pub fn image_keys(hash: &[u8], n: usize) -> Vec<u32> {
+    (0..n as u64)
+        .map(|r| {
+            let d = Sha256::new()
+                .chain_update(hash)
+                .chain_update(r.to_le_bytes())
+                .finalize();
+            IMAGE_KEY | (u32::from_le_bytes([d[0], d[1], d[2], d[3]]) & (IMAGE_KEY - 1))
+        })
+        .collect()
+}
+
+/// One image of a request's prompt.
+#[derive(Clone, Debug)]
+pub struct PromptImage {
+    /// The prompt index of its first row.
+    pub at: usize,
+    /// Its rows for the language model: `n × n_embd` values.
+    pub rows: Arc<Vec<f32>>,
+    /// The keys its rows carry in the prompt ([`image_keys`]).
+    pub keys: Vec<u32>,
+    /// Whether its rows see each other both ways ([`EmbdRows::bidirectional`]).
+    pub bidirectional: bool,
+}
+
+impl PromptImage {
+    /// Its number of rows.
+    pub fn n(&self) -> usize {
+        self.keys.len()
+    }
+}
+
+/// The ids the model reads for prompt values `keys`: each image key becomes
+/// `placeholder` (its row is replaced by the image's).
+pub fn model_ids(keys: &[u32], placeholder: u32) -> Vec<u32> {
+    keys.iter()
+        .map(|&t| if is_image_key(t) { placeholder } else { t })
+        .collect()
+}
+
+/// The rows of `images` inside prompt positions `p0 .. p0 + len`, relative to `p0`.
+pub fn embd_rows(
+    images: &[PromptImage],
+    p0: usize,
+    len: usize,
+    n_embd: usize,
+) -> Vec<EmbdRows<'_>> {
+    images
+        .iter()
+        .filter_map(|im| {
+            let (a, b) = (im.at.max(p0), (im.at + im.n()).min(p0 + len));
+            (a < b).then(|| EmbdRows {
+                at: a - p0,
+                rows: &im.rows[(a - im.at) * n_embd..(b - im.at) * n_embd],
+                bidirectional: im.bidirectional,
+            })
+        })
+        .collect()
+}
+
+/// Checks a prompt's images: each inside the prompt where its keys are, in order, not
+/// overlapping, with `n × n_embd` values; every other value a token id. Returns the
+/// first problem, named.
+pub fn check_images(prompt: &[u32], images: &[PromptImage], n_embd: usize) -> Result<(), String> {
+    let mut end = 0;
+    for (i, im) in images.iter().enumerate() {
+        let n = im.n();
+        if n == 0 || im.at < end || im.at + n > prompt.len() {
+            return Err(format!(
+                "image {i}: rows {}..{} are not inside the prompt after the previous image",
+                im.at,
+                im.at + n
+            ));
+        }
+        if im.rows.len() != n * n_embd {
+            return Err(format!(
+                "image {i}: {} values for {n} rows of width {n_embd}",
+                im.rows.len()
+            ));
+        }
+        if prompt[im.at..im.at + n] != im.keys[..] {
+            return Err(format!("image {i}: the prompt does not carry its keys"));
+        }
+        if prompt[end..im.at].iter().any(|&t| is_image_key(t)) {
+            return Err(format!("an image key outside image {i}'s rows"));
+        }
+        end = im.at + n;
+    }
+    if prompt[end..].iter().any(|&t| is_image_key(t)) {
+        return Err("an image key outside every image's rows".into());
+    }
+    Ok(())
+}
+
+/// Where a prefill chunk of `take` values from prompt index `pos` may end: never inside
+/// an image whose rows see each other both ways (they must be evaluated in one call).
+/// Shortened to the image's start, or, for a chunk that starts in or at the image,
+/// lengthened to its end.
+pub fn chunk_end(images: &[PromptImage], pos: usize, take: usize) -> usize {
+    let end = pos + take;
+    match images
+        .iter()
+        .find(|im| im.bidirectional && im.at < end && end < im.at + im.n())
+    {
+        Some(im) if im.at > pos => im.at - pos,
+        Some(im) => im.at + im.n() - pos,
+        None => take,
+    }
+}
+
+/// The text that stands for an image in a prompt before its tokens are placed: llama.cpp's
+/// default media marker (`mtmd_default_marker`), which its server's `multimodal_data`
+/// prompts carry; frink's chat messages carry it where an image part was.
+pub const IMAGE_MARKER: &str = "<__media__>";
+
+/// How a family's processor spells an image in the prompt text: `before`, `n` times
+/// `token`, `after` (Gemma 3: `"\n\n<start_of_image>"`, 256 × `<image_soft_token>`,
+/// `"<end_of_image>\n\n"`, transformers `Gemma3Processor.full_image_sequence`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageText {
+    pub before: String,
+    pub token: String,
+    pub after: String,
+    /// Rows per image.
+    pub n: usize,
+}
+
+/// An encoded image for [`image_prompt`]: its rows and the hash of its content.
+#[derive(Clone, Debug)]
+pub struct EncodedImage {
+    /// `n × n_embd` values.
+    pub rows: Arc<Vec<f32>>,
+    /// Identifies the image ([`image_keys`]).
+    pub hash: [u8; 32],
+}
+
+/// The prompt values and images of a rendered prompt `text` holding one
+/// [`IMAGE_MARKER`] per image of `images`, in order: each marker becomes the family's
+/// image text ([`ImageText`]), tokenized with special tokens parsed there and in
+/// `special` (byte ranges of `text`, sorted: the template's own text), literal elsewhere
+/// (message contents); then each run of the image token becomes that image's keys.
+///
+/// Errors (named for the caller's message): markers and images of different counts, an
+/// image token that is not one special token of the vocabulary, runs of it that are not
+/// the images' rows (a prompt that spells them itself).
+pub fn image_prompt(
+    tok: &frink_tokenizer::Tokenizer,
+    text: &str,
+    special: &[std::ops::Range<usize>],
+    layout: &ImageText,
+    images: &[EncodedImage],
+    bidirectional: bool,
+) -> Result<(Vec<u32>, Vec<PromptImage>), String> {
+    let markers: Vec<usize> = text.match_indices(IMAGE_MARKER).map(|(i, _)| i).collect();
+    if markers.len() != images.len() {
+        return Err(format!(
+            "{} image(s) but {} place(s) for them in the prompt ({IMAGE_MARKER})",
+            images.len(),
+            markers.len()
+        ));
+    }
+    let image_id = tok
+        .token_id(&layout.token)
+        .ok_or_else(|| format!("the vocabulary has no {} token", layout.token))?;
+    let expansion = format!(
+        "{}{}{}",
+        layout.before,
+        layout.token.repeat(layout.n),
+        layout.after
+    );
+    // The new text and its special ranges: the caller's, moved, plus each expansion.
+    let mut out = String::with_capacity(text.len() + markers.len() * expansion.len());
+    let mut ranges: Vec<std::ops::Range<usize>> = Vec::new();
+    let shift = |at: usize, out_len: usize, src: usize| out_len + at - src;
+    let mut src = 0;
+    let push_special =
+        |ranges: &mut Vec<std::ops::Range<usize>>, r: std::ops::Range<usize>| match ranges
+            .last_mut()
+        {
+            Some(last) if last.end == r.start => last.end = r.end,
+            _ if r.is_empty() => {}
+            _ => ranges.push(r),
+        };
+    for &m in markers.iter().chain(std::iter::once(&text.len())) {
+        // The caller's special ranges within src..m, moved to the new text.
+        for r in special {
+            let (a, b) = (r.start.max(src), r.end.min(m));
+            if a < b {
+                let base = out.len();
+                push_special(&mut ranges, shift(a, base, src)..shift(b, base, src));
+            }
+        }
+        out.push_str(&text[src..m]);
+        if m == text.len() {
+            break;
+        }
+        let start = out.len();
+        out.push_str(&expansion);
+        push_special(&mut ranges, start..out.len());
+        src = m + IMAGE_MARKER.len();
+    }
+    let ids = tok
+        .encode_ranges(&out, &ranges, true)
+        .map_err(|e| e.to_string())?;
+    // Each run of the image token is one image's rows.
+    let mut prompt = ids;
+    let mut placed = Vec::with_capacity(images.len());
+    let mut i = 0;
+    while i < prompt.len() {
+        if prompt[i] != image_id {
+            i += 1;
+            continue;
+        }
+        let run = prompt[i..].iter().take_while(|&&t| t == image_id).count();
+        let k = placed.len();
+        let Some(im) = images.get(k).filter(|_| run == layout.n) else {
+            return Err(format!(
+                "the prompt holds {} tokens where image {} should have {} rows",
+                layout.token, k, layout.n
+            ));
+        };
+        let keys = image_keys(&im.hash, run);
+        prompt[i..i + run].copy_from_slice(&keys);
+        placed.push(PromptImage {
+            at: i,
+            rows: Arc::clone(&im.rows),
+            keys,
+            bidirectional,
+        });
+        i += run;
+    }
+    if placed.len() != images.len() {
+        return Err(format!(
+            "{} image(s) placed of {}: the template dropped an image's place",
+            placed.len(),
+            images.len()
+        ));
+    }
+    Ok((prompt, placed))
+}
+
+/// The byte ranges of `len` bytes outside `content` (sorted, disjoint): a rendered chat
+/// prompt's template text, parsed for special tokens, around its message contents.
+pub fn outside(content: &[std::ops::Range<usize>], len: usize) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    for r in content {
+        if r.start > at {
+            out.push(at..r.start);
+        }
+        at = r.end;
+    }
+    if at < len {
+        out.push(at..len);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn image(at: usize, n: usize, seed: u8, bidi: bool) -> PromptImage {
+        PromptImage {
+            at,
+            rows: Arc::new(vec![seed as f32; n * 2]),
+            keys: image_keys(&[seed], n),
+            bidirectional: bidi,
+        }
+    }
+
+    #[test]
+    fn keys_differ_by_image_and_row_and_stay_above_token_ids() {
+        let (a, b) = (image_keys(b"one", 8), image_keys(b"two", 8));
+        assert!(a.iter().chain(&b).all(|&k| is_image_key(k)));
+        assert_eq!(a, image_keys(b"one", 8));
+        assert!(a.iter().zip(&b).all(|(x, y)| x != y));
+        let mut s = a.clone();
+        s.dedup();
+        assert_eq!(s.len(), 8);
+    }
+
+    #[test]
+    fn rows_of_a_chunk_and_chunk_ends() {
+        let ims = [image(2, 4, 1, true), image(8, 2, 2, false)];
+        let rows = embd_rows(&ims, 3, 6, 2); // positions 3..9
+        assert_eq!(rows.len(), 2);
+        assert_eq!((rows[0].at, rows[0].rows.len()), (0, 6)); // image rows 1..4
+        assert_eq!((rows[1].at, rows[1].rows.len()), (5, 2)); // position 8
+                                                              // A chunk ending inside the two-way image stops before it, or takes it whole.
+        assert_eq!(chunk_end(&ims, 0, 4), 2);
+        assert_eq!(chunk_end(&ims, 2, 1), 4);
+        assert_eq!(chunk_end(&ims, 3, 1), 3);
+        // The causal image may be split.
+        assert_eq!(chunk_end(&ims, 0, 9), 9);
+    }
+
+    #[test]
+    fn checks_refuse_keys_without_an_image_and_misplaced_images() {
+        let im = image(1, 2, 3, true);
+        let mut prompt = vec![5, 0, 0, 6];
+        prompt[1..3].copy_from_slice(&im.keys);
+        assert!(check_images(&prompt, std::slice::from_ref(&im), 2).is_ok());
+        assert!(check_images(&prompt, &[], 2).is_err());
+        let mut moved = im.clone();
+        moved.at = 2;
+        assert!(check_images(&prompt, &[moved], 2).is_err());
+        assert!(check_images(&prompt, std::slice::from_ref(&im), 3).is_err());
+    }
+}

@@ -1,0 +1,199 @@
+//! [`ClipConfig`]: the hyperparameters of a projector file (`mmproj`, llama.cpp's `clip`
+//! architecture, as its converter writes them: llama.cpp `tools/mtmd/clip-impl.h` keys).
+
+use frink_gguf::GgufFile;
+
+use crate::error::{ModelError, Result};
+
+/// The projectors frink implements: how a vision encoder's patch rows become the language
+/// model's input rows (`clip.projector_type`, llama.cpp `clip-impl.h` `PROJECTOR_TYPE_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Projector {
+    /// Gemma 3: average pool of `n_merge × n_merge` patches, RMSNorm (`mm.soft_emb_norm`),
+    /// a linear map (`mm.input_projection`) (transformers `Gemma3MultiModalProjector`,
+    /// llama.cpp `tools/mtmd/models/siglip.cpp`). The image's rows attend to each other
+    /// both ways in the language model.
+    Gemma3,
+}
+
+impl Projector {
+    /// The names `clip.projector_type` may hold for each supported projector.
+    pub const SUPPORTED: [(&'static str, Projector); 1] = [("gemma3", Projector::Gemma3)];
+
+    /// How the family's processor spells an image in the prompt text: the text before its
+    /// rows, the placeholder token each row takes, the text after (Gemma 3: transformers
+    /// `Gemma3Processor.full_image_sequence`).
+    pub fn image_text(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            Projector::Gemma3 => (
+                "\n\n<start_of_image>",
+                "<image_soft_token>",
+                "<end_of_image>\n\n",
+            ),
+        }
+    }
+
+    /// The language-model architectures its rows are made for (`general.architecture`).
+    pub fn language_models(self) -> &'static [&'static str] {
+        match self {
+            Projector::Gemma3 => &["gemma3"],
+        }
+    }
+
+    /// The projector named `name`.
+    ///
+    /// Errors: [`ModelError::Unsupported`] naming it and the supported ones.
+    pub fn from_name(name: &str) -> Result<Projector> {
+        Self::SUPPORTED
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|&(_, p)| p)
+            .ok_or_else(|| {
+                let known: Vec<&str> = Self::SUPPORTED.iter().map(|(n, _)| *n).collect();
+                ModelError::Unsupported(format!(
+                    "projector type {name:?} (clip.projector_type; supported: {})",
+                    known.join(", ")
+                ))
+            })
+    }
+}
+
+/// The vision encoder's and projector's hyperparameters, read once at load.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClipConfig {
+    pub projector: Projector,
+    /// The square input side in pixels (`clip.vision.image_size`).
+    pub image_size: usize,
+    /// The square patch side in pixels (`clip.vision.patch_size`).
+    pub patch_size: usize,
+    /// The encoder's width (`clip.vision.embedding_length`).
+    pub n_embd: usize,
+    /// The encoder's FFN width (`clip.vision.feed_forward_length`).
+    pub n_ff: usize,
+    /// Encoder layers (`clip.vision.block_count`).
+    pub n_layer: usize,
+    /// Attention heads (`clip.vision.attention.head_count`).
+    pub n_head: usize,
+    /// LayerNorm epsilon (`clip.vision.attention.layer_norm_epsilon`), also the
+    /// projector's RMSNorm epsilon (transformers `Gemma3MultiModalProjector`).
+    pub eps: f32,
+    /// The language model's width, which the projector maps to
+    /// (`clip.vision.projection_dim`).
+    pub n_embd_out: usize,
+    /// Per-channel mean and standard deviation of the normalisation
+    /// (`clip.vision.image_mean`, `clip.vision.image_std`).
+    pub mean: [f32; 3],
+    pub std: [f32; 3],
+    /// Patches pooled per side into one output row (Gemma 3: 4 unless
+    /// `clip.vision.projector.scale_factor` says otherwise, llama.cpp `clip.cpp`).
+    pub n_merge: usize,
+}
+
+impl ClipConfig {
+    /// Patches per side of the input.
+    pub fn patches_per_side(&self) -> usize {
+        self.image_size / self.patch_size
+    }
+
+    /// Rows each image gives the language model.
+    pub fn tokens_per_image(&self) -> usize {
+        (self.patches_per_side() / self.n_merge).pow(2)
+    }
+
+    /// Reads the hyperparameters of a projector file.
+    ///
+    /// Errors: [`ModelError::Metadata`] naming a missing or mistyped key or a size that
+    /// does not divide; [`ModelError::Unsupported`] for a file without a vision encoder,
+    /// an unsupported projector type or activation.
+    pub fn from_gguf(f: &GgufFile) -> Result<ClipConfig> {
+        let arch = f.get("general.architecture").and_then(|v| v.as_str());
+        if arch != Some("clip") {
+            return Err(meta_err(
+                "general.architecture",
+                format!("{arch:?}: a projector file (mmproj) has architecture \"clip\""),
+            ));
+        }
+        if f.get("clip.has_vision_encoder").and_then(|v| v.as_bool()) != Some(true) {
+            return Err(ModelError::Unsupported(
+                "a projector file without a vision encoder (clip.has_vision_encoder)".into(),
+            ));
+        }
+        let name = f
+            .get("clip.vision.projector_type")
+            .or_else(|| f.get("clip.projector_type"))
+            .and_then(|v| v.as_str())
+            .ok_or_else(|| meta_err("clip.projector_type", "missing".into()))?;
+        let projector = Projector::from_name(name)?;
+        if f.get("clip.use_gelu").and_then(|v| v.as_bool()) != Some(true) {
+            return Err(ModelError::Unsupported(
+                "a vision encoder whose FFN activation is not GELU (clip.use_gelu)".into(),
+            ));
+        }
+        let u = |key: &str| -> Result<usize> {
+            f.get(key)
+                .and_then(|v| v.as_u64())
+                .filter(|&v| v > 0 && v <= 1 << 20)
+                .map(|v| v as usize)
+                .ok_or_else(|| meta_err(key, "missing, zero or not a count".into()))
+        };
+        let triple = |key: &str| -> Result<[f32; 3]> {
+            let v = f
+                .get(key)
+                .and_then(|v| v.as_array())
+                .and_then(|a| a.to_f32_vec())
+                .ok_or_else(|| meta_err(key, "missing or not an array of numbers".into()))?;
+            <[f32; 3]>::try_from(v.as_slice())
+                .map_err(|_| meta_err(key, format!("{} values, expected 3", v.len())))
+        };
+        let eps = f
+            .get("clip.vision.attention.layer_norm_epsilon")
+            .and_then(|v| v.as_f32())
+            .ok_or_else(|| {
+                meta_err("clip.vision.attention.layer_norm_epsilon", "missing".into())
+            })?;
+        let n_merge = match f.get("clip.vision.projector.scale_factor") {
+            Some(v) => v.as_u64().filter(|&v| v > 0 && v <= 64).ok_or_else(|| {
+                meta_err("clip.vision.projector.scale_factor", "not a count".into())
+            })? as usize,
+            None => 4,
+        };
+        let c = ClipConfig {
+            projector,
+            image_size: u("clip.vision.image_size")?,
+            patch_size: u("clip.vision.patch_size")?,
+            n_embd: u("clip.vision.embedding_length")?,
+            n_ff: u("clip.vision.feed_forward_length")?,
+            n_layer: u("clip.vision.block_count")?,
+            n_head: u("clip.vision.attention.head_count")?,
+            eps,
+            n_embd_out: u("clip.vision.projection_dim")?,
+            mean: triple("clip.vision.image_mean")?,
+            std: triple("clip.vision.image_std")?,
+            n_merge,
+        };
+        let side = c.patches_per_side();
+        if !c.image_size.is_multiple_of(c.patch_size) || !side.is_multiple_of(c.n_merge) {
+            return Err(meta_err(
+                "clip.vision.image_size",
+                format!(
+                    "{} is not a whole number of {}-pixel patches pooled {} per side",
+                    c.image_size, c.patch_size, c.n_merge
+                ),
+            ));
+        }
+        if !c.n_embd.is_multiple_of(c.n_head) {
+            return Err(meta_err(
+                "clip.vision.attention.head_count",
+                format!("{} does not divide the width {}", c.n_head, c.n_embd),
+            ));
+        }
+        Ok(c)
+    }
+}
+
+fn meta_err(key: &str, detail: String) -> ModelError {
+    ModelError::Metadata {
+        key: key.into(),
+        detail,
+    }
+}
