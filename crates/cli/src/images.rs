@@ -45,6 +45,11 @@ impl ImageArgs {
 
     /// Each `--image` read, decoded, preprocessed and encoded by `vm`.
     pub fn encode(&self, vm: &VisionModel) -> Result<Vec<EncodedImage>> {
+        self.encode_with(vm, self.image_max_pixels)
+    }
+
+    /// [`ImageArgs::encode`] with a pixel limit of `max_pixels`.
+    pub fn encode_with(&self, vm: &VisionModel, max_pixels: u64) -> Result<Vec<EncodedImage>> {
         self.image
             .iter()
             .map(|path| {
@@ -59,7 +64,7 @@ impl ImageArgs {
                 }
                 let bytes = std::fs::read(path)
                     .with_context(|| format!("cannot read {}", path.display()))?;
-                frink_vision::input::encode_image(vm, &bytes, self.image_max_pixels)
+                frink_vision::input::encode_image(vm, &bytes, max_pixels)
                     .with_context(|| format!("image {}", path.display()))
             })
             .collect()

@@ -175,10 +175,13 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
 
     let vision = args.images.load(&model)?;
+    // The images' decoding, preprocessing and encoding, timed apart from the prompt.
+    let t_images = Instant::now();
     let encoded = match &vision {
         Some(vm) => args.images.encode(vm)?,
         None => Vec::new(),
     };
+    let image_ms = t_images.elapsed().as_secs_f64() * 1e3;
     let (prompt, images) = prompt_ids(args, &tok, vision.as_ref().map(|vm| (vm, &encoded[..])))?;
     anyhow::ensure!(!prompt.is_empty(), "the prompt is empty");
     args.gen.check_fits(prompt.len())?;
@@ -230,6 +233,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
             "speculation": {"proposed": done.proposed, "accepted": done.accepted},
             "timings": {
                 "load_ms": load_ms,
+                "images": encoded.len(),
+                "image_ms": image_ms,
                 "prompt_tokens": t.prompt_tokens,
                 "prompt_ms": t.prompt_ms,
                 "first_token_ms": t.first_token_ms,
@@ -240,6 +245,13 @@ pub fn run(args: &RunArgs) -> Result<()> {
         out.line(&json.to_string());
     } else {
         out.line("");
+        if !encoded.is_empty() {
+            eprintln!(
+                "images: {} encoded in {image_ms:.1} ms ({:.1} ms per image)",
+                encoded.len(),
+                image_ms / encoded.len() as f64
+            );
+        }
         eprintln!("{}", crate::common::timing_line(Some(load_ms), &t));
     }
     if args.stats {

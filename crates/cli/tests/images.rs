@@ -141,3 +141,33 @@ fn what_cannot_run_is_refused() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("clip"), "{}", stderr(&out));
 }
+
+/// `frink chat` with `/image FILE` answers as `frink run --image` does; a missing file
+/// is an error that keeps the chat going.
+#[test]
+fn chat_takes_an_image_for_the_next_message() {
+    let (model, mmproj, image) = (
+        path("model.gguf"),
+        path("mmproj-model.gguf"),
+        path("native.png"),
+    );
+    let common = [
+        "-m", &model, "--mmproj", &mmproj, "--greedy", "-n", "8", "-t", "2",
+    ];
+    let run = frink(
+        &[
+            &["run"][..],
+            &common,
+            &["--image", &image, "What is in this picture?"],
+        ]
+        .concat(),
+    );
+    assert!(run.status.success(), "{}", stderr(&run));
+    let script = format!("/image {image}\nWhat is in this picture?\n/image nope.png\n/bye\n");
+    let chat = common::frink_with_stdin(&[&["chat"][..], &common].concat(), script.as_bytes());
+    assert!(chat.status.success(), "{}", stderr(&chat));
+    let answer = String::from_utf8_lossy(&run.stdout).trim_end().to_string();
+    let said = String::from_utf8_lossy(&chat.stdout);
+    assert!(said.contains(&answer), "chat said {said:?}, run {answer:?}");
+    assert!(stderr(&chat).contains("nope.png"), "{}", stderr(&chat));
+}

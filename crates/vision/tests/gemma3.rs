@@ -65,8 +65,8 @@ fn a_jpeg_decodes_close_to_pillows() {
 }
 
 /// The projector's rows for the processor's pixels equal transformers'
-/// `get_image_features` (the projection matrix is stored in F16 by the converter, which
-/// sets the floor of the agreement).
+/// `get_image_features` (the fixture's projection holds F16 values, as the converter
+/// stores them, so the file and the reference hold the same weights).
 #[test]
 fn image_rows_equal_transformers() {
     let vm = vision();
@@ -76,7 +76,8 @@ fn image_rows_equal_transformers() {
         let rows = vm.encode(&px).unwrap();
         let want = read_f32(&dir().join(format!("{stem}.embeds.bin")));
         let err = rel_max_diff(&rows, &want);
-        assert!(err <= 1e-3, "{stem}: rel max diff {err}");
+        // Measured 2.3e-7 to 2.9e-7.
+        assert!(err <= 1e-5, "{stem}: rel max diff {err}");
     }
 }
 
@@ -138,7 +139,7 @@ fn logits(
 
 /// Each reference prompt: frink's ids equal the processor's (image rows where its image
 /// tokens are), and the logits of every position with the images in place equal
-/// transformers' within 1e-3 relative; attending causally over an image's rows instead
+/// transformers' within 1e-5 relative; attending causally over an image's rows instead
 /// (the mask transformers and llama.cpp do not use for Gemma 3) is far outside that.
 #[test]
 fn prompts_and_logits_equal_transformers() {
@@ -173,7 +174,8 @@ fn prompts_and_logits_equal_transformers() {
         let got = logits(&model, &prompt, &images, true);
         let reference = read_f32(&dir().join(format!("{key}.logits.bin")));
         let err = rel_max_diff(&got, &reference);
-        assert!(err <= 1e-3, "{key}: logits rel max diff {err}");
+        // Measured 8.9e-7 to 1.1e-6; a causal mask over the image gives 0.75 to 0.95.
+        assert!(err <= 1e-5, "{key}: logits rel max diff {err}");
         let causal = logits(&model, &prompt, &images, false);
         let err_causal = rel_max_diff(&causal, &reference);
         assert!(

@@ -1,6 +1,7 @@
 //! `frink chat`'s commands, as Ollama's prompt has them: `/help`, `/bye`, `/clear`,
 //! `/set system …`, `/set parameter NAME VALUE`, `/set verbose|quiet`, `/show info|system|
-//! parameters`, `/save FILE`, `/load FILE`. Parsing only; `super` carries them out.
+//! parameters`, `/save FILE`, `/load FILE`, and `/image FILE` (llama-mtmd-cli's). Parsing
+//! only; `super` carries them out.
 
 use anyhow::{bail, Context, Result};
 use frink_engine::sampling::SamplingParams;
@@ -22,6 +23,8 @@ pub enum Command {
     ShowParameters,
     Save(String),
     Load(String),
+    /// `/image FILE`: an image for the next message.
+    Image(String),
 }
 
 /// A setting `/set parameter` changes, by Ollama's parameter names.
@@ -53,6 +56,7 @@ Commands:
   /show info | system | parameters
   /clear                    forget the conversation (the system message stays)
   /save FILE | /load FILE   the conversation as JSON
+  /image FILE               an image for the next message (with --mmproj)
   /bye                      leave (also Ctrl+D)
 Ctrl+C stops an answer; Alt+Enter or \"\"\" … \"\"\" writes a message over several lines.";
 
@@ -81,7 +85,8 @@ pub fn parse(line: &str) -> Result<Option<Command>> {
             "parameters" => Command::ShowParameters,
             other => bail!("/show takes info, system or parameters, not `{other}`"),
         },
-        "save" | "load" if arg.is_empty() => bail!("/{word} needs a file name"),
+        "save" | "load" | "image" if arg.is_empty() => bail!("/{word} needs a file name"),
+        "image" => Command::Image(arg.to_string()),
         "save" => Command::Save(arg.to_string()),
         "load" => Command::Load(arg.to_string()),
         other => bail!("unknown command /{other}; /help lists them"),

@@ -18,6 +18,8 @@ use frink_tokenizer::{ChatMessage, TemplateInputs, Tokenizer};
 
 use crate::common::{CliGrammar, GenArgs, ModelArgs, SamplingArgs};
 use commands::{Command, Settings};
+use frink_engine::image::{EncodedImage, PromptImage, IMAGE_MARKER};
+use frink_models::vision::VisionModel;
 use input::Input;
 
 /// Flags of `frink chat`.
@@ -31,6 +33,9 @@ pub struct ChatArgs {
     pub gen: GenArgs,
     #[command(flatten)]
     pub template: crate::common::TemplateArgs,
+    /// `--mmproj`, and `--image` for the first message.
+    #[command(flatten)]
+    pub images: crate::images::ImageArgs,
 }
 
 /// The conversation: the system message apart (it survives `/clear`), then the turns.
@@ -41,6 +46,12 @@ struct Conversation {
     system: Option<String>,
     #[serde(default)]
     messages: Vec<ChatMessage>,
+    /// The images of the messages, in the order of their markers in them.
+    #[serde(skip)]
+    images: Vec<EncodedImage>,
+    /// Images for the next message (`/image`).
+    #[serde(skip)]
+    pending: Vec<EncodedImage>,
 }
 
 impl Conversation {
@@ -54,6 +65,10 @@ impl Conversation {
     }
 
     fn save(&self, path: &Path) -> Result<()> {
+        anyhow::ensure!(
+            self.images.is_empty(),
+            "a conversation with images cannot be saved (its images are not in the file)"
+        );
         let json = serde_json::to_string_pretty(self)?;
         std::fs::write(path, json + "\n")
             .with_context(|| format!("cannot write {}", path.display()))
@@ -78,8 +93,8 @@ impl Conversation {
             .with_context(|| format!("{} is not JSON", path.display()))?;
         let mut c: Conversation = if v.is_array() {
             Conversation {
-                system: None,
                 messages: serde_json::from_value(v)?,
+                ..Default::default()
             }
         } else {
             serde_json::from_value(v).with_context(|| {
@@ -90,6 +105,12 @@ impl Conversation {
         if c.messages.first().is_some_and(|m| m.role == "system") {
             c.system = Some(c.messages.remove(0).content);
         }
+        if c.messages.iter().any(|m| m.content.contains(IMAGE_MARKER)) {
+            anyhow::bail!(
+                "{}: a message holds {IMAGE_MARKER}, an image's place, without its image",
+                path.display()
+            );
+        }
         if let Some(m) = c
             .messages
             .iter()
@@ -98,6 +119,26 @@ impl Conversation {
             anyhow::bail!("{}: unknown role `{}`", path.display(), m.role);
         }
         Ok(c)
+    }
+
+    /// Adds the user's `text`, with the pending images before it.
+    fn ask(&mut self, text: String) {
+        let text = format!("{}{text}", IMAGE_MARKER.repeat(self.pending.len()));
+        self.images.append(&mut self.pending);
+        self.messages.push(ChatMessage::new("user", text));
+    }
+
+    /// Takes back the last message [`Conversation::ask`] added (it could not be sent),
+    /// its images pending again.
+    fn unask(&mut self) {
+        if let Some(m) = self.messages.pop() {
+            let n = m
+                .content
+                .matches(IMAGE_MARKER)
+                .count()
+                .min(self.images.len());
+            self.pending = self.images.split_off(self.images.len() - n);
+        }
     }
 }
 
@@ -117,6 +158,9 @@ struct Replier<'m> {
     inputs: TemplateInputs,
     grammar: Option<CliGrammar>,
     gen: &'m GenArgs,
+    /// The projector file (`--mmproj`) and the image flags.
+    vision: Option<VisionModel>,
+    image_args: &'m crate::images::ImageArgs,
 }
 
 impl Replier<'_> {
@@ -125,15 +169,35 @@ impl Replier<'_> {
     /// # Errors
     /// The template fails, or the prompt leaves no room in the context (both lengths
     /// named); the conversation is kept either way.
-    fn prompt(&self, convo: &Conversation) -> Result<Vec<u32>> {
+    fn prompt(&self, convo: &Conversation) -> Result<(Vec<u32>, Vec<PromptImage>)> {
         let prompt = self.tok.apply_template_with(
             self.template.as_deref(),
             &convo.rendered(),
             &self.inputs,
         )?;
-        let ids = self.tok.encode_chat(&prompt)?;
+        let (ids, images) = match (&self.vision, convo.images.is_empty()) {
+            (Some(vm), false) => {
+                let special =
+                    frink_engine::image::outside(&prompt.content_ranges, prompt.text.len());
+                crate::images::prompt(self.tok, &prompt.text, &special, vm, &convo.images)?
+            }
+            _ => (self.tok.encode_chat(&prompt)?, Vec::new()),
+        };
         self.gen.check_fits(ids.len())?;
-        Ok(ids)
+        Ok((ids, images))
+    }
+
+    /// `/image FILE` read and encoded.
+    fn image(&self, file: &str) -> Result<EncodedImage> {
+        let Some(vm) = &self.vision else {
+            anyhow::bail!("/image needs the model's projector file: frink chat --mmproj FILE");
+        };
+        let args = crate::images::ImageArgs {
+            image: vec![file.into()],
+            ..Default::default()
+        };
+        let mut one = args.encode_with(vm, self.image_args.image_max_pixels)?;
+        Ok(one.remove(0))
     }
 
     /// Streams the answer to `ids` on standard output and returns its text; stops at an
@@ -141,7 +205,7 @@ impl Replier<'_> {
     /// `interrupted` is set (Ctrl+C).
     fn answer(
         &self,
-        ids: Vec<u32>,
+        (ids, images): (Vec<u32>, Vec<PromptImage>),
         settings: &Settings,
         interrupted: &Arc<AtomicBool>,
     ) -> Result<String> {
@@ -154,7 +218,7 @@ impl Replier<'_> {
             ignore_eos: self.gen.ignore_eos,
             // Each answer starts its grammar afresh.
             constraint: self.grammar.as_ref().map(|g| g.fresh()).transpose()?,
-            images: Vec::new(),
+            images,
         };
         let mut answer = String::new();
         let done = crate::decode::answer(self.sched, self.model, ask, interrupted, |piece| {
@@ -235,6 +299,11 @@ pub fn run(args: &ChatArgs) -> Result<()> {
         Arc::clone(&tok_arc),
         config,
         |sched| {
+            let vision = args.images.load(&model)?;
+            let pending = match &vision {
+                Some(vm) => args.images.encode(vm)?,
+                None => Vec::new(),
+            };
             let replier = Replier {
                 sched,
                 model: &model,
@@ -247,10 +316,13 @@ pub fn run(args: &ChatArgs) -> Result<()> {
                 },
                 grammar,
                 gen: &args.gen,
+                vision,
+                image_args: &args.images,
             };
             let convo = Conversation {
                 system: args.gen.system.clone(),
-                messages: Vec::new(),
+                pending,
+                ..Default::default()
             };
             converse(&replier, convo, settings, &info, &mut reader, &interrupted)
         },
@@ -286,6 +358,16 @@ fn converse(
         };
         match parsed {
             Ok(Some(Command::Bye)) => break,
+            Ok(Some(Command::Image(file))) => {
+                match replier.image(&file) {
+                    Ok(im) => {
+                        convo.pending.push(im);
+                        eprintln!("Added the image; it goes with the next message.");
+                    }
+                    Err(e) => eprintln!("error: {e:#}"),
+                }
+                continue;
+            }
             Ok(Some(cmd)) => {
                 if let Err(e) = apply(cmd, &mut convo, &mut settings, info) {
                     eprintln!("error: {e:#}");
@@ -298,11 +380,11 @@ fn converse(
                 continue;
             }
         }
-        convo.messages.push(ChatMessage::new("user", text));
+        convo.ask(text);
         let ids = match replier.prompt(&convo) {
             Ok(ids) => ids,
             Err(e) => {
-                convo.messages.pop();
+                convo.unask();
                 eprintln!("error: {e:#} (the message was not sent; /clear starts over)");
                 continue;
             }
@@ -324,8 +406,11 @@ fn apply(
     match cmd {
         Command::Help => eprintln!("{}", commands::HELP),
         Command::Bye => {}
+        Command::Image(_) => {}
         Command::Clear => {
             convo.messages.clear();
+            convo.images.clear();
+            convo.pending.clear();
             eprintln!("Cleared the conversation.");
         }
         Command::System(s) => {
