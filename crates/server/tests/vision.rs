@@ -1,7 +1,7 @@
 //! Images through the HTTP APIs on the tiny Gemma 3 vision fixture
 //! (crates/vision/tests/data/gemma3, transformers' reference): OpenAI `image_url` data
 //! URIs, Ollama `images`, llama.cpp's `multimodal_data` give the reference's greedy
-//! tokens; a follow-up turn reuses the image's cached rows and another image does not;
+//! tokens, Anthropic `image` blocks and Responses `input_image` parts the same text; a follow-up turn reuses the image's cached rows and another image does not;
 //! what cannot be served is a 400 naming its field.
 
 mod common;
@@ -117,6 +117,26 @@ fn every_api_gives_the_reference_tokens() {
             content,
             "{key}: Ollama generate"
         );
+        let an = srv.post_ok(
+            "/v1/messages",
+            &json!({"model": "gemma3-vision", "max_tokens": 8, "temperature": 0, "messages": [{"role": "user", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(file)}},
+                {"type": "text", "text": text}]}]}),
+        );
+        assert_eq!(
+            an["content"][0]["text"].as_str().unwrap(),
+            content,
+            "{key}: Anthropic messages"
+        );
+        let rs = srv.post_ok(
+            "/v1/responses",
+            &json!({"model": "gemma3-vision", "max_output_tokens": 8, "temperature": 0, "input": [{"role": "user", "content": [
+                {"type": "input_image", "image_url": data_uri(file)}, {"type": "input_text", "text": text}]}]}),
+        );
+        let said = rs["output"][0]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default();
+        assert_eq!(said, content, "{key}: Responses {rs}");
     }
     // Two images in one message.
     let p = &m["prompts"]["two"];

@@ -125,8 +125,8 @@ fn text_of(v: &Value, at: &str) -> Result<String, ApiError> {
     }
 }
 
-/// The text of one `text` block; an `image` or `document` is refused (frink runs text
-/// models), as is any other type, and so are citations.
+/// The text of one `text` block; an `image` here (a tool result's, a system prompt's) or a
+/// `document` is refused, as is any other type, and so are citations.
 fn text_block(b: &Value, at: &str) -> Result<String, ApiError> {
     let ty = b.get("type").and_then(Value::as_str).unwrap_or("");
     match ty {
@@ -141,7 +141,7 @@ fn text_block(b: &Value, at: &str) -> Result<String, ApiError> {
         }
         "image" | "document" | "search_result" => Err(bad(
             at,
-            format!("'{at}': {ty} blocks are not supported: frink runs text models"),
+            format!("'{at}': {ty} blocks are not supported here (images go in a user message's content)"),
         )
         .with_code("unsupported_field")),
         _ => Err(bad(
@@ -149,6 +149,36 @@ fn text_block(b: &Value, at: &str) -> Result<String, ApiError> {
             format!("'{at}': a block of type {ty:?} cannot be here"),
         )),
     }
+}
+
+/// A user's `image` block as an OpenAI `image_url` part: a `base64` source as a data URI,
+/// a `url` source as its URL (fetched only with `--allow-image-urls`); a `file` source is
+/// refused (frink has no Files API).
+fn image_block(b: &Value, at: &str) -> Result<Value, ApiError> {
+    let src = b.get("source").unwrap_or(&Value::Null);
+    let field = |k: &str| src.get(k).and_then(Value::as_str);
+    let url = match field("type") {
+        Some("base64") => match (field("media_type"), field("data")) {
+            (Some(m), Some(d)) => format!("data:{m};base64,{d}"),
+            _ => {
+                return Err(bad(
+                    at,
+                    format!("'{at}.source' needs media_type and data strings"),
+                ))
+            }
+        },
+        Some("url") => field("url")
+            .ok_or_else(|| bad(at, format!("'{at}.source.url' must be a string")))?
+            .to_string(),
+        t => {
+            return Err(bad(
+                at,
+                format!("'{at}.source.type' {t:?}: frink takes base64 and url images"),
+            )
+            .with_code("unsupported_field"))
+        }
+    };
+    Ok(json!({"type": "image_url", "image_url": {"url": url}}))
 }
 
 /// One Anthropic message as the OpenAI messages it means, appended to `out`: a user's
@@ -207,6 +237,7 @@ fn message(i: usize, m: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
             }
             // Claude's encrypted reasoning: nothing a local model can read.
             ("assistant", "redacted_thinking") => {}
+            ("user", "image") => text.push(image_block(b, &at)?),
             _ => text.push(json!({"type": "text", "text": text_block(b, &at)?})),
         }
     }

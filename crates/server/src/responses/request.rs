@@ -124,6 +124,35 @@ fn check_fields(obj: &Map<String, Value>) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// A message's `content` holding `input_image` parts, as OpenAI chat parts (text parts and
+/// `image_url` parts); `None` without images.
+fn content_images(v: &Value, at: &str) -> Result<Option<Value>, ApiError> {
+    let Some(parts) = v.as_array() else {
+        return Ok(None);
+    };
+    let is_image = |p: &Value| p.get("type").and_then(Value::as_str) == Some("input_image");
+    if !parts.iter().any(is_image) {
+        return Ok(None);
+    }
+    let mut out = Vec::with_capacity(parts.len());
+    for (k, p) in parts.iter().enumerate() {
+        if !is_image(p) {
+            let text = content_text(&json!([p]), at)?;
+            out.push(json!({"type": "text", "text": text}));
+            continue;
+        }
+        let url = p.get("image_url").and_then(Value::as_str).ok_or_else(|| {
+            bad(
+                "input",
+                format!("'{at}.content[{k}]': an input_image needs an image_url (a file_id is not supported)"),
+            )
+            .with_code("unsupported_field")
+        })?;
+        out.push(json!({"type": "image_url", "image_url": {"url": url}}));
+    }
+    Ok(Some(Value::Array(out)))
+}
+
 /// The text of a message's `content`: a string, or `input_text`/`output_text` parts.
 fn content_text(v: &Value, at: &str) -> Result<String, ApiError> {
     match v {
@@ -139,7 +168,7 @@ fn content_text(v: &Value, at: &str) -> Result<String, ApiError> {
                         return Err(bad(
                             "input",
                             format!(
-                                "'{at}.content[{k}]': {t} is not supported: frink runs text models"
+                                "'{at}.content[{k}]': {t} is not supported here (images go in a message's content)"
                             ),
                         )
                         .with_code("unsupported_field"))
@@ -191,7 +220,11 @@ fn input_messages(input: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
                 if !["user", "system", "developer", "assistant"].contains(&role) {
                     return Err(bad("input", format!("'{at}.role' must be user, system, developer or assistant, got {role:?}")));
                 }
-                let text = content_text(item.get("content").unwrap_or(&Value::Null), &at)?;
+                let content = item.get("content").unwrap_or(&Value::Null);
+                let text = match content_images(content, &at)? {
+                    Some(parts) => parts,
+                    None => json!(content_text(content, &at)?),
+                };
                 let mut m = json!({"role": role, "content": text});
                 if role == "assistant" && !reasoning.is_empty() {
                     m["reasoning_content"] = json!(std::mem::take(&mut reasoning));
@@ -562,7 +595,7 @@ mod tests {
         assert_eq!(
             with(
                 "input",
-                json!([{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}])
+                json!([{"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]}])
             )
             .as_deref(),
             Some("input")
