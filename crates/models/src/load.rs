@@ -113,7 +113,15 @@ impl<'a> Loader<'a> {
         if t.shape != [cols as u64, rows as u64] && !vector_ok {
             return Err(self.shape_err(name, &[cols, rows], i));
         }
-        if !frink_quant::is_supported(t.ggml_type) {
+        self.whole(name, i, rows, cols).map(Some)
+    }
+
+    /// Tensor `i` (`name`, its shape checked) as a whole `rows × cols` matrix of a type
+    /// the kernels read, remembered among [`Loader::matrices`].
+    fn whole(&mut self, name: &str, i: usize, rows: usize, cols: usize) -> Result<Matrix> {
+        let t = &self.f.tensor_infos()[i];
+        if !frink_quant::is_supported(t.ggml_type) || !cols.is_multiple_of(t.ggml_type.block_size())
+        {
             return Err(ModelError::Tensor {
                 name: name.into(),
                 detail: format!("tensor type {} is not supported", t.ggml_type),
@@ -128,7 +136,7 @@ impl<'a> Loader<'a> {
             offset: 0,
         };
         self.matrices.push(m);
-        Ok(Some(m))
+        Ok(m)
     }
 
     /// `n` stacked `rows × cols` matrices (GGUF shape `[cols, rows, n]`: llama.cpp's
@@ -194,21 +202,7 @@ impl<'a> Loader<'a> {
         if t.shape != want || shape.iter().product::<usize>() != rows * cols {
             return Err(self.shape_err(name, shape, i));
         }
-        if !frink_quant::is_supported(t.ggml_type) || !cols.is_multiple_of(t.ggml_type.block_size())
-        {
-            return Err(ModelError::Tensor {
-                name: name.into(),
-                detail: format!("tensor type {} is not supported here", t.ggml_type),
-            });
-        }
-        Ok(Matrix {
-            ty: t.ggml_type,
-            rows,
-            cols,
-            row_bytes: (t.n_bytes / rows as u64) as usize,
-            tensor: i,
-            offset: 0,
-        })
+        self.whole(name, i, rows, cols)
     }
 
     pub(crate) fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {

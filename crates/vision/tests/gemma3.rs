@@ -225,20 +225,7 @@ fn pieces_and_batches_give_the_same_bits() {
     // Cut before the first image, between the images, and inside the text after them.
     let (a, b) = (images[0].at, images[1].at);
     let cuts = [0, a, b, b + images[1].n() + 3, prompt.len()];
-    let mut state = SeqState::new(&model.config, 256, KvType::F32);
-    let mut out = Vec::new();
-    for w in cuts.windows(2) {
-        let rows = frink_engine::image::embd_rows(&images, w[0], w[1] - w[0], d);
-        let mut seqs = [Sequence {
-            state: &mut state,
-            tokens: &ids[w[0]..w[1]],
-            logits: Logits::Last,
-            lora: None,
-            embd: &rows,
-        }];
-        out = model.forward_batch(&mut seqs).unwrap().pop().unwrap();
-    }
-    assert_eq!(out, last, "in pieces");
+    assert_eq!(in_pieces(&model, &ids, &images, &cuts), last, "in pieces");
     // Beside a text-only sequence in one batch.
     let other: Vec<u32> = (3..40).collect();
     let rows = frink_engine::image::embd_rows(&images, 0, prompt.len(), d);
@@ -266,11 +253,22 @@ fn pieces_and_batches_give_the_same_bits() {
     assert_eq!(outs[1], last, "in a batch");
     // A piece that ends inside a two-way image cannot see its later rows: refused by the
     // scheduler's chunking (frink_engine::image::chunk_end), so here it must differ.
+    let split = in_pieces(&model, &ids, &images, &[0, a + 5, prompt.len()]);
+    assert_ne!(split, last, "a cut image's rows must not see the same keys");
+}
+
+/// The last row's logits of `ids` (with `images`' rows) evaluated in the pieces between
+/// `cuts`, one call each.
+fn in_pieces(
+    model: &Model,
+    ids: &[u32],
+    images: &[frink_engine::image::PromptImage],
+    cuts: &[usize],
+) -> Vec<f32> {
     let mut state = SeqState::new(&model.config, 256, KvType::F32);
-    let cut = a + 5;
-    let mut split = Vec::new();
-    for w in [0, cut, prompt.len()].windows(2) {
-        let rows = frink_engine::image::embd_rows(&images, w[0], w[1] - w[0], d);
+    let mut out = Vec::new();
+    for w in cuts.windows(2) {
+        let rows = frink_engine::image::embd_rows(images, w[0], w[1] - w[0], model.config.n_embd);
         let mut seqs = [Sequence {
             state: &mut state,
             tokens: &ids[w[0]..w[1]],
@@ -278,9 +276,9 @@ fn pieces_and_batches_give_the_same_bits() {
             lora: None,
             embd: &rows,
         }];
-        split = model.forward_batch(&mut seqs).unwrap().pop().unwrap();
+        out = model.forward_batch(&mut seqs).unwrap().pop().unwrap();
     }
-    assert_ne!(split, last, "a cut image's rows must not see the same keys");
+    out
 }
 
 /// The projector file with one change, loaded from memory.

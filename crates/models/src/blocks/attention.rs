@@ -331,16 +331,7 @@ impl Model {
             );
         }
         let pool = pool.as_deref();
-        let bidi: Vec<Vec<(usize, usize)>> = seqs
-            .iter()
-            .map(|s| {
-                s.embd
-                    .iter()
-                    .filter(|e| e.bidirectional)
-                    .map(|e| (s.state.n_past + e.at, s.state.n_past + e.at + e.n(c.n_embd)))
-                    .collect()
-            })
-            .collect();
+        let bidi = two_way_ranges(seqs, c.n_embd);
         let parts: Vec<AttnSeq<'_>> = seqs
             .iter()
             .enumerate()
@@ -765,6 +756,21 @@ fn scaled_score(
         s += slope * t as f32;
     }
     s
+}
+
+/// Each sequence's position ranges whose rows see each other both ways
+/// ([`crate::EmbdRows::bidirectional`]) in this call.
+fn two_way_ranges(seqs: &[Sequence<'_>], n_embd: usize) -> Vec<Vec<(usize, usize)>> {
+    seqs.iter()
+        .map(|s| {
+            let p0 = s.state.n_past;
+            s.embd
+                .iter()
+                .filter(|e| e.bidirectional)
+                .map(|e| (p0 + e.at, p0 + e.at + e.n(n_embd)))
+                .collect()
+        })
+        .collect()
 }
 
 /// A quantized cache holds rotated keys and values (llama.cpp PR #21038): each sequence's
