@@ -182,7 +182,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
         None => Vec::new(),
     };
     let image_ms = t_images.elapsed().as_secs_f64() * 1e3;
-    let (prompt, images) = prompt_ids(args, &tok, vision.as_ref().map(|vm| (vm, &encoded[..])))?;
+    // Without images the prompt is text alone (a typed marker stays text).
+    let with_images = vision.as_ref().filter(|_| !encoded.is_empty());
+    let (prompt, images) = prompt_ids(args, &tok, with_images.map(|vm| (vm, &encoded[..])))?;
     anyhow::ensure!(!prompt.is_empty(), "the prompt is empty");
     args.gen.check_fits(prompt.len())?;
     let max_tokens = args.gen.max_tokens();

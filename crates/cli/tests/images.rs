@@ -106,6 +106,19 @@ fn a_raw_prompt_places_the_image_at_its_marker() {
         ids(&last_json_line(&out)["prompt_ids"]),
         ids(&p["input_ids"])
     );
+    // With --mmproj but no image, a prompt is what it was: ids, or text with the marker as
+    // text (an attacker found both refused for want of an image).
+    for prompt in [&["--prompt-ids", "1,2,3"][..], &["say <__media__>"][..]] {
+        let args = [
+            &[
+                "run", "-m", &model, "--mmproj", &mmproj, "-n", "1", "-t", "2",
+            ][..],
+            prompt,
+        ]
+        .concat();
+        let out = frink(&args);
+        assert!(out.status.success(), "{prompt:?}: {}", stderr(&out));
+    }
 }
 
 /// `--image` without `--mmproj`, a projector with a model of another architecture, and a

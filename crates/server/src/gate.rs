@@ -27,6 +27,10 @@ use crate::Server;
 /// The largest request body read, in bytes (larger ones are a 413).
 pub const MAX_BODY_BYTES: usize = 2 << 20;
 
+/// The largest request body a server with a projector file (`--mmproj`) reads: base64
+/// images in the body (a 10 MB photo is 13.3 MB of base64).
+pub const MAX_BODY_BYTES_IMAGES: usize = 24 << 20;
+
 /// How much of a too-large body is read and dropped before the 413, so that a client still
 /// sending it reads the answer instead of a reset connection; a body larger still is cut.
 const DRAIN_BYTES: usize = 16 << 20;
@@ -178,7 +182,14 @@ async fn checked(st: Arc<Server>, req: Request, next: Next) -> (Response, Option
     }
     let bytes = {
         let _receiving = conn.as_ref().map(|c| c.receiving());
-        match read_body(&parts.headers, body, st.conns.limits().io_timeout).await {
+        match read_body(
+            &parts.headers,
+            body,
+            st.conns.limits().io_timeout,
+            st.max_body,
+        )
+        .await
+        {
             Ok(b) => b,
             Err(e) => return (error_for_path(&path, e), None),
         }
@@ -223,12 +234,18 @@ async fn overflow(path: &str, parts: axum::http::request::Parts, next: Next) -> 
     r
 }
 
-/// Reads a request body whole: at most [`MAX_BODY_BYTES`], within `limit`.
+/// Reads a request body whole: at most `max` bytes ([`MAX_BODY_BYTES`], or
+/// [`MAX_BODY_BYTES_IMAGES`] with a projector file), within `limit`.
 ///
 /// Errors: 413 for a larger body (read on and dropped up to [`DRAIN_BYTES`] or for
 /// [`DRAIN_TIME`] first), 408 for one not whole in time, 400 for a malformed one (a bad
 /// chunk).
-async fn read_body(headers: &HeaderMap, body: Body, limit: Duration) -> Result<Bytes, ApiError> {
+async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    limit: Duration,
+    max: usize,
+) -> Result<Bytes, ApiError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -238,7 +255,7 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: Duration) -> Result<B
     }
     let now = tokio::time::Instant::now;
     let mut deadline = now() + limit;
-    let mut over = declared.is_some_and(|n| n > MAX_BODY_BYTES as u64);
+    let mut over = declared.is_some_and(|n| n > max as u64);
     if over {
         deadline = deadline.min(now() + DRAIN_TIME);
     }
@@ -269,7 +286,7 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: Duration) -> Result<B
             }
             Ok(Some(Ok(chunk))) => {
                 seen += chunk.len();
-                if !over && seen > MAX_BODY_BYTES {
+                if !over && seen > max {
                     over = true;
                     buf = Vec::new();
                     deadline = deadline.min(now() + DRAIN_TIME);
@@ -283,11 +300,11 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: Duration) -> Result<B
         }
     }
     if over {
-        let n = declared.map_or_else(|| format!("more than {MAX_BODY_BYTES}"), |n| n.to_string());
+        let n = declared.map_or_else(|| format!("more than {max}"), |n| n.to_string());
         return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "invalid_request_error",
-            format!("the request body is {n} bytes; this server reads at most {MAX_BODY_BYTES}"),
+            format!("the request body is {n} bytes; this server reads at most {max}"),
         )
         .with_code("request_too_large"));
     }

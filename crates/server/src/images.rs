@@ -56,7 +56,7 @@ pub(crate) fn bytes(src: &ImageSource, limits: ImageLimits) -> Result<Vec<u8>, A
         let (meta, data) = rest
             .split_once(',')
             .ok_or_else(|| bad("a data URI without a comma before its data".into()))?;
-        if !meta.ends_with(";base64") {
+        if !meta.to_ascii_lowercase().ends_with(";base64") {
             return Err(bad(
                 "a data URI's image must be base64 (data:image/png;base64,…)".into(),
             ));
@@ -133,7 +133,9 @@ pub(crate) fn encode_all(
 /// images encoded and placed.
 ///
 /// Errors: those of [`vision`] and [`encode_all`]; a 400 on `param` when the markers and
-/// images do not match.
+/// images do not match or the images alone pass the context of `n_ctx` positions (both
+/// found before any image is decoded).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn prompt(
     eng: &Engine,
     model: &str,
@@ -141,9 +143,33 @@ pub(crate) fn prompt(
     special: &[Range<usize>],
     sources: &[ImageSource],
     limits: ImageLimits,
+    n_ctx: usize,
     param: &str,
 ) -> Result<(Vec<u32>, Vec<PromptImage>), ApiError> {
     let vm = vision(eng, model, &sources[0].param)?;
+    let markers = text.matches(frink_engine::image::IMAGE_MARKER).count();
+    if markers != sources.len() {
+        return Err(ApiError::invalid(
+            Some(param),
+            format!(
+                "{} image(s) but {markers} place(s) for them in the prompt ({})",
+                sources.len(),
+                frink_engine::image::IMAGE_MARKER
+            ),
+        ));
+    }
+    let rows = sources.len().saturating_mul(vm.config.tokens_per_image());
+    if rows > n_ctx {
+        return Err(ApiError::invalid(
+            Some(param),
+            format!(
+                "{} image(s) take {rows} positions ({} each), more than the context of {n_ctx}",
+                sources.len(),
+                vm.config.tokens_per_image()
+            ),
+        )
+        .with_code("context_length_exceeded"));
+    }
     let encoded = encode_all(vm, sources, limits)?;
     image_prompt(
         &eng.tok,

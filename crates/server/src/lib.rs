@@ -221,6 +221,8 @@ pub(crate) struct Server {
     chat_template: Option<String>,
     /// The `-m` model is served with a projector file (`/api/show` reports `vision`).
     cli_vision: bool,
+    /// The largest request body read ([`gate::MAX_BODY_BYTES`], larger with images).
+    max_body: usize,
     /// What `/api/tags` and `/api/show` report of each file, by its modification time.
     infos: std::sync::Mutex<
         std::collections::HashMap<std::path::PathBuf, (SystemTime, Arc<ollama::ModelInfo>)>,
@@ -306,6 +308,10 @@ fn server_state(config: &ServeConfig, loader: Loader) -> Arc<Server> {
         log_prompts: config.log_prompts,
         chat_template: config.chat_template.clone(),
         cli_vision: config.mmproj.is_some(),
+        max_body: match config.mmproj {
+            Some(_) => gate::MAX_BODY_BYTES_IMAGES,
+            None => gate::MAX_BODY_BYTES,
+        },
         infos: Default::default(),
         created: shared.created,
         shared,

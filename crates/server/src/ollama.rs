@@ -421,8 +421,11 @@ fn with_images(content: &Value, images: Option<&Value>, field: &str) -> Result<V
             .ok_or_else(|| bad(format!("{field}[{k}] must be a base64 string")))?;
         parts.push(json!({"type": "image_url", "image_url": {"url": b64}}));
     }
-    if let Some(t) = content.as_str().filter(|t| !t.is_empty()) {
-        parts.push(json!({"type": "text", "text": t}));
+    match content {
+        Value::String(t) if !t.is_empty() => parts.push(json!({"type": "text", "text": t})),
+        // Parts already (what OpenAI-minded clients send): after the images.
+        Value::Array(more) => parts.extend(more.iter().cloned()),
+        _ => {}
     }
     Ok(Value::Array(parts))
 }

@@ -172,6 +172,7 @@ fn chat_prepared(st: &AppState, eng: &Engine, req: ChatRequest) -> Result<Prepar
             &special,
             &image_sources,
             st.images,
+            st.n_ctx,
             "messages",
         )?
     };
@@ -433,8 +434,9 @@ pub(crate) fn prepare_completion(
                 .unwrap_or_else(|| st.model_name.clone());
             // llama.cpp parses special tokens in a completion's prompt.
             let special = std::slice::from_ref(&(0..text.len())).to_vec();
-            let (prompt, placed) =
-                crate::images::prompt(eng, &model, &text, &special, &sources, st.images, "prompt")?;
+            let (prompt, placed) = crate::images::prompt(
+                eng, &model, &text, &special, &sources, st.images, st.n_ctx, "prompt",
+            )?;
             images = placed;
             prompt
         }

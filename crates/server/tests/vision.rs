@@ -246,3 +246,56 @@ fn images_that_cannot_be_served_are_refused() {
     // The native size passes the limit.
     assert_eq!(ask(&srv, image_part("native.png")).status, 200);
 }
+
+/// Found by an attacker: more images than the context holds are refused before any is
+/// decoded (12,000 of them took 23.6 s of encoding before the context refused them); a
+/// part is read by its type (an `image_url` part with a stray `text` lost its image);
+/// Ollama's `images` beside parts keep the parts; `;BASE64` is a data URI too.
+#[test]
+fn images_are_counted_and_read_by_type() {
+    let _l = common::lock();
+    let srv = server(true, |_| {});
+    let many: Vec<Value> = (0..300).map(|_| image_part("native.png")).collect();
+    let r = srv.request(
+        "POST",
+        "/v1/chat/completions",
+        Some(&json!({"messages": [user(Value::Array(many))], "max_tokens": 1}).to_string()),
+    );
+    let msg = assert_openai_error(&r, 400);
+    assert!(msg.contains("300 image(s) take 4800 positions"), "{msg}");
+    let tokens = |part: Value| {
+        openai_chat(
+            &srv,
+            json!([user(json!([part, {"type": "text", "text": "hi"}]))]),
+            1,
+        )["usage"]["prompt_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    let plain = tokens(image_part("native.png"));
+    let stray = json!({"type": "image_url", "text": "ignored", "image_url": {"url": data_uri("native.png")}});
+    assert_eq!(tokens(stray), plain);
+    let upper = json!({"type": "image_url", "image_url": {"url": data_uri("native.png").replace(";base64", ";BASE64")}});
+    assert_eq!(tokens(upper), plain);
+    let audio = json!({"type": "input_audio", "text": "hello"});
+    let r = srv.request(
+        "POST",
+        "/v1/chat/completions",
+        Some(&json!({"messages": [user(json!([audio]))], "max_tokens": 1}).to_string()),
+    );
+    assert_openai_error(&r, 400);
+    let ollama = |content: Value| {
+        srv.post_ok(
+            "/api/chat",
+            &json!({"model": "gemma3-vision", "stream": false, "options": {"num_predict": 1},
+                    "messages": [{"role": "user", "content": content, "images": [b64("native.png")]}]}),
+        )["prompt_eval_count"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(
+        ollama(json!([{"type": "text", "text": "hi"}])),
+        ollama(json!("hi"))
+    );
+    assert_eq!(ollama(json!("hi")), plain);
+}

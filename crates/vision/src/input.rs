@@ -12,8 +12,9 @@ use sha2::{Digest, Sha256};
 use crate::preprocess::{decode, normalize, resize, Filter, ImageError};
 
 /// The most pixels an image may have before it is decoded (`--image-max-pixels`'s
-/// default): 8192 × 8192. Its decoded RGB takes 192 MiB at most.
-pub const DEFAULT_MAX_PIXELS: u64 = 8192 * 8192;
+/// default): 4096 × 4096, far past what any processor keeps (Gemma 3 reads 896 × 896).
+/// Decoding one takes at most 128 MiB (16-bit RGBA) plus its 8-bit copy (64 MiB).
+pub const DEFAULT_MAX_PIXELS: u64 = 4096 * 4096;
 
 /// Checks that the projector `vm` makes rows for the language model `lm`: its
 /// architecture among the projector's and its width the same.

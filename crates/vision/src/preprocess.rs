@@ -80,13 +80,15 @@ pub fn decode(bytes: &[u8], max_pixels: u64) -> Result<RgbImage, ImageError> {
     limits.max_alloc = Some(u64::from(width) * u64::from(height) * 8 + (64 << 20));
     r.limits(limits);
     let img = r.decode().map_err(|e| ImageError::Decode(e.to_string()))?;
+    // Each step frees what it read (`into_*` moves an image already in that layout), so
+    // the peak is the decoded image and one 8-bit copy.
     let data = if img.color().has_alpha() {
-        img.to_rgba8()
-            .pixels()
-            .flat_map(|p| over_white(p.0))
-            .collect()
+        let rgba = img.into_rgba8();
+        let mut out = Vec::with_capacity(rgba.len() / 4 * 3);
+        rgba.pixels().for_each(|p| out.extend(over_white(p.0)));
+        out
     } else {
-        img.to_rgb8().into_raw()
+        img.into_rgb8().into_raw()
     };
     Ok(RgbImage {
         width,

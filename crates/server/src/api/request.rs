@@ -484,7 +484,12 @@ fn content_parts(
     for (j, part) in parts.iter().enumerate() {
         let param = format!("messages[{i}].content[{j}]");
         let bad = |m: String| ApiError::invalid(Some(&param), m);
-        if let Some(t) = part.get("text").and_then(Value::as_str) {
+        // By its type (a part without one is read by its text, as before).
+        let ty = part.get("type").and_then(Value::as_str);
+        if matches!(ty, None | Some("text")) {
+            let Some(t) = part.get("text").and_then(Value::as_str) else {
+                return Err(bad(format!("{param}.text must be a string")));
+            };
             if t.contains(IMAGE_MARKER) {
                 return Err(bad(format!(
                     "{param}.text holds {IMAGE_MARKER}, the text that marks an image's place"
@@ -493,9 +498,9 @@ fn content_parts(
             s.push_str(t);
             continue;
         }
-        if part.get("type").and_then(Value::as_str) != Some("image_url") {
+        if ty != Some("image_url") {
             return Err(bad(format!(
-                "{param} must be a text part or an image_url part"
+                "{param} must be a text part or an image_url part, not {ty:?}"
             )));
         }
         // `{"url": …, "detail": …}`, or the URL alone.
