@@ -195,6 +195,10 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     let spec = args.spec.kind()?;
     let draft_model = args.spec.draft_path()?;
     anyhow::ensure!(args.max_models >= 1, "--max-models must be at least 1");
+    anyhow::ensure!(
+        args.mmproj.is_none() || args.model_given,
+        "--mmproj is the -m model's projector file: give the model with -m"
+    );
     let path = if args.model_given {
         Some(args.model.path()?)
     } else {

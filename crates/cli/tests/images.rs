@@ -147,6 +147,10 @@ fn what_cannot_run_is_refused() {
     ]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("not an image"), "{}", stderr(&out));
+    // A server's projector belongs to its -m model.
+    let out = frink(&["serve", "--mmproj", &mmproj, "--port", "0"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("-m"), "{}", stderr(&out));
     // The projector file given as the model, and the model as the projector.
     let out = frink(&[
         "run", "-m", &model, "--mmproj", &model, "--image", &image, "-n", "1", "hi",

@@ -245,7 +245,7 @@ pub(crate) async fn props(State(st): State<Arc<AppState>>) -> Response {
             "total_slots": st.parallel,
             "model_alias": st.model_name,
             "model_path": eng.info.path(),
-            "modalities": {"vision": false, "audio": false},
+            "modalities": {"vision": eng.vision.is_some(), "audio": false},
             "chat_template": st.template(eng).unwrap_or(""),
             "bos_token": token(eng.tok.bos_id()),
             "eos_token": token(eng.tok.eos_id()),

@@ -160,6 +160,8 @@ fn every_api_gives_the_reference_tokens() {
             .contains(&json!("vision")),
         "{models}"
     );
+    let props = srv.request("GET", "/props", None).json();
+    assert_eq!(props["modalities"]["vision"], json!(true), "{props}");
     let show = srv.post_ok("/api/show", &json!({"model": "gemma3-vision"}));
     assert!(
         show["capabilities"]
@@ -213,6 +215,8 @@ fn images_that_cannot_be_served_are_refused() {
     };
     {
         let srv = server(false, |_| {});
+        let props = srv.request("GET", "/props", None).json();
+        assert_eq!(props["modalities"]["vision"], json!(false), "{props}");
         let r = ask(&srv, image_part("native.png"));
         let msg = assert_openai_error(&r, 400);
         assert!(

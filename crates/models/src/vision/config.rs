@@ -110,7 +110,10 @@ impl ClipConfig {
         if arch != Some("clip") {
             return Err(meta_err(
                 "general.architecture",
-                format!("{arch:?}: a projector file (mmproj) has architecture \"clip\""),
+                format!(
+                    "{}: a projector file (mmproj) has architecture \"clip\"",
+                    arch.map_or("missing".to_string(), |a| format!("{a:?}"))
+                ),
             ));
         }
         if f.get("clip.has_vision_encoder").and_then(|v| v.as_bool()) != Some(true) {
