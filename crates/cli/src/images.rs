@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use frink_engine::image::{image_prompt, EncodedImage, PromptImage, IMAGE_MARKER};
+use frink_engine::image::{EncodedImage, PromptImage, IMAGE_MARKER};
 use frink_models::vision::VisionModel;
 use frink_models::Model;
 use frink_tokenizer::Tokenizer;
@@ -36,11 +36,9 @@ impl ImageArgs {
         let Some(path) = &self.mmproj else {
             return Ok(None);
         };
-        let vm = VisionModel::load(path)
-            .with_context(|| format!("cannot load the projector file {}", path.display()))?;
-        frink_vision::input::check_pair(&vm, &model.config)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        Ok(Some(vm))
+        frink_vision::input::load_projector(path, &model.config)
+            .map(Some)
+            .map_err(anyhow::Error::msg)
     }
 
     /// Each `--image` read, decoded, preprocessed and encoded by `vm`.
@@ -71,9 +69,17 @@ impl ImageArgs {
     }
 }
 
+/// `text` with `n` image markers before it, unless it holds one already (where
+/// llama-mtmd-cli places images).
+pub fn marked(text: String, n: usize) -> String {
+    match text.contains(IMAGE_MARKER) {
+        true => text,
+        false => format!("{}{text}", IMAGE_MARKER.repeat(n)),
+    }
+}
+
 /// The prompt values and images of `text` (rendered; `special`: its byte ranges parsed
-/// for special tokens) with `images` at its `<__media__>` markers; a text without markers
-/// gets them all before it (as llama-mtmd-cli places them).
+/// for special tokens) with `images` at its `<__media__>` markers.
 pub fn prompt(
     tok: &Tokenizer,
     text: &str,
@@ -81,22 +87,6 @@ pub fn prompt(
     vm: &VisionModel,
     images: &[EncodedImage],
 ) -> Result<(Vec<u32>, Vec<PromptImage>)> {
-    let (text, special) = if text.contains(IMAGE_MARKER) {
-        (text.to_string(), special.to_vec())
-    } else {
-        let pre = IMAGE_MARKER.repeat(images.len());
-        let moved = special
-            .iter()
-            .map(|r| r.start + pre.len()..r.end + pre.len());
-        (format!("{pre}{text}"), moved.collect())
-    };
-    image_prompt(
-        tok,
-        &text,
-        &special,
-        &frink_vision::input::image_text(vm),
-        images,
-        vm.bidirectional(),
-    )
-    .map_err(|e| anyhow::anyhow!("images: {e}"))
+    frink_vision::input::prompt(vm, tok, text, special, images)
+        .map_err(|e| anyhow::anyhow!("images: {e}"))
 }

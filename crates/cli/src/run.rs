@@ -9,7 +9,7 @@ use clap::{ArgAction, Args};
 use frink_tokenizer::{ChatMessage, Tokenizer};
 
 use crate::common::{parse_ids, read_text, GenArgs, ModelArgs, SamplingArgs};
-use frink_engine::image::{PromptImage, IMAGE_MARKER};
+use frink_engine::image::PromptImage;
 
 /// The projector and the encoded `--image`s, when `--mmproj` is given.
 type Vision<'a> = Option<(
@@ -123,6 +123,7 @@ fn image_prompt(
     vm: &frink_models::vision::VisionModel,
     images: &[frink_engine::image::EncodedImage],
 ) -> Result<(Vec<u32>, Vec<PromptImage>)> {
+    let text = crate::images::marked(text, images.len());
     if args.raw {
         let special = match args.parse_special {
             true => std::slice::from_ref(&(0..text.len())).to_vec(),
@@ -130,12 +131,8 @@ fn image_prompt(
         };
         return crate::images::prompt(tok, &text, &special, vm, images);
     }
-    let text = match text.contains(IMAGE_MARKER) {
-        true => text,
-        false => format!("{}{text}", IMAGE_MARKER.repeat(images.len())),
-    };
     let p = chat_prompt(args, tok, text)?;
-    let special = frink_engine::image::outside(&p.content_ranges, p.text.len());
+    let special = p.template_ranges();
     crate::images::prompt(tok, &p.text, &special, vm, images)
 }
 

@@ -62,6 +62,17 @@ pub fn model_ids(keys: &[u32], placeholder: u32) -> Vec<u32> {
         .collect()
 }
 
+/// The images of `images` with rows inside prompt positions `p0 .. p0 + len`.
+pub fn reached(
+    images: &[PromptImage],
+    p0: usize,
+    len: usize,
+) -> impl Iterator<Item = &PromptImage> {
+    images
+        .iter()
+        .filter(move |im| im.at.max(p0) < (im.at + im.n()).min(p0 + len))
+}
+
 /// The rows of `images` inside prompt positions `p0 .. p0 + len`, relative to `p0`.
 pub fn embd_rows(
     images: &[PromptImage],
@@ -69,15 +80,14 @@ pub fn embd_rows(
     len: usize,
     n_embd: usize,
 ) -> Vec<EmbdRows<'_>> {
-    images
-        .iter()
-        .filter_map(|im| {
+    reached(images, p0, len)
+        .map(|im| {
             let (a, b) = (im.at.max(p0), (im.at + im.n()).min(p0 + len));
-            (a < b).then(|| EmbdRows {
+            EmbdRows {
                 at: a - p0,
                 rows: &im.rows[(a - im.at) * n_embd..(b - im.at) * n_embd],
                 bidirectional: im.bidirectional,
-            })
+            }
         })
         .collect()
 }
@@ -158,6 +168,20 @@ pub struct EncodedImage {
     pub hash: [u8; 32],
 }
 
+/// Checks that `text` holds one [`IMAGE_MARKER`] per image of `n` (cheap: before any
+/// image is decoded).
+///
+/// Errors: the two counts, named.
+pub fn check_places(text: &str, n: usize) -> Result<(), String> {
+    let places = text.matches(IMAGE_MARKER).count();
+    if places != n {
+        return Err(format!(
+            "{n} image(s) but {places} place(s) for them in the prompt ({IMAGE_MARKER})"
+        ));
+    }
+    Ok(())
+}
+
 /// The prompt values and images of a rendered prompt `text` holding one
 /// [`IMAGE_MARKER`] per image of `images`, in order: each marker becomes the family's
 /// image text ([`ImageText`]), tokenized with special tokens parsed there and in
@@ -175,14 +199,8 @@ pub fn image_prompt(
     images: &[EncodedImage],
     bidirectional: bool,
 ) -> Result<(Vec<u32>, Vec<PromptImage>), String> {
+    check_places(text, images.len())?;
     let markers: Vec<usize> = text.match_indices(IMAGE_MARKER).map(|(i, _)| i).collect();
-    if markers.len() != images.len() {
-        return Err(format!(
-            "{} image(s) but {} place(s) for them in the prompt ({IMAGE_MARKER})",
-            images.len(),
-            markers.len()
-        ));
-    }
     let image_id = tok
         .token_id(&layout.token)
         .ok_or_else(|| format!("the vocabulary has no {} token", layout.token))?;
@@ -261,23 +279,6 @@ pub fn image_prompt(
         ));
     }
     Ok((prompt, placed))
-}
-
-/// The byte ranges of `len` bytes outside `content` (sorted, disjoint): a rendered chat
-/// prompt's template text, parsed for special tokens, around its message contents.
-pub fn outside(content: &[std::ops::Range<usize>], len: usize) -> Vec<std::ops::Range<usize>> {
-    let mut out = Vec::new();
-    let mut at = 0;
-    for r in content {
-        if r.start > at {
-            out.push(at..r.start);
-        }
-        at = r.end;
-    }
-    if at < len {
-        out.push(at..len);
-    }
-    out
 }
 
 #[cfg(test)]

@@ -180,13 +180,9 @@ fn start_engine(
 ) -> Result<Engine> {
     let mut model = load(path, lora)?;
     let vision = match &config.mmproj {
-        Some(p) => {
-            let vm = frink_models::vision::VisionModel::load(p)
-                .with_context(|| format!("cannot load the projector file {}", p.display()))?;
-            frink_vision::input::check_pair(&vm, &model.config)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
-            Some(Arc::new(vm))
-        }
+        Some(p) => Some(Arc::new(
+            frink_vision::input::load_projector(p, &model.config).map_err(anyhow::Error::msg)?,
+        )),
         None => None,
     };
     let lora = model

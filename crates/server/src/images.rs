@@ -7,7 +7,7 @@ use std::ops::Range;
 use std::time::Duration;
 
 use axum::http::StatusCode;
-use frink_engine::image::{image_prompt, EncodedImage, PromptImage};
+use frink_engine::image::{EncodedImage, PromptImage};
 use frink_models::vision::VisionModel;
 
 use crate::api::request::ImageSource;
@@ -147,17 +147,8 @@ pub(crate) fn prompt(
     param: &str,
 ) -> Result<(Vec<u32>, Vec<PromptImage>), ApiError> {
     let vm = vision(eng, model, &sources[0].param)?;
-    let markers = text.matches(frink_engine::image::IMAGE_MARKER).count();
-    if markers != sources.len() {
-        return Err(ApiError::invalid(
-            Some(param),
-            format!(
-                "{} image(s) but {markers} place(s) for them in the prompt ({})",
-                sources.len(),
-                frink_engine::image::IMAGE_MARKER
-            ),
-        ));
-    }
+    frink_engine::image::check_places(text, sources.len())
+        .map_err(|e| ApiError::invalid(Some(param), e))?;
     let rows = sources.len().saturating_mul(vm.config.tokens_per_image());
     if rows > n_ctx {
         return Err(ApiError::invalid(
@@ -171,13 +162,6 @@ pub(crate) fn prompt(
         .with_code("context_length_exceeded"));
     }
     let encoded = encode_all(vm, sources, limits)?;
-    image_prompt(
-        &eng.tok,
-        text,
-        special,
-        &frink_vision::input::image_text(vm),
-        &encoded,
-        vm.bidirectional(),
-    )
-    .map_err(|e| ApiError::invalid(Some(param), e))
+    frink_vision::input::prompt(vm, &eng.tok, text, special, &encoded)
+        .map_err(|e| ApiError::invalid(Some(param), e))
 }

@@ -164,7 +164,7 @@ fn chat_prepared(st: &AppState, eng: &Engine, req: ChatRequest) -> Result<Prepar
             .map_err(|e| ApiError::invalid(Some("messages"), e.to_string()))?;
         (prompt, Vec::new())
     } else {
-        let special = frink_engine::image::outside(&rendered.content_ranges, rendered.text.len());
+        let special = rendered.template_ranges();
         crate::images::prompt(
             eng,
             &model,

@@ -119,6 +119,25 @@ pub struct ChatPrompt {
     pub source: TemplateSource,
 }
 
+impl ChatPrompt {
+    /// The byte ranges of `text` that are the template's own (everything outside the
+    /// message contents), sorted and disjoint: where special tokens are parsed.
+    pub fn template_ranges(&self) -> Vec<Range<usize>> {
+        let mut out = Vec::with_capacity(self.content_ranges.len() + 1);
+        let mut at = 0;
+        for r in &self.content_ranges {
+            if r.start > at {
+                out.push(at..r.start);
+            }
+            at = r.end;
+        }
+        if at < self.text.len() {
+            out.push(at..self.text.len());
+        }
+        out
+    }
+}
+
 /// Builds a prompt piece by piece.
 #[derive(Default)]
 struct Builder {
@@ -723,18 +742,7 @@ impl Tokenizer {
     ///
     /// Errors: as [`Tokenizer::encode`].
     pub fn encode_chat(&self, prompt: &ChatPrompt) -> Result<Vec<u32>> {
-        let mut special = Vec::with_capacity(prompt.content_ranges.len() + 1);
-        let mut at = 0;
-        for r in &prompt.content_ranges {
-            if r.start > at {
-                special.push(at..r.start);
-            }
-            at = r.end;
-        }
-        if at < prompt.text.len() {
-            special.push(at..prompt.text.len());
-        }
-        self.encode_ranges(&prompt.text, &special, true)
+        self.encode_ranges(&prompt.text, &prompt.template_ranges(), true)
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use frink_engine::image::{EncodedImage, ImageText};
+use frink_engine::image::{EncodedImage, ImageText, PromptImage};
 use frink_models::vision::{Projector, VisionModel};
 use frink_models::ModelConfig;
 use sha2::{Digest, Sha256};
@@ -15,6 +15,39 @@ use crate::preprocess::{decode, normalize, resize, Filter, ImageError};
 /// default): 4096 × 4096, far past what any processor keeps (Gemma 3 reads 896 × 896).
 /// Decoding one takes at most 128 MiB (16-bit RGBA) plus its 8-bit copy (64 MiB).
 pub const DEFAULT_MAX_PIXELS: u64 = 4096 * 4096;
+
+/// The projector file at `path`, loaded and checked against the language model `lm`
+/// ([`check_pair`]).
+///
+/// Errors: a message naming the file and what does not fit.
+pub fn load_projector(path: &std::path::Path, lm: &ModelConfig) -> Result<VisionModel, String> {
+    let vm = VisionModel::load(path)
+        .map_err(|e| format!("cannot load the projector file {}: {e}", path.display()))?;
+    check_pair(&vm, lm).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(vm)
+}
+
+/// The prompt values and images of a rendered prompt `text` (`special`: its byte ranges
+/// parsed for special tokens) with `images` at its markers, as `vm`'s family places and
+/// attends to them ([`frink_engine::image::image_prompt`]).
+///
+/// Errors: those of `image_prompt`.
+pub fn prompt(
+    vm: &VisionModel,
+    tok: &frink_tokenizer::Tokenizer,
+    text: &str,
+    special: &[std::ops::Range<usize>],
+    images: &[EncodedImage],
+) -> Result<(Vec<u32>, Vec<PromptImage>), String> {
+    frink_engine::image::image_prompt(
+        tok,
+        text,
+        special,
+        &image_text(vm),
+        images,
+        vm.bidirectional(),
+    )
+}
 
 /// Checks that the projector `vm` makes rows for the language model `lm`: its
 /// architecture among the projector's and its width the same.

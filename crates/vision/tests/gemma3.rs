@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use frink_engine::image::{image_prompt, is_image_key, outside, EncodedImage, IMAGE_MARKER};
+use frink_engine::image::{image_prompt, is_image_key, EncodedImage, IMAGE_MARKER};
 use frink_models::vision::VisionModel;
 use frink_models::{KvType, Logits, Model, SeqState, Sequence};
 use frink_testdata::{read_f32, rel_max_diff};
@@ -104,7 +104,7 @@ fn prompt_for(
     let p = tok
         .apply_template(None, &[ChatMessage::new("user", content)], true)
         .unwrap();
-    let special = outside(&p.content_ranges, p.text.len());
+    let special = p.template_ranges();
     image_prompt(
         tok,
         &p.text,

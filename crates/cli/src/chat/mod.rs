@@ -177,8 +177,7 @@ impl Replier<'_> {
         )?;
         let (ids, images) = match (&self.vision, convo.images.is_empty()) {
             (Some(vm), false) => {
-                let special =
-                    frink_engine::image::outside(&prompt.content_ranges, prompt.text.len());
+                let special = prompt.template_ranges();
                 crate::images::prompt(self.tok, &prompt.text, &special, vm, &convo.images)?
             }
             _ => (self.tok.encode_chat(&prompt)?, Vec::new()),

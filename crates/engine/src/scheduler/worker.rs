@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use frink_models::{EmbdRows, KvType, Logits, Model, ModelError, Sequence};
 use frink_tokenizer::{StreamDecoder, Tokenizer};
 
-use crate::image::{check_images, chunk_end, embd_rows, is_image_key, model_ids, PromptImage};
+use crate::image::{
+    check_images, chunk_end, embd_rows, is_image_key, model_ids, reached, PromptImage,
+};
 
 use super::kv::*;
 use super::*;
@@ -616,13 +618,17 @@ impl<'t> Worker<'t> {
     /// of free decoding with it, 0.89x without).
     fn forward(&mut self, inputs: &[Input]) -> Result<Vec<Vec<f32>>, ModelError> {
         let spare_core = self.spare_core;
-        // Each input's images (shared rows), apart from the jobs the samplers borrow.
+        // The images each input reaches (shared rows; none on a decode step), apart from the
+        // jobs the samplers borrow.
         let images: Vec<Vec<PromptImage>> = inputs
             .iter()
-            .map(|x| {
-                self.jobs[x.0]
+            .map(|(i, toks, _)| {
+                let images = self.jobs[*i]
                     .as_ref()
-                    .map_or(Vec::new(), |j| j.req.images.clone())
+                    .map_or(&[][..], |j| &j.req.images[..]);
+                reached(images, self.kv.n_past(*i), toks.len())
+                    .cloned()
+                    .collect()
             })
             .collect();
         let mut masks: Vec<&mut Sampler> = Vec::new();
