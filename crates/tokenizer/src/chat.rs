@@ -74,6 +74,11 @@ pub struct TemplateInputs {
     pub kwargs: serde_json::Map<String, serde_json::Value>,
     /// The time `strftime_now` formats (`None`: the system clock); tests freeze it.
     pub now: Option<std::time::SystemTime>,
+    /// Each message's content as a list of one text part (`[{"type": "text", "text":
+    /// …}]`) instead of a string, as llama.cpp `common/chat.cpp` normalises messages for
+    /// templates that read only typed content (SmolVLM's). [`Tokenizer::apply_template_with`]
+    /// switches to it by itself when a template renders a string content nowhere.
+    pub typed_content: bool,
 }
 
 /// The names a message's reasoning comes under; templates read `reasoning_content`, gpt-oss
@@ -82,10 +87,14 @@ const REASONING_FIELDS: [&str; 3] = ["reasoning_content", "thinking", "reasoning
 
 /// `m` as the template sees it: its fields, with the reasoning under both names templates
 /// read (transformers `_alias_reasoning_fields`).
-fn template_message(m: &ChatMessage) -> serde_json::Value {
+fn template_message(m: &ChatMessage, typed: bool) -> serde_json::Value {
     let mut o = m.extra.clone();
     o.insert("role".into(), m.role.clone().into());
-    o.insert("content".into(), m.content.clone().into());
+    let content = match typed {
+        true => serde_json::json!([{"type": "text", "text": m.content}]),
+        false => m.content.clone().into(),
+    };
+    o.insert("content".into(), content);
     let reasoning = REASONING_FIELDS
         .iter()
         .find_map(|k| m.extra.get(*k).filter(|v| !v.is_null()).cloned());
@@ -474,7 +483,10 @@ pub fn render_template(
         inputs.now.unwrap_or_else(std::time::SystemTime::now),
     )?;
     let tmpl = env.get_template("chat_template").map_err(template_error)?;
-    let msgs: Vec<serde_json::Value> = messages.iter().map(template_message).collect();
+    let msgs: Vec<serde_json::Value> = messages
+        .iter()
+        .map(|m| template_message(m, inputs.typed_content))
+        .collect();
     let mut ctx = serde_json::Map::new();
     ctx.insert("messages".into(), serde_json::Value::Array(msgs));
     ctx.insert(
@@ -633,12 +645,40 @@ impl Tokenizer {
         })
     }
 
+    /// Renders a Jinja template, its contents located ([`Self::render_jinja_as`]). A
+    /// template that renders a message's content nowhere with string contents, but does
+    /// with typed ones ([`TemplateInputs::typed_content`]), is rendered with typed ones:
+    /// otherwise the message would silently vanish from the prompt.
     fn render_jinja(
         &self,
         template: &str,
         messages: &[ChatMessage],
         inputs: &TemplateInputs,
     ) -> Result<Builder> {
+        let (b, placed) = self.render_jinja_as(template, messages, inputs)?;
+        let wanted = messages.iter().filter(|m| !m.content.is_empty()).count();
+        if placed < wanted && !inputs.typed_content {
+            let typed = TemplateInputs {
+                typed_content: true,
+                ..inputs.clone()
+            };
+            if let Ok((tb, tplaced)) = self.render_jinja_as(template, messages, &typed) {
+                if tplaced > placed {
+                    return Ok(tb);
+                }
+            }
+        }
+        Ok(b)
+    }
+
+    /// Renders a Jinja template and finds each message's content in the result; returns
+    /// the text with its content ranges and how many messages' contents it holds.
+    fn render_jinja_as(
+        &self,
+        template: &str,
+        messages: &[ChatMessage],
+        inputs: &TemplateInputs,
+    ) -> Result<(Builder, usize)> {
         let text_of = |id: Option<u32>| id.and_then(|i| self.token_text(i)).unwrap_or("");
         // One clock for both renderings, so a date in the template cannot differ.
         let inputs = TemplateInputs {
@@ -733,7 +773,10 @@ impl Tokenizer {
         }
         b.scaffold(last);
         debug_assert_eq!(b.text, real);
-        Ok(b)
+        let mut placed: Vec<usize> = refs.clone();
+        placed.sort_unstable();
+        placed.dedup();
+        Ok((b, placed.len()))
     }
 
     /// Tokenizes a rendered prompt: BOS/EOS as the model adds them, special tokens parsed in

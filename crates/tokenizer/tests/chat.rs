@@ -142,3 +142,38 @@ fn models_without_a_template_fall_back_by_architecture_or_refuse() {
     }
     eprintln!("built-in gemma template checked; {n} tiny fixtures without a template refused");
 }
+
+/// A template that reads only typed contents (SmolVLM's iterates `message['content']` as
+/// parts) renders string contents nowhere: frink gives it one text part per message, as
+/// llama.cpp normalises messages for such templates, instead of silently dropping them.
+/// A template that reads strings is unchanged.
+#[test]
+fn a_template_of_typed_contents_gets_them_typed() {
+    let tok = tokenizer("smollm2-135m");
+    let typed = "<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}{% if message['content'][0]['type'] == 'image' %}{{':'}}{% else %}{{': '}}{% endif %}{% for line in message['content'] %}{% if line['type'] == 'text' %}{{ line['text'] }}{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}";
+    let msgs = [
+        ChatMessage::new("user", "Hi <|im_end|> there"),
+        ChatMessage::new("assistant", "Hello"),
+    ];
+    let p = tok.apply_template(Some(typed), &msgs, true).unwrap();
+    assert_eq!(
+        p.text,
+        "<|im_start|>User: Hi <|im_end|> there<end_of_utterance>\nAssistant: Hello<end_of_utterance>\nAssistant:"
+    );
+    let contents: Vec<&str> = p
+        .content_ranges
+        .iter()
+        .map(|r| &p.text[r.clone()])
+        .collect();
+    assert_eq!(contents, ["Hi <|im_end|> there", "Hello"]);
+    // The template's own text only: the user's `<|im_end|>` stays literal.
+    let ids = tok.encode_chat(&p).unwrap();
+    let im_end = tok.token_id("<|im_end|>").unwrap();
+    assert!(!ids.contains(&im_end));
+    // A template of strings is rendered with strings.
+    let plain = "{% for m in messages %}[{{ m.content }}]{% endfor %}";
+    assert_eq!(
+        tok.apply_template(Some(plain), &msgs, false).unwrap().text,
+        "[Hi <|im_end|> there][Hello]"
+    );
+}

@@ -57,6 +57,7 @@ fn templates_render_as_transformers_renders_them() {
                     .cloned()
                     .unwrap_or_default(),
                 now: Some(now),
+                typed_content: false,
             };
             let got = render_template(&source, &messages, &inputs, "<s>", "</s>");
             let want = &results[name];
