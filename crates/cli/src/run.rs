@@ -327,7 +327,7 @@ fn shown_ids(
     vm: Option<&frink_models::vision::VisionModel>,
 ) -> Vec<u32> {
     let placeholder = vm
-        .and_then(|vm| tok.token_id(vm.config.projector.image_text().1))
+        .and_then(|vm| tok.token_id(vm.config.projector.image_token()))
         .unwrap_or(0);
     frink_engine::image::model_ids(prompt, placeholder)
 }

@@ -188,3 +188,40 @@ fn chat_takes_an_image_for_the_next_message() {
     assert!(said.contains(&answer), "chat said {said:?}, run {answer:?}");
     assert!(stderr(&chat).contains("nope.png"), "{}", stderr(&chat));
 }
+
+/// The tiny SmolVLM (Idefics3) fixture: a raw prompt with llama.cpp's marker where the
+/// processor's `<image>` is gives the processor's ids (each tile's markers and rows) and
+/// transformers' greedy tokens. Through the chat template (SmolVLM's reads only typed
+/// contents: frink gives it a text part holding the image's place, as llama.cpp does) the
+/// prompt holds every row and the user's text.
+#[test]
+fn smolvlm_tiles_through_run() {
+    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../vision/tests/data/smolvlm");
+    let at = |f: &str| d.join(f).to_string_lossy().into_owned();
+    let m: Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("meta.json")).unwrap()).unwrap();
+    let (model, mmproj) = (at("model.gguf"), at("mmproj-model.gguf"));
+    let p = &m["prompts"]["square"];
+    let raw = p["rendered"]
+        .as_str()
+        .unwrap()
+        .replace("<image>", "<__media__>");
+    let image = at("square.png");
+    let common = [
+        "run", "-m", &model, "--mmproj", &mmproj, "--image", &image, "--json", "--greedy", "-n",
+        "8", "-t", "2",
+    ];
+    let out = frink(&[&common[..], &["--raw", "--parse-special", &raw]].concat());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let j = last_json_line(&out);
+    assert_eq!(ids(&j["prompt_ids"]), ids(&p["input_ids"]));
+    assert_eq!(ids(&j["ids"]), ids(&p["greedy"]));
+    let out = frink(&[&common[..], &[p["text"].as_str().unwrap()]].concat());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let chat = ids(&last_json_line(&out)["prompt_ids"]);
+    let image_id = m["special_token_ids"]["<image>"].as_u64().unwrap();
+    let rows = |v: &[u64]| v.iter().filter(|&&t| t == image_id).count();
+    assert_eq!(rows(&chat), rows(&ids(&p["input_ids"])));
+    // One token more than the processor's: the space after "User:" (typed text content).
+    assert_eq!(chat.len(), p["input_ids"].as_array().unwrap().len() + 1);
+}

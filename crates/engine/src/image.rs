@@ -23,7 +23,12 @@ pub fn is_image_key(t: u32) -> bool {
 /// The keys of an image's `n` rows: row `r`'s is 31 bits of SHA-256(`hash` ‖ `r`), with
 /// the top bit set. `hash` identifies the image's content (its decoded pixels' hash).
 pub fn image_keys(hash: &[u8], n: usize) -> Vec<u32> {
-    (0..n as u64)
+    image_keys_at(hash, 0, n)
+}
+
+/// The keys of rows `from .. from + n` of an image ([`image_keys`]).
+pub fn image_keys_at(hash: &[u8], from: usize, n: usize) -> Vec<u32> {
+    (from as u64..(from + n) as u64)
         .map(|r| {
             let d = Sha256::new()
                 .chain_update(hash)
@@ -147,25 +152,20 @@ pub fn chunk_end(images: &[PromptImage], pos: usize, take: usize) -> usize {
 /// prompts carry; frink's chat messages carry it where an image part was.
 pub const IMAGE_MARKER: &str = "<__media__>";
 
-/// How a family's processor spells an image in the prompt text: `before`, `n` times
-/// `token`, `after` (Gemma 3: `"\n\n<start_of_image>"`, 256 × `<image_soft_token>`,
-/// `"<end_of_image>\n\n"`, transformers `Gemma3Processor.full_image_sequence`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ImageText {
-    pub before: String,
-    pub token: String,
-    pub after: String,
-    /// Rows per image.
-    pub n: usize,
-}
-
-/// An encoded image for [`image_prompt`]: its rows and the hash of its content.
+/// An encoded image for [`image_prompt`]: its rows, the hash of its content and its text
+/// in the prompt.
 #[derive(Clone, Debug)]
 pub struct EncodedImage {
-    /// `n × n_embd` values.
+    /// `n × n_embd` values, in the order the image tokens of `text` take them.
     pub rows: Arc<Vec<f32>>,
     /// Identifies the image ([`image_keys`]).
     pub hash: [u8; 32],
+    /// What stands for the image in the prompt text, as the family's processor writes it:
+    /// its markers and one image token per row (Gemma 3: `"\n\n<start_of_image>"`, 256 ×
+    /// `<image_soft_token>`, `"<end_of_image>\n\n"`, transformers
+    /// `Gemma3Processor.full_image_sequence`; Idefics3: a run per tile, transformers
+    /// `Idefics3Processor.replace_image_token`).
+    pub text: String,
 }
 
 /// Checks that `text` holds one [`IMAGE_MARKER`] per image of `n` (cheap: before any
@@ -183,10 +183,12 @@ pub fn check_places(text: &str, n: usize) -> Result<(), String> {
 }
 
 /// The prompt values and images of a rendered prompt `text` holding one
-/// [`IMAGE_MARKER`] per image of `images`, in order: each marker becomes the family's
-/// image text ([`ImageText`]), tokenized with special tokens parsed there and in
+/// [`IMAGE_MARKER`] per image of `images`, in order: each marker becomes that image's
+/// text ([`EncodedImage::text`]), tokenized with special tokens parsed there and in
 /// `special` (byte ranges of `text`, sorted: the template's own text), literal elsewhere
-/// (message contents); then each run of the image token becomes that image's keys.
+/// (message contents); then each run of `image_token` takes the next rows of its image
+/// (one [`PromptImage`] per run, its rows seeing each other both ways when
+/// `bidirectional`).
 ///
 /// Errors (named for the caller's message): markers and images of different counts, an
 /// image token that is not one special token of the vocabulary, runs of it that are not
@@ -195,58 +197,25 @@ pub fn image_prompt(
     tok: &frink_tokenizer::Tokenizer,
     text: &str,
     special: &[std::ops::Range<usize>],
-    layout: &ImageText,
+    image_token: &str,
     images: &[EncodedImage],
     bidirectional: bool,
 ) -> Result<(Vec<u32>, Vec<PromptImage>), String> {
     check_places(text, images.len())?;
-    let markers: Vec<usize> = text.match_indices(IMAGE_MARKER).map(|(i, _)| i).collect();
     let image_id = tok
-        .token_id(&layout.token)
-        .ok_or_else(|| format!("the vocabulary has no {} token", layout.token))?;
-    let expansion = format!(
-        "{}{}{}",
-        layout.before,
-        layout.token.repeat(layout.n),
-        layout.after
-    );
-    // The new text and its special ranges: the caller's, moved, plus each expansion.
-    let mut out = String::with_capacity(text.len() + markers.len() * expansion.len());
-    let mut ranges: Vec<std::ops::Range<usize>> = Vec::new();
-    let shift = |at: usize, out_len: usize, src: usize| out_len + at - src;
-    let mut src = 0;
-    let push_special =
-        |ranges: &mut Vec<std::ops::Range<usize>>, r: std::ops::Range<usize>| match ranges
-            .last_mut()
-        {
-            Some(last) if last.end == r.start => last.end = r.end,
-            _ if r.is_empty() => {}
-            _ => ranges.push(r),
-        };
-    for &m in markers.iter().chain(std::iter::once(&text.len())) {
-        // The caller's special ranges within src..m, moved to the new text.
-        for r in special {
-            let (a, b) = (r.start.max(src), r.end.min(m));
-            if a < b {
-                let base = out.len();
-                push_special(&mut ranges, shift(a, base, src)..shift(b, base, src));
-            }
-        }
-        out.push_str(&text[src..m]);
-        if m == text.len() {
-            break;
-        }
-        let start = out.len();
-        out.push_str(&expansion);
-        push_special(&mut ranges, start..out.len());
-        src = m + IMAGE_MARKER.len();
-    }
-    let ids = tok
+        .token_id(image_token)
+        .ok_or_else(|| format!("the vocabulary has no {image_token} token"))?;
+    let (out, ranges) = expand(text, special, images);
+    let mut prompt = tok
         .encode_ranges(&out, &ranges, true)
         .map_err(|e| e.to_string())?;
-    // Each run of the image token is one image's rows.
-    let mut prompt = ids;
-    let mut placed = Vec::with_capacity(images.len());
+    let counts: Vec<usize> = images
+        .iter()
+        .map(|im| im.text.matches(image_token).count())
+        .collect();
+    // Each run of the image token takes the next rows of the current image.
+    let mut placed = Vec::new();
+    let (mut k, mut done) = (0, 0);
     let mut i = 0;
     while i < prompt.len() {
         if prompt[i] != image_id {
@@ -254,31 +223,83 @@ pub fn image_prompt(
             continue;
         }
         let run = prompt[i..].iter().take_while(|&&t| t == image_id).count();
-        let k = placed.len();
-        let Some(im) = images.get(k).filter(|_| run == layout.n) else {
+        let Some(im) = images.get(k).filter(|_| counts[k] > 0) else {
             return Err(format!(
-                "the prompt holds {} tokens where image {} should have {} rows",
-                layout.token, k, layout.n
+                "the prompt holds {image_token} tokens past its images' rows"
             ));
         };
-        let keys = image_keys(&im.hash, run);
-        prompt[i..i + run].copy_from_slice(&keys);
+        let take = run.min(counts[k] - done);
+        let width = im.rows.len() / counts[k];
+        let rows = match (done, take) {
+            (0, t) if t == counts[k] => Arc::clone(&im.rows),
+            _ => Arc::new(im.rows[done * width..(done + take) * width].to_vec()),
+        };
+        let keys = image_keys_at(&im.hash, done, take);
+        prompt[i..i + take].copy_from_slice(&keys);
         placed.push(PromptImage {
             at: i,
-            rows: Arc::clone(&im.rows),
+            rows,
             keys,
             bidirectional,
         });
-        i += run;
+        i += take;
+        done += take;
+        if done == counts[k] {
+            (k, done) = (k + 1, 0);
+        }
     }
-    if placed.len() != images.len() {
+    if k != images.len() || done != 0 {
         return Err(format!(
-            "{} image(s) placed of {}: the template dropped an image's place",
-            placed.len(),
+            "{k} image(s) placed of {}: the prompt lost an image's {image_token} tokens",
             images.len()
         ));
     }
     Ok((prompt, placed))
+}
+
+/// `text` with each [`IMAGE_MARKER`] replaced by its image's text, and the byte ranges
+/// of the result where special tokens are parsed: `special`'s, moved, and each image's
+/// text.
+fn expand(
+    text: &str,
+    special: &[std::ops::Range<usize>],
+    images: &[EncodedImage],
+) -> (String, Vec<std::ops::Range<usize>>) {
+    let markers: Vec<usize> = text.match_indices(IMAGE_MARKER).map(|(i, _)| i).collect();
+    let extra: usize = images.iter().map(|im| im.text.len()).sum();
+    let mut out = String::with_capacity(text.len() + extra);
+    let mut ranges: Vec<std::ops::Range<usize>> = Vec::new();
+    let push = |ranges: &mut Vec<std::ops::Range<usize>>, r: std::ops::Range<usize>| match ranges
+        .last_mut()
+    {
+        Some(last) if last.end == r.start => last.end = r.end,
+        _ if r.is_empty() => {}
+        _ => ranges.push(r),
+    };
+    let mut src = 0;
+    for (k, &m) in markers
+        .iter()
+        .chain(std::iter::once(&text.len()))
+        .enumerate()
+    {
+        // The caller's special ranges within src..m, moved to the new text.
+        let base = out.len();
+        for r in special {
+            let (a, b) = (r.start.max(src), r.end.min(m));
+            if a < b {
+                push(&mut ranges, base + a - src..base + b - src);
+            }
+        }
+        out.push_str(&text[src..m]);
+        let Some(im) = images.get(k).filter(|_| m < text.len()) else {
+            break;
+        };
+        let start = out.len();
+        out.push_str(&im.text);
+        push(&mut ranges, start..out.len());
+        src = m + IMAGE_MARKER.len();
+    }
+    (out, ranges)
 }
 
 #[cfg(test)]

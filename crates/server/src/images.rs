@@ -103,29 +103,51 @@ fn fetch(url: &str) -> Result<Vec<u8>, String> {
     Ok(body)
 }
 
-/// Each image of `sources` decoded and encoded by `vm`.
+/// Each image of `sources` decoded, preprocessed and, when their rows fit in `n_ctx`
+/// positions, encoded by `vm`.
 ///
 /// Errors: a 400 naming the image's field for bytes that are not an image of a supported
-/// format or that pass the pixel limit; a 500 if the encoder fails.
+/// format or that pass the pixel limit, or on `param` for rows past the context; a 500 if
+/// the encoder fails.
 pub(crate) fn encode_all(
     vm: &VisionModel,
     sources: &[ImageSource],
     limits: ImageLimits,
+    n_ctx: usize,
+    param: &str,
 ) -> Result<Vec<EncodedImage>, ApiError> {
-    sources
+    let pixels = sources
         .iter()
         .map(|src| {
             let data = bytes(src, limits)?;
-            frink_vision::input::encode_image(vm, &data, limits.max_pixels).map_err(|e| match e {
-                frink_vision::preprocess::ImageError::Encode(m) => ApiError::new(
+            frink_vision::input::pixels(vm, &data, limits.max_pixels)
+                .map_err(|e| ApiError::invalid(Some(&src.param), e.to_string()))
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    let rows: usize = pixels.iter().map(|p| p.rows(vm)).sum();
+    if rows > n_ctx {
+        return Err(too_many_rows(param, sources.len(), rows, n_ctx));
+    }
+    pixels
+        .iter()
+        .map(|px| {
+            frink_vision::input::encode_pixels(vm, px).map_err(|e| {
+                ApiError::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "server_error",
-                    format!("encoding the image failed: {m}"),
-                ),
-                e => ApiError::invalid(Some(&src.param), e.to_string()),
+                    format!("encoding the image failed: {e}"),
+                )
             })
         })
         .collect()
+}
+
+fn too_many_rows(param: &str, n: usize, rows: usize, n_ctx: usize) -> ApiError {
+    ApiError::invalid(
+        Some(param),
+        format!("{n} image(s) take at least {rows} positions, more than the context of {n_ctx}"),
+    )
+    .with_code("context_length_exceeded")
 }
 
 /// The prompt of a rendered text (`special`: its byte ranges parsed for special tokens)
@@ -149,19 +171,12 @@ pub(crate) fn prompt(
     let vm = vision(eng, model, &sources[0].param)?;
     frink_engine::image::check_places(text, sources.len())
         .map_err(|e| ApiError::invalid(Some(param), e))?;
+    // Each image takes at least one encoder input's rows: refused before decoding any.
     let rows = sources.len().saturating_mul(vm.config.tokens_per_image());
     if rows > n_ctx {
-        return Err(ApiError::invalid(
-            Some(param),
-            format!(
-                "{} image(s) take {rows} positions ({} each), more than the context of {n_ctx}",
-                sources.len(),
-                vm.config.tokens_per_image()
-            ),
-        )
-        .with_code("context_length_exceeded"));
+        return Err(too_many_rows(param, sources.len(), rows, n_ctx));
     }
-    let encoded = encode_all(vm, sources, limits)?;
+    let encoded = encode_all(vm, sources, limits, n_ctx, param)?;
     frink_vision::input::prompt(vm, &eng.tok, text, special, &encoded)
         .map_err(|e| ApiError::invalid(Some(param), e))
 }

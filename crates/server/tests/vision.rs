@@ -266,7 +266,10 @@ fn images_are_counted_and_read_by_type() {
         Some(&json!({"messages": [user(Value::Array(many))], "max_tokens": 1}).to_string()),
     );
     let msg = assert_openai_error(&r, 400);
-    assert!(msg.contains("300 image(s) take 4800 positions"), "{msg}");
+    assert!(
+        msg.contains("300 image(s) take at least 4800 positions"),
+        "{msg}"
+    );
     let tokens = |part: Value| {
         openai_chat(
             &srv,
@@ -302,4 +305,54 @@ fn images_are_counted_and_read_by_type() {
         ollama(json!("hi"))
     );
     assert_eq!(ollama(json!("hi")), plain);
+}
+
+/// The tiny SmolVLM (Idefics3) fixture, an image split into 2 × 2 tiles and a global
+/// view: llama.cpp's `/completion` with the processor's text gives transformers' greedy
+/// tokens; OpenAI's and Ollama's chats give the text of the same prompt as frink's chat
+/// renders it (SmolVLM's template reads typed contents: "User: " with a space before the
+/// image, see docs/vision.md).
+#[test]
+fn smolvlm_tiles_through_every_api() {
+    let _l = common::lock();
+    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../vision/tests/data/smolvlm");
+    let m: Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("meta.json")).unwrap()).unwrap();
+    let mut c = common::config_at("smolvlm", d.join("model.gguf"));
+    c.mmproj = Some(d.join("mmproj-model.gguf"));
+    let srv = TestServer::start_with(c);
+    let p = &m["prompts"]["square"];
+    let image = base64::encode(std::fs::read(d.join("square.png")).unwrap());
+    let completion = |prompt: String| {
+        srv.post_ok(
+            "/completion",
+            &json!({"prompt": {"prompt_string": prompt, "multimodal_data": [image]},
+                    "temperature": 0, "n_predict": 8, "return_tokens": true}),
+        )
+    };
+    let rendered = p["rendered"].as_str().unwrap();
+    let exact = completion(rendered.replacen("<image>", "<__media__>", 1));
+    assert_eq!(exact["tokens"], p["greedy"]);
+    let chat_text = completion(rendered.replacen("User:<image>", "User: <__media__>", 1));
+    let want = chat_text["content"].as_str().unwrap();
+    let text = p["text"].as_str().unwrap();
+    let oa = openai_chat(
+        &srv,
+        json!([user(json!([
+            {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{image}")}},
+            {"type": "text", "text": text}
+        ]))]),
+        8,
+    );
+    assert_eq!(common::message(&oa), want, "OpenAI chat");
+    let ol = srv.post_ok(
+        "/api/chat",
+        &json!({"model": "smolvlm", "stream": false, "options": {"temperature": 0, "num_predict": 8},
+                "messages": [{"role": "user", "content": text, "images": [image]}]}),
+    );
+    assert_eq!(
+        ol["message"]["content"].as_str().unwrap(),
+        want,
+        "Ollama chat"
+    );
 }

@@ -4,12 +4,12 @@
 
 use std::sync::Arc;
 
-use frink_engine::image::{EncodedImage, ImageText, PromptImage};
+use frink_engine::image::{EncodedImage, PromptImage};
 use frink_models::vision::{Projector, VisionModel};
 use frink_models::ModelConfig;
 use sha2::{Digest, Sha256};
 
-use crate::preprocess::{decode, normalize, resize, Filter, ImageError};
+use crate::preprocess::{crop, decode, normalize, resize, Filter, ImageError, RgbImage};
 
 /// The most pixels an image may have before it is decoded (`--image-max-pixels`'s
 /// default): 4096 × 4096, far past what any processor keeps (Gemma 3 reads 896 × 896).
@@ -43,7 +43,7 @@ pub fn prompt(
         tok,
         text,
         special,
-        &image_text(vm),
+        vm.config.projector.image_token(),
         images,
         vm.bidirectional(),
     )
@@ -73,55 +73,180 @@ pub fn check_pair(vm: &VisionModel, lm: &ModelConfig) -> Result<(), String> {
     Ok(())
 }
 
-/// How `vm`'s family spells an image in the prompt text.
-pub fn image_text(vm: &VisionModel) -> ImageText {
-    let (before, token, after) = vm.config.projector.image_text();
-    ImageText {
-        before: before.into(),
-        token: token.into(),
-        after: after.into(),
-        n: vm.config.tokens_per_image(),
-    }
+/// What an image file becomes before the encoder: its encoder inputs and their layout.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pixels {
+    /// The encoder's inputs, each normalised and channel-first `[3][size][size]`: one for
+    /// Gemma 3; for Idefics3 the tiles row by row, then the global view (the processor's
+    /// order).
+    pub frames: Vec<Vec<f32>>,
+    /// The tiles' grid, `(rows, cols)`; `(0, 0)` when the image is not split.
+    pub grid: (usize, usize),
 }
 
-/// The normalised pixels `vm`'s encoder reads for the image file `bytes`, as the family's
-/// processor makes them (Gemma 3: transformers `Gemma3ImageProcessor` without pan and scan:
-/// a bilinear resize to the encoder's square size, ×1/255, then the mean and standard
-/// deviation of the file), channel-first `[3][size][size]`.
-///
-/// Errors: those of [`decode`] (unknown format, damaged data, more than `max_pixels`).
-pub fn pixels(vm: &VisionModel, bytes: &[u8], max_pixels: u64) -> Result<Vec<f32>, ImageError> {
-    let c = &vm.config;
-    let img = decode(bytes, max_pixels)?;
-    match c.projector {
-        Projector::Gemma3 => {
-            let s = c.image_size as u32;
-            let img = resize(&img, s, s, Filter::Bilinear);
-            Ok(normalize(&img, 1.0 / 255.0, c.mean, c.std))
+/// How `vm`'s family spells an image of `grid` (`(rows, cols)` of tiles, [`Pixels::grid`])
+/// in the prompt text, one image token per row of the language model
+/// ([`EncodedImage::text`]).
+pub fn image_text(vm: &VisionModel, grid: (usize, usize)) -> String {
+    let n = vm.config.tokens_per_image();
+    let token = vm.config.projector.image_token();
+    match vm.config.projector {
+        // transformers `Gemma3Processor.full_image_sequence`.
+        Projector::Gemma3 => format!("\n\n<start_of_image>{}<end_of_image>\n\n", token.repeat(n)),
+        // transformers `Idefics3Processor.replace_image_token` (llama.cpp `mtmd.cpp`
+        // `MTMD_SLICE_TMPL_IDEFICS3` lays tiles out the same way).
+        Projector::Idefics3 => {
+            let run = token.repeat(n);
+            let global =
+                format!("<fake_token_around_image><global-img>{run}<fake_token_around_image>");
+            let (rows, cols) = grid;
+            if rows * cols == 0 {
+                return global;
+            }
+            let mut s = String::new();
+            for r in 1..=rows {
+                for c in 1..=cols {
+                    s.push_str(&format!("<fake_token_around_image><row_{r}_col_{c}>{run}"));
+                }
+                s.push('\n');
+            }
+            s.push('\n');
+            s.push_str(&global);
+            s
         }
     }
 }
 
-/// The rows of the image file `bytes` for the language model, and the hash that
-/// identifies it in the prefix cache (SHA-256 of its normalised pixels: the same picture
-/// in another file format or name is the same image).
+/// The encoder inputs `vm`'s family's processor makes of the image file `bytes`:
+/// - Gemma 3 (transformers `Gemma3ImageProcessor` without pan and scan): a bilinear
+///   resize to the encoder's square size;
+/// - Idefics3 ([`idefics3_frames`]): tiles of the encoder's size and a global view;
 ///
-/// Errors: those of [`pixels`]; the encoder's, as [`ImageError::Encode`].
+/// then ×1/255 and the file's mean and standard deviation.
+///
+/// Errors: those of [`decode`] (unknown format, damaged data, more than `max_pixels`).
+pub fn pixels(vm: &VisionModel, bytes: &[u8], max_pixels: u64) -> Result<Pixels, ImageError> {
+    let c = &vm.config;
+    let img = decode(bytes, max_pixels)?;
+    let s = c.image_size as u32;
+    let (frames, grid) = match c.projector {
+        Projector::Gemma3 => (vec![resize(&img, s, s, Filter::Bilinear)], (0, 0)),
+        Projector::Idefics3 => idefics3_frames(&img, c.longest_edge as u32, s),
+    };
+    Ok(Pixels {
+        frames: frames
+            .iter()
+            .map(|f| normalize(f, 1.0 / 255.0, c.mean, c.std))
+            .collect(),
+        grid,
+    })
+}
+
+/// The most pixels per side Idefics3's processor resizes to (transformers
+/// `image_processing_idefics3.MAX_IMAGE_SIZE`).
+const IDEFICS3_MAX_SIDE: u32 = 4096;
+
+/// Idefics3's tiles (transformers `Idefics3ImageProcessorPil`, with image splitting; every
+/// resize Lanczos on 8-bit pixels):
+/// 1. the longest side to `longest` (the other by the aspect ratio, truncated, then made
+///    even; both at most 4096);
+/// 2. each side up to a multiple of `tile` (the height from the new width and the aspect
+///    ratio when the image is wide, and the other way round);
+/// 3. when larger than one tile: its tiles row by row, then the whole resized to one tile
+///    (the global view); else the image itself, ungridded.
+///
+/// Returns the frames and the grid `(rows, cols)` (`(0, 0)` when not split).
+pub fn idefics3_frames(img: &RgbImage, longest: u32, tile: u32) -> (Vec<RgbImage>, (usize, usize)) {
+    let (w, h) = (img.width as f64, img.height as f64);
+    let longest = longest as f64;
+    // 1. `_resize_output_size_rescale_to_max_len`, then `..._scale_below_upper_bound`.
+    let even = |v: f64| {
+        let v = v as i64;
+        v + v % 2
+    };
+    let (w1, h1) = match w >= h {
+        true => (longest as i64, even(longest / (w / h))),
+        false => (even(longest * (w / h)), longest as i64),
+    };
+    let (mut w1, mut h1) = (w1.max(1), h1.max(1));
+    let (max, a) = (IDEFICS3_MAX_SIDE as i64, w1 as f64 / h1 as f64);
+    if w1 >= h1 && w1 > max {
+        (w1, h1) = (max, ((max as f64 / a) as i64).max(1));
+    } else if h1 > w1 && h1 > max {
+        (w1, h1) = (((max as f64 * a) as i64).max(1), max);
+    }
+    let (w1, h1) = (w1 as u32, h1 as u32);
+    let img = resize(img, w1, h1, Filter::Lanczos);
+    // 2. `resize_for_vision_encoder`.
+    let t = tile as f64;
+    let up = |v: f64| ((v / t).ceil() * t) as u32;
+    let a1 = w1 as f64 / h1 as f64;
+    let (w2, h2) = match w1 >= h1 {
+        true => {
+            let w2 = up(w1 as f64);
+            (w2, up((w2 as f64 / a1) as i64 as f64))
+        }
+        false => {
+            let h2 = up(h1 as f64);
+            (up((h2 as f64 * a1) as i64 as f64), h2)
+        }
+    };
+    let img = resize(&img, w2.max(tile), h2.max(tile), Filter::Lanczos);
+    // 3. `split_images`.
+    if img.width <= tile && img.height <= tile {
+        return (vec![img], (0, 0));
+    }
+    let (rows, cols) = ((img.height / tile) as usize, (img.width / tile) as usize);
+    let mut frames = Vec::with_capacity(rows * cols + 1);
+    for r in 0..rows as u32 {
+        for c in 0..cols as u32 {
+            frames.push(crop(&img, c * tile, r * tile, tile, tile));
+        }
+    }
+    frames.push(resize(&img, tile, tile, Filter::Lanczos));
+    (frames, (rows, cols))
+}
+
+/// The rows of the image file `bytes` for the language model, its text in the prompt,
+/// and the hash that identifies it in the prefix cache ([`encode_pixels`]).
+///
+/// Errors: those of [`pixels`] and [`encode_pixels`].
 pub fn encode_image(
     vm: &VisionModel,
     bytes: &[u8],
     max_pixels: u64,
 ) -> Result<EncodedImage, ImageError> {
-    let px = pixels(vm, bytes, max_pixels)?;
+    encode_pixels(vm, &pixels(vm, bytes, max_pixels)?)
+}
+
+impl Pixels {
+    /// The rows these frames give the language model under `vm`.
+    pub fn rows(&self, vm: &VisionModel) -> usize {
+        self.frames.len() * vm.config.tokens_per_image()
+    }
+}
+
+/// The rows of preprocessed frames `px` for the language model (each frame's, in order),
+/// the image's text in the prompt, and the hash that identifies it in the prefix cache
+/// (SHA-256 of its normalised pixels: the same picture in another file format or name is
+/// the same image).
+///
+/// Errors: the encoder's, as [`ImageError::Encode`].
+pub fn encode_pixels(vm: &VisionModel, px: &Pixels) -> Result<EncodedImage, ImageError> {
     let mut h = Sha256::new();
-    for v in &px {
+    for v in px.frames.iter().flatten() {
         h.update(v.to_le_bytes());
     }
-    let rows = vm
-        .encode(&px)
-        .map_err(|e| ImageError::Encode(e.to_string()))?;
+    let mut rows = Vec::with_capacity(px.rows(vm) * vm.config.n_embd_out);
+    for f in &px.frames {
+        rows.extend(
+            vm.encode(f)
+                .map_err(|e| ImageError::Encode(e.to_string()))?,
+        );
+    }
     Ok(EncodedImage {
         rows: Arc::new(rows),
         hash: h.finalize().into(),
+        text: image_text(vm, px.grid),
     })
 }

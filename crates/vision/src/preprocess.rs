@@ -395,6 +395,25 @@ fn nearest(img: &RgbImage, width: u32, height: u32) -> RgbImage {
     }
 }
 
+/// The `width × height` region of `img` whose top-left pixel is `(x, y)`, clipped to the
+/// image (numpy slicing, as transformers' processors crop).
+pub fn crop(img: &RgbImage, x: u32, y: u32, width: u32, height: u32) -> RgbImage {
+    let x0 = x.min(img.width) as usize;
+    let y0 = y.min(img.height) as usize;
+    let w = (width as usize).min(img.width as usize - x0);
+    let h = (height as usize).min(img.height as usize - y0);
+    let mut data = Vec::with_capacity(w * h * 3);
+    for r in y0..y0 + h {
+        let start = (r * img.width as usize + x0) * 3;
+        data.extend_from_slice(&img.data[start..start + w * 3]);
+    }
+    RgbImage {
+        width: w as u32,
+        height: h as u32,
+        data,
+    }
+}
+
 /// The encoder's input from `img`: channel-first `[3][height][width]` f32 values
 /// `(x · rescale − mean[c]) / std[c]` for each byte `x` of channel `c`, bit-exact with
 /// transformers' slow (PIL backend) processors, `rescale` then `normalize`

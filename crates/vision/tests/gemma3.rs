@@ -11,7 +11,7 @@ use frink_models::vision::VisionModel;
 use frink_models::{KvType, Logits, Model, SeqState, Sequence};
 use frink_testdata::{read_f32, rel_max_diff};
 use frink_tokenizer::{ChatMessage, Tokenizer};
-use frink_vision::input::{encode_image, image_text, pixels, DEFAULT_MAX_PIXELS};
+use frink_vision::input::{encode_image, pixels, DEFAULT_MAX_PIXELS};
 use serde_json::Value;
 
 fn dir() -> PathBuf {
@@ -41,7 +41,8 @@ fn pixels_equal_the_processors() {
         let px = pixels(&vm, &bytes, DEFAULT_MAX_PIXELS).unwrap();
         let stem = name.split('.').next().unwrap();
         let want = read_f32(&dir().join(format!("{stem}.pixels.bin")));
-        let err = max_abs(&px, &want);
+        assert_eq!((px.frames.len(), px.grid), (1, (0, 0)));
+        let err = max_abs(&px.frames[0], &want);
         assert!(err == 0.0, "{name}: max |Δ| {err}");
     }
 }
@@ -109,7 +110,7 @@ fn prompt_for(
         tok,
         &p.text,
         &special,
-        &image_text(vm),
+        vm.config.projector.image_token(),
         &images,
         vm.bidirectional(),
     )
@@ -303,12 +304,15 @@ fn a_projector_file_is_refused_by_name() {
     .to_string();
     assert!(err.contains("mm.extra.weight"), "{err}");
     let err = changed(|w| {
-        w.add_metadata("clip.projector_type", MetaValue::String("idefics3".into()));
+        w.add_metadata("clip.projector_type", MetaValue::String("pixtral".into()));
     })
     .err()
     .unwrap()
     .to_string();
-    assert!(err.contains("idefics3") && err.contains("gemma3"), "{err}");
+    assert!(
+        err.contains("pixtral") && err.contains("gemma3, idefics3"),
+        "{err}"
+    );
     let err = changed(|w| {
         w.add_metadata("clip.use_gelu", MetaValue::Bool(false));
     })

@@ -14,29 +14,46 @@ pub enum Projector {
     /// llama.cpp `tools/mtmd/models/siglip.cpp`). The image's rows attend to each other
     /// both ways in the language model.
     Gemma3,
+    /// Idefics3 and SmolVLM: pixel shuffle of `n_merge × n_merge` patches into one row of
+    /// `n_merge² · n_embd` values, a linear map without bias (`mm.model.fc`) (transformers
+    /// `Idefics3Connector`, llama.cpp `tools/mtmd/models/siglip.cpp`). The processor splits
+    /// an image into tiles of the encoder's size plus a global view; the rows attend
+    /// causally in the language model.
+    Idefics3,
 }
 
 impl Projector {
     /// The names `clip.projector_type` may hold for each supported projector.
-    pub const SUPPORTED: [(&'static str, Projector); 1] = [("gemma3", Projector::Gemma3)];
+    pub const SUPPORTED: [(&'static str, Projector); 2] = [
+        ("gemma3", Projector::Gemma3),
+        ("idefics3", Projector::Idefics3),
+    ];
 
-    /// How the family's processor spells an image in the prompt text: the text before its
-    /// rows, the placeholder token each row takes, the text after (Gemma 3: transformers
-    /// `Gemma3Processor.full_image_sequence`).
-    pub fn image_text(self) -> (&'static str, &'static str, &'static str) {
+    /// The placeholder token each of an image's rows takes in the prompt (transformers
+    /// `Gemma3Processor.image_token`, `Idefics3Processor.image_token`).
+    pub fn image_token(self) -> &'static str {
         match self {
-            Projector::Gemma3 => (
-                "\n\n<start_of_image>",
-                "<image_soft_token>",
-                "<end_of_image>\n\n",
-            ),
+            Projector::Gemma3 => "<image_soft_token>",
+            Projector::Idefics3 => "<image>",
         }
     }
 
-    /// The language-model architectures its rows are made for (`general.architecture`).
+    /// The language-model architectures its rows are made for (`general.architecture`:
+    /// SmolVLM's and Idefics3's language models are Llama).
     pub fn language_models(self) -> &'static [&'static str] {
         match self {
             Projector::Gemma3 => &["gemma3"],
+            Projector::Idefics3 => &["llama"],
+        }
+    }
+
+    /// Patches merged per side when the file does not say
+    /// (`clip.vision.projector.scale_factor`): Gemma 3 pools 4 × 4 (llama.cpp `clip.cpp`),
+    /// Idefics3 shuffles 2 × 2 (transformers `Idefics3Config.scale_factor`).
+    fn default_merge(self) -> usize {
+        match self {
+            Projector::Gemma3 => 4,
+            Projector::Idefics3 => 2,
         }
     }
 
@@ -84,9 +101,13 @@ pub struct ClipConfig {
     /// (`clip.vision.image_mean`, `clip.vision.image_std`).
     pub mean: [f32; 3],
     pub std: [f32; 3],
-    /// Patches pooled per side into one output row (Gemma 3: 4 unless
-    /// `clip.vision.projector.scale_factor` says otherwise, llama.cpp `clip.cpp`).
+    /// Patches merged per side into one output row (`clip.vision.projector.scale_factor`,
+    /// or the projector's default).
     pub n_merge: usize,
+    /// The longest side an image is resized to before it is split into tiles
+    /// (`clip.vision.preproc_image_size`, Idefics3's processor `size.longest_edge`; when
+    /// absent, 4 tiles' width as SmolVLM's processors use). Unused by Gemma 3.
+    pub longest_edge: usize,
 }
 
 impl ClipConfig {
@@ -95,7 +116,7 @@ impl ClipConfig {
         self.image_size / self.patch_size
     }
 
-    /// Rows each image gives the language model.
+    /// Rows each encoder input (an image, or one tile of it) gives the language model.
     pub fn tokens_per_image(&self) -> usize {
         (self.patches_per_side() / self.n_merge).pow(2)
     }
@@ -158,11 +179,16 @@ impl ClipConfig {
             Some(v) => v.as_u64().filter(|&v| v > 0 && v <= 64).ok_or_else(|| {
                 meta_err("clip.vision.projector.scale_factor", "not a count".into())
             })? as usize,
-            None => 4,
+            None => projector.default_merge(),
+        };
+        let image_size = u("clip.vision.image_size")?;
+        let longest_edge = match f.get("clip.vision.preproc_image_size") {
+            Some(_) => u("clip.vision.preproc_image_size")?,
+            None => 4 * image_size,
         };
         let c = ClipConfig {
             projector,
-            image_size: u("clip.vision.image_size")?,
+            image_size,
             patch_size: u("clip.vision.patch_size")?,
             n_embd: u("clip.vision.embedding_length")?,
             n_ff: u("clip.vision.feed_forward_length")?,
@@ -173,6 +199,7 @@ impl ClipConfig {
             mean: triple("clip.vision.image_mean")?,
             std: triple("clip.vision.image_std")?,
             n_merge,
+            longest_edge,
         };
         let side = c.patches_per_side();
         if !c.image_size.is_multiple_of(c.patch_size) || !side.is_multiple_of(c.n_merge) {

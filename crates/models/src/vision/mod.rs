@@ -46,6 +46,8 @@ pub(crate) enum ProjectorWeights {
     /// Gemma 3: `mm.soft_emb_norm.weight` (`n_embd`, the converter already added Gemma's
     /// `1 +`) and `mm.input_projection.weight` transposed to `n_embd_out × n_embd`.
     Gemma3 { norm: Vec<f32>, proj: Vec<f32> },
+    /// Idefics3: `mm.model.fc.weight`, `n_embd_out × (n_merge² · n_embd)`.
+    Idefics3 { fc: Matrix },
 }
 
 /// A loaded projector file: its config, the encoder's and projector's weights.
@@ -86,6 +88,10 @@ impl VisionModel {
                 (c.n_embd, "clip.vision.embedding_length".into()),
                 (c.n_ff, "clip.vision.feed_forward_length".into()),
                 (c.n_embd_out, "clip.vision.projection_dim".into()),
+                (
+                    c.n_embd * c.n_merge.pow(2),
+                    "clip.vision.embedding_length × clip.vision.projector.scale_factor²".into(),
+                ),
                 (c.patch_size, "clip.vision.patch_size".into()),
                 (
                     c.patches_per_side().pow(2),
@@ -117,6 +123,9 @@ impl VisionModel {
                 }
                 ProjectorWeights::Gemma3 { norm, proj }
             }
+            Projector::Idefics3 => ProjectorWeights::Idefics3 {
+                fc: ld.matrix("mm.model.fc.weight", c.n_embd_out, d * c.n_merge.pow(2))?,
+            },
         };
         let unused = ld.unused();
         if !unused.is_empty() {

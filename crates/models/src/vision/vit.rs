@@ -105,8 +105,34 @@ impl VisionModel {
                 rms_norm(&mut pooled, norm, c.eps);
                 Ok(linear(&pooled, proj, d, c.n_embd_out))
             }
+            ProjectorWeights::Idefics3 { fc } => {
+                let shuffled = pixel_shuffle(x, side, d, m);
+                let n = shuffled.len() / (d * m * m);
+                let mut out = vec![0f32; n * c.n_embd_out];
+                matmul(fc, self.weight(fc), &shuffled, n, &mut out)?;
+                Ok(out)
+            }
         }
     }
+}
+
+/// Idefics3's pixel shuffle (transformers `Idefics3Connector.pixel_shuffle`): the
+/// `side × side` grid of `d`-wide rows `x` becomes a `(side/m) × (side/m)` grid whose row
+/// `(Y, X)` holds the `m × m` patches it covers, row offset outer, column offset inner:
+/// values `[(i·m + j)·d ..][..d]` are patch `(Y·m + i, X·m + j)`.
+pub(crate) fn pixel_shuffle(x: &[f32], side: usize, d: usize, m: usize) -> Vec<f32> {
+    let out_side = side / m;
+    let mut out = vec![0f32; x.len()];
+    for (t, row) in out.chunks_exact_mut(m * m * d).enumerate() {
+        let (ty, tx) = (t / out_side, t % out_side);
+        for i in 0..m {
+            for j in 0..m {
+                let src = ((ty * m + i) * side + tx * m + j) * d;
+                row[(i * m + j) * d..][..d].copy_from_slice(&x[src..src + d]);
+            }
+        }
+    }
+    out
 }
 
 /// LayerNorm with its bias.

@@ -1,0 +1,195 @@
+//! The tiny SmolVLM (Idefics3) vision fixture (tests/data/smolvlm, made by its
+//! make_fixture.py with transformers in fp32 as the reference): frink's tiles equal the
+//! processor's pixel values, its projector's rows (pixel shuffle, linear map) and the
+//! language model's logits with the image in the prompt equal transformers', and the
+//! prompt's ids (each tile's markers and rows) equal the processor's.
+
+use std::path::{Path, PathBuf};
+
+use frink_engine::image::{image_prompt, model_ids, EncodedImage, PromptImage, IMAGE_MARKER};
+use frink_models::vision::{Projector, VisionModel};
+use frink_models::{KvType, Logits, Model, SeqState, Sequence};
+use frink_testdata::{read_f32, rel_max_diff};
+use frink_tokenizer::Tokenizer;
+use frink_vision::input::{encode_image, pixels, DEFAULT_MAX_PIXELS};
+use serde_json::Value;
+
+fn dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/smolvlm")
+}
+
+fn meta() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(dir().join("meta.json")).unwrap()).unwrap()
+}
+
+fn vision() -> VisionModel {
+    VisionModel::load(dir().join("mmproj-model.gguf")).expect("projector file")
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// The file's hyperparameters as the converter wrote them.
+#[test]
+fn the_projector_file_reads_as_idefics3() {
+    let vm = vision();
+    let c = &vm.config;
+    assert_eq!(c.projector, Projector::Idefics3);
+    assert_eq!((c.image_size, c.patch_size, c.n_merge), (32, 4, 2));
+    assert_eq!((c.longest_edge, c.tokens_per_image()), (64, 16));
+    assert!(!vm.bidirectional());
+}
+
+/// Decoding, the three Lanczos resizes, the tiles, the global view and the normalisation
+/// give the processor's pixel values bit for bit, and its grid, for a square image
+/// (2 × 2 tiles), a wide one (1 × 2) and a tall one (2 × 1).
+#[test]
+fn tiles_equal_the_processors() {
+    let vm = vision();
+    let m = meta();
+    for name in ["square.png", "wide.png", "tall.png"] {
+        let bytes = std::fs::read(dir().join(name)).unwrap();
+        let px = pixels(&vm, &bytes, DEFAULT_MAX_PIXELS).unwrap();
+        let rec = &m["images"][name];
+        let grid = (
+            rec["rows"].as_u64().unwrap() as usize,
+            rec["cols"].as_u64().unwrap() as usize,
+        );
+        assert_eq!(px.grid, grid, "{name}: grid");
+        assert_eq!(px.frames.len(), grid.0 * grid.1 + 1, "{name}: frames");
+        let stem = name.split('.').next().unwrap();
+        let want = read_f32(&dir().join(format!("{stem}.pixels.bin")));
+        let got: Vec<f32> = px.frames.concat();
+        assert_eq!(got.len(), want.len(), "{name}");
+        let worst = got
+            .iter()
+            .zip(&want)
+            .fold(0f32, |a, (x, y)| a.max((x - y).abs()));
+        assert!(worst == 0.0, "{name}: max |Δ| {worst}");
+    }
+}
+
+/// The rows of each tile and the global view, from the processor's pixels, equal
+/// transformers' `get_image_features` (pixel shuffle and `mm.model.fc`).
+#[test]
+fn image_rows_equal_transformers() {
+    let vm = vision();
+    let side = vm.config.image_size;
+    for stem in ["square", "wide", "tall"] {
+        let px = read_f32(&dir().join(format!("{stem}.pixels.bin")));
+        let rows: Vec<f32> = px
+            .chunks_exact(3 * side * side)
+            .flat_map(|f| vm.encode(f).unwrap())
+            .collect();
+        let want = read_f32(&dir().join(format!("{stem}.embeds.bin")));
+        let err = rel_max_diff(&rows, &want);
+        // Measured 4.1e-7 to 5.0e-7; the shuffle transposed (column offset outer) gives
+        // 0.45.
+        assert!(err <= 1e-5, "{stem}: rel max diff {err}");
+        eprintln!("{stem}: rows rel max diff {err:.2e}");
+    }
+}
+
+/// The images of a reference prompt encoded from their files, and the prompt built from
+/// the processor's rendered text (its `<image>` where frink's chat puts its marker).
+fn prompt_for(tok: &Tokenizer, vm: &VisionModel, p: &Value) -> (Vec<u32>, Vec<PromptImage>) {
+    let images: Vec<EncodedImage> = p["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            let bytes = std::fs::read(dir().join(f.as_str().unwrap())).unwrap();
+            encode_image(vm, &bytes, DEFAULT_MAX_PIXELS).unwrap()
+        })
+        .collect();
+    let text = p["rendered"]
+        .as_str()
+        .unwrap()
+        .replace("<image>", IMAGE_MARKER);
+    image_prompt(
+        tok,
+        &text,
+        std::slice::from_ref(&(0..text.len())),
+        vm.config.projector.image_token(),
+        &images,
+        vm.bidirectional(),
+    )
+    .unwrap()
+}
+
+/// Every position's logits of `prompt` with `images`' rows in place.
+fn logits(model: &Model, prompt: &[u32], images: &[PromptImage]) -> Vec<f32> {
+    let ids = model_ids(prompt, 0);
+    let rows = frink_engine::image::embd_rows(images, 0, prompt.len(), model.config.n_embd);
+    let mut state = SeqState::new(&model.config, 512, KvType::F32);
+    let mut seqs = [Sequence {
+        state: &mut state,
+        tokens: &ids,
+        logits: Logits::All,
+        lora: None,
+        embd: &rows,
+    }];
+    model.forward_batch(&mut seqs).unwrap().pop().unwrap()
+}
+
+/// Each reference prompt (one image of 2 × 2 tiles, one of 1 × 2, two images): frink's
+/// ids equal the processor's, with a piece of rows per tile and per global view, and the
+/// logits of every position equal transformers' within 1e-5 relative.
+#[test]
+fn prompts_and_logits_equal_transformers() {
+    let m = meta();
+    let model = Model::load(dir().join("model.gguf")).unwrap();
+    let tok = Tokenizer::from_gguf(&model.file).unwrap();
+    let vm = vision();
+    let image_id = m["special_token_ids"]["<image>"].as_u64().unwrap() as u32;
+    for (key, pieces) in [("square", 5), ("wide", 3), ("two", 3 + 5)] {
+        let p = &m["prompts"][key];
+        let (prompt, images) = prompt_for(&tok, &vm, p);
+        assert_eq!(
+            model_ids(&prompt, image_id),
+            ids(&p["input_ids"]),
+            "{key}: ids"
+        );
+        assert_eq!(images.len(), pieces, "{key}: pieces of rows");
+        let got = logits(&model, &prompt, &images);
+        let reference = read_f32(&dir().join(format!("{key}.logits.bin")));
+        let err = rel_max_diff(&got, &reference);
+        // Measured 9.3e-7 to 1.5e-6; the shuffle transposed gives 0.68.
+        assert!(err <= 1e-5, "{key}: logits rel max diff {err}");
+        eprintln!("{key}: logits rel max diff {err:.2e}");
+        assert_eq!(
+            greedy(&model, &prompt, &images, 8),
+            ids(&p["greedy"]),
+            "{key}"
+        );
+    }
+}
+
+/// `n` tokens of greedy decoding after `prompt` (with `images`' rows), one step each.
+fn greedy(model: &Model, prompt: &[u32], images: &[PromptImage], n: usize) -> Vec<u32> {
+    let mut state = SeqState::new(&model.config, 512, KvType::F32);
+    let ids = model_ids(prompt, 0);
+    let rows = frink_engine::image::embd_rows(images, 0, prompt.len(), model.config.n_embd);
+    let mut out = Vec::new();
+    let mut step: Vec<u32> = ids;
+    for i in 0..n {
+        let embd = if i == 0 { rows.as_slice() } else { &[] };
+        let mut seqs = [Sequence {
+            state: &mut state,
+            tokens: &step,
+            logits: Logits::Last,
+            lora: None,
+            embd,
+        }];
+        let l = model.forward_batch(&mut seqs).unwrap().pop().unwrap();
+        let best = (0..l.len()).fold(0, |b, j| if l[j] > l[b] { j } else { b }) as u32;
+        out.push(best);
+        step = vec![best];
+    }
+    out
+}
