@@ -61,6 +61,10 @@ pub struct BenchArgs {
     pub spec_prompt_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub spec: crate::common::SpecArgs,
+    /// Instead of pp/tg, with `--mmproj`: each `--image`'s preprocessing and encoding
+    /// timed apart (crate::bench_image).
+    #[command(flatten)]
+    pub images: crate::images::ImageArgs,
 }
 
 /// Deterministic pseudo-random token ids (llama-bench uses random ids too).
@@ -141,6 +145,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     eprintln!("{}", decision.describe());
     if let Some(f) = &args.spec_prompt_file {
         return speculation(args, &model, f);
+    }
+    if args.images.mmproj.is_some() {
+        return crate::bench_image::run(args, &model);
     }
     let threads = frink_models::pool::threads();
     let n_params: u64 = model
@@ -341,7 +348,7 @@ fn tests(args: &BenchArgs) -> Vec<(usize, usize, usize)> {
 }
 
 /// Mean and sample standard deviation (llama-bench's `stdev`: n − 1 in the denominator).
-fn mean_std(v: &[f64]) -> (f64, f64) {
+pub(crate) fn mean_std(v: &[f64]) -> (f64, f64) {
     let n = v.len() as f64;
     let mean = v.iter().sum::<f64>() / n;
     if v.len() < 2 {

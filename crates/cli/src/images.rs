@@ -51,22 +51,28 @@ impl ImageArgs {
         self.image
             .iter()
             .map(|path| {
-                let len = std::fs::metadata(path)
-                    .with_context(|| format!("cannot read {}", path.display()))?
-                    .len();
-                if len > MAX_IMAGE_FILE {
-                    bail!(
-                        "{}: {len} bytes, more than an image file may have ({MAX_IMAGE_FILE})",
-                        path.display()
-                    );
-                }
-                let bytes = std::fs::read(path)
-                    .with_context(|| format!("cannot read {}", path.display()))?;
+                let bytes = read_image(path)?;
                 frink_vision::input::encode_image(vm, &bytes, max_pixels)
                     .with_context(|| format!("image {}", path.display()))
             })
             .collect()
     }
+}
+
+/// The bytes of the image file `path`, refused past [`MAX_IMAGE_FILE`] before reading.
+///
+/// Errors: an unreadable or too large file, named.
+pub fn read_image(path: &std::path::Path) -> Result<Vec<u8>> {
+    let len = std::fs::metadata(path)
+        .with_context(|| format!("cannot read {}", path.display()))?
+        .len();
+    if len > MAX_IMAGE_FILE {
+        bail!(
+            "{}: {len} bytes, more than an image file may have ({MAX_IMAGE_FILE})",
+            path.display()
+        );
+    }
+    std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
 }
 
 /// `text` with `n` image markers before it, unless it holds one already (where

@@ -20,6 +20,7 @@ macro_rules! out {
 }
 
 mod bench;
+mod bench_image;
 mod chat;
 mod common;
 mod decode;

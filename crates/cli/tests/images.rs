@@ -225,3 +225,27 @@ fn smolvlm_tiles_through_run() {
     // One token more than the processor's: the space after "User:" (typed text content).
     assert_eq!(chat.len(), p["input_ids"].as_array().unwrap().len() + 1);
 }
+
+/// `frink bench --mmproj --image` times an image's preprocessing and encoding apart and
+/// reports its layout (SmolVLM's square fixture image: 2 × 2 tiles and a global view).
+#[test]
+fn bench_times_an_image() {
+    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../vision/tests/data/smolvlm");
+    let at = |f: &str| d.join(f).to_string_lossy().into_owned();
+    let (model, mmproj, image) = (at("model.gguf"), at("mmproj-model.gguf"), at("square.png"));
+    let out = frink(&[
+        "bench", "-m", &model, "--mmproj", &mmproj, "--image", &image, "-r", "2", "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let j: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r = &j[0];
+    assert_eq!(
+        (r["frames"].as_u64(), r["rows"].as_u64()),
+        (Some(5), Some(80))
+    );
+    assert_eq!(r["samples_encode_ms"].as_array().unwrap().len(), 2);
+    assert!(r["encode_ms"].as_f64().unwrap() > 0.0);
+    let out = frink(&["bench", "-m", &model, "--mmproj", &mmproj]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--image"), "{}", stderr(&out));
+}

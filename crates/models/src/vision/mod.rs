@@ -9,6 +9,7 @@
 //! projector of [`Projector`]. Its products use the language model's matrix kernels.
 
 mod config;
+mod gemm;
 mod vit;
 
 pub use config::{ClipConfig, Projector};
@@ -19,7 +20,7 @@ use frink_gguf::GgufFile;
 
 use crate::config::SizeSources;
 use crate::error::{ModelError, Result};
-use crate::kernels::{Matrix, WeightData};
+use crate::kernels::Matrix;
 use crate::load::Loader;
 use crate::model::NormWeights;
 
@@ -148,8 +149,8 @@ impl VisionModel {
     }
 
     /// Matrix `m`'s stored bytes.
-    pub(crate) fn weight(&self, m: &Matrix) -> WeightData<'_> {
-        WeightData::Stored(self.file.tensor_at(m.tensor).data)
+    pub(crate) fn weight(&self, m: &Matrix) -> &[u8] {
+        self.file.tensor_at(m.tensor).data
     }
 
     /// Whether an image's rows attend to each other both ways in the language model
