@@ -146,7 +146,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if let Some(f) = &args.spec_prompt_file {
         return speculation(args, &model, f);
     }
-    if args.images.mmproj.is_some() {
+    if args.images.mmproj.is_some() || !args.images.image.is_empty() {
         return crate::bench_image::run(args, &model);
     }
     let threads = frink_models::pool::threads();

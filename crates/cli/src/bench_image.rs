@@ -19,7 +19,7 @@ pub fn run(args: &BenchArgs, model: &Model) -> Result<()> {
     if img.image.is_empty() {
         bail!("frink bench with --mmproj times images: give one or more --image FILE");
     }
-    let Some(vm) = img.load(model)? else {
+    let Some(vm) = img.load(model, &args.model.model, true)? else {
         bail!("--image needs --mmproj");
     };
     let threads = frink_models::pool::threads();

@@ -19,9 +19,14 @@ pub struct ImageArgs {
     #[arg(long = "mmproj", value_name = "FILE")]
     pub mmproj: Option<PathBuf>,
     /// An image for the prompt (PNG, JPEG, WebP, GIF's first frame); repeatable. Each goes
-    /// where the prompt has `<__media__>`, or before the text when it has none.
-    #[arg(long = "image", value_name = "FILE", requires = "mmproj")]
+    /// where the prompt has `<__media__>`, or before the text when it has none. Needs
+    /// `--mmproj`, or a `-m hf:ORG/REPO` model whose repository holds a projector file
+    /// (fetched beside the model, as llama.cpp's `-hf` does).
+    #[arg(long = "image", value_name = "FILE")]
     pub image: Vec<PathBuf>,
+    /// Do not fetch the projector file of a `-m hf:…` model (llama.cpp's `--no-mmproj`).
+    #[arg(long = "no-mmproj", conflicts_with = "mmproj")]
+    pub no_mmproj: bool,
     /// The most pixels (width × height) an image may have.
     #[arg(long = "image-max-pixels", value_name = "N", default_value_t = frink_vision::input::DEFAULT_MAX_PIXELS)]
     pub image_max_pixels: u64,
@@ -31,12 +36,37 @@ pub struct ImageArgs {
 const MAX_IMAGE_FILE: u64 = 256 << 20;
 
 impl ImageArgs {
-    /// The projector file, checked against `model`, when `--mmproj` is given.
-    pub fn load(&self, model: &Model) -> Result<Option<VisionModel>> {
-        let Some(path) = &self.mmproj else {
+    /// The projector file, checked against `model`: `--mmproj`'s, or, unless
+    /// `--no-mmproj`, the one in the repository of a `-m hf:…` model (`model_arg`) when
+    /// `fetch` (the command may take images: `--image` given, or `frink chat`); a failed
+    /// fetch is an error when images were given and a warning otherwise.
+    ///
+    /// Errors: `--image` without a projector file; the file's own.
+    pub fn load(&self, model: &Model, model_arg: &str, fetch: bool) -> Result<Option<VisionModel>> {
+        let path = match &self.mmproj {
+            Some(p) => Some(p.clone()),
+            None if fetch && !self.no_mmproj && model_arg.starts_with("hf:") => {
+                match frink_store::Store::from_env().and_then(|s| s.projector(model_arg)) {
+                    Ok(p) => p,
+                    Err(e) if self.image.is_empty() => {
+                        eprintln!("frink: no projector file for {model_arg} (images off): {e}");
+                        None
+                    }
+                    Err(e) => return Err(e).context("fetching the model's projector file"),
+                }
+            }
+            None => None,
+        };
+        let Some(path) = path else {
+            if !self.image.is_empty() {
+                bail!(
+                    "--image needs the model's projector file: --mmproj FILE (or -m hf:ORG/REPO \
+                     whose repository holds an mmproj*.gguf)"
+                );
+            }
             return Ok(None);
         };
-        frink_vision::input::load_projector(path, &model.config)
+        frink_vision::input::load_projector(&path, &model.config)
             .map(Some)
             .map_err(anyhow::Error::msg)
     }

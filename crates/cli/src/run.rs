@@ -171,7 +171,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let grammar = args.sampling.grammar_for(&tok)?;
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
 
-    let vision = args.images.load(&model)?;
+    let vision = args
+        .images
+        .load(&model, &args.model.model, !args.images.image.is_empty())?;
     // The images' decoding, preprocessing and encoding, timed apart from the prompt.
     let t_images = Instant::now();
     let encoded = match &vision {

@@ -121,8 +121,12 @@ pub struct ServeArgs {
     #[arg(long = "log-prompts", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
     pub log_prompts: bool,
     /// The `-m` model's projector file (llama.cpp's `--mmproj`): requests may carry images.
+    /// A `-m hf:ORG/REPO` model's is fetched from its repository when it holds one.
     #[arg(long = "mmproj", value_name = "FILE")]
     pub mmproj: Option<std::path::PathBuf>,
+    /// Do not fetch the projector file of a `-m hf:…` model (llama.cpp's `--no-mmproj`).
+    #[arg(long = "no-mmproj", conflicts_with = "mmproj")]
+    pub no_mmproj: bool,
     /// Fetch images given by `http(s)` URL (with size and time limits); without it such
     /// images are refused (data URIs and base64 always work).
     #[arg(long = "allow-image-urls", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
@@ -204,6 +208,22 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     } else {
         None
     };
+    let mmproj = match &args.mmproj {
+        Some(p) => Some(p.clone()),
+        None if args.model_given && !args.no_mmproj => {
+            match frink_store::Store::from_env().and_then(|s| s.projector(&args.model.model)) {
+                Ok(p) => p,
+                Err(e) => {
+                    eprintln!(
+                        "frink: no projector file for {} (images off): {e}",
+                        args.model.model
+                    );
+                    None
+                }
+            }
+        }
+        None => None,
+    };
     let (chat_template, chat_template_kwargs) = args.template.resolve()?;
     // The decode path is measured with the batches a loaded server decodes (docs/speed.md, "The
     // decode path").
@@ -262,7 +282,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             _ => frink_server::log::LogFormat::Text,
         },
         log_prompts: args.log_prompts,
-        mmproj: args.mmproj.clone(),
+        mmproj,
         allow_image_urls: args.allow_image_urls,
         image_max_pixels: args.image_max_pixels,
     };

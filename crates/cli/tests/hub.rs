@@ -104,3 +104,102 @@ fn a_sharded_hub_model_is_pulled_loaded_listed_shown_and_removed() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("org/none") && err.contains("404"), "{err}");
 }
+
+/// A vision repository (the tiny Gemma 3 vision fixture, with an F16-named and a Q8_0-named
+/// projector file): `frink run -m hf:… --image` fetches the F16 projector beside the model
+/// and gives the processor's prompt ids; a run without images asks nothing more of the
+/// hub; `--no-mmproj` with an image is refused, naming `--mmproj`.
+#[test]
+fn a_hub_vision_model_brings_its_projector() {
+    let d =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../vision/tests/data/gemma3");
+    let read = |f: &str| std::fs::read(d.join(f)).unwrap();
+    let hub = HubStandIn::start(vec![(
+        "org/vision",
+        Repo {
+            files: vec![
+                ("vision-F32.gguf".into(), read("model.gguf")),
+                ("mmproj-vision-f16.gguf".into(), read("mmproj-model.gguf")),
+                ("mmproj-vision-Q8_0.gguf".into(), b"not this one".to_vec()),
+            ],
+            ..Repo::default()
+        },
+    )]);
+    let home = tempfile::tempdir().unwrap();
+    let (h, e) = (home.path(), hub.endpoint.as_str());
+    let image = d.join("native.png");
+    let image = image.to_str().unwrap();
+    let plain = ok(&frink(
+        &["run", "-m", "hf:org/vision", "--greedy", "-n", "1", "hi"],
+        h,
+        e,
+    ));
+    assert!(!plain.is_empty());
+    let repo = h.join("models/hf/org/vision");
+    assert!(
+        !repo.join("mmproj-vision-f16.gguf").exists(),
+        "fetched without an image"
+    );
+    let meta: serde_json::Value = serde_json::from_slice(&read("meta.json")).unwrap();
+    let p = &meta["prompts"]["native"];
+    let run = ok(&frink(
+        &[
+            "run",
+            "-m",
+            "hf:org/vision",
+            "--image",
+            image,
+            "--greedy",
+            "-n",
+            "2",
+            "--json",
+            p["text"].as_str().unwrap(),
+        ],
+        h,
+        e,
+    ));
+    let v: serde_json::Value = serde_json::from_str(run.lines().last().unwrap()).unwrap();
+    assert_eq!(v["prompt_ids"], p["input_ids"]);
+    assert!(repo.join("mmproj-vision-f16.gguf").is_file());
+    assert!(!repo.join("mmproj-vision-Q8_0.gguf").exists());
+    // The store's projector is used again without a listing.
+    let listings = |hub: &HubStandIn| {
+        hub.seen()
+            .iter()
+            .filter(|s| s.path.contains("/tree/"))
+            .count()
+    };
+    let before = listings(&hub);
+    ok(&frink(
+        &[
+            "run",
+            "-m",
+            "hf:org/vision/vision-F32.gguf",
+            "--image",
+            image,
+            "-n",
+            "1",
+            "hi",
+        ],
+        h,
+        e,
+    ));
+    assert_eq!(listings(&hub), before);
+    let out = frink(
+        &[
+            "run",
+            "-m",
+            "hf:org/vision",
+            "--no-mmproj",
+            "--image",
+            image,
+            "-n",
+            "1",
+            "hi",
+        ],
+        h,
+        e,
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--mmproj"));
+}

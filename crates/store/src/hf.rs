@@ -223,14 +223,7 @@ impl Hub {
     pub fn pick(name: &HubName, files: &[HubFile]) -> Result<Vec<HubFile>> {
         let ggufs: Vec<&HubFile> = files
             .iter()
-            .filter(|f| f.path.ends_with(".gguf"))
-            .filter(|f| {
-                !f.path
-                    .rsplit('/')
-                    .next()
-                    .unwrap_or("")
-                    .starts_with("mmproj")
-            })
+            .filter(|f| f.path.ends_with(".gguf") && !is_projector(&f.path))
             .collect();
         let listing = || {
             ggufs
@@ -512,36 +505,151 @@ pub fn pull_with(
             name.repo
         )));
     };
+    fetch(hub, root, &name.repo, &chosen, &dests, progress)?;
+    Ok(first)
+}
+
+/// Downloads each of `files` of `repo` to its `dests` (inside `root`) unless present, one
+/// download of a file at a time across processes, reporting the bytes of all of them
+/// together to `progress`.
+///
+/// Errors: those of [`Hub::download`], the store's locks and folders.
+fn fetch(
+    hub: &Hub,
+    root: &Path,
+    repo: &str,
+    files: &[HubFile],
+    dests: &[PathBuf],
+    progress: &dyn crate::Progress,
+) -> Result<()> {
     // Sizes come from the hub: a hostile listing must not overflow the sum.
-    let total = chosen.iter().fold(0u64, |t, f| t.saturating_add(f.size));
+    let total = files.iter().fold(0u64, |t, f| t.saturating_add(f.size));
     let mut done = 0u64;
-    for (f, dest) in chosen.iter().zip(&dests) {
+    for (f, dest) in files.iter().zip(dests) {
         if !dest.is_file() {
             make_parent_inside(root, dest)?;
             // One download of a file at a time, whatever name asked for it (`hf:o/r` and
             // `hf:o/r:Q4_K_M` are the same file), in this process or another.
             let rel = dest.strip_prefix(root).unwrap_or(dest).to_string_lossy();
-            let _lock = crate::lock_exclusive(root, &rel, &format!("hf:{}", name.repo))?;
+            let _lock = crate::lock_exclusive(root, &rel, &format!("hf:{repo}"))?;
             if !dest.is_file() {
-                debug!("fetching {} from hf:{}", f.path, name.repo);
+                debug!("fetching {} from hf:{repo}", f.path);
                 let on_bytes = |n: u64| {
                     progress.event(crate::PullEvent::Downloading {
                         completed: done.saturating_add(n),
                         total,
                     })
                 };
-                hub.download(&name.repo, f, dest, &on_bytes)?;
+                hub.download(repo, f, dest, &on_bytes)?;
             }
         }
         done = done.saturating_add(f.size);
     }
     progress.event(crate::PullEvent::Verifying);
-    Ok(first)
+    Ok(())
+}
+
+/// Whether `path` names a projector file (`mmproj*.gguf`, as llama.cpp's converter and
+/// the published vision repositories name them).
+pub fn is_projector(path: &str) -> bool {
+    let base = path.rsplit('/').next().unwrap_or("");
+    base.starts_with("mmproj") && base.ends_with(".gguf")
+}
+
+/// The projector file to take among `paths` (projector files): F16 first (what
+/// llama.cpp's converter writes by default and vision repositories publish beside their
+/// quantized models), then BF16, then Q8_0, then the first by name.
+pub fn best_projector<'a>(paths: &[&'a str]) -> Option<&'a str> {
+    let rank = |p: &str| {
+        let u = p.to_ascii_uppercase();
+        let has = |t: &str| u.contains(&format!("-{t}.")) || u.contains(&format!("_{t}."));
+        if has("F16") {
+            0
+        } else if has("BF16") {
+            1
+        } else if has("Q8_0") {
+            2
+        } else {
+            3
+        }
+    };
+    paths
+        .iter()
+        .copied()
+        .min_by(|a, b| (rank(a), *a).cmp(&(rank(b), *b)))
+}
+
+/// The projector file of `name`'s repository (llama.cpp's `-hf` fetches it beside the
+/// model): one already in the store is taken without asking the hub; else the listing's
+/// best ([`best_projector`]) is downloaded as [`pull_with`] downloads models. `None` when
+/// the repository has none.
+///
+/// Errors: those of [`Hub::list`], [`contained`] and [`Hub::download`].
+pub fn pull_projector(
+    hub: &Hub,
+    root: &Path,
+    name: &HubName,
+    progress: &dyn crate::Progress,
+) -> Result<Option<PathBuf>> {
+    let dir = repo_dir(root, &name.repo);
+    let local: Vec<String> = fs::read_dir(&dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter(|e| e.path().is_file())
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| is_projector(n))
+                .collect()
+        })
+        .unwrap_or_default();
+    let local_refs: Vec<&str> = local.iter().map(String::as_str).collect();
+    if let Some(best) = best_projector(&local_refs) {
+        return Ok(Some(dir.join(best)));
+    }
+    let files = hub.list(&name.repo)?;
+    let paths: Vec<&str> = files
+        .iter()
+        .map(|f| f.path.as_str())
+        .filter(|p| is_projector(p))
+        .collect();
+    let Some(best) = best_projector(&paths) else {
+        return Ok(None);
+    };
+    let Some(file) = files.iter().find(|f| f.path == best).cloned() else {
+        return Ok(None);
+    };
+    let dest = contained(&dir, &file.path)?;
+    fetch(
+        hub,
+        root,
+        &name.repo,
+        std::slice::from_ref(&file),
+        std::slice::from_ref(&dest),
+        progress,
+    )?;
+    Ok(Some(dest))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_f16_projector_is_preferred() {
+        let ps = [
+            "mmproj-model-Q8_0.gguf",
+            "mmproj-model-f16.gguf",
+            "mmproj-model-bf16.gguf",
+        ];
+        assert_eq!(best_projector(&ps), Some("mmproj-model-f16.gguf"));
+        assert_eq!(best_projector(&ps[..1]), Some("mmproj-model-Q8_0.gguf"));
+        assert_eq!(
+            best_projector(&["mmproj-b.gguf", "mmproj-a.gguf"]),
+            Some("mmproj-a.gguf")
+        );
+        assert_eq!(best_projector(&[]), None);
+        assert!(is_projector("sub/mmproj-x.gguf") && !is_projector("model-mmproj.gguf"));
+        assert!(!is_projector("mmproj-x.bin"));
+    }
 
     #[test]
     fn names_parse() {

@@ -236,6 +236,23 @@ impl Store {
         Ok(dest)
     }
 
+    /// The projector file (`mmproj*.gguf`) of a `hf:ORG/REPO…` model's repository, fetched
+    /// into the store beside the model if it is not there yet ([`hf::pull_projector`]);
+    /// `None` for a repository without one and for every other model name (a catalog
+    /// name or a path: give `--mmproj`).
+    ///
+    /// Errors: those of [`hf::pull_projector`]; a `hf:` name that does not parse.
+    pub fn projector(&self, model_arg: &str) -> Result<Option<PathBuf>> {
+        let Some(hub_name) = hf::HubName::parse(model_arg) else {
+            return Ok(None);
+        };
+        let hub_name = hub_name?;
+        fs::create_dir_all(&self.root)
+            .ctx(|| format!("creating the model store {}", self.root.display()))?;
+        let bar = TerminalBar::new(&format!("{model_arg} (projector)"));
+        hf::pull_projector(&hf::Hub::from_env(), &self.root, &hub_name, &bar)
+    }
+
     /// Turn a `-m MODEL` argument into a model file path.
     ///
     /// A catalog name is pulled if missing (see [`Store::pull`]) and its path returned; anything

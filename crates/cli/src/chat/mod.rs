@@ -298,7 +298,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
         Arc::clone(&tok_arc),
         config,
         |sched| {
-            let vision = args.images.load(&model)?;
+            let vision = args.images.load(&model, &args.model.model, true)?;
             let pending = match &vision {
                 Some(vm) => args.images.encode(vm)?,
                 None => Vec::new(),
