@@ -56,7 +56,7 @@ impl Decision {
                 c.seqs,
                 c.summary()
             ),
-            How::Default => "the default (nothing to choose here)".into(),
+            How::Default => "the default: nothing to choose here".into(),
         };
         format!("decode path: {} ({how})", self.path.name())
     }

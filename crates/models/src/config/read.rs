@@ -698,6 +698,14 @@ impl ModelConfig {
                 key: "general.architecture".into(),
                 detail: "missing".into(),
             })?;
+        if arch_name == "clip" {
+            // A projector file given as the model: say where it goes.
+            return Err(ModelError::Unsupported(
+                "architecture \"clip\" as a model: this is a vision projector file (mmproj); \
+                 give it as --mmproj beside its language model"
+                    .into(),
+            ));
+        }
         let arch = arch_spec(arch_name).ok_or_else(|| {
             ModelError::UnsupportedArchitecture(
                 arch_name.to_string(),
