@@ -3,6 +3,8 @@
 //! pixel values, its projector's rows and the language model's logits with the image in
 //! the prompt equal transformers', and the prompt's ids equal the processor's.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -117,27 +119,6 @@ fn prompt_for(
     .unwrap()
 }
 
-/// The logits of `prompt` (image keys read as the placeholder, their rows from `images`).
-fn logits(
-    model: &Model,
-    prompt: &[u32],
-    images: &[frink_engine::image::PromptImage],
-    bidi: bool,
-) -> Vec<f32> {
-    let ids = frink_engine::image::model_ids(prompt, 0);
-    let mut rows = frink_engine::image::embd_rows(images, 0, prompt.len(), model.config.n_embd);
-    rows.iter_mut().for_each(|r| r.bidirectional = bidi);
-    let mut state = SeqState::new(&model.config, 256, KvType::F32);
-    let mut seqs = [Sequence {
-        state: &mut state,
-        tokens: &ids,
-        logits: Logits::All,
-        lora: None,
-        embd: &rows,
-    }];
-    model.forward_batch(&mut seqs).unwrap().pop().unwrap()
-}
-
 /// Each reference prompt: frink's ids equal the processor's (image rows where its image
 /// tokens are), and the logits of every position with the images in place equal
 /// transformers' within 1e-5 relative; attending causally over an image's rows instead
@@ -172,12 +153,12 @@ fn prompts_and_logits_equal_transformers() {
             .collect();
         assert_eq!(as_ids, want, "{key}: prompt ids");
         assert_eq!(images.len(), files.len());
-        let got = logits(&model, &prompt, &images, true);
+        let got = common::logits(&model, &prompt, &images, Some(true));
         let reference = read_f32(&dir().join(format!("{key}.logits.bin")));
         let err = rel_max_diff(&got, &reference);
         // Measured 8.9e-7 to 1.1e-6; a causal mask over the image gives 0.75 to 0.95.
         assert!(err <= 1e-5, "{key}: logits rel max diff {err}");
-        let causal = logits(&model, &prompt, &images, false);
+        let causal = common::logits(&model, &prompt, &images, Some(false));
         let err_causal = rel_max_diff(&causal, &reference);
         assert!(
             err_causal > 1e-2,
@@ -218,7 +199,7 @@ fn pieces_and_batches_give_the_same_bits() {
     let tok = Tokenizer::from_gguf(&model.file).unwrap();
     let vm = vision();
     let (prompt, images) = prompt_for(&tok, &vm, &["native.png", "odd.png"], "Compare them.");
-    let whole = logits(&model, &prompt, &images, true);
+    let whole = common::logits(&model, &prompt, &images, Some(true));
     let n_vocab = model.config.n_vocab;
     let last = &whole[whole.len() - n_vocab..];
     let d = model.config.n_embd;

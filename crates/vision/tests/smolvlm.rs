@@ -4,6 +4,8 @@
 //! language model's logits with the image in the prompt equal transformers', and the
 //! prompt's ids (each tile's markers and rows) equal the processor's.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use frink_engine::image::{image_prompt, model_ids, EncodedImage, PromptImage, IMAGE_MARKER};
@@ -122,21 +124,6 @@ fn prompt_for(tok: &Tokenizer, vm: &VisionModel, p: &Value) -> (Vec<u32>, Vec<Pr
     .unwrap()
 }
 
-/// Every position's logits of `prompt` with `images`' rows in place.
-fn logits(model: &Model, prompt: &[u32], images: &[PromptImage]) -> Vec<f32> {
-    let ids = model_ids(prompt, 0);
-    let rows = frink_engine::image::embd_rows(images, 0, prompt.len(), model.config.n_embd);
-    let mut state = SeqState::new(&model.config, 512, KvType::F32);
-    let mut seqs = [Sequence {
-        state: &mut state,
-        tokens: &ids,
-        logits: Logits::All,
-        lora: None,
-        embd: &rows,
-    }];
-    model.forward_batch(&mut seqs).unwrap().pop().unwrap()
-}
-
 /// Each reference prompt (one image of 2 × 2 tiles, one of 1 × 2, two images): frink's
 /// ids equal the processor's, with a piece of rows per tile and per global view, and the
 /// logits of every position equal transformers' within 1e-5 relative.
@@ -156,7 +143,7 @@ fn prompts_and_logits_equal_transformers() {
             "{key}: ids"
         );
         assert_eq!(images.len(), pieces, "{key}: pieces of rows");
-        let got = logits(&model, &prompt, &images);
+        let got = common::logits(&model, &prompt, &images, None);
         let reference = read_f32(&dir().join(format!("{key}.logits.bin")));
         let err = rel_max_diff(&got, &reference);
         // Measured 9.3e-7 to 1.5e-6; the shuffle transposed gives 0.68.
