@@ -205,7 +205,8 @@ pub fn image_prompt(
     let image_id = tok
         .token_id(image_token)
         .ok_or_else(|| format!("the vocabulary has no {image_token} token"))?;
-    let (out, ranges) = expand(text, special, images);
+    let texts: Vec<&str> = images.iter().map(|im| im.text.as_str()).collect();
+    let (out, ranges) = expand(text, special, &texts);
     let mut prompt = tok
         .encode_ranges(&out, &ranges, true)
         .map_err(|e| e.to_string())?;
@@ -257,16 +258,34 @@ pub fn image_prompt(
     Ok((prompt, placed))
 }
 
-/// `text` with each [`IMAGE_MARKER`] replaced by its image's text, and the byte ranges
-/// of the result where special tokens are parsed: `special`'s, moved, and each image's
-/// text.
+/// How many prompt values [`image_prompt`] will give for `text` with images whose texts
+/// are `texts` ([`EncodedImage::text`], known from each image's size before it is
+/// decoded): so a prompt past the context is refused before any image is encoded.
+///
+/// Errors: markers and texts of different counts; the tokenizer's.
+pub fn prompt_len(
+    tok: &frink_tokenizer::Tokenizer,
+    text: &str,
+    special: &[std::ops::Range<usize>],
+    texts: &[&str],
+) -> Result<usize, String> {
+    check_places(text, texts.len())?;
+    let (out, ranges) = expand(text, special, texts);
+    tok.encode_ranges(&out, &ranges, true)
+        .map(|ids| ids.len())
+        .map_err(|e| e.to_string())
+}
+
+/// `text` with each [`IMAGE_MARKER`] replaced by its image's text (`texts`, in order), and
+/// the byte ranges of the result where special tokens are parsed: `special`'s, moved, and
+/// each image's text.
 fn expand(
     text: &str,
     special: &[std::ops::Range<usize>],
-    images: &[EncodedImage],
+    texts: &[&str],
 ) -> (String, Vec<std::ops::Range<usize>>) {
     let markers: Vec<usize> = text.match_indices(IMAGE_MARKER).map(|(i, _)| i).collect();
-    let extra: usize = images.iter().map(|im| im.text.len()).sum();
+    let extra: usize = texts.iter().map(|t| t.len()).sum();
     let mut out = String::with_capacity(text.len() + extra);
     let mut ranges: Vec<std::ops::Range<usize>> = Vec::new();
     let push = |ranges: &mut Vec<std::ops::Range<usize>>, r: std::ops::Range<usize>| match ranges
@@ -291,11 +310,11 @@ fn expand(
             }
         }
         out.push_str(&text[src..m]);
-        let Some(im) = images.get(k).filter(|_| m < text.len()) else {
+        let Some(im) = texts.get(k).filter(|_| m < text.len()) else {
             break;
         };
         let start = out.len();
-        out.push_str(&im.text);
+        out.push_str(im);
         push(&mut ranges, start..out.len());
         src = m + IMAGE_MARKER.len();
     }

@@ -7,7 +7,7 @@ use std::ops::Range;
 use std::time::Duration;
 
 use axum::http::StatusCode;
-use frink_engine::image::{EncodedImage, PromptImage};
+use frink_engine::image::PromptImage;
 use frink_models::vision::VisionModel;
 
 use crate::api::request::ImageSource;
@@ -103,45 +103,6 @@ fn fetch(url: &str) -> Result<Vec<u8>, String> {
     Ok(body)
 }
 
-/// Each image of `sources` decoded, preprocessed and, when their rows fit in `n_ctx`
-/// positions, encoded by `vm`.
-///
-/// Errors: a 400 naming the image's field for bytes that are not an image of a supported
-/// format or that pass the pixel limit, or on `param` for rows past the context; a 500 if
-/// the encoder fails.
-pub(crate) fn encode_all(
-    vm: &VisionModel,
-    sources: &[ImageSource],
-    limits: ImageLimits,
-    n_ctx: usize,
-    param: &str,
-) -> Result<Vec<EncodedImage>, ApiError> {
-    let pixels = sources
-        .iter()
-        .map(|src| {
-            let data = bytes(src, limits)?;
-            frink_vision::input::pixels(vm, &data, limits.max_pixels)
-                .map_err(|e| ApiError::invalid(Some(&src.param), e.to_string()))
-        })
-        .collect::<Result<Vec<_>, ApiError>>()?;
-    let rows: usize = pixels.iter().map(|p| p.rows(vm)).sum();
-    if rows > n_ctx {
-        return Err(too_many_rows(param, sources.len(), rows, n_ctx));
-    }
-    pixels
-        .iter()
-        .map(|px| {
-            frink_vision::input::encode_pixels(vm, px).map_err(|e| {
-                ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "server_error",
-                    format!("encoding the image failed: {e}"),
-                )
-            })
-        })
-        .collect()
-}
-
 fn too_many_rows(param: &str, n: usize, rows: usize, n_ctx: usize) -> ApiError {
     ApiError::invalid(
         Some(param),
@@ -152,11 +113,15 @@ fn too_many_rows(param: &str, n: usize, rows: usize, n_ctx: usize) -> ApiError {
 
 /// The prompt of a rendered text (`special`: its byte ranges parsed for special tokens)
 /// holding one [`frink_engine::image::IMAGE_MARKER`] per image of `sources`, with the
-/// images encoded and placed.
+/// images encoded and placed. What costs nothing is checked before what costs: the
+/// markers and a lower bound of the images' rows before any image is read; every image's
+/// header, layout and so the whole prompt's length before any pixel is decoded; only then
+/// is each image decoded and encoded.
 ///
-/// Errors: those of [`vision`] and [`encode_all`]; a 400 on `param` when the markers and
-/// images do not match or the images alone pass the context of `n_ctx` positions (both
-/// found before any image is decoded).
+/// Errors: those of [`vision`] and [`bytes`]; a 400 on `param` when the markers and
+/// images do not match or the prompt passes the context of `n_ctx` positions; a 400 on the
+/// image's field for bytes that are not an image of a supported format or that pass the
+/// pixel limit; a 500 if the encoder fails.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn prompt(
     eng: &Engine,
@@ -168,15 +133,51 @@ pub(crate) fn prompt(
     n_ctx: usize,
     param: &str,
 ) -> Result<(Vec<u32>, Vec<PromptImage>), ApiError> {
+    use frink_vision::input;
     let vm = vision(eng, model, &sources[0].param)?;
     frink_engine::image::check_places(text, sources.len())
         .map_err(|e| ApiError::invalid(Some(param), e))?;
-    // Each image takes at least one encoder input's rows: refused before decoding any.
+    // Each image takes at least one encoder input's rows: refused before reading any.
     let rows = sources.len().saturating_mul(vm.config.tokens_per_image());
     if rows > n_ctx {
         return Err(too_many_rows(param, sources.len(), rows, n_ctx));
     }
-    let encoded = encode_all(vm, sources, limits, n_ctx, param)?;
-    frink_vision::input::prompt(vm, &eng.tok, text, special, &encoded)
+    let mut data = Vec::with_capacity(sources.len());
+    let mut texts = Vec::with_capacity(sources.len());
+    for src in sources {
+        let d = bytes(src, limits)?;
+        let (w, h) = frink_vision::preprocess::dimensions(&d, limits.max_pixels)
+            .map_err(|e| ApiError::invalid(Some(&src.param), e.to_string()))?;
+        texts.push(input::image_text(vm, input::layout(vm, w, h).1));
+        data.push(d);
+    }
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let n = frink_engine::image::prompt_len(&eng.tok, text, special, &refs)
+        .map_err(|e| ApiError::invalid(Some(param), e))?;
+    if n > n_ctx {
+        return Err(ApiError::invalid(
+            Some(param),
+            format!(
+                "the prompt with its {} image(s) takes {n} positions, more than the context of {n_ctx}",
+                sources.len()
+            ),
+        )
+        .with_code("context_length_exceeded"));
+    }
+    let encoded = data
+        .iter()
+        .zip(sources)
+        .map(|(d, src)| {
+            input::encode_image(vm, d, limits.max_pixels).map_err(|e| match e {
+                frink_vision::preprocess::ImageError::Encode(m) => ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "server_error",
+                    format!("encoding the image failed: {m}"),
+                ),
+                e => ApiError::invalid(Some(&src.param), e.to_string()),
+            })
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    input::prompt(vm, &eng.tok, text, special, &encoded)
         .map_err(|e| ApiError::invalid(Some(param), e))
 }

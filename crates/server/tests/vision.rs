@@ -356,3 +356,47 @@ fn smolvlm_tiles_through_every_api() {
         "Ollama chat"
     );
 }
+
+/// What an attacker found: a prompt whose text and images' markers pass the context was
+/// refused only after every image was decoded and encoded (77 s for one 4096² image on a
+/// real-size encoder); the whole prompt is now counted from the images' headers first. A
+/// string content holding the image marker beside images is refused naming it (it took an
+/// image's place).
+#[test]
+fn smolvlm_prompts_are_counted_before_images_are_decoded() {
+    let _l = common::lock();
+    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../vision/tests/data/smolvlm");
+    let mut c = common::config_at("smolvlm", d.join("model.gguf"));
+    c.mmproj = Some(d.join("mmproj-model.gguf"));
+    let srv = TestServer::start_with(c);
+    let uri = format!(
+        "data:image/png;base64,{}",
+        base64::encode(std::fs::read(d.join("square.png")).unwrap())
+    );
+    let part = json!({"type": "image_url", "image_url": {"url": uri}});
+    let mut parts: Vec<Value> = (0..20).map(|_| part.clone()).collect();
+    parts.push(json!({"type": "text", "text": "hi ".repeat(2000)}));
+    let r = srv.request(
+        "POST",
+        "/v1/chat/completions",
+        Some(&json!({"messages": [user(Value::Array(parts))], "max_tokens": 1}).to_string()),
+    );
+    let msg = assert_openai_error(&r, 400);
+    assert!(
+        msg.contains("the prompt with its 20 image(s) takes"),
+        "{msg}"
+    );
+    let r = srv.request(
+        "POST",
+        "/v1/chat/completions",
+        Some(
+            &json!({"messages": [
+                {"role": "user", "content": "look <__media__> here"},
+                user(json!([part, {"type": "text", "text": "and this"}]))
+            ], "max_tokens": 1})
+            .to_string(),
+        ),
+    );
+    let msg = assert_openai_error(&r, 400);
+    assert!(msg.contains("messages[0].content"), "{msg}");
+}

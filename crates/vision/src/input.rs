@@ -157,7 +157,29 @@ const IDEFICS3_MAX_SIDE: u32 = 4096;
 ///
 /// Returns the frames and the grid `(rows, cols)` (`(0, 0)` when not split).
 pub fn idefics3_frames(img: &RgbImage, longest: u32, tile: u32) -> (Vec<RgbImage>, (usize, usize)) {
-    let (w, h) = (img.width as f64, img.height as f64);
+    let ((w1, h1), (w2, h2)) = idefics3_sizes(img.width, img.height, longest, tile);
+    let img = resize(img, w1, h1, Filter::Lanczos);
+    let img = resize(&img, w2, h2, Filter::Lanczos);
+    // 3. `split_images`.
+    let grid = idefics3_grid((w2, h2), tile);
+    if grid == (0, 0) {
+        return (vec![img], grid);
+    }
+    let (rows, cols) = grid;
+    let mut frames = Vec::with_capacity(rows * cols + 1);
+    for r in 0..rows as u32 {
+        for c in 0..cols as u32 {
+            frames.push(crop(&img, c * tile, r * tile, tile, tile));
+        }
+    }
+    frames.push(resize(&img, tile, tile, Filter::Lanczos));
+    (frames, grid)
+}
+
+/// The sizes of [`idefics3_frames`]' first two resizes for an image of `w × h`: steps 1
+/// and 2, in pixels.
+fn idefics3_sizes(w: u32, h: u32, longest: u32, tile: u32) -> ((u32, u32), (u32, u32)) {
+    let (w, h) = (w as f64, h as f64);
     let longest = longest as f64;
     // 1. `_resize_output_size_rescale_to_max_len`, then `..._scale_below_upper_bound`.
     let even = |v: f64| {
@@ -176,7 +198,6 @@ pub fn idefics3_frames(img: &RgbImage, longest: u32, tile: u32) -> (Vec<RgbImage
         (w1, h1) = (((max as f64 * a) as i64).max(1), max);
     }
     let (w1, h1) = (w1 as u32, h1 as u32);
-    let img = resize(img, w1, h1, Filter::Lanczos);
     // 2. `resize_for_vision_encoder`.
     let t = tile as f64;
     let up = |v: f64| ((v / t).ceil() * t) as u32;
@@ -191,20 +212,32 @@ pub fn idefics3_frames(img: &RgbImage, longest: u32, tile: u32) -> (Vec<RgbImage
             (up((h2 as f64 * a1) as i64 as f64), h2)
         }
     };
-    let img = resize(&img, w2.max(tile), h2.max(tile), Filter::Lanczos);
-    // 3. `split_images`.
-    if img.width <= tile && img.height <= tile {
-        return (vec![img], (0, 0));
+    ((w1, h1), (w2.max(tile), h2.max(tile)))
+}
+
+/// The tiles' grid `(rows, cols)` of an image resized to `(w, h)` (multiples of `tile`);
+/// `(0, 0)` when it is one tile, which is not split.
+fn idefics3_grid((w, h): (u32, u32), tile: u32) -> (usize, usize) {
+    if w <= tile && h <= tile {
+        return (0, 0);
     }
-    let (rows, cols) = ((img.height / tile) as usize, (img.width / tile) as usize);
-    let mut frames = Vec::with_capacity(rows * cols + 1);
-    for r in 0..rows as u32 {
-        for c in 0..cols as u32 {
-            frames.push(crop(&img, c * tile, r * tile, tile, tile));
+    ((h / tile) as usize, (w / tile) as usize)
+}
+
+/// The layout an image of `width × height` pixels takes under `vm`, known from its
+/// header before any pixel is decoded: its encoder inputs (frames) and its tiles' grid
+/// ([`Pixels::grid`]).
+pub fn layout(vm: &VisionModel, width: u32, height: u32) -> (usize, (usize, usize)) {
+    let c = &vm.config;
+    match c.projector {
+        Projector::Gemma3 => (1, (0, 0)),
+        Projector::Idefics3 => {
+            let tile = c.image_size as u32;
+            let (_, size2) = idefics3_sizes(width, height, c.longest_edge as u32, tile);
+            let (rows, cols) = idefics3_grid(size2, tile);
+            (rows * cols + 1, (rows, cols))
         }
     }
-    frames.push(resize(&img, tile, tile, Filter::Lanczos));
-    (frames, (rows, cols))
 }
 
 /// The rows of the image file `bytes` for the language model, its text in the prompt,

@@ -60,32 +60,8 @@ pub struct RgbImage {
 /// `image` knows it), [`ImageError::TooLarge`] (`width × height > max_pixels`),
 /// [`ImageError::Empty`] (a zero width or height), [`ImageError::Decode`].
 pub fn decode(bytes: &[u8], max_pixels: u64) -> Result<RgbImage, ImageError> {
-    let reader = || -> Result<ImageReader<Cursor<&[u8]>>, ImageError> {
-        let r = ImageReader::new(Cursor::new(bytes))
-            .with_guessed_format()
-            .map_err(|e| ImageError::Decode(e.to_string()))?;
-        match r.format() {
-            Some(ImageFormat::Png | ImageFormat::Jpeg | ImageFormat::WebP | ImageFormat::Gif) => {
-                Ok(r)
-            }
-            Some(f) => Err(ImageError::Format(format!(": {f:?}"))),
-            None => Err(ImageError::Format(String::new())),
-        }
-    };
-    let (width, height) = reader()?
-        .into_dimensions()
-        .map_err(|e| ImageError::Decode(e.to_string()))?;
-    if width == 0 || height == 0 {
-        return Err(ImageError::Empty { width, height });
-    }
-    if u64::from(width) * u64::from(height) > max_pixels {
-        return Err(ImageError::TooLarge {
-            width,
-            height,
-            max: max_pixels,
-        });
-    }
-    let mut r = reader()?;
+    let (width, height) = dimensions(bytes, max_pixels)?;
+    let mut r = reader(bytes)?;
     let mut limits = Limits::default();
     limits.max_image_width = Some(width);
     limits.max_image_height = Some(height);
@@ -105,6 +81,39 @@ pub fn decode(bytes: &[u8], max_pixels: u64) -> Result<RgbImage, ImageError> {
         height,
         data: to_rgb(img),
     })
+}
+
+/// A reader of `bytes` in one of the four formats.
+fn reader(bytes: &[u8]) -> Result<ImageReader<Cursor<&[u8]>>, ImageError> {
+    let r = ImageReader::new(Cursor::new(bytes))
+        .with_guessed_format()
+        .map_err(|e| ImageError::Decode(e.to_string()))?;
+    match r.format() {
+        Some(ImageFormat::Png | ImageFormat::Jpeg | ImageFormat::WebP | ImageFormat::Gif) => Ok(r),
+        Some(f) => Err(ImageError::Format(format!(": {f:?}"))),
+        None => Err(ImageError::Format(String::new())),
+    }
+}
+
+/// The width and height in the header of the image file `bytes`, checked as [`decode`]
+/// checks them, without decoding a pixel.
+///
+/// Errors: those of [`decode`] but [`ImageError::Decode`] of the pixel data.
+pub fn dimensions(bytes: &[u8], max_pixels: u64) -> Result<(u32, u32), ImageError> {
+    let (width, height) = reader(bytes)?
+        .into_dimensions()
+        .map_err(|e| ImageError::Decode(e.to_string()))?;
+    if width == 0 || height == 0 {
+        return Err(ImageError::Empty { width, height });
+    }
+    if u64::from(width) * u64::from(height) > max_pixels {
+        return Err(ImageError::TooLarge {
+            width,
+            height,
+            max: max_pixels,
+        });
+    }
+    Ok((width, height))
 }
 
 /// A decoded image's pixels as Pillow and transformers make them RGB (see [`decode`]).
@@ -291,7 +300,7 @@ pub fn resize(img: &RgbImage, width: u32, height: u32, filter: Filter) -> RgbIma
     if (iw, ih) == (ow, oh) {
         return img.clone();
     }
-    if iw * ih * ow * oh == 0 {
+    if iw == 0 || ih == 0 || ow == 0 || oh == 0 {
         return RgbImage {
             width,
             height,

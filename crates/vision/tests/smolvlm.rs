@@ -180,3 +180,95 @@ fn greedy(model: &Model, prompt: &[u32], images: &[PromptImage], n: usize) -> Ve
     }
     out
 }
+
+/// The layout known from an image's size alone (before decoding: the server counts the
+/// prompt with it) is the one its pixels get, for sizes that give every grid, extreme
+/// aspect ratios and images no larger than one tile.
+#[test]
+fn the_layout_from_the_header_is_the_pixels_layout() {
+    let vm = vision();
+    let c = &vm.config;
+    for (w, h) in [
+        (48, 48),
+        (70, 21),
+        (23, 50),
+        (1, 1),
+        (2, 2),
+        (32, 32),
+        (33, 97),
+        (1, 4000),
+        (4000, 1),
+        (64, 63),
+    ] {
+        let img = frink_vision::preprocess::RgbImage {
+            width: w,
+            height: h,
+            data: vec![128; (w * h * 3) as usize],
+        };
+        let (frames, grid) =
+            frink_vision::input::idefics3_frames(&img, c.longest_edge as u32, c.image_size as u32);
+        assert_eq!(
+            frink_vision::input::layout(&vm, w, h),
+            (frames.len(), grid),
+            "{w}×{h}"
+        );
+        assert!(frames.iter().all(|f| f.width == 32 && f.height == 32));
+    }
+}
+
+/// A projector file whose sizes would make an image's work or memory absurd, or its rows
+/// NaN, is refused at load naming the key (an attacker's 2 MB file with 1-pixel patches
+/// made the server allocate 256 GiB and abort).
+#[test]
+fn absurd_projector_sizes_are_refused_at_load() {
+    use frink_gguf::MetaValue;
+    let changed = |edit: &dyn Fn(&mut frink_gguf::GgufWriter)| {
+        let f = frink_gguf::GgufFile::open(dir().join("mmproj-model.gguf")).unwrap();
+        let mut w = frink_gguf::GgufWriter::from_file(&f).unwrap();
+        edit(&mut w);
+        VisionModel::from_gguf(frink_gguf::GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap())
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    };
+    let cases: [(&str, MetaValue, &str); 5] = [
+        (
+            "clip.vision.image_size",
+            MetaValue::U32(8192),
+            "clip.vision.image_size",
+        ),
+        (
+            "clip.vision.patch_size",
+            MetaValue::U32(0),
+            "clip.vision.patch_size",
+        ),
+        (
+            "clip.vision.preproc_image_size",
+            MetaValue::U32(1 << 20),
+            "clip.vision.preproc_image_size",
+        ),
+        (
+            "clip.vision.attention.layer_norm_epsilon",
+            MetaValue::F32(f32::NAN),
+            "layer_norm_epsilon",
+        ),
+        (
+            "clip.vision.image_size",
+            MetaValue::U32(4096),
+            "clip.vision.patch_size",
+        ),
+    ];
+    for (key, value, named) in cases {
+        let err = changed(&|w| {
+            w.add_metadata(key, value.clone());
+        });
+        assert!(err.contains(named), "{key}: {err:?}");
+    }
+    let err = changed(&|w| {
+        w.add_metadata(
+            "clip.vision.image_std",
+            MetaValue::Array(frink_gguf::MetaArray::F32(vec![0.5, 0.0, 0.5])),
+        );
+    });
+    assert!(err.contains("clip.vision.image_std"), "{err:?}");
+}

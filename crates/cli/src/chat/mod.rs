@@ -379,6 +379,11 @@ fn converse(
                 continue;
             }
         }
+        if text.contains(IMAGE_MARKER) {
+            // It would take an image's place now or in a later turn (as /load refuses it).
+            eprintln!("error: the message holds {IMAGE_MARKER}, the text that marks an image's place; /image FILE adds an image");
+            continue;
+        }
         convo.ask(text);
         let ids = match replier.prompt(&convo) {
             Ok(ids) => ids,

@@ -201,6 +201,7 @@ impl ClipConfig {
             n_merge,
             longest_edge,
         };
+        c.check_bounds()?;
         let side = c.patches_per_side();
         if !c.image_size.is_multiple_of(c.patch_size) || !side.is_multiple_of(c.n_merge) {
             return Err(meta_err(
@@ -218,6 +219,60 @@ impl ClipConfig {
             ));
         }
         Ok(c)
+    }
+}
+
+/// The largest encoder input side frink reads (`clip.vision.image_size`): published
+/// encoders use 224 to 896 (Gemma 3).
+pub const MAX_IMAGE_SIZE: usize = 4096;
+/// The most patches per encoder input: Gemma 3's 64 × 64, the largest published
+/// (attention over them holds a 64 MiB score matrix per head).
+pub const MAX_PATCHES: usize = 4096;
+/// The most tiles per side an image is split into (`clip.vision.preproc_image_size /
+/// clip.vision.image_size`): SmolVLM's processors use 4.
+pub const MAX_TILES_PER_SIDE: usize = 8;
+
+impl ClipConfig {
+    /// Refuses sizes and values no published projector has and that would make an image's
+    /// work or memory absurd, or its rows NaN, before any image is read.
+    fn check_bounds(&self) -> Result<()> {
+        if self.image_size > MAX_IMAGE_SIZE {
+            return Err(meta_err(
+                "clip.vision.image_size",
+                format!("{} pixels, more than {MAX_IMAGE_SIZE}", self.image_size),
+            ));
+        }
+        let patches = (self.image_size / self.patch_size.max(1)).pow(2);
+        if patches > MAX_PATCHES {
+            return Err(meta_err(
+                "clip.vision.patch_size",
+                format!("{patches} patches per input, more than {MAX_PATCHES}"),
+            ));
+        }
+        let tiles = self.longest_edge.div_ceil(self.image_size);
+        if self.projector == Projector::Idefics3 && tiles > MAX_TILES_PER_SIDE {
+            return Err(meta_err(
+                "clip.vision.preproc_image_size",
+                format!("{tiles} tiles per side, more than {MAX_TILES_PER_SIDE}"),
+            ));
+        }
+        if !(self.eps.is_finite() && self.eps >= 0.0) {
+            return Err(meta_err(
+                "clip.vision.attention.layer_norm_epsilon",
+                format!("{} is not a finite non-negative number", self.eps),
+            ));
+        }
+        let finite = |v: &[f32; 3]| v.iter().all(|x| x.is_finite());
+        if !finite(&self.mean) {
+            return Err(meta_err("clip.vision.image_mean", "not finite".into()));
+        }
+        if !finite(&self.std) || self.std.contains(&0.0) {
+            return Err(meta_err(
+                "clip.vision.image_std",
+                "zero or not finite".into(),
+            ));
+        }
+        Ok(())
     }
 }
 

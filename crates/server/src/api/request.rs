@@ -470,6 +470,24 @@ fn messages(obj: &Map<String, Value>) -> Result<(Vec<ChatMessage>, Vec<ImageSour
             })
         })
         .collect::<Result<Vec<_>, ApiError>>()?;
+    // Beside images, a string content's marker would take an image's place (text parts
+    // are refused it above).
+    if !images.is_empty() {
+        let marked = list.iter().position(|m| {
+            m.get("content")
+                .and_then(Value::as_str)
+                .is_some_and(|c| c.contains(IMAGE_MARKER))
+        });
+        if let Some(i) = marked {
+            return Err(ApiError::invalid(
+                Some(&format!("messages[{i}].content")),
+                format!(
+                    "messages[{i}].content holds {IMAGE_MARKER}, the text that marks an \
+                     image's place, beside images"
+                ),
+            ));
+        }
+    }
     Ok((messages, images))
 }
 
