@@ -71,18 +71,39 @@ impl ImageArgs {
             .map_err(anyhow::Error::msg)
     }
 
-    /// Each `--image` read, decoded, preprocessed and encoded by `vm`.
-    pub fn encode(&self, vm: &VisionModel) -> Result<Vec<EncodedImage>> {
-        self.encode_with(vm, self.image_max_pixels)
+    /// Each `--image` read, decoded, preprocessed and encoded by `vm`, when their rows fit
+    /// in `n_ctx` positions (counted from their headers before any is decoded).
+    pub fn encode(&self, vm: &VisionModel, n_ctx: usize) -> Result<Vec<EncodedImage>> {
+        self.encode_with(vm, self.image_max_pixels, n_ctx)
     }
 
     /// [`ImageArgs::encode`] with a pixel limit of `max_pixels`.
-    pub fn encode_with(&self, vm: &VisionModel, max_pixels: u64) -> Result<Vec<EncodedImage>> {
-        self.image
+    ///
+    /// Errors: an unreadable file, one that is not an image or too large, rows past
+    /// `n_ctx`, the encoder's.
+    pub fn encode_with(
+        &self,
+        vm: &VisionModel,
+        max_pixels: u64,
+        n_ctx: usize,
+    ) -> Result<Vec<EncodedImage>> {
+        let mut files = Vec::with_capacity(self.image.len());
+        let mut rows = 0usize;
+        for path in &self.image {
+            let bytes = read_image(path)?;
+            let (w, h) = frink_vision::preprocess::dimensions(&bytes, max_pixels)
+                .with_context(|| format!("image {}", path.display()))?;
+            let (frames, _) = frink_vision::input::layout(vm, w, h);
+            rows = rows.saturating_add(frames * vm.config.tokens_per_image());
+            files.push((path, bytes));
+        }
+        if rows > n_ctx {
+            bail!("the images take {rows} positions, more than the context of {n_ctx} (--ctx)");
+        }
+        files
             .iter()
-            .map(|path| {
-                let bytes = read_image(path)?;
-                frink_vision::input::encode_image(vm, &bytes, max_pixels)
+            .map(|(path, bytes)| {
+                frink_vision::input::encode_image(vm, bytes, max_pixels)
                     .with_context(|| format!("image {}", path.display()))
             })
             .collect()

@@ -177,7 +177,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     // The images' decoding, preprocessing and encoding, timed apart from the prompt.
     let t_images = Instant::now();
     let encoded = match &vision {
-        Some(vm) => args.images.encode(vm)?,
+        Some(vm) => args.images.encode(vm, args.gen.ctx)?,
         None => Vec::new(),
     };
     let image_ms = t_images.elapsed().as_secs_f64() * 1e3;

@@ -224,6 +224,14 @@ fn smolvlm_tiles_through_run() {
     assert_eq!(rows(&chat), rows(&ids(&p["input_ids"])));
     // One token more than the processor's: the space after "User:" (typed text content).
     assert_eq!(chat.len(), p["input_ids"].as_array().unwrap().len() + 1);
+    // Rows past the context are counted from the header, before encoding.
+    let out = frink(&[&common[..], &["--ctx", "64", "hi"]].concat());
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("take 80 positions"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 /// `frink bench --mmproj --image` times an image's preprocessing and encoding apart and

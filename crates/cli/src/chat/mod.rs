@@ -195,7 +195,7 @@ impl Replier<'_> {
             image: vec![file.into()],
             ..Default::default()
         };
-        let mut one = args.encode_with(vm, self.image_args.image_max_pixels)?;
+        let mut one = args.encode_with(vm, self.image_args.image_max_pixels, self.gen.ctx)?;
         Ok(one.remove(0))
     }
 
@@ -300,7 +300,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
         |sched| {
             let vision = args.images.load(&model, &args.model.model, true)?;
             let pending = match &vision {
-                Some(vm) => args.images.encode(vm)?,
+                Some(vm) => args.images.encode(vm, args.gen.ctx)?,
                 None => Vec::new(),
             };
             let replier = Replier {
