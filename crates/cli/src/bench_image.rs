@@ -32,7 +32,7 @@ pub fn run(args: &BenchArgs, model: &Model) -> Result<()> {
     }
     for path in &img.image {
         let bytes = crate::images::read_image(path)?;
-        let decoded = frink_vision::preprocess::decode(&bytes, img.image_max_pixels)?;
+        let (width, height) = frink_vision::preprocess::dimensions(&bytes, img.image_max_pixels)?;
         let (mut pre, mut enc) = (Vec::new(), Vec::new());
         let mut layout = (0, 0);
         for rep in 0..=args.repetitions.max(1) {
@@ -53,15 +53,15 @@ pub fn run(args: &BenchArgs, model: &Model) -> Result<()> {
         if !args.json {
             outln!(
                 "| {name} | {}×{} | {frames} | {rows} | {pre_ms:.1} ± {pre_sd:.1} | {enc_ms:.1} ± {enc_sd:.1} | {:.1} | {threads} |",
-                decoded.width,
-                decoded.height,
+                width,
+                height,
                 enc_ms / frames as f64
             );
         }
         results.push(json!({
             "image": name,
-            "width": decoded.width,
-            "height": decoded.height,
+            "width": width,
+            "height": height,
             "frames": frames,
             "rows": rows,
             "n_threads": threads,

@@ -43,19 +43,14 @@ impl ImageArgs {
     ///
     /// Errors: `--image` without a projector file; the file's own.
     pub fn load(&self, model: &Model, model_arg: &str, fetch: bool) -> Result<Option<VisionModel>> {
-        let path = match &self.mmproj {
-            Some(p) => Some(p.clone()),
-            None if fetch && !self.no_mmproj && model_arg.starts_with("hf:") => {
-                match frink_store::Store::from_env().and_then(|s| s.projector(model_arg)) {
-                    Ok(p) => p,
-                    Err(e) if self.image.is_empty() => {
-                        eprintln!("frink: no projector file for {model_arg} (images off): {e}");
-                        None
-                    }
-                    Err(e) => return Err(e).context("fetching the model's projector file"),
-                }
-            }
-            None => None,
+        let path = match fetch {
+            true => projector_path(
+                &self.mmproj,
+                self.no_mmproj,
+                model_arg,
+                !self.image.is_empty(),
+            )?,
+            false => self.mmproj.clone(),
         };
         let Some(path) = path else {
             if !self.image.is_empty() {
@@ -107,6 +102,31 @@ impl ImageArgs {
                     .with_context(|| format!("image {}", path.display()))
             })
             .collect()
+    }
+}
+
+/// The projector file of `-m model_arg`: `mmproj` (`--mmproj`) when given, else, unless
+/// `no_mmproj`, the one in the repository of a `hf:` model, fetched into the store
+/// ([`frink_store::Store::projector`]). A failed fetch is an error when `required` (images
+/// were given) and otherwise a warning, the command going on without images.
+///
+/// Errors: the store's, when `required`.
+pub fn projector_path(
+    mmproj: &Option<PathBuf>,
+    no_mmproj: bool,
+    model_arg: &str,
+    required: bool,
+) -> Result<Option<PathBuf>> {
+    if mmproj.is_some() || no_mmproj || !model_arg.starts_with("hf:") {
+        return Ok(mmproj.clone());
+    }
+    match frink_store::Store::from_env().and_then(|s| s.projector(model_arg)) {
+        Ok(p) => Ok(p),
+        Err(e) if !required => {
+            eprintln!("frink: no projector file for {model_arg} (images off): {e}");
+            Ok(None)
+        }
+        Err(e) => Err(e).context("fetching the model's projector file"),
     }
 }
 

@@ -208,21 +208,11 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     } else {
         None
     };
-    let mmproj = match &args.mmproj {
-        Some(p) => Some(p.clone()),
-        None if args.model_given && !args.no_mmproj => {
-            match frink_store::Store::from_env().and_then(|s| s.projector(&args.model.model)) {
-                Ok(p) => p,
-                Err(e) => {
-                    eprintln!(
-                        "frink: no projector file for {} (images off): {e}",
-                        args.model.model
-                    );
-                    None
-                }
-            }
+    let mmproj = match args.model_given {
+        true => {
+            crate::images::projector_path(&args.mmproj, args.no_mmproj, &args.model.model, false)?
         }
-        None => None,
+        false => None,
     };
     let (chat_template, chat_template_kwargs) = args.template.resolve()?;
     // The decode path is measured with the batches a loaded server decodes (docs/speed.md, "The

@@ -225,9 +225,9 @@ fn scaled_softmax(s: &mut [f32], scale: f32) {
     softmax(s);
 }
 
+/// [`full_attention`] one query row and head at a time with [`crate::kernels::dot`] and
+/// [`crate::kernels::axpy`]: its twin, which tests compare it against.
 #[cfg(test)]
-/// [`full_attention`] one query row and head at a time with [`dot`] and [`axpy`]: its
-/// twin, which tests compare it against.
 pub(crate) fn full_attention_rows(
     q: &[f32],
     k: &[f32],
