@@ -88,8 +88,9 @@ impl ImageArgs {
             let bytes = read_image(path)?;
             let (w, h) = frink_vision::preprocess::dimensions(&bytes, max_pixels)
                 .with_context(|| format!("image {}", path.display()))?;
-            let (frames, _) = frink_vision::input::layout(vm, w, h);
-            rows = rows.saturating_add(frames * vm.config.tokens_per_image());
+            let (frames, grid) = frink_vision::input::layout(vm, w, h)
+                .with_context(|| format!("image {}", path.display()))?;
+            rows = rows.saturating_add(frink_vision::input::rows_of(vm, frames, grid));
             files.push((path, bytes));
         }
         if rows > n_ctx {

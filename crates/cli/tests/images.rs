@@ -279,3 +279,50 @@ fn chat_refuses_a_typed_image_marker() {
     assert!(err.contains("marks an image's place"), "{err}");
     assert!(!err.contains("place(s)"), "{err}");
 }
+
+/// The tiny Qwen2.5-VL fixture through `frink run`: two images before the text through the
+/// chat template give the processor's ids and transformers' greedy tokens (its
+/// `greedy_full_attention`: frink reads the file's windows as llama.cpp does, 112 pixels,
+/// covering every fixture image; llama-mtmd-cli gives the same tokens on these files), the
+/// text after each image at positions shifted back by its grid; `frink bench` times one.
+#[test]
+fn qwen25vl_through_run() {
+    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../vision/tests/data/qwen25vl");
+    let at = |f: &str| d.join(f).to_string_lossy().into_owned();
+    let m: Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("meta.json")).unwrap()).unwrap();
+    let (model, mmproj) = (at("model.gguf"), at("mmproj-model.gguf"));
+    let p = &m["prompts"]["two"];
+    let (wide, square) = (at("wide.png"), at("square.png"));
+    let out = frink(&[
+        "run",
+        "-m",
+        &model,
+        "--mmproj",
+        &mmproj,
+        "--image",
+        &wide,
+        "--image",
+        &square,
+        "--json",
+        "--greedy",
+        "-n",
+        "8",
+        "-t",
+        "2",
+        p["text"].as_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let j = last_json_line(&out);
+    assert_eq!(ids(&j["prompt_ids"]), ids(&p["input_ids"]));
+    assert_eq!(ids(&j["ids"]), ids(&p["greedy_full_attention"]));
+    let out = frink(&[
+        "bench", "-m", &model, "--mmproj", &mmproj, "--image", &square, "--json", "-r", "1",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let b: Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+    assert_eq!(
+        (b[0]["frames"].as_u64(), b[0]["rows"].as_u64()),
+        (Some(1), Some(36))
+    );
+}

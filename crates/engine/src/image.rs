@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 
+use frink_models::rope::ImageGrid;
 use frink_models::EmbdRows;
 use sha2::{Digest, Sha256};
 
@@ -50,6 +51,9 @@ pub struct PromptImage {
     pub keys: Vec<u32>,
     /// Whether its rows see each other both ways ([`EmbdRows::bidirectional`]).
     pub bidirectional: bool,
+    /// Where its rows sit in the image's grid, for a model with multimodal RoPE
+    /// ([`EmbdRows::grid`]; `None` for every other model).
+    pub grid: Option<ImageGrid>,
 }
 
 impl PromptImage {
@@ -92,9 +96,25 @@ pub fn embd_rows(
                 at: a - p0,
                 rows: &im.rows[(a - im.at) * n_embd..(b - im.at) * n_embd],
                 bidirectional: im.bidirectional,
+                grid: im.grid.map(|g| ImageGrid {
+                    first: g.first + a - im.at,
+                    ..g
+                }),
             }
         })
         .collect()
+}
+
+/// How far the images of `images` that end by prompt position `n_past` moved the
+/// positions after them back, with multimodal RoPE ([`frink_models::Sequence::rope_shift`]:
+/// the shift of each image whose last row is among them; 0 for images without a grid).
+pub fn rope_shift(images: &[PromptImage], n_past: usize) -> usize {
+    images
+        .iter()
+        .filter(|im| im.at + im.n() <= n_past)
+        .filter_map(|im| im.grid.filter(|g| g.first + im.n() == g.rows * g.cols))
+        .map(|g| g.shift())
+        .sum()
 }
 
 /// Checks a prompt's images: each inside the prompt where its keys are, in order, not
@@ -166,6 +186,10 @@ pub struct EncodedImage {
     /// `Gemma3Processor.full_image_sequence`; Idefics3: a run per tile, transformers
     /// `Idefics3Processor.replace_image_token`).
     pub text: String,
+    /// Its rows' grid `(rows, cols)` of merged patches, for a language model with
+    /// multimodal RoPE (Qwen2.5-VL: one run of `rows · cols` image tokens); `None` for
+    /// every other family.
+    pub grid: Option<(usize, usize)>,
 }
 
 /// Checks that `text` holds one [`IMAGE_MARKER`] per image of `n` (cheap: before any
@@ -235,6 +259,20 @@ pub fn image_prompt(
             (0, t) if t == counts[k] => Arc::clone(&im.rows),
             _ => Arc::new(im.rows[done * width..(done + take) * width].to_vec()),
         };
+        let grid = match im.grid {
+            Some((r, c)) if r * c == counts[k] => Some(ImageGrid {
+                rows: r,
+                cols: c,
+                first: done,
+            }),
+            Some((r, c)) => {
+                return Err(format!(
+                    "image {k}: a {r} × {c} grid for {} {image_token} tokens",
+                    counts[k]
+                ))
+            }
+            None => None,
+        };
         let keys = image_keys_at(&im.hash, done, take);
         prompt[i..i + take].copy_from_slice(&keys);
         placed.push(PromptImage {
@@ -242,6 +280,7 @@ pub fn image_prompt(
             rows,
             keys,
             bidirectional,
+            grid,
         });
         i += take;
         done += take;
@@ -331,6 +370,7 @@ mod tests {
             rows: Arc::new(vec![seed as f32; n * 2]),
             keys: image_keys(&[seed], n),
             bidirectional: bidi,
+            grid: None,
         }
     }
 

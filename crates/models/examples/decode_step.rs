@@ -60,6 +60,7 @@ fn main() {
                     logits: Logits::Last,
                     lora: None,
                     embd: &[],
+                    rope_shift: 0,
                 })
                 .collect();
             let t = Instant::now();

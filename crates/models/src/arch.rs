@@ -329,6 +329,10 @@ pub struct ArchSpec {
     /// Per-layer embeddings where the file gives `{arch}.embedding_length_per_layer_input`
     /// (Gemma 4's PLE, [`crate::blocks::ple`]).
     pub ple: bool,
+    /// Multimodal RoPE: `{arch}.rope.dimension_sections` splits each head's rotated pairs
+    /// between a position's time, height and width components ([`crate::Sequence::rope_shift`],
+    /// [`crate::EmbdRows::grid`]); elsewhere the key is refused.
+    pub mrope: bool,
 }
 
 /// The defaults every row starts from: a llama-style decoder.
@@ -360,6 +364,7 @@ const BASE: ArchSpec = ArchSpec {
     swa_geometry: false,
     kv_sharing: false,
     ple: false,
+    mrope: false,
 };
 
 /// The supported architectures. Sources per row: llama.cpp `src/models/<name>.cpp` and
@@ -381,6 +386,13 @@ pub const ARCHS: &[ArchSpec] = &[
     // qwen2.cpp; Qwen2ForCausalLM (q/k/v biases, present in the file).
     ArchSpec {
         name: "qwen2",
+        ..BASE
+    },
+    // qwen2vl.cpp; Qwen2-VL's and Qwen2.5-VL's language model (transformers
+    // Qwen2_5_VLTextModel): qwen2 with M-RoPE (`ggml_rope_multi`, sections from the file).
+    ArchSpec {
+        name: "qwen2vl",
+        mrope: true,
         ..BASE
     },
     // qwen3.cpp; Qwen3ForCausalLM: per-head Q/K RMSNorm.

@@ -237,6 +237,7 @@ impl Model {
             logits,
             lora: None,
             embd: &[],
+            rope_shift: 0,
         }];
         Ok(self.forward_batch(&mut seqs)?.pop().unwrap_or_default())
     }
@@ -283,9 +284,11 @@ impl Model {
         if pos.is_empty() {
             return Ok(vec![Vec::new(); seqs.len()]);
         }
+        let rope_pos = self.mrope_positions(seqs)?;
         let rows = Rows {
             starts: &starts,
             pos: &pos,
+            rope_pos: &rope_pos,
         };
         // Each sequence's adapters (the model's default scales unless it names its own),
         // grouped by adapter over the batch's rows.
@@ -337,6 +340,37 @@ impl Model {
             }
         }
         Ok(())
+    }
+
+    /// Every row's multimodal RoPE positions, sequence after sequence
+    /// ([`crate::rope::mrope_positions`]; empty for a model with plain RoPE, where a
+    /// sequence's [`Sequence::rope_shift`] must be 0).
+    ///
+    /// Errors: [`ModelError::Unsupported`] for a shift or image grid that does not fit.
+    fn mrope_positions(&self, seqs: &[Sequence<'_>]) -> Result<Vec<[usize; 3]>> {
+        let d = self.config.n_embd;
+        let Some(_) = self.config.rope_sections else {
+            return match seqs.iter().find(|s| s.rope_shift != 0) {
+                Some(s) => Err(ModelError::Unsupported(format!(
+                    "a RoPE shift ({}) on a model without multimodal RoPE",
+                    s.rope_shift
+                ))),
+                None => Ok(Vec::new()),
+            };
+        };
+        let mut out = Vec::new();
+        for s in seqs {
+            let images: Vec<_> = s
+                .embd
+                .iter()
+                .filter_map(|e| Some((e.at, e.n(d), e.grid?)))
+                .collect();
+            let n = s.tokens.len();
+            let p = crate::rope::mrope_positions(s.state.n_past, n, s.rope_shift, &images)
+                .map_err(|e| ModelError::Unsupported(format!("multimodal RoPE: {e}")))?;
+            out.extend(p);
+        }
+        Ok(out)
     }
 
     /// A sequence's rows given as embeddings: whole rows of this model's width, inside
@@ -648,6 +682,11 @@ pub struct Sequence<'a> {
     /// Rows of `tokens` given as embeddings instead (an image's rows), in order, not
     /// overlapping; empty for text alone.
     pub embd: &'a [EmbdRows<'a>],
+    /// With multimodal RoPE ([`crate::ModelConfig::rope_sections`]): how far the images
+    /// before `state.n_past` moved the positions back from the cache rows (the sum of
+    /// their [`crate::rope::ImageGrid::shift`]s; the caller keeps it, as transformers keeps
+    /// `rope_deltas`). 0 for text alone and for every other model.
+    pub rope_shift: usize,
 }
 
 /// Rows of a sequence's input given as embeddings, not token ids (an image's rows from a
@@ -665,6 +704,9 @@ pub struct EmbdRows<'a> {
     /// `token_type_ids` mask; llama.cpp `mtmd_decode_use_non_causal`); they still see the
     /// rows before them and only those. All of them must be in the same call.
     pub bidirectional: bool,
+    /// Where they sit in their image's grid, for a model with multimodal RoPE (`None`:
+    /// positions as text rows; ignored by other models).
+    pub grid: Option<crate::rope::ImageGrid>,
 }
 
 impl EmbdRows<'_> {

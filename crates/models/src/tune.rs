@@ -177,6 +177,7 @@ impl Model {
                         logits: Logits::Last,
                         lora: None,
                         embd: &[],
+                        rope_shift: 0,
                     })
                     .collect();
                 let t = Instant::now();

@@ -92,6 +92,7 @@ fn logits_do_not_depend_on_batch_chunks_or_threads() {
                     logits: Logits::All,
                     lora: None,
                     embd: &[],
+                    rope_shift: 0,
                 });
             }
             batch.push(Sequence {
@@ -104,6 +105,7 @@ fn logits_do_not_depend_on_batch_chunks_or_threads() {
                 },
                 lora: None,
                 embd: &[],
+                rope_shift: 0,
             });
         }
         let out = model.forward_batch(&mut batch).unwrap();
@@ -134,6 +136,7 @@ fn logits_do_not_depend_on_batch_chunks_or_threads() {
                 logits: Logits::Last,
                 lora: None,
                 embd: &[],
+                rope_shift: 0,
             })
             .collect();
         let out = model.forward_batch(&mut batch).unwrap();
@@ -189,6 +192,7 @@ fn repacked_weights_give_the_same_logits() {
                     logits: Logits::Last,
                     lora: None,
                     embd: &[],
+                    rope_shift: 0,
                 })
                 .collect();
             out.extend(model.forward_batch(&mut batch).unwrap().concat());

@@ -93,6 +93,7 @@ fn pooled_and_contiguous_caches_give_the_same_logits() {
                         logits,
                         lora: None,
                         embd: &[],
+                        rope_shift: 0,
                     },
                     Sequence {
                         state: &mut sb,
@@ -100,6 +101,7 @@ fn pooled_and_contiguous_caches_give_the_same_logits() {
                         logits,
                         lora: None,
                         embd: &[],
+                        rope_shift: 0,
                     },
                 ];
                 let out = model.forward_batch_in(Some(&mut pool), &mut seqs).unwrap();
@@ -124,6 +126,7 @@ fn pooled_and_contiguous_caches_give_the_same_logits() {
                     logits: Logits::All,
                     lora: None,
                     embd: &[],
+                    rope_shift: 0,
                 }];
                 let out = model.forward_batch_in(Some(&mut pool), &mut seqs).unwrap();
                 let nv = c.n_vocab;
@@ -141,6 +144,7 @@ fn pooled_and_contiguous_caches_give_the_same_logits() {
                     logits: Logits::All,
                     lora: None,
                     embd: &[],
+                    rope_shift: 0,
                 }];
                 let out = model.forward_batch_in(Some(&mut pool), &mut seqs).unwrap();
                 assert!(
@@ -175,6 +179,7 @@ fn a_pooled_sequence_without_blocks_is_refused_before_writing() {
         logits: Logits::Last,
         lora: None,
         embd: &[],
+        rope_shift: 0,
     }];
     let err = model
         .forward_batch_in(Some(&mut pool), &mut seqs)

@@ -117,6 +117,7 @@ fn q8_0_cache_is_batch_invariant_and_changes_the_logits() {
                 logits: Logits::Last,
                 lora: None,
                 embd: &[],
+                rope_shift: 0,
             })
             .collect();
         let out = model.forward_batch(&mut batch).unwrap();

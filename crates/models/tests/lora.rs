@@ -84,6 +84,7 @@ fn sequences_with_different_adapters_share_a_batch() {
                 logits: Logits::All,
                 lora: Some(set),
                 embd: &[],
+                rope_shift: 0,
             }];
             model.forward_batch(&mut seq).unwrap().pop().unwrap()
         })
@@ -174,6 +175,7 @@ fn in_one_batch(model: &Model, ids: &[u32], sets: &[&[(usize, f32)]]) -> Vec<Vec
             logits: Logits::All,
             lora: Some(set),
             embd: &[],
+            rope_shift: 0,
         })
         .collect();
     model.forward_batch(&mut batch).unwrap()

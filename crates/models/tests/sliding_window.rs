@@ -102,6 +102,7 @@ fn pooled(model: &Model, kv: KvType, tokens: &[u32], window_group: usize) -> Vec
             logits: Logits::All,
             lora: None,
             embd: &[],
+            rope_shift: 0,
         }];
         for piece in model.forward_batch_in(Some(&mut pool), &mut seqs).unwrap() {
             out.extend(piece);
@@ -197,6 +198,7 @@ fn a_cut_behind_the_window_is_refused_not_read() {
             logits: Logits::Last,
             lora: None,
             embd: &[],
+            rope_shift: 0,
         }];
         assert!(matches!(
             model.forward_batch(&mut seqs),
@@ -215,6 +217,7 @@ fn a_cut_behind_the_window_is_refused_not_read() {
             logits: Logits::Last,
             lora: None,
             embd: &[],
+            rope_shift: 0,
         }];
         let r = model.forward_batch_in(Some(&mut pool), &mut seqs);
         assert!(

@@ -138,7 +138,7 @@ pub(crate) fn prompt(
     frink_engine::image::check_places(text, sources.len())
         .map_err(|e| ApiError::invalid(Some(param), e))?;
     // Each image takes at least one encoder input's rows: refused before reading any.
-    let rows = sources.len().saturating_mul(vm.config.tokens_per_image());
+    let rows = sources.len().saturating_mul(vm.config.min_rows_per_image());
     if rows > n_ctx {
         return Err(too_many_rows(param, sources.len(), rows, n_ctx));
     }
@@ -148,7 +148,9 @@ pub(crate) fn prompt(
         let d = bytes(src, limits)?;
         let (w, h) = frink_vision::preprocess::dimensions(&d, limits.max_pixels)
             .map_err(|e| ApiError::invalid(Some(&src.param), e.to_string()))?;
-        texts.push(input::image_text(vm, input::layout(vm, w, h).1));
+        let (_, grid) = input::layout(vm, w, h)
+            .map_err(|e| ApiError::invalid(Some(&src.param), e.to_string()))?;
+        texts.push(input::image_text(vm, grid));
         data.push(d);
     }
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();

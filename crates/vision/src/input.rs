@@ -78,9 +78,10 @@ pub fn check_pair(vm: &VisionModel, lm: &ModelConfig) -> Result<(), String> {
 pub struct Pixels {
     /// The encoder's inputs, each normalised and channel-first `[3][size][size]`: one for
     /// Gemma 3; for Idefics3 the tiles row by row, then the global view (the processor's
-    /// order).
+    /// order); for Qwen2.5-VL the image at its resized size, `[3][H][W]`.
     pub frames: Vec<Vec<f32>>,
-    /// The tiles' grid, `(rows, cols)`; `(0, 0)` when the image is not split.
+    /// Idefics3: the tiles' grid, `(rows, cols)` (`(0, 0)` when the image is not split);
+    /// Qwen2.5-VL: the merged patches' grid, `H` and `W` over the merged patch's side.
     pub grid: (usize, usize),
 }
 
@@ -114,6 +115,12 @@ pub fn image_text(vm: &VisionModel, grid: (usize, usize)) -> String {
             s.push_str(&global);
             s
         }
+        // transformers `Qwen2_5_VLProcessor` (the template's `<|image_pad|>` repeated once
+        // per merged patch; llama.cpp `mtmd.cpp` writes the same markers).
+        Projector::Qwen25vl => format!(
+            "<|vision_start|>{}<|vision_end|>",
+            token.repeat(grid.0 * grid.1)
+        ),
     }
 }
 
@@ -132,6 +139,12 @@ pub fn pixels(vm: &VisionModel, bytes: &[u8], max_pixels: u64) -> Result<Pixels,
     let (frames, grid) = match c.projector {
         Projector::Gemma3 => (vec![resize(&img, s, s, Filter::Bilinear)], (0, 0)),
         Projector::Idefics3 => idefics3_frames(&img, c.longest_edge as u32, s),
+        Projector::Qwen25vl => {
+            let (w, h) = native_size(vm, img.width, img.height)?;
+            let unit = c.merged_patch();
+            let grid = (h as usize / unit, w as usize / unit);
+            (vec![resize(&img, w, h, Filter::Bicubic)], grid)
+        }
     };
     Ok(Pixels {
         frames: frames
@@ -224,20 +237,88 @@ fn idefics3_grid((w, h): (u32, u32), tile: u32) -> (usize, usize) {
     ((h / tile) as usize, (w / tile) as usize)
 }
 
+/// The most a side may exceed the other (transformers Qwen2-VL `smart_resize`).
+const MAX_ASPECT: u32 = 200;
+
+/// The size `(width, height)` a native-size encoder's processor resizes a `width × height`
+/// image to ([`smart_resize`] with the projector's merged patch and pixel limits).
+///
+/// Errors: [`ImageError::AspectRatio`] past 200:1.
+pub fn native_size(vm: &VisionModel, width: u32, height: u32) -> Result<(u32, u32), ImageError> {
+    let c = &vm.config;
+    let (h, w) = smart_resize(
+        (height, width),
+        c.merged_patch() as u32,
+        (c.min_pixels as u64, c.max_pixels as u64),
+    )?;
+    Ok((w, h))
+}
+
+/// Qwen2-VL's processor's size rule (transformers `image_processing_qwen2_vl.smart_resize`):
+/// each side rounded to a multiple of `factor` (half to even, as Python rounds); past
+/// `max` pixels both sides scaled down by `√(h·w / max)` and floored to multiples (at least
+/// one `factor`); under `min` pixels scaled up by `√(min / (h·w))` and ceiled. `(height,
+/// width)` in and out.
+///
+/// Errors: [`ImageError::AspectRatio`] past 200:1; [`ImageError::Empty`] for a zero side.
+pub fn smart_resize(
+    (h, w): (u32, u32),
+    factor: u32,
+    (min, max): (u64, u64),
+) -> Result<(u32, u32), ImageError> {
+    if h == 0 || w == 0 {
+        return Err(ImageError::Empty {
+            width: w,
+            height: h,
+        });
+    }
+    if h.max(w) as f64 / h.min(w) as f64 > MAX_ASPECT as f64 {
+        return Err(ImageError::AspectRatio {
+            width: w,
+            height: h,
+            max: MAX_ASPECT,
+        });
+    }
+    let (hf, wf, f) = (h as f64, w as f64, factor as f64);
+    let round = |v: f64| (v / f).round_ties_even() * f;
+    let (mut hb, mut wb) = (round(hf), round(wf));
+    if hb * wb > max as f64 {
+        let beta = (hf * wf / max as f64).sqrt();
+        hb = f.max((hf / beta / f).floor() * f);
+        wb = f.max((wf / beta / f).floor() * f);
+    } else if hb * wb < min as f64 {
+        let beta = (min as f64 / (hf * wf)).sqrt();
+        hb = (hf * beta / f).ceil() * f;
+        wb = (wf * beta / f).ceil() * f;
+    }
+    Ok((hb as u32, wb as u32))
+}
+
 /// The layout an image of `width × height` pixels takes under `vm`, known from its
 /// header before any pixel is decoded: its encoder inputs (frames) and its tiles' grid
 /// ([`Pixels::grid`]).
-pub fn layout(vm: &VisionModel, width: u32, height: u32) -> (usize, (usize, usize)) {
+///
+/// Errors: those of [`native_size`].
+pub fn layout(
+    vm: &VisionModel,
+    width: u32,
+    height: u32,
+) -> Result<(usize, (usize, usize)), ImageError> {
     let c = &vm.config;
-    match c.projector {
+    Ok(match c.projector {
         Projector::Gemma3 => (1, (0, 0)),
+        Projector::Qwen25vl => {
+            let (w, h) = native_size(vm, width, height)?;
+            let unit = c.merged_patch() as u32;
+            (1, ((h / unit) as usize, (w / unit) as usize))
+        }
         Projector::Idefics3 => {
             let tile = c.image_size as u32;
             let (_, size2) = idefics3_sizes(width, height, c.longest_edge as u32, tile);
             let (rows, cols) = idefics3_grid(size2, tile);
             (rows * cols + 1, (rows, cols))
         }
-    }
+    })
 }
 
 /// The rows of the image file `bytes` for the language model, its text in the prompt,
@@ -255,7 +336,16 @@ pub fn encode_image(
 impl Pixels {
     /// The rows these frames give the language model under `vm`.
     pub fn rows(&self, vm: &VisionModel) -> usize {
-        self.frames.len() * vm.config.tokens_per_image()
+        rows_of(vm, self.frames.len(), self.grid)
+    }
+}
+
+/// The rows an image of `frames` encoder inputs and grid `grid` ([`layout`]) gives the
+/// language model under `vm`.
+pub fn rows_of(vm: &VisionModel, frames: usize, grid: (usize, usize)) -> usize {
+    match vm.config.projector.native_size() {
+        true => grid.0 * grid.1,
+        false => frames * vm.config.tokens_per_image(),
     }
 }
 
@@ -271,15 +361,19 @@ pub fn encode_pixels(vm: &VisionModel, px: &Pixels) -> Result<EncodedImage, Imag
         h.update(v.to_le_bytes());
     }
     let mut rows = Vec::with_capacity(px.rows(vm) * vm.config.n_embd_out);
+    let native = vm.config.projector.native_size();
+    let (gh, gw) = px.grid;
     for f in &px.frames {
-        rows.extend(
-            vm.encode(f)
-                .map_err(|e| ImageError::Encode(e.to_string()))?,
-        );
+        let r = match native {
+            true => vm.encode_native(f, gh, gw),
+            false => vm.encode(f),
+        };
+        rows.extend(r.map_err(|e| ImageError::Encode(e.to_string()))?);
     }
     Ok(EncodedImage {
         rows: Arc::new(rows),
         hash: h.finalize().into(),
         text: image_text(vm, px.grid),
+        grid: native.then_some(px.grid),
     })
 }

@@ -23,6 +23,9 @@ pub enum ImageError {
     /// The decoder failed (damaged or truncated data).
     #[error("the image cannot be decoded: {0}")]
     Decode(String),
+    /// An aspect ratio past what the family's processor takes.
+    #[error("the image is {width}×{height} pixels: sides more than {max}:1 apart")]
+    AspectRatio { width: u32, height: u32, max: u32 },
     /// The vision encoder failed on the pixels.
     #[error("the image cannot be encoded: {0}")]
     Encode(String),

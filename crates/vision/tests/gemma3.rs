@@ -222,6 +222,7 @@ fn pieces_and_batches_give_the_same_bits() {
             logits: Logits::Last,
             lora: None,
             embd: &[],
+            rope_shift: 0,
         },
         Sequence {
             state: &mut s1,
@@ -229,6 +230,7 @@ fn pieces_and_batches_give_the_same_bits() {
             logits: Logits::Last,
             lora: None,
             embd: &rows,
+            rope_shift: 0,
         },
     ];
     let outs = model.forward_batch(&mut seqs).unwrap();
@@ -257,6 +259,7 @@ fn in_pieces(
             logits: Logits::Last,
             lora: None,
             embd: &rows,
+            rope_shift: 0,
         }];
         out = model.forward_batch(&mut seqs).unwrap().pop().unwrap();
     }

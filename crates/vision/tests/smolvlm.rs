@@ -172,6 +172,7 @@ fn greedy(model: &Model, prompt: &[u32], images: &[PromptImage], n: usize) -> Ve
             logits: Logits::Last,
             lora: None,
             embd,
+            rope_shift: 0,
         }];
         let l = model.forward_batch(&mut seqs).unwrap().pop().unwrap();
         let best = (0..l.len()).fold(0, |b, j| if l[j] > l[b] { j } else { b }) as u32;
@@ -208,7 +209,7 @@ fn the_layout_from_the_header_is_the_pixels_layout() {
         let (frames, grid) =
             frink_vision::input::idefics3_frames(&img, c.longest_edge as u32, c.image_size as u32);
         assert_eq!(
-            frink_vision::input::layout(&vm, w, h),
+            frink_vision::input::layout(&vm, w, h).unwrap(),
             (frames.len(), grid),
             "{w}×{h}"
         );

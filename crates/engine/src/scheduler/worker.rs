@@ -11,7 +11,7 @@ use frink_models::{EmbdRows, KvType, Logits, Model, ModelError, Sequence};
 use frink_tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::image::{
-    check_images, chunk_end, embd_rows, is_image_key, model_ids, reached, PromptImage,
+    check_images, chunk_end, embd_rows, is_image_key, model_ids, reached, rope_shift, PromptImage,
 };
 
 use super::kv::*;
@@ -631,6 +631,14 @@ impl<'t> Worker<'t> {
                     .collect()
             })
             .collect();
+        // Multimodal RoPE: how far the images already evaluated moved positions back.
+        let shifts: Vec<usize> = inputs
+            .iter()
+            .map(|(i, _, _)| {
+                let images = self.jobs[*i].as_ref().map_or(&[][..], |j| &j.req.images);
+                rope_shift(images, self.kv.n_past(*i))
+            })
+            .collect();
         let mut masks: Vec<&mut Sampler> = Vec::new();
         let mut loras: Vec<Option<&[(usize, f32)]>> = Vec::with_capacity(inputs.len());
         let mut it = inputs.iter().peekable();
@@ -661,14 +669,17 @@ impl<'t> Worker<'t> {
             .into_iter()
             .zip(inputs)
             .zip(loras)
-            .zip(feeds.iter().zip(&embds))
-            .map(|(((state, inp), lora), (feed, embd))| Sequence {
-                state,
-                tokens: feed.as_deref().unwrap_or(&inp.1),
-                logits: inp.2,
-                lora,
-                embd,
-            })
+            .zip(feeds.iter().zip(&embds).zip(shifts))
+            .map(
+                |(((state, inp), lora), ((feed, embd), rope_shift))| Sequence {
+                    state,
+                    tokens: feed.as_deref().unwrap_or(&inp.1),
+                    logits: inp.2,
+                    lora,
+                    embd,
+                    rope_shift,
+                },
+            )
             .collect();
         let model = &self.model;
         std::thread::scope(|scope| {

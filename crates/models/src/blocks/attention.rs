@@ -20,6 +20,7 @@ use crate::lora::LoraRows;
 use crate::model::Model;
 use crate::plan::{AttentionPlan, QkvLayout};
 use crate::pool::{self, Disjoint};
+use crate::rope::mrope_angles;
 use crate::Sequence;
 
 /// The Q, K and V projections: separate matrices, or one fused `attn_qkv` whose rows are
@@ -294,7 +295,7 @@ impl Model {
         // Keys to rotate and norm: none where they are another layer's.
         let k_new: &mut [f32] = if shares { &mut [] } else { k.as_mut_slice() };
         if let Position::Rope(layout) = ap.position {
-            self.rope_rows(ap, g, layout, pos, (q, k_new), rope_tables);
+            self.rope_rows(ap, g, layout, rows, (q, k_new), rope_tables);
         }
         // Llama 4's L2 norm of each head, after RoPE (no weight: `x · 1` is `x`).
         if ap.qk_norm == QkNorm::L2 {
@@ -485,18 +486,19 @@ impl Model {
     }
 
     /// RoPE on the rows' queries and `k_new` (the keys this layer writes; none where it
-    /// shares another's) at positions `pos`, with the layer's parameters (a table of
+    /// shares another's) at the rows' positions (multimodal ones where the model has
+    /// sections: [`crate::rope::mrope_angles`]), with the layer's parameters (a table of
     /// angles per parameter set, kept in `rope_tables` for the call's other layers).
     fn rope_rows(
         &self,
         ap: &AttentionPlan,
         g: Dims,
         layout: RopeLayout,
-        pos: &[usize],
+        rows: &Rows<'_>,
         (q, k_new): (&mut [f32], &mut [f32]),
         rope_tables: &mut Vec<(RopeKey, Vec<(f32, f32)>)>,
     ) {
-        let (w, n) = (&self.weights, pos.len());
+        let (w, n, pos) = (&self.weights, rows.n(), rows.pos);
         let neox = layout == RopeLayout::Neox;
         let n_rot = ap.geometry.n_rot;
         let factors = w.rope_freqs.as_deref().filter(|_| ap.geometry.freq_factors);
@@ -507,8 +509,15 @@ impl Model {
             None => {
                 let mut table = Vec::with_capacity(n * n_rot / 2);
                 let mut angles = Vec::new();
-                for &p in pos {
-                    rope_angles(p, n_rot, &ap.rope, factors, &mut angles);
+                let mut scratch: [Vec<(f32, f32)>; 4] = Default::default();
+                for (r, &p) in pos.iter().enumerate() {
+                    match (&self.config.rope_sections, rows.rope_pos.get(r)) {
+                        (Some(sections), Some(&mp)) => {
+                            let (rp, f) = (&ap.rope, factors);
+                            mrope_angles(mp, sections, n_rot, rp, f, &mut scratch, &mut angles);
+                        }
+                        _ => rope_angles(p, n_rot, &ap.rope, factors, &mut angles),
+                    }
                     table.extend_from_slice(&angles);
                 }
                 rope_tables.push((key, table));

@@ -61,10 +61,13 @@ pub enum FfnWeights {
 }
 
 /// The rows of one forward call: sequence `si` owns rows `starts[si]..starts[si + 1]`,
-/// row `r` sits at position `pos[r]` of its sequence.
+/// row `r` sits at position `pos[r]` of its sequence (its KV cache row), and with
+/// multimodal RoPE rotates by the time, height and width positions `rope_pos[r]` (empty
+/// otherwise: RoPE at `pos[r]`).
 pub(crate) struct Rows<'a> {
     pub starts: &'a [usize],
     pub pos: &'a [usize],
+    pub rope_pos: &'a [[usize; 3]],
 }
 
 impl Rows<'_> {

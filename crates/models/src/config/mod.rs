@@ -95,6 +95,10 @@ pub struct ModelConfig {
     pub n_rot: usize,
     /// `{arch}.attention.sliding_window` (0 when the architecture has none).
     pub n_swa: usize,
+    /// Multimodal RoPE's sections (`{arch}.rope.dimension_sections`: rotated pairs taking
+    /// a position's time, height, width and fourth component, in turn, repeating;
+    /// llama.cpp `ggml_rope_multi`): `None` for plain RoPE.
+    pub rope_sections: Option<[usize; 4]>,
     /// Factor applied to Q·K (llama.cpp `kq_scale` / `f_attention_scale`).
     pub attn_scale: f32,
     /// Factor applied to token embeddings (`sqrt(n_embd)` for gemma, `{arch}.embedding_scale`

@@ -366,6 +366,42 @@ fn rope(k: &Keys, arch: &ArchSpec, n_rot: usize) -> Result<(RopeParams, RopePara
     Ok((rope_global, rope_swa))
 }
 
+/// Multimodal RoPE's four sections (`rope.dimension_sections`), required by an
+/// architecture that uses them and refused elsewhere (a file asking for M-RoPE on a
+/// plain-RoPE architecture would be rotated wrongly). At least one pair, each section at
+/// most 2¹⁶ (llama.cpp `hparams.rope_sections`).
+fn rope_sections(k: &Keys, arch: &ArchSpec) -> Result<Option<[usize; 4]>> {
+    let key = "rope.dimension_sections";
+    let Some(v) = k.get(key) else {
+        return match arch.mrope {
+            true => Err(k.err(key, "missing (the model's M-RoPE sections)")),
+            false => Ok(None),
+        };
+    };
+    if !arch.mrope {
+        return Err(ModelError::Unsupported(format!(
+            "multimodal RoPE ({}) on architecture {}",
+            k.key(key),
+            k.arch
+        )));
+    }
+    let vals = v
+        .as_array()
+        .and_then(|a| a.to_i64_vec())
+        .ok_or_else(|| k.err(key, "expected an array of integers"))?;
+    let mut s = [0usize; 4];
+    if vals.len() > 4 || vals.iter().any(|&x| !(0..=1 << 16).contains(&x)) {
+        return Err(k.err(key, format!("{vals:?}: up to four sections of 0..=65536")));
+    }
+    for (d, &x) in s.iter_mut().zip(&vals) {
+        *d = x as usize;
+    }
+    if s.iter().sum::<usize>() == 0 {
+        return Err(k.err(key, "every section is empty"));
+    }
+    Ok(Some(s))
+}
+
 /// The window (or chunk) size and which layers use it, and Llama 4's NoPE layers.
 /// Returns `(n_swa, windowed layers, NoPE layers)`.
 fn windows(k: &Keys, arch: &ArchSpec, n_layer: usize) -> Result<(usize, Vec<bool>, Vec<bool>)> {
@@ -748,6 +784,7 @@ impl ModelConfig {
         let norm_eps = norm_eps(&k, arch)?;
         let n_ctx_train = k.usize_opt("context_length")?.unwrap_or(2048);
         let (rope_global, rope_swa) = rope(&k, arch, n_rot)?;
+        let rope_sections = rope_sections(&k, arch)?;
         let (n_swa, swa_layers, nope_layers) = windows(&k, arch, n_layer)?;
         let geometry = layer_geometry(&k, arch, &attn_layers, &swa_layers, &h)?;
         // Per-layer embeddings (Gemma 4): their width.
@@ -853,6 +890,7 @@ impl ModelConfig {
             norm_eps,
             n_rot,
             n_swa,
+            rope_sections,
             attn_scale,
             embed_scale,
             residual_scale,

@@ -5,14 +5,16 @@
 //!
 //! The encoder is a ViT (SigLIP: patch embedding, learned positions, pre-norm layers of
 //! LayerNorm, full attention and a GELU FFN, a final LayerNorm; llama.cpp
-//! `tools/mtmd/clip.cpp` `build_vit`, transformers `SiglipVisionTransformer`), then the
+//! `tools/mtmd/clip.cpp` `build_vit`, transformers `SiglipVisionTransformer`; Qwen2.5-VL's
+//! with RMSNorm, 2D RoPE, window attention and a gated FFN instead: [`qwen`]), then the
 //! projector of [`Projector`]. Its products use the language model's matrix kernels.
 
 mod config;
 mod gemm;
+pub mod qwen;
 mod vit;
 
-pub use config::{ClipConfig, Projector};
+pub use config::{ClipConfig, Projector, MAX_NATIVE_PATCHES, MAX_NATIVE_ROWS};
 
 use std::path::Path;
 
@@ -36,6 +38,8 @@ pub(crate) struct VitLayer {
     pub(crate) out: Matrix,
     pub(crate) out_b: Vec<f32>,
     pub(crate) ln2: NormWeights,
+    /// The FFN's gate (Qwen2.5-VL: `down(silu(gate(x)) · up(x))`); `None`: `down(gelu(up(x)))`.
+    pub(crate) gate: Option<(Matrix, Vec<f32>)>,
     pub(crate) up: Matrix,
     pub(crate) up_b: Vec<f32>,
     pub(crate) down: Matrix,
@@ -49,6 +53,14 @@ pub(crate) enum ProjectorWeights {
     Gemma3 { norm: Vec<f32>, proj: Vec<f32> },
     /// Idefics3: `mm.model.fc.weight`, `n_embd_out × (n_merge² · n_embd)`.
     Idefics3 { fc: Matrix },
+    /// Qwen2.5-VL's merger MLP: `mm.0` (`n_merge² · n_embd` square) and `mm.2`
+    /// (`n_embd_out × n_merge² · n_embd`), with biases.
+    Qwen25vl {
+        mm0: Matrix,
+        mm0_b: Vec<f32>,
+        mm2: Matrix,
+        mm2_b: Vec<f32>,
+    },
 }
 
 /// A loaded projector file: its config, the encoder's and projector's weights.
@@ -56,10 +68,14 @@ pub struct VisionModel {
     file: GgufFile,
     pub config: ClipConfig,
     /// `v.patch_embd.weight` as an `n_embd × (3 · p · p)` matrix (columns channel, row,
-    /// column within the patch) and its bias.
+    /// column within the patch) and its bias (none for Qwen2.5-VL: empty).
     pub(crate) patch: Matrix,
     pub(crate) patch_b: Vec<f32>,
-    /// `v.position_embd.weight`: `n_patches × n_embd`.
+    /// Qwen2.5-VL's second temporal slice of its patch convolution
+    /// (`v.patch_embd.weight.1`, which the converter splits off; a still image is both
+    /// frames, so the patch row is the sum of both products, as llama.cpp computes it).
+    pub(crate) patch1: Option<Matrix>,
+    /// `v.position_embd.weight`: `n_patches × n_embd` (none for Qwen2.5-VL: empty).
     pub(crate) pos: Vec<f32>,
     pub(crate) layers: Vec<VitLayer>,
     /// `v.post_ln`.
@@ -104,8 +120,19 @@ impl VisionModel {
         let mut ld = Loader::new(&file, &sizes);
         let (d, p, n_patches) = (c.n_embd, c.patch_size, c.patches_per_side().pow(2));
         let patch = ld.matrix_shaped("v.patch_embd.weight", &[p, p, 3, d], d, 3 * p * p)?;
-        let patch_b = ld.vector("v.patch_embd.bias", d)?;
-        let pos = ld.stacked("v.position_embd.weight", d, n_patches)?;
+        let native = c.projector.native_size();
+        let (patch_b, patch1, pos) = match native {
+            false => (
+                ld.vector("v.patch_embd.bias", d)?,
+                None,
+                ld.stacked("v.position_embd.weight", d, n_patches)?,
+            ),
+            true => (
+                Vec::new(),
+                Some(ld.matrix_shaped("v.patch_embd.weight.1", &[p, p, 3, d], d, 3 * p * p)?),
+                Vec::new(),
+            ),
+        };
         let layers = (0..c.n_layer)
             .map(|il| load_layer(&mut ld, c, il))
             .collect::<Result<Vec<_>>>()?;
@@ -127,6 +154,15 @@ impl VisionModel {
             Projector::Idefics3 => ProjectorWeights::Idefics3 {
                 fc: ld.matrix("mm.model.fc.weight", c.n_embd_out, d * c.n_merge.pow(2))?,
             },
+            Projector::Qwen25vl => {
+                let wide = d * c.n_merge.pow(2);
+                ProjectorWeights::Qwen25vl {
+                    mm0: ld.matrix("mm.0.weight", wide, wide)?,
+                    mm0_b: ld.vector("mm.0.bias", wide)?,
+                    mm2: ld.matrix("mm.2.weight", c.n_embd_out, wide)?,
+                    mm2_b: ld.vector("mm.2.bias", c.n_embd_out)?,
+                }
+            }
         };
         let unused = ld.unused();
         if !unused.is_empty() {
@@ -141,6 +177,7 @@ impl VisionModel {
             config,
             patch,
             patch_b,
+            patch1,
             pos,
             layers,
             post_ln,
@@ -186,6 +223,13 @@ fn load_layer(ld: &mut Loader<'_>, c: &ClipConfig, il: usize) -> Result<VitLayer
         true => ("ffn_down", "ffn_up"),
         false => ("ffn_up", "ffn_down"),
     };
+    let gate = match c.projector {
+        Projector::Qwen25vl => Some((
+            ld.matrix(&name("ffn_gate.weight"), ff, d)?,
+            ld.vector(&name("ffn_gate.bias"), ff)?,
+        )),
+        _ => None,
+    };
     Ok(VitLayer {
         ln1,
         q,
@@ -197,6 +241,7 @@ fn load_layer(ld: &mut Loader<'_>, c: &ClipConfig, il: usize) -> Result<VitLayer
         out,
         out_b,
         ln2,
+        gate,
         up: ld.matrix(&name(&format!("{up_name}.weight")), ff, d)?,
         up_b: ld.vector(&name(&format!("{up_name}.bias")), ff)?,
         down: ld.matrix(&name(&format!("{down_name}.weight")), d, ff)?,

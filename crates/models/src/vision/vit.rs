@@ -3,7 +3,7 @@
 use super::gemm::gemm_nt;
 use super::{ProjectorWeights, VisionModel, VitLayer};
 use crate::error::{ModelError, Result};
-use crate::kernels::{add_bias, gelu_tanh, layer_norm, rms_norm, softmax, Matrix};
+use crate::kernels::{add_bias, gelu_tanh, layer_norm, rms_norm, silu, softmax, Matrix};
 use crate::model::NormWeights;
 use crate::pool::for_each_chunk;
 
@@ -49,18 +49,37 @@ impl VisionModel {
         self.product(&self.patch, &patches, n, &mut x)?;
         add_bias(&mut x, &self.patch_b);
         x.iter_mut().zip(&self.pos).for_each(|(v, q)| *v += q);
+        let all = 0..n;
+        let whole = std::slice::from_ref(&all);
+        let layout = AttnLayout {
+            rope: &[],
+            windows: whole,
+        };
         for layer in &self.layers {
-            self.vit_layer(layer, &mut x, n)?;
+            self.vit_layer(layer, &mut x, n, &layout)?;
         }
-        norm(&mut x, &self.post_ln, c.eps);
+        self.norm(&mut x, &self.post_ln);
         Ok(x)
     }
 
-    /// One pre-norm layer on the residual stream `x` (`n × n_embd`).
-    fn vit_layer(&self, l: &VitLayer, x: &mut [f32], n: usize) -> Result<()> {
-        let (d, ff, eps) = (self.config.n_embd, self.config.n_ff, self.config.eps);
+    /// The encoder's norm with weights `w` on rows `x`: RMSNorm for Qwen2.5-VL's, else
+    /// LayerNorm.
+    pub(crate) fn norm(&self, x: &mut [f32], w: &NormWeights) {
+        norm(x, w, self.config.eps, self.config.projector.native_size());
+    }
+
+    /// One pre-norm layer on the residual stream `x` (`n × n_embd`): attention as `layout`
+    /// says, then the FFN (SiLU-gated where the layer has a gate, else GELU).
+    pub(crate) fn vit_layer(
+        &self,
+        l: &VitLayer,
+        x: &mut [f32],
+        n: usize,
+        layout: &AttnLayout<'_>,
+    ) -> Result<()> {
+        let (d, ff, n_head) = (self.config.n_embd, self.config.n_ff, self.config.n_head);
         let mut cur = x.to_vec();
-        norm(&mut cur, &l.ln1, eps);
+        self.norm(&mut cur, &l.ln1);
         let proj = |w: &Matrix, b: &[f32], input: &[f32], out: &mut [f32]| -> Result<()> {
             self.product(w, input, n, out)?;
             add_bias(out, b);
@@ -70,16 +89,48 @@ impl VisionModel {
         proj(&l.q, &l.q_b, &cur, &mut q)?;
         proj(&l.k, &l.k_b, &cur, &mut k)?;
         proj(&l.v, &l.v_b, &cur, &mut v)?;
-        let attn = full_attention(&q, &k, &v, n, self.config.n_head, d);
+        if !layout.rope.is_empty() {
+            rope_2d(&mut q, layout.rope, d / n_head);
+            rope_2d(&mut k, layout.rope, d / n_head);
+        }
+        let attn = match layout.windows {
+            [w] if *w == (0..n) => full_attention(&q, &k, &v, n, n_head, d),
+            windows => {
+                let mut attn = vec![0f32; n * d];
+                for w in windows {
+                    let r = w.start * d..w.end * d;
+                    let a = full_attention(
+                        &q[r.clone()],
+                        &k[r.clone()],
+                        &v[r.clone()],
+                        w.len(),
+                        n_head,
+                        d,
+                    );
+                    attn[r].copy_from_slice(&a);
+                }
+                attn
+            }
+        };
         proj(&l.out, &l.out_b, &attn, &mut cur)?;
         x.iter_mut().zip(&cur).for_each(|(a, b)| *a += b);
         cur.copy_from_slice(x);
-        norm(&mut cur, &l.ln2, eps);
+        self.norm(&mut cur, &l.ln2);
         let mut up = vec![0f32; n * ff];
         proj(&l.up, &l.up_b, &cur, &mut up)?;
-        for_each_chunk(&mut up, ff, &|_, row| {
-            row.iter_mut().for_each(|u| *u = gelu_tanh(*u))
-        });
+        match &l.gate {
+            Some((g, g_b)) => {
+                let mut gate = vec![0f32; n * ff];
+                proj(g, g_b, &cur, &mut gate)?;
+                for_each_chunk(&mut up, ff, &|i, row| {
+                    let g = &gate[i * ff..][..ff];
+                    row.iter_mut().zip(g).for_each(|(u, &g)| *u *= silu(g))
+                });
+            }
+            None => for_each_chunk(&mut up, ff, &|_, row| {
+                row.iter_mut().for_each(|u| *u = gelu_tanh(*u))
+            }),
+        }
         proj(&l.down, &l.down_b, &up, &mut cur)?;
         x.iter_mut().zip(&cur).for_each(|(a, b)| *a += b);
         Ok(())
@@ -117,6 +168,9 @@ impl VisionModel {
                 );
                 Ok(out)
             }
+            ProjectorWeights::Qwen25vl { .. } => Err(ModelError::Unsupported(
+                "a Qwen2.5-VL projector encodes images at their own size (encode_native)".into(),
+            )),
             ProjectorWeights::Idefics3 { fc } => {
                 let shuffled = pixel_shuffle(x, side, d, m);
                 let n = shuffled.len() / (d * m * m);
@@ -133,7 +187,7 @@ impl VisionModel {
     /// the weights widened to f32 (bit-exact, frink-quant), then [`gemm_nt`].
     ///
     /// Errors: a weight type without a dequantization.
-    fn product(&self, w: &Matrix, x: &[f32], n: usize, out: &mut [f32]) -> Result<()> {
+    pub(crate) fn product(&self, w: &Matrix, x: &[f32], n: usize, out: &mut [f32]) -> Result<()> {
         let bytes = self.weight(w);
         let mut wf = vec![0f32; w.rows * w.cols];
         let failed = std::sync::Mutex::new(None);
@@ -172,11 +226,41 @@ pub(crate) fn pixel_shuffle(x: &[f32], side: usize, d: usize, m: usize) -> Vec<f
     out
 }
 
-/// LayerNorm with its bias.
-fn norm(x: &mut [f32], w: &NormWeights, eps: f32) {
+/// How a layer's rows attend: the rows' 2D RoPE rotations, and the windows of rows that
+/// attend only among themselves.
+pub(crate) struct AttnLayout<'a> {
+    /// Per row, `head_dim / 2` (cos, sin) pairs applied to every head of its query and key
+    /// (Qwen2.5-VL: [`crate::vision::qwen::rope_2d_angles`]); empty: no RoPE.
+    pub rope: &'a [(f32, f32)],
+    /// Row ranges, in order and covering every row, each attending only within itself
+    /// (one range of all rows: full attention).
+    pub windows: &'a [std::ops::Range<usize>],
+}
+
+/// Rotates every head of every row of `x` (rows of `n_head · hd`) by its row's `hd / 2`
+/// angle pairs, halves paired `(i, i + hd/2)` (transformers
+/// `apply_rotary_pos_emb_vision`'s `rotate_half`).
+fn rope_2d(x: &mut [f32], angles: &[(f32, f32)], hd: usize) {
+    let half = hd / 2;
+    let d = x.len() / (angles.len() / half).max(1);
+    for_each_chunk(x, d * 16, &|ci, rows| {
+        for (r, row) in rows.chunks_exact_mut(d).enumerate() {
+            let a = &angles[(ci * 16 + r) * half..][..half];
+            for head in row.chunks_exact_mut(hd) {
+                crate::kernels::rope_rotate(head, a, true);
+            }
+        }
+    });
+}
+
+/// LayerNorm with its bias, or RMSNorm (`rms`, with a bias if the file has one).
+fn norm(x: &mut [f32], w: &NormWeights, eps: f32, rms: bool) {
     let d = w.weight.len();
     for_each_chunk(x, d * 64, &|_, rows| {
-        layer_norm(rows, &w.weight, eps);
+        match rms {
+            true => rms_norm(rows, &w.weight, eps),
+            false => layer_norm(rows, &w.weight, eps),
+        }
         if let Some(b) = &w.bias {
             add_bias(rows, b);
         }
@@ -195,11 +279,25 @@ pub(crate) fn full_attention(
     n_head: usize,
     d: usize,
 ) -> Vec<f32> {
+    full_attention_blocked(q, k, v, (n, n_head, d), SCORES)
+}
+
+/// [`full_attention`] with the queries in blocks whose scores take at most `scores`
+/// values (the same bits whatever the blocks: each query row's products and softmax are
+/// its own).
+fn full_attention_blocked(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    (n, n_head, d): (usize, usize, usize),
+    scores: usize,
+) -> Vec<f32> {
     let hd = d / n_head;
     let scale = 1.0 / (hd as f32).sqrt();
     let mut out = vec![0f32; n * d];
     let (mut qh, mut kh, mut vt) = (vec![0f32; n * hd], vec![0f32; n * hd], vec![0f32; n * hd]);
-    let (mut scores, mut oh) = (vec![0f32; n * n], vec![0f32; n * hd]);
+    let block = (scores / n.max(1)).clamp(1, n.max(1));
+    let (mut scores, mut oh) = (vec![0f32; block * n], vec![0f32; n * hd]);
     for h in 0..n_head {
         for i in 0..n {
             let src = i * d + h * hd;
@@ -209,15 +307,23 @@ pub(crate) fn full_attention(
                 vt[c * n + i] = v[src + c];
             }
         }
-        gemm_nt(&qh, &kh, n, n, hd, &mut scores);
-        for_each_chunk(&mut scores, n, &|_, row| scaled_softmax(row, scale));
-        gemm_nt(&scores, &vt, n, hd, n, &mut oh);
+        for q0 in (0..n).step_by(block) {
+            let rows = block.min(n - q0);
+            let s = &mut scores[..rows * n];
+            gemm_nt(&qh[q0 * hd..(q0 + rows) * hd], &kh, rows, n, hd, s);
+            for_each_chunk(s, n, &|_, row| scaled_softmax(row, scale));
+            gemm_nt(s, &vt, rows, hd, n, &mut oh[q0 * hd..(q0 + rows) * hd]);
+        }
         for i in 0..n {
             out[i * d + h * hd..][..hd].copy_from_slice(&oh[i * hd..][..hd]);
         }
     }
     out
 }
+
+/// The most attention scores [`full_attention`] holds at once (64 MiB of f32): a
+/// native-size image's 16,384 patches would otherwise take 1 GiB per head.
+const SCORES: usize = 1 << 24;
 
 /// Scores times `scale`, then their softmax.
 fn scaled_softmax(s: &mut [f32], scale: f32) {
@@ -275,6 +381,11 @@ mod tests {
                 .collect();
             let a = full_attention(&m[0], &m[1], &m[2], n, n_head, d);
             let b = full_attention_rows(&m[0], &m[1], &m[2], n, n_head, d);
+            // Queries in blocks of 1, 3 and 5 rows: the same bits.
+            for rows in [1, 3, 5] {
+                let c = full_attention_blocked(&m[0], &m[1], &m[2], (n, n_head, d), rows * n);
+                assert_eq!(a, c, "n {n}: blocks of {rows}");
+            }
             let worst = a
                 .iter()
                 .zip(&b)

@@ -24,6 +24,7 @@ pub fn logits(
         logits: Logits::All,
         lora: None,
         embd: &rows,
+        rope_shift: 0,
     }];
     model.forward_batch(&mut seqs).unwrap().pop().unwrap()
 }
