@@ -363,13 +363,16 @@ pub fn encode_pixels(vm: &VisionModel, px: &Pixels) -> Result<EncodedImage, Imag
     let mut rows = Vec::with_capacity(px.rows(vm) * vm.config.n_embd_out);
     let native = vm.config.projector.native_size();
     let (gh, gw) = px.grid;
-    for f in &px.frames {
-        let r = match native {
-            true => vm.encode_native(f, gh, gw),
-            false => vm.encode(f),
-        };
-        rows.extend(r.map_err(|e| ImageError::Encode(e.to_string()))?);
-    }
+    let frames: Vec<&[f32]> = px.frames.iter().map(Vec::as_slice).collect();
+    let r = match (native, &frames[..]) {
+        (true, [f]) => vm.encode_native(f, gh, gw),
+        (true, _) => Err(frink_models::ModelError::Unsupported(format!(
+            "{} frames for a native-size encoder",
+            frames.len()
+        ))),
+        (false, _) => vm.encode_frames(&frames),
+    };
+    rows.extend(r.map_err(|e| ImageError::Encode(e.to_string()))?);
     Ok(EncodedImage {
         rows: Arc::new(rows),
         hash: h.finalize().into(),

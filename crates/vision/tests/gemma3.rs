@@ -79,8 +79,9 @@ fn image_rows_equal_transformers() {
         let rows = vm.encode(&px).unwrap();
         let want = read_f32(&dir().join(format!("{stem}.embeds.bin")));
         let err = rel_max_diff(&rows, &want);
-        // Measured 2.3e-7 to 2.9e-7.
+        // Measured 2.6e-7 to 3.6e-7.
         assert!(err <= 1e-5, "{stem}: rel max diff {err}");
+        eprintln!("{stem}: rows rel max diff {err:.2e}");
     }
 }
 

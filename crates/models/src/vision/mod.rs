@@ -15,6 +15,7 @@ pub mod qwen;
 mod vit;
 
 pub use config::{ClipConfig, Projector, MAX_NATIVE_PATCHES, MAX_NATIVE_ROWS};
+pub use vit::FRAMES_PER_PASS;
 
 use std::path::Path;
 

@@ -8,35 +8,53 @@ use crate::model::NormWeights;
 use crate::pool::for_each_chunk;
 
 impl VisionModel {
-    /// The language model's input rows for one image: `pixels` are its normalised values,
-    /// channel-first `[3][image_size][image_size]` (what the family's processor gives);
-    /// the result is `tokens_per_image × n_embd_out`, row-major, in the order the image's
-    /// placeholder tokens take them (row by row of the pooled grid).
+    /// The language model's input rows for one encoder input: `pixels` are its
+    /// normalised values, channel-first `[3][image_size][image_size]` (what the family's
+    /// processor gives); the result is `tokens_per_image × n_embd_out`, row-major, in the
+    /// order the image's placeholder tokens take them (row by row of the pooled grid).
     ///
     /// Errors: [`ModelError::Unsupported`] for pixels of another size; the kernels' own.
     pub fn encode(&self, pixels: &[f32]) -> Result<Vec<f32>> {
-        let c = &self.config;
-        let s = c.image_size;
-        if pixels.len() != 3 * s * s {
+        self.encode_frames(&[pixels])
+    }
+
+    /// [`VisionModel::encode`] of several encoder inputs (an image's tiles), their rows
+    /// one after the other. Up to [`FRAMES_PER_PASS`] go through the encoder together:
+    /// each weight is widened and packed once for them all (each attends only within
+    /// itself, so the rows are those of one input at a time).
+    ///
+    /// Errors: as [`VisionModel::encode`], for any of them.
+    pub fn encode_frames(&self, frames: &[&[f32]]) -> Result<Vec<f32>> {
+        let s = self.config.image_size;
+        if let Some(f) = frames.iter().find(|f| f.len() != 3 * s * s) {
             return Err(ModelError::Unsupported(format!(
                 "{} pixel values for a {s}×{s} RGB encoder input (expected {})",
-                pixels.len(),
+                f.len(),
                 3 * s * s
             )));
         }
-        let x = self.vit(pixels)?;
-        self.project(&x)
+        let mut out = Vec::new();
+        for group in frames.chunks(FRAMES_PER_PASS) {
+            let x = self.vit(group)?;
+            let per = x.len() / group.len();
+            for f in x.chunks_exact(per) {
+                out.extend(self.project(f)?);
+            }
+        }
+        Ok(out)
     }
 
-    /// The encoder: patch rows, positions, the layers, the final norm (`n_patches ×
-    /// n_embd`).
-    fn vit(&self, pixels: &[f32]) -> Result<Vec<f32>> {
+    /// The encoder on `frames` together: patch rows, positions, the layers (attention
+    /// within each frame), the final norm (`frames × n_patches × n_embd`).
+    fn vit(&self, frames: &[&[f32]]) -> Result<Vec<f32>> {
         let c = &self.config;
         let (s, p, side, d) = (c.image_size, c.patch_size, c.patches_per_side(), c.n_embd);
         let n = side * side;
+        let rows = frames.len() * n;
         // Each patch's pixels in the convolution's column order: channel, row, column.
-        let mut patches = vec![0f32; n * 3 * p * p];
+        let mut patches = vec![0f32; rows * 3 * p * p];
         for (i, col) in patches.chunks_exact_mut(3 * p * p).enumerate() {
+            let (pixels, i) = (frames[i / n], i % n);
             let (py, px) = (i / side, i % side);
             for ch in 0..3 {
                 for y in 0..p {
@@ -45,18 +63,20 @@ impl VisionModel {
                 }
             }
         }
-        let mut x = vec![0f32; n * d];
-        self.product(&self.patch, &patches, n, &mut x)?;
+        let mut x = vec![0f32; rows * d];
+        self.product(&self.patch, &patches, rows, &mut x)?;
         add_bias(&mut x, &self.patch_b);
-        x.iter_mut().zip(&self.pos).for_each(|(v, q)| *v += q);
-        let all = 0..n;
-        let whole = std::slice::from_ref(&all);
+        for frame in x.chunks_exact_mut(n * d) {
+            frame.iter_mut().zip(&self.pos).for_each(|(v, q)| *v += q);
+        }
+        let windows: Vec<std::ops::Range<usize>> =
+            (0..frames.len()).map(|f| f * n..(f + 1) * n).collect();
         let layout = AttnLayout {
             rope: &[],
-            windows: whole,
+            windows: &windows,
         };
         for layer in &self.layers {
-            self.vit_layer(layer, &mut x, n, &layout)?;
+            self.vit_layer(layer, &mut x, rows, &layout)?;
         }
         self.norm(&mut x, &self.post_ln);
         Ok(x)
@@ -226,6 +246,11 @@ pub(crate) fn pixel_shuffle(x: &[f32], side: usize, d: usize, m: usize) -> Vec<f
     out
 }
 
+/// The most encoder inputs that go through the encoder together
+/// ([`VisionModel::encode_frames`]): four of SmolVLM's 1,024 patches hold about 120 MiB of
+/// activations at once, and the weights are widened a quarter as often.
+pub const FRAMES_PER_PASS: usize = 4;
+
 /// How a layer's rows attend: the rows' 2D RoPE rotations, and the windows of rows that
 /// attend only among themselves.
 pub(crate) struct AttnLayout<'a> {
@@ -301,7 +326,10 @@ fn full_attention_blocked(
     for h in 0..n_head {
         for i in 0..n {
             let src = i * d + h * hd;
-            qh[i * hd..][..hd].copy_from_slice(&q[src..src + hd]);
+            // The scale goes on the queries (one pass over n · hd values, not n²).
+            for (d, &x) in qh[i * hd..][..hd].iter_mut().zip(&q[src..src + hd]) {
+                *d = x * scale;
+            }
             kh[i * hd..][..hd].copy_from_slice(&k[src..src + hd]);
             for c in 0..hd {
                 vt[c * n + i] = v[src + c];
@@ -311,7 +339,9 @@ fn full_attention_blocked(
             let rows = block.min(n - q0);
             let s = &mut scores[..rows * n];
             gemm_nt(&qh[q0 * hd..(q0 + rows) * hd], &kh, rows, n, hd, s);
-            for_each_chunk(s, n, &|_, row| scaled_softmax(row, scale));
+            for_each_chunk(s, n * 16, &|_, rows| {
+                rows.chunks_exact_mut(n).for_each(softmax)
+            });
             gemm_nt(s, &vt, rows, hd, n, &mut oh[q0 * hd..(q0 + rows) * hd]);
         }
         for i in 0..n {
@@ -324,12 +354,6 @@ fn full_attention_blocked(
 /// The most attention scores [`full_attention`] holds at once (64 MiB of f32): a
 /// native-size image's 16,384 patches would otherwise take 1 GiB per head.
 const SCORES: usize = 1 << 24;
-
-/// Scores times `scale`, then their softmax.
-fn scaled_softmax(s: &mut [f32], scale: f32) {
-    s.iter_mut().for_each(|x| *x *= scale);
-    softmax(s);
-}
 
 /// [`full_attention`] one query row and head at a time with [`crate::kernels::dot`] and
 /// [`crate::kernels::axpy`]: its twin, which tests compare it against.
@@ -347,11 +371,14 @@ pub(crate) fn full_attention_rows(
     let mut out = vec![0f32; n * d];
     for (c, o) in out.chunks_exact_mut(hd).enumerate() {
         let (i, h) = (c / n_head, c % n_head);
-        let qi = &q[i * d + h * hd..][..hd];
-        let mut scores: Vec<f32> = (0..n)
-            .map(|j| crate::kernels::dot(qi, &k[j * d + h * hd..][..hd]))
+        let qi: Vec<f32> = q[i * d + h * hd..][..hd]
+            .iter()
+            .map(|x| x * scale)
             .collect();
-        scaled_softmax(&mut scores, scale);
+        let mut scores: Vec<f32> = (0..n)
+            .map(|j| crate::kernels::dot(&qi, &k[j * d + h * hd..][..hd]))
+            .collect();
+        softmax(&mut scores);
         for (j, &pj) in scores.iter().enumerate() {
             crate::kernels::axpy(o, pj, &v[j * d + h * hd..][..hd]);
         }
