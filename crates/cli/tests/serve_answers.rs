@@ -214,3 +214,46 @@ fn ollama_python_client_end_to_end() {
         "ollama checks passed",
     );
 }
+
+/// Images with the official `openai` and `ollama` Python clients (tests/vision_e2e.py) on
+/// the tiny Qwen2.5-VL fixture: a data URI and base64 give llama.cpp `/completion`'s
+/// answer (transformers' tokens), a second turn reuses the image's cached rows, two
+/// images in one message, an image past `--image-max-pixels` and a URL without
+/// `--allow-image-urls` refused; the same model without its projector file refuses images
+/// naming the model.
+#[test]
+fn vision_python_clients_end_to_end() {
+    let _l = lock();
+    let Some(python) = openai_venv() else {
+        return;
+    };
+    let d = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../vision/tests/data/qwen25vl");
+    let at = |f: &str| d.join(f).to_string_lossy().into_owned();
+    let (model, mmproj, dir) = (at("model.gguf"), at("mmproj-model.gguf"), at(""));
+    let srv = Server::start(&[
+        "-m",
+        &model,
+        "--mmproj",
+        &mmproj,
+        "--image-max-pixels",
+        "10000",
+        "--parallel",
+        "1",
+    ]);
+    run_client_script(
+        &python,
+        "vision_e2e.py",
+        &srv,
+        &[&dir],
+        "vision checks passed",
+    );
+    drop(srv);
+    let srv = Server::start(&["-m", &model]);
+    run_client_script(
+        &python,
+        "vision_e2e.py",
+        &srv,
+        &[&dir, "--text-only"],
+        "vision checks passed",
+    );
+}
