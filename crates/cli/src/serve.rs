@@ -131,6 +131,13 @@ pub struct ServeArgs {
     /// images are refused (data URIs and base64 always work).
     #[arg(long = "allow-image-urls", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
     pub allow_image_urls: bool,
+    /// Serve no chat page at `/` (llama-server's `--no-webui`).
+    #[arg(long = "no-webui", conflicts_with = "webui_path")]
+    pub no_webui: bool,
+    /// Serve the chat page from this folder instead of the built-in one: `DIR/index.html`
+    /// at `/`, its other files under `/webui/`.
+    #[arg(long = "webui-path", value_name = "DIR")]
+    pub webui_path: Option<std::path::PathBuf>,
     /// The most pixels (width × height) an image may have.
     #[arg(long = "image-max-pixels", value_name = "N", default_value_t = frink_vision::input::DEFAULT_MAX_PIXELS)]
     pub image_max_pixels: u64,
@@ -274,6 +281,11 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         log_prompts: args.log_prompts,
         mmproj,
         allow_image_urls: args.allow_image_urls,
+        webui: match (&args.webui_path, args.no_webui) {
+            (Some(dir), _) => frink_server::webui::WebUi::Dir(dir.clone()),
+            (None, true) => frink_server::webui::WebUi::Off,
+            (None, false) => frink_server::webui::WebUi::Embedded,
+        },
         image_max_pixels: args.image_max_pixels,
     };
     // Sizes are checked against the file's metadata before anything listens or loads.

@@ -99,11 +99,11 @@ impl ApiKeys {
     }
 }
 
-/// Routes answered without the key: `GET` and `HEAD /health` (a load balancer's probe).
-/// (A web page's static files and CORS preflights from an allowed origin join them when
-/// the server serves those.)
+/// Routes answered without the key: `GET` and `HEAD /health` (a load balancer's probe)
+/// and the chat page's files (they hold no secret; the page asks for the key itself).
 fn is_open(method: &Method, path: &str) -> bool {
-    (method == Method::GET || method == Method::HEAD) && path == "/health"
+    (method == Method::GET || method == Method::HEAD)
+        && (path == "/health" || crate::webui::is_page_path(path))
 }
 
 /// `e` in the error shape of the API family `path` belongs to.

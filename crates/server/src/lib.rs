@@ -39,6 +39,7 @@ mod requests;
 mod respond;
 mod responses;
 pub mod tools;
+pub mod webui;
 
 pub use engine::kv_pool_positions;
 use engine::Engine;
@@ -150,6 +151,8 @@ pub struct ServeConfig {
     pub allow_image_urls: bool,
     /// `--image-max-pixels`: the most pixels an image may have.
     pub image_max_pixels: u64,
+    /// The chat page at `/` (`--no-webui`, `--webui-path`).
+    pub webui: webui::WebUi,
 }
 
 /// How long in-flight requests may run on after SIGINT/SIGTERM before they are cancelled.
@@ -223,6 +226,8 @@ pub(crate) struct Server {
     cli_vision: bool,
     /// The largest request body read ([`gate::MAX_BODY_BYTES`], larger with images).
     max_body: usize,
+    /// The chat page ([`webui`]).
+    webui: webui::WebUi,
     /// What `/api/tags` and `/api/show` report of each file, by its modification time.
     infos: std::sync::Mutex<
         std::collections::HashMap<std::path::PathBuf, (SystemTime, Arc<ollama::ModelInfo>)>,
@@ -312,6 +317,7 @@ fn server_state(config: &ServeConfig, loader: Loader) -> Arc<Server> {
             Some(_) => gate::MAX_BODY_BYTES_IMAGES,
             None => gate::MAX_BODY_BYTES,
         },
+        webui: config.webui.clone(),
         infos: Default::default(),
         created: shared.created,
         shared,
@@ -341,7 +347,10 @@ fn router(state: &Arc<Server>) -> Router {
             "/v1/responses/{id}",
             get(responses::retrieve).delete(responses::delete),
         )
-        .route("/v1/responses/{id}/cancel", post(responses::cancel));
+        .route("/v1/responses/{id}/cancel", post(responses::cancel))
+        .route("/", get(page))
+        .route("/favicon.ico", get(page))
+        .route("/webui/{*file}", get(page));
     for (path, method, _) in engine::MODEL_ROUTES {
         let d = match *method {
             "GET" => get(models::dispatch::dispatch),
@@ -566,6 +575,14 @@ impl AppState {
 }
 
 type St = State<Arc<AppState>>;
+
+/// A file of the chat page ([`webui::serve`]), or the API's 404.
+async fn page(State(st): State<Arc<Server>>, uri: axum::http::Uri) -> Response {
+    match webui::serve(&st.webui, uri.path()) {
+        Some(r) => r,
+        None => not_found(uri).await,
+    }
+}
 
 async fn not_found(uri: axum::http::Uri) -> Response {
     gate::error_for_path(

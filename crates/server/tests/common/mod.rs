@@ -80,6 +80,7 @@ pub fn config_at(name: &str, path: std::path::PathBuf) -> ServeConfig {
         mmproj: None,
         allow_image_urls: false,
         image_max_pixels: frink_vision::input::DEFAULT_MAX_PIXELS,
+        webui: Default::default(),
     }
 }
 
