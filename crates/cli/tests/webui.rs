@@ -3,7 +3,8 @@
 //! then headless Chromium (Debian's `chromium`) driven by `playwright-core` (npm) through
 //! crates/server/webui/e2e/browser.mjs against real `frink serve` processes with the
 //! default model: streaming, stop, regenerate, edit and branch, reload, another model,
-//! a JSON schema, a refused request, the API-key prompt, no console errors or failed
+//! a JSON schema, a refused request, the API-key prompt, an image attached for a vision
+//! model (the tiny Qwen2.5-VL fixture) and none offered otherwise, no console errors or failed
 //! requests, the page interactive within 1 s and under 300 KB. Screenshots of each state
 //! go to `target/tmp/webui-screenshots`. The test installs what it lacks (Chromium with
 //! apt as root, playwright-core with npm under the target directory); where it cannot, it
@@ -124,12 +125,18 @@ fn the_chat_page_works_in_a_real_browser() {
         &config,
     ]);
     let keyed = Server::start(&["--ctx", "1024", "--parallel", "1", "--api-key", "sesame"]);
+    let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("../vision/tests/data/qwen25vl");
+    let at = |f: &str| d.join(f).to_string_lossy().into_owned();
+    let (vmodel, mmproj) = (at("model.gguf"), at("mmproj-model.gguf"));
+    let vision = Server::start(&["-m", &vmodel, "--mmproj", &mmproj, "--parallel", "1"]);
     let shots = tmp.join("webui-screenshots");
     let out = Command::new("node")
         .arg(webui_dir().join("e2e/browser.mjs"))
         .arg(format!("http://127.0.0.1:{}/", srv.port))
         .arg(format!("http://127.0.0.1:{}/", keyed.port))
         .arg("sesame")
+        .arg(format!("http://127.0.0.1:{}/", vision.port))
+        .arg(at("square.png"))
         .arg(&shots)
         .env("PLAYWRIGHT_CORE", &pw)
         .env("CHROMIUM", &chromium)

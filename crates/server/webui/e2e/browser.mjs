@@ -1,16 +1,16 @@
 // The chat page in a real browser (headless Chromium driven by playwright-core), against
 // real `frink serve` processes that crates/cli/tests/webui.rs starts:
-//   node browser.mjs URL KEY_URL KEY OUT_DIR
+//   node browser.mjs URL KEY_URL KEY VISION_URL IMAGE OUT_DIR
 // URL serves the default model and a second name for it (--models-config) with a small
-// context; KEY_URL the same model behind --api-key KEY. Each state is screenshotted into
-// OUT_DIR. Prints "browser checks passed" when every check held; exits non-zero otherwise.
+// context; KEY_URL the same model behind --api-key KEY; VISION_URL a vision model with its
+// projector file, IMAGE a picture to attach. Each state is screenshotted into OUT_DIR. Prints "browser checks passed" when every check held; exits non-zero otherwise.
 import { mkdirSync } from "node:fs";
 import { pathToFileURL } from "node:url";
 
 // playwright-core from where the test installed it (PLAYWRIGHT_CORE: its index.mjs).
 const { chromium } = await import(process.env.PLAYWRIGHT_CORE ? pathToFileURL(process.env.PLAYWRIGHT_CORE).href : "playwright-core");
 
-const [url, keyUrl, key, out] = process.argv.slice(2);
+const [url, keyUrl, key, visionUrl, image, out] = process.argv.slice(2);
 mkdirSync(out, { recursive: true });
 const failures = [];
 const check = (cond, what) => {
@@ -71,6 +71,7 @@ async function send(page, text) {
   check(bytes() < 300 * 1024, `the page's files are ${bytes()} bytes (under 300 KB)`);
   const options = await page.locator("#model option").allTextContents();
   check(options.length >= 2, `the model picker lists ${options.length} models`);
+  check(await page.locator("#attach").isHidden(), "no image button for a text-only model");
   await shot(page, "01-empty");
 
   // A long answer streams in (its text grows), then Stop ends it.
@@ -182,6 +183,23 @@ async function send(page, text) {
   check((await page.locator(".msg.assistant .body .error").count()) === 0, "with the key a message is answered");
   await shot(page, "12-with-key");
   check(problems.length === 0, `no console errors or failed requests beside the first 401: ${problems.join("; ")}`);
+  await context.close();
+}
+
+// ---- a vision model: an image attached and answered about ----
+{
+  const { page, context, problems } = await open(visionUrl);
+  await page.waitForSelector("body[data-models=loaded]");
+  check(await page.locator("#attach").isVisible(), "an image button for a vision model");
+  await page.setInputFiles("#image-file", image);
+  await page.locator("#attachments img").waitFor();
+  await shot(page, "13-image-attached");
+  await send(page, "Describe it.");
+  await waitIdle(page);
+  check((await page.locator(".msg.user img.attached").count()) === 1, "the message shows its image");
+  check((await page.locator(".msg.assistant .body .error").count()) === 0 && (await answerText(page)).length > 0, "the model answers about the image");
+  await shot(page, "14-image-answered");
+  check(problems.length === 0, `no console errors or failed requests with an image: ${problems.join("; ")}`);
   await context.close();
 }
 
