@@ -82,7 +82,23 @@ impl ImageArgs {
         max_pixels: u64,
         n_ctx: usize,
     ) -> Result<Vec<EncodedImage>> {
+        self.encode_checked(vm, max_pixels, &|_| Ok(()), n_ctx)
+    }
+
+    /// [`ImageArgs::encode_with`] once `check` accepts the images' texts in the prompt
+    /// (known from their headers: the caller counts the whole prompt with them), before
+    /// any image is decoded.
+    ///
+    /// Errors: those of [`ImageArgs::encode_with`] and `check`'s.
+    pub fn encode_checked(
+        &self,
+        vm: &VisionModel,
+        max_pixels: u64,
+        check: &dyn Fn(&[String]) -> Result<()>,
+        n_ctx: usize,
+    ) -> Result<Vec<EncodedImage>> {
         let mut files = Vec::with_capacity(self.image.len());
+        let mut texts = Vec::with_capacity(self.image.len());
         let mut rows = 0usize;
         for path in &self.image {
             let bytes = read_image(path)?;
@@ -91,11 +107,13 @@ impl ImageArgs {
             let (frames, grid) = frink_vision::input::layout(vm, w, h)
                 .with_context(|| format!("image {}", path.display()))?;
             rows = rows.saturating_add(frink_vision::input::rows_of(vm, frames, grid));
+            texts.push(frink_vision::input::image_text(vm, grid));
             files.push((path, bytes));
         }
         if rows > n_ctx {
             bail!("the images take {rows} positions, more than the context of {n_ctx} (--ctx)");
         }
+        check(&texts)?;
         files
             .iter()
             .map(|(path, bytes)| {

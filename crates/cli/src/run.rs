@@ -96,14 +96,7 @@ fn prompt_ids(
         };
         return Ok((tok.infill_prompt(&infill, limits)?, Vec::new()));
     }
-    let text = match (
-        args.prompt.as_ref().or(args.prompt_flag.as_ref()),
-        &args.prompt_file,
-    ) {
-        (Some(p), _) => p.clone(),
-        (None, Some(f)) => read_text(f)?,
-        (None, None) => bail!("no prompt: give PROMPT, --prompt-file F or --prompt-ids 1,2,3"),
-    };
+    let text = prompt_text(args)?;
     if let Some((vm, images)) = vision {
         return image_prompt(args, tok, text, vm, images);
     }
@@ -114,8 +107,43 @@ fn prompt_ids(
     Ok((tok.encode_chat(&prompt)?, Vec::new()))
 }
 
-/// The prompt with `images` in it: at its `<__media__>` markers, else before the text
-/// (in the user's message, through the chat template unless `--raw`).
+/// The prompt's text: PROMPT, `-p` or `--prompt-file`.
+fn prompt_text(args: &RunArgs) -> Result<String> {
+    Ok(
+        match (
+            args.prompt.as_ref().or(args.prompt_flag.as_ref()),
+            &args.prompt_file,
+        ) {
+            (Some(p), _) => p.clone(),
+            (None, Some(f)) => read_text(f)?,
+            (None, None) => bail!("no prompt: give PROMPT, --prompt-file F or --prompt-ids 1,2,3"),
+        },
+    )
+}
+
+/// The text of a prompt with `n` images, each at a `<__media__>` marker (before the text
+/// when it has none; in the user's message, through the chat template unless `--raw`),
+/// and its byte ranges where special tokens are parsed.
+fn image_prompt_text(
+    args: &RunArgs,
+    tok: &Tokenizer,
+    text: String,
+    n: usize,
+) -> Result<(String, Vec<std::ops::Range<usize>>)> {
+    let text = crate::images::marked(text, n);
+    if args.raw {
+        let special = match args.parse_special {
+            true => std::slice::from_ref(&(0..text.len())).to_vec(),
+            false => Vec::new(),
+        };
+        return Ok((text, special));
+    }
+    let p = chat_prompt(args, tok, text)?;
+    let special = p.template_ranges();
+    Ok((p.text, special))
+}
+
+/// The prompt with `images` in it ([`image_prompt_text`]).
 fn image_prompt(
     args: &RunArgs,
     tok: &Tokenizer,
@@ -123,17 +151,22 @@ fn image_prompt(
     vm: &frink_models::vision::VisionModel,
     images: &[frink_engine::image::EncodedImage],
 ) -> Result<(Vec<u32>, Vec<PromptImage>)> {
-    let text = crate::images::marked(text, images.len());
-    if args.raw {
-        let special = match args.parse_special {
-            true => std::slice::from_ref(&(0..text.len())).to_vec(),
-            false => Vec::new(),
-        };
-        return crate::images::prompt(tok, &text, &special, vm, images);
+    let (text, special) = image_prompt_text(args, tok, text, images.len())?;
+    crate::images::prompt(tok, &text, &special, vm, images)
+}
+
+/// Checks, before any image is decoded, that the prompt with images of texts `texts`
+/// (from their headers) fits the context: an image's encoding is not spent on a prompt
+/// that will be refused.
+fn check_image_prompt(args: &RunArgs, tok: &Tokenizer, texts: &[String]) -> Result<()> {
+    if texts.is_empty() || args.prompt_ids.is_some() || args.fim_prefix.is_some() {
+        return Ok(());
     }
-    let p = chat_prompt(args, tok, text)?;
-    let special = p.template_ranges();
-    crate::images::prompt(tok, &p.text, &special, vm, images)
+    let (text, special) = image_prompt_text(args, tok, prompt_text(args)?, texts.len())?;
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let n =
+        frink_engine::image::prompt_len(tok, &text, &special, &refs).map_err(anyhow::Error::msg)?;
+    args.gen.check_fits(n)
 }
 
 /// `text` as the user's message (after `--system`'s), rendered by the chat template.
@@ -177,7 +210,12 @@ pub fn run(args: &RunArgs) -> Result<()> {
     // The images' decoding, preprocessing and encoding, timed apart from the prompt.
     let t_images = Instant::now();
     let encoded = match &vision {
-        Some(vm) => args.images.encode(vm, args.gen.ctx)?,
+        Some(vm) => args.images.encode_checked(
+            vm,
+            args.images.image_max_pixels,
+            &|texts| check_image_prompt(args, &tok, texts),
+            args.gen.ctx,
+        )?,
         None => Vec::new(),
     };
     let image_ms = t_images.elapsed().as_secs_f64() * 1e3;

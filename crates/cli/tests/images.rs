@@ -325,4 +325,18 @@ fn qwen25vl_through_run() {
         (b[0]["frames"].as_u64(), b[0]["rows"].as_u64()),
         (Some(1), Some(36))
     );
+    // The image's 36 rows fit --ctx 80 but the prompt with its text does not: refused
+    // before the image is encoded (an attacker's large image was encoded first).
+    let words = "word ".repeat(60);
+    let out = frink(&[
+        "run", "-m", &model, "--mmproj", &mmproj, "--image", &square, "--ctx", "80", "-n", "2",
+        &words,
+    ]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("longer than the context of 80"), "{err}");
+    assert!(
+        !err.contains("encoded in"),
+        "encoded before refusing: {err}"
+    );
 }

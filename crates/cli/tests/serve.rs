@@ -732,3 +732,48 @@ fn log_prompts_adds_the_texts_and_ollama_requests_count_their_tokens() {
     );
     assert!(lines[1]["prompt"].as_str().unwrap().contains("again"));
 }
+
+/// `--log-prompts` with an image in the prompt: the rendered text around it and one marker
+/// for its rows (the line's prompt was empty: the image's keys are not token ids).
+#[test]
+fn log_prompts_show_an_images_place() {
+    let _l = lock();
+    let d = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../vision/tests/data/qwen25vl");
+    let at = |f: &str| d.join(f).to_string_lossy().into_owned();
+    let (model, mmproj) = (at("model.gguf"), at("mmproj-model.gguf"));
+    let srv = Server::start(&[
+        "-m",
+        &model,
+        "--mmproj",
+        &mmproj,
+        "--log-format",
+        "json",
+        "--log-prompts",
+    ]);
+    let image = base64::encode(std::fs::read(d.join("square.png")).unwrap());
+    srv.post_ok(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{image}")}},
+            {"type": "text", "text": "periwinkle"}]}], "max_tokens": 2}),
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let line = loop {
+        let line = srv
+            .log
+            .lock()
+            .unwrap()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|v| v["method"] == "POST");
+        if line.is_some() || Instant::now() > deadline {
+            break line.expect("a log line for the request");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let prompt = line["prompt"].as_str().unwrap();
+    assert!(
+        prompt.contains("<|vision_start|>[image: 36 rows]<|vision_end|>periwinkle"),
+        "{prompt}"
+    );
+}

@@ -359,7 +359,10 @@ fn router(state: &Arc<Server>) -> Router {
         };
         app = app.route(path, d);
     }
-    app.fallback(not_found)
+    // Bodies are read and bounded by the gate ([`gate::MAX_BODY_BYTES`], larger with a
+    // projector file), not by axum's 2 MB default, which cut image requests at 2 MB.
+    app.layer(axum::extract::DefaultBodyLimit::disable())
+        .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(Arc::clone(state))
 }

@@ -74,7 +74,25 @@ impl RequestLog {
     /// rendered (decoded only under `--log-prompts`).
     pub(crate) fn set_prompt(&self, tok: &Tokenizer, ids: &[u32]) {
         if self.0.texts {
-            *lock(&self.0.prompt) = Some(tok.decode(ids, true).unwrap_or_default());
+            // An image's rows carry keys, not token ids: each shows as one marker.
+            let mut text = String::new();
+            let mut rest = ids;
+            while !rest.is_empty() {
+                let n = rest
+                    .iter()
+                    .take_while(|&&t| !frink_engine::image::is_image_key(t))
+                    .count();
+                text.push_str(&tok.decode(&rest[..n], true).unwrap_or_default());
+                let rows = rest[n..]
+                    .iter()
+                    .take_while(|&&t| frink_engine::image::is_image_key(t))
+                    .count();
+                if rows > 0 {
+                    text.push_str(&format!("[image: {rows} rows]"));
+                }
+                rest = &rest[n + rows..];
+            }
+            *lock(&self.0.prompt) = Some(text);
         }
     }
 

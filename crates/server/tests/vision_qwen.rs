@@ -130,3 +130,23 @@ fn qwen25vl_follow_up_turn_reuses_the_image_and_answers_as_fresh() {
     );
     assert_eq!(common::message(&b), common::message(&c));
 }
+
+/// A server with a projector file reads bodies past axum's 2 MB default (its own limit is
+/// 24 MiB): a 3 MB image that is not an image is a JSON 400 naming the part, not a
+/// plain-text 413 (an attacker's 3 MB phone photo was cut off).
+#[test]
+fn qwen25vl_bodies_past_2_mb_are_read() {
+    let _l = common::lock();
+    let srv = server();
+    let noise = "QUFB".repeat(3 << 18); // 3 MiB of base64
+    let body = json!({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{noise}")}},
+        {"type": "text", "text": "hi"}]}], "max_tokens": 2});
+    let r = srv.request("POST", "/v1/chat/completions", Some(&body.to_string()));
+    assert_eq!(r.status, 400, "{}", r.text());
+    let body: Value = serde_json::from_str(&r.text()).unwrap();
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("image"),
+        "{body}"
+    );
+}

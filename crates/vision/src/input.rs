@@ -351,14 +351,23 @@ pub fn rows_of(vm: &VisionModel, frames: usize, grid: (usize, usize)) -> usize {
 
 /// The rows of preprocessed frames `px` for the language model (each frame's, in order),
 /// the image's text in the prompt, and the hash that identifies it in the prefix cache
-/// (SHA-256 of its normalised pixels: the same picture in another file format or name is
-/// the same image).
+/// (SHA-256 of its layout and normalised pixels: the same picture in another file format
+/// or name is the same image; the same values in another shape are not).
 ///
 /// Errors: the encoder's, as [`ImageError::Encode`].
 pub fn encode_pixels(vm: &VisionModel, px: &Pixels) -> Result<EncodedImage, ImageError> {
     let mut h = Sha256::new();
-    for v in px.frames.iter().flatten() {
-        h.update(v.to_le_bytes());
+    // The layout first: the same pixel values in another shape are another image (a
+    // black 64×16 and a black 32×32 image normalise to the same 3,072 values).
+    h.update((px.frames.len() as u64).to_le_bytes());
+    for dim in [px.grid.0, px.grid.1] {
+        h.update((dim as u64).to_le_bytes());
+    }
+    for f in &px.frames {
+        h.update((f.len() as u64).to_le_bytes());
+        for v in f {
+            h.update(v.to_le_bytes());
+        }
     }
     let mut rows = Vec::with_capacity(px.rows(vm) * vm.config.n_embd_out);
     let native = vm.config.projector.native_size();

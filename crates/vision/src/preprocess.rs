@@ -65,6 +65,13 @@ pub struct RgbImage {
 pub fn decode(bytes: &[u8], max_pixels: u64) -> Result<RgbImage, ImageError> {
     let (width, height) = dimensions(bytes, max_pixels)?;
     let mut r = reader(bytes)?;
+    if r.format() == Some(ImageFormat::Jpeg) && !jpeg_has_scan_end(bytes) {
+        // zune-jpeg fills what is missing with grey; Pillow refuses ("image file is
+        // truncated"), and a 700-byte header would buy a full-size encode.
+        return Err(ImageError::Decode(
+            "the JPEG data is truncated (no end of image after its scan)".into(),
+        ));
+    }
     let mut limits = Limits::default();
     limits.max_image_width = Some(width);
     limits.max_image_height = Some(height);
@@ -84,6 +91,33 @@ pub fn decode(bytes: &[u8], max_pixels: u64) -> Result<RgbImage, ImageError> {
         height,
         data: to_rgb(img),
     })
+}
+
+/// Whether a JPEG file holds its end-of-image marker after its first scan: the segments
+/// before the scan are walked by their lengths (an EXIF thumbnail's own markers inside
+/// them do not count), then `FF D9` is looked for in what follows (inside entropy-coded
+/// data every `FF` byte is followed by `00` or a restart marker, so it is the marker).
+fn jpeg_has_scan_end(bytes: &[u8]) -> bool {
+    let mut i = 2; // past SOI
+    while i + 4 <= bytes.len() {
+        if bytes[i] != 0xFF {
+            return false;
+        }
+        let m = bytes[i + 1];
+        match m {
+            0xFF => i += 1, // fill byte
+            0x01 | 0xD0..=0xD7 => i += 2,
+            _ => {
+                let len = usize::from(u16::from_be_bytes([bytes[i + 2], bytes[i + 3]]));
+                if m == 0xDA {
+                    let scan = (i + 2 + len).min(bytes.len());
+                    return bytes[scan..].windows(2).any(|w| w == [0xFF, 0xD9]);
+                }
+                i += 2 + len;
+            }
+        }
+    }
+    false
 }
 
 /// A reader of `bytes` in one of the four formats.

@@ -289,6 +289,40 @@ fn truncated_and_random_bytes_never_panic() {
     }
 }
 
+/// A JPEG cut anywhere before its end-of-image marker is refused as truncated (zune-jpeg
+/// decoded a 700-byte header as a full-size grey image, which Pillow refuses), the whole
+/// file and one with bytes after its end decode; an EXIF-like segment holding a whole
+/// thumbnail's markers does not make a truncated file pass.
+#[test]
+fn truncated_jpegs_are_refused() {
+    let bytes = file("decode.jpg");
+    assert!(decode(&bytes, 1 << 20).is_ok());
+    let mut trailing = bytes.clone();
+    trailing.extend_from_slice(b"trailing bytes");
+    assert!(decode(&trailing, 1 << 20).is_ok());
+    // Every cut fails: in the headers as a decoding error, past them as truncated.
+    for cut in (20..bytes.len() - 2).step_by(7).chain([bytes.len() - 2]) {
+        let r = decode(&bytes[..cut], 1 << 20);
+        assert!(r.is_err(), "a JPEG cut at {cut} of {} decoded", bytes.len());
+    }
+    // Cut in the middle of the scan (after its `FF DA` marker).
+    let sos = bytes.windows(2).position(|w| w == [0xFF, 0xDA]).unwrap();
+    let mid = (sos + bytes.len()) / 2;
+    let half = decode(&bytes[..mid], 1 << 20).err().unwrap().to_string();
+    assert!(half.contains("truncated"), "{half}");
+    // An APP1 segment holding FF DA … FF D9 right after SOI, then the file cut mid-scan.
+    let mut with_app1 = bytes[..2].to_vec();
+    let payload = [0xFF, 0xDA, 0x00, 0x02, 0x11, 0xFF, 0xD9];
+    with_app1.extend_from_slice(&[0xFF, 0xE1, 0x00, (payload.len() + 2) as u8]);
+    with_app1.extend_from_slice(&payload);
+    with_app1.extend_from_slice(&bytes[2..mid]);
+    let err = decode(&with_app1, 1 << 20).err().map(|e| e.to_string());
+    assert!(
+        err.is_some_and(|e| e.contains("truncated")),
+        "thumbnail markers passed"
+    );
+}
+
 /// Resizing to and from one pixel, and to nothing, neither panics nor leaves the image's
 /// size and its bytes apart.
 #[test]

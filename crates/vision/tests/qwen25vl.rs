@@ -428,6 +428,21 @@ fn what_cannot_be_read_is_refused_at_load() {
             "clip.vision.n_wa_pattern",
         ),
         ("clip.use_silu", None, "clip.use_silu"),
+        (
+            "clip.use_gelu",
+            Some(MetaValue::Bool(true)),
+            "both clip.use_silu and clip.use_gelu",
+        ),
+        (
+            "clip.vision.spatial_merge_size",
+            Some(MetaValue::U32(1)),
+            "spatial_merge_size",
+        ),
+        (
+            "clip.vision.spatial_merge_size",
+            Some(MetaValue::U32(3)),
+            "spatial_merge_size",
+        ),
     ] {
         let err = edited(mmproj, key, value, vision);
         assert!(err.contains(named), "{key}: {err:?}");
@@ -461,4 +476,23 @@ fn what_cannot_be_read_is_refused_at_load() {
         err.contains("multimodal RoPE (llama.rope.dimension_sections)"),
         "{err:?}"
     );
+}
+
+/// The same normalised values in another shape are another image in the prefix cache (a
+/// black 64×16 and a black 32×32 image both normalise to 3,072 equal values and take 16
+/// rows: an attacker found the second reusing the first's cached rows and positions).
+#[test]
+fn images_of_the_same_values_and_another_shape_are_apart() {
+    let vm = vision(false);
+    let black = |h: usize, w: usize| frink_vision::input::Pixels {
+        frames: vec![vec![-1.7; 3 * h * w]],
+        grid: (h / 8, w / 8),
+    };
+    let wide = frink_vision::input::encode_pixels(&vm, &black(16, 64)).unwrap();
+    let square = frink_vision::input::encode_pixels(&vm, &black(32, 32)).unwrap();
+    assert_eq!(wide.text, square.text, "the same number of image tokens");
+    assert_ne!(wide.hash, square.hash);
+    assert_eq!((wide.grid, square.grid), (Some((2, 8)), Some((4, 4))));
+    let again = frink_vision::input::encode_pixels(&vm, &black(16, 64)).unwrap();
+    assert_eq!(wide.hash, again.hash);
 }

@@ -55,6 +55,15 @@ struct Conversation {
 }
 
 impl Conversation {
+    /// The values of the images it holds and those pending (rows × the model's width).
+    fn image_values(&self) -> usize {
+        self.images
+            .iter()
+            .chain(&self.pending)
+            .map(|im| im.rows.len())
+            .sum()
+    }
+
     /// The messages the template renders: the system message first, if any.
     fn rendered(&self) -> Vec<ChatMessage> {
         let system = self
@@ -187,15 +196,19 @@ impl Replier<'_> {
     }
 
     /// `/image FILE` read and encoded.
-    fn image(&self, file: &str) -> Result<EncodedImage> {
+    /// `held`: the values of the images the conversation already holds (with those
+    /// pending), whose rows leave that much less of the context to this one.
+    fn image(&self, file: &str, held: usize) -> Result<EncodedImage> {
         let Some(vm) = &self.vision else {
             anyhow::bail!("/image needs the model's projector file: frink chat --mmproj FILE");
         };
+        let held = held / vm.config.n_embd_out.max(1);
         let args = crate::images::ImageArgs {
             image: vec![file.into()],
             ..Default::default()
         };
-        let mut one = args.encode_with(vm, self.image_args.image_max_pixels, self.gen.ctx)?;
+        let room = self.gen.ctx.saturating_sub(held);
+        let mut one = args.encode_with(vm, self.image_args.image_max_pixels, room)?;
         Ok(one.remove(0))
     }
 
@@ -358,7 +371,8 @@ fn converse(
         match parsed {
             Ok(Some(Command::Bye)) => break,
             Ok(Some(Command::Image(file))) => {
-                match replier.image(&file) {
+                let held = convo.image_values();
+                match replier.image(&file, held) {
                     Ok(im) => {
                         convo.pending.push(im);
                         eprintln!("Added the image; it goes with the next message.");

@@ -142,9 +142,9 @@ pub struct ClipConfig {
     /// 112, transformers' `window_size` and llama.cpp's default).
     pub window_size: usize,
     /// The fewest and most pixels a native-size image is resized to
-    /// (`clip.vision.image_min_pixels`, `clip.vision.image_max_pixels`; absent: 4 and
-    /// [`MAX_NATIVE_ROWS`] merged patches, transformers' `min_pixels` and llama.cpp's
-    /// token limit).
+    /// (`clip.vision.image_min_pixels`, `clip.vision.image_max_pixels`; absent: 4 merged
+    /// patches, transformers' `min_pixels`, and [`MAX_NATIVE_PATCHES`] patches, llama.cpp's
+    /// limit of [`MAX_NATIVE_ROWS`] rows merged 2 × 2).
     pub min_pixels: usize,
     pub max_pixels: usize,
 }
@@ -207,6 +207,15 @@ impl ClipConfig {
         if f.get(act).and_then(|v| v.as_bool()) != Some(true) {
             return Err(ModelError::Unsupported(format!(
                 "a {projector:?} vision encoder without {act} = true (another FFN activation)"
+            )));
+        }
+        let other = match act {
+            "clip.use_silu" => "clip.use_gelu",
+            _ => "clip.use_silu",
+        };
+        if f.get(other).and_then(|v| v.as_bool()) == Some(true) {
+            return Err(ModelError::Unsupported(format!(
+                "a vision encoder with both {act} and {other} set (llama.cpp refuses it too)"
             )));
         }
         let u = |key: &str| -> Result<usize> {
@@ -280,7 +289,10 @@ impl ClipConfig {
                     n_wa_pattern: u("clip.vision.n_wa_pattern")?,
                     window_size: opt("clip.vision.window_size", 112)?,
                     min_pixels: opt("clip.vision.image_min_pixels", 4 * merged)?,
-                    max_pixels: opt("clip.vision.image_max_pixels", MAX_NATIVE_ROWS * merged)?,
+                    max_pixels: opt(
+                        "clip.vision.image_max_pixels",
+                        MAX_NATIVE_PATCHES * c.patch_size.pow(2),
+                    )?,
                     ..c
                 }
             }
@@ -333,6 +345,15 @@ impl ClipConfig {
     /// merged patch, and a window of whole merged patches.
     fn check_native(self) -> Result<ClipConfig> {
         let (p, unit) = (self.patch_size, self.merged_patch());
+        if self.n_merge < 2 || self.n_merge > 4 {
+            return Err(meta_err(
+                "clip.vision.spatial_merge_size",
+                format!(
+                    "{}: Qwen2.5-VL merges 2 × 2 patches (2 to 4 taken)",
+                    self.n_merge
+                ),
+            ));
+        }
         if self.max_pixels / (p * p) > MAX_NATIVE_PATCHES {
             return Err(meta_err(
                 "clip.vision.image_max_pixels",

@@ -108,7 +108,13 @@ impl VisionModel {
                 (c.n_embd_out, "clip.vision.projection_dim".into()),
                 (
                     c.n_embd * c.n_merge.pow(2),
-                    "clip.vision.embedding_length × clip.vision.projector.scale_factor²".into(),
+                    match c.projector {
+                        Projector::Qwen25vl => {
+                            "clip.vision.embedding_length × clip.vision.spatial_merge_size²"
+                        }
+                        _ => "clip.vision.embedding_length × clip.vision.projector.scale_factor²",
+                    }
+                    .into(),
                 ),
                 (c.patch_size, "clip.vision.patch_size".into()),
                 (
