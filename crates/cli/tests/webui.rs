@@ -150,3 +150,42 @@ fn the_chat_page_works_in_a_real_browser() {
     assert!(out.status.success(), "browser checks failed:\n{stderr}");
     assert!(stdout.contains("browser checks passed"), "{stdout}");
 }
+
+/// `--no-webui` serves no page (`/` is the API's 404); `--webui-path DIR` serves the
+/// folder's `index.html` at `/` and its other files under `/webui/`, nothing outside it.
+#[test]
+fn the_page_can_be_turned_off_or_replaced() {
+    let _l = common::serve::lock();
+    let off = Server::start(&["--no-webui"]);
+    assert_eq!(off.request("GET", "/", None).status, 404);
+    assert_eq!(off.request("GET", "/webui/app.js", None).status, 404);
+    drop(off);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("index.html"), "<p>my page</p>").unwrap();
+    std::fs::write(dir.path().join("my.js"), "export {};").unwrap();
+    let path = dir.path().to_string_lossy().into_owned();
+    let mine = Server::start(&["--webui-path", &path]);
+    let page = mine.request("GET", "/", None);
+    assert_eq!(
+        (page.status, page.text()),
+        (200, "<p>my page</p>".to_string())
+    );
+    let js = mine.request("GET", "/webui/my.js", None);
+    assert_eq!(js.status, 200);
+    assert!(js
+        .header("content-type")
+        .unwrap_or("")
+        .starts_with("text/javascript"));
+    assert_eq!(mine.request("GET", "/webui/app.js", None).status, 404);
+    assert_eq!(
+        mine.request("GET", "/webui/..%2fCargo.toml", None).status,
+        404
+    );
+    let builtin = Server::start(&[]);
+    let page = builtin.request("GET", "/", None);
+    assert_eq!(page.status, 200);
+    assert!(page
+        .header("content-security-policy")
+        .unwrap_or("")
+        .contains("default-src 'self'"));
+}

@@ -88,11 +88,18 @@ async function send(page, text) {
   const grew = lengths.filter((l, i) => i > 0 && l > lengths[i - 1]).length;
   check(grew >= 2, `the answer grows while it streams (${lengths.join(", ")})`);
   await shot(page, "02-streaming");
-  await page.click("#stop");
+  await page.keyboard.press("Escape");
   await waitIdle(page);
   const stopped = (await answerText(page)).length;
   await sleep(500);
-  check((await answerText(page)).length === stopped, "nothing arrives after Stop");
+  check((await answerText(page)).length === stopped, "nothing arrives after Esc stops the answer");
+  // Shift+Enter is a new line, not a message.
+  await page.fill("#input", "first line");
+  await page.press("#input", "Shift+Enter");
+  await page.type("#input", "second line");
+  check((await page.inputValue("#input")) === "first line\nsecond line", "Shift+Enter starts a new line");
+  check((await page.locator(".msg.user").count()) === 1, "Shift+Enter sends nothing");
+  await page.fill("#input", "");
   await shot(page, "03-stopped");
 
   // Regenerate: a second version of the answer beside the first.
@@ -158,6 +165,32 @@ async function send(page, text) {
   check(await page.locator("#error").isVisible(), `the server's refusal is shown: ${err.slice(0, 120)}`);
   check(/context/i.test(err), "the refusal names the context");
   await shot(page, "09-refused");
+
+  // Rename, export, delete, import.
+  page.once("dialog", (d) => d.accept("Renamed chat"));
+  await page.locator("#conversations li .rename").first().click();
+  check(((await page.locator("#conversations li .open").first().textContent()) || "") === "Renamed chat", "a conversation is renamed");
+  const [download] = await Promise.all([page.waitForEvent("download"), page.click("#export")]);
+  const exported = `${out}/exported.json`;
+  await download.saveAs(exported);
+  const { readFileSync } = await import("node:fs");
+  const saved = JSON.parse(readFileSync(exported, "utf8"));
+  check(Array.isArray(saved) && saved.some((c) => c.title === "Renamed chat"), "export writes the conversations as JSON");
+  const before = await page.locator("#conversations li").count();
+  page.once("dialog", (d) => d.accept());
+  await page.locator("#conversations li .delete").first().click();
+  check((await page.locator("#conversations li").count()) === before - 1, "a conversation is deleted");
+  await page.setInputFiles("#import-file", exported);
+  await page.waitForFunction((n) => document.querySelectorAll("#conversations li").length === n, before);
+  check((await page.locator("#conversations li .open").allTextContents()).includes("Renamed chat"), "import brings the conversation back");
+
+  // The dark theme follows the system.
+  const light = await page.evaluate(() => getComputedStyle(document.body).backgroundColor);
+  await page.emulateMedia({ colorScheme: "dark" });
+  const dark = await page.evaluate(() => getComputedStyle(document.body).backgroundColor);
+  check(light !== dark, `the theme follows the system (${light} → ${dark})`);
+  await shot(page, "09b-dark");
+  await page.emulateMedia({ colorScheme: "light" });
 
   // A phone's width.
   await page.setViewportSize({ width: 390, height: 800 });
