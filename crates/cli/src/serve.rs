@@ -282,6 +282,10 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         mmproj,
         allow_image_urls: args.allow_image_urls,
         webui: match (&args.webui_path, args.no_webui) {
+            (Some(dir), _) if !dir.join("index.html").is_file() => anyhow::bail!(
+                "--webui-path {}: no index.html there to serve at /",
+                dir.display()
+            ),
             (Some(dir), _) => frink_server::webui::WebUi::Dir(dir.clone()),
             (None, true) => frink_server::webui::WebUi::Off,
             (None, false) => frink_server::webui::WebUi::Embedded,

@@ -100,10 +100,11 @@ impl ApiKeys {
 }
 
 /// Routes answered without the key: `GET` and `HEAD /health` (a load balancer's probe)
-/// and the chat page's files (they hold no secret; the page asks for the key itself).
-fn is_open(method: &Method, path: &str) -> bool {
+/// and, where the server shows one (`page`), the chat page's files (they hold no secret;
+/// the page asks for the key itself).
+fn is_open(method: &Method, path: &str, page: bool) -> bool {
     (method == Method::GET || method == Method::HEAD)
-        && (path == "/health" || crate::webui::is_page_path(path))
+        && (path == "/health" || (page && crate::webui::is_page_path(path)))
 }
 
 /// `e` in the error shape of the API family `path` belongs to.
@@ -171,7 +172,7 @@ async fn checked(st: Arc<Server>, req: Request, next: Next) -> (Response, Option
             .preflight(&parts.headers, |e| error_for_path(&path, e));
         return (r, None);
     }
-    if !is_open(&parts.method, &path) {
+    if !is_open(&parts.method, &path, st.webui != crate::webui::WebUi::Off) {
         if let Err(e) = st.keys.check(&parts.headers) {
             return (error_for_path(&path, e), None);
         }
@@ -213,7 +214,7 @@ pub(crate) fn blob_upload_refused() -> ApiError {
 /// answers (a liveness probe must not fail because the server is busy), anything else is a
 /// 503; the connection closes after either.
 async fn overflow(path: &str, parts: axum::http::request::Parts, next: Next) -> Response {
-    let mut r = if is_open(&parts.method, path) {
+    let mut r = if is_open(&parts.method, path, false) {
         next.run(Request::from_parts(parts, Body::empty())).await
     } else {
         error_for_path(

@@ -227,7 +227,7 @@ pub(crate) struct Server {
     /// The largest request body read ([`gate::MAX_BODY_BYTES`], larger with images).
     max_body: usize,
     /// The chat page ([`webui`]).
-    webui: webui::WebUi,
+    pub(crate) webui: webui::WebUi,
     /// What `/api/tags` and `/api/show` report of each file, by its modification time.
     infos: std::sync::Mutex<
         std::collections::HashMap<std::path::PathBuf, (SystemTime, Arc<ollama::ModelInfo>)>,

@@ -109,8 +109,13 @@ fn file_response(ty: &str, body: Vec<u8>) -> Response {
     r
 }
 
+/// The most bytes of a `--webui-path` file served: each request holds its file whole, and
+/// the page's files answer without an API key.
+const MAX_FILE: u64 = 4 << 20;
+
 /// The file `name` of a `--webui-path` folder: a plain name (letters, digits, `.`, `-`,
-/// `_`; no path, not starting with a dot) of a regular file inside it, at most 16 MiB.
+/// `_`; no path, not starting with a dot) of a regular file inside it, at most
+/// [`MAX_FILE`].
 fn from_dir(dir: &std::path::Path, name: &str) -> Option<Vec<u8>> {
     let plain = !name.is_empty()
         && !name.starts_with('.')
@@ -122,7 +127,7 @@ fn from_dir(dir: &std::path::Path, name: &str) -> Option<Vec<u8>> {
     }
     let path = dir.join(name);
     let meta = std::fs::symlink_metadata(&path).ok()?;
-    if !meta.is_file() || meta.len() > 16 << 20 {
+    if !meta.is_file() || meta.len() > MAX_FILE {
         return None;
     }
     std::fs::read(path).ok()

@@ -22,26 +22,44 @@ function apiKey() {
   return localStorage.getItem(API_KEY) || "";
 }
 
-/** `fetch` with the stored API key; a 401 asks for a key and tries once more. */
-async function api(path, init = {}, retried = false) {
-  const headers = { ...(init.headers || {}) };
-  if (apiKey()) headers.Authorization = `Bearer ${apiKey()}`;
-  const r = await fetch(path, { ...init, headers });
-  if (r.status === 401 && !retried) {
-    await askKey(retried ? "That key was refused." : "");
-    return api(path, init, true);
+/** `fetch` with the stored API key; a 401 asks for a key (up to three times, saying
+ * when the last one was refused) and tries again; a cancelled prompt gives the 401. */
+async function api(path, init = {}) {
+  for (let attempt = 0; ; attempt++) {
+    const headers = { ...(init.headers || {}) };
+    if (apiKey()) headers.Authorization = `Bearer ${apiKey()}`;
+    const r = await fetch(path, { ...init, headers });
+    if (r.status !== 401 || attempt === 3) return r;
+    const given = await askKey(attempt > 0 || apiKey() ? "That key was refused." : "");
+    if (!given) return r;
   }
-  return r;
 }
 
+// An API key as an HTTP header carries it: printable ASCII, no spaces at its ends.
+const KEY_SHAPE = /^[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?$/;
+
+/** Asks for the key; resolves true once one is stored, false when the dialog is closed. */
 function askKey(message) {
   return new Promise((resolve) => {
     const dlg = $("key-dialog");
     $("key-error").hidden = !message;
     $("key-error").textContent = message;
-    $("key-form").onsubmit = () => {
-      localStorage.setItem(API_KEY, $("key-input").value.trim());
-      resolve();
+    $("key-input").value = "";
+    $("key-form").onsubmit = (e) => {
+      const key = $("key-input").value;
+      if (!KEY_SHAPE.test(key)) {
+        e.preventDefault();
+        $("key-error").hidden = false;
+        $("key-error").textContent = "A key is printable ASCII without spaces at its ends.";
+        return;
+      }
+      localStorage.setItem(API_KEY, key);
+      dlg.onclose = null;
+      resolve(true);
+    };
+    dlg.onclose = () => {
+      dlg.onclose = null;
+      resolve(false);
     };
     if (!dlg.open) dlg.showModal();
   });
@@ -66,8 +84,13 @@ function showError(msg) {
 const FIELDS = ["system", "temperature", "top_p", "max_tokens", "seed", "schema"];
 
 function loadSettings() {
-  const s = JSON.parse(localStorage.getItem(SETTINGS_KEY) || "{}");
-  for (const f of FIELDS) $(f).value = s[f] ?? "";
+  let s = {};
+  try {
+    s = JSON.parse(localStorage.getItem(SETTINGS_KEY) || "{}") || {};
+  } catch {
+    // unreadable settings: the defaults
+  }
+  for (const f of FIELDS) $(f).value = typeof s[f] === "string" ? s[f] : "";
 }
 
 function saveSettings() {
@@ -126,7 +149,11 @@ function modelChanged() {
 // ---- conversations ----
 
 function persist() {
-  saveAll(state.conversations);
+  try {
+    saveAll(state.conversations);
+  } catch (e) {
+    showError(`The conversations cannot be saved in this browser (${e.message}); export them or delete some.`);
+  }
   renderList();
 }
 
@@ -158,6 +185,7 @@ function renderList() {
       }
     };
     li.querySelector(".delete").onclick = () => {
+      if (state.controller && c === state.current) return;
       if (!confirm(`Delete "${c.title}"?`)) return;
       state.conversations = state.conversations.filter((x) => x !== c);
       if (state.current === c) state.current = null;
@@ -183,6 +211,7 @@ function statsText(s) {
   const parts = [`${s.tokens} tokens`];
   if (s.tps) parts.push(`${s.tps.toFixed(1)} tokens/s`);
   if (s.ttft != null) parts.push(`first token ${(s.ttft / 1000).toFixed(2)} s`);
+  if (s.stopped) parts.push("stopped");
   return parts.join(" · ");
 }
 
@@ -195,8 +224,8 @@ function messageView(conv, node) {
     ? `<span class="branches"><button type="button" class="prev" aria-label="Previous version">‹</button> ${sib.index + 1}/${sib.ids.length} <button type="button" class="next" aria-label="Next version">›</button></span>`
     : "";
   const actions = node.role === "user"
-    ? `<span class="actions"><button type="button" class="edit">Edit</button></span>`
-    : `<span class="actions"><button type="button" class="regenerate">Regenerate</button></span>`;
+    ? `<span class="actions"><button type="button" class="edit" aria-label="Edit this message">Edit</button></span>`
+    : `<span class="actions"><button type="button" class="regenerate" aria-label="Regenerate this answer">Regenerate</button></span>`;
   div.innerHTML =
     `<div class="who">${node.role === "user" ? "You" : escapeHtml(node.model || "Assistant")} ${nav} ${actions}` +
     `<span class="stats">${escapeHtml(statsText(node.stats))}</span></div><div class="body"></div>`;
@@ -214,7 +243,17 @@ function messageView(conv, node) {
   return div;
 }
 
+/** Fills a message's body; a message that cannot be rendered shows as plain text. */
 function fillBody(body, node) {
+  try {
+    fillBodyOrThrow(body, node);
+  } catch (e) {
+    body.textContent = String(node.content || "");
+    console.warn("a message could not be rendered:", e);
+  }
+}
+
+function fillBodyOrThrow(body, node) {
   if (node.role === "user") {
     body.textContent = node.content;
     for (const url of node.images || []) {
@@ -229,7 +268,7 @@ function fillBody(body, node) {
   let html = "";
   if (node.reasoning) html += `<details class="reasoning"><summary>Reasoning</summary>${escapeHtml(node.reasoning)}</details>`;
   html += renderMarkdown(node.content || "");
-  for (const t of node.toolCalls || []) {
+  for (const t of (node.toolCalls || []).filter(Boolean)) {
     html += `<div class="tool-call">Tool call: ${escapeHtml(t.name || "")}(${escapeHtml(t.arguments || "")})</div>`;
   }
   if (node.error) html += `<p class="error">${escapeHtml(node.error)}</p>`;
@@ -253,6 +292,7 @@ function editMessage(conv, node, div) {
   ta.focus();
   body.querySelector(".cancel").onclick = () => renderMessages();
   body.querySelector(".save").onclick = () => {
+    if (!validOptions()) return;
     const id = addMessage(conv, node.parent, { role: "user", content: ta.value, images: node.images || [] });
     persist();
     renderMessages();
@@ -261,9 +301,19 @@ function editMessage(conv, node, div) {
 }
 
 function regenerate(conv, node) {
-  if (state.controller) return;
+  if (state.controller || !validOptions()) return;
   conv.leaf = node.parent;
   answer(conv, node.parent);
+}
+
+/** Whether the settings make a request (a JSON schema that parses), showing why not. */
+function validOptions() {
+  try {
+    requestOptions();
+    return true;
+  } catch {
+    return false;
+  }
 }
 
 /** The API messages of the thread ending at `leaf` (the system prompt first). */
@@ -301,6 +351,7 @@ async function answer(conv, parent) {
   } catch {
     return;
   }
+  if (!$("model").value) await loadModels(); // (a key given only now, say)
   const model = $("model").value;
   const messages = apiMessages(conv, parent);
   const id = addMessage(conv, parent, { role: "assistant", content: "", model });
@@ -335,7 +386,7 @@ async function answer(conv, parent) {
       signal: controller.signal,
     });
     if (!r.ok) throw new Error(await errorOf(r));
-    await readChatStream(r, (chunk) => {
+    const complete = await readChatStream(r, (chunk) => {
       if (chunk.error) throw new Error(chunk.error.message || JSON.stringify(chunk.error));
       if (chunk.usage) usage = chunk.usage;
       const delta = chunk.choices?.[0]?.delta;
@@ -351,6 +402,7 @@ async function answer(conv, parent) {
       }
       schedule();
     });
+    if (!complete) throw new Error("The connection closed before the answer was complete.");
   } catch (e) {
     if (e.name === "AbortError") node.stopped = true;
     else {
@@ -360,9 +412,15 @@ async function answer(conv, parent) {
   }
   const t1 = performance.now();
   const tokens = usage?.completion_tokens ?? null;
-  node.stats = tokens != null
-    ? { tokens, ttft: tFirst != null ? tFirst - t0 : null, tps: tFirst != null && t1 > tFirst && tokens > 1 ? (tokens - 1) / ((t1 - tFirst) / 1000) : null }
+  node.stats = tokens != null || node.stopped
+    ? {
+        tokens: tokens ?? 0,
+        ttft: tFirst != null ? tFirst - t0 : null,
+        tps: tFirst != null && t1 > tFirst && tokens > 1 ? (tokens - 1) / ((t1 - tFirst) / 1000) : null,
+        stopped: !!node.stopped,
+      }
     : null;
+  $("status").textContent = node.error ? `Error: ${node.error}` : node.stopped ? "Answer stopped." : "Answer complete.";
   state.controller = null;
   setBusy(false);
   fillBody(view, node);
@@ -375,7 +433,7 @@ async function answer(conv, parent) {
 async function send() {
   const text = $("input").value;
   if (!text.trim() && !state.attachments.length) return;
-  if (state.controller) return;
+  if (state.controller || !validOptions()) return;
   const conv = current();
   const id = addMessage(conv, conv.leaf, { role: "user", content: text, images: state.attachments.slice() });
   $("input").value = "";
@@ -465,7 +523,11 @@ function wire() {
   };
   $("settings").addEventListener("input", saveSettings);
   $("export").onclick = exportAll;
-  $("import-file").onchange = (e) => e.target.files[0] && importFile(e.target.files[0]);
+  $("import").onclick = () => $("import-file").click();
+  $("import-file").onchange = (e) => {
+    if (e.target.files[0]) importFile(e.target.files[0]);
+    e.target.value = "";
+  };
   $("attach").onclick = () => $("image-file").click();
   $("image-file").onchange = (e) => addImageFiles(e.target.files);
   $("open-side").onclick = () => $("sidebar").classList.add("open");
@@ -495,10 +557,13 @@ function wire() {
 async function start() {
   wire();
   loadSettings();
-  renderList();
   state.current = state.conversations[0] || null;
-  renderList();
-  renderMessages();
+  try {
+    renderList();
+    renderMessages();
+  } catch (e) {
+    showError(`A stored conversation could not be shown: ${e.message}`);
+  }
   $("input").disabled = false;
   $("send").disabled = false;
   document.body.dataset.ready = String(Math.round(performance.now()));

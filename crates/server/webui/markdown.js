@@ -22,23 +22,24 @@ const KEYWORDS = new Set(
     .split(" "),
 );
 
-// One token of code: a comment, a string, a number, a word, or any other character.
-const TOKEN =
-  /(\/\/[^\n]*|#[^\n]*|--[^\n]*|\/\*[\s\S]*?(?:\*\/|$))|("(?:\\.|[^"\\\n])*"?|'(?:\\.|[^'\\\n])*'?|`(?:\\.|[^`\\])*`?)|(\b\d[\d_.]*(?:e[+-]?\d+)?[a-z]*\b|\b0x[0-9a-f]+\b)|([A-Za-z_][A-Za-z0-9_]*)|([\s\S])/gi;
+// One token of code: a comment (`//`, `/* */`, and `#` or `--` in the languages where
+// they start one), a string, a number, a word, or any other character.
+const STRING = `("(?:\\\\.|[^"\\\\\\n])*"?|'(?:\\\\.|[^'\\\\\\n])*'?|\`(?:\\\\.|[^\`\\\\])*\`?)`;
+const REST = `(\\b\\d[\\d_.]*(?:e[+-]?\\d+)?[a-z]*\\b|\\b0x[0-9a-f]+\\b)|([A-Za-z_][A-Za-z0-9_]*)|([\\s\\S])`;
+
+function tokenizer(lang) {
+  const comments = ["\\/\\/[^\\n]*", "\\/\\*[\\s\\S]*?(?:\\*\\/|$)"];
+  if (/^(py|python|sh|bash|shell|zsh|ruby|rb|r|yaml|yml|toml|perl|make|dockerfile)$/i.test(lang || "")) comments.push("#[^\\n]*");
+  if (/^(sql|lua|haskell|hs)$/i.test(lang || "")) comments.push("--[^\\n]*");
+  return new RegExp(`(${comments.join("|")})|${STRING}|${REST}`, "gi");
+}
 
 /** Code with its comments, strings, numbers and keywords in spans (classes `c-*`). */
 export function highlight(code, lang) {
-  const hashComments = /^(py|python|sh|bash|shell|zsh|ruby|rb|r|yaml|yml|toml|perl|make|dockerfile)$/i.test(lang || "");
-  const dashComments = /^(sql|lua|haskell|hs)$/i.test(lang || "");
   let out = "";
-  for (const m of code.matchAll(TOKEN)) {
+  for (const m of code.matchAll(tokenizer(lang))) {
     const [text, comment, str, num, word] = m;
-    const isComment =
-      comment &&
-      (comment.startsWith("//") || comment.startsWith("/*") ||
-        (comment.startsWith("#") && hashComments) || (comment.startsWith("--") && dashComments));
-    if (isComment) out += `<span class="c-comment">${escapeHtml(text)}</span>`;
-    else if (comment) out += escapeHtml(text[0]) + highlight(text.slice(1), lang);
+    if (comment) out += `<span class="c-comment">${escapeHtml(text)}</span>`;
     else if (str) out += `<span class="c-string">${escapeHtml(text)}</span>`;
     else if (num) out += `<span class="c-number">${escapeHtml(text)}</span>`;
     else if (word && KEYWORDS.has(word)) out += `<span class="c-keyword">${text}</span>`;
@@ -47,23 +48,28 @@ export function highlight(code, lang) {
   return out;
 }
 
-/** Inline markup of one escaped-on-the-way line or paragraph `s`. */
+/** Inline markup of one line or paragraph `s` (escaped as it goes). Every pattern is
+ * bounded, so no input makes it slow: a span longer than its bound stays text. */
 export function inline(s) {
-  const codes = [];
+  const held = [];
+  const hold = (html) => {
+    held.push(html);
+    return `\u0000${held.length - 1}\u0000`;
+  };
+  // The placeholders' character cannot come from the text.
+  let t = s.replace(/\u0000/g, "");
   // Code spans first: their text is literal.
-  let t = s.replace(/(`+)([\s\S]*?[^`])\1(?!`)/g, (_, __, c) => {
-    codes.push(`<code>${escapeHtml(c)}</code>`);
-    return `\u0000${codes.length - 1}\u0000`;
-  });
+  t = t.replace(/(`{1,8})([^`\n][\s\S]{0,2000}?)\1(?!`)/g, (_, __, c) => hold(`<code>${escapeHtml(c)}</code>`));
+  // Links next, whole (no emphasis inside their address).
+  t = t.replace(/\[([^\][\n]{1,500})\]\(((?:https?:\/\/|mailto:)[^\s()<>"']{1,2000})\)/g, (_, label, url) =>
+    hold(`<a href="${escapeHtml(url)}" target="_blank" rel="noopener noreferrer">${escapeHtml(label)}</a>`));
   t = escapeHtml(t);
-  t = t.replace(/\[([^\]\n]+)\]\(((?:https?:\/\/|mailto:)[^\s)]+)\)/g, (_, label, url) =>
-    `<a href="${url}" target="_blank" rel="noopener noreferrer">${label}</a>`);
-  t = t.replace(/\*\*([^*\n]+)\*\*/g, "<strong>$1</strong>");
-  t = t.replace(/__([^_\n]+)__/g, "<strong>$1</strong>");
-  t = t.replace(/(^|[^*\w])\*([^*\n]+)\*(?!\*)/g, "$1<em>$2</em>");
-  t = t.replace(/(^|[^_\w])_([^_\n]+)_(?!\w)/g, "$1<em>$2</em>");
-  t = t.replace(/~~([^~\n]+)~~/g, "<del>$1</del>");
-  return t.replace(/\u0000(\d+)\u0000/g, (_, i) => codes[Number(i)]);
+  t = t.replace(/\*\*([^*\n]{1,500})\*\*/g, "<strong>$1</strong>");
+  t = t.replace(/__([^_\n]{1,500})__/g, "<strong>$1</strong>");
+  t = t.replace(/(^|[^*\w])\*([^*\n]{1,500})\*(?!\*)/g, "$1<em>$2</em>");
+  t = t.replace(/(^|[^_\w])_([^_\n]{1,500})_(?!\w)/g, "$1<em>$2</em>");
+  t = t.replace(/~~([^~\n]{1,500})~~/g, "<del>$1</del>");
+  return t.replace(/\u0000(\d+)\u0000/g, (_, i) => held[Number(i)] ?? "");
 }
 
 function codeBlock(code, lang) {
@@ -86,8 +92,32 @@ function table(rows) {
   );
 }
 
+/** Whether `line` is a table's separator row: only `|`, `:`, `-` and spaces, with a `|`
+ * and a `-` (checked without a regular expression: no backtracking on long lines). */
+function isTableRule(line) {
+  let bar = false;
+  let dash = false;
+  for (const c of line) {
+    if (c === "|") bar = true;
+    else if (c === "-") dash = true;
+    else if (c !== ":" && c !== " " && c !== "\t") return false;
+  }
+  return bar && dash;
+}
+
+/** A heading's text without its closing run of `#`s. */
+function headingText(t) {
+  const trimmed = t.trimEnd();
+  let end = trimmed.length;
+  while (end > 0 && trimmed[end - 1] === "#") end--;
+  return end < trimmed.length && (end === 0 || trimmed[end - 1] === " ") ? trimmed.slice(0, end).trimEnd() : trimmed;
+}
+
+/** Blocks nested deeper than this (quotes in quotes, lists in lists) stay text. */
+const MAX_DEPTH = 16;
+
 /** The HTML of Markdown `src` (complete or cut anywhere). */
-export function renderMarkdown(src) {
+export function renderMarkdown(src, depth = 0) {
   const lines = src.replace(/\r\n?/g, "\n").split("\n");
   let html = "";
   let para = [];
@@ -111,7 +141,7 @@ export function renderMarkdown(src) {
     if (heading) {
       flush();
       const n = heading[1].length;
-      html += `<h${n}>${inline(heading[2].replace(/\s+#+\s*$/, ""))}</h${n}>`;
+      html += `<h${n}>${inline(headingText(heading[2]))}</h${n}>`;
       i++;
       continue;
     }
@@ -121,22 +151,23 @@ export function renderMarkdown(src) {
       i++;
       continue;
     }
-    if (/^\s*\|.*\|\s*$/.test(line) && i + 1 < lines.length && /^\s*\|?[\s:-]+\|[\s|:-]*$/.test(lines[i + 1])) {
+    const isRow = (l) => l.trim().startsWith("|") && l.trim().endsWith("|") && l.trim().length > 1;
+    if (isRow(line) && i + 1 < lines.length && isTableRule(lines[i + 1])) {
       flush();
       const rows = [];
-      while (i < lines.length && /^\s*\|.*\|\s*$/.test(lines[i])) rows.push(lines[i++]);
+      while (i < lines.length && isRow(lines[i])) rows.push(lines[i++]);
       html += table(rows);
       continue;
     }
-    if (/^\s{0,3}>/.test(line)) {
+    if (/^\s{0,3}>/.test(line) && depth < MAX_DEPTH) {
       flush();
       const quoted = [];
       while (i < lines.length && /^\s{0,3}>/.test(lines[i])) quoted.push(lines[i++].replace(/^\s{0,3}>\s?/, ""));
-      html += `<blockquote>${renderMarkdown(quoted.join("\n"))}</blockquote>`;
+      html += `<blockquote>${renderMarkdown(quoted.join("\n"), depth + 1)}</blockquote>`;
       continue;
     }
     const item = line.match(/^(\s*)([-*+]|\d{1,9}[.)])\s+(.*)$/);
-    if (item) {
+    if (item && depth < MAX_DEPTH) {
       flush();
       const ordered = /\d/.test(item[2]);
       const start = ordered ? parseInt(item[2], 10) : 1;
@@ -153,7 +184,7 @@ export function renderMarkdown(src) {
       }
       const tag = ordered ? "ol" : "ul";
       const attr = ordered && start !== 1 ? ` start="${start}"` : "";
-      html += `<${tag}${attr}>` + items.map((it) => `<li>${renderMarkdown(it.join("\n")).replace(/^<p>([\s\S]*)<\/p>$/, "$1")}</li>`).join("") + `</${tag}>`;
+      html += `<${tag}${attr}>` + items.map((it) => `<li>${renderMarkdown(it.join("\n"), depth + 1).replace(/^<p>([\s\S]*)<\/p>$/, "$1")}</li>`).join("") + `</${tag}>`;
       continue;
     }
     if (/^( {4}|\t)/.test(line) && !para.length) {

@@ -37,7 +37,8 @@ export function createSseParser() {
   };
 }
 
-/** Reads an OpenAI chat stream's `response` body, calling `onChunk(json)` per chunk until `[DONE]`. */
+/** Reads an OpenAI chat stream's `response` body, calling `onChunk(json)` per chunk until
+ * `[DONE]`; resolves whether `[DONE]` came (false: the connection closed before it). */
 export async function readChatStream(response, onChunk) {
   const reader = response.body.getReader();
   const decoder = new TextDecoder();
@@ -51,10 +52,7 @@ export async function readChatStream(response, onChunk) {
   };
   for (;;) {
     const { value, done } = await reader.read();
-    if (done) {
-      handle(parser.push(decoder.decode()).concat(parser.end()));
-      return;
-    }
-    if (handle(parser.push(decoder.decode(value, { stream: true })))) return;
+    if (done) return handle(parser.push(decoder.decode()).concat(parser.end()));
+    if (handle(parser.push(decoder.decode(value, { stream: true })))) return true;
   }
 }

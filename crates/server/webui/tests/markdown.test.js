@@ -68,3 +68,35 @@ test("every prefix of an answer renders, a half-received fence as code", () => {
 test("highlighting escapes every token", () => {
   assert.equal(highlight('a < "b&" // c', "js"), 'a &lt; <span class="c-string">&quot;b&amp;&quot;</span> <span class="c-comment">// c</span>');
 });
+
+test("hostile text neither overflows the stack nor takes long", () => {
+  const n = 100_000;
+  const cases = {
+    "hashes in a js fence": "```js\n" + "#".repeat(n) + "\n```",
+    "dashes in a python fence": "```python\n" + "-".repeat(n) + "\n```",
+    "nested quotes": ">".repeat(n),
+    "nested ordered lists": "1. ".repeat(n / 3),
+    "nested bullets": "- * ".repeat(n / 4),
+    "table rule with spaces": "|a|\n" + " ".repeat(n) + "x",
+    "run of brackets": "[".repeat(n),
+    "heading with spaces": "# a" + " ".repeat(n) + "b",
+    "stars and spaces": "* ".repeat(n / 2) + "x",
+    "backticks": "`".repeat(n),
+    "underscores": "_a ".repeat(n / 3),
+  };
+  for (const [name, text] of Object.entries(cases)) {
+    const t0 = performance.now();
+    const h = renderMarkdown(text);
+    const ms = performance.now() - t0;
+    assert.equal(typeof h, "string", name);
+    // Measured 0 to 61 ms each; the regular expressions that backtracked took 7 to 18 s
+    // and the recursions overflowed the stack.
+    assert.ok(ms < 1500, `${name}: ${ms.toFixed(0)} ms`);
+  }
+});
+
+test("links keep their address whole and placeholders cannot be forged", () => {
+  const h = renderMarkdown("[a](https://x/*y) b* and __x__ \u00000\u0000 `code`");
+  assert.match(h, /<a href="https:\/\/x\/\*y" target="_blank" rel="noopener noreferrer">a<\/a> b\*/);
+  assert.match(h, /<strong>x<\/strong> 0 <code>code<\/code>/);
+});
