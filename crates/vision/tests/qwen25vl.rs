@@ -15,15 +15,13 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use frink_engine::image::{
-    embd_rows, image_prompt, model_ids, rope_shift, EncodedImage, PromptImage, IMAGE_MARKER,
-};
+use frink_engine::image::{embd_rows, model_ids, rope_shift, PromptImage};
 use frink_models::rope::mrope_positions;
 use frink_models::vision::{Projector, VisionModel};
 use frink_models::{KvType, Logits, Model, SeqState, Sequence};
 use frink_testdata::{read_f32, rel_max_diff};
 use frink_tokenizer::Tokenizer;
-use frink_vision::input::{encode_image, layout, pixels, smart_resize, DEFAULT_MAX_PIXELS};
+use frink_vision::input::{layout, pixels, smart_resize, DEFAULT_MAX_PIXELS};
 use serde_json::Value;
 
 fn dir() -> PathBuf {
@@ -189,32 +187,15 @@ fn image_rows_equal_transformers() {
     }
 }
 
-/// The images of a reference prompt encoded from their files, and the prompt built from
-/// the processor's rendered text (its `<|vision_start|><|image_pad|><|vision_end|>` where
-/// frink's chat puts its marker).
+/// A reference prompt through frink's image placement ([`common::prompt_for`]).
 fn prompt_for(tok: &Tokenizer, vm: &VisionModel, p: &Value) -> (Vec<u32>, Vec<PromptImage>) {
-    let images: Vec<EncodedImage> = p["images"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| {
-            let bytes = std::fs::read(dir().join(f.as_str().unwrap())).unwrap();
-            encode_image(vm, &bytes, DEFAULT_MAX_PIXELS).unwrap()
-        })
-        .collect();
-    let text = p["rendered"]
-        .as_str()
-        .unwrap()
-        .replace("<|vision_start|><|image_pad|><|vision_end|>", IMAGE_MARKER);
-    image_prompt(
+    common::prompt_for(
         tok,
-        &text,
-        std::slice::from_ref(&(0..text.len())),
-        vm.config.projector.image_token(),
-        &images,
-        vm.bidirectional(),
+        vm,
+        &dir(),
+        p,
+        "<|vision_start|><|image_pad|><|vision_end|>",
     )
-    .unwrap()
 }
 
 /// The positions of a prompt's rows from its images' grids ([`mrope_positions`]).

@@ -8,12 +8,12 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use frink_engine::image::{image_prompt, model_ids, EncodedImage, PromptImage, IMAGE_MARKER};
+use frink_engine::image::{model_ids, PromptImage};
 use frink_models::vision::{Projector, VisionModel};
 use frink_models::{KvType, Logits, Model, SeqState, Sequence};
 use frink_testdata::{read_f32, rel_max_diff};
 use frink_tokenizer::Tokenizer;
-use frink_vision::input::{encode_image, pixels, DEFAULT_MAX_PIXELS};
+use frink_vision::input::{pixels, DEFAULT_MAX_PIXELS};
 use serde_json::Value;
 
 fn dir() -> PathBuf {
@@ -97,31 +97,9 @@ fn image_rows_equal_transformers() {
     }
 }
 
-/// The images of a reference prompt encoded from their files, and the prompt built from
-/// the processor's rendered text (its `<image>` where frink's chat puts its marker).
+/// A reference prompt through frink's image placement ([`common::prompt_for`]).
 fn prompt_for(tok: &Tokenizer, vm: &VisionModel, p: &Value) -> (Vec<u32>, Vec<PromptImage>) {
-    let images: Vec<EncodedImage> = p["images"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| {
-            let bytes = std::fs::read(dir().join(f.as_str().unwrap())).unwrap();
-            encode_image(vm, &bytes, DEFAULT_MAX_PIXELS).unwrap()
-        })
-        .collect();
-    let text = p["rendered"]
-        .as_str()
-        .unwrap()
-        .replace("<image>", IMAGE_MARKER);
-    image_prompt(
-        tok,
-        &text,
-        std::slice::from_ref(&(0..text.len())),
-        vm.config.projector.image_token(),
-        &images,
-        vm.bidirectional(),
-    )
-    .unwrap()
+    common::prompt_for(tok, vm, &dir(), p, "<image>")
 }
 
 /// Each reference prompt (one image of 2 × 2 tiles, one of 1 × 2, two images): frink's

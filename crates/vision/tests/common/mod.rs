@@ -1,7 +1,50 @@
 //! What the vision fixture tests share.
+#![allow(dead_code)] // each test binary uses its own subset
 
-use frink_engine::image::{embd_rows, model_ids, PromptImage};
+use std::path::Path;
+
+use frink_engine::image::{
+    embd_rows, image_prompt, model_ids, EncodedImage, PromptImage, IMAGE_MARKER,
+};
+use frink_models::vision::VisionModel;
 use frink_models::{KvType, Logits, Model, SeqState, Sequence};
+use frink_tokenizer::Tokenizer;
+use frink_vision::input::{encode_image, DEFAULT_MAX_PIXELS};
+use serde_json::Value;
+
+/// The images of a fixture's reference prompt `p` encoded from their files in `dir`, and
+/// the prompt built from the processor's rendered text with its image text `marker`
+/// replaced by frink's marker (where frink's chat puts it), special tokens parsed.
+pub fn prompt_for(
+    tok: &Tokenizer,
+    vm: &VisionModel,
+    dir: &Path,
+    p: &Value,
+    marker: &str,
+) -> (Vec<u32>, Vec<PromptImage>) {
+    let images: Vec<EncodedImage> = p["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            let bytes = std::fs::read(dir.join(f.as_str().unwrap())).unwrap();
+            encode_image(vm, &bytes, DEFAULT_MAX_PIXELS).unwrap()
+        })
+        .collect();
+    let text = p["rendered"]
+        .as_str()
+        .unwrap()
+        .replace(marker, IMAGE_MARKER);
+    image_prompt(
+        tok,
+        &text,
+        std::slice::from_ref(&(0..text.len())),
+        vm.config.projector.image_token(),
+        &images,
+        vm.bidirectional(),
+    )
+    .unwrap()
+}
 
 /// Every position's logits of `prompt` (image keys read as id 0, their rows from
 /// `images`), in one call with an f32 KV cache of 512 positions; `bidi` overrides whether
