@@ -218,7 +218,10 @@ pub fn run(args: &RunArgs) -> Result<()> {
         )?,
         None => Vec::new(),
     };
-    let image_ms = t_images.elapsed().as_secs_f64() * 1e3;
+    let image_ms = match encoded.is_empty() {
+        true => 0.0,
+        false => t_images.elapsed().as_secs_f64() * 1e3,
+    };
     // Without images the prompt is text alone (a typed marker stays text).
     let with_images = vision.as_ref().filter(|_| !encoded.is_empty());
     let (prompt, images) = prompt_ids(args, &tok, with_images.map(|vm| (vm, &encoded[..])))?;

@@ -57,9 +57,9 @@ pub fn check_pair(vm: &VisionModel, lm: &ModelConfig) -> Result<(), String> {
     let p = vm.config.projector;
     if !p.language_models().contains(&lm.arch.name) {
         return Err(format!(
-            "the projector file is for {} models ({:?} projector), the model is {}",
+            "the projector file is for {} models ({} projector), the model is {}",
             p.language_models().join(", "),
-            p,
+            p.name(),
             lm.arch.name
         ));
     }

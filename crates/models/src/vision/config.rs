@@ -37,6 +37,14 @@ impl Projector {
         ("qwen2.5vl_merger", Projector::Qwen25vl),
     ];
 
+    /// Its name in `clip.projector_type` (what messages call it).
+    pub fn name(self) -> &'static str {
+        Self::SUPPORTED
+            .iter()
+            .find(|(_, p)| *p == self)
+            .map_or("?", |(n, _)| n)
+    }
+
     /// The placeholder token each of an image's rows takes in the prompt (transformers
     /// `Gemma3Processor.image_token`, `Idefics3Processor.image_token`).
     pub fn image_token(self) -> &'static str {
@@ -206,7 +214,8 @@ impl ClipConfig {
         let act = projector.activation_key();
         if f.get(act).and_then(|v| v.as_bool()) != Some(true) {
             return Err(ModelError::Unsupported(format!(
-                "a {projector:?} vision encoder without {act} = true (another FFN activation)"
+                "a {} vision encoder without {act} = true (another FFN activation)",
+                projector.name()
             )));
         }
         let other = match act {

@@ -174,7 +174,7 @@ impl VisionModel {
         let unused = ld.unused();
         if !unused.is_empty() {
             return Err(ModelError::UnusedTensors {
-                arch: format!("clip ({:?} projector)", c.projector),
+                arch: format!("clip ({} projector)", c.projector.name()),
                 names: unused,
                 layout: Vec::new(),
             });

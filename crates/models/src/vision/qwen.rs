@@ -83,8 +83,8 @@ impl VisionModel {
         } = &self.projector
         else {
             return Err(ModelError::Unsupported(format!(
-                "a {:?} projector encodes fixed-size inputs",
-                c.projector
+                "a {} projector encodes fixed-size inputs",
+                c.projector.name()
             )));
         };
         let mm = m * m;
