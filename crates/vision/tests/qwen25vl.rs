@@ -15,10 +15,10 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use frink_engine::image::{embd_rows, model_ids, rope_shift, PromptImage};
+use frink_engine::image::{model_ids, rope_shift, PromptImage};
 use frink_models::rope::mrope_positions;
 use frink_models::vision::{Projector, VisionModel};
-use frink_models::{KvType, Logits, Model, SeqState, Sequence};
+use frink_models::Model;
 use frink_testdata::{read_f32, rel_max_diff};
 use frink_tokenizer::Tokenizer;
 use frink_vision::input::{layout, pixels, smart_resize, DEFAULT_MAX_PIXELS};
@@ -242,58 +242,11 @@ fn prompts_positions_and_logits_equal_transformers() {
         assert!(err <= 1e-5, "{key}: logits rel max diff {err}");
         eprintln!("{key}: logits rel max diff {err:.2e}");
         assert_eq!(
-            greedy(&model, &prompt, &images, 8),
+            common::greedy(&model, &prompt, &images, 8, prompt.len()),
             ids(&p["greedy"]),
             "{key}"
         );
     }
-}
-
-/// `n` tokens of greedy decoding after `prompt` (with `images`' rows), one step each, the
-/// prompt in pieces of `chunk` (split anywhere, inside images too).
-fn greedy_in(
-    model: &Model,
-    prompt: &[u32],
-    images: &[PromptImage],
-    n: usize,
-    chunk: usize,
-) -> Vec<u32> {
-    let mut state = SeqState::new(&model.config, 512, KvType::F32);
-    let d = model.config.n_embd;
-    let mut last = Vec::new();
-    for p0 in (0..prompt.len()).step_by(chunk) {
-        let len = chunk.min(prompt.len() - p0);
-        let ids = model_ids(&prompt[p0..p0 + len], 0);
-        let rows = embd_rows(images, p0, len, d);
-        let mut seqs = [Sequence {
-            state: &mut state,
-            tokens: &ids,
-            logits: Logits::Last,
-            lora: None,
-            embd: &rows,
-            rope_shift: rope_shift(images, p0),
-        }];
-        last = model.forward_batch(&mut seqs).unwrap().pop().unwrap();
-    }
-    let mut out = Vec::new();
-    for _ in 0..n {
-        let best = (0..last.len()).fold(0, |b, j| if last[j] > last[b] { j } else { b }) as u32;
-        out.push(best);
-        let mut seqs = [Sequence {
-            state: &mut state,
-            tokens: &[best],
-            logits: Logits::Last,
-            lora: None,
-            embd: &[],
-            rope_shift: rope_shift(images, prompt.len()),
-        }];
-        last = model.forward_batch(&mut seqs).unwrap().pop().unwrap();
-    }
-    out
-}
-
-fn greedy(model: &Model, prompt: &[u32], images: &[PromptImage], n: usize) -> Vec<u32> {
-    greedy_in(model, prompt, images, n, prompt.len())
 }
 
 /// A prompt evaluated in pieces that cut its images (each piece's rows placed by their
@@ -307,10 +260,10 @@ fn pieces_through_images_give_the_tokens_of_one_call() {
     let vm = vision(true);
     let p = &m["prompts"]["two"];
     let (prompt, images) = prompt_for(&tok, &vm, p);
-    let whole = greedy(&model, &prompt, &images, 8);
+    let whole = common::greedy(&model, &prompt, &images, 8, prompt.len());
     for chunk in [7, 16, 50] {
         assert_eq!(
-            greedy_in(&model, &prompt, &images, 8, chunk),
+            common::greedy(&model, &prompt, &images, 8, chunk),
             whole,
             "chunk {chunk}"
         );

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use frink_engine::image::{model_ids, PromptImage};
 use frink_models::vision::{Projector, VisionModel};
-use frink_models::{KvType, Logits, Model, SeqState, Sequence};
+use frink_models::Model;
 use frink_testdata::{read_f32, rel_max_diff};
 use frink_tokenizer::Tokenizer;
 use frink_vision::input::{pixels, DEFAULT_MAX_PIXELS};
@@ -128,36 +128,11 @@ fn prompts_and_logits_equal_transformers() {
         assert!(err <= 1e-5, "{key}: logits rel max diff {err}");
         eprintln!("{key}: logits rel max diff {err:.2e}");
         assert_eq!(
-            greedy(&model, &prompt, &images, 8),
+            common::greedy(&model, &prompt, &images, 8, prompt.len()),
             ids(&p["greedy"]),
             "{key}"
         );
     }
-}
-
-/// `n` tokens of greedy decoding after `prompt` (with `images`' rows), one step each.
-fn greedy(model: &Model, prompt: &[u32], images: &[PromptImage], n: usize) -> Vec<u32> {
-    let mut state = SeqState::new(&model.config, 512, KvType::F32);
-    let ids = model_ids(prompt, 0);
-    let rows = frink_engine::image::embd_rows(images, 0, prompt.len(), model.config.n_embd);
-    let mut out = Vec::new();
-    let mut step: Vec<u32> = ids;
-    for i in 0..n {
-        let embd = if i == 0 { rows.as_slice() } else { &[] };
-        let mut seqs = [Sequence {
-            state: &mut state,
-            tokens: &step,
-            logits: Logits::Last,
-            lora: None,
-            embd,
-            rope_shift: 0,
-        }];
-        let l = model.forward_batch(&mut seqs).unwrap().pop().unwrap();
-        let best = (0..l.len()).fold(0, |b, j| if l[j] > l[b] { j } else { b }) as u32;
-        out.push(best);
-        step = vec![best];
-    }
-    out
 }
 
 /// The layout known from an image's size alone (before decoding: the server counts the

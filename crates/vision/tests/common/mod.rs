@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use frink_engine::image::{
-    embd_rows, image_prompt, model_ids, EncodedImage, PromptImage, IMAGE_MARKER,
+    embd_rows, image_prompt, model_ids, rope_shift, EncodedImage, PromptImage, IMAGE_MARKER,
 };
 use frink_models::vision::VisionModel;
 use frink_models::{KvType, Logits, Model, SeqState, Sequence};
@@ -70,4 +70,51 @@ pub fn logits(
         rope_shift: 0,
     }];
     model.forward_batch(&mut seqs).unwrap().pop().unwrap()
+}
+
+/// `n` tokens of greedy decoding after `prompt` (with `images`' rows, an f32 KV cache of
+/// 512 positions), one step each, the prompt in pieces of `chunk` (split anywhere, inside
+/// images too), each call carrying the multimodal RoPE shift of the images before it.
+pub fn greedy(
+    model: &Model,
+    prompt: &[u32],
+    images: &[PromptImage],
+    n: usize,
+    chunk: usize,
+) -> Vec<u32> {
+    let mut state = SeqState::new(&model.config, 512, KvType::F32);
+    let d = model.config.n_embd;
+    let mut last = Vec::new();
+    for p0 in (0..prompt.len()).step_by(chunk) {
+        let len = chunk.min(prompt.len() - p0);
+        let ids = model_ids(&prompt[p0..p0 + len], 0);
+        let rows = embd_rows(images, p0, len, d);
+        let mut seqs = [Sequence {
+            state: &mut state,
+            tokens: &ids,
+            logits: Logits::Last,
+            lora: None,
+            embd: &rows,
+            rope_shift: rope_shift(images, p0),
+        }];
+        last = model.forward_batch(&mut seqs).unwrap().pop().unwrap();
+    }
+    let mut out = Vec::new();
+    while out.len() < n {
+        let best = (0..last.len()).fold(0, |b, j| if last[j] > last[b] { j } else { b }) as u32;
+        out.push(best);
+        if out.len() == n {
+            break;
+        }
+        let mut seqs = [Sequence {
+            state: &mut state,
+            tokens: &[best],
+            logits: Logits::Last,
+            lora: None,
+            embd: &[],
+            rope_shift: rope_shift(images, prompt.len()),
+        }];
+        last = model.forward_batch(&mut seqs).unwrap().pop().unwrap();
+    }
+    out
 }
