@@ -86,7 +86,7 @@ fn content_type(name: &str) -> &'static str {
     }
 }
 
-fn file_response(ty: &str, body: Vec<u8>) -> Response {
+fn file_response(ty: &str, body: axum::body::Bytes) -> Response {
     let mut r = (StatusCode::OK, body).into_response();
     let h = r.headers_mut();
     h.insert(
@@ -143,14 +143,15 @@ pub fn serve(ui: &WebUi, path: &str) -> Option<Response> {
     };
     match ui {
         WebUi::Off => None,
-        WebUi::Embedded if name == "icon.svg" => {
-            Some(file_response("image/svg+xml", ICON.to_vec()))
-        }
+        WebUi::Embedded if name == "icon.svg" => Some(file_response(
+            "image/svg+xml",
+            axum::body::Bytes::from_static(ICON),
+        )),
         WebUi::Embedded => FILES
             .iter()
             .find(|(n, _, _)| *n == name)
-            .map(|(_, ty, body)| file_response(ty, body.to_vec())),
-        WebUi::Dir(dir) => from_dir(dir, name).map(|b| file_response(content_type(name), b)),
+            .map(|(_, ty, body)| file_response(ty, axum::body::Bytes::from_static(body))),
+        WebUi::Dir(dir) => from_dir(dir, name).map(|b| file_response(content_type(name), b.into())),
     }
 }
 
