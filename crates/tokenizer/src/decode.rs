@@ -3,7 +3,8 @@
 //!
 //! Pieces follow llama.cpp's `token_to_piece` (src/llama-vocab.cpp): control and unknown
 //! tokens render as their text only when special tokens are rendered; user-defined tokens
-//! always render as their text; normal tokens render as `▁`→space (SentencePiece) or through
+//! always render as their text; normal tokens render as `▁`→space (SentencePiece, Gemma 4,
+//! WordPiece and Unigram: `LLAMA_VOCAB_TYPE_SPM`/`WPM`/`UGM` share one rule) or through
 //! the GPT-2 byte mapping undone (byte-level BPE); `<0xNN>` byte tokens render as the byte;
 //! unused and undefined tokens render as nothing. `llama_detokenize` (with
 //! `remove_special = false`) then drops one leading space of the first piece when the
@@ -89,7 +90,7 @@ impl Pieces {
                 bytes.extend_from_slice(text.as_bytes());
             } else if attr.has(TokenAttr::NORMAL) {
                 match vocab.kind {
-                    VocabKind::Spm | VocabKind::Gemma4 => {
+                    VocabKind::Spm | VocabKind::Gemma4 | VocabKind::Wpm | VocabKind::Ugm => {
                         bytes.extend_from_slice(text.replace('▁', " ").as_bytes())
                     }
                     VocabKind::Bpe => bytes.extend(byte_level_decode(text, &table)),

@@ -18,8 +18,9 @@ pub enum TokenizerError {
         what: String,
     },
     /// `tokenizer.ggml.model` names a tokenizer family frink does not implement
-    /// (implemented: `gpt2` byte-level BPE and `llama` SentencePiece).
-    #[error("unsupported tokenizer model `{0}` (tokenizer.ggml.model); frink implements `gpt2` and `llama`")]
+    /// (implemented: `gpt2` byte-level BPE, `llama` SentencePiece, `gemma4`, `bert`
+    /// WordPiece and `t5` Unigram).
+    #[error("unsupported tokenizer model `{0}` (tokenizer.ggml.model); frink implements `gpt2`, `llama`, `gemma4`, `bert` and `t5`")]
     UnsupportedModel(String),
     /// `tokenizer.ggml.pre` names a BPE pre-tokenizer frink has no verified implementation of.
     #[error("unsupported pre-tokenizer `{0}` (tokenizer.ggml.pre); frink implements {supported}", supported = crate::pretok::SUPPORTED.join(", "))]
@@ -52,6 +53,21 @@ pub enum TokenizerError {
         /// The id key that should name the token.
         id_key: &'static str,
     },
+    /// The input needs a special token the vocabulary does not define: the unknown token
+    /// for a Unigram or WordPiece text with unknown characters (where llama.cpp would emit
+    /// the id -1), or a token of a pair encoding.
+    #[error("this input needs the vocabulary's {what} token (`{key}`), which it does not define")]
+    MissingToken {
+        /// Which token (e.g. `unknown`).
+        what: &'static str,
+        /// The metadata key that would name it.
+        key: &'static str,
+    },
+    /// Raw input bytes that decode, as llama.cpp's lenient UTF-8 reader decodes them, to a
+    /// value beyond U+10FFFF, which WordPiece would have to re-encode (llama.cpp throws there
+    /// too).
+    #[error("input bytes decode to U+{0:X}, beyond Unicode; WordPiece cannot encode it")]
+    BeyondUnicode(u32),
     /// A token id outside `0..n_vocab`.
     #[error("token id {id} is out of range (vocabulary has {n_vocab} tokens)")]
     IdOutOfRange {

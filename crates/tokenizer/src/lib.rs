@@ -4,9 +4,10 @@
 //!
 //! * [`Tokenizer::from_gguf`] reads the vocabulary ([`TokenAttr`], [`SpecialTokens`], the
 //!   end-of-generation set) and builds a `tokenizers` pipeline: byte-level BPE with the
-//!   pre-tokenizer named by `tokenizer.ggml.pre` (`gpt2`), or SentencePiece-style BPE over
-//!   scores with byte fallback (`llama`). Other families and pre-tokenizers are refused with
-//!   an error naming them.
+//!   pre-tokenizer named by `tokenizer.ggml.pre` (`gpt2`), SentencePiece-style BPE over
+//!   scores with byte fallback (`llama`), or Gemma 4's BPE (`gemma4`); or frink's own
+//!   WordPiece (`bert`, [`VocabKind::Wpm`]) and Unigram (`t5`, [`VocabKind::Ugm`]) for
+//!   encoder models. Other families and pre-tokenizers are refused with an error naming them.
 //! * [`Tokenizer::encode`] cuts special tokens out first (control tokens only with
 //!   `parse_special`, user-defined tokens always) and adds BOS/EOS as the model says.
 //! * [`Tokenizer::decode`] and [`StreamDecoder`] render ids back to text.
@@ -27,9 +28,14 @@ mod decode;
 mod error;
 mod fim;
 mod model;
+mod pair;
 mod partition;
 mod pretok;
 mod strftime;
+mod ugm;
+mod unicode;
+mod unicode_tables;
+mod wpm;
 
 /// `t` (UTC) formatted as Python's `time.strftime` formats it, for the directives chat
 /// templates use (`%Y %m %d %H %M %S %b %B %a %A %e %I %j %p %y %w %%`).
@@ -54,6 +60,16 @@ pub use vocab::{SpecialTokens, TokenAttr, VocabKind};
 use decode::{drain_utf8, Pieces, SpaceCleaner};
 use partition::{Fragment, Partitioner};
 use vocab::Vocab;
+
+/// What tokenizes the raw text between special tokens.
+enum Engine {
+    /// A `tokenizers` pipeline (BPE, SentencePiece, Gemma 4).
+    Hf(Box<tokenizers::Tokenizer>),
+    /// WordPiece.
+    Wpm(wpm::Wpm),
+    /// Unigram.
+    Ugm(ugm::Ugm),
+}
 
 /// The per-token metadata arrays a tokenizer is built from (GGUF's `tokenizer.ggml.*`
 /// names): what [`Tokenizer::from_gguf_releasing`] frees.
@@ -82,7 +98,7 @@ fn release_free_heap() {
 /// part (for a 262k-token SentencePiece vocabulary, deriving the merges takes about a second).
 pub struct Tokenizer {
     vocab: Vocab,
-    hf: tokenizers::Tokenizer,
+    engine: Engine,
     partitioner: Partitioner,
     pieces: Pieces,
     architecture: String,
@@ -116,15 +132,27 @@ impl Tokenizer {
     /// naming an unimplemented `tokenizer.ggml.model` / `pre`; [`TokenizerError::MissingKey`],
     /// [`TokenizerError::BadValue`], [`TokenizerError::DuplicateToken`],
     /// [`TokenizerError::BadMerge`], [`TokenizerError::MissingSpecialToken`] for a malformed
-    /// vocabulary.
+    /// vocabulary ([`TokenizerError::BadValue`] on `tokenizer.ggml.precompiled_charsmap` for
+    /// a damaged Unigram character map).
     pub fn from_gguf(file: &GgufFile) -> Result<Tokenizer> {
         let mut vocab = Vocab::load(file)?;
-        let hf = model::build(&vocab)?;
+        let engine = match vocab.kind {
+            VocabKind::Wpm => Engine::Wpm(wpm::Wpm::new(&vocab)),
+            VocabKind::Ugm => {
+                let type_attrs = std::mem::take(&mut vocab.type_attrs);
+                Engine::Ugm(ugm::Ugm::new(&vocab, &type_attrs)?)
+            }
+            VocabKind::Spm | VocabKind::Bpe | VocabKind::Gemma4 => {
+                let hf = model::build(&vocab)?;
+                // `tokenizers` keeps its own text -> id map: ours was for building.
+                vocab.text_to_id = Default::default();
+                Engine::Hf(Box::new(hf))
+            }
+        };
         let partitioner = Partitioner::new(&vocab)?;
         let pieces = Pieces::new(&vocab);
-        // `tokenizers` keeps its own text -> id map and the merges: ours were for building.
-        vocab.text_to_id = Default::default();
         vocab.merges = Vec::new();
+        vocab.charsmap = Vec::new();
         let chat_template = match file.get("tokenizer.chat_template") {
             None => None,
             Some(v) => Some(
@@ -138,7 +166,7 @@ impl Tokenizer {
         };
         Ok(Tokenizer {
             vocab,
-            hf,
+            engine,
             partitioner,
             pieces,
             architecture: file.architecture().unwrap_or("").to_string(),
@@ -191,25 +219,47 @@ impl Tokenizer {
     ) -> Result<Vec<u32>> {
         let v = &self.vocab;
         let mut out = Vec::new();
-        if add_special && v.add_bos {
-            out.extend(v.special.bos);
-        }
+        self.open(add_special, &mut out);
         for frag in self.partitioner.partition(v, text.as_bytes(), special) {
             match frag {
                 Fragment::Token(id) => out.push(id),
-                Fragment::Text(r) => {
-                    let enc = self
-                        .hf
-                        .encode_fast(&text[r], false)
-                        .map_err(|e| TokenizerError::Hf(e.to_string()))?;
-                    out.extend_from_slice(enc.get_ids());
-                }
+                Fragment::Text(r) => match &self.engine {
+                    Engine::Hf(hf) => {
+                        let enc = hf
+                            .encode_fast(&text[r], false)
+                            .map_err(|e| TokenizerError::Hf(e.to_string()))?;
+                        out.extend_from_slice(enc.get_ids());
+                    }
+                    Engine::Wpm(w) => w.tokenize(v, text[r].as_bytes(), &mut out)?,
+                    Engine::Ugm(u) => u.tokenize(v, text[r].as_bytes(), &mut out)?,
+                },
             }
         }
+        self.close(add_special, &mut out);
+        Ok(out)
+    }
+
+    /// The tokens `add_special` puts first: BOS where the model adds it (always for
+    /// WordPiece, whose `add_bos` is forced on at load, as llama.cpp's `tokenize` adds
+    /// [CLS] there whatever the flag says).
+    fn open(&self, add_special: bool, out: &mut Vec<u32>) {
+        let v = &self.vocab;
+        if add_special && v.add_bos {
+            out.extend(v.special.bos);
+        }
+    }
+
+    /// The tokens `add_special` puts last: EOS where the model adds it, and for WordPiece
+    /// the separator (llama.cpp's `tokenize` for `LLAMA_VOCAB_TYPE_WPM`; load checked that
+    /// the vocabulary has one).
+    fn close(&self, add_special: bool, out: &mut Vec<u32>) {
+        let v = &self.vocab;
         if add_special && v.add_eos {
             out.extend(v.special.eos);
         }
-        Ok(out)
+        if add_special && v.kind == VocabKind::Wpm {
+            out.extend(v.special.sep);
+        }
     }
 
     /// Tokenizes raw bytes, UTF-8 or not, as `llama_tokenize` does. Valid UTF-8 is
@@ -218,9 +268,14 @@ impl Tokenizer {
     /// ([`text_from_bytes`]), and SentencePiece works on its bytes as llama.cpp's
     /// `llm_tokenizer_spm_session` does: each symbol is as long as its first byte says, a
     /// symbol that is not a character never merges and becomes byte tokens, and the runs of
-    /// characters between such symbols are tokenized as usual.
+    /// characters between such symbols are tokenized as usual. WordPiece reads the bytes as
+    /// llama.cpp's `unicode_cpts_from_utf8` does (a byte that starts no character is U+FFFD,
+    /// which WordPiece drops; overlong forms decode); Unigram normalizes bytes anyway
+    /// (`normalize_prefix`: a byte that starts no character becomes U+FFFD).
     ///
-    /// Errors: [`TokenizerError::Hf`] if the SentencePiece vocabulary lacks a byte token.
+    /// Errors: [`TokenizerError::Hf`] if the SentencePiece vocabulary lacks a byte token;
+    /// [`TokenizerError::BeyondUnicode`] for WordPiece input decoding beyond U+10FFFF
+    /// (llama.cpp throws there).
     pub fn encode_bytes(
         &self,
         bytes: &[u8],
@@ -238,18 +293,19 @@ impl Tokenizer {
             &[]
         };
         let mut out = Vec::new();
-        if add_special && v.add_bos {
-            out.extend(v.special.bos);
-        }
+        self.open(add_special, &mut out);
         for frag in self.partitioner.partition(v, bytes, special) {
             match frag {
                 Fragment::Token(id) => out.push(id),
-                Fragment::Text(r) => match v.kind {
-                    VocabKind::Spm => self.spm_bytes(&bytes[r], &mut out)?,
+                Fragment::Text(r) => match &self.engine {
+                    Engine::Wpm(w) => w.tokenize(v, &bytes[r], &mut out)?,
+                    Engine::Ugm(u) => u.tokenize(v, &bytes[r], &mut out)?,
+                    Engine::Hf(_) if v.kind == VocabKind::Spm => {
+                        self.spm_bytes(&bytes[r], &mut out)?
+                    }
                     // Gemma 4's BPE reads the bytes as llama.cpp's BPE path does too.
-                    VocabKind::Bpe | VocabKind::Gemma4 => {
-                        let enc = self
-                            .hf
+                    Engine::Hf(hf) => {
+                        let enc = hf
                             .encode_fast(text_from_bytes(&bytes[r]).as_ref(), false)
                             .map_err(|e| TokenizerError::Hf(e.to_string()))?;
                         out.extend_from_slice(enc.get_ids());
@@ -257,9 +313,7 @@ impl Tokenizer {
                 },
             }
         }
-        if add_special && v.add_eos {
-            out.extend(v.special.eos);
-        }
+        self.close(add_special, &mut out);
         Ok(out)
     }
 
@@ -279,7 +333,10 @@ impl Tokenizer {
             }
         }
         let hf = |e: tokenizers::Error| TokenizerError::Hf(e.to_string());
-        let model = self.hf.get_model();
+        let Engine::Hf(pipeline) = &self.engine else {
+            return Err(TokenizerError::Hf("no SentencePiece pipeline".into()));
+        };
+        let model = pipeline.get_model();
         let flush = |run: &[u8], out: &mut Vec<u32>| -> Result<()> {
             if let Ok(s) = std::str::from_utf8(run) {
                 if !s.is_empty() {
@@ -396,7 +453,30 @@ impl Tokenizer {
         self.vocab.special.eot
     }
 
-    /// Whether `encode(.., add_special = true, ..)` prepends BOS.
+    /// Separator id ([SEP] of BERT vocabularies), if any.
+    pub fn sep_id(&self) -> Option<u32> {
+        self.vocab.special.sep
+    }
+
+    /// Padding id, if any.
+    pub fn pad_id(&self) -> Option<u32> {
+        self.vocab.special.pad
+    }
+
+    /// Unknown-token id, if any.
+    pub fn unk_id(&self) -> Option<u32> {
+        self.vocab.special.unk
+    }
+
+    /// `tokenizer.ggml.add_sep_token` (default: true for WordPiece, false otherwise), as
+    /// `llama_vocab_get_add_sep` reports it: whether llama-server's rerank prompt puts the
+    /// separator between query and document. [`Tokenizer::encode`] does not read it
+    /// (WordPiece appends [SEP] with `add_special` whatever it says, as llama.cpp does).
+    pub fn add_sep(&self) -> bool {
+        self.vocab.add_sep
+    }
+
+    /// Whether `encode(.., add_special = true, ..)` prepends BOS (always for WordPiece).
     pub fn add_bos(&self) -> bool {
         self.vocab.add_bos
     }
@@ -446,13 +526,20 @@ impl Tokenizer {
 
     /// The id of the token whose stored text is `text`.
     pub fn token_id(&self, text: &str) -> Option<u32> {
-        self.hf.token_to_id(text)
+        match &self.engine {
+            Engine::Hf(hf) => hf.token_to_id(text),
+            Engine::Wpm(_) | Engine::Ugm(_) => self.vocab.text_to_id.get(text).copied(),
+        }
     }
 
     /// The underlying `tokenizers` pipeline for one raw fragment (no special-token handling,
-    /// no BOS/EOS): what [`Tokenizer::encode`] runs between special tokens.
-    pub fn hf(&self) -> &tokenizers::Tokenizer {
-        &self.hf
+    /// no BOS/EOS): what [`Tokenizer::encode`] runs between special tokens. `None` for
+    /// WordPiece and Unigram, which frink tokenizes with its own code.
+    pub fn hf(&self) -> Option<&tokenizers::Tokenizer> {
+        match &self.engine {
+            Engine::Hf(hf) => Some(hf),
+            Engine::Wpm(_) | Engine::Ugm(_) => None,
+        }
     }
 
     /// `general.architecture` of the file.

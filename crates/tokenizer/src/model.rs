@@ -56,6 +56,10 @@ pub(crate) fn build(vocab: &Vocab) -> Result<Tokenizer> {
         VocabKind::Bpe => build_bpe(vocab),
         VocabKind::Spm => build_spm(vocab),
         VocabKind::Gemma4 => build_gemma4(vocab),
+        VocabKind::Wpm | VocabKind::Ugm => Err(TokenizerError::Hf(format!(
+            "{:?} vocabularies are tokenized without a `tokenizers` pipeline",
+            vocab.kind
+        ))),
     }
 }
 

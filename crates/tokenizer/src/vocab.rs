@@ -91,6 +91,15 @@ pub enum VocabKind {
     /// newlines and runs of anything else (llama.cpp src/llama-vocab.cpp: the `gemma4`
     /// model, `LLAMA_VOCAB_PRE_TYPE_GEMMA4`, `byte_encode = false`, `escape_whitespaces`).
     Gemma4,
+    /// `bert`: WordPiece (llama.cpp `LLAMA_VOCAB_TYPE_WPM`, `llm_tokenizer_wpm_session` in
+    /// src/llama-vocab.cpp): BERT's normalization and splitting into words, then greedy
+    /// longest match within each word, word-initial pieces marked with `▁` (the converter's
+    /// rewrite of WordPiece's `##` continuation pieces).
+    Wpm,
+    /// `t5`: Unigram (llama.cpp `LLAMA_VOCAB_TYPE_UGM`, `llm_tokenizer_ugm_session`):
+    /// SentencePiece normalization through the precompiled character map, spaces escaped
+    /// to `▁`, then the best-scoring segmentation (Viterbi) over the token scores.
+    Ugm,
 }
 
 /// Special token ids; `None` where the model has none.
@@ -192,6 +201,20 @@ pub(crate) struct Vocab {
     pub special_cache: Vec<u32>,
     /// `tokenizer.ggml.merges` (BPE only).
     pub merges: Vec<String>,
+    /// `tokenizer.ggml.add_sep_token` (default: true for WordPiece): whether a separator goes
+    /// between the two texts of a pair in llama-server's rerank prompt.
+    pub add_sep: bool,
+    /// `tokenizer.ggml.remove_extra_whitespaces` (Unigram normalization).
+    pub remove_extra_whitespaces: bool,
+    /// `tokenizer.ggml.normalizer.lowercase` (WordPiece; default true).
+    pub lowercase: bool,
+    /// `tokenizer.ggml.normalizer.strip_accents` (WordPiece; default: `lowercase`).
+    pub strip_accents: bool,
+    /// `tokenizer.ggml.precompiled_charsmap` (Unigram), as raw bytes; empty if absent.
+    pub charsmap: Vec<u8>,
+    /// Unigram only (else empty): the attributes as the token types give them, before the
+    /// load-time adjustments, which is when llama.cpp builds its Unigram tries.
+    pub type_attrs: Vec<TokenAttr>,
 }
 
 /// Selects one id of [`SpecialTokens`].
@@ -206,8 +229,15 @@ pub(crate) const KEY_MERGES: &str = "tokenizer.ggml.merges";
 const KEY_ADD_BOS: &str = "tokenizer.ggml.add_bos_token";
 const KEY_ADD_EOS: &str = "tokenizer.ggml.add_eos_token";
 const KEY_ADD_PREFIX: &str = "tokenizer.ggml.add_space_prefix";
-const KEY_BOS: &str = "tokenizer.ggml.bos_token_id";
-const KEY_EOS: &str = "tokenizer.ggml.eos_token_id";
+const KEY_ADD_SEP: &str = "tokenizer.ggml.add_sep_token";
+const KEY_REMOVE_EXTRA_WS: &str = "tokenizer.ggml.remove_extra_whitespaces";
+const KEY_LOWERCASE: &str = "tokenizer.ggml.normalizer.lowercase";
+const KEY_STRIP_ACCENTS: &str = "tokenizer.ggml.normalizer.strip_accents";
+pub(crate) const KEY_CHARSMAP: &str = "tokenizer.ggml.precompiled_charsmap";
+pub(crate) const KEY_BOS: &str = "tokenizer.ggml.bos_token_id";
+pub(crate) const KEY_EOS: &str = "tokenizer.ggml.eos_token_id";
+pub(crate) const KEY_UNK: &str = "tokenizer.ggml.unknown_token_id";
+pub(crate) const KEY_SEP: &str = "tokenizer.ggml.seperator_token_id";
 
 fn string_array<'a>(file: &'a GgufFile, key: &'static str) -> Result<Option<&'a [String]>> {
     match file.get(key) {
@@ -320,6 +350,126 @@ const EOG_NAMES: &[&str] = &[
     "[e~[",
 ];
 
+/// `tokenizer.ggml.precompiled_charsmap` as bytes (llama.cpp accepts an array of `u8` or
+/// `i8`); empty if absent.
+fn charsmap_bytes(file: &GgufFile) -> Result<Vec<u8>> {
+    match file.get(KEY_CHARSMAP) {
+        None => Ok(Vec::new()),
+        Some(MetaValue::Array(MetaArray::U8(v))) => Ok(v.clone()),
+        Some(MetaValue::Array(MetaArray::I8(v))) => Ok(v.iter().map(|&b| b as u8).collect()),
+        Some(other) => Err(TokenizerError::BadValue {
+            key: KEY_CHARSMAP,
+            what: format!("expected an array of bytes, found {other}"),
+        }),
+    }
+}
+
+/// The flags a tokenizer family starts with, before the file's keys.
+struct Defaults {
+    add_bos: bool,
+    add_eos: bool,
+    add_sep: bool,
+    add_space_prefix: bool,
+    clean_spaces: bool,
+}
+
+/// A family's default special tokens (into `special`) and flags, as llama.cpp's
+/// `llama_vocab::impl::load` sets them per `tokenizer.ggml.model`.
+fn family_defaults(kind: VocabKind, special: &mut SpecialTokens) -> Defaults {
+    let d = |add_bos, add_eos, add_space_prefix, clean_spaces| Defaults {
+        add_bos,
+        add_eos,
+        add_sep: false,
+        add_space_prefix,
+        clean_spaces,
+    };
+    match kind {
+        // SPM adds BOS and a space prefix.
+        VocabKind::Spm => {
+            special.bos = Some(1);
+            special.eos = Some(2);
+            special.unk = Some(0);
+            d(true, false, true, false)
+        }
+        // BPE adds neither and cleans spaces in detokenization unless the pre-tokenizer says
+        // otherwise.
+        VocabKind::Bpe => {
+            special.bos = Some(11);
+            special.eos = Some(11);
+            d(false, false, false, true)
+        }
+        // No default special tokens (the file names them), and as every BPE model no space
+        // prefix and space clean-up in detokenization.
+        VocabKind::Gemma4 => d(false, false, false, true),
+        // [CLS] 101 as BOS, [UNK] 100, [SEP] 102, [PAD] 0, [MASK] 103; BOS and a separator
+        // added, detokenization cleans spaces.
+        VocabKind::Wpm => {
+            special.bos = Some(101);
+            special.unk = Some(100);
+            special.sep = Some(102);
+            special.pad = Some(0);
+            special.mask = Some(103);
+            Defaults {
+                add_sep: true,
+                ..d(true, false, false, true)
+            }
+        }
+        // T5's ids (pad 0, EOS 1, unknown 2), EOS added, no space prefix unless the file
+        // says so.
+        VocabKind::Ugm => {
+            special.eos = Some(1);
+            special.unk = Some(2);
+            special.pad = Some(0);
+            d(false, true, false, false)
+        }
+    }
+}
+
+/// The per-model attributes llama.cpp sets by tokenizer, model or architecture name, at the
+/// end of `load` (after building the special-token cache, so they do not change its order):
+/// `<mask>` strips spaces on its left for Jina v2/v3, mmBERT and Nomic's MoE BERT; Phi-3's
+/// special tokens strip on their right (but `<unk>`, `<s>`, `<|endoftext|>`); ModernBERT's
+/// `[MASK]` strips on its left.
+fn named_model_attrs(
+    file: &GgufFile,
+    text_to_id: &HashMap<String, u32>,
+    special_cache: &[u32],
+    attrs: &mut [TokenAttr],
+) -> Result<()> {
+    let name = string(file, "general.name")?.unwrap_or("").to_lowercase();
+    let pre_name = string(file, KEY_PRE)?.unwrap_or("");
+    let arch = string(file, "general.architecture")?.unwrap_or("");
+    let any = |s: &str, subs: &[&str]| subs.iter().any(|x| s.contains(x));
+    let mut set = |t: &str, attr: TokenAttr, on: bool| {
+        if let Some(&i) = text_to_id.get(t) {
+            attrs[i as usize].set(attr, on);
+        }
+    };
+    if any(
+        pre_name,
+        &["jina-v2-de", "jina-v2-es", "jina-v2-code", "mmbert"],
+    ) || any(arch, &["nomic-bert-moe", "jina-bert-v3"])
+    {
+        set("<mask>", TokenAttr::LSTRIP, true);
+    } else if any(&name, &["phi-3", "phi3"]) {
+        for &i in special_cache {
+            attrs[i as usize].set(TokenAttr::RSTRIP, true);
+        }
+        let mut set = |t: &str, on: bool| {
+            if let Some(&i) = text_to_id.get(t) {
+                attrs[i as usize].set(TokenAttr::RSTRIP, on);
+            }
+        };
+        set("</s>", true);
+        for t in ["<unk>", "<s>", "<|endoftext|>"] {
+            set(t, false);
+        }
+    } else if name.contains("modern-bert") {
+        set("[MASK]", TokenAttr::LSTRIP, true);
+    }
+    Ok(())
+}
+
 impl Vocab {
     /// Loads the vocabulary of `file`.
     ///
@@ -331,6 +481,8 @@ impl Vocab {
             "llama" => VocabKind::Spm,
             "gpt2" => VocabKind::Bpe,
             "gemma4" => VocabKind::Gemma4,
+            "bert" => VocabKind::Wpm,
+            "t5" => VocabKind::Ugm,
             other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
         };
         let tokens_meta =
@@ -346,22 +498,13 @@ impl Vocab {
         // Family defaults (llama.cpp: SPM adds BOS and a space prefix; BPE does neither and
         // cleans spaces in detokenization unless the pre-tokenizer says otherwise).
         let mut special = SpecialTokens::default();
-        let (mut add_bos, mut add_eos, mut add_space_prefix, mut clean_spaces) = match kind {
-            VocabKind::Spm => {
-                special.bos = Some(1);
-                special.eos = Some(2);
-                special.unk = Some(0);
-                (true, false, true, false)
-            }
-            VocabKind::Bpe => {
-                special.bos = Some(11);
-                special.eos = Some(11);
-                (false, false, false, true)
-            }
-            // llama.cpp: no default special tokens (the file names them), and as every BPE
-            // model no space prefix and space clean-up in detokenization.
-            VocabKind::Gemma4 => (false, false, false, true),
-        };
+        let Defaults {
+            mut add_bos,
+            mut add_eos,
+            mut add_sep,
+            mut add_space_prefix,
+            mut clean_spaces,
+        } = family_defaults(kind, &mut special);
         let mut pre = None;
         let mut ignore_merges = false;
         let mut merges = Vec::new();
@@ -385,6 +528,14 @@ impl Vocab {
         if let Some(v) = flag(file, KEY_ADD_PREFIX)? {
             add_space_prefix = v;
         }
+        let remove_extra_whitespaces = flag(file, KEY_REMOVE_EXTRA_WS)?.unwrap_or(false);
+        let lowercase = flag(file, KEY_LOWERCASE)?.unwrap_or(true);
+        let strip_accents = flag(file, KEY_STRIP_ACCENTS)?.unwrap_or(lowercase);
+        let charsmap = if kind == VocabKind::Ugm {
+            charsmap_bytes(file)?
+        } else {
+            Vec::new()
+        };
 
         let scores: Vec<f32> = match file.get(KEY_SCORES) {
             // SentencePiece merges follow the scores: without them every merge would tie.
@@ -423,6 +574,11 @@ impl Vocab {
             }
         };
 
+        let type_attrs = if kind == VocabKind::Ugm {
+            attrs.clone()
+        } else {
+            Vec::new()
+        };
         let mut tokens = TokenTexts::with_capacity(n);
         let mut text_to_id = HashMap::with_capacity(n);
         for (i, t) in tokens_meta.iter().enumerate() {
@@ -448,13 +604,16 @@ impl Vocab {
         special.bos = in_range(special.bos);
         special.eos = in_range(special.eos);
         special.unk = in_range(special.unk);
+        special.sep = in_range(special.sep);
+        special.pad = in_range(special.pad);
+        special.mask = in_range(special.mask);
         let id_keys: [(&str, IdField); 17] = [
             (KEY_BOS, |s| &mut s.bos),
             (KEY_EOS, |s| &mut s.eos),
             ("tokenizer.ggml.eot_token_id", |s| &mut s.eot),
             ("tokenizer.ggml.eom_token_id", |s| &mut s.eom),
-            ("tokenizer.ggml.unknown_token_id", |s| &mut s.unk),
-            ("tokenizer.ggml.seperator_token_id", |s| &mut s.sep),
+            (KEY_UNK, |s| &mut s.unk),
+            (KEY_SEP, |s| &mut s.sep),
             ("tokenizer.ggml.padding_token_id", |s| &mut s.pad),
             ("tokenizer.ggml.mask_token_id", |s| &mut s.mask),
             ("tokenizer.ggml.fim_pre_token_id", |s| &mut s.fim_pre),
@@ -480,6 +639,21 @@ impl Vocab {
         }
         if let Some(v) = flag(file, KEY_ADD_EOS)? {
             add_eos = v;
+        }
+        if let Some(v) = flag(file, KEY_ADD_SEP)? {
+            add_sep = v;
+        }
+        // llama.cpp's WordPiece tokenization adds BOS ([CLS]) and the separator ([SEP])
+        // whenever special tokens are added, whatever `add_bos_token` says.
+        if kind == VocabKind::Wpm {
+            add_bos = true;
+            add_eos = false;
+            if special.sep.is_none() {
+                return Err(TokenizerError::MissingSpecialToken {
+                    flag: KEY_ADD_SEP,
+                    id_key: KEY_SEP,
+                });
+            }
         }
         if add_bos && special.bos.is_none() {
             return Err(TokenizerError::MissingSpecialToken {
@@ -582,24 +756,7 @@ impl Vocab {
             .collect();
         special_cache.sort_by_key(|&i| std::cmp::Reverse(tokens[i as usize].len()));
 
-        // Per-model attributes llama.cpp sets by name; of those it knows, only Phi-3's apply
-        // to the tokenizer families implemented here.
-        let name = string(file, "general.name")?.unwrap_or("").to_lowercase();
-        if name.contains("phi-3") || name.contains("phi3") {
-            for &i in &special_cache {
-                attrs[i as usize].set(TokenAttr::RSTRIP, true);
-            }
-            for (t, on) in [
-                ("</s>", true),
-                ("<unk>", false),
-                ("<s>", false),
-                ("<|endoftext|>", false),
-            ] {
-                if let Some(&i) = text_to_id.get(t) {
-                    attrs[i as usize].set(TokenAttr::RSTRIP, on);
-                }
-            }
-        }
+        named_model_attrs(file, &text_to_id, &special_cache, &mut attrs)?;
 
         Ok(Vocab {
             kind,
@@ -617,6 +774,12 @@ impl Vocab {
             eog: eog.into_iter().collect(),
             special_cache,
             merges,
+            add_sep,
+            remove_extra_whitespaces,
+            lowercase,
+            strip_accents,
+            charsmap,
+            type_attrs,
         })
     }
 

@@ -280,3 +280,53 @@ fn other_pre_tokenizers_match_llama_cpp_on_random_inputs() {
     }
     assert_eq!(n, 8);
 }
+
+/// The encoder vocabularies, `bert` (WordPiece) and `t5` (Unigram, an XLM-RoBERTa
+/// vocabulary with its precompiled character map), against llama.cpp's tokenizations of
+/// random texts and invalid UTF-8 (tests/data/llamacpp_encoder_vectors.json, made with the
+/// anchor's llama.cpp on the tiny encoder GGUFs under crates/models/tests/data/encoders).
+/// `FRINK_ENCODER_VECTORS`, `FRINK_ENCODER_BERT_GGUF` and `FRINK_ENCODER_XLMR_GGUF` replace
+/// the vectors and the models (e.g. with llama.cpp's models/ggml-vocab-bert-bge.gguf and
+/// ggml-vocab-nomic-bert-moe.gguf and vectors made from them). Skipped, saying so, where a
+/// file is missing, except under `CI=true`.
+#[test]
+fn encoder_vocabularies_match_llama_cpp() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+    let path_of = |var: &str, default: std::path::PathBuf| {
+        std::env::var_os(var).map_or(default, std::path::PathBuf::from)
+    };
+    let vectors_path = path_of(
+        "FRINK_ENCODER_VECTORS",
+        root.join("tests/data/llamacpp_encoder_vectors.json"),
+    );
+    if !vectors_path.exists() {
+        assert!(!ci, "{} is missing", vectors_path.display());
+        eprintln!("SKIPPED: no {}", vectors_path.display());
+        return;
+    }
+    let v = read_json(&vectors_path);
+    let models = root.join("../models/tests/data/encoders");
+    for (name, var, kind) in [
+        (
+            "bert",
+            "FRINK_ENCODER_BERT_GGUF",
+            frink_tokenizer::VocabKind::Wpm,
+        ),
+        (
+            "xlmr",
+            "FRINK_ENCODER_XLMR_GGUF",
+            frink_tokenizer::VocabKind::Ugm,
+        ),
+    ] {
+        let path = path_of(var, models.join(name).join("model.gguf"));
+        if !path.exists() {
+            assert!(!ci, "{} is missing", path.display());
+            eprintln!("SKIPPED: no {}", path.display());
+            continue;
+        }
+        let tok = Tokenizer::from_path(&path).unwrap();
+        assert_eq!(tok.kind(), kind, "{name}");
+        check(name, &tok, &v["models"][name]);
+    }
+}

@@ -97,6 +97,9 @@ fn lossless(tok: &Tokenizer, covered: &[bool; 256], s: &str, ids: &[u32]) -> boo
         // Gemma 4: llama.cpp's space clean-up is always on (and `▁` decodes as a space);
         // its round trip is checked where neither applies (llamacpp_vectors.rs).
         VocabKind::Gemma4 => false,
+        // Encoders lower-case, drop characters and clean spaces (WordPiece) or normalize
+        // (Unigram): not lossless; checked against llama.cpp in llamacpp_vectors.rs.
+        VocabKind::Wpm | VocabKind::Ugm => false,
         VocabKind::Spm => {
             let cut = ids.iter().any(|&t| {
                 tok.token_attr(t)
