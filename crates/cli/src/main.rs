@@ -33,6 +33,7 @@ mod interrupt;
 mod logits;
 mod perplexity;
 mod plan;
+mod rerank;
 mod run;
 mod serve;
 mod tokenize;
@@ -67,6 +68,8 @@ enum Command {
     Perplexity(perplexity::PerplexityArgs),
     /// Print the embedding of each text (pooled hidden states, normalised).
     Embed(embed::EmbedArgs),
+    /// Rank documents by relevance to a query with a reranker (a cross-encoder).
+    Rerank(rerank::RerankArgs),
     /// Print the token ids of a text, as llama.cpp's tokenizer gives them.
     Tokenize(tokenize::TokenizeArgs),
     /// Print the text of token ids (special tokens rendered).
@@ -258,6 +261,7 @@ fn run(cli: Cli) -> Result<()> {
     let store = Store::from_env()?;
     match cli.command {
         Command::Embed(args) => embed::run(&args),
+        Command::Rerank(args) => rerank::run(&args),
         Command::Tokenize(args) => tokenize::tokenize(&args),
         Command::Detokenize(args) => tokenize::detokenize(&args),
         Command::Inspect {

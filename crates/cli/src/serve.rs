@@ -88,6 +88,10 @@ pub struct ServeArgs {
     /// `pooling_type`, else mean).
     #[arg(long, value_parser = crate::embed::parse_pooling)]
     pub pooling: Option<frink_models::Pooling>,
+    /// Encoder models (BERT family): tokens evaluated in one pass at most, over all the
+    /// inputs waiting (llama.cpp's `--ubatch-size`; an input longer than this goes alone).
+    #[arg(long = "ubatch", default_value_t = frink_engine::embed::ENCODER_BATCH as u32, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub ubatch: u32,
     /// Models with recurrent layers (Mamba, LFM2, hybrids): checkpoints of each slot's
     /// state kept for prefix reuse (llama-server's flag; 0: a slot's state is reused only
     /// whole).
@@ -249,6 +253,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         chat_template_kwargs,
         split_reasoning: args.reasoning_format == "auto",
         pooling: args.pooling,
+        ubatch: args.ubatch as usize,
         model_path: path.clone(),
         max_models: args.max_models,
         max_memory: args.max_memory.map(|b| b as u64),

@@ -3,7 +3,7 @@
 //! (`llama_context` pooling in src/llama-graph.cpp `build_pooling`; `common_embd_normalize`
 //! in common/common.cpp).
 
-use frink_models::{Logits, ModelError, Pooling};
+use frink_models::{EncoderInput, KvType, Logits, Model, ModelError, Pooling};
 
 use crate::Session;
 
@@ -116,6 +116,88 @@ pub fn normalize(v: &mut [f32], embd_norm: i32) {
 /// give per-token vectors, which no embedding endpoint returns).
 pub fn pooling(requested: Option<Pooling>, file: Option<Pooling>) -> Pooling {
     requested.or(file).unwrap_or(Pooling::Mean)
+}
+
+/// What one input of an encoder pass gives: its rows pooled as `pooling` says (mean, the
+/// first row for `cls`, the last for `last`), or for `rank` the classifier head's scores
+/// on its first row (a reranker's relevance is the first value; llama.cpp
+/// `build_pooling`, `LLAMA_POOLING_TYPE_RANK` of a non-causal model). `rows` are the
+/// input's hidden states (`n × n_embd`).
+///
+/// Errors: [`EmbedError::Pooling`] for `none`; [`EmbedError::Empty`] without rows;
+/// [`EmbedError::Model`] for `rank` on a model without a classifier head.
+pub fn pool_rows(model: &Model, rows: &[f32], pooling: Pooling) -> Result<Vec<f32>, EmbedError> {
+    let d = model.config.n_embd;
+    if rows.len() < d {
+        return Err(EmbedError::Empty);
+    }
+    if pooling == Pooling::Rank {
+        return Ok(model.classify(&rows[..d], 1)?);
+    }
+    let mut p = Pooler::new(pooling, d)?;
+    p.push(rows);
+    p.finish()
+}
+
+/// Whether `model`'s embeddings may be shortened to their first values (Matryoshka
+/// representation learning; OpenAI's and Ollama's `dimensions`): the models trained for
+/// it, by `general.name` (no GGUF key says so): nomic-embed-text v1.5.
+pub fn matryoshka(model: &Model) -> bool {
+    const TRAINED: &[&str] = &["nomic-embed-text-v1.5"];
+    let name = model
+        .file
+        .get("general.name")
+        .and_then(|v| v.as_str())
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    TRAINED.iter().any(|t| name.contains(t))
+}
+
+/// The most tokens one encoder pass evaluates by default (several inputs together; an
+/// input longer than this goes alone): llama.cpp's default `n_batch` for embeddings.
+pub const ENCODER_BATCH: usize = 2048;
+
+/// [`pool_rows`] of many whole inputs (tokens and token types, empty for all 0),
+/// evaluated in passes of at most `batch` tokens each ([`Model::encode_batch`]; an input
+/// longer than `batch` is a pass of its own), in order. A vector does not depend on how
+/// the inputs are grouped. `kv_type` holds each pass's keys and values.
+///
+/// Errors: [`EmbedError`]; the first input that fails fails the call.
+pub fn encode_all(
+    model: &Model,
+    inputs: &[(Vec<u32>, Vec<u32>)],
+    pooling: Pooling,
+    batch: usize,
+    kv_type: KvType,
+) -> Result<Vec<Vec<f32>>, EmbedError> {
+    if pooling == Pooling::None {
+        return Err(EmbedError::Pooling(pooling));
+    }
+    let mut out = Vec::with_capacity(inputs.len());
+    let mut start = 0;
+    while start < inputs.len() {
+        let mut end = start + 1;
+        let mut tokens = inputs[start].0.len();
+        while end < inputs.len() && tokens + inputs[end].0.len() <= batch {
+            tokens += inputs[end].0.len();
+            end += 1;
+        }
+        let pass: Vec<EncoderInput> = inputs[start..end]
+            .iter()
+            .map(|(t, ty)| EncoderInput {
+                tokens: t,
+                token_types: ty,
+            })
+            .collect();
+        if pass.iter().any(|i| i.tokens.is_empty()) {
+            return Err(EmbedError::Empty);
+        }
+        for rows in model.encode_batch(&pass, kv_type)? {
+            out.push(pool_rows(model, &rows, pooling)?);
+        }
+        start = end;
+    }
+    Ok(out)
 }
 
 impl Session<'_> {

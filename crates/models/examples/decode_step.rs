@@ -61,6 +61,7 @@ fn main() {
                     lora: None,
                     embd: &[],
                     rope_shift: 0,
+                    token_types: &[],
                 })
                 .collect();
             let t = Instant::now();

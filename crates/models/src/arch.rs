@@ -26,6 +26,10 @@ pub enum Activation {
     /// `g = min(gate, 7)` (llama.cpp `ggml_swiglu_oai(gate, up, 1.702, 7)`; transformers
     /// `GptOssExperts`).
     SwigluOai,
+    /// GELU, exact (`0.5 · x · (1 + erf(x / √2))`): transformers `gelu` (BERT's
+    /// `hidden_act`). llama.cpp's bert.cpp uses its tanh approximation (`LLM_FFN_GELU`);
+    /// the reference here is transformers.
+    GeluErf,
 }
 
 /// Which layers use sliding-window attention.
@@ -154,6 +158,10 @@ pub enum NormPlacement {
     Sandwich,
     /// Only after attention and after the FFN, before the residual adds (olmo2).
     PostOnly,
+    /// After each residual add (BERT's post-LN): `x = norm(x + attn(x))` with
+    /// `attn_output_norm`, then `x = norm(x + ffn(x))` with `layer_output_norm` (llama.cpp
+    /// bert.cpp; transformers `BertSelfOutput`, `BertOutput`).
+    PostResidual,
 }
 
 /// Per-head or whole-vector RMSNorm of Q and K before RoPE (`attn_q_norm`, `attn_k_norm`).
@@ -193,6 +201,11 @@ pub enum Position {
     Alibi,
     /// None (state-space models: order comes from the recurrence).
     None,
+    /// Learned absolute positions: row `p` of `position_embd` is added to the embedding
+    /// of the token at position `p`, and attention sees no positions (BERT; llama.cpp
+    /// bert.cpp `ggml_get_rows(pos_embd, inp_pos)`; transformers `BertEmbeddings`). The
+    /// table's rows (`context_length`) bound the input.
+    Learned,
 }
 
 /// Mixture-of-experts routing of an architecture (llama.cpp `build_moe_ffn` arguments in
@@ -299,8 +312,9 @@ pub struct ArchSpec {
     pub mixer: MixerKind,
     /// The tensor of the norm after the last layer: `output_norm`, or LFM2's
     /// `token_embd_norm` (its `embedding_norm`, applied at the end: llama.cpp
-    /// `src/llama-model.cpp` loads it as `output_norm`).
-    pub output_norm_name: &'static str,
+    /// `src/llama-model.cpp` loads it as `output_norm`); `None` where there is none (BERT,
+    /// whose layers end in a norm).
+    pub output_norm_name: Option<&'static str>,
     /// The layers have a feed-forward block (Mamba's have none).
     pub has_ffn: bool,
     /// A norm right after the embedding lookup, `token_embd_norm` (bloom).
@@ -333,6 +347,13 @@ pub struct ArchSpec {
     /// between a position's time, height and width components ([`crate::Sequence::rope_shift`],
     /// [`crate::EmbdRows::grid`]); elsewhere the key is refused.
     pub mrope: bool,
+    /// An encoder (BERT family): attention sees the whole input both ways, so an input is
+    /// evaluated in one call from an empty state; no LM head, the output is each row's
+    /// hidden state (pooled into an embedding, or scored by the classifier head `cls`,
+    /// `cls.output`); token-type rows (`token_types`) are added to the embeddings. The
+    /// file's `{arch}.attention.causal` must say false where present (llama.cpp
+    /// `build_attn_inp_no_cache`; transformers `BertModel`).
+    pub encoder: bool,
 }
 
 /// The defaults every row starts from: a llama-style decoder.
@@ -354,7 +375,7 @@ const BASE: ArchSpec = ArchSpec {
     rope_freqs: RopeFreqs::Refused,
     mla: false,
     mixer: MixerKind::Attention,
-    output_norm_name: "output_norm",
+    output_norm_name: Some("output_norm"),
     has_ffn: true,
     embd_norm: false,
     rope_if_finetuned: false,
@@ -365,6 +386,7 @@ const BASE: ArchSpec = ArchSpec {
     kv_sharing: false,
     ple: false,
     mrope: false,
+    encoder: false,
 };
 
 /// The supported architectures. Sources per row: llama.cpp `src/models/<name>.cpp` and
@@ -568,7 +590,7 @@ pub const ARCHS: &[ArchSpec] = &[
         name: "lfm2",
         qk_norm: QkNorm::PerHead,
         mixer: MixerKind::Hybrid(Recurrent::ShortConv, HybridLayers::ZeroKvHeads),
-        output_norm_name: "token_embd_norm",
+        output_norm_name: Some("token_embd_norm"),
         ..BASE
     },
     // falcon-h1.cpp; FalconH1ForCausalLM: attention and Mamba-2 side by side on one
@@ -655,6 +677,37 @@ pub const ARCHS: &[ArchSpec] = &[
         swa_geometry: true,
         kv_sharing: true,
         ple: true,
+        ..BASE
+    },
+    // bert.cpp; BertModel, XLMRobertaModel (converted as `bert`, its position table cut
+    // past the padding offset), BertForSequenceClassification /
+    // XLMRobertaForSequenceClassification (the `cls` head, rank pooling): learned positions
+    // and token types, LayerNorm after the embeddings and after each residual add,
+    // biased projections, a plain GELU (erf) FFN, bidirectional attention, no output norm.
+    ArchSpec {
+        name: "bert",
+        position: Position::Learned,
+        norm: Norm::Layer,
+        norm_placement: NormPlacement::PostResidual,
+        ffn: Ffn::Plain,
+        activation: Activation::GeluErf,
+        embd_norm: true,
+        output_norm_name: None,
+        encoder: true,
+        ..BASE
+    },
+    // nomic-bert.cpp with bert.cpp's graph; nomic-embed-text v1/v1.5 (NomicBertModel,
+    // the authors' remote code): BERT's post-residual LayerNorms and token types, rotary
+    // positions (NEOX pairs, `rope.freq_base`) instead of a position table, fused or
+    // separate unbiased Q/K/V, a SwiGLU FFN.
+    ArchSpec {
+        name: "nomic-bert",
+        position: Position::Rope(RopeLayout::Neox),
+        norm: Norm::Layer,
+        norm_placement: NormPlacement::PostResidual,
+        embd_norm: true,
+        output_norm_name: None,
+        encoder: true,
         ..BASE
     },
 ];

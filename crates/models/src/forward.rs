@@ -238,6 +238,7 @@ impl Model {
             lora: None,
             embd: &[],
             rope_shift: 0,
+            token_types: &[],
         }];
         Ok(self.forward_batch(&mut seqs)?.pop().unwrap_or_default())
     }
@@ -332,12 +333,49 @@ impl Model {
                 });
             }
             self.check_embd(s)?;
+            self.check_encoder_input(s)?;
             if s.state.is_pooled() && !have_pool {
                 return Err(ModelError::KvBlocks {
                     needed: s.state.n_past + s.tokens.len(),
                     held: 0,
                 });
             }
+        }
+        Ok(())
+    }
+
+    /// An encoder's input ([`crate::arch::ArchSpec::encoder`]): whole, from an empty state
+    /// (its rows see each other both ways), hidden states asked for, token types one per
+    /// token where given; elsewhere no token types.
+    fn check_encoder_input(&self, s: &Sequence<'_>) -> Result<()> {
+        if !s.token_types.is_empty() && s.token_types.len() != s.tokens.len() {
+            return Err(ModelError::Unsupported(format!(
+                "{} token types for {} tokens",
+                s.token_types.len(),
+                s.tokens.len()
+            )));
+        }
+        if !self.config.plan.encoder {
+            return match s.token_types.iter().any(|&t| t != 0) {
+                true => Err(ModelError::Unsupported(format!(
+                    "token types on a {} model",
+                    self.config.arch.name
+                ))),
+                false => Ok(()),
+            };
+        }
+        if s.state.n_past != 0 && !s.tokens.is_empty() {
+            return Err(ModelError::Unsupported(format!(
+                "an encoder ({}) evaluates its whole input in one call from an empty state \
+                 ({} positions already held)",
+                self.config.arch.name, s.state.n_past
+            )));
+        }
+        if !matches!(s.logits, Logits::Hidden | Logits::None) {
+            return Err(ModelError::Unsupported(format!(
+                "an encoder ({}) gives hidden states, not logits",
+                self.config.arch.name
+            )));
         }
         Ok(())
     }
@@ -401,7 +439,8 @@ impl Model {
     }
 
     /// `inp_embd`: the tokens' embedding rows (+ the adapters' deltas; × sqrt(n_embd) for
-    /// gemma, × embedding_scale for granite), then bloom's `token_embd_norm`.
+    /// gemma, × embedding_scale for granite; + an encoder's position and token-type rows),
+    /// then bloom's and BERT's `token_embd_norm`.
     /// `[tokens.len()][n_embd]`.
     fn embed_rows(
         &self,
@@ -419,6 +458,17 @@ impl Model {
         self.lora_embed(tokens, lora, &mut x)?;
         if c.embed_scale != 1.0 {
             x.iter_mut().for_each(|v| *v *= c.embed_scale);
+        }
+        // An encoder's position and token-type rows, before its embedding norm.
+        if let Some(e) = &w.encoder {
+            let types: Vec<u32> = seqs
+                .iter()
+                .flat_map(|s| match s.token_types.is_empty() {
+                    true => vec![0; s.tokens.len()],
+                    false => s.token_types.to_vec(),
+                })
+                .collect();
+            self.add_encoder_rows(e, pos, &types, &mut x)?;
         }
         if let Some(nw) = &w.token_embd_norm {
             self.norm(&mut x, nw);
@@ -480,7 +530,8 @@ impl Model {
             at.lora,
             pool,
         )?;
-        if let Some(nw) = &lw.post_attn_norm {
+        let after_residual = lp.norms.after_residual;
+        if let Some(nw) = lw.post_attn_norm.as_ref().filter(|_| !after_residual) {
             self.norm(&mut b.mixed, nw);
         }
         if c.residual_scale != 1.0 {
@@ -495,6 +546,10 @@ impl Model {
         } else {
             // ffn_inp = residual + token mixer
             x.iter_mut().zip(&b.mixed).for_each(|(a, m)| *a += m);
+            // BERT: its norm after the add.
+            if let Some(nw) = lw.post_attn_norm.as_ref().filter(|_| after_residual) {
+                self.norm(x, nw);
+            }
         }
         if lp.residual == Residual::Sequential && lp.channel != Channel::None {
             self.tap("ffn_inp", Some(il), pos, x);
@@ -514,7 +569,7 @@ impl Model {
                 &mut b.cur,
                 at.lora,
             )?;
-            if let Some(nw) = &lw.post_ffn_norm {
+            if let Some(nw) = lw.post_ffn_norm.as_ref().filter(|_| !after_residual) {
                 self.norm(&mut b.cur, nw);
             }
             if c.residual_scale != 1.0 {
@@ -523,6 +578,9 @@ impl Model {
             self.tap("ffn_out", Some(il), pos, &b.cur);
             // l_out
             x.iter_mut().zip(&b.cur).for_each(|(a, f)| *a += f);
+            if let Some(nw) = lw.post_ffn_norm.as_ref().filter(|_| after_residual) {
+                self.norm(x, nw);
+            }
         }
         // Gemma 4: the per-layer embedding block, then the layer's output scale.
         if let (Some(p), Some(inputs)) = (&lw.ple, at.ple_inputs) {
@@ -552,7 +610,9 @@ impl Model {
         for (si, s) in seqs.iter().enumerate() {
             if s.logits == Logits::Hidden {
                 let mut h = x[starts[si] * d..starts[si + 1] * d].to_vec();
-                self.norm(&mut h, &w.output_norm);
+                if let Some(nw) = &w.output_norm {
+                    self.norm(&mut h, nw);
+                }
                 hidden[si] = Some(h);
             }
         }
@@ -592,7 +652,9 @@ impl Model {
         // buffer per decode step cost 13% of an 8-sequence step in page faults).
         let mut logits_of = |out: &mut [f32]| -> Result<()> {
             if n_rows > 0 {
-                self.norm(&mut wanted_rows, &w.output_norm);
+                if let Some(nw) = &w.output_norm {
+                    self.norm(&mut wanted_rows, nw);
+                }
                 self.tap("result_norm", None, &wanted_pos, &wanted_rows);
                 matmul(&w.output, self.weight(&w.output), &wanted_rows, n_rows, out)?;
                 self.lora_add(&w.output, &wanted_rows, &lora_head, out)?;
@@ -687,6 +749,9 @@ pub struct Sequence<'a> {
     /// their [`crate::rope::ImageGrid::shift`]s; the caller keeps it, as transformers keeps
     /// `rope_deltas`). 0 for text alone and for every other model.
     pub rope_shift: usize,
+    /// Each token's type (segment) for an encoder with a token-type table: 0 for the first
+    /// text of a pair, 1 for the second (transformers `token_type_ids`); empty: all 0.
+    pub token_types: &'a [u32],
 }
 
 /// Rows of a sequence's input given as embeddings, not token ids (an image's rows from a

@@ -6,6 +6,7 @@
 //! same whether it is computed in a prefill chunk or as a single decode step.
 
 mod attn;
+pub(crate) mod gemm;
 mod math;
 
 pub use attn::{
@@ -284,6 +285,11 @@ pub enum WeightData<'a> {
     Stored(&'a [u8]),
     /// The packed copy.
     Packed(&'a frink_quant::dot::pack::Packed),
+    /// Float weights (F32, F16, BF16) `rows × row_bytes` as stored, multiplied by the
+    /// blocked product of [`gemm::gemm_nt`] (each element's products summed in order):
+    /// an encoder's, whose inputs are always evaluated whole, so its elements need not
+    /// have a decoder row's dot bits; they are the same whatever the batch.
+    Gemm(&'a [u8]),
 }
 
 /// One projection of [`matmul_many`]: `out = x · Wᵀ` for the matrix `w` whose weights
@@ -454,7 +460,7 @@ fn matmul_tasks(projs: &[Projection<'_>], n: usize) -> Vec<(usize, usize, usize)
         // of eight.
         let unit = match p.data {
             WeightData::Packed(_) => frink_quant::dot::pack::GROUP,
-            WeightData::Stored(_) => 2,
+            WeightData::Stored(_) | WeightData::Gemm(_) => 2,
         };
         let mut j0 = 0;
         while j0 < rows {
@@ -487,7 +493,7 @@ fn matmul_inputs<'a>(projs: &mut [Projection<'a>], xs: &[&[f32]], n: usize) -> R
         }
         assert_eq!(p.out.len(), n * p.w.rows, "matmul output shape");
         match p.data {
-            WeightData::Stored(d) => {
+            WeightData::Stored(d) | WeightData::Gemm(d) => {
                 assert_eq!(d.len(), p.w.rows * p.w.row_bytes, "matmul weight bytes")
             }
             WeightData::Packed(pk) => assert_eq!(
@@ -499,6 +505,9 @@ fn matmul_inputs<'a>(projs: &mut [Projection<'a>], xs: &[&[f32]], n: usize) -> R
     }
     if n == 0 {
         return Ok(());
+    }
+    if projs.iter().any(|p| matches!(p.data, WeightData::Gemm(_))) {
+        return matmul_gemm_first(projs, xs, n);
     }
     let (acts, preps, kernels) = quantize_inputs(projs, xs, n)?;
     let tasks = matmul_tasks(projs, n);
@@ -513,7 +522,7 @@ fn matmul_inputs<'a>(projs: &mut [Projection<'a>], xs: &[&[f32]], n: usize) -> R
         let (w, data) = mats[pi];
         let (rows, rb) = (w.rows, w.row_bytes);
         let data = match data {
-            WeightData::Stored(d) => d,
+            WeightData::Stored(d) | WeightData::Gemm(d) => d,
             WeightData::Packed(pk) => {
                 let (slot, g) = (
                     kernels[pi].map_or(0, |k| k.1),
@@ -605,6 +614,49 @@ fn matmul_inputs<'a>(projs: &mut [Projection<'a>], xs: &[&[f32]], n: usize) -> R
     Ok(())
 }
 
+/// [`matmul_inputs`] of a call with [`WeightData::Gemm`] projections: those by
+/// [`gemm::gemm_nt`] (the weights widened to f32 once, or read in place when they are
+/// f32), the others as usual.
+///
+/// Errors: as [`matmul_many`].
+fn matmul_gemm_first(projs: &mut [Projection<'_>], xs: &[&[f32]], n: usize) -> Result<()> {
+    let input = |pi: usize| if xs.len() == 1 { xs[0] } else { xs[pi] };
+    let mut rest = Vec::new();
+    let mut rest_xs = Vec::new();
+    let mut widened = Vec::new();
+    for (pi, p) in projs.iter_mut().enumerate() {
+        let WeightData::Gemm(bytes) = p.data else {
+            rest_xs.push(input(pi));
+            rest.push(Projection {
+                w: p.w,
+                data: p.data,
+                out: &mut *p.out,
+            });
+            continue;
+        };
+        let (rows, cols) = (p.w.rows, p.w.cols);
+        let wf = match f32_in_place(p.w.ty, bytes) {
+            Some(wf) => wf,
+            None => {
+                widened.resize(rows * cols, 0.0);
+                for (r, out) in bytes
+                    .chunks_exact(p.w.row_bytes)
+                    .zip(widened.chunks_exact_mut(cols))
+                {
+                    frink_quant::dequantize(p.w.ty, r, out)?;
+                }
+                &widened[..]
+            }
+        };
+        gemm::gemm_nt(input(pi), wf, n, rows, cols, p.out);
+    }
+    match rest.is_empty() {
+        true => Ok(()),
+        false if xs.len() == 1 => matmul_inputs(&mut rest, xs, n),
+        false => matmul_inputs(&mut rest, &rest_xs, n),
+    }
+}
+
 /// Weight rows widened at a time by [`matmul_many`]'s float path (F16, BF16, IQ*): 16 rows
 /// of a 4096-wide matrix take 256 KiB of scratch, which stays in cache while every input
 /// row is read against them. Not tuned beyond that: an F16 SigLIP of SmolVLM-256M's
@@ -677,7 +729,7 @@ thread_local! {
 /// brought 237 MB of it back into resident memory through the kernel's fault-around).
 pub fn matrix_row(w: &Matrix, wdata: WeightData<'_>, r: usize, out: &mut [f32]) -> Result<()> {
     match wdata {
-        WeightData::Stored(d) => {
+        WeightData::Stored(d) | WeightData::Gemm(d) => {
             frink_quant::dequantize(w.ty, &d[r * w.row_bytes..(r + 1) * w.row_bytes], out)?
         }
         WeightData::Packed(p) => {
@@ -858,6 +910,13 @@ pub fn gelu_tanh(x: f32) -> f32 {
     x / (1.0 + (-2.0 * u).exp())
 }
 
+/// GELU with the error function, `0.5 · x · (1 + erf(x / √2))` (PyTorch `nn.GELU()`:
+/// transformers' `gelu`, BERT's FFN and Qwen2.5-VL's merger).
+#[inline]
+pub fn gelu_erf(x: f32) -> f32 {
+    0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2))
+}
+
 /// Softmax of `x` in place ([`softmax_with_sink`] without a sink).
 pub fn softmax(x: &mut [f32]) {
     softmax_with_sink(x, None)
@@ -1006,6 +1065,13 @@ mod tests {
 
     /// GELU agrees with the f64 tanh formula to f32 rounding (measured 5.1e-7; a wrong
     /// sign or factor gives > 1e-1), and has the right limits.
+    #[test]
+    fn gelu_erf_matches_known_values() {
+        // torch.nn.functional.gelu(torch.tensor([1.0, -2.0])) = [0.8413447, -0.0455003]
+        assert!((gelu_erf(1.0) - 0.841_344_7).abs() < 1e-6);
+        assert!((gelu_erf(-2.0) + 0.045_500_3).abs() < 1e-6);
+    }
+
     #[test]
     fn gelu_matches_the_tanh_formula() {
         let reference = |x: f64| {

@@ -23,6 +23,7 @@ pub mod tune;
 pub mod vision;
 
 pub use blocks::attention::{AttentionWeights, QkvWeights};
+pub use blocks::encoder::EncoderInput;
 pub use blocks::ffn::DenseFfn;
 pub use blocks::mla::MlaWeights;
 pub use blocks::moe::{route, MoeFfn};

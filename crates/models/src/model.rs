@@ -93,7 +93,8 @@ pub struct Weights {
     pub token_embd: Matrix,
     /// LayerNorm right after the embedding lookup (bloom's `token_embd_norm`).
     pub token_embd_norm: Option<NormWeights>,
-    pub output_norm: NormWeights,
+    /// The norm after the last layer (none for BERT).
+    pub output_norm: Option<NormWeights>,
     /// The LM head: `output.weight`, or `token_embd.weight` when the model ties them.
     pub output: Matrix,
     /// `rope_freqs.weight` (`n_rot / 2` values): per-pair RoPE frequency divisors of every
@@ -102,6 +103,9 @@ pub struct Weights {
     pub rope_freqs: Option<Vec<f32>>,
     /// Gemma 4's per-layer embedding tables ([`crate::blocks::ple`]).
     pub ple: Option<crate::blocks::ple::PleWeights>,
+    /// An encoder's position and token-type rows and classifier head
+    /// ([`crate::blocks::encoder`]).
+    pub encoder: Option<crate::blocks::encoder::EncoderWeights>,
     pub layers: Vec<LayerWeights>,
 }
 
@@ -259,6 +263,12 @@ impl std::fmt::Debug for Model {
     }
 }
 
+/// Whether `ty` stores plain floats (what [`crate::kernels::WeightData::Gemm`] multiplies).
+fn is_float(ty: frink_gguf::GgmlType) -> bool {
+    use frink_gguf::GgmlType;
+    matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+}
+
 /// Loads layer `il`'s token-mixer weights as `mixer` plans them.
 fn load_mixer(
     l: &mut Loader<'_>,
@@ -322,10 +332,27 @@ impl Model {
             true => Some(l.norm("token_embd_norm", c.n_embd)?),
             false => None,
         };
-        let output_norm = l.norm(c.plan.output_norm, c.n_embd)?;
-        let output = l
-            .matrix_opt("output.weight", c.n_vocab, c.n_embd)?
-            .unwrap_or(token_embd);
+        let output_norm = match c.plan.output_norm {
+            Some(name) => Some(l.norm(name, c.n_embd)?),
+            None => None,
+        };
+        // An encoder has no LM head: `output` stays the embedding table, never multiplied.
+        let output = match c.plan.encoder {
+            true => token_embd,
+            false => l
+                .matrix_opt("output.weight", c.n_vocab, c.n_embd)?
+                .unwrap_or(token_embd),
+        };
+        let encoder = match c.plan.encoder {
+            true => Some(crate::blocks::encoder::EncoderWeights::load(
+                &mut l,
+                a.position == crate::arch::Position::Learned,
+                c.n_ctx_train,
+                c.n_token_types,
+                c.n_embd,
+            )?),
+            false => None,
+        };
         // Read only by the architectures whose llama.cpp graph applies it; elsewhere it
         // stays unread and the file is refused by the accounting below.
         let rope_freqs = l.vector_if(
@@ -356,6 +383,10 @@ impl Model {
                 Channel::None => FfnWeights::None,
             };
             let norms = lp.norms;
+            let (post_mixer, post_channel) = match norms.after_residual {
+                true => ("attn_output_norm.weight", "layer_output_norm.weight"),
+                false => ("post_attention_norm.weight", "post_ffw_norm.weight"),
+            };
             let mut norm_if = |on: bool, weight: &str| match on {
                 true => l.norm_tensor(&n(weight), c.n_embd).map(Some),
                 false => Ok(None),
@@ -363,13 +394,13 @@ impl Model {
             layers.push(LayerWeights {
                 attn_norm: norm_if(norms.pre_mixer, "attn_norm.weight")?,
                 mixer,
-                post_attn_norm: norm_if(norms.post_mixer, "post_attention_norm.weight")?,
+                post_attn_norm: norm_if(norms.post_mixer, post_mixer)?,
                 ffn_norm: match norms.pre_channel {
                     Some(weight) => norm_if(true, weight)?,
                     None => None,
                 },
                 ffn,
-                post_ffn_norm: norm_if(norms.post_channel, "post_ffw_norm.weight")?,
+                post_ffn_norm: norm_if(norms.post_channel, post_channel)?,
                 ple: match ple_dim {
                     0 => None,
                     p => Some(crate::blocks::ple::PleLayer::load(&mut l, il, c.n_embd, p)?),
@@ -389,13 +420,18 @@ impl Model {
         }
         // The embedding table is read by rows (and then only a few pages of it are ever
         // resident) unless it is the LM head as well.
-        // So is Gemma 4's per-layer token table, always.
-        let ple_table = ple.as_ref().map(|p| p.token_embd);
+        // So are Gemma 4's per-layer token table and an encoder's position and token-type
+        // tables, always.
+        let mut by_rows: Vec<Matrix> = ple.iter().map(|p| p.token_embd).collect();
+        if let Some(e) = &encoder {
+            by_rows.extend(e.position_embd.iter().chain(&e.token_types).copied());
+        }
+        let head = output == token_embd && !c.plan.encoder;
         let matmul_weights = l
             .matrices
             .iter()
-            .filter(|m| **m != token_embd || output == token_embd)
-            .filter(|m| Some(**m) != ple_table)
+            .filter(|m| **m != token_embd || head)
+            .filter(|m| !by_rows.contains(m))
             .copied()
             .collect();
         let weights = Weights {
@@ -405,6 +441,7 @@ impl Model {
             output,
             rope_freqs,
             ple,
+            encoder,
             layers,
         };
         let moe_stats = match &config.moe {
@@ -520,6 +557,8 @@ impl Model {
             .flatten();
         match packed {
             Some(p) => WeightData::Packed(p),
+            // An encoder's float matrices: the blocked product.
+            None if self.config.plan.encoder && is_float(m.ty) => WeightData::Gemm(self.data(m)),
             None => WeightData::Stored(self.data(m)),
         }
     }

@@ -23,8 +23,12 @@ pub struct Plan {
     pub norm: Norm,
     /// A norm right after the embedding lookup (bloom's `token_embd_norm`).
     pub embd_norm: bool,
-    /// The tensor of the norm before the LM head (`output_norm`, LFM2's `token_embd_norm`).
-    pub output_norm: &'static str,
+    /// The tensor of the norm before the LM head (`output_norm`, LFM2's `token_embd_norm`;
+    /// none for BERT).
+    pub output_norm: Option<&'static str>,
+    /// An encoder ([`crate::arch::ArchSpec::encoder`]): bidirectional attention over a
+    /// whole input, hidden states out, no LM head.
+    pub encoder: bool,
     /// Width of Gemma 4's per-layer embeddings added after every layer (0: none;
     /// [`crate::blocks::ple`]).
     pub per_layer_embeddings: usize,
@@ -186,6 +190,9 @@ pub struct Norms {
     pub pre_channel: Option<&'static str>,
     /// `post_ffw_norm`, on the channel mixer's output.
     pub post_channel: bool,
+    /// The post norms apply after the residual adds, to the stream itself, and are
+    /// `attn_output_norm` / `layer_output_norm` (BERT: [`NormPlacement::PostResidual`]).
+    pub after_residual: bool,
 }
 
 /// How a layer's two mixers reach the residual stream.
@@ -290,7 +297,7 @@ impl Plan {
                 let (pre, sandwich) = match arch.norm_placement {
                     NormPlacement::Pre => (true, false),
                     NormPlacement::Sandwich => (true, true),
-                    NormPlacement::PostOnly => (false, true),
+                    NormPlacement::PostOnly | NormPlacement::PostResidual => (false, true),
                 };
                 let parallel = arch.parallel_residual;
                 let has_channel = channel != Channel::None;
@@ -303,6 +310,7 @@ impl Plan {
                         pre_channel: (pre && !parallel && has_channel)
                             .then_some(arch.ffn_norm_name),
                         post_channel: sandwich && has_channel,
+                        after_residual: arch.norm_placement == NormPlacement::PostResidual,
                     },
                     residual: if parallel {
                         Residual::Parallel
@@ -317,6 +325,7 @@ impl Plan {
             norm: arch.norm,
             embd_norm: arch.embd_norm,
             output_norm: arch.output_norm_name,
+            encoder: arch.encoder,
             per_layer_embeddings: m.per_layer_embeddings,
             layers,
         }
@@ -361,6 +370,7 @@ impl std::fmt::Display for Mixer {
                     }
                     Position::Alibi => write!(f, ", ALiBi")?,
                     Position::None => write!(f, ", no positions")?,
+                    Position::Learned => write!(f, ", learned positions")?,
                 }
                 if a.chunk > 0 {
                     write!(f, ", chunks of {}", a.chunk)?;
@@ -420,14 +430,18 @@ impl std::fmt::Display for LayerPlan {
         if n.pre_mixer {
             norms.push("attn_norm before the mixer".to_string());
         }
-        if n.post_mixer {
+        if n.post_mixer && n.after_residual {
+            norms.push("attn_output_norm after its residual add".to_string());
+        } else if n.post_mixer {
             norms.push("post_attention_norm after it".to_string());
         }
         if let Some(name) = n.pre_channel {
             let stem = name.strip_suffix(".weight").unwrap_or(name);
             norms.push(format!("{stem} before the FFN"));
         }
-        if n.post_channel {
+        if n.post_channel && n.after_residual {
+            norms.push("layer_output_norm after the FFN's residual add".to_string());
+        } else if n.post_channel {
             norms.push("post_ffw_norm after it".to_string());
         }
         write!(f, "; norms {}", norms.join(", "))?;
@@ -443,7 +457,7 @@ impl std::fmt::Display for Plan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "{} ({} layers, {:?} norms{}{}, final {})",
+            "{} ({} layers, {:?} norms{}{}{}, final {})",
             self.arch,
             self.layers.len(),
             self.norm,
@@ -456,7 +470,12 @@ impl std::fmt::Display for Plan {
                 0 => String::new(),
                 w => format!(", per-layer embeddings of {w} after every layer"),
             },
-            self.output_norm
+            if self.encoder {
+                ", encoder (bidirectional, hidden states out)"
+            } else {
+                ""
+            },
+            self.output_norm.unwrap_or("none")
         )?;
         // Head sizes, where the attention layers differ in them (Gemma 4).
         let sizes = |l: &LayerPlan| match &l.mixer {

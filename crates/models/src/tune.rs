@@ -178,6 +178,7 @@ impl Model {
                         lora: None,
                         embd: &[],
                         rope_shift: 0,
+                        token_types: &[],
                     })
                     .collect();
                 let t = Instant::now();

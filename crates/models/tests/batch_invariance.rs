@@ -93,6 +93,7 @@ fn logits_do_not_depend_on_batch_chunks_or_threads() {
                     lora: None,
                     embd: &[],
                     rope_shift: 0,
+                    token_types: &[],
                 });
             }
             batch.push(Sequence {
@@ -106,6 +107,7 @@ fn logits_do_not_depend_on_batch_chunks_or_threads() {
                 lora: None,
                 embd: &[],
                 rope_shift: 0,
+                token_types: &[],
             });
         }
         let out = model.forward_batch(&mut batch).unwrap();
@@ -137,6 +139,7 @@ fn logits_do_not_depend_on_batch_chunks_or_threads() {
                 lora: None,
                 embd: &[],
                 rope_shift: 0,
+                token_types: &[],
             })
             .collect();
         let out = model.forward_batch(&mut batch).unwrap();
@@ -193,6 +196,7 @@ fn repacked_weights_give_the_same_logits() {
                     lora: None,
                     embd: &[],
                     rope_shift: 0,
+                    token_types: &[],
                 })
                 .collect();
             out.extend(model.forward_batch(&mut batch).unwrap().concat());

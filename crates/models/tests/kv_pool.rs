@@ -94,6 +94,7 @@ fn pooled_and_contiguous_caches_give_the_same_logits() {
                         lora: None,
                         embd: &[],
                         rope_shift: 0,
+                        token_types: &[],
                     },
                     Sequence {
                         state: &mut sb,
@@ -102,6 +103,7 @@ fn pooled_and_contiguous_caches_give_the_same_logits() {
                         lora: None,
                         embd: &[],
                         rope_shift: 0,
+                        token_types: &[],
                     },
                 ];
                 let out = model.forward_batch_in(Some(&mut pool), &mut seqs).unwrap();
@@ -127,6 +129,7 @@ fn pooled_and_contiguous_caches_give_the_same_logits() {
                     lora: None,
                     embd: &[],
                     rope_shift: 0,
+                    token_types: &[],
                 }];
                 let out = model.forward_batch_in(Some(&mut pool), &mut seqs).unwrap();
                 let nv = c.n_vocab;
@@ -145,6 +148,7 @@ fn pooled_and_contiguous_caches_give_the_same_logits() {
                     lora: None,
                     embd: &[],
                     rope_shift: 0,
+                    token_types: &[],
                 }];
                 let out = model.forward_batch_in(Some(&mut pool), &mut seqs).unwrap();
                 assert!(
@@ -180,6 +184,7 @@ fn a_pooled_sequence_without_blocks_is_refused_before_writing() {
         lora: None,
         embd: &[],
         rope_shift: 0,
+        token_types: &[],
     }];
     let err = model
         .forward_batch_in(Some(&mut pool), &mut seqs)

@@ -118,6 +118,7 @@ fn q8_0_cache_is_batch_invariant_and_changes_the_logits() {
                 lora: None,
                 embd: &[],
                 rope_shift: 0,
+                token_types: &[],
             })
             .collect();
         let out = model.forward_batch(&mut batch).unwrap();

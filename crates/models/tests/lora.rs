@@ -85,6 +85,7 @@ fn sequences_with_different_adapters_share_a_batch() {
                 lora: Some(set),
                 embd: &[],
                 rope_shift: 0,
+                token_types: &[],
             }];
             model.forward_batch(&mut seq).unwrap().pop().unwrap()
         })
@@ -176,6 +177,7 @@ fn in_one_batch(model: &Model, ids: &[u32], sets: &[&[(usize, f32)]]) -> Vec<Vec
             lora: Some(set),
             embd: &[],
             rope_shift: 0,
+            token_types: &[],
         })
         .collect();
     model.forward_batch(&mut batch).unwrap()

@@ -103,6 +103,7 @@ fn pooled(model: &Model, kv: KvType, tokens: &[u32], window_group: usize) -> Vec
             lora: None,
             embd: &[],
             rope_shift: 0,
+            token_types: &[],
         }];
         for piece in model.forward_batch_in(Some(&mut pool), &mut seqs).unwrap() {
             out.extend(piece);
@@ -199,6 +200,7 @@ fn a_cut_behind_the_window_is_refused_not_read() {
             lora: None,
             embd: &[],
             rope_shift: 0,
+            token_types: &[],
         }];
         assert!(matches!(
             model.forward_batch(&mut seqs),
@@ -218,6 +220,7 @@ fn a_cut_behind_the_window_is_refused_not_read() {
             lora: None,
             embd: &[],
             rope_shift: 0,
+            token_types: &[],
         }];
         let r = model.forward_batch_in(Some(&mut pool), &mut seqs);
         assert!(

@@ -11,7 +11,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
 use crate::api::{self, json_response, ApiError};
-use frink_engine::scheduler::{Event, Request, SubmitError};
+use frink_engine::scheduler::{Embed, Event, Request, SubmitError};
 
 use crate::requests::{check_length, model_field, submit_error, ChannelSink};
 use crate::respond::failed;
@@ -90,52 +90,95 @@ fn tokenize_inputs(eng: &Engine, field: &str, v: &Value) -> Result<Vec<Vec<u32>>
     Ok(inputs)
 }
 
-/// Refuses an embedding request's `dimensions` unless it is the model's own width (frink
-/// does not shorten embeddings).
-pub(crate) fn check_dimensions(eng: &Engine, obj: &Map<String, Value>) -> Result<(), ApiError> {
+/// An embedding request's `dimensions`: `None` for the model's own width (or none
+/// asked), `Some(d)` to keep the first `d` values before normalising, for a model trained
+/// for it ([`frink_engine::embed::matryoshka`]).
+///
+/// Errors: a 400 naming the field for any other width, or any width but the model's own
+/// on another model.
+pub(crate) fn check_dimensions(
+    eng: &Engine,
+    obj: &Map<String, Value>,
+) -> Result<Option<usize>, ApiError> {
+    let bad =
+        |m: String| Err(ApiError::invalid(Some("dimensions"), m).with_code("unsupported_field"));
     match api::opt_i64(obj, "dimensions")? {
-        Some(d) if d != eng.n_embd as i64 => Err(ApiError::invalid(
-            Some("dimensions"),
-            format!(
-                "this model's embeddings have {} dimensions and cannot be shortened (got {d})",
-                eng.n_embd
-            ),
-        )
-        .with_code("unsupported_field")),
-        _ => Ok(()),
+        None => Ok(None),
+        Some(d) if d == eng.n_embd as i64 => Ok(None),
+        Some(d) if eng.matryoshka && d >= 1 && (d as usize) < eng.n_embd => Ok(Some(d as usize)),
+        Some(d) if eng.matryoshka => bad(format!(
+            "'dimensions' must be between 1 and this model's {} (got {d})",
+            eng.n_embd
+        )),
+        Some(d) => bad(format!(
+            "this model's embeddings have {} dimensions and it was not trained to be \
+             shortened (Matryoshka) (got {d})",
+            eng.n_embd
+        )),
     }
 }
 
-/// Embeds `inputs` through the scheduler (several inputs batch together; a vector does
-/// not depend on its batch), each pooled with the server's pooling and normalised with
-/// `embd_norm` ([`frink_engine::embed::normalize`]; -1: raw). Inputs go into the queue in
-/// waves of at most `--queue`, the next submitted as one finishes, so a request with more
-/// inputs than the queue holds is served, not refused. Returns the vectors in order and
-/// the prompt tokens counted.
+/// Embeds `inputs` through the scheduler ([`run_embeds`]) with the server's pooling, keeps
+/// the first `dims` values where asked ([`check_dimensions`]) and normalises with
+/// `embd_norm` ([`frink_engine::embed::normalize`]; -1: raw). Returns the vectors in order
+/// and the prompt tokens counted.
 ///
-/// Errors: a 400 for an input longer than the slot context, 503 when the queue is full of
-/// other requests' work, 500 if an evaluation fails.
+/// Errors: as [`run_embeds`].
 pub(crate) async fn embed_inputs(
     st: &AppState,
     inputs: Vec<Vec<u32>>,
     embd_norm: i32,
+    dims: Option<usize>,
 ) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
     let eng = st.engine()?;
-    for input in &inputs {
-        check_length(eng, "input", "an input", input.len())?;
+    let pooling = eng.pooling;
+    let inputs = inputs
+        .into_iter()
+        .map(|t| (t, Embed::pooled(pooling)))
+        .collect();
+    let (mut vectors, tokens) = run_embeds(st, inputs, "input", "an input").await?;
+    for v in &mut vectors {
+        if let Some(d) = dims {
+            v.truncate(d);
+        }
+        frink_engine::embed::normalize(v, embd_norm);
+    }
+    Ok((vectors, tokens))
+}
+
+/// Evaluates `inputs` (tokens and what to pool) through the scheduler: several inputs
+/// batch together (a vector does not depend on its batch). Inputs go into the queue in
+/// waves of at most `--queue`, the next submitted as one finishes, so a request with more
+/// inputs than the queue holds is served, not refused. Returns the vectors (not
+/// normalised) in order and the tokens counted. `field` and `what` name an input in a
+/// too-long input's error.
+///
+/// Errors: a 400 for an input longer than the context (or an encoder's positions), 503
+/// when the queue is full of other requests' work, 400/500 if an evaluation fails.
+pub(crate) async fn run_embeds(
+    st: &AppState,
+    inputs: Vec<(Vec<u32>, Embed)>,
+    field: &'static str,
+    what: &str,
+) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
+    let eng = st.engine()?;
+    for (input, _) in &inputs {
+        check_length(eng, field, what, input.len())?;
     }
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut tx = Some(tx);
     let n = inputs.len();
-    let tokens: usize = inputs.iter().map(Vec::len).sum();
+    let tokens: usize = inputs.iter().map(|i| i.0.len()).sum();
     let lora = eng.lora_set(None)?;
     let mut out: Vec<Option<Vec<f32>>> = vec![None; n];
+    let mut inputs: Vec<Option<(Vec<u32>, Embed)>> = inputs.into_iter().map(Some).collect();
     let (mut next, mut outstanding, mut done) = (0, 0, 0);
     while done < n {
         while next < n && outstanding < st.queue.max(1) {
             let Some(sender) = &tx else { break };
+            let (prompt, embed) = inputs[next].take().expect("each input is submitted once");
             let req = Request {
-                prompt: inputs[next].clone(),
+                prompt,
                 sampling: frink_engine::sampling::SamplingParams::default(),
                 max_tokens: Some(0),
                 stop: Vec::new(),
@@ -145,7 +188,7 @@ pub(crate) async fn embed_inputs(
                 prefix_group: None,
                 follows_prefix: false,
                 shown_tokens: Vec::new(),
-                embed: Some(eng.pooling),
+                embed: Some(embed),
                 lora: lora.clone(),
                 prediction: None,
                 images: Vec::new(),
@@ -157,7 +200,9 @@ pub(crate) async fn embed_inputs(
                     outstanding += 1;
                 }
                 // Other requests fill the queue: wait for one of ours to finish.
-                Err(SubmitError::QueueFull) if outstanding > 0 => break,
+                Err(SubmitError::QueueFull) if outstanding > 0 => {
+                    break;
+                }
                 Err(e) => return Err(submit_error(e)),
             }
         }
@@ -166,10 +211,7 @@ pub(crate) async fn embed_inputs(
             tx = None;
         }
         match rx.recv().await {
-            Some((i, Event::Embedding(mut v))) => {
-                frink_engine::embed::normalize(&mut v, embd_norm);
-                out[i] = Some(v);
-            }
+            Some((i, Event::Embedding(v))) => out[i] = Some(v),
             Some((_, Event::Done(_))) => {
                 done += 1;
                 outstanding -= 1;
@@ -201,9 +243,9 @@ pub(crate) async fn embeddings(State(st): St, body: Bytes) -> Response {
                 ))
             }
         };
-        check_dimensions(eng, &obj)?;
+        let dims = check_dimensions(eng, &obj)?;
         let inputs = embedding_inputs(&st, &obj).await?;
-        let (vectors, tokens) = embed_inputs(&st, inputs, 2).await?;
+        let (vectors, tokens) = embed_inputs(&st, inputs, 2, dims).await?;
         let data: Vec<Value> = vectors
             .iter()
             .enumerate()
@@ -237,7 +279,7 @@ pub(crate) async fn embeddings_llamacpp(State(st): St, body: Bytes) -> Response 
         let obj = api::parse_object(&body)?;
         let norm = api::opt_i64(&obj, "embd_normalize")?.unwrap_or(2) as i32;
         let inputs = embedding_inputs(&st, &obj).await?;
-        let (vectors, _) = embed_inputs(&st, inputs, norm).await?;
+        let (vectors, _) = embed_inputs(&st, inputs, norm, None).await?;
         let out: Vec<Value> = vectors
             .into_iter()
             .enumerate()

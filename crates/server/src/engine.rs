@@ -39,6 +39,16 @@ pub(crate) struct Engine {
     pub(crate) infill_vocab: OnceLock<Arc<frink_engine::sampling::InfillVocab>>,
     /// The projector file (`--mmproj`), for requests with images.
     pub(crate) vision: Option<Arc<frink_models::vision::VisionModel>>,
+    /// An encoder (BERT family): it embeds and, with a classifier head, reranks; it does
+    /// not generate ([`frink_models::arch::ArchSpec::encoder`]).
+    pub(crate) encoder: bool,
+    /// It has a classifier head: `/v1/rerank` scores with it.
+    pub(crate) reranker: bool,
+    /// Its embeddings may be shortened (`dimensions`): a model trained for Matryoshka
+    /// truncation ([`frink_engine::embed::matryoshka`]).
+    pub(crate) matryoshka: bool,
+    /// `general.architecture`.
+    pub(crate) arch: &'static str,
 }
 
 impl Engine {
@@ -119,6 +129,19 @@ fn banner(config: &ServeConfig, path: &Path, eng: &Engine, template: Option<&str
     } else {
         "no"
     };
+    if eng.encoder {
+        return format!(
+            "model {} ({}), architecture {} (encoder: embeddings{}), inputs up to {} tokens, \
+             passes of up to {} tokens, {} threads, device cpu",
+            config.model_name,
+            path.display(),
+            eng.arch,
+            if eng.reranker { " and reranking" } else { "" },
+            eng.prompt_limit.n_ctx - 1,
+            config.ubatch,
+            frink_models::pool::threads(),
+        );
+    }
     format!(
         "model {} ({}), architecture {}, context {} tokens, {} slots, KV pool {} positions \
          ({:?}), {} threads, device cpu, tool calls {tools}, reasoning {thinking}",
@@ -204,7 +227,16 @@ fn start_engine(
     let tok = Arc::new(
         Tokenizer::from_gguf_releasing(&mut model.file).context("cannot build the tokenizer")?,
     );
-    let kv_size = kv_pool_positions(config, &model.config)?;
+    let encoder = model.config.plan.encoder;
+    let reranker = model.has_classifier();
+    let matryoshka = frink_engine::embed::matryoshka(&model);
+    let arch = model.config.arch.name;
+    // An encoder keeps no KV pool; its inputs are bounded by its positions, and a pass
+    // takes `--ubatch` tokens.
+    let kv_size = match encoder {
+        true => 0,
+        false => kv_pool_positions(config, &model.config)?,
+    };
     let sched_config = SchedulerConfig {
         parallel: config.parallel,
         n_ctx: config.ctx,
@@ -220,9 +252,19 @@ fn start_engine(
         draft_min: config.draft_min,
         spec_adaptive: config.spec_adaptive,
         spec_sampling: config.spec_sampling,
+        prefill_chunk_alone: match encoder {
+            true => config.ubatch,
+            false => SchedulerConfig::default().prefill_chunk_alone,
+        },
         ..SchedulerConfig::default()
     };
-    let prompt_limit = sched_config.prompt_limit();
+    let prompt_limit = match encoder {
+        true => frink_engine::scheduler::PromptLimit {
+            n_ctx: encoder_ctx(config, &model.config),
+            kv_positions: usize::MAX,
+        },
+        false => sched_config.prompt_limit(),
+    };
     let draft = config
         .draft_model
         .as_deref()
@@ -243,7 +285,17 @@ fn start_engine(
         prompt_limit,
         infill_vocab: OnceLock::new(),
         vision,
+        encoder,
+        reranker,
+        matryoshka,
+        arch,
     })
+}
+
+/// The context an encoder's server runs with: one past its longest input (`--ctx`, at
+/// most its position count), as a decoder's context leaves a position to generate into.
+fn encoder_ctx(config: &ServeConfig, model: &frink_models::ModelConfig) -> usize {
+    config.ctx.min(model.n_ctx_train + 1)
 }
 
 /// A model-scoped route: its path, its methods (for the top router's own method check)
@@ -257,7 +309,7 @@ pub(crate) type ModelRoute = (
 /// The model-scoped endpoints: the top router sends each to
 /// [`crate::models::dispatch::dispatch`], which passes it to the model's [`model_router`].
 pub(crate) const MODEL_ROUTES: &[ModelRoute] = {
-    use crate::{anthropic, embeddings, infill, native, requests, responses};
+    use crate::{anthropic, embeddings, infill, native, requests, rerank, responses};
     &[
         ("/v1/chat/completions", "POST", || {
             post(requests::chat_completions)
@@ -268,6 +320,10 @@ pub(crate) const MODEL_ROUTES: &[ModelRoute] = {
         ("/v1/completions", "POST", || post(requests::completions)),
         ("/completions", "POST", || post(requests::completions)),
         ("/v1/embeddings", "POST", || post(embeddings::embeddings)),
+        ("/v1/rerank", "POST", || post(rerank::rerank)),
+        ("/rerank", "POST", || post(rerank::rerank)),
+        ("/v1/reranking", "POST", || post(rerank::rerank)),
+        ("/reranking", "POST", || post(rerank::rerank)),
         ("/embeddings", "POST", || {
             post(embeddings::embeddings_llamacpp)
         }),
@@ -351,7 +407,10 @@ impl Build for Builder {
         let file = frink_gguf::GgufFile::open(&source.path).map_err(|e| fail(e.to_string()))?;
         let shape = frink_models::ModelConfig::from_gguf(&file).map_err(|e| fail(e.to_string()))?;
         let config = self.config_of(source);
-        let positions = kv_pool_positions(&config, &shape).map_err(|e| fail(e.to_string()))?;
+        let positions = match shape.plan.encoder {
+            true => 0,
+            false => kv_pool_positions(&config, &shape).map_err(|e| fail(e.to_string()))?,
+        };
         let block = frink_models::KvPool::block_bytes(&shape, config.kv_type).unwrap_or(0);
         let kv = ((positions / frink_models::KV_BLOCK) as u64 + 1).saturating_mul(block as u64);
         // The model's file, its draft model's and its adapters'.
@@ -370,9 +429,11 @@ impl Build for Builder {
     }
 
     fn load(&self, source: &Source) -> Result<Loaded> {
-        let config = self.config_of(source);
+        let mut config = self.config_of(source);
         let lora = source.settings.as_ref().map(|s| s.lora.as_slice());
         let engine = start_engine(&config, &source.path, lora, &self.loader)?;
+        // An encoder's context is its inputs' bound (what the server's checks read).
+        config.ctx = engine.prompt_limit.n_ctx;
         eprintln!(
             "frink serve: {}",
             banner(

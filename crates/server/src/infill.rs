@@ -19,7 +19,7 @@ use crate::AppState;
 
 /// An `/infill` request read ([`InfillRequest::read`]) and tokenized.
 fn prepare(st: &AppState, obj: &Map<String, Value>) -> Result<Prepared, ApiError> {
-    let eng = st.engine()?;
+    let eng = crate::requests::generative(st)?;
     let req = InfillRequest::read(obj, limits(st, eng))?;
     let infill = Infill {
         prefix: &req.prefix,

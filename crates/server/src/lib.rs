@@ -36,6 +36,7 @@ pub mod ollama;
 mod pull;
 pub mod reasoning;
 mod requests;
+mod rerank;
 mod respond;
 mod responses;
 pub mod tools;
@@ -107,6 +108,9 @@ pub struct ServeConfig {
     pub split_reasoning: bool,
     /// Embeddings' pooling (`--pooling`; `None`: the file's, else mean).
     pub pooling: Option<frink_models::Pooling>,
+    /// Tokens an encoder model evaluates in one pass at most, over all the inputs it
+    /// groups (`--ubatch`; an input longer than this goes alone).
+    pub ubatch: usize,
     /// The `-m` model's file; `None`: the server was started without `-m` and loads the
     /// model each request names.
     pub model_path: Option<std::path::PathBuf>,

@@ -884,14 +884,14 @@ pub(crate) async fn embed(
     let r = async {
         let obj = api::parse_object(&body)?;
         let eng = st.engine()?;
-        check_dimensions(eng, &obj)?;
+        let dims = check_dimensions(eng, &obj)?;
         let mut inputs = embedding_inputs(&st, &obj).await?;
         if api::opt_bool(&obj, "truncate")?.unwrap_or(true) {
             for t in &mut inputs {
                 t.truncate(st.n_ctx - 1);
             }
         }
-        let (vectors, tokens) = embed_inputs(&st, inputs, 2).await?;
+        let (vectors, tokens) = embed_inputs(&st, inputs, 2, dims).await?;
         Ok(json!({
             "model": model_field(&st, &obj),
             "embeddings": vectors,
@@ -918,7 +918,7 @@ pub(crate) async fn embeddings(State(st): St, body: Bytes) -> Response {
         let mut q = Map::new();
         q.insert("input".into(), json!(prompt));
         let inputs = embedding_inputs(&st, &q).await?;
-        let (mut vectors, _) = embed_inputs(&st, inputs, -1).await?;
+        let (mut vectors, _) = embed_inputs(&st, inputs, -1, None).await?;
         Ok(json!({"embedding": vectors.pop().unwrap_or_default()}))
     };
     match r.await {

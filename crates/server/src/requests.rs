@@ -88,6 +88,27 @@ pub(crate) fn limits(st: &AppState, eng: &Engine) -> Limits {
 /// Ollama's `/api/chat` share.
 ///
 /// Errors: a 400 naming the field at fault.
+/// The engine of a model that generates text.
+///
+/// Errors: a 400 naming the model when it is an encoder (it embeds and reranks only),
+/// or the model's loading error.
+pub(crate) fn generative(st: &AppState) -> Result<&Engine, ApiError> {
+    let eng = st.engine()?;
+    if eng.encoder {
+        return Err(ApiError::invalid(
+            Some("model"),
+            format!(
+                "model '{}' is an encoder ({}): it serves embeddings{}, not text generation",
+                st.model_name,
+                eng.arch,
+                if eng.reranker { " and reranking" } else { "" }
+            ),
+        )
+        .with_code("model_not_supported"));
+    }
+    Ok(eng)
+}
+
 pub(crate) fn prepare_chat(st: &AppState, obj: &Map<String, Value>) -> Result<Prepared, ApiError> {
     prepare_chat_with(st, obj, None)
 }
@@ -99,7 +120,7 @@ pub(crate) fn prepare_chat_with(
     obj: &Map<String, Value>,
     prefill: Option<&str>,
 ) -> Result<Prepared, ApiError> {
-    let eng = st.engine()?;
+    let eng = generative(st)?;
     let mut req = ChatRequest::read(obj, limits(st, eng))?;
     req.prefill = prefill.map(str::to_string);
     chat_prepared(st, eng, req)
@@ -421,7 +442,7 @@ pub(crate) fn prepare_completion(
     st: &AppState,
     obj: &Map<String, Value>,
 ) -> Result<Prepared, ApiError> {
-    let eng = st.engine()?;
+    let eng = generative(st)?;
     let req = CompletionRequest::read(obj, limits(st, eng))?;
     let mut images = Vec::new();
     let prompt = match (req.prompt, &req.suffix) {
@@ -624,7 +645,7 @@ pub(crate) fn queue(
     p: &mut Prepared,
     prompt_field: &'static str,
 ) -> Result<mpsc::UnboundedReceiver<(usize, Event)>, ApiError> {
-    let eng = st.engine()?;
+    let eng = generative(st)?;
     check_length(eng, prompt_field, "the prompt", p.prompt.len())?;
     // (`n` was checked against --parallel when the request was parsed: api::gen_options.)
     let n = p.opts.n;

@@ -224,6 +224,7 @@ fn pieces_and_batches_give_the_same_bits() {
             lora: None,
             embd: &[],
             rope_shift: 0,
+            token_types: &[],
         },
         Sequence {
             state: &mut s1,
@@ -232,6 +233,7 @@ fn pieces_and_batches_give_the_same_bits() {
             lora: None,
             embd: &rows,
             rope_shift: 0,
+            token_types: &[],
         },
     ];
     let outs = model.forward_batch(&mut seqs).unwrap();
@@ -261,6 +263,7 @@ fn in_pieces(
             lora: None,
             embd: &rows,
             rope_shift: 0,
+            token_types: &[],
         }];
         out = model.forward_batch(&mut seqs).unwrap().pop().unwrap();
     }

@@ -25,6 +25,7 @@
 //! sequence the same bits alone or in a batch, and all sampling state is per request, so a
 //! request's tokens do not depend on what else runs beside it.
 
+mod encoder;
 mod kv;
 mod metrics;
 mod output;
@@ -271,10 +272,11 @@ pub struct Request {
     pub prefix_group: Option<u64>,
     /// This request waits for its group's prompt (see [`Request::prefix_group`]).
     pub follows_prefix: bool,
-    /// Compute the prompt's embedding with this pooling instead of generating: the
-    /// request gets one [`Event::Embedding`] (not normalised) and `Done`. Its prompt is
-    /// evaluated in full (no reused prefix: every token's hidden state is pooled).
-    pub embed: Option<frink_models::Pooling>,
+    /// Compute the prompt's embedding instead of generating: the request gets one
+    /// [`Event::Embedding`] (not normalised; a reranker's scores under `rank` pooling)
+    /// and `Done`. Its prompt is evaluated in full (no reused prefix: every token's hidden
+    /// state is pooled).
+    pub embed: Option<Embed>,
     /// Control tokens whose text the answer shows (the markers of a tool-call format a
     /// parser reads, such as Mistral's `[TOOL_CALLS]`); other control tokens render empty.
     pub shown_tokens: Vec<u32>,
@@ -294,6 +296,26 @@ pub struct Request {
     pub images: Vec<crate::image::PromptImage>,
     /// Where the events go.
     pub sink: Box<dyn EventSink>,
+}
+
+/// What an embedding request asks for ([`Request::embed`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Embed {
+    /// How the hidden states pool ([`crate::embed::pool_rows`]).
+    pub pooling: frink_models::Pooling,
+    /// Each prompt token's type (an encoder's segment ids: 1 for the document of a
+    /// reranker's pair); empty: all 0. Refused by a model without token types.
+    pub token_types: Vec<u32>,
+}
+
+impl Embed {
+    /// Pooling `pooling`, every token of type 0.
+    pub fn pooled(pooling: frink_models::Pooling) -> Embed {
+        Embed {
+            pooling,
+            token_types: Vec::new(),
+        }
+    }
 }
 
 /// A generated token's log-probability under the model's distribution (the raw logits,
@@ -392,6 +414,10 @@ pub enum RequestError {
     /// The scheduler cancelled the request unfinished because it is shutting down.
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// A request an encoder model cannot serve (it embeds and ranks; it does not
+    /// generate, take images or pool to `none`), or whose token types do not fit it.
+    #[error("{0}")]
+    Encoder(String),
 }
 
 /// Whose fault a [`RequestError`] is: what an HTTP server answers (400, 500, 503).
@@ -412,7 +438,8 @@ impl RequestError {
             RequestError::Prompt(_)
             | RequestError::TokenOutOfVocabulary { .. }
             | RequestError::Images(_)
-            | RequestError::Grammar { .. } => FailureKind::Request,
+            | RequestError::Grammar { .. }
+            | RequestError::Encoder(_) => FailureKind::Request,
             RequestError::Evaluation(_)
             | RequestError::Decoding(_)
             | RequestError::Embedding(_) => FailureKind::Engine,
@@ -460,7 +487,10 @@ impl Scheduler {
             let config = sched.config.clone();
             std::thread::Builder::new()
                 .name("frink-scheduler".into())
-                .spawn(move || Worker::new(&model, draft.as_ref(), &tok, config, shared).run(rx))
+                .spawn(move || match model.config.plan.encoder {
+                    true => encoder::run(&model, &config, &shared, rx),
+                    false => Worker::new(&model, draft.as_ref(), &tok, config, shared).run(rx),
+                })
                 .expect("cannot start the scheduler thread")
         };
         sched.thread = Some(thread);
@@ -483,8 +513,9 @@ impl Scheduler {
         std::thread::scope(|scope| {
             std::thread::Builder::new()
                 .name("frink-scheduler".into())
-                .spawn_scoped(scope, move || {
-                    Worker::new(model, draft, &tok, worker_config, shared).run(rx)
+                .spawn_scoped(scope, move || match model.config.plan.encoder {
+                    true => encoder::run(model, &worker_config, &shared, rx),
+                    false => Worker::new(model, draft, &tok, worker_config, shared).run(rx),
                 })
                 .expect("cannot start the scheduler thread");
             let r = f(&sched);

@@ -52,8 +52,8 @@ impl<'t> Worker<'t> {
             job.input.extend_from_slice(&job.ids[..evaluated]);
         }
         job.fed = 0;
-        if let Some(p) = job.req.embed {
-            job.pooler = crate::embed::Pooler::new(p, self.model.config.n_embd).ok();
+        if let Some(e) = &job.req.embed {
+            job.pooler = crate::embed::Pooler::new(e.pooling, self.model.config.n_embd).ok();
         }
         self.shared.preemptions.fetch_add(1, Ordering::Relaxed);
         // Waiting again (counted until placed).

@@ -301,11 +301,15 @@ impl<'t> Worker<'t> {
                     .map(|&id| RequestError::TokenOutOfVocabulary { id, n_vocab })
             }),
         };
-        let pooler = req
-            .embed
-            .map(|p| crate::embed::Pooler::new(p, self.model.config.n_embd))
-            .transpose()
-            .map_err(|e| RequestError::Embedding(e.to_string()));
+        let pooler = match &req.embed {
+            Some(e) if e.token_types.iter().any(|&t| t != 0) => Err(RequestError::Embedding(
+                "token types on a model without them (a decoder)".into(),
+            )),
+            Some(e) => crate::embed::Pooler::new(e.pooling, self.model.config.n_embd)
+                .map(Some)
+                .map_err(|e| RequestError::Embedding(e.to_string())),
+            None => Ok(None),
+        };
         let pooler = match error.map_or(pooler, Err) {
             Ok(p) => p,
             Err(e) => {
@@ -678,6 +682,7 @@ impl<'t> Worker<'t> {
                     lora,
                     embd,
                     rope_shift,
+                    token_types: &[],
                 },
             )
             .collect();

@@ -332,7 +332,7 @@ impl Model {
             );
         }
         let pool = pool.as_deref();
-        let bidi = two_way_ranges(seqs, c.n_embd);
+        let bidi = two_way_ranges(seqs, c.n_embd, c.plan.encoder);
         let parts: Vec<AttnSeq<'_>> = seqs
             .iter()
             .enumerate()
@@ -768,11 +768,14 @@ fn scaled_score(
 }
 
 /// Each sequence's position ranges whose rows see each other both ways
-/// ([`crate::EmbdRows::bidirectional`]) in this call.
-fn two_way_ranges(seqs: &[Sequence<'_>], n_embd: usize) -> Vec<Vec<(usize, usize)>> {
+/// ([`crate::EmbdRows::bidirectional`]) in this call: an encoder's whole input.
+fn two_way_ranges(seqs: &[Sequence<'_>], n_embd: usize, encoder: bool) -> Vec<Vec<(usize, usize)>> {
     seqs.iter()
         .map(|s| {
             let p0 = s.state.n_past;
+            if encoder {
+                return vec![(p0, p0 + s.tokens.len())];
+            }
             s.embd
                 .iter()
                 .filter(|e| e.bidirectional)

@@ -7,6 +7,7 @@
 
 pub mod attention;
 pub mod delta_net;
+pub mod encoder;
 pub mod ffn;
 pub mod mamba;
 pub mod mamba2;

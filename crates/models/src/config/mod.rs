@@ -112,6 +112,9 @@ pub struct ModelConfig {
     /// How the file says its hidden states pool into one embedding
     /// (`{arch}.pooling_type`; `None`: the key is absent, a generative model).
     pub pooling: Option<Pooling>,
+    /// `tokenizer.ggml.token_type_count` of an encoder: the rows of `token_types` (segment
+    /// embeddings; 0 where the file has none).
+    pub n_token_types: usize,
     /// Logits become `c · tanh(l / c)` (`{arch}.final_logit_softcapping`: gemma2).
     pub final_softcap: Option<f32>,
     /// ALiBi slope per query head (empty unless the architecture uses ALiBi).

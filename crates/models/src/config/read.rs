@@ -703,6 +703,52 @@ fn ssm(k: &Keys, arch: &ArchSpec) -> Result<Option<SsmConfig>> {
     Ok(ssm)
 }
 
+/// `tokenizer.ggml.token_type_count`: the rows of an encoder's `token_types` table (0 when
+/// absent; llama.cpp's loader reads the same key as `n_token_types`).
+///
+/// Errors: [`ModelError::Metadata`] for a value that is not an unsigned integer.
+fn token_type_count(f: &GgufFile) -> Result<usize> {
+    const KEY: &str = "tokenizer.ggml.token_type_count";
+    match f.get(KEY) {
+        None => Ok(0),
+        Some(v) => v
+            .as_u64()
+            .map(|n| n as usize)
+            .ok_or_else(|| ModelError::Metadata {
+                key: KEY.into(),
+                detail: format!("expected an unsigned integer, found {v}"),
+            }),
+    }
+}
+
+/// Checks `{arch}.attention.causal` against the row: an encoder's attention is
+/// bidirectional (the key, where present, must say false), a decoder's causal (a file
+/// asking a decoder architecture for bidirectional attention, as EmbeddingGemma's does, is
+/// refused: frink would run it causally).
+///
+/// Errors: [`ModelError::Metadata`] for a value that is not a bool,
+/// [`ModelError::Unsupported`] for one that contradicts the row.
+fn causal_attention(k: &Keys, arch: &ArchSpec) -> Result<()> {
+    let Some(v) = k.get("attention.causal") else {
+        return Ok(());
+    };
+    let causal = v
+        .as_bool()
+        .ok_or_else(|| k.err("attention.causal", "expected a bool"))?;
+    if causal == arch.encoder {
+        let what = match causal {
+            true => "causal attention on an encoder architecture",
+            false => "bidirectional (non-causal) attention on a decoder architecture",
+        };
+        return Err(ModelError::Unsupported(format!(
+            "{} = {causal}: {what} ({})",
+            k.key("attention.causal"),
+            arch.name
+        )));
+    }
+    Ok(())
+}
+
 /// The short convolution's taps (LFM2), at least 2; 0 for other mixers.
 fn short_conv_taps(k: &Keys, arch: &ArchSpec) -> Result<usize> {
     let short_conv_taps = match arch.mixer.recurrent() {
@@ -782,7 +828,16 @@ impl ModelConfig {
             ..
         } = h;
         let norm_eps = norm_eps(&k, arch)?;
-        let n_ctx_train = k.usize_opt("context_length")?.unwrap_or(2048);
+        // Learned positions: the table's rows are the longest input.
+        let n_ctx_train = match position {
+            Position::Learned => k.usize("context_length")?,
+            _ => k.usize_opt("context_length")?.unwrap_or(2048),
+        };
+        causal_attention(&k, arch)?;
+        let n_token_types = match arch.encoder {
+            true => token_type_count(f)?,
+            false => 0,
+        };
         let (rope_global, rope_swa) = rope(&k, arch, n_rot)?;
         let rope_sections = rope_sections(&k, arch)?;
         let (n_swa, swa_layers, nope_layers) = windows(&k, arch, n_layer)?;
@@ -827,7 +882,7 @@ impl ModelConfig {
         let alibi_slopes = match arch.position {
             // llama.cpp src/llama-model.cpp: f_max_alibi_bias = 8 for bloom.
             Position::Alibi => alibi_slopes(n_head, 8.0),
-            Position::Rope(_) | Position::None => Vec::new(),
+            Position::Rope(_) | Position::None | Position::Learned => Vec::new(),
         };
         let ssm = ssm(&k, arch)?;
         let short_conv_taps = short_conv_taps(&k, arch)?;
@@ -896,6 +951,7 @@ impl ModelConfig {
             residual_scale,
             logit_scale,
             pooling,
+            n_token_types,
             final_softcap,
             alibi_slopes,
             moe,

@@ -1,7 +1,8 @@
-//! The vision encoder's matrix products: `a · bᵀ` for two row-major f32 matrices whose rows
-//! run along the shared dimension (the projections, `x · Wᵀ`, and attention's `q · kᵀ` and
-//! `p · vᵀ` with `v` transposed). An encoder input is always evaluated whole, so unlike the
-//! language model's products ([`crate::kernels::matmul`]) nothing needs an element to
+//! The encoders' matrix products (the vision encoder's, and a text encoder's with float
+//! weights: [`crate::kernels::WeightData::Gemm`]): `a · bᵀ` for two row-major f32 matrices
+//! whose rows run along the shared dimension (the projections, `x · Wᵀ`, and attention's
+//! `q · kᵀ` and `p · vᵀ` with `v` transposed). An encoder input is always evaluated whole,
+//! so unlike a decoder's products ([`crate::kernels::matmul`]) nothing needs an element to
 //! have one row's dot bits: each element is the sum of its products in order, one fused
 //! multiply-add after another (`Σ_c a[i][c] · b[j][c]`, `c = 0, 1, …`), whichever path
 //! computes it.

@@ -10,7 +10,6 @@
 //! projector of [`Projector`]. Its products use the language model's matrix kernels.
 
 mod config;
-mod gemm;
 pub mod qwen;
 mod vit;
 

@@ -16,7 +16,7 @@ use std::ops::Range;
 use super::vit::AttnLayout;
 use super::{ProjectorWeights, VisionModel};
 use crate::error::{ModelError, Result};
-use crate::kernels::add_bias;
+use crate::kernels::{add_bias, gelu_erf};
 use crate::pool::for_each_chunk;
 
 /// The merged patches of a `rows × cols` grid in window order for windows of `win × win`
@@ -56,11 +56,6 @@ pub fn rope_2d_angles(py: usize, px: usize, hd: usize, out: &mut Vec<(f32, f32)>
             out.push((cos, sin));
         }
     }
-}
-
-/// GELU with the error function (PyTorch `nn.GELU()`, the merger's activation).
-fn gelu_erf(x: f32) -> f32 {
-    0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2))
 }
 
 impl VisionModel {
@@ -213,12 +208,5 @@ mod tests {
         let mut b = Vec::new();
         rope_2d_angles(0, 3, 16, &mut b);
         assert_eq!(&b[4..], &a[..4]);
-    }
-
-    #[test]
-    fn gelu_erf_matches_known_values() {
-        // torch.nn.functional.gelu(torch.tensor([1.0, -2.0])) = [0.8413447, -0.0455003]
-        assert!((gelu_erf(1.0) - 0.841_344_7).abs() < 1e-6);
-        assert!((gelu_erf(-2.0) + 0.045_500_3).abs() < 1e-6);
     }
 }

@@ -1,8 +1,8 @@
 //! The ViT forward pass and the projector ([`VisionModel::encode`]).
 
-use super::gemm::gemm_nt;
 use super::{ProjectorWeights, VisionModel, VitLayer};
 use crate::error::{ModelError, Result};
+use crate::kernels::gemm::gemm_nt;
 use crate::kernels::{add_bias, gelu_tanh, layer_norm, rms_norm, silu, softmax, Matrix};
 use crate::model::NormWeights;
 use crate::pool::for_each_chunk;

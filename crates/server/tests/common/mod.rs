@@ -59,6 +59,7 @@ pub fn config_at(name: &str, path: std::path::PathBuf) -> ServeConfig {
         chat_template_kwargs: Default::default(),
         split_reasoning: true,
         pooling: None,
+        ubatch: frink_engine::embed::ENCODER_BATCH,
         model_path: Some(path),
         max_models: 3,
         max_memory: None,

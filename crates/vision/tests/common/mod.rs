@@ -68,6 +68,7 @@ pub fn logits(
         lora: None,
         embd: &rows,
         rope_shift: 0,
+        token_types: &[],
     }];
     model.forward_batch(&mut seqs).unwrap().pop().unwrap()
 }
@@ -96,6 +97,7 @@ pub fn greedy(
             lora: None,
             embd: &rows,
             rope_shift: rope_shift(images, p0),
+            token_types: &[],
         }];
         last = model.forward_batch(&mut seqs).unwrap().pop().unwrap();
     }
@@ -113,6 +115,7 @@ pub fn greedy(
             lora: None,
             embd: &[],
             rope_shift: rope_shift(images, prompt.len()),
+            token_types: &[],
         }];
         last = model.forward_batch(&mut seqs).unwrap().pop().unwrap();
     }

@@ -1,0 +1,172 @@
+//! Encoder models (BERT family) end to end, on the tiny fixtures of
+//! crates/models/tests/data/encoders (transformers' fp32 vectors and scores in meta.json):
+//! `frink embed` and `frink rerank`, and `frink serve` through the official `openai` and
+//! `ollama` Python clients (tests/encoders_e2e.py): embeddings, batches of 256 inputs,
+//! Ollama's `/api/embed`, `/v1/rerank` and its refusals.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::http::Server;
+use common::serve::{lock, openai_venv, run_client_script};
+use common::{frink, last_json_line, stderr};
+use serde_json::Value;
+
+fn fixture(family: &str) -> PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../models/tests/data/encoders")
+        .join(family)
+}
+
+fn meta(family: &str) -> Value {
+    serde_json::from_slice(&std::fs::read(fixture(family).join("meta.json")).unwrap()).unwrap()
+}
+
+fn model(family: &str) -> String {
+    fixture(family)
+        .join("model.gguf")
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn floats(v: &Value) -> Vec<f64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
+}
+
+/// `frink embed` tokenizes as llama.cpp does and gives transformers' vectors: raw
+/// (`--normalize=-1`, ≤ 1e-3 relative; measured 2e-7) for the mean-pooled BERT and the
+/// CLS-pooled XLM-RoBERTa fixture, several texts in one pass.
+#[test]
+fn frink_embed_gives_transformers_vectors() {
+    for family in ["bert", "xlmr"] {
+        let m = meta(family);
+        let cases = m["cases"].as_array().unwrap();
+        let mut args = vec![
+            "embed".to_string(),
+            "-m".into(),
+            model(family),
+            "--normalize=-1".into(),
+            "--json".into(),
+        ];
+        args.extend(
+            cases
+                .iter()
+                .map(|c| c["text"].as_str().unwrap().to_string()),
+        );
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = frink(&args);
+        assert!(out.status.success(), "{family}: {}", stderr(&out));
+        let got = last_json_line(&out);
+        let got = got["embeddings"].as_array().unwrap();
+        assert_eq!(got.len(), cases.len());
+        let mut worst = 0f64;
+        for (g, c) in got.iter().zip(cases) {
+            assert_eq!(c["hf_ids"], c["llama_ids"], "the fixture's ids agree");
+            let (g, w) = (floats(g), floats(&c["embedding"]));
+            let scale = w.iter().fold(0f64, |a, x| a.max(x.abs()));
+            let d = g
+                .iter()
+                .zip(&w)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f64, f64::max);
+            worst = worst.max(d / scale);
+        }
+        eprintln!("{family}: frink embed ≤ {worst:.2e} relative to transformers");
+        assert!(worst < 1e-3, "{family}: {worst}");
+    }
+}
+
+/// `frink rerank` scores each document as transformers does, best first, `--top-n`
+/// keeping the best; an embedding model, a shortening of a model not trained for it and a
+/// text past the position table are refused naming why.
+#[test]
+fn frink_rerank_ranks_as_transformers_and_refusals_name_the_reason() {
+    let m = meta("xlmr_rank");
+    let cases = m["cases"].as_array().unwrap();
+    let query = cases[0]["query"].as_str().unwrap();
+    let same: Vec<&Value> = cases.iter().filter(|c| c["query"] == query).collect();
+    let mut args = vec![
+        "rerank".to_string(),
+        "-m".into(),
+        model("xlmr_rank"),
+        "--query".into(),
+        query.into(),
+        "--json".into(),
+    ];
+    args.extend(
+        same.iter()
+            .map(|c| c["document"].as_str().unwrap().to_string()),
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = frink(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let results = last_json_line(&out)["results"].as_array().unwrap().clone();
+    assert_eq!(results.len(), same.len());
+    let scores: Vec<f64> = results
+        .iter()
+        .map(|r| r["relevance_score"].as_f64().unwrap())
+        .collect();
+    assert!(scores.windows(2).all(|w| w[0] >= w[1]), "best first");
+    for r in &results {
+        let i = r["index"].as_u64().unwrap() as usize;
+        let want = same[i]["score"].as_f64().unwrap();
+        assert!((r["relevance_score"].as_f64().unwrap() - want).abs() < 1e-3);
+        assert_eq!(r["document"], same[i]["document"]);
+    }
+    let mut top = args.clone();
+    top.extend(["--top-n", "1"]);
+    let out = frink(&top);
+    let best = last_json_line(&out)["results"].as_array().unwrap().clone();
+    assert_eq!(best.len(), 1);
+    assert_eq!(best[0]["index"], results[0]["index"]);
+
+    let bert = model("bert");
+    let out = frink(&["rerank", "-m", &bert, "--query", "q", "d"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("no classifier head"),
+        "{}",
+        stderr(&out)
+    );
+    let out = frink(&["embed", "-m", &bert, "--dimensions", "8", "x"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("Matryoshka"), "{}", stderr(&out));
+    let long = "word ".repeat(400);
+    let out = frink(&["embed", "-m", &bert, &long]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("context_length"), "{}", stderr(&out));
+}
+
+/// The HTTP APIs with the official clients (tests/encoders_e2e.py): an embedding model,
+/// a reranker, and a generative model asked to rerank.
+#[test]
+fn encoders_through_the_python_clients() {
+    let _l = lock();
+    let Some(python) = openai_venv() else {
+        return;
+    };
+    let dir = |f: &str| fixture(f).to_string_lossy().into_owned();
+    for (family, mode) in [("bert", "embed"), ("xlmr_rank", "rerank")] {
+        let srv = Server::start(&["-m", &model(family)]);
+        run_client_script(
+            &python,
+            "encoders_e2e.py",
+            &srv,
+            &[mode, &dir(family)],
+            "encoder checks passed",
+        );
+    }
+    let srv = Server::start(&[]);
+    run_client_script(
+        &python,
+        "encoders_e2e.py",
+        &srv,
+        &["decoder"],
+        "encoder checks passed",
+    );
+}
