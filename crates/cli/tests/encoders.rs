@@ -39,11 +39,12 @@ fn floats(v: &Value) -> Vec<f64> {
 }
 
 /// `frink embed` tokenizes as llama.cpp does and gives transformers' vectors: raw
-/// (`--normalize=-1`, ≤ 1e-3 relative; measured 2e-7) for the mean-pooled BERT and the
-/// CLS-pooled XLM-RoBERTa fixture, several texts in one pass.
+/// (`--normalize=-1`, ≤ 1e-3 relative; measured 2e-7) for the mean-pooled BERT, the
+/// CLS-pooled XLM-RoBERTa and the mean-pooled ModernBERT fixture (WordPiece, Unigram and
+/// byte-level BPE vocabularies), several texts in one pass.
 #[test]
 fn frink_embed_gives_transformers_vectors() {
-    for family in ["bert", "xlmr"] {
+    for family in ["bert", "xlmr", "modernbert"] {
         let m = meta(family);
         let cases = m["cases"].as_array().unwrap();
         let mut args = vec![

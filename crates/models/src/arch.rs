@@ -44,6 +44,11 @@ pub enum SwaPattern {
     /// Every layer is windowed when the file gives `{arch}.attention.sliding_window`
     /// (mistral).
     All,
+    /// Every layer `il` with `il % period != 0` is windowed, the first of each period
+    /// global; the period from `{arch}.attention.sliding_window_pattern` (or one bool per
+    /// layer there), else the row's (llama.cpp `load_swa_pattern(ml, 3, true)`,
+    /// `set_swa_pattern` with `dense_first`: ModernBERT's `global_attn_every_n_layers`).
+    FirstOfPeriodGlobal(usize),
     /// Chunked attention (llama.cpp `LLAMA_SWA_TYPE_CHUNKED`; transformers
     /// `attention_chunk_size`): every layer `il` with `il % period < period - 1` sees only
     /// the keys of its query's chunk (positions `⌊p / chunk⌋ · chunk ..= p`), the others
@@ -354,6 +359,12 @@ pub struct ArchSpec {
     /// file's `{arch}.attention.causal` must say false where present (llama.cpp
     /// `build_attn_inp_no_cache`; transformers `BertModel`).
     pub encoder: bool,
+    /// An encoder's classifier head (`cls` + tanh, `cls.output`) is read where the file
+    /// has it (bert, nomic-bert); elsewhere its tensors are refused.
+    pub rank_head: bool,
+    /// The first layer may have no `attn_norm` (identity): ModernBERT's
+    /// (llama.cpp modern-bert.cpp `TENSOR_NOT_REQUIRED` for layer 0).
+    pub first_attn_norm_optional: bool,
 }
 
 /// The defaults every row starts from: a llama-style decoder.
@@ -387,6 +398,8 @@ const BASE: ArchSpec = ArchSpec {
     ple: false,
     mrope: false,
     encoder: false,
+    rank_head: false,
+    first_attn_norm_optional: false,
 };
 
 /// The supported architectures. Sources per row: llama.cpp `src/models/<name>.cpp` and
@@ -694,6 +707,7 @@ pub const ARCHS: &[ArchSpec] = &[
         embd_norm: true,
         output_norm_name: None,
         encoder: true,
+        rank_head: true,
         ..BASE
     },
     // nomic-bert.cpp with bert.cpp's graph; nomic-embed-text v1/v1.5 (NomicBertModel,
@@ -708,6 +722,25 @@ pub const ARCHS: &[ArchSpec] = &[
         embd_norm: true,
         output_norm_name: None,
         encoder: true,
+        rank_head: true,
+        ..BASE
+    },
+    // modern-bert.cpp; ModernBertModel: pre-norm LayerNorms without biases (none before the
+    // first layer's attention), a norm after the embeddings and after the last layer,
+    // fused unbiased Q/K/V, RoPE (NEOX pairs) with its own base on the windowed layers,
+    // symmetric sliding windows (±window/2) on all but every
+    // `sliding_window_pattern`-th layer, a fused GeGLU FFN (erf GELU: transformers'
+    // `hidden_activation` "gelu"). Its classifier head (cls_norm, GELU) is not read.
+    ArchSpec {
+        name: "modern-bert",
+        position: Position::Rope(RopeLayout::Neox),
+        norm: Norm::Layer,
+        ffn: Ffn::GatedFused,
+        activation: Activation::GeluErf,
+        swa: SwaPattern::FirstOfPeriodGlobal(3),
+        embd_norm: true,
+        encoder: true,
+        first_attn_norm_optional: true,
         ..BASE
     },
 ];

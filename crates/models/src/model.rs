@@ -347,9 +347,8 @@ impl Model {
             true => Some(crate::blocks::encoder::EncoderWeights::load(
                 &mut l,
                 a.position == crate::arch::Position::Learned,
-                c.n_ctx_train,
-                c.n_token_types,
-                c.n_embd,
+                a.rank_head,
+                (c.n_ctx_train, c.n_token_types, c.n_embd),
             )?),
             false => None,
         };
@@ -387,12 +386,15 @@ impl Model {
                 true => ("attn_output_norm.weight", "layer_output_norm.weight"),
                 false => ("post_attention_norm.weight", "post_ffw_norm.weight"),
             };
+            // ModernBERT's first layer: no norm before attention (identity).
+            let attn_norm = norms.pre_mixer
+                && !(il == 0 && a.first_attn_norm_optional && !l.has(&n("attn_norm.weight")));
             let mut norm_if = |on: bool, weight: &str| match on {
                 true => l.norm_tensor(&n(weight), c.n_embd).map(Some),
                 false => Ok(None),
             };
             layers.push(LayerWeights {
-                attn_norm: norm_if(norms.pre_mixer, "attn_norm.weight")?,
+                attn_norm: norm_if(attn_norm, "attn_norm.weight")?,
                 mixer,
                 post_attn_norm: norm_if(norms.post_mixer, post_mixer)?,
                 ffn_norm: match norms.pre_channel {

@@ -338,8 +338,12 @@ impl Plan {
 
     /// The longest sliding window of its attention layers (0: none has one). A windowed
     /// layer's keys and values older than this are never read again, so the KV cache
-    /// gives their rows back ([`crate::SeqState`], [`crate::KvPool`]).
+    /// gives their rows back ([`crate::SeqState`], [`crate::KvPool`]). An encoder's
+    /// windows are symmetric over a whole input, every key of which it keeps: 0.
     pub fn window(&self) -> usize {
+        if self.encoder {
+            return 0;
+        }
         self.layers
             .iter()
             .map(|l| l.mixer.window())

@@ -96,10 +96,17 @@ fn xlm_roberta_embeddings_match_transformers() {
     assert!(embeddings("xlmr") < 1e-3);
 }
 
+/// ModernBERT: pre-norm, RoPE with a base per layer kind, symmetric windows of ±4 on
+/// the middle layer (opening the window moves the fixture's embeddings by 2–7%).
+#[test]
+fn modernbert_embeddings_match_transformers() {
+    assert!(embeddings("modernbert") < 1e-3);
+}
+
 /// Case 0's hidden states, every row (hidden.bin), as a layer-level check.
 #[test]
 fn bert_hidden_states_match_transformers() {
-    for family in ["bert", "xlmr"] {
+    for family in ["bert", "xlmr", "modernbert"] {
         let m = meta(family);
         let model = Model::load(dir(family).join("model.gguf")).unwrap();
         let tokens = ids(&m["cases"][0]["hf_ids"]);
@@ -204,7 +211,7 @@ fn bert_reranker_without_pooler_scores_as_its_file_says() {
 /// Every input's hidden states are the same bits alone and inside a batch of all cases.
 #[test]
 fn an_input_gives_the_same_bits_alone_and_in_a_batch() {
-    for family in ["bert", "xlmr"] {
+    for family in ["bert", "xlmr", "modernbert"] {
         let m = meta(family);
         let model = Model::load(dir(family).join("model.gguf")).unwrap();
         let all: Vec<Vec<u32>> = m["cases"]

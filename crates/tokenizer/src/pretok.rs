@@ -86,7 +86,8 @@ impl PreTokenizer {
     pub fn from_name(name: &str) -> Result<PreTokenizer> {
         Ok(match name {
             "default" | "" => PreTokenizer::Default,
-            "gpt-2" => PreTokenizer::Gpt2,
+            // llama.cpp maps modern-bert to LLAMA_VOCAB_PRE_TYPE_GPT2.
+            "gpt-2" | "modern-bert" => PreTokenizer::Gpt2,
             "smollm" => PreTokenizer::Smollm,
             "starcoder" => PreTokenizer::Starcoder,
             "command-r" => PreTokenizer::CommandR,

@@ -349,6 +349,10 @@ impl Model {
                 r0: starts[si],
                 n: starts[si + 1] - starts[si],
                 bidi: &bidi[si],
+                ahead: match (c.plan.encoder, ap.window) {
+                    (true, w) if w > 0 => w / 2,
+                    _ => usize::MAX,
+                },
             })
             .collect();
         attention(
@@ -359,6 +363,7 @@ impl Model {
             Visible {
                 window: ap.window,
                 chunk: ap.chunk,
+                symmetric: c.plan.encoder,
             },
             ap.softcap,
             lw.attn_sinks.as_deref(),
@@ -565,14 +570,17 @@ struct AttnSeq<'a> {
     /// Position ranges `a..b` of this call whose rows see each other both ways (an
     /// image's rows in Gemma 3: [`crate::EmbdRows::bidirectional`]).
     bidi: &'a [(usize, usize)],
+    /// How many positions past its own a query of a two-way range sees at most (an
+    /// encoder's symmetric window: half of it; else unbounded).
+    ahead: usize,
 }
 
 impl AttnSeq<'_> {
     /// The last key position a query at position `pos` sees: itself (causal), or the
-    /// end of its two-way range.
+    /// end of its two-way range (at most [`AttnSeq::ahead`] past it).
     fn last_key(&self, pos: usize) -> usize {
         match self.bidi.iter().find(|&&(a, b)| (a..b).contains(&pos)) {
-            Some(&(_, b)) => b - 1,
+            Some(&(_, b)) => (b - 1).min(pos.saturating_add(self.ahead)),
             None => pos,
         }
     }
@@ -898,6 +906,10 @@ struct Visible {
     /// With `chunk > 0`, only the keys of the query's chunk, `t >= ⌊p / chunk⌋ · chunk`
     /// (llama.cpp `LLAMA_SWA_TYPE_CHUNKED`; transformers `chunked_causal_mask`).
     chunk: usize,
+    /// The window is symmetric, `|p - t| <= window / 2` (an encoder's: llama.cpp
+    /// `LLAMA_SWA_TYPE_SYMMETRIC`; transformers ModernBERT's `sliding_window_mask`); the
+    /// keys after the query come from [`AttnSeq::last_key`].
+    symmetric: bool,
 }
 
 impl Visible {
@@ -906,6 +918,7 @@ impl Visible {
     fn first_key(self, pos: usize) -> usize {
         let by_window = match self.window {
             0 => 0,
+            w if self.symmetric => pos.saturating_sub(w / 2),
             w => (pos + 1).saturating_sub(w),
         };
         let by_chunk = match self.chunk {

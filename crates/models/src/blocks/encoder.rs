@@ -45,16 +45,16 @@ pub struct EncoderWeights {
 
 impl EncoderWeights {
     /// Loads the position table (when `learned`), the token types (when the file has
-    /// `token_type_count`) and the classifier head where present.
+    /// `token_type_count`) and, for an architecture that has one (`rank_head`), the
+    /// classifier head where present.
     ///
     /// Errors: [`ModelError::Tensor`] for a missing or misshapen tensor, or a head whose
     /// output layer is missing or has no rows.
     pub(crate) fn load(
         l: &mut Loader<'_>,
         learned: bool,
-        n_ctx_train: usize,
-        n_token_types: usize,
-        n_embd: usize,
+        rank_head: bool,
+        (n_ctx_train, n_token_types, n_embd): (usize, usize, usize),
     ) -> Result<EncoderWeights> {
         let position_embd = match learned {
             true => Some(l.matrix("position_embd.weight", n_ctx_train, n_embd)?),
@@ -64,6 +64,15 @@ impl EncoderWeights {
             0 => None,
             n => l.matrix_opt("token_types.weight", n, n_embd)?,
         };
+        if !rank_head {
+            // Its head's tensors stay unread: the file is refused by the accounting.
+            return Ok(EncoderWeights {
+                position_embd,
+                token_types,
+                cls: None,
+                cls_out: None,
+            });
+        }
         let cls = match l.matrix_opt("cls.weight", n_embd, n_embd)? {
             Some(w) => Some(Dense {
                 w,

@@ -465,6 +465,23 @@ fn windows(k: &Keys, arch: &ArchSpec, n_layer: usize) -> Result<(usize, Vec<bool
             (n_swa_key, layers)
         }
         SwaPattern::All => (n_swa_key, vec![true; n_layer]),
+        SwaPattern::FirstOfPeriodGlobal(period) => {
+            let key = "attention.sliding_window_pattern";
+            let layers = match k.get(key) {
+                Some(v) if v.as_array().is_some() => k
+                    .bools_per_layer(key, n_layer)?
+                    .ok_or_else(|| k.err(key, "missing"))?,
+                _ => {
+                    let period = match k.usize_opt(key)? {
+                        Some(0) => return Err(k.err(key, "0")),
+                        Some(p) => p,
+                        None => period,
+                    };
+                    (0..n_layer).map(|il| il % period != 0).collect()
+                }
+            };
+            (n_swa_key, layers)
+        }
     };
 
     // Llama 4's NoPE layers, while chunks are on (llama.cpp sets the no-RoPE step to
@@ -721,6 +738,25 @@ fn token_type_count(f: &GgufFile) -> Result<usize> {
     }
 }
 
+/// `{arch}.hidden_activation` (ModernBERT's): the row's activation is GELU; a file naming
+/// another (IBM Granite Embedding's SwiGLU variant) is refused rather than run with GELU.
+///
+/// Errors: [`ModelError::Unsupported`] naming the value.
+fn hidden_activation(k: &Keys, arch: &ArchSpec) -> Result<()> {
+    let Some(v) = k.get("hidden_activation") else {
+        return Ok(());
+    };
+    match v.as_str() {
+        Some("gelu") if arch.activation == crate::arch::Activation::GeluErf => Ok(()),
+        other => Err(ModelError::Unsupported(format!(
+            "{} = {:?} on {} (frink runs its FFN with the erf GELU)",
+            k.key("hidden_activation"),
+            other.unwrap_or("(not a string)"),
+            arch.name
+        ))),
+    }
+}
+
 /// Checks `{arch}.attention.causal` against the row: an encoder's attention is
 /// bidirectional (the key, where present, must say false), a decoder's causal (a file
 /// asking a decoder architecture for bidirectional attention, as EmbeddingGemma's does, is
@@ -834,6 +870,7 @@ impl ModelConfig {
             _ => k.usize_opt("context_length")?.unwrap_or(2048),
         };
         causal_attention(&k, arch)?;
+        hidden_activation(&k, arch)?;
         let n_token_types = match arch.encoder {
             true => token_type_count(f)?,
             false => 0,
