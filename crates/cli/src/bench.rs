@@ -141,6 +141,7 @@ pub fn peak_rss_bytes() -> Option<u64> {
 pub fn run(args: &BenchArgs) -> Result<()> {
     let path = args.model.path()?;
     let (model, decision) = args.model.load_path_deciding(&path)?;
+    crate::common::generative(&model, "bench")?;
     // What the decode runs through, and how it was chosen (docs/speed.md, "The decode path").
     eprintln!("{}", decision.describe());
     if let Some(f) = &args.spec_prompt_file {

@@ -722,3 +722,23 @@ pub fn exit_on_write_error(e: &std::io::Error) -> ! {
     eprintln!("error: cannot write the output: {e}");
     std::process::exit(1);
 }
+
+/// Refuses an encoder (BERT family) for a command that needs logits (`frink {command}`),
+/// saying what it does instead.
+///
+/// Errors: the model is an encoder.
+pub fn generative(model: &Model, command: &str) -> Result<()> {
+    if model.config.plan.encoder {
+        anyhow::bail!(
+            "the model is an encoder ({}): it gives embeddings (frink embed){}, not text; \
+             frink {command} needs a generative model",
+            model.config.arch.name,
+            if model.has_classifier() {
+                " and reranking scores (frink rerank)"
+            } else {
+                ""
+            }
+        );
+    }
+    Ok(())
+}

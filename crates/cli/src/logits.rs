@@ -21,6 +21,7 @@ pub fn run(args: &ModelArgs, ids: &[u32], out: &Path, dump: &DumpArgs) -> Result
         ..args.clone()
     }
     .load()?;
+    crate::common::generative(&model, "logits")?;
     let taps = dump.taps()?;
     let mut model = model;
     model.set_taps(taps.clone());

@@ -33,6 +33,7 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
         ..args.model.clone()
     }
     .load()?;
+    crate::common::generative(&model, "perplexity")?;
     let tok =
         Tokenizer::from_gguf_releasing(&mut model.file).context("cannot build the tokenizer")?;
     let text = read_text(&args.file)?;

@@ -198,6 +198,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let path = args.model.path()?;
     let t0 = Instant::now();
     let mut model = args.model.load_path(&path)?;
+    crate::common::generative(&model, "run")?;
     let tok = std::sync::Arc::new(
         Tokenizer::from_gguf_releasing(&mut model.file).context("cannot build the tokenizer")?,
     );

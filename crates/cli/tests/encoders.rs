@@ -83,8 +83,8 @@ fn frink_embed_gives_transformers_vectors() {
 }
 
 /// `frink rerank` scores each document as transformers does, best first, `--top-n`
-/// keeping the best; an embedding model, a shortening of a model not trained for it and a
-/// text past the position table are refused naming why.
+/// keeping the best; an embedding model, a shortening of a model not trained for it, a
+/// text past the position table and generation on an encoder are refused naming why.
 #[test]
 fn frink_rerank_ranks_as_transformers_and_refusals_name_the_reason() {
     let m = meta("xlmr_rank");
@@ -137,6 +137,18 @@ fn frink_rerank_ranks_as_transformers_and_refusals_name_the_reason() {
     let out = frink(&["embed", "-m", &bert, "--dimensions", "8", "x"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("Matryoshka"), "{}", stderr(&out));
+    for cmd in [
+        &["run", "-m", &bert, "hi"][..],
+        &["logits", "-m", &bert, "--ids", "1,2", "-o", "/dev/null"],
+    ] {
+        let out = frink(cmd);
+        assert_eq!(out.status.code(), Some(1), "{cmd:?}");
+        assert!(
+            stderr(&out).contains("is an encoder (bert)"),
+            "{}",
+            stderr(&out)
+        );
+    }
     let long = "word ".repeat(400);
     let out = frink(&["embed", "-m", &bert, &long]);
     assert_eq!(out.status.code(), Some(1));

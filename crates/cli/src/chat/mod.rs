@@ -283,6 +283,7 @@ fn describe(model: &Model, path: &Path, tok: &Tokenizer, args: &ChatArgs) -> Str
 pub fn run(args: &ChatArgs) -> Result<()> {
     let path = args.model.path()?;
     let mut model = args.model.load_path(&path)?;
+    crate::common::generative(&model, "chat")?;
     let tok_arc = std::sync::Arc::new(
         Tokenizer::from_gguf_releasing(&mut model.file).context("cannot build the tokenizer")?,
     );
