@@ -10,23 +10,8 @@
 
 mod common;
 
-use common::{frink, last_json_line, stderr};
+use common::{cosine, floats, frink, last_json_line, stderr};
 use serde_json::Value;
-
-fn cosine(a: &[f64], b: &[f64]) -> f64 {
-    let dot: f64 = a.iter().zip(b).map(|(x, y)| x * y).sum();
-    let na: f64 = a.iter().map(|x| x * x).sum::<f64>().sqrt();
-    let nb: f64 = b.iter().map(|x| x * x).sum::<f64>().sqrt();
-    dot / (na * nb)
-}
-
-fn floats(v: &Value) -> Vec<f64> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect()
-}
 
 #[test]
 fn embeddings_match_llama_embedding_on_the_catalog_models() {

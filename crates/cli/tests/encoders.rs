@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use common::http::Server;
 use common::serve::{lock, openai_venv, run_client_script};
-use common::{frink, last_json_line, stderr};
+use common::{cosine, floats, frink, last_json_line, stderr};
 use serde_json::Value;
 
 fn fixture(family: &str) -> PathBuf {
@@ -28,14 +28,6 @@ fn model(family: &str) -> String {
         .join("model.gguf")
         .to_string_lossy()
         .into_owned()
-}
-
-fn floats(v: &Value) -> Vec<f64> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect()
 }
 
 /// `frink embed` tokenizes as llama.cpp does and gives transformers' vectors: raw
@@ -209,14 +201,10 @@ fn nomic_embed_text_matches_llama_embedding() {
         .iter()
         .map(floats)
         .collect();
-    let cos = |a: &[f64], b: &[f64]| {
-        let d: f64 = a.iter().zip(b).map(|(x, y)| x * y).sum();
-        d / (a.iter().map(|x| x * x).sum::<f64>() * b.iter().map(|x| x * x).sum::<f64>()).sqrt()
-    };
     let worst = got
         .iter()
         .zip(cases)
-        .map(|(g, c)| cos(g, &floats(&c["embedding"])))
+        .map(|(g, c)| cosine(g, &floats(&c["embedding"])))
         .fold(1f64, f64::min);
     eprintln!("nomic-embed-text-v1.5: cosine to llama-embedding ≥ {worst:.7}");
     assert!(worst >= 0.999, "{worst}");
@@ -235,5 +223,5 @@ fn nomic_embed_text_matches_llama_embedding() {
     assert_eq!(short.len(), 256);
     let norm: f64 = short.iter().map(|x| x * x).sum::<f64>().sqrt();
     assert!((norm - 1.0).abs() < 1e-5);
-    assert!(cos(&short, &got[0][..256]) > 0.999_999);
+    assert!(cosine(&short, &got[0][..256]) > 0.999_999);
 }

