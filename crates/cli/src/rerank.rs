@@ -25,7 +25,8 @@ pub struct RerankArgs {
     /// Tokens evaluated in one pass at most, over several pairs.
     #[arg(long = "ubatch", default_value_t = frink_engine::embed::ENCODER_BATCH, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_048_576))]
     pub ubatch: usize,
-    /// Print `{"results": [{"index", "relevance_score", "document"}, …]}`, best first.
+    /// Print `{"results": [{"index", "relevance_score", "document": {"text"}}, …]}`, best
+    /// first (the shape of `/v1/rerank` with `return_documents`).
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = ArgAction::Set, default_value_t = false)]
     pub json: bool,
     /// Read the documents from FILE, one per line (`-`: stdin), after any given as
@@ -104,7 +105,7 @@ pub fn run(args: &RerankArgs) -> Result<()> {
         let results: Vec<serde_json::Value> = ranked
             .iter()
             .map(|&(i, s)| {
-                serde_json::json!({"index": i, "relevance_score": s, "document": docs[i]})
+                serde_json::json!({"index": i, "relevance_score": s, "document": {"text": docs[i]}})
             })
             .collect();
         outln!("{}", serde_json::json!({ "results": results }));

@@ -109,7 +109,7 @@ fn frink_rerank_ranks_as_transformers_and_refusals_name_the_reason() {
         let i = r["index"].as_u64().unwrap() as usize;
         let want = same[i]["score"].as_f64().unwrap();
         assert!((r["relevance_score"].as_f64().unwrap() - want).abs() < 1e-3);
-        assert_eq!(r["document"], same[i]["document"]);
+        assert_eq!(r["document"]["text"], same[i]["document"]);
     }
     let mut top = args.clone();
     top.extend(["--top-n", "1"]);

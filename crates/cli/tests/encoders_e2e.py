@@ -85,6 +85,8 @@ def embed_checks():
         check(alone == batch[i].embedding, f"input {i} alone and in the batch of 256")
     o = ol.embed(model=model, input=texts)
     check(all(rel(a, b) < 1e-6 for a, b in zip(o.embeddings, got)), "ollama /api/embed gives the same vectors")
+    status, body = post("/v1/embeddings", {"model": model, "input": "word " * 300})
+    check(status == 400 and "context_length" in body["error"]["message"], f"an input past the positions: {status} {body}")
     status, body = post("/v1/embeddings", {"model": model, "input": "x", "dimensions": 8})
     check(status == 400 and body["error"]["param"] == "dimensions", f"dimensions refused: {status} {body}")
     try:

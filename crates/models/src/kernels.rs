@@ -285,11 +285,12 @@ pub enum WeightData<'a> {
     Stored(&'a [u8]),
     /// The packed copy.
     Packed(&'a frink_quant::dot::pack::Packed),
-    /// Float weights (F32, F16, BF16) `rows × row_bytes` as stored, multiplied by the
-    /// blocked product of [`gemm::gemm_nt`] (each element's products summed in order):
-    /// an encoder's, whose inputs are always evaluated whole, so its elements need not
-    /// have a decoder row's dot bits; they are the same whatever the batch.
-    Gemm(&'a [u8]),
+    /// Float weights as `rows × cols` f32 values (F32 read in place, F16 and BF16 widened
+    /// once at load), multiplied by the blocked product of [`gemm::gemm_nt`] (each
+    /// element's products summed in order): an encoder's, whose inputs are always
+    /// evaluated whole, so its elements need not have a decoder row's dot bits; they are
+    /// the same whatever the batch.
+    Gemm(&'a [f32]),
 }
 
 /// One projection of [`matmul_many`]: `out = x · Wᵀ` for the matrix `w` whose weights
@@ -493,9 +494,10 @@ fn matmul_inputs<'a>(projs: &mut [Projection<'a>], xs: &[&[f32]], n: usize) -> R
         }
         assert_eq!(p.out.len(), n * p.w.rows, "matmul output shape");
         match p.data {
-            WeightData::Stored(d) | WeightData::Gemm(d) => {
+            WeightData::Stored(d) => {
                 assert_eq!(d.len(), p.w.rows * p.w.row_bytes, "matmul weight bytes")
             }
+            WeightData::Gemm(f) => assert_eq!(f.len(), p.w.rows * p.w.cols, "matmul weights"),
             WeightData::Packed(pk) => assert_eq!(
                 (pk.ty(), pk.rows(), pk.cols()),
                 (p.w.ty, p.w.rows, p.w.cols),
@@ -522,7 +524,9 @@ fn matmul_inputs<'a>(projs: &mut [Projection<'a>], xs: &[&[f32]], n: usize) -> R
         let (w, data) = mats[pi];
         let (rows, rb) = (w.rows, w.row_bytes);
         let data = match data {
-            WeightData::Stored(d) | WeightData::Gemm(d) => d,
+            WeightData::Stored(d) => d,
+            // (Taken by `matmul_gemm_first` before any task runs.)
+            WeightData::Gemm(_) => return,
             WeightData::Packed(pk) => {
                 let (slot, g) = (
                     kernels[pi].map_or(0, |k| k.1),
@@ -615,17 +619,15 @@ fn matmul_inputs<'a>(projs: &mut [Projection<'a>], xs: &[&[f32]], n: usize) -> R
 }
 
 /// [`matmul_inputs`] of a call with [`WeightData::Gemm`] projections: those by
-/// [`gemm::gemm_nt`] (the weights widened to f32 once, or read in place when they are
-/// f32), the others as usual.
+/// [`gemm::gemm_nt`], the others as usual.
 ///
 /// Errors: as [`matmul_many`].
 fn matmul_gemm_first(projs: &mut [Projection<'_>], xs: &[&[f32]], n: usize) -> Result<()> {
     let input = |pi: usize| if xs.len() == 1 { xs[0] } else { xs[pi] };
     let mut rest = Vec::new();
     let mut rest_xs = Vec::new();
-    let mut widened = Vec::new();
     for (pi, p) in projs.iter_mut().enumerate() {
-        let WeightData::Gemm(bytes) = p.data else {
+        let WeightData::Gemm(wf) = p.data else {
             rest_xs.push(input(pi));
             rest.push(Projection {
                 w: p.w,
@@ -634,21 +636,7 @@ fn matmul_gemm_first(projs: &mut [Projection<'_>], xs: &[&[f32]], n: usize) -> R
             });
             continue;
         };
-        let (rows, cols) = (p.w.rows, p.w.cols);
-        let wf = match f32_in_place(p.w.ty, bytes) {
-            Some(wf) => wf,
-            None => {
-                widened.resize(rows * cols, 0.0);
-                for (r, out) in bytes
-                    .chunks_exact(p.w.row_bytes)
-                    .zip(widened.chunks_exact_mut(cols))
-                {
-                    frink_quant::dequantize(p.w.ty, r, out)?;
-                }
-                &widened[..]
-            }
-        };
-        gemm::gemm_nt(input(pi), wf, n, rows, cols, p.out);
+        gemm::gemm_nt(input(pi), wf, n, p.w.rows, p.w.cols, p.out);
     }
     match rest.is_empty() {
         true => Ok(()),
@@ -707,7 +695,7 @@ fn rows_times_inputs(
 /// Stored `F32` weights as f32 values, in place: `Some` where `ty` is `F32`, the bytes are
 /// 4-aligned and the machine is little-endian (GGUF stores little-endian), which is what
 /// `frink_quant::dequantize` would copy them into.
-fn f32_in_place(ty: GgmlType, bytes: &[u8]) -> Option<&[f32]> {
+pub(crate) fn f32_in_place(ty: GgmlType, bytes: &[u8]) -> Option<&[f32]> {
     if ty != GgmlType::F32 || cfg!(target_endian = "big") {
         return None;
     }
@@ -729,7 +717,8 @@ thread_local! {
 /// brought 237 MB of it back into resident memory through the kernel's fault-around).
 pub fn matrix_row(w: &Matrix, wdata: WeightData<'_>, r: usize, out: &mut [f32]) -> Result<()> {
     match wdata {
-        WeightData::Stored(d) | WeightData::Gemm(d) => {
+        WeightData::Gemm(f) => out.copy_from_slice(&f[r * w.cols..(r + 1) * w.cols]),
+        WeightData::Stored(d) => {
             frink_quant::dequantize(w.ty, &d[r * w.row_bytes..(r + 1) * w.row_bytes], out)?
         }
         WeightData::Packed(p) => {

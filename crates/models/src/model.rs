@@ -132,6 +132,10 @@ pub struct Model {
     pub(crate) packed_active: std::sync::atomic::AtomicBool,
     /// Named intermediates to record ([`Model::set_taps`]; `None`: none).
     pub(crate) taps: Option<std::sync::Arc<crate::taps::Taps>>,
+    /// An encoder's F16 and BF16 matrices widened to f32 once at load, by tensor index
+    /// ([`crate::kernels::WeightData::Gemm`] reads them; widening them in every pass
+    /// was half of a pass's time on nomic-embed-text-v1.5).
+    widened: std::collections::HashMap<usize, Vec<f32>>,
 }
 
 /// Repacked matrices found by two indexed loads: the tensor's index, then the matrix's
@@ -462,9 +466,48 @@ impl Model {
             packed: Default::default(),
             packed_active: std::sync::atomic::AtomicBool::new(true),
             taps: None,
+            widened: Default::default(),
         };
         model.set_repack(repack && frink_quant::dot::pack::preferred());
+        if model.config.plan.encoder {
+            model.widen_float_matrices()?;
+        }
         Ok(model)
+    }
+
+    /// Widens an encoder's F16/BF16 matrices (and any F32 one whose bytes are not
+    /// f32-aligned) to f32 once, in parallel, for [`Model::weight`]'s
+    /// [`WeightData::Gemm`](crate::kernels::WeightData::Gemm).
+    ///
+    /// Errors: a tensor that does not dequantize.
+    fn widen_float_matrices(&mut self) -> Result<()> {
+        let todo: Vec<Matrix> = self
+            .matmul_weights
+            .iter()
+            .filter(|m| is_float(m.ty) && !self.packed.is_taken(m))
+            .filter(|m| crate::kernels::f32_in_place(m.ty, self.data(m)).is_none())
+            .copied()
+            .collect();
+        for m in todo {
+            let mut v = vec![0f32; m.rows * m.cols];
+            let data = self.data(&m);
+            let failed = std::sync::Mutex::new(None);
+            let rows_per = 64;
+            crate::pool::for_each_chunk(&mut v, rows_per * m.cols, &|i, part| {
+                let r0 = i * rows_per;
+                for (j, row) in part.chunks_exact_mut(m.cols).enumerate() {
+                    let bytes = &data[(r0 + j) * m.row_bytes..][..m.row_bytes];
+                    if let Err(e) = frink_quant::dequantize(m.ty, bytes, row) {
+                        *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+                    }
+                }
+            });
+            if let Some(e) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+                return Err(e.into());
+            }
+            self.widened.insert(m.tensor, v);
+        }
+        Ok(())
     }
 
     /// Repacks (`on`) every matrix the forward pass multiplies by whose type has a packed
@@ -559,8 +602,17 @@ impl Model {
             .flatten();
         match packed {
             Some(p) => WeightData::Packed(p),
-            // An encoder's float matrices: the blocked product.
-            None if self.config.plan.encoder && is_float(m.ty) => WeightData::Gemm(self.data(m)),
+            // An encoder's float matrices: the blocked product, on f32 rows.
+            None if self.config.plan.encoder && is_float(m.ty) => {
+                let data = self.data(m);
+                match crate::kernels::f32_in_place(m.ty, data) {
+                    Some(f) => WeightData::Gemm(f),
+                    None => match self.widened.get(&m.tensor) {
+                        Some(f) => WeightData::Gemm(f),
+                        None => WeightData::Stored(data),
+                    },
+                }
+            }
             None => WeightData::Stored(self.data(m)),
         }
     }

@@ -260,7 +260,7 @@ fn start_engine(
     };
     let prompt_limit = match encoder {
         true => frink_engine::scheduler::PromptLimit {
-            n_ctx: encoder_ctx(config, &model.config),
+            n_ctx: encoder_ctx(&model.config),
             kv_positions: usize::MAX,
         },
         false => sched_config.prompt_limit(),
@@ -292,10 +292,11 @@ fn start_engine(
     })
 }
 
-/// The context an encoder's server runs with: one past its longest input (`--ctx`, at
-/// most its position count), as a decoder's context leaves a position to generate into.
-fn encoder_ctx(config: &ServeConfig, model: &frink_models::ModelConfig) -> usize {
-    config.ctx.min(model.n_ctx_train + 1)
+/// The context an encoder's server runs with: one past its longest input, its position
+/// count (`--ctx` does not apply), as a decoder's context leaves a position to generate
+/// into.
+fn encoder_ctx(model: &frink_models::ModelConfig) -> usize {
+    model.n_ctx_train + 1
 }
 
 /// A model-scoped route: its path, its methods (for the top router's own method check)

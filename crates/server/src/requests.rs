@@ -621,6 +621,19 @@ pub(crate) fn check_length(
     n: usize,
 ) -> Result<(), ApiError> {
     use frink_engine::scheduler::PromptError;
+    // An encoder's inputs are bounded by its positions (`prompt_limit.n_ctx` is one past).
+    let max = eng.prompt_limit.n_ctx.saturating_sub(1);
+    if eng.encoder && n > max {
+        return Err(ApiError::invalid(
+            Some(field),
+            format!(
+                "{what} is {n} tokens, longer than the {max} positions the model takes \
+                 ({}.context_length)",
+                eng.arch
+            ),
+        )
+        .with_code("context_length_exceeded"));
+    }
     eng.prompt_limit.check(n).map_err(|e| {
         let said = e.to_string().replacen("the prompt", what, 1);
         let err = ApiError::invalid(Some(field), said);
