@@ -148,7 +148,8 @@ fn frink_rerank_ranks_as_transformers_and_refusals_name_the_reason() {
 }
 
 /// The HTTP APIs with the official clients (tests/encoders_e2e.py): an embedding model,
-/// a reranker, and a generative model asked to rerank.
+/// a reranker, concurrent requests with more inputs than `--queue` holds, and a generative
+/// model asked to rerank.
 #[test]
 fn encoders_through_the_python_clients() {
     let _l = lock();
@@ -166,6 +167,15 @@ fn encoders_through_the_python_clients() {
             "encoder checks passed",
         );
     }
+    let srv = Server::start(&["-m", &model("bert"), "--queue", "4"]);
+    run_client_script(
+        &python,
+        "encoders_e2e.py",
+        &srv,
+        &["queue"],
+        "encoder checks passed",
+    );
+    drop(srv);
     let srv = Server::start(&[]);
     run_client_script(
         &python,

@@ -124,6 +124,17 @@ def rerank_checks():
     check(b["results"][0]["document"]["text"] == docs[results[0]["index"]], "return_documents")
     s, b = post("/rerank", {"query": query, "texts": docs, "return_text": True})
     check(s == 200 and isinstance(b, list) and "score" in b[0] and "text" in b[0], f"TEI shape: {b}")
+    # TEI's scores are sigmoids unless raw_scores.
+    by_index = {r["index"]: r["relevance_score"] for r in results}
+    check(all(abs(r["score"] - 1 / (1 + math.exp(-by_index[r["index"]]))) < 1e-6 for r in b), "TEI sigmoid scores")
+    s, raw = post("/rerank", {"query": query, "texts": docs, "raw_scores": True})
+    check(s == 200 and all(abs(r["score"] - by_index[r["index"]]) < 1e-6 for r in raw), "TEI raw_scores")
+    s, b = post("/rerank", {"query": query, "texts": docs, "documents": docs})
+    check(s == 400 and b["error"]["param"] == "texts", f"documents and texts: {s} {b}")
+    s, b = post("/rerank", {"query": query, "texts": docs, "truncate": True})
+    check(s == 400 and b["error"]["param"] == "truncate", f"truncate: {s} {b}")
+    s, b = post("/v1/rerank", {"query": "word " * 300, "documents": docs})
+    check(s == 400 and b["error"]["param"] == "query", f"a query past the positions: {s} {b}")
     for bad, param in [({"documents": docs}, "query"), ({"query": query}, "documents"),
                        ({"query": query, "documents": []}, "documents"),
                        ({"query": query, "documents": [1]}, "documents"),
@@ -133,12 +144,32 @@ def rerank_checks():
         check(s == 400 and b["error"]["param"] == param, f"{bad}: {s} {b}")
 
 
+def queue_checks():
+    """A server with `--queue 4`: 8 clients × 10 inputs at once (more inputs than the
+    queue holds), every request answered with the vectors of its inputs alone."""
+    import concurrent.futures
+    texts = [[f"client {c} text {i} about free software" for i in range(10)] for c in range(8)]
+
+    def one(batch):
+        return [d.embedding for d in oa.embeddings.create(model=model, input=batch).data]
+
+    with concurrent.futures.ThreadPoolExecutor(8) as ex:
+        got = list(ex.map(one, texts))
+    check(all(len(g) == 10 for g in got), "every client got its 10 vectors")
+    alone = oa.embeddings.create(model=model, input=texts[3][7]).data[0].embedding
+    check(got[3][7] == alone, "an input of a full queue's request equals it alone")
+    status, body = post("/v1/embeddings", {"model": model, "input": "x", "encoding_format": "float", "dimensions": 3})
+    check(status == 400, f"dimensions: {status}")
+    status, body = post("/embeddings", {"content": "x", "embd_normalize": 4294967298})
+    check(status == 400 and body["error"]["param"] == "embd_normalize", f"embd_normalize range: {status} {body}")
+
+
 def decoder_checks():
     status, body = post("/v1/rerank", {"model": model, "query": "q", "documents": ["d"]})
     check(status == 400 and model in body["error"]["message"], f"a decoder asked to rerank: {status} {body}")
 
 
-{"embed": embed_checks, "rerank": rerank_checks, "decoder": decoder_checks}[mode]()
+{"embed": embed_checks, "rerank": rerank_checks, "queue": queue_checks, "decoder": decoder_checks}[mode]()
 if failures:
     sys.exit(1)
 print("encoder checks passed")

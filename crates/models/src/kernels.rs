@@ -14,8 +14,8 @@ pub use attn::{
     weighted_sum_multi, weighted_sum_multi_portable, KvData, KvRows,
 };
 pub use math::{
-    fast_exp, hadamard_rotate, silu, silu_in_place, silu_in_place_portable, ssm_step,
-    ssm_step_portable, Decay,
+    fast_exp, gelu_erf_fast, gelu_erf_in_place, gelu_erf_in_place_portable, hadamard_rotate, silu,
+    silu_in_place, silu_in_place_portable, ssm_step, ssm_step_portable, Decay,
 };
 
 use crate::error::Result;

@@ -171,12 +171,14 @@ pub(crate) async fn run_embeds(
     let tokens: usize = inputs.iter().map(|i| i.0.len()).sum();
     let lora = eng.lora_set(None)?;
     let mut out: Vec<Option<Vec<f32>>> = vec![None; n];
-    let mut inputs: Vec<Option<(Vec<u32>, Embed)>> = inputs.into_iter().map(Some).collect();
+
     let (mut next, mut outstanding, mut done) = (0, 0, 0);
     while done < n {
         while next < n && outstanding < st.queue.max(1) {
             let Some(sender) = &tx else { break };
-            let (prompt, embed) = inputs[next].take().expect("each input is submitted once");
+            // Cloned: a full queue hands the request back to nobody, and the input is
+            // submitted again once one of ours finishes.
+            let (prompt, embed) = inputs[next].clone();
             let req = Request {
                 prompt,
                 sampling: frink_engine::sampling::SamplingParams::default(),
@@ -277,9 +279,20 @@ pub(crate) async fn embeddings(State(st): St, body: Bytes) -> Response {
 pub(crate) async fn embeddings_llamacpp(State(st): St, body: Bytes) -> Response {
     let r = async {
         let obj = api::parse_object(&body)?;
-        let norm = api::opt_i64(&obj, "embd_normalize")?.unwrap_or(2) as i32;
+        let norm = match api::opt_i64(&obj, "embd_normalize")?.unwrap_or(2) {
+            n @ -1..=0x7fff_ffff => n as i32,
+            n => {
+                return Err(ApiError::invalid(
+                    Some("embd_normalize"),
+                    format!(
+                        "'embd_normalize' must be -1 (none), 0, 1, 2 or a p-norm above 2 (got {n})"
+                    ),
+                ))
+            }
+        };
+        let dims = check_dimensions(st.engine()?, &obj)?;
         let inputs = embedding_inputs(&st, &obj).await?;
-        let (vectors, _) = embed_inputs(&st, inputs, norm, None).await?;
+        let (vectors, _) = embed_inputs(&st, inputs, norm, dims).await?;
         let out: Vec<Value> = vectors
             .into_iter()
             .enumerate()

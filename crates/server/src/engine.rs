@@ -296,7 +296,7 @@ fn start_engine(
 /// count (`--ctx` does not apply), as a decoder's context leaves a position to generate
 /// into.
 fn encoder_ctx(model: &frink_models::ModelConfig) -> usize {
-    model.n_ctx_train + 1
+    model.n_ctx_train.saturating_add(1)
 }
 
 /// A model-scoped route: its path, its methods (for the top router's own method check)

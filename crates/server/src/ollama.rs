@@ -918,7 +918,8 @@ pub(crate) async fn embeddings(State(st): St, body: Bytes) -> Response {
         let mut q = Map::new();
         q.insert("input".into(), json!(prompt));
         let inputs = embedding_inputs(&st, &q).await?;
-        let (mut vectors, _) = embed_inputs(&st, inputs, -1, None).await?;
+        let dims = check_dimensions(st.engine()?, &obj)?;
+        let (mut vectors, _) = embed_inputs(&st, inputs, -1, dims).await?;
         Ok(json!({"embedding": vectors.pop().unwrap_or_default()}))
     };
     match r.await {

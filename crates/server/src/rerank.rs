@@ -3,7 +3,8 @@
 //! each with its `index` and `relevance_score`), and TEI's (`texts`, answered as a bare
 //! array of `{"index", "score"}`, with `return_text`), as llama-server accepts both
 //! (tools/server/server-context.cpp `post_rerank`, server-common.cpp
-//! `format_response_rerank`). Each (query, document) pair is encoded as the model's
+//! `format_response_rerank`; TEI's `raw_scores` honoured: its scores are sigmoids unless it
+//! is true). Each (query, document) pair is encoded as the model's
 //! tokenizer pairs texts ([`frink_tokenizer::Tokenizer::encode_pair`]) and scored by the
 //! model's classifier head: the raw score, as llama-server returns it.
 
@@ -17,7 +18,7 @@ use serde_json::{json, Map, Value};
 
 use crate::api::{self, json_response, ApiError};
 use crate::embeddings::{run_embeds, MAX_EMBEDDING_INPUTS};
-use crate::requests::model_field;
+use crate::requests::{check_length, model_field};
 use crate::St;
 
 /// The documents of a rerank request: `documents` (strings, or objects whose `text` is
@@ -27,6 +28,12 @@ use crate::St;
 /// element that is neither a string nor an object with a string `text`).
 fn documents(obj: &Map<String, Value>) -> Result<(Vec<String>, bool), ApiError> {
     let (field, tei) = match (obj.get("documents"), obj.get("texts")) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                Some("texts"),
+                "give 'documents' or TEI's 'texts', not both",
+            ))
+        }
         (Some(_), _) => ("documents", false),
         (None, Some(_)) => ("texts", true),
         (None, None) => {
@@ -103,19 +110,42 @@ pub(crate) async fn rerank(State(st): St, body: Bytes) -> Response {
                 ))
             }
         };
-        let with_text = match tei {
-            true => api::opt_bool(&obj, "return_text")?.unwrap_or(false),
-            false => api::opt_bool(&obj, "return_documents")?.unwrap_or(false),
-        };
+        // Either spelling in either shape.
+        let with_text = api::opt_bool(&obj, "return_text")?
+            .or(api::opt_bool(&obj, "return_documents")?)
+            .unwrap_or(false);
+        // TEI's scores are the sigmoid of the logits unless `raw_scores` (its default
+        // false); it truncates nothing unless asked, and frink never does.
+        let sigmoid = tei && !api::opt_bool(&obj, "raw_scores")?.unwrap_or(false);
+        if api::opt_bool(&obj, "truncate")? == Some(true) {
+            return Err(ApiError::invalid(
+                Some("truncate"),
+                "'truncate' is not supported: an input past the model's positions is refused",
+            )
+            .with_code("unsupported_field"));
+        }
+        // The query once, refused before any document when it alone is past the
+        // model's positions; each pair checked as it is made.
         let pairs = {
             let docs = docs.clone();
             st.offload(move |st| {
-                let tok = &st.engine()?.tok;
+                let eng = st.engine()?;
+                let tok = &eng.tok;
+                let bad = |field: &str, e: frink_tokenizer::TokenizerError| {
+                    ApiError::invalid(Some(field), e.to_string())
+                };
+                let q = tok
+                    .encode(&query, false, false)
+                    .map_err(|e| bad("query", e))?;
+                check_length(eng, "query", "the query", q.len())?;
                 docs.iter()
                     .map(|d| {
-                        let (ids, types) = tok
-                            .encode_pair(&query, d)
-                            .map_err(|e| ApiError::invalid(Some("documents"), e.to_string()))?;
+                        let d = tok
+                            .encode(d, false, false)
+                            .map_err(|e| bad("documents", e))?;
+                        let (ids, types) =
+                            tok.pair_from_ids(&q, &d).map_err(|e| bad("documents", e))?;
+                        check_length(eng, "documents", "a query and document", ids.len())?;
                         Ok((
                             ids,
                             Embed {
@@ -133,6 +163,7 @@ pub(crate) async fn rerank(State(st): St, body: Bytes) -> Response {
             .iter()
             .enumerate()
             .map(|(i, v)| (i, v.first().copied().unwrap_or(f32::NAN)))
+            .map(|(i, s)| (i, if sigmoid { 1.0 / (1.0 + (-s).exp()) } else { s }))
             .collect();
         // Best first; equal scores keep the documents' order.
         ranked.sort_by(|a, b| b.1.total_cmp(&a.1));

@@ -65,6 +65,9 @@ pub struct ZipEntry {
     pub name: String,
     /// Its compressed size (the header's may be zero when a data descriptor follows).
     pub compressed: u64,
+    /// Its size once inflated: more is refused before it is written (a deflate bomb
+    /// never fills the disk).
+    pub size: u64,
 }
 
 impl CatalogEntry {
@@ -183,6 +186,7 @@ pub fn catalog() -> Vec<CatalogEntry> {
             offset: 32_119_039,
             name: "gpt4all/resources/nomic-embed-text-v1.5.f16.gguf".into(),
             compressed: 251_925_895,
+            size: 274_290_560,
         }),
     ]
 }

@@ -243,7 +243,7 @@ pub(crate) fn copy_inner(
     f.seek(SeekFrom::Current(extra_len))
         .map_err(io_err("seeking in"))?;
     let data = f.take(inner.compressed);
-    let mut reader: Box<dyn Read> = match method {
+    let reader: Box<dyn Read> = match method {
         0 => Box::new(data),
         8 => Box::new(flate2::read::DeflateDecoder::new(data)),
         m => {
@@ -252,13 +252,26 @@ pub(crate) fn copy_inner(
             )))
         }
     };
-    copy_hashed(
+    // One byte past the size tells an entry that is too long.
+    let mut reader = reader.take(inner.size.saturating_add(1));
+    let n = copy_hashed(
         &mut reader,
         out,
         hasher,
         &format!("inflating {} from {}", inner.name, concat.display()),
         &format!("writing the entry of {}", concat.display()),
-    )
+    )?;
+    if n != inner.size {
+        let got = match n > inner.size {
+            true => "more than".to_string(),
+            false => n.to_string(),
+        };
+        return Err(bad(format!(
+            "it inflates to {got} bytes, not {}",
+            inner.size
+        )));
+    }
+    Ok(n)
 }
 
 /// Copies `reader` to `out` to its end, feeding every byte to `hasher`; the bytes copied.
@@ -340,6 +353,7 @@ mod tests {
             offset,
             name: "dir/model.gguf".into(),
             compressed,
+            size: data.len() as u64,
         };
         let (n, got) = run(&good).unwrap();
         assert_eq!((n as usize, got), (data.len(), data.clone()));
@@ -361,14 +375,16 @@ mod tests {
             assert!(matches!(err, StoreError::InnerEntry { .. }), "{err}");
             assert!(err.to_string().contains(&bad.name), "{err}");
         }
-        // A size past the end: the inflate fails or stops short (the sha256 then fails).
-        let long = ZipEntry {
+        // A compressed size cut short fails; an entry that inflates past its size stops
+        // there (a deflate bomb never fills the disk).
+        let short = ZipEntry {
             compressed: compressed / 2,
-            ..good
+            ..good.clone()
         };
-        match run(&long) {
-            Ok((n, _)) => assert!((n as usize) < data.len()),
-            Err(e) => assert!(e.to_string().contains("inflating"), "{e}"),
-        }
+        assert!(run(&short).is_err());
+        let small = ZipEntry { size: 1000, ..good };
+        let err = run(&small).unwrap_err();
+        assert!(err.to_string().contains("more than"), "{err}");
+        assert!(std::fs::metadata(dir.path().join("out")).unwrap().len() <= 1001);
     }
 }

@@ -34,6 +34,15 @@ impl Tokenizer {
     pub fn encode_pair(&self, query: &str, document: &str) -> Result<(Vec<u32>, Vec<u32>)> {
         let q = self.encode(query, false, false)?;
         let d = self.encode(document, false, false)?;
+        self.pair_from_ids(&q, &d)
+    }
+
+    /// [`Tokenizer::encode_pair`] of a query and a document already tokenized as
+    /// `encode(text, false, false)` (a query scored against many documents is tokenized
+    /// once).
+    ///
+    /// Errors: [`TokenizerError::MissingToken`] as [`Tokenizer::encode_pair`].
+    pub fn pair_from_ids(&self, q: &[u32], d: &[u32]) -> Result<(Vec<u32>, Vec<u32>)> {
         let sp = &self.vocab.special;
         let mut ids = Vec::with_capacity(q.len() + d.len() + 5);
         let mut first_len = None;
@@ -42,23 +51,23 @@ impl Tokenizer {
                 let cls = need(sp.bos, "BOS ([CLS])", KEY_BOS)?;
                 let sep = need(sp.sep, "separator ([SEP])", KEY_SEP)?;
                 ids.push(cls);
-                ids.extend_from_slice(&q);
+                ids.extend_from_slice(q);
                 ids.push(sep);
                 first_len = Some(ids.len());
-                ids.extend_from_slice(&d);
+                ids.extend_from_slice(d);
                 ids.push(sep);
             }
             VocabKind::Ugm => {
                 let eos = need(sp.eos, "EOS", KEY_EOS)?;
                 if self.vocab.add_bos {
                     ids.push(need(sp.bos, "BOS", KEY_BOS)?);
-                    ids.extend_from_slice(&q);
+                    ids.extend_from_slice(q);
                     ids.extend_from_slice(&[eos, eos]);
                 } else {
-                    ids.extend_from_slice(&q);
+                    ids.extend_from_slice(q);
                     ids.push(eos);
                 }
-                ids.extend_from_slice(&d);
+                ids.extend_from_slice(d);
                 ids.push(eos);
             }
             VocabKind::Spm | VocabKind::Bpe | VocabKind::Gemma4 => {
@@ -67,14 +76,14 @@ impl Tokenizer {
                 if v.add_bos {
                     ids.push(need(sp.bos, "BOS", KEY_BOS)?);
                 }
-                ids.extend_from_slice(&q);
+                ids.extend_from_slice(q);
                 if v.add_eos {
                     ids.push(end()?);
                 }
                 if v.add_sep {
                     ids.push(need(sp.sep, "separator", KEY_SEP)?);
                 }
-                ids.extend_from_slice(&d);
+                ids.extend_from_slice(d);
                 if v.add_eos {
                     ids.push(end()?);
                 }

@@ -7,7 +7,7 @@ use crate::arch::{Activation, Ffn};
 use crate::blocks::{elems_per_task, rows_per_task};
 use crate::error::Result;
 use crate::kernels::{
-    add_bias, gelu_erf, gelu_tanh, matmul, matmul_many, silu_in_place, swiglu_oai, Matrix,
+    add_bias, gelu_erf_in_place, gelu_tanh, matmul, matmul_many, silu_in_place, swiglu_oai, Matrix,
     Projection, WeightData,
 };
 use crate::load::Loader;
@@ -79,10 +79,7 @@ pub(crate) fn activate(act: Activation, x: &mut [f32], u: Option<&[f32]>) {
             .iter_mut()
             .zip(u)
             .for_each(|(g, u)| *g = swiglu_oai(*g, *u)),
-        (Activation::GeluErf, Some(u)) => {
-            x.iter_mut().zip(u).for_each(|(g, u)| *g = gelu_erf(*g) * u)
-        }
-        (Activation::GeluErf, None) => x.iter_mut().for_each(|v| *v = gelu_erf(*v)),
+        (Activation::GeluErf, u) => gelu_erf_in_place(x, u),
         (Activation::GeluTanh | Activation::SwigluOai, None) => {
             x.iter_mut().for_each(|v| *v = gelu_tanh(*v))
         }

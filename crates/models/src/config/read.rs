@@ -869,6 +869,9 @@ impl ModelConfig {
             Position::Learned => k.usize("context_length")?,
             _ => k.usize_opt("context_length")?.unwrap_or(2048),
         };
+        if arch.encoder && n_ctx_train == 0 {
+            return Err(k.err("context_length", "0: an encoder's inputs are bounded by it"));
+        }
         causal_attention(&k, arch)?;
         hidden_activation(&k, arch)?;
         let n_token_types = match arch.encoder {
