@@ -62,6 +62,9 @@ pub struct ModelArgs {
     /// with (0: the command does not decode; nothing is measured). Set by the command.
     #[arg(skip = 1usize)]
     pub decode_seqs: usize,
+    /// `--override-kv` and the RoPE flags.
+    #[command(flatten)]
+    pub overrides: crate::overrides::OverrideArgs,
 }
 
 /// `nta`, `t0` or `t1` of `--prefetch`.
@@ -103,6 +106,21 @@ pub fn parse_bytes(s: &str) -> std::result::Result<usize, String> {
 }
 
 impl ModelArgs {
+    /// The metadata overrides for the model at `path` (the RoPE flags name keys of its
+    /// architecture, read from the file's header).
+    pub fn overrides_for(
+        &self,
+        path: &std::path::Path,
+    ) -> Result<Vec<frink_models::overrides::MetaOverride>> {
+        if !self.overrides.any() {
+            return Ok(Vec::new());
+        }
+        let file = frink_gguf::GgufFile::open(path)
+            .with_context(|| format!("cannot load {}", path.display()))?;
+        let arch = file.architecture().unwrap_or("").to_string();
+        self.overrides.for_arch(&arch)
+    }
+
     /// Resolves `-m` through the store (fetching a catalog model on first use).
     pub fn path(&self) -> Result<PathBuf> {
         Ok(Store::from_env()?.resolve(&self.model)?)
@@ -154,8 +172,29 @@ impl ModelArgs {
             _ => None,
         };
         let chosen = forced.map(|f| f.0).or(cached.as_ref().map(|c| c.0));
-        let mut model = Model::load_with(path, chosen != Some(DecodePath::Stored))
-            .with_context(|| format!("cannot load {}", path.display()))?;
+        let overrides = self.overrides_for(path)?;
+        let mut model =
+            Model::load_with_overrides(path, chosen != Some(DecodePath::Stored), &overrides)
+                .with_context(|| match overrides.is_empty() {
+                    true => format!("cannot load {}", path.display()),
+                    false => format!(
+                        "cannot load {} with {}",
+                        path.display(),
+                        overrides
+                            .iter()
+                            .map(|o| o.source.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                })?;
+        if self.overrides.rope().any() && !model.config.plan.uses_rope() {
+            anyhow::bail!(
+                "the RoPE flags (--rope-*, --yarn-*) do not apply to {}: no layer of its {} \
+                 architecture has rotary positions",
+                path.display(),
+                model.config.arch.name
+            );
+        }
         model.set_expert_budget(self.expert_budget)?;
         self.kv_type
             .check_heads(&model.config)

@@ -31,6 +31,7 @@ mod inspect;
 mod intermediates;
 mod interrupt;
 mod logits;
+mod overrides;
 mod perplexity;
 mod plan;
 mod rerank;
@@ -313,6 +314,7 @@ fn run(cli: Cli) -> Result<()> {
                 decode_seqs: 0,
                 device,
                 gpu_layers: None,
+                overrides: Default::default(),
             };
             verify::run(
                 &args,

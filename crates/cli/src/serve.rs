@@ -299,7 +299,9 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     };
     // Sizes are checked against the file's metadata before anything listens or loads.
     if let Some(path) = &path {
-        let file = frink_gguf::GgufFile::open(path)
+        let mut file = frink_gguf::GgufFile::open(path)
+            .with_context(|| format!("cannot load {}", path.display()))?;
+        frink_models::overrides::apply(&mut file, &model.overrides_for(path)?)
             .with_context(|| format!("cannot load {}", path.display()))?;
         let shape = frink_models::ModelConfig::from_gguf(&file)
             .with_context(|| format!("cannot load {}", path.display()))?;

@@ -14,6 +14,7 @@ pub mod kv;
 mod load;
 pub mod lora;
 mod model;
+pub mod overrides;
 pub mod plan;
 pub mod pool;
 pub mod rope;

@@ -315,6 +315,19 @@ impl Model {
         Self::from_gguf_with(GgufFile::open(path)?, repack)
     }
 
+    /// [`Model::load_with`] with `overrides` applied to the metadata first
+    /// ([`crate::overrides::apply`]): the model and its tokenizer read them as if the file
+    /// held them, validated the same way.
+    pub fn load_with_overrides(
+        path: impl AsRef<Path>,
+        repack: bool,
+        overrides: &[crate::overrides::MetaOverride],
+    ) -> Result<Model> {
+        let mut file = GgufFile::open(path)?;
+        crate::overrides::apply(&mut file, overrides)?;
+        Self::from_gguf_with(file, repack)
+    }
+
     /// Loads the model held by `file`.
     ///
     /// Errors: those of [`ModelConfig::from_gguf`]; [`ModelError::Tensor`] for a missing

@@ -237,7 +237,23 @@ pub struct PlanInputs<'a> {
     pub per_layer_embeddings: usize,
 }
 
+impl Mixer {
+    /// Whether this mixer rotates queries and keys (RoPE in an attention part).
+    pub fn uses_rope(&self) -> bool {
+        match self {
+            Mixer::Attention(a) => matches!(a.position, Position::Rope(_)),
+            Mixer::Parallel(a, b) => a.uses_rope() || b.uses_rope(),
+            _ => false,
+        }
+    }
+}
+
 impl Plan {
+    /// Whether any layer applies RoPE (what the RoPE overrides can change).
+    pub fn uses_rope(&self) -> bool {
+        self.layers.iter().any(|l| l.mixer.uses_rope())
+    }
+
     /// The plan of the model in `f` under row `arch`. Tensor presence decides only what
     /// the row leaves to the file: fused or separate Q/K/V and attention sinks.
     pub fn compile(arch: &'static ArchSpec, f: &GgufFile, m: &PlanInputs<'_>) -> Plan {
