@@ -111,6 +111,8 @@ pub fn answer(
         lora: model.lora_scales.iter().copied().enumerate().collect(),
         prediction: None,
         images: ask.images,
+        n_ctx: None,
+        n_keep: 0,
         sink: Box::new(Sink {
             tx,
             interrupted: Arc::clone(interrupted),

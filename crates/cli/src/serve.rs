@@ -110,6 +110,11 @@ pub struct ServeArgs {
     /// token).
     #[arg(long = "checkpoint-interval", default_value_t = 256)]
     pub checkpoint_interval: usize,
+    /// A generation that reaches the context keeps its request's `n_keep` tokens (Ollama's
+    /// `num_keep`), drops the older half of the rest and goes on, the kept keys rotated
+    /// to their new positions (llama.cpp's `--context-shift`; off: it ends with `length`).
+    #[arg(long = "context-shift", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
+    pub context_shift: bool,
     /// Bytes all checkpoints may hold together (K, M or G suffix); the oldest go first.
     #[arg(long = "checkpoint-budget", value_parser = crate::common::parse_bytes, default_value = "1G")]
     pub checkpoint_budget: usize,
@@ -271,6 +276,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         ctx_checkpoints: args.ctx_checkpoints,
         checkpoint_interval: args.checkpoint_interval,
         checkpoint_budget: args.checkpoint_budget,
+        context_shift: args.context_shift,
         prompt_lookup: spec == crate::common::SpecKind::Ngram,
         draft_max: args.spec.draft_max,
         draft_model,
@@ -307,6 +313,14 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             .with_context(|| format!("cannot load {}", path.display()))?;
         drop(file);
         frink_server::kv_pool_positions(&config, &shape)?;
+        if let Some(why) = args
+            .context_shift
+            .then(|| frink_models::shift::shift_refusal(&shape, args.ctx))
+            .flatten()
+            .filter(|_| !shape.plan.encoder)
+        {
+            anyhow::bail!("--context-shift: {why}");
+        }
     }
     // The same loading as every other command (thread pool, model options), for each
     // model the server loads.

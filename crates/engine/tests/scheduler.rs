@@ -110,6 +110,8 @@ fn request(prompt: &[u32], seed: u64, n: usize) -> (Request, mpsc::Receiver<Even
         lora: Vec::new(),
         prediction: None,
         images: Vec::new(),
+        n_ctx: None,
+        n_keep: 0,
         sink: Box::new(tx),
     };
     (req, rx)

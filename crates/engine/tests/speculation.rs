@@ -293,6 +293,8 @@ fn run_together(
                     lora: Vec::new(),
                     prediction: c.prediction.clone(),
                     images: Vec::new(),
+                    n_ctx: None,
+                    n_keep: 0,
                     sink: Box::new(tx),
                 })
                 .unwrap();

@@ -177,6 +177,28 @@ impl KvStore {
         }
     }
 
+    /// Reads `out.len()` elements from element offset `at` as f32 (for a Q8_0 cache, `at`
+    /// and the length are whole blocks): what [`KvStore::write`] stored, dequantized.
+    pub fn read(&self, at: usize, out: &mut [f32]) {
+        match self {
+            KvStore::F16(v) => {
+                use half::slice::HalfFloatSliceExt;
+                v[at..at + out.len()].convert_to_f32_slice(out);
+            }
+            KvStore::F32(v) => out.copy_from_slice(&v[at..at + out.len()]),
+            KvStore::Q8_0(v) => {
+                assert!(
+                    at.is_multiple_of(Q8_0_BLOCK),
+                    "a Q8_0 cache is read in whole blocks"
+                );
+                let b0 = at / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
+                let nb = out.len() / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
+                frink_quant::dequantize(frink_gguf::GgmlType::Q8_0, &v[b0..b0 + nb], out)
+                    .expect("whole Q8_0 blocks (the head sizes were checked)");
+            }
+        }
+    }
+
     /// Copies elements `src .. src + n` to `dst ..` (no overlap; for Q8_0 whole blocks).
     fn copy_within(&mut self, src: usize, dst: usize, n: usize) {
         match self {
@@ -289,6 +311,32 @@ impl KvLayer {
                 }
             }
         }
+    }
+
+    /// Reads the keys and values of `n` consecutive logical positions `p0 ..` (rows of
+    /// `k_dim` / `v_dim`, as f32) through `blocks` or, without one, at the positions:
+    /// the inverse of [`KvLayer::write_rows`] (exact for f32 and f16, the dequantized
+    /// blocks for Q8_0).
+    ///
+    /// # Panics
+    /// If a position has no block in `blocks` or passes the storage.
+    pub fn read_rows(&self, blocks: Option<&[u32]>, p0: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
+        let heads = self.heads;
+        let mut out = [vec![0.0; n * self.k_dim], vec![0.0; n * self.v_dim]];
+        for ((store, dim), dst) in [(&self.k, self.k_dim), (&self.v, self.v_dim)]
+            .into_iter()
+            .zip(out.iter_mut())
+        {
+            let hd = dim / heads;
+            for h in 0..heads {
+                let rows = store.head_rows(h, hd, dim).starting_at(blocks, p0);
+                for i in 0..n {
+                    store.read(rows.row_start(i), &mut dst[i * dim + h * hd..][..hd]);
+                }
+            }
+        }
+        let [k, v] = out;
+        (k, v)
     }
 
     /// Copies the first `n` physical rows of `src` (a layer of the same shape and type):

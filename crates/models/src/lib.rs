@@ -18,6 +18,7 @@ pub mod overrides;
 pub mod plan;
 pub mod pool;
 pub mod rope;
+pub mod shift;
 pub mod state;
 pub mod taps;
 pub mod tune;

@@ -413,7 +413,7 @@ pub const FIELDS: &[Field] = &[
     field_of("cache_prompt", LlamaCpp, Informational),
     field_of("id_slot", LlamaCpp, Informational),
     field_of("timings_per_token", LlamaCpp, Informational),
-    field_of("n_keep", LlamaCpp, Informational),
+    field_of("n_keep", LlamaCpp, Honoured),
     field_of("dynatemp_exponent", LlamaCpp, Informational),
     field_of("dry_base", LlamaCpp, Informational),
     field_of("dry_allowed_length", LlamaCpp, Informational),
@@ -603,6 +603,12 @@ pub struct GenOptions {
     pub n: usize,
     /// llama.cpp's `n_indent` and `t_max_predict_ms` ([`crate::api::llamacpp::Watch`]).
     pub limits: crate::api::llamacpp::TextLimits,
+    /// llama.cpp's `n_keep` (Ollama's `num_keep`): prompt tokens a context shift keeps
+    /// after the BOS (-1: the whole prompt; `None`: 0).
+    pub n_keep: Option<i64>,
+    /// The context this request may fill when less than `--ctx` (Ollama's `num_ctx` on a
+    /// server with `--context-shift`; without it, `num_ctx` bounds `max_tokens`).
+    pub n_ctx: Option<usize>,
     /// llama.cpp's `lora`: `[{"id", "scale"}]`, the request's adapters (the others at
     /// scale 0; [`lora_list`] reads it against the loaded adapters). `None`: the server's
     /// current scales.
@@ -849,6 +855,16 @@ pub fn gen_options(
         n,
         limits: crate::api::llamacpp::TextLimits::read(obj)?,
         lora: field(obj, "lora").cloned(),
+        n_keep: match opt_i64(obj, "n_keep")? {
+            Some(n) if n < -1 => {
+                return Err(ApiError::invalid(
+                    Some("n_keep"),
+                    format!("'n_keep' must be -1 (the whole prompt) or more, got {n}"),
+                ))
+            }
+            n => n,
+        },
+        n_ctx: None,
     })
 }
 

@@ -194,6 +194,8 @@ pub(crate) async fn run_embeds(
                 lora: lora.clone(),
                 prediction: None,
                 images: Vec::new(),
+                n_ctx: None,
+                n_keep: 0,
                 sink: Box::new(ChannelSink(sender.clone(), next)),
             };
             match eng.sched.submit(req) {

@@ -49,6 +49,8 @@ pub(crate) struct Engine {
     pub(crate) matryoshka: bool,
     /// `general.architecture`.
     pub(crate) arch: &'static str,
+    /// Generations that reach the context shift it (`--context-shift`).
+    pub(crate) context_shift: bool,
 }
 
 impl Engine {
@@ -237,6 +239,11 @@ fn start_engine(
         true => 0,
         false => kv_pool_positions(config, &model.config)?,
     };
+    if config.context_shift && !encoder {
+        if let Some(why) = frink_models::shift::shift_refusal(&model.config, config.ctx) {
+            anyhow::bail!("--context-shift: {why}");
+        }
+    }
     let sched_config = SchedulerConfig {
         parallel: config.parallel,
         n_ctx: config.ctx,
@@ -252,6 +259,7 @@ fn start_engine(
         draft_min: config.draft_min,
         spec_adaptive: config.spec_adaptive,
         spec_sampling: config.spec_sampling,
+        context_shift: config.context_shift && !encoder,
         prefill_chunk_alone: match encoder {
             true => config.ubatch,
             false => SchedulerConfig::default().prefill_chunk_alone,
@@ -289,6 +297,7 @@ fn start_engine(
         reranker,
         matryoshka,
         arch,
+        context_shift: config.context_shift && !encoder,
     })
 }
 

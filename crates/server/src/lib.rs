@@ -138,6 +138,9 @@ pub struct ServeConfig {
     pub draft_model: Option<std::path::PathBuf>,
     /// `--draft-p-min`, `--draft-min` ([`frink_engine::DraftModel`]).
     pub draft_p_min: f32,
+    /// `--context-shift`: a generation that reaches the context drops its oldest tokens
+    /// and goes on ([`frink_engine::scheduler::SchedulerConfig::context_shift`]).
+    pub context_shift: bool,
     pub draft_min: usize,
     /// `--spec-adaptive`: each request proposes the number of tokens that pays on this
     /// machine's measured step times (`true`), or as many as `--draft-max` and the batch

@@ -232,6 +232,16 @@ pub(crate) fn options(
                     )))
                 }
             },
+            "num_keep" => match v.as_i64() {
+                Some(n) if n >= -1 => {
+                    out.insert("n_keep".into(), json!(n));
+                }
+                _ => {
+                    return Err(bad(format!(
+                        "options.num_keep must be -1 (the whole prompt) or more, got {v}"
+                    )))
+                }
+            },
             "num_ctx" => match v.as_u64() {
                 Some(n) if n >= 2 => num_ctx = Some(n as usize),
                 _ => return Err(bad(format!("options.num_ctx must be at least 2, got {v}"))),
@@ -487,6 +497,11 @@ fn limit_context(st: &AppState, p: &mut Prepared, num_ctx: Option<usize>) -> Res
             "the prompt is {} tokens, longer than options.num_ctx ({n})",
             p.prompt.len()
         )));
+    }
+    if st.engine.get().is_some_and(|e| e.context_shift) {
+        // Generation shifts at this context instead of ending there.
+        p.opts.n_ctx = Some(n);
+        return Ok(());
     }
     let room = n - p.prompt.len();
     p.opts.max_tokens = Some(p.opts.max_tokens.map_or(room, |m| m.min(room)));

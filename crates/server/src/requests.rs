@@ -92,6 +92,18 @@ pub(crate) fn limits(st: &AppState, eng: &Engine) -> Limits {
 ///
 /// Errors: a 400 naming the model when it is an encoder (it embeds and reranks only),
 /// or the model's loading error.
+/// The prompt tokens a context shift keeps: llama.cpp's `n_keep` after the BOS the
+/// prompt starts with (`update_slots`: `n_keep + add_bos_token`), -1 the whole prompt.
+fn n_keep(eng: &Engine, prompt: &[u32], n_keep: Option<i64>) -> usize {
+    let bos = usize::from(prompt.first().is_some_and(|&t| Some(t) == eng.tok.bos_id()));
+    match n_keep {
+        Some(-1) => prompt.len(),
+        Some(n) => usize::try_from(n).unwrap_or(0).saturating_add(bos),
+        None => bos,
+    }
+    .min(prompt.len())
+}
+
 pub(crate) fn generative(st: &AppState) -> Result<&Engine, ApiError> {
     let eng = st.engine()?;
     if eng.encoder {
@@ -693,6 +705,8 @@ pub(crate) fn queue(
             lora: lora.clone(),
             prediction: p.prediction.clone(),
             images: p.images.clone(),
+            n_ctx: p.opts.n_ctx,
+            n_keep: n_keep(eng, &p.prompt, p.opts.n_keep),
             sink: if p.opts.limits.any() {
                 Box::new(crate::api::llamacpp::Watch::new(
                     ChannelSink(tx.clone(), i),

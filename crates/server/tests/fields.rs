@@ -418,7 +418,6 @@ fn informational_sample(name: &str) -> Value {
         "cache_prompt" => json!(false),
         "id_slot" => json!(3),
         "timings_per_token" => json!(true),
-        "n_keep" => json!(10),
         "dynatemp_exponent" => json!(2.0),
         "dry_base" => json!(2.0),
         "dry_allowed_length" => json!(3),

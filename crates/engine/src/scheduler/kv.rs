@@ -10,6 +10,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use frink_models::shift::{read_shifted, write_shifted};
 use frink_models::{Checkpoint, KvPool, Model, SeqState};
 
 use super::metrics::Shared;
@@ -31,6 +32,11 @@ pub(super) struct SeqKv {
     lora: Vec<(usize, u32)>,
     /// When it was last given a job (idle slots give their blocks back oldest first).
     used: u64,
+    /// Positions `0..exact` hold what evaluating `tokens[..exact]` writes; after a
+    /// context shift the rest do not (they attended to dropped tokens, their keys were
+    /// rotated), so they are never reused by another request nor entered in the prefix
+    /// cache (`usize::MAX`: all of them).
+    exact: usize,
 }
 
 /// The KV cache manager (module docs). Slot `i`'s keys and values are `seqs[i]`; which
@@ -75,6 +81,7 @@ impl KvManager {
                 checkpoints: Vec::new(),
                 lora: Vec::new(),
                 used: 0,
+                exact: usize::MAX,
             })
             .collect();
         shared.kv_blocks_total.store(n_blocks, Ordering::Relaxed);
@@ -198,6 +205,7 @@ impl SeqKv {
         if self.lora != lora {
             return (0, None);
         }
+        let n = n.min(self.exact);
         let whole = self.cache.reusable(n);
         self.checkpoints
             .iter()
@@ -435,11 +443,40 @@ impl KvManager {
             keep -= rem;
         }
         let slot = &mut self.seqs[i];
+        if keep <= slot.exact {
+            slot.exact = usize::MAX;
+        }
         slot.tokens.truncate(keep);
         slot.hashes.truncate(keep / frink_models::KV_BLOCK);
         // Checkpoints past the prefix saw tokens a new prompt replaces.
         slot.checkpoints.retain(|(_, c)| c.n_past <= keep);
         keep
+    }
+
+    /// Context shift of slot `i` (`keep`, `discard`): its positions `keep + discard ..`
+    /// move to `keep ..` with their keys rotated back ([`frink_models::shift`]), the
+    /// dropped positions' blocks go back, and its tokens follow. `false` when the pool
+    /// has no blocks for the moved rows (or the kept partial block cannot be copied); the
+    /// slot is then cut to what it kept.
+    pub(super) fn shift(
+        &mut self,
+        i: usize,
+        model: &Model,
+        (keep, discard): (usize, usize),
+        idle: &[bool],
+    ) -> bool {
+        let from = keep + discard;
+        let n = self.n_past(i).saturating_sub(from);
+        let rows = read_shifted(model, &self.pool, &self.seqs[i].cache, from, n, discard);
+        let moved = self.seqs[i].tokens[from..].to_vec();
+        if self.cut(i, keep) != keep || !self.grow(i, keep + n, idle) {
+            return false;
+        }
+        let slot = &mut self.seqs[i];
+        write_shifted(&mut self.pool, &mut slot.cache, &rows);
+        slot.tokens.extend_from_slice(&moved);
+        slot.exact = keep;
+        true
     }
 
     /// Makes block `j` of slot `i`'s table in group `window` its own before it writes
@@ -536,7 +573,7 @@ impl KvManager {
             return;
         }
         let slot = &mut self.seqs[i];
-        let full = slot.cache.n_past() / frink_models::KV_BLOCK;
+        let full = slot.cache.n_past().min(slot.exact) / frink_models::KV_BLOCK;
         while slot.hashes.len() < full {
             let k = slot.hashes.len();
             let parent = k.checked_sub(1).map_or(0, |p| slot.hashes[p]);

@@ -91,6 +91,9 @@ pub struct MetricsSnapshot {
     pub kv_bytes: usize,
     /// Sequences preempted (their blocks given to older ones, evaluated again later).
     pub preemptions: u64,
+    /// Context shifts: generations that reached the context and dropped their oldest
+    /// tokens to go on (`--context-shift`).
+    pub context_shifts: u64,
     /// Forward-pass time spent on prompt rows, in seconds (a mixed step is split by rows).
     pub prefill_seconds: f64,
     /// Forward-pass time spent on decode rows, in seconds.
@@ -134,6 +137,7 @@ pub(super) struct Shared {
     pub(super) kv_window_blocks_held: AtomicUsize,
     pub(super) kv_bytes: AtomicUsize,
     pub(super) preemptions: AtomicU64,
+    pub(super) context_shifts: AtomicU64,
     /// Prefill and decode time, in nanoseconds.
     pub(super) prefill_ns: AtomicU64,
     pub(super) decode_ns: AtomicU64,

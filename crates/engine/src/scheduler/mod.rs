@@ -30,6 +30,7 @@ mod kv;
 mod metrics;
 mod output;
 mod placement;
+mod shift;
 mod worker;
 
 use metrics::Shared;
@@ -108,6 +109,12 @@ pub struct SchedulerConfig {
     /// tokens of speculation off). Under [`SpecSampling::Rejection`] a draft model draws
     /// its proposals from the request's sampling chain ([`DraftModel::sample_with`]).
     pub spec_sampling: SpecSampling,
+    /// A generation that reaches `n_ctx` keeps its request's [`Request::n_keep`] first
+    /// tokens, drops the older half of the rest and goes on, the kept rows' keys rotated
+    /// to their new positions (llama.cpp's `--context-shift`, off by default as there:
+    /// without it the answer ends with `length`). The caller checked that the model's
+    /// cache can be shifted ([`frink_models::shift::shift_refusal`]).
+    pub context_shift: bool,
 }
 
 /// Decode rows one step evaluates at most for speculation (the default of
@@ -222,6 +229,7 @@ impl Default for SchedulerConfig {
             draft_p_min: DraftModel::DEFAULT_P_MIN,
             draft_min: 0,
             spec_sampling: SpecSampling::Exact,
+            context_shift: false,
         }
     }
 }
@@ -294,6 +302,14 @@ pub struct Request {
     /// ([`crate::image::check_images`]); a request with images proposes nothing for
     /// speculation.
     pub images: Vec<crate::image::PromptImage>,
+    /// The context this request may fill, where it asks for less than `n_ctx` (Ollama's
+    /// `num_ctx`): it ends there with `length`, or shifts there
+    /// ([`SchedulerConfig::context_shift`]).
+    pub n_ctx: Option<usize>,
+    /// Tokens from the prompt's start a context shift keeps
+    /// ([`SchedulerConfig::context_shift`]; llama.cpp's `n_keep` with the BOS it adds,
+    /// Ollama's `num_keep`): at most the prompt.
+    pub n_keep: usize,
     /// Where the events go.
     pub sink: Box<dyn EventSink>,
 }
@@ -618,6 +634,7 @@ impl Scheduler {
             kv_window_blocks_held: s.kv_window_blocks_held.load(Ordering::Relaxed),
             kv_bytes: s.kv_bytes.load(Ordering::Relaxed),
             preemptions: s.preemptions.load(Ordering::Relaxed),
+            context_shifts: s.context_shifts.load(Ordering::Relaxed),
             prefill_seconds: s.prefill_ns.load(Ordering::Relaxed) as f64 * 1e-9,
             decode_seconds: s.decode_ns.load(Ordering::Relaxed) as f64 * 1e-9,
             grammar_seconds: s.grammar_ns.load(Ordering::Relaxed) as f64 * 1e-9,

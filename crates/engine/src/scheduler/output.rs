@@ -138,7 +138,7 @@ impl<'t> Worker<'t> {
             eog,
             job.stops.stopped() || job.req.sink.stop_requested(),
             job.ids.len(),
-            n_past >= self.config.n_ctx,
+            n_past >= self.n_ctx_of(&job) && self.shift_of(&job, n_past).is_none(),
         );
         let Some(finish_reason) = finish else {
             if (!text.is_empty() || !tokens.is_empty())

@@ -43,8 +43,12 @@ impl<'t> Worker<'t> {
         let Some(mut job) = self.jobs[i].take() else {
             return;
         };
+        if job.shifts > 0 {
+            // Its cache holds what is left after the shifts: that is evaluated again.
+            job.input = self.kv.tokens(i).to_vec();
+        }
         self.kv.cut(i, 0);
-        if job.next.is_some() {
+        if job.next.is_some() && job.shifts == 0 {
             // Every generated token but the last (sampled, not evaluated) is in the
             // cache: all of them are evaluated again before the last one is.
             let evaluated = job.ids.len() - 1;

@@ -89,6 +89,9 @@ pub(super) struct Job<'t> {
     /// Tokens proposed and verified, and accepted ([`Completion::proposed`]).
     pub(super) proposed: usize,
     pub(super) accepted: usize,
+    /// Context shifts so far: its cache holds its tokens with some dropped (a
+    /// preemption evaluates those again, not the whole history).
+    pub(super) shifts: usize,
 }
 
 /// The identity of an adapter set for prefix reuse: the adapters of nonzero scale, by
@@ -376,6 +379,7 @@ impl<'t> Worker<'t> {
             adaptive: Adaptive::default(),
             proposed: 0,
             accepted: 0,
+            shifts: 0,
         }));
     }
 
@@ -415,6 +419,7 @@ impl<'t> Worker<'t> {
     /// within the step's prefill budget; blocks for each (preempting the youngest job
     /// when the pool runs out); one batched forward pass; then each row's outcome.
     pub(super) fn step(&mut self) {
+        self.shift_full();
         let mut inputs = self.decode_inputs();
         let n_decode = inputs.len();
         self.prefill_inputs(&mut inputs, n_decode);
@@ -485,10 +490,12 @@ impl<'t> Worker<'t> {
             };
             let Some(t) = decoding(job) else { continue };
             let mut toks = vec![t];
+            let n_ctx = job
+                .req
+                .n_ctx
+                .map_or(self.config.n_ctx, |n| n.min(self.config.n_ctx));
             if let Some(p) = job.proposer.as_mut().filter(|_| spare > 0) {
-                let room = self
-                    .config
-                    .n_ctx
+                let room = n_ctx
                     .saturating_sub(n_past + 1)
                     .min(
                         job.req
