@@ -7,10 +7,12 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use frink_engine::constraint::Constraint;
 use frink_engine::sampling::SamplingParams;
-use frink_engine::scheduler::{Completion, Event, EventSink, Request, Scheduler, SchedulerConfig};
+use frink_engine::scheduler::{
+    Completion, Event, EventSink, Request, Scheduler, SchedulerConfig, SlotAction,
+};
 use frink_models::{KvType, Model};
 
 use crate::common::GenArgs;
@@ -178,4 +180,27 @@ pub fn timings(c: &Completion) -> frink_engine::Timings {
         gen_tokens: c.ids.len().saturating_sub(1),
         gen_ms: c.gen_ms,
     }
+}
+
+/// `--prompt-cache FILE` before the answer: the state saved in FILE, if there is one, in
+/// the scheduler's slot (a later prompt that starts with its tokens reuses them).
+///
+/// Errors: the file is not a state, is damaged, or was saved with another model, KV
+/// type or adapter set (named).
+pub fn restore_cache(sched: &Scheduler, file: &std::path::Path) -> Result<()> {
+    if !file.exists() {
+        return Ok(());
+    }
+    sched
+        .slot(0, SlotAction::Restore(file.to_path_buf()))
+        .map(drop)
+        .context("--prompt-cache")
+}
+
+/// `--prompt-cache FILE` after the answer: the slot's state (prompt and answer) saved.
+pub fn save_cache(sched: &Scheduler, file: &std::path::Path) -> Result<()> {
+    sched
+        .slot(0, SlotAction::Save(file.to_path_buf()))
+        .map(drop)
+        .context("--prompt-cache")
 }

@@ -60,6 +60,11 @@ pub struct RunArgs {
     /// The prompt.
     #[arg(required_unless_present_any = ["prompt_file", "prompt_ids", "prompt_flag", "fim_prefix"])]
     pub prompt: Option<String>,
+    /// Restore the KV cache saved in FILE (the part the prompt starts with is not
+    /// evaluated again) and save the cache there after the answer (llama-cli's
+    /// `--prompt-cache`; a state of another model, KV type or adapter set is refused).
+    #[arg(long = "prompt-cache", value_name = "FILE", conflicts_with = "image")]
+    pub prompt_cache: Option<PathBuf>,
     /// The prompt, as llama.cpp's `-p` gives it (instead of PROMPT).
     #[arg(short = 'p', long = "prompt", id = "prompt_flag", conflicts_with_all = ["prompt", "prompt_file", "prompt_ids"])]
     pub prompt_flag: Option<String>,
@@ -252,12 +257,19 @@ pub fn run(args: &RunArgs) -> Result<()> {
         std::sync::Arc::clone(&tok),
         config,
         |sched| {
+            if let Some(f) = &args.prompt_cache {
+                crate::decode::restore_cache(sched, f)?;
+            }
             // Shows each piece; false once the reader has gone (`| head`).
-            crate::decode::answer(sched, &model, ask, &interrupted, |piece| {
+            let done = crate::decode::answer(sched, &model, ask, &interrupted, |piece| {
                 text.push_str(piece);
                 out.write(piece);
                 !out.closed()
-            })
+            })?;
+            if let Some(f) = &args.prompt_cache {
+                crate::decode::save_cache(sched, f)?;
+            }
+            Ok::<_, anyhow::Error>(done)
         },
     )?;
     if crate::decode::context_full(&done, prompt.len(), max_tokens, args.gen.ctx) {
@@ -279,6 +291,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
                 "images": encoded.len(),
                 "image_ms": image_ms,
                 "prompt_tokens": t.prompt_tokens,
+                "cached_tokens": done.cached_tokens,
                 "prompt_ms": t.prompt_ms,
                 "first_token_ms": t.first_token_ms,
                 "gen_tokens": t.gen_tokens,

@@ -115,6 +115,11 @@ pub struct ServeArgs {
     /// to their new positions (llama.cpp's `--context-shift`; off: it ends with `length`).
     #[arg(long = "context-shift", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
     pub context_shift: bool,
+    /// Where `POST /slots/{id}?action=save|restore` keep their files (llama.cpp's
+    /// `--slot-save-path`; requests name files in it, never paths). Without it, save and
+    /// restore are refused.
+    #[arg(long = "slot-save-path", value_name = "DIR")]
+    pub slot_save_path: Option<std::path::PathBuf>,
     /// Bytes all checkpoints may hold together (K, M or G suffix); the oldest go first.
     #[arg(long = "checkpoint-budget", value_parser = crate::common::parse_bytes, default_value = "1G")]
     pub checkpoint_budget: usize,
@@ -277,6 +282,12 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         checkpoint_interval: args.checkpoint_interval,
         checkpoint_budget: args.checkpoint_budget,
         context_shift: args.context_shift,
+        slot_save_path: match &args.slot_save_path {
+            Some(d) if !d.is_dir() => {
+                anyhow::bail!("--slot-save-path {}: not a directory", d.display())
+            }
+            d => d.clone(),
+        },
         prompt_lookup: spec == crate::common::SpecKind::Ngram,
         draft_max: args.spec.draft_max,
         draft_model,

@@ -12,6 +12,7 @@ mod perplexity;
 pub mod sampling;
 pub mod scheduler;
 mod session;
+pub mod state_file;
 
 pub use draft::{check_same_vocabulary, load_draft_model, DraftModel};
 pub use generate::{

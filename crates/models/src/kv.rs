@@ -199,6 +199,48 @@ impl KvStore {
         }
     }
 
+    /// Appends the stored bytes of `n` elements from element offset `at` (Q8_0: whole
+    /// blocks) to `out`, little-endian: what [`KvStore::set_raw`] takes back.
+    pub fn raw(&self, at: usize, n: usize, out: &mut Vec<u8>) {
+        match self {
+            KvStore::F16(v) => {
+                out.extend(v[at..at + n].iter().flat_map(|x| x.to_bits().to_le_bytes()))
+            }
+            KvStore::F32(v) => out.extend(v[at..at + n].iter().flat_map(|x| x.to_le_bytes())),
+            KvStore::Q8_0(v) => {
+                let b = |i: usize| i / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
+                out.extend_from_slice(&v[b(at)..b(at + n)]);
+            }
+        }
+    }
+
+    /// Stores `n` elements at element offset `at` from `src` as [`KvStore::raw`] wrote
+    /// them; returns the bytes taken.
+    ///
+    /// Panics if `src` is shorter than `n` elements' bytes.
+    pub fn set_raw(&mut self, at: usize, n: usize, src: &[u8]) -> usize {
+        match self {
+            KvStore::F16(v) => {
+                for (d, s) in v[at..at + n].iter_mut().zip(src[..2 * n].chunks_exact(2)) {
+                    *d = f16::from_bits(u16::from_le_bytes([s[0], s[1]]));
+                }
+                2 * n
+            }
+            KvStore::F32(v) => {
+                for (d, s) in v[at..at + n].iter_mut().zip(src[..4 * n].chunks_exact(4)) {
+                    *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+                }
+                4 * n
+            }
+            KvStore::Q8_0(v) => {
+                let b = |i: usize| i / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
+                let len = b(at + n) - b(at);
+                v[b(at)..b(at + n)].copy_from_slice(&src[..len]);
+                len
+            }
+        }
+    }
+
     /// Copies elements `src .. src + n` to `dst ..` (no overlap; for Q8_0 whole blocks).
     fn copy_within(&mut self, src: usize, dst: usize, n: usize) {
         match self {
@@ -337,6 +379,42 @@ impl KvLayer {
         }
         let [k, v] = out;
         (k, v)
+    }
+
+    /// Appends the stored bytes of positions `p0 .. p0 + n` (keys then values, each head's
+    /// rows in order) to `out` ([`KvStore::raw`]).
+    pub fn save_rows(&self, blocks: Option<&[u32]>, p0: usize, n: usize, out: &mut Vec<u8>) {
+        for (store, dim) in [(&self.k, self.k_dim), (&self.v, self.v_dim)] {
+            let hd = dim / self.heads;
+            for h in 0..self.heads {
+                let rows = store.head_rows(h, hd, dim).starting_at(blocks, p0);
+                for i in 0..n {
+                    store.raw(rows.row_start(i), hd, out);
+                }
+            }
+        }
+    }
+
+    /// Stores positions `p0 .. p0 + n` from bytes [`KvLayer::save_rows`] wrote; returns
+    /// the bytes taken.
+    ///
+    /// Panics if `src` is short or a position has no block.
+    pub fn load_rows(&mut self, blocks: Option<&[u32]>, p0: usize, n: usize, src: &[u8]) -> usize {
+        let mut at = 0;
+        let heads = self.heads;
+        for (store, dim) in [(&mut self.k, self.k_dim), (&mut self.v, self.v_dim)] {
+            let hd = dim / heads;
+            for h in 0..heads {
+                for i in 0..n {
+                    let start = store
+                        .head_rows(h, hd, dim)
+                        .starting_at(blocks, p0)
+                        .row_start(i);
+                    at += store.set_raw(start, hd, &src[at..]);
+                }
+            }
+        }
+        at
     }
 
     /// Copies the first `n` physical rows of `src` (a layer of the same shape and type):

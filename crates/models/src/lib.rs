@@ -20,6 +20,7 @@ pub mod pool;
 pub mod rope;
 pub mod shift;
 pub mod state;
+pub mod state_io;
 pub mod taps;
 pub mod tune;
 pub mod vision;

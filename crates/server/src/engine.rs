@@ -347,6 +347,8 @@ pub(crate) const MODEL_ROUTES: &[ModelRoute] = {
         ("/infill", "POST", || post(infill::infill)),
         ("/completion", "POST", || post(native::completion)),
         ("/props", "GET", || get(native::props)),
+        ("/slots", "GET", || get(crate::slots::list)),
+        ("/slots/{id}", "POST", || post(crate::slots::action)),
         ("/v1/responses", "POST", || post(responses::create)),
         ("/v1/messages", "POST", || post(anthropic::messages)),
         ("/v1/messages/count_tokens", "POST", || {
@@ -467,6 +469,7 @@ impl Build for Builder {
                 max_pixels: config.image_max_pixels,
             },
             shared: Arc::clone(&self.shared),
+            slot_save_path: config.slot_save_path.clone(),
         });
         let _ = app.engine.set(engine);
         Ok(Loaded {

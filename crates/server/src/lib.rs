@@ -39,6 +39,7 @@ mod requests;
 mod rerank;
 mod respond;
 mod responses;
+mod slots;
 pub mod tools;
 pub mod webui;
 
@@ -141,6 +142,8 @@ pub struct ServeConfig {
     /// `--context-shift`: a generation that reaches the context drops its oldest tokens
     /// and goes on ([`frink_engine::scheduler::SchedulerConfig::context_shift`]).
     pub context_shift: bool,
+    /// `--slot-save-path DIR`: `POST /slots/{id}?action=save|restore` files live there.
+    pub slot_save_path: Option<std::path::PathBuf>,
     pub draft_min: usize,
     /// `--spec-adaptive`: each request proposes the number of tokens that pays on this
     /// machine's measured step times (`true`), or as many as `--draft-max` and the batch
@@ -206,6 +209,8 @@ struct AppState {
     parallel: usize,
     /// How images are taken ([`images::ImageLimits`]).
     images: images::ImageLimits,
+    /// `--slot-save-path`: where slot states are saved and restored from.
+    slot_save_path: Option<std::path::PathBuf>,
     shared: Arc<Shared>,
 }
 

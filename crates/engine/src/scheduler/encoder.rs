@@ -42,6 +42,8 @@ struct Waiting {
 
 /// Runs until the queue closes (after finishing what waits) or shutdown cancels all.
 pub(super) fn run(model: &Model, config: &SchedulerConfig, shared: &Shared, rx: Receiver<Request>) {
+    // An encoder keeps no slots to save or restore.
+    super::slots::close(shared);
     let mut waiting: VecDeque<Waiting> = VecDeque::new();
     let mut open = true;
     loop {

@@ -11,6 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use frink_models::shift::{read_shifted, write_shifted};
+use frink_models::state_io::{self, Extent};
 use frink_models::{Checkpoint, KvPool, Model, SeqState};
 
 use super::metrics::Shared;
@@ -214,6 +215,15 @@ impl SeqKv {
             .max_by_key(|(_, (_, c))| c.n_past)
             .map_or((whole, None), |(i, (_, c))| (c.n_past, Some(i)))
     }
+}
+
+/// A slot's state as [`KvManager::save_state`] gives it.
+pub(super) struct SavedSlot {
+    pub(super) extent: Extent,
+    pub(super) tokens: Vec<u32>,
+    pub(super) payload: Vec<u8>,
+    /// Its adapters ([`lora_key`]).
+    pub(super) lora: Vec<(usize, u32)>,
 }
 
 /// Where a placed job's reused prefix comes from.
@@ -477,6 +487,72 @@ impl KvManager {
         slot.tokens.extend_from_slice(&moved);
         slot.exact = keep;
         true
+    }
+
+    /// Slot `i`'s state to save: what it holds ([`frink_models::state_io::save`]), its
+    /// tokens and its adapters.
+    pub(super) fn save_state(&self, i: usize) -> SavedSlot {
+        let slot = &self.seqs[i];
+        let mut payload = Vec::new();
+        let extent = state_io::save(&self.pool, &slot.cache, &mut payload);
+        SavedSlot {
+            extent,
+            tokens: slot.tokens.clone(),
+            payload,
+            lora: slot.lora.clone(),
+        }
+    }
+
+    /// The most bytes a state file of this pool's slots takes (a state of `n_ctx`
+    /// positions with its header and checksum): what a restore reads at most.
+    pub(super) fn max_state_bytes(&self, i: usize) -> usize {
+        let cache = &self.seqs[i].cache;
+        let extent = Extent {
+            n: cache.n_ctx,
+            held_from: 0,
+        };
+        state_io::payload_len(&self.pool, cache, extent) + 4 * cache.n_ctx + (64 << 10) + 64
+    }
+
+    /// Makes slot `i` hold a saved state (its extent, tokens and payload; evaluated with
+    /// adapters `lora`), its full blocks entered in the prefix cache; `used` orders it
+    /// among idle slots. Errors: the pool cannot hold it, or the payload does not fit
+    /// the model (the slot is then empty).
+    pub(super) fn restore_state(
+        &mut self,
+        i: usize,
+        (extent, tokens, payload): (Extent, Vec<u32>, &[u8]),
+        lora: Vec<(usize, u32)>,
+        idle: &[bool],
+        used: u64,
+    ) -> Result<(), String> {
+        if tokens.len() != extent.n {
+            return Err(format!(
+                "{} tokens for {} positions",
+                tokens.len(),
+                extent.n
+            ));
+        }
+        self.cut(i, 0);
+        if !self.grow(i, extent.n, idle) {
+            return Err(format!(
+                "the KV pool has no room for the state's {} positions",
+                extent.n
+            ));
+        }
+        let slot = &mut self.seqs[i];
+        if let Err(e) = state_io::load(&mut self.pool, &mut slot.cache, extent, payload) {
+            self.cut(i, 0);
+            return Err(e);
+        }
+        slot.tokens = tokens;
+        slot.hashes.clear();
+        slot.checkpoints.clear();
+        slot.exact = usize::MAX;
+        self.assign(i, lora, used);
+        self.slide(i);
+        self.register_full_blocks(i);
+        Ok(())
     }
 
     /// Makes block `j` of slot `i`'s table in group `window` its own before it writes

@@ -115,6 +115,8 @@ pub struct MetricsSnapshot {
 /// State shared between the scheduler thread and its handle.
 #[derive(Default)]
 pub(super) struct Shared {
+    /// Slot operations for the worker ([`super::slots`]); it takes the receiver.
+    pub(super) slot_ops: std::sync::Mutex<Option<std::sync::mpsc::Receiver<super::slots::SlotOp>>>,
     pub(super) requests_total: AtomicU64,
     pub(super) requests_finished: AtomicU64,
     pub(super) requests_cancelled: AtomicU64,

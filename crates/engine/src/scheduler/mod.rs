@@ -31,10 +31,12 @@ mod metrics;
 mod output;
 mod placement;
 mod shift;
+mod slots;
 mod worker;
 
 use metrics::Shared;
 pub use metrics::{Histogram, MetricsSnapshot};
+pub use slots::{SlotAction, SlotError, SlotInfo, SlotReply};
 use worker::Worker;
 
 use std::sync::atomic::Ordering;
@@ -476,6 +478,8 @@ pub enum SubmitError {
 /// Handle of the scheduler thread: submit requests, read metrics, shut down (on drop too).
 pub struct Scheduler {
     tx: Option<SyncSender<Request>>,
+    /// Slot operations ([`Scheduler::slot`]).
+    ctl: mpsc::Sender<slots::SlotOp>,
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
     config: SchedulerConfig,
@@ -503,9 +507,13 @@ impl Scheduler {
             let config = sched.config.clone();
             std::thread::Builder::new()
                 .name("frink-scheduler".into())
-                .spawn(move || match model.config.plan.encoder {
-                    true => encoder::run(&model, &config, &shared, rx),
-                    false => Worker::new(&model, draft.as_ref(), &tok, config, shared).run(rx),
+                .spawn(move || {
+                    let ops = Arc::clone(&shared);
+                    match model.config.plan.encoder {
+                        true => encoder::run(&model, &config, &shared, rx),
+                        false => Worker::new(&model, draft.as_ref(), &tok, config, shared).run(rx),
+                    }
+                    slots::close(&ops);
                 })
                 .expect("cannot start the scheduler thread")
         };
@@ -529,9 +537,13 @@ impl Scheduler {
         std::thread::scope(|scope| {
             std::thread::Builder::new()
                 .name("frink-scheduler".into())
-                .spawn_scoped(scope, move || match model.config.plan.encoder {
-                    true => encoder::run(model, &worker_config, &shared, rx),
-                    false => Worker::new(model, draft, &tok, worker_config, shared).run(rx),
+                .spawn_scoped(scope, move || {
+                    let ops = Arc::clone(&shared);
+                    match model.config.plan.encoder {
+                        true => encoder::run(model, &worker_config, &shared, rx),
+                        false => Worker::new(model, draft, &tok, worker_config, shared).run(rx),
+                    }
+                    slots::close(&ops);
                 })
                 .expect("cannot start the scheduler thread");
             let r = f(&sched);
@@ -550,9 +562,15 @@ impl Scheduler {
         config.prefill_chunk_alone = config.prefill_chunk_alone.max(1);
         config.checkpoint_interval = config.checkpoint_interval.max(1);
         let (tx, rx) = mpsc::sync_channel(config.queue);
+        let (ctl, ctl_rx) = mpsc::channel();
+        let shared = Shared {
+            slot_ops: std::sync::Mutex::new(Some(ctl_rx)),
+            ..Shared::default()
+        };
         let sched = Scheduler {
             tx: Some(tx),
-            shared: Arc::new(Shared::default()),
+            ctl,
+            shared: Arc::new(shared),
             thread: None,
             config,
         };

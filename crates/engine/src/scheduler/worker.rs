@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -58,6 +58,9 @@ impl Propose for LazyDraft<'_> {
 }
 
 /// A request running in a slot, or waiting for one.
+/// How often an idle worker looks at its slot operations ([`super::slots`]).
+const IDLE_POLL: Duration = Duration::from_millis(20);
+
 pub(super) struct Job<'t> {
     pub(super) req: Request,
     pub(super) sampler: Sampler,
@@ -144,6 +147,9 @@ pub(super) struct Worker<'t> {
     /// Whether the machine has a core the compute pool leaves free, where grammar masks
     /// are computed beside the forward pass (see `step`).
     pub(super) spare_core: bool,
+    /// The model's [`crate::state_file::model_fingerprint`], made at the first slot
+    /// operation that needs it.
+    pub(super) fingerprint: Option<String>,
 }
 
 impl<'t> Worker<'t> {
@@ -172,6 +178,7 @@ impl<'t> Worker<'t> {
             pressed: None,
             spare_core: std::thread::available_parallelism()
                 .is_ok_and(|n| n.get() > frink_models::pool::threads()),
+            fingerprint: None,
         }
     }
 
@@ -237,16 +244,19 @@ impl<'t> Worker<'t> {
     pub(super) fn run(mut self, rx: Receiver<Request>) {
         let mut open = true;
         loop {
+            self.slot_ops();
             self.admit_deferred();
             self.place_waiting();
             if self.busy() == 0 && self.waiting.is_empty() {
                 if !open {
                     return;
                 }
-                // Idle: block until a request arrives or the queue closes.
-                match rx.recv() {
+                // Idle: wait until a request arrives or the queue closes, looking at the
+                // slot operations every `IDLE_POLL`.
+                match rx.recv_timeout(IDLE_POLL) {
                     Ok(req) => self.admit_or_defer(req),
-                    Err(_) => return,
+                    Err(RecvTimeoutError::Timeout) => continue,
+                    Err(RecvTimeoutError::Disconnected) => return,
                 }
                 self.place_waiting();
             }

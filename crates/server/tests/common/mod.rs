@@ -75,6 +75,7 @@ pub fn config_at(name: &str, path: std::path::PathBuf) -> ServeConfig {
         draft_p_min: frink_engine::DraftModel::DEFAULT_P_MIN,
         draft_min: 0,
         context_shift: false,
+        slot_save_path: None,
         spec_adaptive: true,
         spec_sampling: Default::default(),
         log_format: frink_server::log::LogFormat::Off,

@@ -1,0 +1,203 @@
+//! Slot operations (`Scheduler::slot`): a slot saved to a state file and restored into
+//! another scheduler (a new process's) gives the continuation the first one gives,
+//! bitwise, reusing the saved tokens (greedy and seeded; attention, windowed and
+//! recurrent fixtures); a state of another model or KV type is refused naming the
+//! difference; 50 damaged files give errors and leave the scheduler working; busy and
+//! unknown slots are refused; erase forgets.
+
+use std::path::Path;
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use frink_engine::sampling::SamplingParams;
+use frink_engine::scheduler::{
+    Completion, Event, Request, Scheduler, SchedulerConfig, SlotAction, SlotError, SlotReply,
+};
+use frink_models::{KvType, Model};
+use frink_tokenizer::Tokenizer;
+
+fn start(path: &Path, kv_type: KvType) -> Scheduler {
+    let model = Model::load(path).unwrap();
+    let tok = Arc::new(Tokenizer::from_gguf(&model.file).unwrap());
+    Scheduler::start(
+        model,
+        tok,
+        SchedulerConfig {
+            parallel: 2,
+            n_ctx: 96,
+            queue: 16,
+            kv_type,
+            prefill_chunk: 11,
+            prefill_chunk_alone: 11,
+            ..SchedulerConfig::default()
+        },
+    )
+}
+
+fn run(sched: &Scheduler, prompt: &[u32], seed: Option<u64>, n: usize) -> Completion {
+    let (tx, rx) = mpsc::channel();
+    let sampling = match seed {
+        Some(seed) => SamplingParams {
+            seed,
+            ..SamplingParams::default()
+        },
+        None => SamplingParams::greedy(),
+    };
+    sched
+        .submit(Request {
+            prompt: prompt.to_vec(),
+            sampling,
+            max_tokens: Some(n),
+            stop: Vec::new(),
+            ignore_eos: true,
+            top_logprobs: Some(2),
+            constraint: None,
+            prefix_group: None,
+            follows_prefix: false,
+            shown_tokens: Vec::new(),
+            embed: None,
+            lora: Vec::new(),
+            prediction: None,
+            images: Vec::new(),
+            n_ctx: None,
+            n_keep: 0,
+            sink: Box::new(tx),
+        })
+        .unwrap();
+    let mut logprobs = Vec::new();
+    loop {
+        match rx.recv().unwrap() {
+            Event::Done(c) => {
+                // The log-probabilities' bits must match too.
+                assert_eq!(logprobs.len(), c.ids.len());
+                return c;
+            }
+            Event::Failed(e) => panic!("{e}"),
+            Event::Delta { tokens, .. } => {
+                logprobs.extend(tokens.iter().map(|t| t.logprob.to_bits()))
+            }
+            Event::Embedding(_) => {}
+        }
+    }
+}
+
+/// The slot holding tokens (the one a request ran in).
+fn used_slot(sched: &Scheduler) -> usize {
+    match sched.slot(0, SlotAction::List).unwrap() {
+        SlotReply::List(l) => l.iter().find(|s| s.n_tokens > 0).unwrap().id,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn fixture(name: &str) -> Option<std::path::PathBuf> {
+    Some(frink_testdata::require(&format!("fixtures/tiny/{name}"), "slots")?.join("model.gguf"))
+}
+
+#[test]
+fn a_restored_slot_continues_as_the_saved_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    for name in ["llama", "gemma3", "mamba", "falcon_h1"] {
+        let Some(path) = fixture(name) else {
+            return;
+        };
+        let model = Model::load(&path).unwrap();
+        let prompt = frink_testdata::spread_ids(model.config.n_vocab, 4, 40);
+        drop(model);
+        for seed in [None, Some(11)] {
+            let file = tmp.path().join(format!("{name}-{seed:?}.state"));
+            let a = start(&path, KvType::F16);
+            let first = run(&a, &prompt, seed, 12);
+            let slot = used_slot(&a);
+            let saved = match a.slot(slot, SlotAction::Save(file.clone())).unwrap() {
+                SlotReply::Saved {
+                    n_tokens, n_bytes, ..
+                } => {
+                    assert_eq!(n_bytes as u64, std::fs::metadata(&file).unwrap().len());
+                    n_tokens
+                }
+                other => panic!("{other:?}"),
+            };
+            // The prompt and every answer token but the last (sampled, not evaluated).
+            assert_eq!(saved, 40 + 11, "{name}");
+            // The conversation goes on: its next prompt extends what the slot holds.
+            let mut next: Vec<u32> = prompt.clone();
+            next.extend(&first.ids);
+            next.extend(&prompt[..5]);
+            let want = run(&a, &next, seed, 10);
+            drop(a);
+
+            let b = start(&path, KvType::F16);
+            // Restored into the other slot: the request finds it whatever slot it gets.
+            match b.slot(1, SlotAction::Restore(file.clone())).unwrap() {
+                SlotReply::Restored { n_tokens, .. } => assert_eq!(n_tokens, saved),
+                other => panic!("{other:?}"),
+            }
+            let got = run(&b, &next, seed, 10);
+            assert_eq!(got.ids, want.ids, "{name} {seed:?}: restored continuation");
+            assert_eq!(got.cached_tokens, saved, "{name} {seed:?}: reuse");
+            // Without the restore nothing is reused, and the tokens are the same.
+            let cold = start(&path, KvType::F16);
+            let c = run(&cold, &next, seed, 10);
+            assert_eq!(c.cached_tokens, 0);
+            assert_eq!(c.ids, want.ids);
+        }
+    }
+}
+
+#[test]
+fn states_of_other_models_and_kv_types_and_damaged_files_are_refused() {
+    let (Some(llama), Some(qwen)) = (fixture("llama"), fixture("qwen2")) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("s.state");
+    let a = start(&llama, KvType::F16);
+    let prompt: Vec<u32> = (1..30).collect();
+    run(&a, &prompt, None, 4);
+    let slot = used_slot(&a);
+    a.slot(slot, SlotAction::Save(file.clone())).unwrap();
+    // Busy and unknown slots.
+    assert!(matches!(
+        a.slot(7, SlotAction::Erase),
+        Err(SlotError::NoSuchSlot { id: 7, last: 1 })
+    ));
+    let refused = |s: &Scheduler, f: &Path| match s.slot(0, SlotAction::Restore(f.to_path_buf())) {
+        Err(e) => e.to_string(),
+        Ok(r) => panic!("restored: {r:?}"),
+    };
+    let e = refused(&start(&llama, KvType::F32), &file);
+    assert!(e.contains("KV cache type f16, not f32"), "{e}");
+    let e = refused(&start(&qwen, KvType::F16), &file);
+    assert!(e.contains("another model"), "{e}");
+    let missing = refused(&a, &tmp.path().join("none.state"));
+    assert!(missing.contains("none.state"), "{missing}");
+
+    // 50 damaged copies: cut short, bytes flipped, garbage.
+    let bytes = std::fs::read(&file).unwrap();
+    let b = start(&llama, KvType::F16);
+    for k in 0..50usize {
+        let mut d = bytes.clone();
+        match k % 5 {
+            0 => d.truncate(k * d.len() / 50),
+            1 => d[k * 97 % bytes.len()] ^= 0x40,
+            2 => d[8 + k % 8] = 0xff,
+            3 => d = (0..k * 31).map(|i| (i * 7 + k) as u8).collect(),
+            _ => d.extend_from_slice(&[0; 7]),
+        }
+        let f = tmp.path().join(format!("bad{k}.state"));
+        std::fs::write(&f, &d).unwrap();
+        let e = refused(&b, &f);
+        assert!(!e.is_empty());
+    }
+    // The scheduler still answers, and the good file restores.
+    b.slot(0, SlotAction::Restore(file.clone())).unwrap();
+    let mut next = prompt.clone();
+    next.push(3);
+    assert_eq!(run(&b, &next, None, 3).cached_tokens, 29);
+    // Erase forgets what a slot holds.
+    let slot = used_slot(&b);
+    match b.slot(slot, SlotAction::Erase).unwrap() {
+        SlotReply::Erased { n_tokens } => assert!(n_tokens > 0),
+        other => panic!("{other:?}"),
+    }
+}
