@@ -120,6 +120,13 @@ pub struct ServeArgs {
     /// restore are refused.
     #[arg(long = "slot-save-path", value_name = "DIR")]
     pub slot_save_path: Option<std::path::PathBuf>,
+    /// Keep the prefix cache's full blocks that leave memory in this folder (under a
+    /// subfolder per model and KV type) and read them back when a prompt matches them.
+    #[arg(long = "cache-disk", value_name = "DIR")]
+    pub cache_disk: Option<std::path::PathBuf>,
+    /// The most bytes `--cache-disk` keeps (K, M or G suffix); the oldest blocks go first.
+    #[arg(long = "cache-disk-size", value_parser = crate::common::parse_bytes, default_value = "4G", value_name = "BYTES")]
+    pub cache_disk_size: usize,
     /// Bytes all checkpoints may hold together (K, M or G suffix); the oldest go first.
     #[arg(long = "checkpoint-budget", value_parser = crate::common::parse_bytes, default_value = "1G")]
     pub checkpoint_budget: usize,
@@ -282,6 +289,14 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         checkpoint_interval: args.checkpoint_interval,
         checkpoint_budget: args.checkpoint_budget,
         context_shift: args.context_shift,
+        cache_disk: match &args.cache_disk {
+            Some(d) => {
+                std::fs::create_dir_all(d)
+                    .with_context(|| format!("--cache-disk {}", d.display()))?;
+                Some((d.clone(), args.cache_disk_size as u64))
+            }
+            None => None,
+        },
         slot_save_path: match &args.slot_save_path {
             Some(d) if !d.is_dir() => {
                 anyhow::bail!("--slot-save-path {}: not a directory", d.display())
@@ -324,6 +339,14 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             .with_context(|| format!("cannot load {}", path.display()))?;
         drop(file);
         frink_server::kv_pool_positions(&config, &shape)?;
+        if let Some(why) = args
+            .cache_disk
+            .as_ref()
+            .and_then(|_| frink_engine::scheduler::disk_tier_refusal(&shape))
+            .filter(|_| !shape.plan.encoder)
+        {
+            anyhow::bail!("--cache-disk: {why}");
+        }
         if let Some(why) = args
             .context_shift
             .then(|| frink_models::shift::shift_refusal(&shape, args.ctx))

@@ -241,3 +241,32 @@ fn run_prompt_cache_reuses_and_refuses() {
         "{err}"
     );
 }
+
+/// `--cache-disk` on a model whose blocks alone cannot be reused is refused at start,
+/// naming why.
+#[test]
+fn cache_disk_is_refused_where_it_cannot_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    for (fixture, why) in [("gemma3", "sliding-window"), ("mamba", "recurrent")] {
+        let Some(fx) = frink_testdata::require(&format!("fixtures/tiny/{fixture}"), "cache disk")
+        else {
+            return;
+        };
+        let m = fx.join("model.gguf");
+        let out = common::frink(&[
+            "serve",
+            "--port",
+            "0",
+            "-m",
+            m.to_str().unwrap(),
+            "--cache-disk",
+            dir.path().to_str().unwrap(),
+        ]);
+        let err = common::stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{fixture}: {err}");
+        assert!(
+            err.contains("--cache-disk") && err.contains(why),
+            "{fixture}: {err}"
+        );
+    }
+}

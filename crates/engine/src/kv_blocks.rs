@@ -61,6 +61,11 @@ pub struct BlockManager {
     /// Each free keyed block's tick in `lru`.
     tick_of: Vec<u64>,
     tick: u64,
+    /// Whether evicted cached blocks are recorded in `evicted` (a disk tier keeps them).
+    spill: bool,
+    /// Cached blocks handed out by [`BlockManager::alloc`] since the last
+    /// [`BlockManager::take_evicted`]: (block, the key it held).
+    evicted: Vec<(u32, u64)>,
 }
 
 impl BlockManager {
@@ -75,7 +80,22 @@ impl BlockManager {
             lru: BTreeMap::new(),
             tick_of: vec![0; n],
             tick: 0,
+            spill: false,
+            evicted: Vec::new(),
         }
+    }
+
+    /// The same, recording the cached blocks [`BlockManager::alloc`] evicts, for their
+    /// owner to save before it writes them ([`BlockManager::take_evicted`]).
+    pub fn spilling(mut self) -> BlockManager {
+        self.spill = true;
+        self
+    }
+
+    /// The evicted blocks recorded since the last call, with the keys they held: their
+    /// contents are still the key's until the caller writes into them.
+    pub fn take_evicted(&mut self) -> Vec<(u32, u64)> {
+        std::mem::take(&mut self.evicted)
     }
 
     /// Blocks that [`BlockManager::alloc`] can still hand out (free ones, then cached
@@ -108,6 +128,9 @@ impl BlockManager {
                 self.lru.remove(&t);
                 if let Some(k) = self.key[b as usize].take() {
                     self.cached.remove(&k);
+                    if self.spill {
+                        self.evicted.push((b, k));
+                    }
                 }
                 b
             }

@@ -239,6 +239,11 @@ fn start_engine(
         true => 0,
         false => kv_pool_positions(config, &model.config)?,
     };
+    if config.cache_disk.is_some() && !encoder {
+        if let Some(why) = frink_engine::scheduler::disk_tier_refusal(&model.config) {
+            anyhow::bail!("--cache-disk: {why}");
+        }
+    }
     if config.context_shift && !encoder {
         if let Some(why) = frink_models::shift::shift_refusal(&model.config, config.ctx) {
             anyhow::bail!("--context-shift: {why}");
@@ -260,6 +265,7 @@ fn start_engine(
         spec_adaptive: config.spec_adaptive,
         spec_sampling: config.spec_sampling,
         context_shift: config.context_shift && !encoder,
+        cache_disk: config.cache_disk.clone().filter(|_| !encoder),
         prefill_chunk_alone: match encoder {
             true => config.ubatch,
             false => SchedulerConfig::default().prefill_chunk_alone,

@@ -144,6 +144,9 @@ pub struct ServeConfig {
     pub context_shift: bool,
     /// `--slot-save-path DIR`: `POST /slots/{id}?action=save|restore` files live there.
     pub slot_save_path: Option<std::path::PathBuf>,
+    /// `--cache-disk DIR` and `--cache-disk-size BYTES`: the prefix cache's disk tier
+    /// ([`frink_engine::scheduler::SchedulerConfig::cache_disk`]).
+    pub cache_disk: Option<(std::path::PathBuf, u64)>,
     pub draft_min: usize,
     /// `--spec-adaptive`: each request proposes the number of tokens that pays on this
     /// machine's measured step times (`true`), or as many as `--draft-max` and the batch

@@ -229,6 +229,8 @@ fn step_series(m: &MetricsSnapshot) -> Vec<Series> {
         Series("frink_spec_proposed_tokens_total", "Speculative decoding: tokens proposed (prompt lookup, a draft model or a request's prediction) and verified.", COUNTER, m.spec_proposed as f64),
         Series("frink_spec_accepted_tokens_total", "Speculative decoding: proposed tokens the answers took (the rest were verified in vain).", COUNTER, m.spec_accepted as f64),
         Series("frink_preemptions_total", "Sequences whose blocks went to older ones (evaluated again later, same tokens).", COUNTER, m.preemptions as f64),
+        Series("frink_cache_disk_hits_total", "Prefix-cache blocks read back from the disk tier (--cache-disk).", COUNTER, m.cache_disk_hits as f64),
+        Series("frink_cache_disk_bytes", "Bytes of the prefix cache's disk tier.", GAUGE, m.cache_disk_bytes as f64),
         Series("frink_context_shifts_total", "Generations that reached the context and dropped their oldest tokens to go on (--context-shift).", COUNTER, m.context_shifts as f64),
     ]
 }

@@ -10,6 +10,8 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+mod disk;
+
 use frink_models::shift::{read_shifted, write_shifted};
 use frink_models::state_io::{self, Extent};
 use frink_models::{Checkpoint, KvPool, Model, SeqState};
@@ -64,6 +66,8 @@ pub(super) struct KvManager {
     checkpoints_taken: u64,
     /// The gauges and counters it keeps up to date.
     shared: Arc<Shared>,
+    /// The prefix cache's disk tier (`--cache-disk`), if any.
+    disk: Option<disk::DiskTier>,
 }
 
 impl KvManager {
@@ -90,9 +94,23 @@ impl KvManager {
             .kv_window_blocks_total
             .store(pool.n_window_blocks, Ordering::Relaxed);
         shared.kv_bytes.store(pool.bytes(), Ordering::Relaxed);
+        let disk = config.cache_disk.as_ref().and_then(|(dir, max)| {
+            let identity = format!(
+                "{}-{}",
+                &crate::state_file::model_fingerprint(model)[..16],
+                config.kv_type.name()
+            );
+            disk::DiskTier::open(dir, &identity, *max)
+                .map_err(|e| tracing::warn!("--cache-disk {}: {e}", dir.display()))
+                .ok()
+        });
+        let blocks = match disk.is_some() {
+            true => BlockManager::new(n_blocks).spilling(),
+            false => BlockManager::new(n_blocks),
+        };
         KvManager {
             pool,
-            blocks: BlockManager::new(n_blocks),
+            blocks,
             window_blocks: (n_window > 0).then(|| BlockManager::new(n_window)),
             seqs,
             window: model.config.plan.window(),
@@ -101,6 +119,7 @@ impl KvManager {
             checkpoint_budget: config.checkpoint_budget,
             checkpoints_taken: 0,
             shared,
+            disk,
         }
     }
 
@@ -233,7 +252,7 @@ pub(super) enum Source {
     /// Full blocks of the prefix cache, and the tokens after them another slot holds
     /// in its next block (that slot, how many): copied into a block of its own
     /// (copy-on-write for the partial last block).
-    Cache(Vec<u32>, Option<(usize, usize)>),
+    Cache(Vec<u32>, Option<(usize, usize)>, Vec<u64>),
     /// Another slot's tokens (a recurrent model: with its checkpoint).
     Donor(usize, usize, Option<usize>),
 }
@@ -242,7 +261,9 @@ impl Source {
     pub(super) fn len(&self) -> usize {
         match self {
             Source::Own(n, _) | Source::Donor(_, n, _) => *n,
-            Source::Cache(b, tail) => b.len() * frink_models::KV_BLOCK + tail.map_or(0, |t| t.1),
+            Source::Cache(b, tail, disk) => {
+                (b.len() + disk.len()) * frink_models::KV_BLOCK + tail.map_or(0, |t| t.1)
+            }
         }
     }
 }
@@ -555,6 +576,16 @@ impl KvManager {
         Ok(())
     }
 
+    /// A block of group `window` to write ([`BlockManager::alloc`]); a cached block it
+    /// evicts from the main group goes to the disk tier first.
+    fn alloc_block(&mut self, window: bool) -> Option<u32> {
+        let b = self.group(window).alloc()?;
+        if !window {
+            self.spill();
+        }
+        Some(b)
+    }
+
     /// Makes block `j` of slot `i`'s table in group `window` its own before it writes
     /// there: a block others hold or the prefix cache keeps is replaced by a copy of its
     /// first `rows` positions; `false` when no block is left for the copy.
@@ -575,7 +606,7 @@ impl KvManager {
     /// block `src` (a shared partial block a sequence is about to extend); `None` when no
     /// block is left.
     pub(super) fn copied(&mut self, window: bool, src: u32, rows: usize) -> Option<u32> {
-        let copy = self.group(window).alloc()?;
+        let copy = self.alloc_block(window)?;
         self.pool.copy_block(window, src, copy, rows);
         Some(copy)
     }
@@ -602,11 +633,11 @@ impl KvManager {
             // position) is replaced.
             let at = self.seqs[i].cache.n_past() / frink_models::KV_BLOCK;
             if self.table(i, g).get(at) == Some(&frink_models::EVICTED) {
-                let b = self.group(g).alloc().expect("counted available");
+                let b = self.alloc_block(g).expect("counted available");
                 self.table(i, g)[at] = b;
             }
             for _ in 0..need(self, g) {
-                let b = self.group(g).alloc().expect("counted available");
+                let b = self.alloc_block(g).expect("counted available");
                 self.table(i, g).push(b);
             }
         }
@@ -737,7 +768,14 @@ impl KvManager {
                 .map(|(i, c)| (i, (c - p).min(frink_models::KV_BLOCK)));
             let mut tail = tail;
             self.window_hit(&hashes, &mut hit, &mut tail);
-            let cached = Source::Cache(hit, tail);
+            // The blocks after the memory hit that the disk tier holds (then no tail: it
+            // would follow the memory hit).
+            let on_disk = self.disk_hits(&hashes[hit.len()..]);
+            let disk = hashes[hit.len()..hit.len() + on_disk].to_vec();
+            if !disk.is_empty() {
+                tail = None;
+            }
+            let cached = Source::Cache(hit, tail, disk);
             if cached.len() > source.len() {
                 source = cached;
             }
@@ -776,7 +814,9 @@ impl KvManager {
     ) -> usize {
         match source {
             Source::Own(p, cp) => self.take_own(best, p, cp),
-            Source::Cache(hit, tail) => self.take_cached(best, hit, tail, hashes, input, idle),
+            Source::Cache(hit, tail, disk) => {
+                self.take_cached(best, (hit, tail, &disk), hashes, input, idle)
+            }
             Source::Donor(d, shared, cp) => self.take_donor(best, d, shared, cp),
         }
     }
@@ -804,8 +844,7 @@ impl KvManager {
     fn take_cached(
         &mut self,
         best: usize,
-        hit: Vec<u32>,
-        tail: Option<(usize, usize)>,
+        (hit, tail, disk): (Vec<u32>, Option<(usize, usize)>, &[u64]),
         hashes: &[u64],
         input: &[u32],
         idle: &[bool],
@@ -814,8 +853,13 @@ impl KvManager {
         for &b in &hit {
             self.blocks.retain(b);
         }
-        let mut p = hit.len() * frink_models::KV_BLOCK;
         let mut table = hit;
+        if !disk.is_empty() {
+            let short = |w: &mut Self| w.blocks.available() < disk.len();
+            self.reclaim(idle, &[best], short);
+            self.load_disk_blocks(disk, &mut table);
+        }
+        let mut p = table.len() * frink_models::KV_BLOCK;
         // The window group's blocks of the hit that a query after it can see
         // (`window_hit` found them all cached), the earlier ones given back.
         let mut window_table = None;

@@ -94,6 +94,9 @@ pub struct MetricsSnapshot {
     /// Context shifts: generations that reached the context and dropped their oldest
     /// tokens to go on (`--context-shift`).
     pub context_shifts: u64,
+    /// Blocks read back from the prefix cache's disk tier, and the bytes it holds.
+    pub cache_disk_hits: u64,
+    pub cache_disk_bytes: u64,
     /// Forward-pass time spent on prompt rows, in seconds (a mixed step is split by rows).
     pub prefill_seconds: f64,
     /// Forward-pass time spent on decode rows, in seconds.
@@ -140,6 +143,8 @@ pub(super) struct Shared {
     pub(super) kv_bytes: AtomicUsize,
     pub(super) preemptions: AtomicU64,
     pub(super) context_shifts: AtomicU64,
+    pub(super) cache_disk_hits: AtomicU64,
+    pub(super) cache_disk_bytes: AtomicU64,
     /// Prefill and decode time, in nanoseconds.
     pub(super) prefill_ns: AtomicU64,
     pub(super) decode_ns: AtomicU64,

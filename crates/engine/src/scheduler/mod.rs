@@ -117,6 +117,27 @@ pub struct SchedulerConfig {
     /// without it the answer ends with `length`). The caller checked that the model's
     /// cache can be shifted ([`frink_models::shift::shift_refusal`]).
     pub context_shift: bool,
+    /// The prefix cache's disk tier (`--cache-disk DIR --cache-disk-size BYTES`): full
+    /// blocks evicted from memory are kept under DIR, at most BYTES, and read back when a
+    /// prompt's blocks match them. The caller checked the model allows it (no sliding
+    /// window, no recurrent layers: [`disk_tier_refusal`]).
+    pub cache_disk: Option<(std::path::PathBuf, u64)>,
+}
+
+/// Why the prefix cache's disk tier cannot serve `model`, or `None` when it can: it keeps
+/// the main group's full blocks, which a recurrent model (no prefix cache) or one with
+/// sliding-window layers (a hit needs their window blocks too) cannot use alone.
+pub fn disk_tier_refusal(config: &frink_models::ModelConfig) -> Option<String> {
+    let arch = config.plan.arch;
+    if config.plan.is_recurrent() {
+        return Some(format!("{arch}'s recurrent layers keep no prefix cache"));
+    }
+    if config.plan.window() > 0 {
+        return Some(format!(
+            "{arch}'s sliding-window layers keep their rows apart from the blocks it saves"
+        ));
+    }
+    None
 }
 
 /// Decode rows one step evaluates at most for speculation (the default of
@@ -232,6 +253,7 @@ impl Default for SchedulerConfig {
             draft_min: 0,
             spec_sampling: SpecSampling::Exact,
             context_shift: false,
+            cache_disk: None,
         }
     }
 }
@@ -653,6 +675,8 @@ impl Scheduler {
             kv_bytes: s.kv_bytes.load(Ordering::Relaxed),
             preemptions: s.preemptions.load(Ordering::Relaxed),
             context_shifts: s.context_shifts.load(Ordering::Relaxed),
+            cache_disk_hits: s.cache_disk_hits.load(Ordering::Relaxed),
+            cache_disk_bytes: s.cache_disk_bytes.load(Ordering::Relaxed),
             prefill_seconds: s.prefill_ns.load(Ordering::Relaxed) as f64 * 1e-9,
             decode_seconds: s.decode_ns.load(Ordering::Relaxed) as f64 * 1e-9,
             grammar_seconds: s.grammar_ns.load(Ordering::Relaxed) as f64 * 1e-9,

@@ -115,7 +115,7 @@ impl<'t> Worker<'t> {
         let end = (n + self.growth(&job)).min(self.config.n_ctx).max(n + 1);
         let need = SeqState::blocks_for(end) - reused / frink_models::KV_BLOCK;
         let mut keep_slots = vec![best];
-        if let Source::Donor(d, ..) | Source::Cache(_, Some((d, _))) = source {
+        if let Source::Donor(d, ..) | Source::Cache(_, Some((d, _)), _) = source {
             keep_slots.push(d);
         }
         let own_blocks = match &source {

@@ -76,6 +76,7 @@ pub fn config_at(name: &str, path: std::path::PathBuf) -> ServeConfig {
         draft_min: 0,
         context_shift: false,
         slot_save_path: None,
+        cache_disk: None,
         spec_adaptive: true,
         spec_sampling: Default::default(),
         log_format: frink_server::log::LogFormat::Off,
