@@ -58,8 +58,8 @@ def main():
     a = ap.parse_args()
     frink = os.environ.get("FRINK", os.path.join(ROOT, "target", "release", "frink"))
     require_program(frink, "frink", FRINK_HOW)
-    # About 1.9 tokens a word in these lines with qwen2.5's tokenizer.
-    words = int(a.tokens / 1.9)
+    # About 2.1 tokens a word in these lines with qwen2.5's tokenizer.
+    words = int(a.tokens / 2.14)
     p, q = text(3, words), text(7, words)
     ctx = a.tokens + 1024
     port = free_port()
@@ -80,6 +80,10 @@ def main():
                 rows.append((name, s, evaluated, cached))
                 print(f"{name:13s} {s:8.2f} s  {evaluated:6d} evaluated  {cached:6d} reused",
                       flush=True)
+            with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+                for line in r.read().decode().splitlines():
+                    if line.startswith("frink_cache_disk_hits_total"):
+                        print(f"blocks read from disk: {line.rsplit(' ', 1)[1]}")
             cold = rows[0][1]
             for name, s, _, _ in rows[1:]:
                 if name != "other prefix":

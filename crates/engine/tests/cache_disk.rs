@@ -4,12 +4,13 @@
 //! survive a new scheduler on the same folder; damaged block files are misses, never
 //! wrong tokens; without the tier nothing is reused.
 
+mod common;
+
 use std::path::Path;
-use std::sync::mpsc;
 use std::sync::Arc;
 
 use frink_engine::sampling::SamplingParams;
-use frink_engine::scheduler::{Completion, Event, Request, Scheduler, SchedulerConfig};
+use frink_engine::scheduler::{Completion, Scheduler, SchedulerConfig};
 use frink_models::{KvType, Model};
 use frink_tokenizer::Tokenizer;
 
@@ -33,35 +34,9 @@ fn start(path: &Path, disk: Option<&Path>) -> Scheduler {
 }
 
 fn run(sched: &Scheduler, prompt: &[u32]) -> Completion {
-    let (tx, rx) = mpsc::channel();
-    sched
-        .submit(Request {
-            prompt: prompt.to_vec(),
-            sampling: SamplingParams::greedy(),
-            max_tokens: Some(6),
-            stop: Vec::new(),
-            ignore_eos: true,
-            top_logprobs: None,
-            constraint: None,
-            prefix_group: None,
-            follows_prefix: false,
-            shown_tokens: Vec::new(),
-            embed: None,
-            lora: Vec::new(),
-            prediction: None,
-            images: Vec::new(),
-            n_ctx: None,
-            n_keep: 0,
-            sink: Box::new(tx),
-        })
-        .unwrap();
-    loop {
-        match rx.recv().unwrap() {
-            Event::Done(c) => return c,
-            Event::Failed(e) => panic!("{e}"),
-            _ => {}
-        }
-    }
+    let (req, rx) = common::request(prompt, SamplingParams::greedy(), 6);
+    sched.submit(req).unwrap();
+    common::done(&rx)
 }
 
 #[test]

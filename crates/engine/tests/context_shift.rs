@@ -5,14 +5,17 @@
 //! the answer ends at the context; and a shifted slot's rows are never reused by a later
 //! request (its answer equals a fresh scheduler's).
 
+mod common;
+
 use std::sync::mpsc;
 use std::sync::Arc;
 
+use common::done;
 use frink_engine::sampling::{Sampler, SamplingParams};
-use frink_engine::scheduler::{Completion, Event, Request, Scheduler, SchedulerConfig};
+use frink_engine::scheduler::{Event, Request, Scheduler, SchedulerConfig};
 use frink_engine::{FinishReason, FinishRule};
 use frink_models::shift::{read_shifted, write_shifted};
-use frink_models::{KvPool, KvType, Logits, Model, SeqState, Sequence, KV_BLOCK};
+use frink_models::{KvPool, KvType, Logits, Model, SeqState, KV_BLOCK};
 use frink_tokenizer::Tokenizer;
 
 const N_CTX: usize = 64;
@@ -58,53 +61,15 @@ fn request(
     n: usize,
     keep: usize,
 ) -> (Request, mpsc::Receiver<Event>) {
-    let (tx, rx) = mpsc::channel();
-    let req = Request {
-        prompt: prompt.to_vec(),
-        sampling: params(seed),
-        max_tokens: Some(n),
-        stop: Vec::new(),
-        ignore_eos: true,
-        top_logprobs: None,
-        constraint: None,
-        prefix_group: None,
-        follows_prefix: false,
-        shown_tokens: Vec::new(),
-        embed: None,
-        lora: Vec::new(),
-        prediction: None,
-        images: Vec::new(),
-        n_ctx: None,
-        n_keep: keep,
-        sink: Box::new(tx),
-    };
+    let (mut req, rx) = common::request(prompt, params(seed), n);
+    req.n_keep = keep;
     (req, rx)
 }
 
-fn done(rx: &mpsc::Receiver<Event>) -> Completion {
-    loop {
-        match rx.recv().expect("an event") {
-            Event::Done(c) => return c,
-            Event::Failed(e) => panic!("{e}"),
-            Event::Delta { .. } | Event::Embedding(_) => {}
-        }
-    }
-}
-
 fn eval(model: &Model, pool: &mut KvPool, st: &mut SeqState, tokens: &[u32]) -> Vec<f32> {
-    let mut seqs = [Sequence {
-        state: st,
-        tokens,
-        logits: Logits::Last,
-        lora: None,
-        embd: &[],
-        rope_shift: 0,
-        token_types: &[],
-    }];
     model
-        .forward_batch_in(Some(pool), &mut seqs)
+        .forward_pooled(pool, st, tokens, Logits::Last)
         .unwrap()
-        .remove(0)
 }
 
 /// The reference: one sequence decoding `n` tokens; when its cache is full it keeps

@@ -5,13 +5,14 @@
 //! difference; 50 damaged files give errors and leave the scheduler working; busy and
 //! unknown slots are refused; erase forgets.
 
+mod common;
+
 use std::path::Path;
-use std::sync::mpsc;
 use std::sync::Arc;
 
 use frink_engine::sampling::SamplingParams;
 use frink_engine::scheduler::{
-    Completion, Event, Request, Scheduler, SchedulerConfig, SlotAction, SlotError, SlotReply,
+    Completion, Scheduler, SchedulerConfig, SlotAction, SlotError, SlotReply,
 };
 use frink_models::{KvType, Model};
 use frink_tokenizer::Tokenizer;
@@ -35,7 +36,6 @@ fn start(path: &Path, kv_type: KvType) -> Scheduler {
 }
 
 fn run(sched: &Scheduler, prompt: &[u32], seed: Option<u64>, n: usize) -> Completion {
-    let (tx, rx) = mpsc::channel();
     let sampling = match seed {
         Some(seed) => SamplingParams {
             seed,
@@ -43,42 +43,9 @@ fn run(sched: &Scheduler, prompt: &[u32], seed: Option<u64>, n: usize) -> Comple
         },
         None => SamplingParams::greedy(),
     };
-    sched
-        .submit(Request {
-            prompt: prompt.to_vec(),
-            sampling,
-            max_tokens: Some(n),
-            stop: Vec::new(),
-            ignore_eos: true,
-            top_logprobs: Some(2),
-            constraint: None,
-            prefix_group: None,
-            follows_prefix: false,
-            shown_tokens: Vec::new(),
-            embed: None,
-            lora: Vec::new(),
-            prediction: None,
-            images: Vec::new(),
-            n_ctx: None,
-            n_keep: 0,
-            sink: Box::new(tx),
-        })
-        .unwrap();
-    let mut logprobs = Vec::new();
-    loop {
-        match rx.recv().unwrap() {
-            Event::Done(c) => {
-                // The log-probabilities' bits must match too.
-                assert_eq!(logprobs.len(), c.ids.len());
-                return c;
-            }
-            Event::Failed(e) => panic!("{e}"),
-            Event::Delta { tokens, .. } => {
-                logprobs.extend(tokens.iter().map(|t| t.logprob.to_bits()))
-            }
-            Event::Embedding(_) => {}
-        }
-    }
+    let (req, rx) = common::request(prompt, sampling, n);
+    sched.submit(req).unwrap();
+    common::done(&rx)
 }
 
 /// The slot holding tokens (the one a request ran in).

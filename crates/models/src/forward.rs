@@ -243,6 +243,32 @@ impl Model {
         Ok(self.forward_batch(&mut seqs)?.pop().unwrap_or_default())
     }
 
+    /// [`Model::forward`] for a sequence whose keys and values live in `pool`
+    /// ([`SeqState::pooled`]): the one-sequence case of [`Model::forward_batch_in`].
+    ///
+    /// Errors: those of [`Model::forward_batch_in`].
+    pub fn forward_pooled(
+        &self,
+        pool: &mut crate::KvPool,
+        state: &mut SeqState,
+        tokens: &[u32],
+        logits: Logits,
+    ) -> Result<Vec<f32>> {
+        let mut seqs = [Sequence {
+            state,
+            tokens,
+            logits,
+            lora: None,
+            embd: &[],
+            rope_shift: 0,
+            token_types: &[],
+        }];
+        Ok(self
+            .forward_batch_in(Some(pool), &mut seqs)?
+            .pop()
+            .unwrap_or_default())
+    }
+
     /// Evaluates several sequences in one pass: each sequence's `tokens` at positions
     /// `state.n_past ..` of its own state, appending to it. Returns each sequence's
     /// requested logits (row-major `[rows][n_vocab]`), in order.

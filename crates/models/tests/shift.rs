@@ -6,24 +6,14 @@
 //! changes nothing; models whose cache cannot be shifted are named.
 
 use frink_models::shift::{read_shifted, shift_refusal, write_shifted};
-use frink_models::{KvPool, KvType, Logits, Model, SeqState, Sequence};
+use frink_models::{KvPool, KvType, Logits, Model, SeqState};
 
 const CTX: usize = 64;
 
 fn eval(model: &Model, pool: &mut KvPool, st: &mut SeqState, tokens: &[u32]) -> Vec<f32> {
-    let mut seqs = [Sequence {
-        state: st,
-        tokens,
-        logits: Logits::Last,
-        lora: None,
-        embd: &[],
-        rope_shift: 0,
-        token_types: &[],
-    }];
     model
-        .forward_batch_in(Some(pool), &mut seqs)
+        .forward_pooled(pool, st, tokens, Logits::Last)
         .unwrap()
-        .remove(0)
 }
 
 /// Largest |a - b| over the largest |b|.

@@ -4,24 +4,14 @@
 //! length is refused before anything is written; loading is what makes them equal.
 
 use frink_models::state_io::{load, payload_len, save};
-use frink_models::{KvPool, KvType, Logits, Model, SeqState, Sequence};
+use frink_models::{KvPool, KvType, Logits, Model, SeqState};
 
 const CTX: usize = 64;
 
 fn eval(model: &Model, pool: &mut KvPool, st: &mut SeqState, tokens: &[u32]) -> Vec<f32> {
-    let mut seqs = [Sequence {
-        state: st,
-        tokens,
-        logits: Logits::Last,
-        lora: None,
-        embd: &[],
-        rope_shift: 0,
-        token_types: &[],
-    }];
     model
-        .forward_batch_in(Some(pool), &mut seqs)
+        .forward_pooled(pool, st, tokens, Logits::Last)
         .unwrap()
-        .remove(0)
 }
 
 #[test]
