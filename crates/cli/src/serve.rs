@@ -289,14 +289,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         checkpoint_interval: args.checkpoint_interval,
         checkpoint_budget: args.checkpoint_budget,
         context_shift: args.context_shift,
-        cache_disk: match &args.cache_disk {
-            Some(d) => {
-                std::fs::create_dir_all(d)
-                    .with_context(|| format!("--cache-disk {}", d.display()))?;
-                Some((d.clone(), args.cache_disk_size as u64))
-            }
-            None => None,
-        },
+        cache_disk: cache_disk(args)?,
         slot_save_path: match &args.slot_save_path {
             Some(d) if !d.is_dir() => {
                 anyhow::bail!("--slot-save-path {}: not a directory", d.display())
@@ -331,30 +324,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     };
     // Sizes are checked against the file's metadata before anything listens or loads.
     if let Some(path) = &path {
-        let mut file = frink_gguf::GgufFile::open(path)
-            .with_context(|| format!("cannot load {}", path.display()))?;
-        frink_models::overrides::apply(&mut file, &model.overrides_for(path)?)
-            .with_context(|| format!("cannot load {}", path.display()))?;
-        let shape = frink_models::ModelConfig::from_gguf(&file)
-            .with_context(|| format!("cannot load {}", path.display()))?;
-        drop(file);
-        frink_server::kv_pool_positions(&config, &shape)?;
-        if let Some(why) = args
-            .cache_disk
-            .as_ref()
-            .and_then(|_| frink_engine::scheduler::disk_tier_refusal(&shape))
-            .filter(|_| !shape.plan.encoder)
-        {
-            anyhow::bail!("--cache-disk: {why}");
-        }
-        if let Some(why) = args
-            .context_shift
-            .then(|| frink_models::shift::shift_refusal(&shape, args.ctx))
-            .flatten()
-            .filter(|_| !shape.plan.encoder)
-        {
-            anyhow::bail!("--context-shift: {why}");
-        }
+        check_model(args, &model, path, &config)?;
     }
     // The same loading as every other command (thread pool, model options), for each
     // model the server loads.
@@ -379,6 +349,52 @@ pub fn run(args: &ServeArgs) -> Result<()> {
 }
 
 /// A `--cors-origin` value ([`frink_server::cors::check_origin`]).
+/// What the `-m` model's metadata (with the overrides) says of the flags, before anything
+/// listens or loads: the KV pool's size, `--cache-disk` and `--context-shift` refused
+/// where the model cannot have them.
+fn check_model(
+    args: &ServeArgs,
+    model: &crate::common::ModelArgs,
+    path: &std::path::Path,
+    config: &frink_server::ServeConfig,
+) -> Result<()> {
+    let mut file = frink_gguf::GgufFile::open(path)
+        .with_context(|| format!("cannot load {}", path.display()))?;
+    frink_models::overrides::apply(&mut file, &model.overrides_for(path)?)
+        .with_context(|| format!("cannot load {}", path.display()))?;
+    let shape = frink_models::ModelConfig::from_gguf(&file)
+        .with_context(|| format!("cannot load {}", path.display()))?;
+    drop(file);
+    frink_server::kv_pool_positions(config, &shape)?;
+    if shape.plan.encoder {
+        return Ok(());
+    }
+    if let Some(why) = args
+        .cache_disk
+        .as_ref()
+        .and_then(|_| frink_engine::scheduler::disk_tier_refusal(&shape))
+    {
+        anyhow::bail!("--cache-disk: {why}");
+    }
+    if let Some(why) = args
+        .context_shift
+        .then(|| frink_models::shift::shift_refusal(&shape, args.ctx))
+        .flatten()
+    {
+        anyhow::bail!("--context-shift: {why}");
+    }
+    Ok(())
+}
+
+/// `--cache-disk DIR` (made if missing) with `--cache-disk-size`.
+fn cache_disk(args: &ServeArgs) -> Result<Option<(std::path::PathBuf, u64)>> {
+    let Some(d) = &args.cache_disk else {
+        return Ok(None);
+    };
+    std::fs::create_dir_all(d).with_context(|| format!("--cache-disk {}", d.display()))?;
+    Ok(Some((d.clone(), args.cache_disk_size as u64)))
+}
+
 fn cors_origin(s: &str) -> Result<String, String> {
     frink_server::cors::check_origin(s).map(|()| s.to_string())
 }

@@ -855,17 +855,20 @@ pub fn gen_options(
         n,
         limits: crate::api::llamacpp::TextLimits::read(obj)?,
         lora: field(obj, "lora").cloned(),
-        n_keep: match opt_i64(obj, "n_keep")? {
-            Some(n) if n < -1 => {
-                return Err(ApiError::invalid(
-                    Some("n_keep"),
-                    format!("'n_keep' must be -1 (the whole prompt) or more, got {n}"),
-                ))
-            }
-            n => n,
-        },
+        n_keep: n_keep(obj)?,
         n_ctx: None,
     })
+}
+
+/// llama.cpp's `n_keep`: -1 (the whole prompt) or more.
+fn n_keep(obj: &Map<String, Value>) -> Result<Option<i64>, ApiError> {
+    match opt_i64(obj, "n_keep")? {
+        Some(n) if n < -1 => Err(ApiError::invalid(
+            Some("n_keep"),
+            format!("'n_keep' must be -1 (the whole prompt) or more, got {n}"),
+        )),
+        n => Ok(n),
+    }
 }
 
 #[cfg(test)]
