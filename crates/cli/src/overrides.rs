@@ -86,12 +86,12 @@ impl OverrideArgs {
         !self.override_kv.is_empty() || self.rope().any()
     }
 
-    /// Every override for a file of architecture `arch`: the RoPE flags' keys first, then
-    /// `--override-kv` in order (so an explicit key wins, as the later flag does on
-    /// llama.cpp's command line).
+    /// Every override for a file of architecture `arch`: `--override-kv` in order, then
+    /// the RoPE flags' keys, which win over a key set both ways (llama.cpp's RoPE flags
+    /// are context parameters that override the metadata, `--override-kv` included).
     pub fn for_arch(&self, arch: &str) -> anyhow::Result<Vec<MetaOverride>> {
-        let mut all = self.rope().to_overrides(arch).map_err(anyhow::Error::msg)?;
-        all.extend(self.override_kv.iter().cloned());
+        let mut all = self.override_kv.clone();
+        all.extend(self.rope().to_overrides(arch).map_err(anyhow::Error::msg)?);
         Ok(all)
     }
 }

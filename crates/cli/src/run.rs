@@ -199,6 +199,13 @@ fn chat_prompt(
 }
 
 pub fn run(args: &RunArgs) -> Result<()> {
+    if let Some(f) = &args.prompt_cache {
+        // Checked before the answer: the cache is saved after it.
+        let dir = f.parent().filter(|d| !d.as_os_str().is_empty());
+        if dir.is_some_and(|d| !d.is_dir()) {
+            anyhow::bail!("--prompt-cache {}: its folder does not exist", f.display());
+        }
+    }
     // The first use of a catalog model fetches it; that is not part of load_ms.
     let path = args.model.path()?;
     let t0 = Instant::now();

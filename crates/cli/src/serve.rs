@@ -292,7 +292,10 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         cache_disk: cache_disk(args)?,
         slot_save_path: match &args.slot_save_path {
             Some(d) if !d.is_dir() => {
-                anyhow::bail!("--slot-save-path {}: not a directory", d.display())
+                anyhow::bail!(
+                    "--slot-save-path {}: no such directory (make it first)",
+                    d.display()
+                )
             }
             d => d.clone(),
         },

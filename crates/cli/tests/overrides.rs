@@ -55,6 +55,17 @@ fn overrides_equal_the_same_change_in_the_file() {
             vec!["--override-kv", "llama.rope.freq_base=float:500000"],
             vec![("llama.rope.freq_base", f32v(500000.0))],
         ),
+        // The RoPE flag wins over a key set both ways (llama.cpp's context parameters
+        // override the metadata).
+        (
+            vec![
+                "--override-kv",
+                "llama.rope.freq_base=float:1000",
+                "--rope-freq-base",
+                "500000",
+            ],
+            vec![("llama.rope.freq_base", f32v(500000.0))],
+        ),
         (
             vec!["--rope-scaling", "linear", "--rope-scale", "4"],
             vec![

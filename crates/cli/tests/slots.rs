@@ -162,7 +162,7 @@ fn other_models_kv_types_adapters_and_paths_are_refused() {
         assert!(v["error"]["message"].as_str().unwrap().contains(why), "{v}");
     }
     let (st, v) = slot(&a, 0, "restore", "missing.bin");
-    assert_eq!(st, 500, "{v}");
+    assert_eq!(st, 400, "{v}");
     drop(a);
     let refused = |args: &[&str], want: &str| {
         let mut all = vec!["--slot-save-path", d, "--parallel", "1"];

@@ -9,6 +9,7 @@ mod generate;
 pub mod image;
 pub mod kv_blocks;
 mod perplexity;
+pub mod safe_fs;
 pub mod sampling;
 pub mod scheduler;
 mod session;

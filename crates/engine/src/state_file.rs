@@ -74,7 +74,13 @@ impl StateHeader {
 
     fn from_json(v: &serde_json::Value) -> Result<StateHeader, StateError> {
         let bad = |what: &str| StateError::Header(format!("'{what}' missing or of the wrong type"));
-        let s = |k: &str| v[k].as_str().map(str::to_string).ok_or_else(|| bad(k));
+        // Short plain strings (a fingerprint is 64 hex digits; names are echoed in errors).
+        let s = |k: &str| {
+            v[k].as_str()
+                .filter(|s| s.len() <= 256 && s.chars().all(|c| c.is_ascii_graphic()))
+                .map(str::to_string)
+                .ok_or_else(|| bad(k))
+        };
         let n = |k: &str| {
             v[k].as_u64()
                 .and_then(|x| usize::try_from(x).ok())
@@ -82,15 +88,22 @@ impl StateHeader {
         };
         let lora = v["lora"]
             .as_array()
+            .filter(|a| a.len() <= 64)
             .ok_or_else(|| bad("lora"))?
             .iter()
             .map(|e| match (e[0].as_str(), e[1].as_f64()) {
-                (Some(f), Some(x)) => Ok((f.to_string(), x as f32)),
+                (Some(f), Some(x)) if f.len() <= 256 && (x as f32).is_finite() => {
+                    Ok((f.to_string(), x as f32))
+                }
                 _ => Err(bad("lora")),
             })
             .collect::<Result<_, _>>()?;
+        let model = s("model")?;
+        if model.len() != 64 || !model.chars().all(|c| c.is_ascii_hexdigit()) {
+            return Err(StateError::Header("'model' is not a fingerprint".into()));
+        }
         Ok(StateHeader {
-            model: s("model")?,
+            model,
             arch: s("arch")?,
             kv_type: s("kv_type")?,
             lora,
@@ -132,7 +145,7 @@ impl StateHeader {
 }
 
 fn short(fingerprint: &str) -> &str {
-    &fingerprint[..fingerprint.len().min(12)]
+    fingerprint.get(..12).unwrap_or(fingerprint)
 }
 
 /// A fingerprint of what makes a model's keys and values what they are: its tensor table
@@ -240,6 +253,18 @@ mod tests {
         let mut v2 = bytes.clone();
         v2[8] = 2;
         assert_eq!(decode(&v2), Err(StateError::Version(2)));
+        // Only a fingerprint of 64 hex digits is a model (a multi-byte character where the
+        // error shortens it panicked once).
+        for model in [
+            "a".to_string() + &"€".repeat(10),
+            "ab".repeat(31),
+            "zz".repeat(32),
+        ] {
+            let h = StateHeader { model, ..header() };
+            let bytes = encode(&h, &[1, 2, 3], &[9; 10]);
+            let r = decode(&bytes);
+            assert!(matches!(r, Err(StateError::Header(_))), "{r:?}");
+        }
     }
 
     #[test]

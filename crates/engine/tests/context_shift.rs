@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use common::done;
 use frink_engine::sampling::{Sampler, SamplingParams};
-use frink_engine::scheduler::{Event, Request, Scheduler, SchedulerConfig};
+use frink_engine::scheduler::{Event, Request, Scheduler, SchedulerConfig, SlotAction, SlotReply};
 use frink_engine::{FinishReason, FinishRule};
 use frink_models::shift::{read_shifted, write_shifted};
 use frink_models::{KvPool, KvType, Logits, Model, SeqState, KV_BLOCK};
@@ -206,6 +206,13 @@ fn a_shifted_slot_is_never_reused() {
     let (req, rx) = request(&ids[..20], None, 100, 4);
     sched.submit(req).unwrap();
     let first = done(&rx);
+    // Saving it keeps only the positions before the shifts (the kept 4).
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("shifted.state");
+    match sched.slot(0, SlotAction::Save(file)).unwrap() {
+        SlotReply::Saved { n_tokens, .. } => assert_eq!(n_tokens, 4),
+        other => panic!("{other:?}"),
+    }
     // What its cache holds at the end: the prompt and every answer token but the last,
     // with the shifts' drops.
     let mut follow: Vec<u32> = ids[..20].to_vec();

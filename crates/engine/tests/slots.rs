@@ -18,11 +18,8 @@ use frink_models::{KvType, Model};
 use frink_tokenizer::Tokenizer;
 
 fn start(path: &Path, kv_type: KvType) -> Scheduler {
-    let model = Model::load(path).unwrap();
-    let tok = Arc::new(Tokenizer::from_gguf(&model.file).unwrap());
-    Scheduler::start(
-        model,
-        tok,
+    start_with(
+        path,
         SchedulerConfig {
             parallel: 2,
             n_ctx: 96,
@@ -33,6 +30,12 @@ fn start(path: &Path, kv_type: KvType) -> Scheduler {
             ..SchedulerConfig::default()
         },
     )
+}
+
+fn start_with(path: &Path, config: SchedulerConfig) -> Scheduler {
+    let model = Model::load(path).unwrap();
+    let tok = Arc::new(Tokenizer::from_gguf(&model.file).unwrap());
+    Scheduler::start(model, tok, config)
 }
 
 fn run(sched: &Scheduler, prompt: &[u32], seed: Option<u64>, n: usize) -> Completion {
@@ -167,4 +170,90 @@ fn states_of_other_models_and_kv_types_and_damaged_files_are_refused() {
         SlotReply::Erased { n_tokens } => assert!(n_tokens > 0),
         other => panic!("{other:?}"),
     }
+}
+
+/// A state longer than a sliding window's group holds (its early blocks given back)
+/// restores into a pool whose window group could not hold all of its positions.
+#[test]
+fn a_long_windowed_state_restores() {
+    let Some(path) = fixture("gemma3") else {
+        return;
+    };
+    let config = SchedulerConfig {
+        parallel: 1,
+        n_ctx: 1024,
+        queue: 4,
+        kv_type: KvType::F16,
+        ..SchedulerConfig::default()
+    };
+    let n_vocab = Model::load(&path).unwrap().config.n_vocab;
+    let prompt = frink_testdata::spread_ids(n_vocab, 8, 600);
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("w.state");
+    let a = start_with(&path, config.clone());
+    let first = run(&a, &prompt, None, 4);
+    a.slot(0, SlotAction::Save(file.clone())).unwrap();
+    let mut next = prompt.clone();
+    next.extend(&first.ids);
+    let want = run(&a, &next, None, 6);
+    let b = start_with(&path, config);
+    b.slot(0, SlotAction::Restore(file)).unwrap();
+    let got = run(&b, &next, None, 6);
+    assert_eq!(got.ids, want.ids);
+    assert_eq!(got.cached_tokens, 603);
+}
+
+/// Files with a valid checksum but values that are not finite, links and FIFOs are
+/// refused before anything is read into the pool.
+#[test]
+fn non_finite_states_links_and_fifos_are_refused() {
+    let Some(path) = fixture("llama") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("s.state");
+    let a = start(&path, KvType::F16);
+    run(&a, &(1..30).collect::<Vec<u32>>(), None, 4);
+    let slot = used_slot(&a);
+    a.slot(slot, SlotAction::Save(file.clone())).unwrap();
+    let bytes = std::fs::read(&file).unwrap();
+    let (header, tokens, payload) = frink_engine::state_file::decode(&bytes).unwrap();
+    // Every f16 value +infinity, the checksum made anew.
+    let inf: Vec<u8> = payload
+        .chunks(2)
+        .flat_map(|_| 0x7c00u16.to_le_bytes())
+        .collect();
+    let poisoned = tmp.path().join("inf.state");
+    std::fs::write(
+        &poisoned,
+        frink_engine::state_file::encode(&header, &tokens, &inf),
+    )
+    .unwrap();
+    let e = a
+        .slot(0, SlotAction::Restore(poisoned))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not finite"), "{e}");
+    let zero = tmp.path().join("zero.state");
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+    let e = a
+        .slot(0, SlotAction::Restore(zero))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("symbolic link"), "{e}");
+    let fifo = tmp.path().join("fifo.state");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    assert!(made.is_ok_and(|s| s.success()));
+    let e = a
+        .slot(0, SlotAction::Restore(fifo))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("regular file"), "{e}");
+    // Saving over a link replaces the link, never writes its target.
+    let victim = tmp.path().join("victim.txt");
+    std::fs::write(&victim, b"keep").unwrap();
+    let link = tmp.path().join("link.state");
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    a.slot(slot, SlotAction::Save(link)).unwrap();
+    assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
 }

@@ -13,6 +13,16 @@ use frink_gguf::{GgufFile, MetaValue, ValueType};
 
 use crate::error::{ModelError, Result};
 
+/// `x` as an error shows it: plainly, or in exponent form when very large or small.
+pub(crate) fn show(x: f32) -> String {
+    let a = x.abs();
+    if a != 0.0 && !(1e-3..1e6).contains(&a) {
+        format!("{x:e}")
+    } else {
+        format!("{x}")
+    }
+}
+
 /// Longest string value an override may carry (llama.cpp's `val_str` holds 127 bytes;
 /// frink allows more, but not an unbounded argument).
 pub const MAX_OVERRIDE_STR: usize = 4096;
@@ -166,9 +176,9 @@ impl RopeOverrides {
                         .into(),
                 )
             }
-            (Some(n), None) => Some((n, format!("--rope-scale {n}"))),
+            (Some(n), None) => Some((n, format!("--rope-scale {}", show(n)))),
             (None, Some(f)) if f.is_finite() && f > 0.0 => {
-                Some((1.0 / f, format!("--rope-freq-scale {f}")))
+                Some((1.0 / f, format!("--rope-freq-scale {}", show(f))))
             }
             (None, Some(f)) => {
                 return Err(format!("--rope-freq-scale {f}: must be a positive number"))
@@ -209,7 +219,7 @@ impl RopeOverrides {
                 if !v.is_finite() {
                     return Err(format!("{flag} {v}: must be a finite number"));
                 }
-                push(suffix, MetaValue::F32(v), format!("{flag} {v}"));
+                push(suffix, MetaValue::F32(v), format!("{flag} {}", show(v)));
             }
         }
         if let Some(n) = self.yarn_orig_ctx {

@@ -50,11 +50,17 @@ fn from(pool: &KvPool, il: usize, extent: Extent) -> usize {
     }
 }
 
-/// Appends `state`'s positions `0..n_past` (those its window group still holds) to `out`
-/// and returns what they are.
-pub fn save(pool: &KvPool, state: &SeqState, out: &mut Vec<u8>) -> Extent {
+/// Appends `state`'s positions `0..n` (those its window group still holds; `n` at most
+/// `n_past`, and `n_past` for a state with recurrent layers, which cannot be cut) to
+/// `out` and returns what they are.
+pub fn save(pool: &KvPool, state: &SeqState, n: usize, out: &mut Vec<u8>) -> Extent {
+    let n = if state.is_recurrent() {
+        state.n_past()
+    } else {
+        n.min(state.n_past())
+    };
     let extent = Extent {
-        n: state.n_past(),
+        n,
         held_from: match state.window_table() {
             Some(_) if state.is_pooled() => state.window_held_from(),
             _ => 0,
@@ -79,17 +85,13 @@ pub fn save(pool: &KvPool, state: &SeqState, out: &mut Vec<u8>) -> Extent {
     extent
 }
 
-/// Makes `state` (pooled in `pool`, empty, with blocks for `extent.n` positions in each
-/// group) hold the positions `src` was saved from ([`save`]), `n_past = extent.n`.
+/// Whether `src` is a payload of `extent` for `state`'s layers in `pool` whose every
+/// value is finite (f16 and f32 elements, Q8_0 scales, recurrent states): a state file
+/// with a valid checksum may still carry NaN or infinity, which would poison every
+/// sequence that reuses its blocks.
 ///
-/// Errors: `src` is not [`payload_len`] bytes, or `state` is not empty or lacks blocks
-/// (nothing is written then).
-pub fn load(
-    pool: &mut KvPool,
-    state: &mut SeqState,
-    extent: Extent,
-    src: &[u8],
-) -> Result<(), String> {
+/// Errors: the length differs from [`payload_len`], or a value is not finite.
+pub fn check(pool: &KvPool, state: &SeqState, extent: Extent, src: &[u8]) -> Result<(), String> {
     let want = payload_len(pool, state, extent);
     if src.len() != want {
         return Err(format!(
@@ -98,6 +100,49 @@ pub fn load(
             extent.n
         ));
     }
+    let recurrent: usize = state
+        .layers
+        .iter()
+        .filter_map(|l| l.recurrent.as_ref())
+        .map(|r| (r.conv.len() + r.ssm.len()) * 4)
+        .sum();
+    let (kv, rec) = src.split_at(src.len() - recurrent);
+    if !finite(pool.kv_type, kv) || !rec.chunks_exact(4).all(f32_finite) {
+        return Err("the state holds values that are not finite".into());
+    }
+    Ok(())
+}
+
+fn f32_finite(b: &[u8]) -> bool {
+    f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite()
+}
+
+/// Whether every value of `bytes` (whole rows of a cache of `kv_type`, as
+/// [`crate::kv::KvLayer::save_rows`] writes them) is finite: each f16 or f32 element, each
+/// Q8_0 block's f16 scale (its int8 values are finite by construction).
+pub fn finite(kv_type: crate::KvType, bytes: &[u8]) -> bool {
+    let f16_finite = |b: &[u8]| (u16::from_le_bytes([b[0], b[1]]) & 0x7c00) != 0x7c00;
+    match kv_type {
+        crate::KvType::F16 => bytes.chunks_exact(2).all(f16_finite),
+        crate::KvType::F32 => bytes.chunks_exact(4).all(f32_finite),
+        crate::KvType::Q8_0 => bytes
+            .chunks_exact(crate::kv::Q8_0_BLOCK_BYTES)
+            .all(f16_finite),
+    }
+}
+
+/// Makes `state` (pooled in `pool`, empty, with blocks for `extent.n` positions in each
+/// group) hold the positions `src` was saved from ([`save`]), `n_past = extent.n`.
+///
+/// Errors: those of [`check`], or `state` is not empty or lacks blocks (nothing is
+/// written then).
+pub fn load(
+    pool: &mut KvPool,
+    state: &mut SeqState,
+    extent: Extent,
+    src: &[u8],
+) -> Result<(), String> {
+    check(pool, state, extent, src)?;
     let blocks = extent.n.div_ceil(crate::KV_BLOCK);
     let short = |t: Option<&[u32]>| t.is_some_and(|t| t.len() < blocks);
     if state.n_past() != 0 || short(state.table(false)) || short(state.table(true)) {

@@ -40,7 +40,7 @@ fn a_loaded_state_continues_as_the_saved_one() {
             *a.table_mut() = vec![0, 1, 2];
             eval(&model, &mut pool, &mut a, &tokens[..40]);
             let mut bytes = Vec::new();
-            let extent = save(&pool, &a, &mut bytes);
+            let extent = save(&pool, &a, a.n_past(), &mut bytes);
             assert_eq!(extent.n, 40);
             assert_eq!(bytes.len(), payload_len(&pool, &a, extent), "{name} {kv:?}");
             let want = eval(&model, &mut pool, &mut a, &tokens[40..]);
@@ -93,7 +93,7 @@ fn a_window_group_saves_what_it_holds() {
         // Block 0 (positions 0..16) is behind every later query's window.
         a.window_table_mut().unwrap()[0] = frink_models::EVICTED;
         let mut bytes = Vec::new();
-        let extent = save(&pool, &a, &mut bytes);
+        let extent = save(&pool, &a, a.n_past(), &mut bytes);
         assert_eq!(extent.held_from, 16, "{name}");
         let want = eval(&model, &mut pool, &mut a, &tokens[40..]);
         let mut b = SeqState::pooled(c, CTX, &pool);

@@ -494,7 +494,7 @@ fn limit_context(st: &AppState, p: &mut Prepared, num_ctx: Option<usize>) -> Res
     let n = n.min(st.n_ctx);
     if p.prompt.len() >= n {
         return Err(bad(format!(
-            "the prompt is {} tokens, longer than options.num_ctx ({n})",
+            "the prompt is {} tokens: options.num_ctx ({n}) leaves no room for an answer",
             p.prompt.len()
         )));
     }

@@ -137,10 +137,16 @@ async fn slot_action(
         }
         Ok((name.to_string(), dir.join(name)))
     };
+    // Errors name the file as the request did, not the server's folder.
+    let named = |e: ApiError, path: &std::path::Path, name: &str| ApiError {
+        message: e.message.replace(&path.display().to_string(), name),
+        ..e
+    };
     match action {
         "save" => {
             let (name, path) = file(&st)?;
-            match run(st, id, SlotAction::Save(path)).await? {
+            let r = run(st, id, SlotAction::Save(path.clone())).await;
+            match r.map_err(|e| named(e, &path, &name))? {
                 SlotReply::Saved {
                     n_tokens,
                     n_bytes,
@@ -154,7 +160,8 @@ async fn slot_action(
         }
         "restore" => {
             let (name, path) = file(&st)?;
-            match run(st, id, SlotAction::Restore(path)).await? {
+            let r = run(st, id, SlotAction::Restore(path.clone())).await;
+            match r.map_err(|e| named(e, &path, &name))? {
                 SlotReply::Restored {
                     n_tokens,
                     n_bytes,

@@ -108,7 +108,7 @@ impl KvManager {
             true => BlockManager::new(n_blocks).spilling(),
             false => BlockManager::new(n_blocks),
         };
-        KvManager {
+        let kv = KvManager {
             pool,
             blocks,
             window_blocks: (n_window > 0).then(|| BlockManager::new(n_window)),
@@ -120,7 +120,9 @@ impl KvManager {
             checkpoints_taken: 0,
             shared,
             disk,
-        }
+        };
+        kv.publish_disk();
+        kv
     }
 
     /// Slot `i`'s positions in the cache.
@@ -234,6 +236,14 @@ impl SeqKv {
             .max_by_key(|(_, (_, c))| c.n_past)
             .map_or((whole, None), |(i, (_, c))| (c.n_past, Some(i)))
     }
+}
+
+/// Why [`KvManager::restore_state`] failed.
+pub(super) enum RestoreError {
+    /// The pool has no room for it now.
+    Pool(String),
+    /// The state does not fit the model (length, values).
+    State(String),
 }
 
 /// A slot's state as [`KvManager::save_state`] gives it.
@@ -500,6 +510,11 @@ impl KvManager {
         let n = self.n_past(i).saturating_sub(from);
         let rows = read_shifted(model, &self.pool, &self.seqs[i].cache, from, n, discard);
         let moved = self.seqs[i].tokens[from..].to_vec();
+        // The kept partial block may need a copy (the prefix cache keeps the original):
+        // idle slots give a block back for it rather than the shift failing.
+        self.reclaim(idle, &[i], |w| {
+            w.groups().iter().any(|&g| w.group(g).available() < 2)
+        });
         if self.cut(i, keep) != keep || !self.grow(i, keep + n, idle) {
             return false;
         }
@@ -515,10 +530,13 @@ impl KvManager {
     pub(super) fn save_state(&self, i: usize) -> SavedSlot {
         let slot = &self.seqs[i];
         let mut payload = Vec::new();
-        let extent = state_io::save(&self.pool, &slot.cache, &mut payload);
+        // Only the positions a fresh evaluation of their tokens would give (not those
+        // after a context shift).
+        let n = slot.cache.n_past().min(slot.exact);
+        let extent = state_io::save(&self.pool, &slot.cache, n, &mut payload);
         SavedSlot {
             extent,
-            tokens: slot.tokens.clone(),
+            tokens: slot.tokens[..extent.n].to_vec(),
             payload,
             lora: slot.lora.clone(),
         }
@@ -546,25 +564,34 @@ impl KvManager {
         lora: Vec<(usize, u32)>,
         idle: &[bool],
         used: u64,
-    ) -> Result<(), String> {
+    ) -> Result<(), RestoreError> {
         if tokens.len() != extent.n {
-            return Err(format!(
+            return Err(RestoreError::State(format!(
                 "{} tokens for {} positions",
                 tokens.len(),
                 extent.n
-            ));
+            )));
         }
+        // Checked before the slot changes: the bytes fit the model and are finite.
+        state_io::check(&self.pool, &self.seqs[i].cache, extent, payload)
+            .map_err(RestoreError::State)?;
         self.cut(i, 0);
+        // The window group holds only the blocks from `held_from` on.
+        if self.window_blocks.is_some() {
+            let behind = extent.held_from.min(extent.n) / frink_models::KV_BLOCK;
+            *self.table(i, true) = vec![frink_models::EVICTED; behind];
+        }
         if !self.grow(i, extent.n, idle) {
-            return Err(format!(
+            self.cut(i, 0);
+            return Err(RestoreError::Pool(format!(
                 "the KV pool has no room for the state's {} positions",
                 extent.n
-            ));
+            )));
         }
         let slot = &mut self.seqs[i];
         if let Err(e) = state_io::load(&mut self.pool, &mut slot.cache, extent, payload) {
             self.cut(i, 0);
-            return Err(e);
+            return Err(RestoreError::State(e));
         }
         slot.tokens = tokens;
         slot.hashes.clear();

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::Instant;
 
+use super::kv::RestoreError;
 use super::worker::*;
 use super::*;
 use crate::state_file::{self, StateError, StateHeader};
@@ -67,16 +68,14 @@ pub enum SlotError {
     NoSuchSlot { id: usize, last: usize },
     #[error("slot {0} is processing a request")]
     Busy(usize),
+    /// The state could not be written (a server-side failure).
     #[error("{path}: {error}")]
     Io { path: String, error: String },
+    /// The file to restore is missing, not a regular file or too large.
+    #[error("{path}: {error}")]
+    File { path: String, error: String },
     #[error("{path}: {error}")]
     State { path: String, error: StateError },
-    #[error("{path}: {bytes} bytes, more than a state of this model takes ({max})")]
-    TooLarge {
-        path: String,
-        bytes: u64,
-        max: usize,
-    },
     #[error("{0}")]
     Pool(String),
     #[error("the scheduler has stopped")]
@@ -194,7 +193,7 @@ impl Worker<'_> {
         let extent = s.extent;
         let header = self.header_here(&s.lora, extent);
         let bytes = state_file::encode(&header, &s.tokens, &s.payload);
-        std::fs::write(&path, &bytes).map_err(|e| SlotError::Io {
+        crate::safe_fs::write_replacing(&path, &bytes).map_err(|e| SlotError::Io {
             path: path.display().to_string(),
             error: e.to_string(),
         })?;
@@ -208,21 +207,13 @@ impl Worker<'_> {
     fn restore_slot(&mut self, id: usize, path: PathBuf) -> Result<SlotReply, SlotError> {
         let t = Instant::now();
         let shown = path.display().to_string();
-        let io = |e: std::io::Error| SlotError::Io {
+        // Bounded before anything is read: the longest state this model's slots hold; a
+        // regular file only (no link followed, no FIFO or device read).
+        let max = self.kv.max_state_bytes(id);
+        let bytes = crate::safe_fs::read_regular(&path, max).map_err(|e| SlotError::File {
             path: shown.clone(),
             error: e.to_string(),
-        };
-        // Bounded before anything is read: the longest state this model's slots hold.
-        let max = self.kv.max_state_bytes(id);
-        let len = std::fs::metadata(&path).map_err(io)?.len();
-        if len > max as u64 {
-            return Err(SlotError::TooLarge {
-                path: shown,
-                bytes: len,
-                max,
-            });
-        }
-        let bytes = std::fs::read(&path).map_err(io)?;
+        })?;
         let state = |error| SlotError::State {
             path: shown.clone(),
             error,
@@ -249,7 +240,11 @@ impl Worker<'_> {
                 &idle,
                 self.placements,
             )
-            .map_err(SlotError::Pool)?;
+            .map_err(|e| match e {
+                // The pool is full: the server's condition, not the file's.
+                RestoreError::Pool(e) => SlotError::Pool(e),
+                RestoreError::State(e) => state(StateError::Header(e)),
+            })?;
         self.kv.publish_blocks(self.busy());
         Ok(SlotReply::Restored {
             n_tokens: saved.extent.n,

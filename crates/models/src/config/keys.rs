@@ -137,6 +137,21 @@ impl Keys<'_> {
         }
     }
 
+    /// A number within `lo ..= hi` (RoPE's base and factors: outside a sane range their
+    /// angles or magnitudes overflow to NaN logits).
+    pub(super) fn f32_in(&self, suffix: &str, lo: f32, hi: f32) -> Result<Option<f32>> {
+        match self.f32_opt(suffix)? {
+            Some(x) if !(lo..=hi).contains(&x) => {
+                let show = crate::overrides::show;
+                Err(self.err(
+                    suffix,
+                    format!("{} is outside {} ..= {}", show(x), show(lo), show(hi)),
+                ))
+            }
+            x => Ok(x),
+        }
+    }
+
     /// A finite number greater than zero (an epsilon, a RoPE base, a scale).
     pub(super) fn f32_pos_opt(&self, suffix: &str) -> Result<Option<f32>> {
         match self.f32_opt(suffix)? {

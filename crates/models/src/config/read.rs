@@ -294,16 +294,26 @@ fn norm_eps(k: &Keys, arch: &ArchSpec) -> Result<f32> {
 
 /// The global layers' RoPE (base, linear or YaRN scaling) and the windowed layers' (their
 /// own base unscaled, else the global).
+/// The range a RoPE base must lie in: real models use 10,000 to a few times 10^8; far
+/// outside it the angles overflow (a base of 1e-45 gave NaN logits).
+const BASE: (f32, f32) = (1e-3, 1e15);
+/// The range of a RoPE scaling factor (and so of its inverse, the frequency scale).
+const FACTOR: (f32, f32) = (1e-3, 1e6);
+
 fn rope(k: &Keys, arch: &ArchSpec, n_rot: usize) -> Result<(RopeParams, RopeParams)> {
     let arch_name = k.arch;
     // RoPE scaling: none or linear (llama.cpp LLAMA_ROPE_SCALING_TYPE_LINEAR).
     let mut freq_scale = 1.0f32;
     let mut yarn = None;
-    let freq_base = k.f32_pos_opt("rope.freq_base")?.unwrap_or(10000.0);
+    let freq_base = k
+        .f32_in("rope.freq_base", BASE.0, BASE.1)?
+        .unwrap_or(10000.0);
     match k.get("rope.scaling.type").map(|v| v.as_str()) {
         None | Some(Some("none")) => {}
         Some(Some("linear")) => {
-            let factor = k.f32_pos_opt("rope.scaling.factor")?.unwrap_or(1.0);
+            let factor = k
+                .f32_in("rope.scaling.factor", FACTOR.0, FACTOR.1)?
+                .unwrap_or(1.0);
             if factor > 0.0 {
                 freq_scale = 1.0 / factor;
             }
@@ -311,22 +321,30 @@ fn rope(k: &Keys, arch: &ArchSpec, n_rot: usize) -> Result<(RopeParams, RopePara
         // llama.cpp LLAMA_ROPE_SCALING_TYPE_YARN; ext_factor defaults to 1 and
         // attn_factor to 1 as in llama.cpp's context parameters.
         Some(Some("yarn")) => {
-            let factor = k.f32_pos_opt("rope.scaling.factor")?.unwrap_or(1.0);
+            let factor = k
+                .f32_in("rope.scaling.factor", FACTOR.0, FACTOR.1)?
+                .unwrap_or(1.0);
             if factor > 1.0 {
                 freq_scale = 1.0 / factor;
                 let n_ctx_orig = k
                     .usize_opt("rope.scaling.original_context_length")?
                     .ok_or_else(|| {
-                        k.err("rope.scaling.original_context_length", "missing for YaRN")
+                        k.err(
+                            "rope.scaling.original_context_length",
+                            "missing for YaRN (--yarn-orig-ctx gives it)",
+                        )
                     })?;
                 yarn = Some(YarnParams::new(
                     n_rot,
                     n_ctx_orig,
                     freq_base,
-                    k.f32_opt("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
-                    k.f32_opt("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
-                    k.f32_opt("rope.scaling.yarn_ext_factor")?.unwrap_or(1.0),
-                    k.f32_pos_opt("rope.scaling.yarn_attn_factor")?
+                    k.f32_in("rope.scaling.yarn_beta_fast", -1e6, 1e6)?
+                        .unwrap_or(32.0),
+                    k.f32_in("rope.scaling.yarn_beta_slow", -1e6, 1e6)?
+                        .unwrap_or(1.0),
+                    k.f32_in("rope.scaling.yarn_ext_factor", -1e3, 1e3)?
+                        .unwrap_or(1.0),
+                    k.f32_in("rope.scaling.yarn_attn_factor", 1e-3, 1e3)?
                         .unwrap_or(1.0),
                 ));
             }
@@ -339,7 +357,7 @@ fn rope(k: &Keys, arch: &ArchSpec, n_rot: usize) -> Result<(RopeParams, RopePara
             )))
         }
     }
-    if let Some(f) = k.f32_opt("rope.scale_linear")? {
+    if let Some(f) = k.f32_in("rope.scale_linear", FACTOR.0, FACTOR.1)? {
         // Older converters wrote the linear factor under this key.
         if f > 0.0 {
             freq_scale = 1.0 / f;
@@ -353,7 +371,7 @@ fn rope(k: &Keys, arch: &ArchSpec, n_rot: usize) -> Result<(RopeParams, RopePara
     // Windowed layers with their own base (gemma3) are unscaled; otherwise they share
     // the global RoPE (gpt-oss's YaRN applies to every layer).
     let rope_swa = match k
-        .f32_pos_opt("rope.freq_base_swa")?
+        .f32_in("rope.freq_base_swa", BASE.0, BASE.1)?
         .or(arch.rope_base_swa_default)
     {
         Some(freq_base) => RopeParams {

@@ -80,7 +80,7 @@ impl DiskTier {
         self.bytes += len;
     }
 
-    fn forget(&mut self, key: u64) {
+    pub(crate) fn forget(&mut self, key: u64) {
         if let Some((len, t)) = self.index.remove(&key) {
             self.lru.remove(&t);
             self.bytes -= len;
@@ -122,23 +122,21 @@ impl DiskTier {
         let sum = Sha256::digest(&bytes);
         bytes.extend_from_slice(&sum);
         let path = self.path(key);
-        let tmp = path.with_extension("tmp");
-        match std::fs::write(&tmp, &bytes).and_then(|()| std::fs::rename(&tmp, &path)) {
+        match crate::safe_fs::write_replacing(&path, &bytes) {
             Ok(()) => {
                 self.note(key, bytes.len() as u64);
                 self.trim();
             }
-            Err(e) => {
-                let _ = std::fs::remove_file(&tmp);
-                tracing::warn!("cache disk: cannot write {}: {e}", path.display());
-            }
+            Err(e) => tracing::warn!("cache disk: cannot write {}: {e}", path.display()),
         }
     }
 
     /// The payload of `key`'s block (`len` bytes), or `None` (the file is gone, damaged
     /// or of another length: it is deleted).
     pub(crate) fn read(&mut self, key: u64, len: usize) -> Option<Vec<u8>> {
-        let bytes = std::fs::read(self.path(key)).ok();
+        // A regular file of exactly the block's size (no link followed, nothing larger
+        // read).
+        let bytes = crate::safe_fs::read_regular(&self.path(key), len + 48).ok();
         let ok = bytes.as_ref().is_some_and(|b| {
             b.len() == len + 48
                 && &b[..8] == MAGIC
@@ -222,6 +220,12 @@ impl KvManager {
             let Some(payload) = self.disk.as_mut().and_then(|d| d.read(key, len)) else {
                 break;
             };
+            if !frink_models::state_io::finite(self.pool.kv_type, &payload) {
+                if let Some(d) = self.disk.as_mut() {
+                    d.forget(key);
+                }
+                break;
+            }
             let Some(b) = self.alloc_block(false) else {
                 break;
             };
@@ -247,7 +251,8 @@ impl KvManager {
         loaded
     }
 
-    fn publish_disk(&self) {
+    /// Publishes the tier's size (`frink_cache_disk_bytes`).
+    pub(super) fn publish_disk(&self) {
         if let Some(d) = &self.disk {
             self.shared
                 .cache_disk_bytes
