@@ -530,12 +530,12 @@ impl Scheduler {
             std::thread::Builder::new()
                 .name("frink-scheduler".into())
                 .spawn(move || {
-                    let ops = Arc::clone(&shared);
+                    // Slot operations end with the thread, also when it panics.
+                    let _ops = slots::CloseOnDrop(Arc::clone(&shared));
                     match model.config.plan.encoder {
                         true => encoder::run(&model, &config, &shared, rx),
                         false => Worker::new(&model, draft.as_ref(), &tok, config, shared).run(rx),
                     }
-                    slots::close(&ops);
                 })
                 .expect("cannot start the scheduler thread")
         };
@@ -560,12 +560,12 @@ impl Scheduler {
             std::thread::Builder::new()
                 .name("frink-scheduler".into())
                 .spawn_scoped(scope, move || {
-                    let ops = Arc::clone(&shared);
+                    // Slot operations end with the thread, also when it panics.
+                    let _ops = slots::CloseOnDrop(Arc::clone(&shared));
                     match model.config.plan.encoder {
                         true => encoder::run(model, &worker_config, &shared, rx),
                         false => Worker::new(model, draft, &tok, worker_config, shared).run(rx),
                     }
-                    slots::close(&ops);
                 })
                 .expect("cannot start the scheduler thread");
             let r = f(&sched);

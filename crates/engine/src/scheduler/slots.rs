@@ -108,12 +108,25 @@ impl Scheduler {
     }
 }
 
+/// Closes the slot operations ([`close`]) when dropped: held by the scheduler's thread,
+/// so that a caller waiting for an answer gets [`SlotError::Stopped`] when the thread
+/// ends, even by a panic, instead of waiting forever.
+pub(super) struct CloseOnDrop(pub(super) std::sync::Arc<Shared>);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        close(&self.0);
+    }
+}
+
 /// No more slot operations are answered (the worker has ended, or is an encoder's, which
 /// has no slots): operations waiting and later ones get [`SlotError::Stopped`].
 pub(super) fn close(shared: &Shared) {
-    if let Ok(mut rx) = shared.slot_ops.lock() {
-        rx.take();
-    }
+    shared
+        .slot_ops
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
 }
 
 impl Worker<'_> {
