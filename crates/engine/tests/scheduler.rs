@@ -2,6 +2,8 @@
 //! same alone, beside others, with any prefill chunk and with a reused prompt prefix, and
 //! equal to the single-sequence generation loop; a request whose receiver is gone is dropped.
 
+mod common;
+
 use std::sync::mpsc;
 use std::sync::Arc;
 
@@ -94,37 +96,13 @@ fn eog(model: &Model) -> std::collections::HashSet<u32> {
 }
 
 fn request(prompt: &[u32], seed: u64, n: usize) -> (Request, mpsc::Receiver<Event>) {
-    let (tx, rx) = mpsc::channel();
-    let req = Request {
-        prompt: prompt.to_vec(),
-        sampling: params(seed),
-        max_tokens: Some(n),
-        stop: Vec::new(),
-        ignore_eos: true,
-        top_logprobs: Some(2),
-        constraint: None,
-        prefix_group: None,
-        follows_prefix: false,
-        shown_tokens: Vec::new(),
-        embed: None,
-        lora: Vec::new(),
-        prediction: None,
-        images: Vec::new(),
-        n_ctx: None,
-        n_keep: 0,
-        sink: Box::new(tx),
-    };
+    let (mut req, rx) = common::request(prompt, params(seed), n);
+    req.top_logprobs = Some(2);
     (req, rx)
 }
 
 fn done(rx: &mpsc::Receiver<Event>) -> Completion {
-    loop {
-        match rx.recv().expect("an event") {
-            Event::Done(c) => return c,
-            Event::Failed(e) => panic!("{e}"),
-            Event::Delta { .. } | Event::Embedding(_) => {}
-        }
-    }
+    common::done(rx)
 }
 
 #[test]

@@ -231,16 +231,7 @@ impl Model {
             }
             return Ok(out);
         }
-        let mut seqs = [Sequence {
-            state,
-            tokens,
-            logits,
-            lora: None,
-            embd: &[],
-            rope_shift: 0,
-            token_types: &[],
-        }];
-        Ok(self.forward_batch(&mut seqs)?.pop().unwrap_or_default())
+        self.forward_one(None, state, tokens, logits)
     }
 
     /// [`Model::forward`] for a sequence whose keys and values live in `pool`
@@ -250,6 +241,17 @@ impl Model {
     pub fn forward_pooled(
         &self,
         pool: &mut crate::KvPool,
+        state: &mut SeqState,
+        tokens: &[u32],
+        logits: Logits,
+    ) -> Result<Vec<f32>> {
+        self.forward_one(Some(pool), state, tokens, logits)
+    }
+
+    /// One sequence of plain tokens through [`Model::forward_batch_in`].
+    fn forward_one(
+        &self,
+        pool: Option<&mut crate::KvPool>,
         state: &mut SeqState,
         tokens: &[u32],
         logits: Logits,
@@ -264,7 +266,7 @@ impl Model {
             token_types: &[],
         }];
         Ok(self
-            .forward_batch_in(Some(pool), &mut seqs)?
+            .forward_batch_in(pool, &mut seqs)?
             .pop()
             .unwrap_or_default())
     }
