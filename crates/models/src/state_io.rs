@@ -32,13 +32,18 @@ pub fn payload_len(pool: &KvPool, state: &SeqState, extent: Extent) -> usize {
             Some(pool.kv_type.bytes(rows * l.k_dim)? + pool.kv_type.bytes(rows * l.v_dim)?)
         })
         .sum();
-    let recurrent: usize = state
+    let recurrent = recurrent_bytes(state);
+    kv + recurrent
+}
+
+/// Bytes of `state`'s recurrent layers' states (f32).
+fn recurrent_bytes(state: &SeqState) -> usize {
+    state
         .layers
         .iter()
         .filter_map(|l| l.recurrent.as_ref())
         .map(|r| (r.conv.len() + r.ssm.len()) * 4)
-        .sum();
-    kv + recurrent
+        .sum()
 }
 
 /// The first position layer `il` saves.
@@ -100,12 +105,7 @@ pub fn check(pool: &KvPool, state: &SeqState, extent: Extent, src: &[u8]) -> Res
             extent.n
         ));
     }
-    let recurrent: usize = state
-        .layers
-        .iter()
-        .filter_map(|l| l.recurrent.as_ref())
-        .map(|r| (r.conv.len() + r.ssm.len()) * 4)
-        .sum();
+    let recurrent = recurrent_bytes(state);
     let (kv, rec) = src.split_at(src.len() - recurrent);
     if !finite(pool.kv_type, kv) || !rec.chunks_exact(4).all(f32_finite) {
         return Err("the state holds values that are not finite".into());
