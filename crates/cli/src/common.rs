@@ -21,6 +21,14 @@ pub struct ModelArgs {
     /// `-ctk q8_0 -ctv q8_0`: about half the memory of f16).
     #[arg(long = "kv-type", default_value = "f16")]
     pub kv_type: KvType,
+    /// The keys' cache type (llama.cpp's `-ctk`; default: `--kv-type`'s): the same as
+    /// the values' for now.
+    #[arg(long = "cache-type-k", value_name = "T")]
+    pub cache_type_k: Option<String>,
+    /// The values' cache type (llama.cpp's `-ctv`; default: `--kv-type`'s): the same as
+    /// the keys' for now.
+    #[arg(long = "cache-type-v", value_name = "T")]
+    pub cache_type_v: Option<String>,
     /// Keep at most this many bytes of routed-expert weights resident (mixture-of-experts
     /// models): an integer with an optional K, M or G suffix (powers of 1024).
     #[arg(long = "expert-budget", env = "FRINK_EXPERT_BUDGET", value_parser = parse_bytes)]
@@ -106,6 +114,41 @@ pub fn parse_bytes(s: &str) -> std::result::Result<usize, String> {
 }
 
 impl ModelArgs {
+    /// Folds llama.cpp's `--cache-type-k`/`--cache-type-v` into `kv_type` (each defaults
+    /// to `--kv-type`).
+    ///
+    /// Errors: a type frink does not have (llama.cpp's `bf16`, `q4_0`, `q4_1`, `q5_0`,
+    /// `q5_1`, `iq4_nl` named as not supported yet), or different types for keys and
+    /// values.
+    pub fn resolve_kv_types(&mut self) -> Result<()> {
+        let parse = |flag: &str, s: &Option<String>| -> Result<KvType> {
+            let Some(s) = s else {
+                return Ok(self.kv_type);
+            };
+            s.parse::<KvType>().map_err(|_| match s.as_str() {
+                "bf16" | "q4_0" | "q4_1" | "q5_0" | "q5_1" | "iq4_nl" => anyhow::anyhow!(
+                    "{flag} {s}: this KV cache type is not supported yet (f32, f16, q8_0)"
+                ),
+                _ => anyhow::anyhow!(
+                    "{flag} {s}: unknown KV cache type (llama.cpp's names: f32, f16, bf16, \
+                     q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl)"
+                ),
+            })
+        };
+        let k = parse("--cache-type-k", &self.cache_type_k)?;
+        let v = parse("--cache-type-v", &self.cache_type_v)?;
+        if k != v {
+            anyhow::bail!(
+                "--cache-type-k {} with --cache-type-v {}: keys and values of different cache \
+                 types are not supported yet; give both the same type (or --kv-type)",
+                k.name(),
+                v.name()
+            );
+        }
+        self.kv_type = k;
+        Ok(())
+    }
+
     /// The metadata overrides for the model at `path` (the RoPE flags name keys of its
     /// architecture, read from the file's header).
     pub fn overrides_for(

@@ -161,12 +161,32 @@ enum Command {
     },
 }
 
+impl Command {
+    /// The model options of a command that runs a model.
+    fn model_args(&mut self) -> Option<&mut common::ModelArgs> {
+        match self {
+            Command::Run(a) => Some(&mut a.model),
+            Command::Chat(a) => Some(&mut a.model),
+            Command::Serve(a) => Some(&mut a.model),
+            Command::Bench(a) => Some(&mut a.model),
+            Command::Perplexity(a) => Some(&mut a.model),
+            Command::Embed(a) => Some(&mut a.model),
+            Command::Rerank(a) => Some(&mut a.model),
+            Command::InspectPlan(a) => Some(&mut a.model),
+            Command::Logits { model, .. } => Some(model),
+            _ => None,
+        }
+    }
+}
+
 /// llama.cpp's flags of two letters behind one dash, which clap would read as a one-letter
 /// flag and its value (`-md` as `-m d`): each is its long name here.
 const LLAMA_CPP_FLAGS: &[(&str, &str)] = &[
     ("-md", "--draft-model"),
     ("-np", "--parallel"),
     ("-ngl", "--gpu-layers"),
+    ("-ctk", "--cache-type-k"),
+    ("-ctv", "--cache-type-v"),
 ];
 
 fn main() -> ExitCode {
@@ -258,7 +278,10 @@ fn with_env(cmd: clap::Command) -> clap::Command {
         .fold(cmd, |c, name| c.mut_subcommand(name, with_env))
 }
 
-fn run(cli: Cli) -> Result<()> {
+fn run(mut cli: Cli) -> Result<()> {
+    if let Some(m) = cli.command.model_args() {
+        m.resolve_kv_types()?;
+    }
     let store = Store::from_env()?;
     match cli.command {
         Command::Embed(args) => embed::run(&args),
@@ -315,6 +338,8 @@ fn run(cli: Cli) -> Result<()> {
                 device,
                 gpu_layers: None,
                 overrides: Default::default(),
+                cache_type_k: None,
+                cache_type_v: None,
             };
             verify::run(
                 &args,

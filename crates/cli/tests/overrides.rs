@@ -228,3 +228,43 @@ fn rope_flags_are_refused_where_no_layer_rotates() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("rotary"), "{}", stderr(&o));
 }
+
+/// llama.cpp's `-ctk`/`-ctv`: the same type for both is `--kv-type`'s cache (the same
+/// logits); different types, and the types frink does not have yet, are refused by name.
+#[test]
+fn cache_type_flags_are_kv_type_or_refused() {
+    let Some(dir) = frink_testdata::require("fixtures/tiny/qwen3", "cache types") else {
+        return;
+    };
+    let model = dir.join("model.gguf");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("l.bin");
+    let run = |flags: &[&str]| {
+        let mut args = vec!["logits", "-m", model.to_str().unwrap()];
+        args.extend(flags);
+        args.extend(["--ids", IDS, "--output", out.to_str().unwrap()]);
+        let o = frink(&args);
+        (
+            o.status.code(),
+            stderr(&o),
+            std::fs::read(&out).unwrap_or_default(),
+        )
+    };
+    let (_, _, q8) = run(&["--kv-type", "q8_0"]);
+    let (_, _, f16) = run(&[]);
+    let (code, err, both) = run(&["-ctk", "q8_0", "-ctv", "q8_0"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(both == q8 && both != f16);
+    for (flags, want) in [
+        (&["-ctk", "q8_0"][..], "different cache types"),
+        (
+            &["--cache-type-v", "q4_0", "--cache-type-k", "q4_0"],
+            "not supported yet",
+        ),
+        (&["-ctv", "q9"], "unknown KV cache type"),
+    ] {
+        let (code, err, _) = run(flags);
+        assert_eq!(code, Some(1), "{flags:?}: {err}");
+        assert!(err.contains(want), "{flags:?}: {err}");
+    }
+}
