@@ -148,6 +148,7 @@ pub fn answer(
                     gen_ms: 0.0,
                     proposed: 0,
                     accepted: 0,
+                    context_shifts: 0,
                 })
             }
             Err(_) => anyhow::bail!("the scheduler ended without an answer"),

@@ -62,6 +62,8 @@ fn long_generations_shift_the_context_on_every_catalog_model() {
             .collect();
         assert_eq!(ids.len(), 768, "{model}: {}", r["stop_type"]);
         assert_eq!(r["stop_type"], "limit", "{model}");
+        // llama.cpp's flag for an answer that went past the context.
+        assert_eq!(r["truncated"], true, "{model}");
         let probs = r["completion_probabilities"].as_array().unwrap();
         assert_eq!(probs.len(), 768, "{model}");
         for p in probs {
@@ -89,6 +91,7 @@ fn without_the_flag_the_answer_ends_at_the_context() {
         "the context's last token is sampled, not evaluated"
     );
     assert_eq!(r["stop_type"], "limit");
+    assert_eq!(r["truncated"], false);
     assert_eq!(srv.metric("frink_context_shifts_total"), 0.0);
 }
 

@@ -116,7 +116,7 @@ impl Native {
             "tokens_predicted": n_gen,
             "tokens_evaluated": c.prompt_tokens,
             "tokens_cached": c.cached_tokens,
-            "truncated": false,
+            "truncated": c.context_shifts > 0,
             "prompt": self.prompt,
             "timings": {
                 "prompt_n": c.prompt_tokens - c.cached_tokens,

@@ -235,6 +235,7 @@ fn evaluate(model: &Model, shared: &Shared, pass: Vec<Waiting>) {
                     gen_ms: 0.0,
                     proposed: 0,
                     accepted: 0,
+                    context_shifts: 0,
                 }));
             }
             Err(e) => {

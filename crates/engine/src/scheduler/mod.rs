@@ -392,6 +392,9 @@ pub struct Completion {
     /// `proposed - accepted` (OpenAI's `rejected_prediction_tokens` for a prediction).
     pub proposed: usize,
     pub accepted: usize,
+    /// Context shifts during the answer ([`SchedulerConfig::context_shift`]; llama.cpp's
+    /// `truncated` when above 0).
+    pub context_shifts: usize,
 }
 
 /// What the scheduler sends about a request, in order: any number of `Delta`s (and, for an

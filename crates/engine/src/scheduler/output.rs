@@ -208,6 +208,7 @@ impl<'t> Worker<'t> {
             gen_ms: (now - first).as_secs_f64() * 1e3,
             proposed: job.proposed,
             accepted: job.accepted,
+            context_shifts: job.shifts,
         }));
     }
 }
@@ -245,6 +246,7 @@ impl Worker<'_> {
             gen_ms: 0.0,
             proposed: 0,
             accepted: 0,
+            context_shifts: 0,
         }));
     }
 }
