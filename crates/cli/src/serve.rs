@@ -327,7 +327,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     };
     // Sizes are checked against the file's metadata before anything listens or loads.
     if let Some(path) = &path {
-        check_model(args, &model, path, &config)?;
+        check_model(&model, path, &config)?;
     }
     // The same loading as every other command (thread pool, model options), for each
     // model the server loads.
@@ -351,12 +351,10 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     )
 }
 
-/// A `--cors-origin` value ([`frink_server::cors::check_origin`]).
 /// What the `-m` model's metadata (with the overrides) says of the flags, before anything
 /// listens or loads: the KV pool's size, `--cache-disk` and `--context-shift` refused
-/// where the model cannot have them.
+/// where the model cannot have them ([`frink_server::check_model_flags`]).
 fn check_model(
-    args: &ServeArgs,
     model: &crate::common::ModelArgs,
     path: &std::path::Path,
     config: &frink_server::ServeConfig,
@@ -369,24 +367,7 @@ fn check_model(
         .with_context(|| format!("cannot load {}", path.display()))?;
     drop(file);
     frink_server::kv_pool_positions(config, &shape)?;
-    if shape.plan.encoder {
-        return Ok(());
-    }
-    if let Some(why) = args
-        .cache_disk
-        .as_ref()
-        .and_then(|_| frink_engine::scheduler::disk_tier_refusal(&shape))
-    {
-        anyhow::bail!("--cache-disk: {why}");
-    }
-    if let Some(why) = args
-        .context_shift
-        .then(|| frink_models::shift::shift_refusal(&shape, args.ctx))
-        .flatten()
-    {
-        anyhow::bail!("--context-shift: {why}");
-    }
-    Ok(())
+    frink_server::check_model_flags(config, &shape)
 }
 
 /// `--cache-disk DIR` (made if missing) with `--cache-disk-size`.
@@ -398,6 +379,7 @@ fn cache_disk(args: &ServeArgs) -> Result<Option<(std::path::PathBuf, u64)>> {
     Ok(Some((d.clone(), args.cache_disk_size as u64)))
 }
 
+/// A `--cors-origin` value ([`frink_server::cors::check_origin`]).
 fn cors_origin(s: &str) -> Result<String, String> {
     frink_server::cors::check_origin(s).map(|()| s.to_string())
 }

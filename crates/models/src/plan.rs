@@ -65,6 +65,15 @@ pub enum Mixer {
 }
 
 impl Mixer {
+    /// Whether this mixer rotates queries and keys (RoPE in an attention part).
+    pub fn uses_rope(&self) -> bool {
+        match self {
+            Mixer::Attention(a) => matches!(a.position, Position::Rope(_)),
+            Mixer::Parallel(a, b) => a.uses_rope() || b.uses_rope(),
+            _ => false,
+        }
+    }
+
     /// Whether the mixer keeps a recurrent state (which cannot be cut back to an earlier
     /// position, unlike a KV cache).
     pub fn is_recurrent(&self) -> bool {
@@ -235,17 +244,6 @@ pub struct PlanInputs<'a> {
     pub v_norm: bool,
     /// Width of the per-layer embeddings (0: none).
     pub per_layer_embeddings: usize,
-}
-
-impl Mixer {
-    /// Whether this mixer rotates queries and keys (RoPE in an attention part).
-    pub fn uses_rope(&self) -> bool {
-        match self {
-            Mixer::Attention(a) => matches!(a.position, Position::Rope(_)),
-            Mixer::Parallel(a, b) => a.uses_rope() || b.uses_rope(),
-            _ => false,
-        }
-    }
 }
 
 impl Plan {

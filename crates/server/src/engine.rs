@@ -158,6 +158,28 @@ fn banner(config: &ServeConfig, path: &Path, eng: &Engine, template: Option<&str
     )
 }
 
+/// Refuses `--cache-disk` and `--context-shift` for a model whose cache cannot have them,
+/// naming why ([`frink_engine::scheduler::disk_tier_refusal`],
+/// [`frink_models::shift::shift_refusal`]); an encoder keeps no cache, so neither applies.
+///
+/// Errors: a flag the model cannot honour.
+pub fn check_model_flags(config: &ServeConfig, model: &frink_models::ModelConfig) -> Result<()> {
+    if model.plan.encoder {
+        return Ok(());
+    }
+    if config.cache_disk.is_some() {
+        if let Some(why) = frink_engine::scheduler::disk_tier_refusal(model) {
+            anyhow::bail!("--cache-disk: {why}");
+        }
+    }
+    if config.context_shift {
+        if let Some(why) = frink_models::shift::shift_refusal(model, config.ctx) {
+            anyhow::bail!("--context-shift: {why}");
+        }
+    }
+    Ok(())
+}
+
 /// The KV pool's positions for `config` on a model of `model`'s shape: `--kv-size`, else
 /// `--kv-mem` bytes in whole blocks, else `--parallel × --ctx`; checked against this
 /// machine's memory. `frink serve` calls it with the file's metadata before it listens, so
@@ -239,16 +261,7 @@ fn start_engine(
         true => 0,
         false => kv_pool_positions(config, &model.config)?,
     };
-    if config.cache_disk.is_some() && !encoder {
-        if let Some(why) = frink_engine::scheduler::disk_tier_refusal(&model.config) {
-            anyhow::bail!("--cache-disk: {why}");
-        }
-    }
-    if config.context_shift && !encoder {
-        if let Some(why) = frink_models::shift::shift_refusal(&model.config, config.ctx) {
-            anyhow::bail!("--context-shift: {why}");
-        }
-    }
+    check_model_flags(config, &model.config)?;
     let sched_config = SchedulerConfig {
         parallel: config.parallel,
         n_ctx: config.ctx,

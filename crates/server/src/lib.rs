@@ -43,8 +43,8 @@ mod slots;
 pub mod tools;
 pub mod webui;
 
-pub use engine::kv_pool_positions;
 use engine::Engine;
+pub use engine::{check_model_flags, kv_pool_positions};
 use metrics::metrics;
 use respond::shutting_down;
 

@@ -83,15 +83,6 @@ pub(crate) fn limits(st: &AppState, eng: &Engine) -> Limits {
     }
 }
 
-/// A chat request (OpenAI's fields, llama.cpp's extensions) read ([`ChatRequest::read`]),
-/// rendered through the template and tokenized: everything `/v1/chat/completions` and
-/// Ollama's `/api/chat` share.
-///
-/// Errors: a 400 naming the field at fault.
-/// The engine of a model that generates text.
-///
-/// Errors: a 400 naming the model when it is an encoder (it embeds and reranks only),
-/// or the model's loading error.
 /// The prompt tokens a context shift keeps: llama.cpp's `n_keep` after the BOS the
 /// prompt starts with (`update_slots`: `n_keep + add_bos_token`), -1 the whole prompt.
 fn n_keep(eng: &Engine, prompt: &[u32], n_keep: Option<i64>) -> usize {
@@ -104,6 +95,10 @@ fn n_keep(eng: &Engine, prompt: &[u32], n_keep: Option<i64>) -> usize {
     .min(prompt.len())
 }
 
+/// The engine of a model that generates text.
+///
+/// Errors: a 400 naming the model when it is an encoder (it embeds and reranks only),
+/// or the model's loading error.
 pub(crate) fn generative(st: &AppState) -> Result<&Engine, ApiError> {
     let eng = st.engine()?;
     if eng.encoder {
@@ -121,6 +116,11 @@ pub(crate) fn generative(st: &AppState) -> Result<&Engine, ApiError> {
     Ok(eng)
 }
 
+/// A chat request (OpenAI's fields, llama.cpp's extensions) read ([`ChatRequest::read`]),
+/// rendered through the template and tokenized: everything `/v1/chat/completions` and
+/// Ollama's `/api/chat` share.
+///
+/// Errors: a 400 naming the field at fault.
 pub(crate) fn prepare_chat(st: &AppState, obj: &Map<String, Value>) -> Result<Prepared, ApiError> {
     prepare_chat_with(st, obj, None)
 }

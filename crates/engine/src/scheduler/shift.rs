@@ -6,13 +6,17 @@
 use std::sync::atomic::Ordering;
 
 use super::worker::*;
+use super::Request;
+
+/// The context a request may fill: `n_ctx` (`--ctx`), or less where it asks (`num_ctx`).
+pub(super) fn ctx_limit(n_ctx: usize, req: &Request) -> usize {
+    req.n_ctx.map_or(n_ctx, |n| n.min(n_ctx))
+}
 
 impl Worker<'_> {
-    /// The context `job` may fill: `--ctx`, or less where its request asks (`num_ctx`).
+    /// The context `job` may fill ([`ctx_limit`]).
     pub(super) fn n_ctx_of(&self, job: &Job) -> usize {
-        job.req
-            .n_ctx
-            .map_or(self.config.n_ctx, |n| n.min(self.config.n_ctx))
+        ctx_limit(self.config.n_ctx, &job.req)
     }
 
     /// How `job`, its cache full at `n_past` positions, goes on: the positions it keeps
@@ -42,7 +46,7 @@ impl Worker<'_> {
                 continue;
             };
             let n_past = self.kv.n_past(i);
-            if job.next.is_none() || job.fed < job.input.len() || n_past < self.n_ctx_of(job) {
+            if decoding(job).is_none() || n_past < self.n_ctx_of(job) {
                 continue;
             }
             let Some((keep, discard)) = self.shift_of(job, n_past) else {

@@ -57,10 +57,10 @@ impl Propose for LazyDraft<'_> {
     }
 }
 
-/// A request running in a slot, or waiting for one.
 /// How often an idle worker looks at its slot operations ([`super::slots`]).
 const IDLE_POLL: Duration = Duration::from_millis(20);
 
+/// A request running in a slot, or waiting for one.
 pub(super) struct Job<'t> {
     pub(super) req: Request,
     pub(super) sampler: Sampler,
@@ -500,10 +500,7 @@ impl<'t> Worker<'t> {
             };
             let Some(t) = decoding(job) else { continue };
             let mut toks = vec![t];
-            let n_ctx = job
-                .req
-                .n_ctx
-                .map_or(self.config.n_ctx, |n| n.min(self.config.n_ctx));
+            let n_ctx = super::shift::ctx_limit(self.config.n_ctx, &job.req);
             if let Some(p) = job.proposer.as_mut().filter(|_| spare > 0) {
                 let room = n_ctx
                     .saturating_sub(n_past + 1)
@@ -772,7 +769,7 @@ impl<'t> Worker<'t> {
 type Input = (usize, Vec<u32>, Logits);
 
 /// The token a job feeds next when it is decoding (its prompt all fed).
-fn decoding(job: &Job) -> Option<u32> {
+pub(super) fn decoding(job: &Job) -> Option<u32> {
     job.next.filter(|_| job.fed == job.input.len())
 }
 

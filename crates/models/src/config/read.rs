@@ -292,14 +292,14 @@ fn norm_eps(k: &Keys, arch: &ArchSpec) -> Result<f32> {
     Ok(norm_eps)
 }
 
-/// The global layers' RoPE (base, linear or YaRN scaling) and the windowed layers' (their
-/// own base unscaled, else the global).
 /// The range a RoPE base must lie in: real models use 10,000 to a few times 10^8; far
 /// outside it the angles overflow (a base of 1e-45 gave NaN logits).
 const BASE: (f32, f32) = (1e-3, 1e15);
 /// The range of a RoPE scaling factor (and so of its inverse, the frequency scale).
 const FACTOR: (f32, f32) = (1e-3, 1e6);
 
+/// The global layers' RoPE (base, linear or YaRN scaling) and the windowed layers' (their
+/// own base unscaled, else the global).
 fn rope(k: &Keys, arch: &ArchSpec, n_rot: usize) -> Result<(RopeParams, RopeParams)> {
     let arch_name = k.arch;
     // RoPE scaling: none or linear (llama.cpp LLAMA_ROPE_SCALING_TYPE_LINEAR).
@@ -311,12 +311,11 @@ fn rope(k: &Keys, arch: &ArchSpec, n_rot: usize) -> Result<(RopeParams, RopePara
     match k.get("rope.scaling.type").map(|v| v.as_str()) {
         None | Some(Some("none")) => {}
         Some(Some("linear")) => {
+            // Within FACTOR: positive, its inverse finite.
             let factor = k
                 .f32_in("rope.scaling.factor", FACTOR.0, FACTOR.1)?
                 .unwrap_or(1.0);
-            if factor > 0.0 {
-                freq_scale = 1.0 / factor;
-            }
+            freq_scale = 1.0 / factor;
         }
         // llama.cpp LLAMA_ROPE_SCALING_TYPE_YARN; ext_factor defaults to 1 and
         // attn_factor to 1 as in llama.cpp's context parameters.
@@ -359,9 +358,7 @@ fn rope(k: &Keys, arch: &ArchSpec, n_rot: usize) -> Result<(RopeParams, RopePara
     }
     if let Some(f) = k.f32_in("rope.scale_linear", FACTOR.0, FACTOR.1)? {
         // Older converters wrote the linear factor under this key.
-        if f > 0.0 {
-            freq_scale = 1.0 / f;
-        }
+        freq_scale = 1.0 / f;
     }
     let rope_global = RopeParams {
         freq_base,

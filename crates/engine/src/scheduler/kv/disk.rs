@@ -183,8 +183,8 @@ impl KvManager {
             if let Some(d) = self.disk.as_mut() {
                 d.write(key, &out);
             }
-            self.publish_disk();
         }
+        self.publish_disk();
     }
 
     /// How many of `keys` (consecutive block keys, after a memory hit) the disk tier
@@ -205,10 +205,10 @@ impl KvManager {
     }
 
     /// Appends the blocks of `keys` to `table`: each one memory still caches (held), else
-    /// read from disk into a new block entered in the memory cache under its key; stops
-    /// at the first that is neither, cannot be read or cannot be placed. Returns how many
-    /// it appended.
-    pub(super) fn load_disk_blocks(&mut self, keys: &[u64], table: &mut Vec<u32>) -> usize {
+    /// read from disk into a new block entered in the memory cache under its key (counted
+    /// in `frink_cache_disk_hits_total`); stops at the first that is neither, cannot be
+    /// read or cannot be placed.
+    pub(super) fn load_disk_blocks(&mut self, keys: &[u64], table: &mut Vec<u32>) {
         let len = self.block_payload_len();
         let mut loaded = 0;
         for &key in keys {
@@ -248,7 +248,6 @@ impl KvManager {
             .cache_disk_hits
             .fetch_add(loaded as u64, std::sync::atomic::Ordering::Relaxed);
         self.publish_disk();
-        loaded
     }
 
     /// Publishes the tier's size (`frink_cache_disk_bytes`).
