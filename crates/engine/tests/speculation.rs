@@ -4,13 +4,13 @@
 //! state of plain decoding, on the catalog models and on tiny fixtures, over prompts where
 //! proposals are accepted and rejected.
 
+mod common;
+
 use std::collections::HashSet;
 use std::sync::Arc;
 
 use frink_engine::sampling::{Sampler, SamplingParams};
-use frink_engine::scheduler::{
-    Completion, Event, Request, Scheduler, SchedulerConfig, TokenLogprob,
-};
+use frink_engine::scheduler::{Completion, Event, Scheduler, SchedulerConfig, TokenLogprob};
 use frink_engine::{
     generate_with, DraftModel, Flow, GenerateParams, Generation, NgramLookup, Propose, Session,
     SpecSampling,
@@ -276,28 +276,11 @@ fn run_together(
     let rxs: Vec<_> = cases
         .iter()
         .map(|c| {
-            let (tx, rx) = std::sync::mpsc::channel();
-            sched
-                .submit(Request {
-                    prompt: prompt.to_vec(),
-                    sampling: c.sampling.clone(),
-                    max_tokens: Some(c.max_tokens),
-                    stop: c.stop.clone(),
-                    ignore_eos: true,
-                    top_logprobs: Some(2),
-                    constraint: None,
-                    prefix_group: None,
-                    follows_prefix: false,
-                    shown_tokens: Vec::new(),
-                    embed: None,
-                    lora: Vec::new(),
-                    prediction: c.prediction.clone(),
-                    images: Vec::new(),
-                    n_ctx: None,
-                    n_keep: 0,
-                    sink: Box::new(tx),
-                })
-                .unwrap();
+            let (mut req, rx) = common::request(prompt, c.sampling.clone(), c.max_tokens);
+            req.stop = c.stop.clone();
+            req.top_logprobs = Some(2);
+            req.prediction = c.prediction.clone();
+            sched.submit(req).unwrap();
             rx
         })
         .collect();

@@ -12,12 +12,7 @@ use frink_models::{KvPool, KvType, Logits, Model, ModelError, SeqState, Sequence
 fn models() -> Vec<(String, Model)> {
     let mut out = Vec::new();
     if let Some(t) = frink_testdata::require("fixtures/tiny", "KV pool") {
-        let mut names: Vec<String> = std::fs::read_dir(&t)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
-            .collect();
-        names.sort();
-        for name in names {
+        for name in frink_testdata::fixture_names(&t) {
             let path = t.join(&name).join("model.gguf");
             // Fixtures this build refuses by name (their own tests say so) are skipped.
             if let Ok(m) = Model::load(&path) {

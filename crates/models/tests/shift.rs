@@ -16,22 +16,12 @@ fn eval(model: &Model, pool: &mut KvPool, st: &mut SeqState, tokens: &[u32]) -> 
         .unwrap()
 }
 
-/// Largest |a - b| over the largest |b|.
-fn rel(a: &[f32], b: &[f32]) -> f32 {
-    let m = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-30);
-    a.iter().zip(b).fold(0f32, |d, (x, y)| d.max((x - y).abs())) / m
-}
-
 #[test]
 fn shifted_first_layer_equals_a_fresh_evaluation() {
     let Some(t) = frink_testdata::require("fixtures/tiny", "context shift") else {
         return;
     };
-    let mut names: Vec<String> = std::fs::read_dir(&t)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
-        .collect();
-    names.sort();
+    let names = frink_testdata::fixture_names(&t);
     let (mut checked, mut refused) = (Vec::new(), Vec::new());
     for name in names {
         let Ok(model) = Model::load(t.join(&name).join("model.gguf")) else {
@@ -93,8 +83,11 @@ fn shifted_first_layer_equals_a_fresh_evaluation() {
             eval(&model, &mut fresh_pool, &mut f, &kept);
             let (ks, vs) = pool.layer(il).read_rows(Some(b.blocks()), keep, n);
             let (kf, vf) = fresh_pool.layer(il).read_rows(Some(f.blocks()), keep, n);
-            let (dk, dv) = (rel(&ks, &kf), rel(&vs, &vf));
-            let moved = rel(&stored.0, &kf);
+            let (dk, dv) = (
+                frink_testdata::rel_max_diff(&ks, &kf),
+                frink_testdata::rel_max_diff(&vs, &vf),
+            );
+            let moved = frink_testdata::rel_max_diff(&stored.0, &kf);
             eprintln!("{name} {kv:?}: keys {dk:.1e} (unshifted {moved:.1e}), values {dv:.1e}");
             assert!(dk <= tol, "{name} {kv:?}: shifted keys differ by {dk}");
             assert!(dv <= tol, "{name} {kv:?}: values differ by {dv}");

@@ -19,11 +19,7 @@ fn a_loaded_state_continues_as_the_saved_one() {
     let Some(t) = frink_testdata::require("fixtures/tiny", "state save and load") else {
         return;
     };
-    let mut names: Vec<String> = std::fs::read_dir(&t)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
-        .collect();
-    names.sort();
+    let names = frink_testdata::fixture_names(&t);
     let mut checked = 0;
     for name in names {
         let Ok(model) = Model::load(t.join(&name).join("model.gguf")) else {

@@ -139,6 +139,23 @@ pub fn read_f32(path: &Path) -> Vec<f32> {
         .collect()
 }
 
+/// The names of the folders in `dir` (the tiny fixtures' architectures), sorted.
+///
+/// Panics if `dir` cannot be read (a test's own data).
+pub fn fixture_names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("the fixtures folder")
+        .map(|e| {
+            e.expect("a folder entry")
+                .file_name()
+                .to_string_lossy()
+                .to_string()
+        })
+        .collect();
+    names.sort();
+    names
+}
+
 /// `max |a − b| / max |b|`: the agreement metric of the fixtures README.
 pub fn rel_max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
