@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use frink_models::{KvType, Model};
+use frink_models::{CacheType, KvType, Model};
 use frink_store::Store;
 use frink_tokenizer::Tokenizer;
 
@@ -17,16 +17,15 @@ pub struct ModelArgs {
     /// Compute threads (default: the machine's physical cores).
     #[arg(short = 't', long = "threads", env = "FRINK_THREADS", value_parser = threads)]
     pub threads: Option<usize>,
-    /// KV cache element type: f16 (llama.cpp's default), f32 or q8_0 (llama.cpp's
-    /// `-ctk q8_0 -ctv q8_0`: about half the memory of f16).
+    /// KV cache element type of keys and values: f16 (llama.cpp's default), f32, bf16,
+    /// q8_0 (about half the memory of f16), q5_1, q5_0, q4_1, q4_0 or iq4_nl (about a
+    /// quarter to a third).
     #[arg(long = "kv-type", default_value = "f16")]
     pub kv_type: KvType,
-    /// The keys' cache type (llama.cpp's `-ctk`; default: `--kv-type`'s): the same as
-    /// the values' for now.
+    /// The keys' cache type (llama.cpp's `-ctk`; default: `--kv-type`'s).
     #[arg(long = "cache-type-k", value_name = "T")]
     pub cache_type_k: Option<String>,
-    /// The values' cache type (llama.cpp's `-ctv`; default: `--kv-type`'s): the same as
-    /// the keys' for now.
+    /// The values' cache type (llama.cpp's `-ctv`; default: `--kv-type`'s).
     #[arg(long = "cache-type-v", value_name = "T")]
     pub cache_type_v: Option<String>,
     /// Keep at most this many bytes of routed-expert weights resident (mixture-of-experts
@@ -115,37 +114,21 @@ pub fn parse_bytes(s: &str) -> std::result::Result<usize, String> {
 
 impl ModelArgs {
     /// Folds llama.cpp's `--cache-type-k`/`--cache-type-v` into `kv_type` (each defaults
-    /// to `--kv-type`).
+    /// to `--kv-type`'s).
     ///
-    /// Errors: a type frink does not have (llama.cpp's `bf16`, `q4_0`, `q4_1`, `q5_0`,
-    /// `q5_1`, `iq4_nl` named as not supported yet), or different types for keys and
-    /// values.
+    /// Errors: a name that is not one of llama.cpp's cache types frink has (f32, f16,
+    /// bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl), naming the flag.
     pub fn resolve_kv_types(&mut self) -> Result<()> {
-        let parse = |flag: &str, s: &Option<String>| -> Result<KvType> {
-            let Some(s) = s else {
-                return Ok(self.kv_type);
-            };
-            s.parse::<KvType>().map_err(|_| match s.as_str() {
-                "bf16" | "q4_0" | "q4_1" | "q5_0" | "q5_1" | "iq4_nl" => anyhow::anyhow!(
-                    "{flag} {s}: this KV cache type is not supported yet (f32, f16, q8_0)"
-                ),
-                _ => anyhow::anyhow!(
-                    "{flag} {s}: unknown KV cache type (llama.cpp's names: f32, f16, bf16, \
-                     q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl)"
-                ),
-            })
+        let parse = |flag: &str, s: &Option<String>, default: CacheType| match s {
+            None => Ok(default),
+            Some(s) => s
+                .parse::<CacheType>()
+                .map_err(|e| anyhow::anyhow!("{flag} {s}: {e}")),
         };
-        let k = parse("--cache-type-k", &self.cache_type_k)?;
-        let v = parse("--cache-type-v", &self.cache_type_v)?;
-        if k != v {
-            anyhow::bail!(
-                "--cache-type-k {} with --cache-type-v {}: keys and values of different cache \
-                 types are not supported yet; give both the same type (or --kv-type)",
-                k.name(),
-                v.name()
-            );
-        }
-        self.kv_type = k;
+        self.kv_type = KvType {
+            k: parse("--cache-type-k", &self.cache_type_k, self.kv_type.k)?,
+            v: parse("--cache-type-v", &self.cache_type_v, self.kv_type.v)?,
+        };
         Ok(())
     }
 

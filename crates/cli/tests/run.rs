@@ -397,7 +397,8 @@ fn a_q8_0_cache_on_heads_of_16_is_refused() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
         err.contains(
-            "--kv-type q8_0 needs head sizes that are multiples of 32 (this model's are 16 and 16)"
+            "KV cache type q8_0 for the keys needs heads that are multiples of 32 values \
+             (this model's key heads are 16)"
         ),
         "{err}"
     );

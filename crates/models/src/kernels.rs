@@ -7,12 +7,14 @@
 
 mod attn;
 pub(crate) mod gemm;
+mod kv_rows;
 mod math;
 
 pub use attn::{
     dot_multi_keys, dot_multi_keys_portable, softmax_with_sink, softmax_with_sink_portable,
-    weighted_sum_multi, weighted_sum_multi_portable, KvData, KvRows,
+    weighted_sum_multi, weighted_sum_multi_portable,
 };
+pub use kv_rows::{KvData, KvRows};
 pub use math::{
     fast_exp, gelu_erf_fast, gelu_erf_in_place, gelu_erf_in_place_portable, hadamard_rotate, silu,
     silu_in_place, silu_in_place_portable, ssm_step, ssm_step_portable, Decay,

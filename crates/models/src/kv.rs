@@ -3,106 +3,7 @@
 
 use half::f16;
 
-/// Element type of the KV cache (`--kv-type`, llama.cpp's `-ctk`/`-ctv`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum KvType {
-    /// IEEE half precision, llama.cpp's default (`type_k = type_v = GGML_TYPE_F16`).
-    #[default]
-    F16,
-    /// Single precision (what the tiny fixtures' references used).
-    F32,
-    /// ggml's Q8_0 blocks (32 values: an f16 scale and 32 int8, 34 bytes; llama.cpp
-    /// `-ctk q8_0 -ctv q8_0`), written by [`frink_quant::dot::quantize_row_q8_0`]
-    /// (bit-exact with ggml's `quantize_row_q8_0_ref`) and read in place by the attention
-    /// kernels (`d · q`, exact in f32).
-    Q8_0,
-}
-
-/// Values per Q8_0 block, and its bytes (ggml-common.h `block_q8_0`: `ggml_half d` then
-/// `int8_t qs[32]`; the same as frink-gguf's `GgmlType::Q8_0` row, checked by a test):
-/// constants, for the attention kernels' inner loops.
-pub const Q8_0_BLOCK: usize = 32;
-pub const Q8_0_BLOCK_BYTES: usize = 34;
-
-impl KvType {
-    /// Bytes `n` elements take (`n` a multiple of 32 for Q8_0).
-    pub fn bytes(self, n: usize) -> Option<usize> {
-        match self {
-            KvType::F16 => n.checked_mul(2),
-            KvType::F32 => n.checked_mul(4),
-            KvType::Q8_0 => (n / Q8_0_BLOCK).checked_mul(Q8_0_BLOCK_BYTES),
-        }
-    }
-
-    /// Its name as `--kv-type` spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            KvType::F16 => "f16",
-            KvType::F32 => "f32",
-            KvType::Q8_0 => "q8_0",
-        }
-    }
-
-    /// Whether elements are stored quantized (Q8_0), not as floats.
-    pub fn is_quantized(self) -> bool {
-        self == KvType::Q8_0
-    }
-
-    /// The Walsh–Hadamard block that rotates queries and keys of head size `hd_k` before
-    /// a quantized cache stores the keys, as llama.cpp does since PR #21038
-    /// (src/llama-kv-cache.cpp `attn_rot_k`, `build_input_k_rot`): for a quantized type
-    /// and `hd_k` a multiple of 64, the largest power of two from 64 up that divides it;
-    /// else none. The rotation spreads a head's outlier channels over its blocks (Qwen2's
-    /// key biases: the Q8_0 cache's perplexity cost on qwen2.5-coder-0.5b falls from 7.8%
-    /// to 3.6%) and leaves every score unchanged in exact arithmetic.
-    pub fn key_rotation(self, hd_k: usize) -> Option<usize> {
-        if !self.is_quantized() || hd_k == 0 || !hd_k.is_multiple_of(64) {
-            return None;
-        }
-        Some(1 << hd_k.trailing_zeros())
-    }
-
-    /// The block that rotates values of head size `hd_v` before a quantized cache stores
-    /// them, and rotates the attention output back: 64 where `hd_v` is a multiple of 64
-    /// (llama.cpp `attn_rot_v`, `build_input_v_rot`: the smallest block measured best).
-    pub fn value_rotation(self, hd_v: usize) -> Option<usize> {
-        (self.is_quantized() && hd_v > 0 && hd_v.is_multiple_of(64)).then_some(64)
-    }
-
-    /// Whether a cache of this type can hold the keys and values of every attention
-    /// layer of `config` (Q8_0: every head a whole number of 32-value blocks, as llama.cpp
-    /// requires of a quantized cache; layers may differ in head sizes: Gemma 4).
-    ///
-    /// Errors: a message naming the sizes.
-    pub fn check_heads(self, config: &crate::ModelConfig) -> Result<(), String> {
-        for a in config
-            .plan
-            .layers
-            .iter()
-            .filter_map(|l| l.mixer.attention())
-        {
-            let (hd_k, hd_v) = (a.geometry.head_dim_k, a.geometry.head_dim_v);
-            if self.is_quantized()
-                && (!hd_k.is_multiple_of(Q8_0_BLOCK) || !hd_v.is_multiple_of(Q8_0_BLOCK))
-            {
-                return Err(format!(
-                    "--kv-type q8_0 needs head sizes that are multiples of 32 (this model's are {hd_k} and {hd_v})"
-                ));
-            }
-        }
-        Ok(())
-    }
-}
-
-impl std::str::FromStr for KvType {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        [KvType::F16, KvType::F32, KvType::Q8_0]
-            .into_iter()
-            .find(|t| t.name() == s)
-            .ok_or_else(|| format!("unknown KV cache type {s:?} (expected f16, f32 or q8_0)"))
-    }
-}
+pub use crate::kv_type::{CacheType, KvType, CACHE_BLOCK};
 
 /// Positions per block of a [`KvPool`] (vLLM's default block size): a sequence's
 /// positions `16i .. 16i + 16` live in the pool block its block table names at `i`. Also
@@ -127,36 +28,69 @@ pub(crate) fn pool_row(blocks: &[u32], p: usize) -> usize {
 pub enum KvStore {
     F16(Vec<f16>),
     F32(Vec<f32>),
-    /// Q8_0 blocks, 34 bytes per 32 elements.
-    Q8_0(Vec<u8>),
+    /// bfloat16 bits.
+    BF16(Vec<u16>),
+    /// ggml blocks of a quantized [`CacheType`], `ty.unit_bytes()` bytes per 32 elements.
+    Quant(CacheType, Vec<u8>),
 }
 
 impl KvStore {
-    pub(crate) fn new(kv_type: KvType, len: usize) -> KvStore {
-        match kv_type {
-            KvType::F16 => KvStore::F16(vec![f16::ZERO; len]),
-            KvType::F32 => KvStore::F32(vec![0.0; len]),
-            KvType::Q8_0 => KvStore::Q8_0(vec![0; len / Q8_0_BLOCK * Q8_0_BLOCK_BYTES]),
+    pub(crate) fn new(ty: CacheType, len: usize) -> KvStore {
+        match ty {
+            CacheType::F16 => KvStore::F16(vec![f16::ZERO; len]),
+            CacheType::F32 => KvStore::F32(vec![0.0; len]),
+            CacheType::BF16 => KvStore::BF16(vec![0; len]),
+            q => KvStore::Quant(q, vec![0; len / CACHE_BLOCK * q.unit_bytes()]),
+        }
+    }
+
+    /// Its element type.
+    pub fn cache_type(&self) -> CacheType {
+        match self {
+            KvStore::F16(_) => CacheType::F16,
+            KvStore::F32(_) => CacheType::F32,
+            KvStore::BF16(_) => CacheType::BF16,
+            KvStore::Quant(t, _) => *t,
+        }
+    }
+
+    /// The byte range of elements `at .. at + n` in its bytes (whole blocks for a
+    /// quantized type: `at` and `n` multiples of 32).
+    fn byte_range(&self, at: usize, n: usize) -> std::ops::Range<usize> {
+        let t = self.cache_type();
+        if t.is_quantized() {
+            assert!(
+                at.is_multiple_of(CACHE_BLOCK) && n.is_multiple_of(CACHE_BLOCK),
+                "a {t} cache is read and written in whole blocks"
+            );
+            let b = t.unit_bytes();
+            at / CACHE_BLOCK * b..(at + n) / CACHE_BLOCK * b
+        } else {
+            let b = t.unit_bytes();
+            at * b..(at + n) * b
         }
     }
 
     /// Copies `src`'s first `len` elements (same element type, checked by the caller; for
-    /// Q8_0 `len` is whole blocks: whole rows are copied).
+    /// a quantized type `len` is whole blocks: whole rows are copied).
     pub(crate) fn copy_from(&mut self, src: &KvStore, len: usize) {
         match (self, src) {
             (KvStore::F16(d), KvStore::F16(s)) => d[..len].copy_from_slice(&s[..len]),
             (KvStore::F32(d), KvStore::F32(s)) => d[..len].copy_from_slice(&s[..len]),
-            (KvStore::Q8_0(d), KvStore::Q8_0(s)) => {
-                let n = len / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
+            (KvStore::BF16(d), KvStore::BF16(s)) => d[..len].copy_from_slice(&s[..len]),
+            (KvStore::Quant(t, d), KvStore::Quant(u, s)) if t == u => {
+                let n = len / CACHE_BLOCK * t.unit_bytes();
                 d[..n].copy_from_slice(&s[..n]);
             }
             _ => panic!("copy_prefix: caches of different element types"),
         }
     }
 
-    /// Stores `src` at element offset `at` (rounded to f16 for an f16 cache; quantized for
-    /// a Q8_0 one, where `at` and `src.len()` are whole blocks: whole rows are written).
+    /// Stores `src` at element offset `at` (rounded to f16 or bf16 for a half cache;
+    /// quantized for a block one, where `at` and `src.len()` are whole blocks: whole rows
+    /// are written).
     pub fn write(&mut self, at: usize, src: &[f32]) {
+        let range = self.byte_range(at, src.len());
         match self {
             KvStore::F16(v) => {
                 // F16C where available; round to nearest even either way.
@@ -164,53 +98,49 @@ impl KvStore {
                 v[at..at + src.len()].convert_from_f32_slice(src);
             }
             KvStore::F32(v) => v[at..at + src.len()].copy_from_slice(src),
-            KvStore::Q8_0(v) => {
-                assert!(
-                    at.is_multiple_of(Q8_0_BLOCK),
-                    "a Q8_0 cache is written in whole blocks"
-                );
-                let b0 = at / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
-                let nb = src.len() / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
-                frink_quant::dot::quantize_row_q8_0(src, &mut v[b0..b0 + nb])
-                    .expect("whole Q8_0 blocks (the head sizes were checked)");
+            KvStore::BF16(v) => {
+                for (d, &x) in v[at..at + src.len()].iter_mut().zip(src) {
+                    *d = frink_quant::quantize::bf16_bits(x);
+                }
+            }
+            KvStore::Quant(t, v) => {
+                frink_quant::quantize::quantize_for_cache(t.ggml(), src, &mut v[range])
+                    .expect("whole blocks (the head sizes were checked)")
             }
         }
     }
 
-    /// Reads `out.len()` elements from element offset `at` as f32 (for a Q8_0 cache, `at`
-    /// and the length are whole blocks): what [`KvStore::write`] stored, dequantized.
+    /// Reads `out.len()` elements from element offset `at` as f32 (for a quantized cache,
+    /// `at` and the length are whole blocks): what [`KvStore::write`] stored, dequantized.
     pub fn read(&self, at: usize, out: &mut [f32]) {
+        let range = self.byte_range(at, out.len());
         match self {
             KvStore::F16(v) => {
                 use half::slice::HalfFloatSliceExt;
                 v[at..at + out.len()].convert_to_f32_slice(out);
             }
             KvStore::F32(v) => out.copy_from_slice(&v[at..at + out.len()]),
-            KvStore::Q8_0(v) => {
-                assert!(
-                    at.is_multiple_of(Q8_0_BLOCK),
-                    "a Q8_0 cache is read in whole blocks"
-                );
-                let b0 = at / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
-                let nb = out.len() / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
-                frink_quant::dequantize(frink_gguf::GgmlType::Q8_0, &v[b0..b0 + nb], out)
-                    .expect("whole Q8_0 blocks (the head sizes were checked)");
+            KvStore::BF16(v) => {
+                let n = out.len();
+                for (o, &b) in out.iter_mut().zip(&v[at..at + n]) {
+                    *o = f32::from_bits(u32::from(b) << 16);
+                }
             }
+            KvStore::Quant(t, v) => frink_quant::dequantize(t.ggml(), &v[range], out)
+                .expect("whole blocks (the head sizes were checked)"),
         }
     }
 
-    /// Appends the stored bytes of `n` elements from element offset `at` (Q8_0: whole
-    /// blocks) to `out`, little-endian: what [`KvStore::set_raw`] takes back.
+    /// Appends the stored bytes of `n` elements from element offset `at` (a quantized
+    /// type: whole blocks) to `out`, little-endian: what [`KvStore::set_raw`] takes back.
     pub fn raw(&self, at: usize, n: usize, out: &mut Vec<u8>) {
         match self {
             KvStore::F16(v) => {
                 out.extend(v[at..at + n].iter().flat_map(|x| x.to_bits().to_le_bytes()))
             }
             KvStore::F32(v) => out.extend(v[at..at + n].iter().flat_map(|x| x.to_le_bytes())),
-            KvStore::Q8_0(v) => {
-                let b = |i: usize| i / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
-                out.extend_from_slice(&v[b(at)..b(at + n)]);
-            }
+            KvStore::BF16(v) => out.extend(v[at..at + n].iter().flat_map(|x| x.to_le_bytes())),
+            KvStore::Quant(_, v) => out.extend_from_slice(&v[self.byte_range(at, n)]),
         }
     }
 
@@ -219,37 +149,39 @@ impl KvStore {
     ///
     /// Panics if `src` is shorter than `n` elements' bytes.
     pub fn set_raw(&mut self, at: usize, n: usize, src: &[u8]) -> usize {
+        let range = self.byte_range(at, n);
+        let len = range.len();
         match self {
             KvStore::F16(v) => {
-                for (d, s) in v[at..at + n].iter_mut().zip(src[..2 * n].chunks_exact(2)) {
+                for (d, s) in v[at..at + n].iter_mut().zip(src[..len].chunks_exact(2)) {
                     *d = f16::from_bits(u16::from_le_bytes([s[0], s[1]]));
                 }
-                2 * n
             }
             KvStore::F32(v) => {
-                for (d, s) in v[at..at + n].iter_mut().zip(src[..4 * n].chunks_exact(4)) {
+                for (d, s) in v[at..at + n].iter_mut().zip(src[..len].chunks_exact(4)) {
                     *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
                 }
-                4 * n
             }
-            KvStore::Q8_0(v) => {
-                let b = |i: usize| i / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
-                let len = b(at + n) - b(at);
-                v[b(at)..b(at + n)].copy_from_slice(&src[..len]);
-                len
+            KvStore::BF16(v) => {
+                for (d, s) in v[at..at + n].iter_mut().zip(src[..len].chunks_exact(2)) {
+                    *d = u16::from_le_bytes([s[0], s[1]]);
+                }
             }
+            KvStore::Quant(_, v) => v[range].copy_from_slice(&src[..len]),
         }
+        len
     }
 
-    /// Copies elements `src .. src + n` to `dst ..` (no overlap; for Q8_0 whole blocks).
+    /// Copies elements `src .. src + n` to `dst ..` (no overlap; for a quantized type
+    /// whole blocks).
     fn copy_within(&mut self, src: usize, dst: usize, n: usize) {
+        let from = self.byte_range(src, n);
+        let to = self.byte_range(dst, n).start;
         match self {
             KvStore::F16(v) => v.copy_within(src..src + n, dst),
             KvStore::F32(v) => v.copy_within(src..src + n, dst),
-            KvStore::Q8_0(v) => {
-                let b = |i: usize| i / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
-                v.copy_within(b(src)..b(src + n), b(dst))
-            }
+            KvStore::BF16(v) => v.copy_within(src..src + n, dst),
+            KvStore::Quant(_, v) => v.copy_within(from, to),
         }
     }
 
@@ -258,7 +190,8 @@ impl KvStore {
         match self {
             KvStore::F16(v) => v.len() * 2,
             KvStore::F32(v) => v.len() * 4,
-            KvStore::Q8_0(v) => v.len(),
+            KvStore::BF16(v) => v.len() * 2,
+            KvStore::Quant(_, v) => v.len(),
         }
     }
 
@@ -270,7 +203,8 @@ impl KvStore {
         let data = match self {
             KvStore::F16(v) => KvData::F16(v),
             KvStore::F32(v) => KvData::F32(v),
-            KvStore::Q8_0(v) => KvData::Q8_0(v),
+            KvStore::BF16(v) => KvData::BF16(v),
+            KvStore::Quant(t, v) => KvData::Quant(*t, v),
         };
         KvRows::new(data, h * KV_BLOCK * hd, dim).in_blocks(KV_BLOCK_SHIFT, hd)
     }
@@ -304,7 +238,8 @@ impl KvLayer {
     }
 
     /// Rows for `rows` positions ([`KvLayer::rows_for`]) of `dims = (k_dim, v_dim)`
-    /// elements of `kv_type` in `heads` KV heads, zeroed.
+    /// elements of `kv_type` (keys of `kv_type.k`, values of `kv_type.v`) in `heads` KV
+    /// heads, zeroed.
     pub fn new(
         kv_type: KvType,
         rows: usize,
@@ -313,8 +248,8 @@ impl KvLayer {
     ) -> KvLayer {
         let rows = Self::rows_for(rows);
         KvLayer {
-            k: KvStore::new(kv_type, rows * k_dim),
-            v: KvStore::new(kv_type, rows * v_dim),
+            k: KvStore::new(kv_type.k, rows * k_dim),
+            v: KvStore::new(kv_type.v, rows * v_dim),
             k_dim,
             v_dim,
             heads: heads.max(1),
@@ -662,16 +597,5 @@ mod tests {
                 }
             }
         }
-    }
-
-    /// The Q8_0 block the KV cache and its kernels use is ggml's, as frink-gguf's type
-    /// table records it.
-    #[test]
-    fn q8_0_block_is_ggmls() {
-        let t = frink_gguf::GgmlType::Q8_0;
-        assert_eq!(
-            (super::Q8_0_BLOCK, super::Q8_0_BLOCK_BYTES),
-            (t.block_size(), t.type_size())
-        );
     }
 }

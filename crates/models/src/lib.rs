@@ -11,6 +11,7 @@ pub mod experts;
 mod forward;
 pub mod kernels;
 pub mod kv;
+mod kv_type;
 mod load;
 pub mod lora;
 mod model;
@@ -37,6 +38,8 @@ pub use config::{
 };
 pub use error::{ModelError, Result};
 pub use forward::{EmbdRows, Logits, Sequence};
-pub use kv::{window_blocks, KvPool, KvType, EVICTED, KV_BLOCK, WINDOW_STEP};
+pub use kv::{
+    window_blocks, CacheType, KvPool, KvType, CACHE_BLOCK, EVICTED, KV_BLOCK, WINDOW_STEP,
+};
 pub use model::{Experts, LayerWeights, Model, MoeStats, NormWeights, Weights};
 pub use state::{Checkpoint, LayerState, RecurrentLayer, SeqState};

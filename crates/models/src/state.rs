@@ -169,7 +169,7 @@ impl SeqState {
             .iter()
             .filter_map(|l| Some((l, l.mixer.kv_dims(config.n_head_kv)?)))
             .try_fold(0usize, |sum, (l, (kd, vd))| {
-                let row = kv_type.bytes(kd + vd)?;
+                let row = kv_type.row_bytes(kd, vd)?;
                 sum.checked_add(layer_rows(&l.mixer, ring, n_ctx).checked_mul(row)?)
             })
     }
@@ -487,7 +487,7 @@ impl SeqState {
             match (&mut d.kv, &s.kv) {
                 (Some(d), Some(s)) => {
                     assert_eq!((d.k_dim, d.v_dim), (s.k_dim, s.v_dim), "copy_prefix: rows");
-                    let row_bytes = self.kv_type.bytes(d.k_dim).unwrap_or(0).max(1);
+                    let row_bytes = self.kv_type.k.bytes(d.k_dim).unwrap_or(0).max(1);
                     let is_ring = ring > 0 && d.k.bytes() / row_bytes == ring;
                     let rows = if is_ring { ring } else { n };
                     d.copy_prefix(s, rows);

@@ -29,7 +29,7 @@ pub fn payload_len(pool: &KvPool, state: &SeqState, extent: Extent) -> usize {
         .filter_map(|(il, l)| {
             let l = l.as_ref()?;
             let rows = extent.n - from(pool, il, extent);
-            Some(pool.kv_type.bytes(rows * l.k_dim)? + pool.kv_type.bytes(rows * l.v_dim)?)
+            pool.kv_type.row_bytes(l.k_dim, l.v_dim)?.checked_mul(rows)
         })
         .sum();
     let recurrent = recurrent_bytes(state);
@@ -107,7 +107,9 @@ pub fn check(pool: &KvPool, state: &SeqState, extent: Extent, src: &[u8]) -> Res
     }
     let recurrent = recurrent_bytes(state);
     let (kv, rec) = src.split_at(src.len() - recurrent);
-    if !finite(pool.kv_type, kv) || !rec.chunks_exact(4).all(f32_finite) {
+    if !finite(pool, |il| extent.n - from(pool, il, extent), kv)
+        || !rec.chunks_exact(4).all(f32_finite)
+    {
         return Err("the state holds values that are not finite".into());
     }
     Ok(())
@@ -117,18 +119,23 @@ fn f32_finite(b: &[u8]) -> bool {
     f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite()
 }
 
-/// Whether every value of `bytes` (whole rows of a cache of `kv_type`, as
-/// [`crate::kv::KvLayer::save_rows`] writes them) is finite: each f16 or f32 element, each
-/// Q8_0 block's f16 scale (its int8 values are finite by construction).
-pub fn finite(kv_type: crate::KvType, bytes: &[u8]) -> bool {
-    let f16_finite = |b: &[u8]| (u16::from_le_bytes([b[0], b[1]]) & 0x7c00) != 0x7c00;
-    match kv_type {
-        crate::KvType::F16 => bytes.chunks_exact(2).all(f16_finite),
-        crate::KvType::F32 => bytes.chunks_exact(4).all(f32_finite),
-        crate::KvType::Q8_0 => bytes
-            .chunks_exact(crate::kv::Q8_0_BLOCK_BYTES)
-            .all(f16_finite),
+/// Whether every value of `bytes` is finite ([`crate::CacheType::finite`]): the rows of
+/// `pool`'s attention layers as [`crate::kv::KvLayer::save_rows`] writes them, `rows(il)`
+/// positions of layer `il` (keys, then values). Bytes past those rows are not looked at.
+pub fn finite(pool: &KvPool, rows: impl Fn(usize) -> usize, bytes: &[u8]) -> bool {
+    let mut at = 0usize;
+    for (il, l) in pool.layers.iter().enumerate() {
+        let Some(l) = l else { continue };
+        let n = rows(il);
+        for (t, dim) in [(pool.kv_type.k, l.k_dim), (pool.kv_type.v, l.v_dim)] {
+            let len = t.bytes(n * dim).unwrap_or(usize::MAX);
+            match bytes.get(at..at.saturating_add(len)) {
+                Some(b) if t.finite(b) => at += len,
+                _ => return false,
+            }
+        }
     }
+    true
 }
 
 /// Makes `state` (pooled in `pool`, empty, with blocks for `extent.n` positions in each

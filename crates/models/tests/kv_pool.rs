@@ -63,7 +63,7 @@ fn pooled_and_contiguous_caches_give_the_same_logits() {
         if !c.plan.layers.iter().any(|l| l.mixer.has_attention()) {
             continue;
         }
-        for kv in [KvType::F32, KvType::F16, KvType::Q8_0] {
+        for kv in frink_testdata::KV_TYPES.map(|t| t.parse::<KvType>().unwrap()) {
             if kv.check_heads(c).is_err() {
                 continue;
             }

@@ -6,7 +6,7 @@
 //! changes nothing; models whose cache cannot be shifted are named.
 
 use frink_models::shift::{read_shifted, shift_refusal, write_shifted};
-use frink_models::{KvPool, KvType, Logits, Model, SeqState};
+use frink_models::{CacheType, KvPool, KvType, Logits, Model, SeqState};
 
 const CTX: usize = 64;
 
@@ -49,7 +49,17 @@ fn shifted_first_layer_equals_a_fresh_evaluation() {
         for (kv, tol) in [
             (KvType::F32, 2e-6),
             (KvType::F16, 2e-3),
+            (KvType::both(CacheType::BF16), 2e-2),
             (KvType::Q8_0, 2e-2),
+            (KvType::both(CacheType::Q4_0), 0.25),
+            (KvType::both(CacheType::IQ4_NL), 0.25),
+            (
+                KvType {
+                    k: CacheType::Q5_1,
+                    v: CacheType::F16,
+                },
+                0.5,
+            ),
         ] {
             if kv.check_heads(c).is_err() {
                 continue;
@@ -66,7 +76,7 @@ fn shifted_first_layer_equals_a_fresh_evaluation() {
             write_shifted(&mut pool, &mut b0, &same);
             let stored = pool.layer(il).read_rows(Some(a.blocks()), keep + back, n);
             let copied = pool.layer(il).read_rows(Some(b0.blocks()), keep, n);
-            if kv != KvType::Q8_0 {
+            if !kv.is_quantized() {
                 assert!(stored == copied, "{name} {kv:?}: a shift by 0 changed rows");
             }
             // The real shift, into fresh blocks after the kept positions.
@@ -93,7 +103,11 @@ fn shifted_first_layer_equals_a_fresh_evaluation() {
             assert!(dv <= tol, "{name} {kv:?}: values differ by {dv}");
             // The shift is what made them equal (RoPE models: the rows moved).
             if c.plan.uses_rope() {
-                assert!(moved > 10.0 * tol.max(dk), "{name} {kv:?}: {moved}");
+                // (A 4-bit cache re-quantizes what it moves: a tenth to a fifth of the
+                // unshifted difference is left, measured 0.14 against 1.3 on gemma, 0.13
+                // against 0.62 on qwen2_moe_q256.)
+                let margin = if tol < 0.1 { 10.0 * tol.max(dk) } else { 3.0 * dk };
+                assert!(moved > margin, "{name} {kv:?}: {moved}");
             }
             // The shifted sequence decodes on.
             let next = eval(&model, &mut pool, &mut b, &tokens[..1]);

@@ -120,7 +120,7 @@ fn windowed_layers_keep_only_their_window_with_the_same_logits() {
         let c = &model.config;
         let window = c.plan.window();
         let ring = window_blocks(window, WINDOW_STEP);
-        for kv in [KvType::F32, KvType::F16, KvType::Q8_0] {
+        for kv in frink_testdata::KV_TYPES.map(|t| t.parse::<KvType>().unwrap()) {
             if kv.check_heads(c).is_err() {
                 continue;
             }
@@ -140,7 +140,7 @@ fn windowed_layers_keep_only_their_window_with_the_same_logits() {
                         true => ring * KV_BLOCK,
                         false => CTX,
                     };
-                    Some(kv.bytes(kd + vd).unwrap() * rows)
+                    Some(kv.row_bytes(kd, vd).unwrap() * rows)
                 })
                 .sum();
             assert_eq!(st.bytes(), expected, "{name}: ring bytes");

@@ -26,7 +26,7 @@ fn a_loaded_state_continues_as_the_saved_one() {
             continue;
         };
         let c = &model.config;
-        for kv in [KvType::F32, KvType::F16, KvType::Q8_0] {
+        for kv in frink_testdata::KV_TYPES.map(|t| t.parse::<KvType>().unwrap()) {
             if kv.check_heads(c).is_err() {
                 continue;
             }

@@ -106,6 +106,12 @@ pub const RECURRENT_FIXTURES: [&str; 6] = [
     "qwen3_next",
 ];
 
+/// The KV cache types the tests that compare two ways of keeping a cache run through
+/// (frink-models' `KvType` names: each float type, a quantized one with a minimum, and
+/// keys and values of different quantized types). The catalog tests of
+/// `crates/models/tests/kv_quant.rs` go through every type.
+pub const KV_TYPES: [&str; 6] = ["f32", "f16", "q8_0", "bf16", "q4_1", "k=q5_0,v=iq4_nl"];
+
 /// `len` deterministic token ids spread over a vocabulary of `n_vocab`, different for each
 /// sequence number `s`: the synthetic inputs of the tests that compare two ways of
 /// evaluating the same tokens.

@@ -1,333 +1,22 @@
-//! Attention's inner kernels over cached keys and values read in place (f16, f32 or Q8_0
-//! blocks): scores of up to four query rows against a run of key rows, and weighted sums
-//! of value rows for up to four query rows. Every element has the bits of the scalar rule
-//! whatever the number of rows sharing a call and however the cache stores the rows: the
-//! f16 → f32 widening is exact, and so is a Q8_0 element's `d · q` (an 11-bit scale times
-//! an 8-bit integer fits f32's 24 bits), so reading either in place equals widening to f32
-//! first.
+//! Attention's inner kernels over cached keys and values read in place (f32, f16, bf16 or
+//! ggml blocks, [`super::kv_rows`]): scores of up to four query rows against a run of key
+//! rows, and weighted sums of value rows for up to four query rows. Every element has the
+//! bits of the scalar rule whatever the number of rows sharing a call and however the
+//! cache stores the rows: reading an element in place gives exactly its widened or
+//! dequantized value, so reading in place equals widening to f32 first.
 
-use half::f16;
-
-use crate::kv::{Q8_0_BLOCK, Q8_0_BLOCK_BYTES};
-
+#[cfg(target_arch = "x86_64")]
+use super::kv_rows::{has_avx2_f16c, load8, prefetch_elems, raw, vector_ok, with_kind};
+use super::kv_rows::{KvRows, PREFETCH_KEYS};
 #[cfg(target_arch = "x86_64")]
 use super::math::exp8_avx2;
 use super::math::fast_exp;
 #[cfg(target_arch = "x86_64")]
 use super::sum_lanes_avx2;
 
-/// The stored elements of a KV cache (or any row-major matrix).
-#[derive(Clone, Copy, Debug)]
-pub enum KvData<'a> {
-    /// Single precision (`--kv-type f32`).
-    F32(&'a [f32]),
-    /// Half precision (llama.cpp's default cache type), widened exactly when read.
-    F16(&'a [f16]),
-    /// ggml Q8_0 blocks (34 bytes per 32 elements: f16 `d`, then 32 `i8`); element `i`
-    /// is `d · q` of block `i / 32`, lane `i % 32`. The kernels' vector paths need rows
-    /// and heads that start on a block (start and stride multiples of 32).
-    Q8_0(&'a [u8]),
-}
-
-/// The storage kinds, as the vector kernels' const parameter.
-const F32: u8 = 0;
-const F16: u8 = 1;
-const Q8: u8 = 2;
-
-/// Rows of one head in a KV cache (or any row-major matrix): row `t` is the elements
-/// from [`KvRows::row_start`]`(t)` on (as many as the kernel's head size). Its physical row
-/// is `r = phys(first + t)`: the position itself in a contiguous cache, or through a
-/// block table in a block pool (`crate::kv::KvPool`: position `p` is physical row
-/// `blocks[p / 16] · 16 + p % 16`). Physical rows are grouped in layout blocks of
-/// `2^shift` rows; row `r` starts at `start + (r - r % 2^shift) · stride + (r % 2^shift) ·
-/// row`. A plain matrix has `shift = 0` (row `r` at `start + r · stride`); a KV cache
-/// layer keeps each head's rows of a 16-position block together
-/// (`crate::kv::KvStore::head_rows`).
-#[derive(Clone, Copy, Debug)]
-pub struct KvRows<'a> {
-    /// The stored elements.
-    pub data: KvData<'a>,
-    /// Element index of physical row 0's first element.
-    pub start: usize,
-    /// Elements per row from one layout block to the next (a block of `2^shift` rows
-    /// spans `2^shift · stride` elements).
-    pub stride: usize,
-    /// Elements from one row to the next inside a layout block (unused when `shift` is 0).
-    pub row: usize,
-    /// `log2` of the rows per layout block: 0, or `crate::kv::KV_BLOCK_SHIFT`.
-    pub shift: u32,
-    /// The block table of a pooled cache, if any.
-    pub blocks: Option<&'a [u32]>,
-    /// The position of row 0: row `t` is position `first + t`.
-    pub first: usize,
-    /// Whether the kernels prefetch rows [`PREFETCH_KEYS`] ahead ([`KvRows::prefetched`]).
-    pub prefetch: bool,
-}
-
-impl<'a> KvRows<'a> {
-    /// Row-major rows of `data`: row `t` is the elements from `start + t · stride` on.
-    pub fn new(data: KvData<'a>, start: usize, stride: usize) -> KvRows<'a> {
-        KvRows {
-            data,
-            start,
-            stride,
-            row: stride,
-            shift: 0,
-            blocks: None,
-            first: 0,
-            prefetch: false,
-        }
-    }
-
-    /// Consecutive rows of `width` values of an f32 slice.
-    pub fn contiguous(v: &'a [f32], width: usize) -> KvRows<'a> {
-        KvRows::new(KvData::F32(v), 0, width)
-    }
-
-    /// These rows grouped in layout blocks of `2^shift` rows (`shift` at most
-    /// `crate::kv::KV_BLOCK_SHIFT`, so a pool block holds whole layout blocks), `row`
-    /// elements apart inside a block (see [`KvRows`]).
-    pub fn in_blocks(self, shift: u32, row: usize) -> KvRows<'a> {
-        assert!(
-            shift <= crate::kv::KV_BLOCK_SHIFT,
-            "layout blocks of 2^{shift} rows"
-        );
-        KvRows { shift, row, ..self }
-    }
-
-    /// These rows, which the kernels prefetch [`PREFETCH_KEYS`] rows ahead: for rows read
-    /// from memory (a decode step's keys and values), where the prefetch instructions
-    /// pay; rows read again while still in cache (a prefill's later query heads) only pay
-    /// for them (measured: smollm2-135m pp512 4-5% slower with prefetching throughout).
-    pub fn prefetched(self) -> KvRows<'a> {
-        KvRows {
-            prefetch: true,
-            ..self
-        }
-    }
-
-    /// These rows from position `first` on (row `t` is position `first + t`), through the
-    /// block table `blocks` of a pooled cache or, without one, at the position itself.
-    pub fn starting_at(self, blocks: Option<&'a [u32]>, first: usize) -> KvRows<'a> {
-        KvRows {
-            blocks,
-            first,
-            ..self
-        }
-    }
-
-    /// Prefetches the first [`PREFETCH_KEYS`] rows of `range` (`width` elements each):
-    /// the rows that the kernels' own prefetching, that many rows ahead of the row they
-    /// read, never reaches. A decode task reads a KV head's rows once, from memory.
-    pub fn prefetch_first(&self, range: std::ops::Range<usize>, width: usize) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let base = raw(self);
-            for t in range.start..range.end.min(range.start + PREFETCH_KEYS) {
-                let i = self.row_start(t);
-                match self.data {
-                    KvData::F32(_) => prefetch_elems::<F32>(base, i, width),
-                    KvData::F16(_) => prefetch_elems::<F16>(base, i, width),
-                    KvData::Q8_0(_) => prefetch_elems::<Q8>(base, i, width),
-                }
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (range, width);
-    }
-
-    /// The physical row of row `t`.
-    #[inline(always)]
-    fn phys(&self, t: usize) -> usize {
-        match self.blocks {
-            None => self.first + t,
-            Some(b) => crate::kv::pool_row(b, self.first + t),
-        }
-    }
-
-    /// Element index of physical row `r`'s first element.
-    #[inline(always)]
-    fn phys_start(&self, r: usize) -> usize {
-        let within = r & ((1 << self.shift) - 1);
-        self.start + (r - within) * self.stride + within * self.row
-    }
-
-    /// Element index of row `t`'s first element.
-    #[inline(always)]
-    pub fn row_start(&self, t: usize) -> usize {
-        self.phys_start(self.phys(t))
-    }
-
-    /// Rows `range` in runs whose rows lie a fixed step apart: `(rows, element index of
-    /// the run's first row, step)`, the same starts as [`KvRows::row_start`] gives. A run
-    /// ends with its layout block or, through a block table, its pool block; a plain
-    /// matrix is one run. The kernels walk a run by adding the step instead of working
-    /// out every row's place.
-    #[inline(always)]
-    fn runs(
-        &self,
-        range: std::ops::Range<usize>,
-    ) -> impl Iterator<Item = (std::ops::Range<usize>, usize, usize)> + '_ {
-        let (seg, step) = match (self.shift, self.blocks) {
-            (0, None) => (usize::MAX, self.stride),
-            (0, Some(_)) => (crate::kv::KV_BLOCK, self.stride),
-            (s, _) => (1 << s, self.row),
-        };
-        let mut t = range.start;
-        std::iter::from_fn(move || {
-            if t >= range.end {
-                return None;
-            }
-            let left = range.end - t;
-            let len = match seg {
-                usize::MAX => left,
-                seg => (seg - (self.first + t) % seg).min(left),
-            };
-            let run = (t..t + len, self.row_start(t), step);
-            t += len;
-            Some(run)
-        })
-    }
-
-    fn len(&self) -> usize {
-        match self.data {
-            KvData::F32(s) => s.len(),
-            KvData::F16(s) => s.len(),
-            KvData::Q8_0(s) => s.len() / Q8_0_BLOCK_BYTES * Q8_0_BLOCK,
-        }
-    }
-
-    /// Panics unless rows `range` of `width` elements lie inside the data (through the
-    /// block table: every block the range touches, up to its last row). A row's start
-    /// grows with its physical row (a layout block's rows come before the next block's),
-    /// so the last physical row bounds them all.
-    fn check(&self, range: &std::ops::Range<usize>, width: usize, what: &str) {
-        use crate::kv::KV_BLOCK;
-        if range.is_empty() {
-            return;
-        }
-        let last = range.end - 1;
-        let top = match self.blocks {
-            None => self.first + last,
-            Some(b) => {
-                let (p0, p1) = (self.first + range.start, self.first + last);
-                let (b0, b1) = (p0 / KV_BLOCK, p1 / KV_BLOCK);
-                assert!(b1 < b.len(), "{what}: rows {range:?} pass the block table");
-                let top = b[b0..=b1].iter().max().copied().unwrap_or(0) as usize;
-                top * KV_BLOCK + KV_BLOCK - 1
-            }
-        };
-        let end = self.phys_start(top) + width;
-        assert!(end <= self.len(), "{what}: rows {range:?} pass the data");
-    }
-
-    /// Element `e` of row `t`, as f32.
-    #[inline(always)]
-    fn get(&self, t: usize, e: usize) -> f32 {
-        let i = self.row_start(t) + e;
-        match self.data {
-            KvData::F32(s) => s[i],
-            KvData::F16(s) => s[i].to_f32(),
-            KvData::Q8_0(s) => {
-                let b = &s[i / Q8_0_BLOCK * Q8_0_BLOCK_BYTES..][..Q8_0_BLOCK_BYTES];
-                f16::from_le_bytes([b[0], b[1]]).to_f32() * (b[2 + i % Q8_0_BLOCK] as i8) as f32
-            }
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-fn has_avx2_f16c() -> bool {
-    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("f16c")
-}
-
-/// Elements `i .. i + 8` of the data at `base` (of kind `K`) as f32; for Q8_0 `i` is a
-/// multiple of 8, so the eight lie in one block.
-///
-/// # Safety
-/// Those eight elements readable at `base`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
-#[inline]
-unsafe fn load8<const K: u8>(base: *const u8, i: usize) -> std::arch::x86_64::__m256 {
-    use std::arch::x86_64::*;
-    // SAFETY: eight elements readable (caller); a Q8_0 block's scale and lanes are inside
-    // its 34 bytes.
-    unsafe {
-        match K {
-            F16 => _mm256_cvtph_ps(_mm_loadu_si128(base.add(i * 2).cast())),
-            Q8 => {
-                let b = base.add(i / Q8_0_BLOCK * Q8_0_BLOCK_BYTES);
-                let d = f16::from_bits(u16::from_le_bytes([*b, *b.add(1)])).to_f32();
-                let q = _mm_loadl_epi64(b.add(2 + i % Q8_0_BLOCK).cast());
-                _mm256_mul_ps(
-                    _mm256_set1_ps(d),
-                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)),
-                )
-            }
-            _ => _mm256_loadu_ps(base.add(i * 4).cast()),
-        }
-    }
-}
-
-/// Key rows ahead that the kernels prefetch. A KV cache keeps one head's rows together
-/// only for a block of 16 positions (`crate::kv::KvLayer`: 4 KiB in OLMoE's f16 cache);
-/// the next block's rows are every other head's block further on, and the hardware
-/// prefetchers, which follow streams within a page, fetch nothing across that jump.
-/// Measured on OLMoE (16 heads of 128) at 4096 cached positions: tg64 18.4-19.6 t/s
-/// without these prefetches, 26.5-29.3 with them (32 rows ahead: the same). In the
-/// position-major layout before it (a head's rows a whole cache row apart), one core read
-/// 5.4 GB/s of keys without prefetching and 10 with it.
-const PREFETCH_KEYS: usize = 16;
-
 /// Keys per block of [`weighted_sum_multi_avx2`]: each block's value rows (a few KiB)
 /// stay in L1 while the passes over its output elements read them again.
 const VALUE_BLOCK: usize = 64;
-
-/// Prefetches the bytes of elements `i .. i + n` of the data at `base` (of kind `K`).
-/// A prefetch never faults and reads nothing architecturally, so the range may be
-/// anywhere.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn prefetch_elems<const K: u8>(base: *const u8, i: usize, n: usize) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-    let (from, to) = match K {
-        F16 => (2 * i, 2 * (i + n)),
-        Q8 => (
-            i / Q8_0_BLOCK * Q8_0_BLOCK_BYTES,
-            (i + n).div_ceil(Q8_0_BLOCK) * Q8_0_BLOCK_BYTES,
-        ),
-        _ => (4 * i, 4 * (i + n)),
-    };
-    for line in from / 64..to.div_ceil(64) {
-        // SAFETY: a prefetch is a hint; the pointer is only computed (wrapping).
-        #[allow(unsafe_code)]
-        unsafe {
-            _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(64 * line).cast())
-        };
-    }
-}
-
-/// The base pointer of `rows`' data.
-#[cfg(target_arch = "x86_64")]
-fn raw(rows: &KvRows<'_>) -> *const u8 {
-    match rows.data {
-        KvData::F32(s) => s.as_ptr().cast(),
-        KvData::F16(s) => s.as_ptr().cast(),
-        KvData::Q8_0(s) => s.as_ptr(),
-    }
-}
-
-/// Whether the vector kernels can read `rows` (Q8_0: every row on a block start).
-#[cfg(target_arch = "x86_64")]
-fn vector_ok(rows: &KvRows<'_>) -> bool {
-    let on_block = |n: usize| n.is_multiple_of(Q8_0_BLOCK);
-    !matches!(rows.data, KvData::Q8_0(_))
-        || (on_block(rows.start)
-            && on_block(rows.stride)
-            && (rows.shift == 0 || on_block(rows.row)))
-}
-
 /// Scores of `R` query rows against a run of key rows: `out_r[t]` = the dot product of
 /// `q_r` with key row `t` of `keys` for every `t` in `range` (`hd = q_r.len()` elements a
 /// row), each with exactly the bits of [`super::dot`] on the widened key. AVX2 + F16C
@@ -347,11 +36,7 @@ pub fn dot_multi_keys<const R: usize>(
         // SAFETY: AVX2 and F16C are available (checked above).
         #[allow(unsafe_code)]
         return unsafe {
-            match keys.data {
-                KvData::F16(_) => dot_multi_keys_avx2::<R, F16>(q, keys, range, out),
-                KvData::F32(_) => dot_multi_keys_avx2::<R, F32>(q, keys, range, out),
-                KvData::Q8_0(_) => dot_multi_keys_avx2::<R, Q8>(q, keys, range, out),
-            }
+            with_kind!(keys.data, K => dot_multi_keys_avx2::<R, K>(q, keys, range, out))
         };
     }
     dot_multi_keys_portable(q, keys, range, out)
@@ -545,13 +230,7 @@ pub fn weighted_sum_multi<const R: usize>(
     if has_avx2_f16c() && vector_ok(&v) {
         // SAFETY: AVX2 and F16C are available (checked above).
         #[allow(unsafe_code)]
-        return unsafe {
-            match v.data {
-                KvData::F16(_) => weighted_sum_multi_avx2::<R, F16>(o, p, v, keys),
-                KvData::F32(_) => weighted_sum_multi_avx2::<R, F32>(o, p, v, keys),
-                KvData::Q8_0(_) => weighted_sum_multi_avx2::<R, Q8>(o, p, v, keys),
-            }
-        };
+        return unsafe { with_kind!(v.data, K => weighted_sum_multi_avx2::<R, K>(o, p, v, keys)) };
     }
     weighted_sum_multi_portable(o, p, v, keys)
 }
@@ -796,12 +475,14 @@ pub fn softmax_with_sink_portable(x: &mut [f32], sink: Option<f32>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::{axpy, dot, test_rng};
+    use crate::kernels::{axpy, dot, test_rng, KvData};
+    use crate::kv::CacheType;
+    use half::f16;
 
     /// The multi-row kernels give the bits of `dot` and of `axpy` per key on the widened
-    /// rows, on every build, for f32, f16 and Q8_0 rows, strided, contiguous and in a KV
-    /// cache's head-major blocks (with and without a block table), for head sizes
-    /// with and without a tail, and for 1 to 4 rows.
+    /// rows, on every build, for f32, f16, bf16 and every quantized cache type's rows,
+    /// strided, contiguous and in a KV cache's head-major blocks (with and without a block
+    /// table), for head sizes with and without a tail, and for 1 to 4 rows.
     #[test]
     fn attention_kernels_match_dot_and_axpy() {
         let mut rnd = test_rng(0x2545_f491_4f6c_dd1du64);
@@ -820,17 +501,25 @@ mod tests {
             let n_raw = (start + n_keys * stride).max(n_blocked);
             let raw: Vec<f32> = (0..n_raw).map(|_| rnd() * 5.0).collect();
             let half: Vec<f16> = raw.iter().map(|&x| f16::from_f32(x)).collect();
+            let bf16: Vec<u16> = raw.iter().map(|&x| (x.to_bits() >> 16) as u16).collect();
             let q: Vec<Vec<f32>> = (0..4).map(|_| (0..hd).map(|_| rnd()).collect()).collect();
             let p: Vec<Vec<f32>> = (0..4)
                 .map(|_| (0..n_keys).map(|_| rnd().abs()).collect())
                 .collect();
-            // Q8_0 rows (heads of whole blocks): block-aligned (the vector path) and,
+            // Block rows (heads of whole blocks): block-aligned (the vector path) and,
             // to exercise the fallback, starting 8 elements into a block.
             let (qstart, qstride) = (hd * 2, hd * 3 + 32);
-            let n_q8 = (qstart + 8 + n_keys * qstride).max(n_blocked).div_ceil(32) * 32;
-            let mut q8 = vec![0u8; n_q8 / 32 * 34];
-            let src: Vec<f32> = (0..n_q8).map(|_| rnd() * 5.0).collect();
-            frink_quant::dot::quantize_row_q8_0(&src, &mut q8).unwrap();
+            let n_q = (qstart + 8 + n_keys * qstride).max(n_blocked).div_ceil(32) * 32;
+            let src: Vec<f32> = (0..n_q).map(|_| rnd() * 5.0).collect();
+            let quantized: Vec<(CacheType, Vec<u8>)> = CacheType::ALL
+                .into_iter()
+                .filter(|t| t.is_quantized())
+                .map(|t| {
+                    let mut b = vec![0u8; t.bytes(n_q).unwrap()];
+                    frink_quant::quantize::quantize_for_cache(t.ggml(), &src, &mut b).unwrap();
+                    (t, b)
+                })
+                .collect();
             let blocked = |data| {
                 let rows = KvRows::new(data, 16 * hd, 3 * hd).in_blocks(4, hd);
                 [rows, rows.starting_at(Some(&table[..]), 0)]
@@ -838,13 +527,18 @@ mod tests {
             let mut layouts = vec![
                 KvRows::new(KvData::F32(&raw), start, stride),
                 KvRows::new(KvData::F16(&half), start, stride),
+                KvRows::new(KvData::BF16(&bf16), start, stride),
             ];
             layouts.extend(blocked(KvData::F32(&raw)));
             layouts.extend(blocked(KvData::F16(&half)));
+            layouts.extend(blocked(KvData::BF16(&bf16)));
             if hd % 32 == 0 {
-                layouts.push(KvRows::new(KvData::Q8_0(&q8), qstart, qstride));
-                layouts.push(KvRows::new(KvData::Q8_0(&q8), qstart + 8, qstride));
-                layouts.extend(blocked(KvData::Q8_0(&q8)));
+                for (t, b) in &quantized {
+                    let data = KvData::Quant(*t, b);
+                    layouts.push(KvRows::new(data, qstart, qstride));
+                    layouts.push(KvRows::new(data, qstart + 8, qstride));
+                    layouts.extend(blocked(data));
+                }
             }
             let layouts = layouts
                 .into_iter()

@@ -6,7 +6,7 @@
 //! ctx = 8192                          # --ctx
 //! parallel = 2                        # --parallel
 //! kv_size = 16384                     # --kv-size
-//! kv_type = "q8_0"                    # --kv-type
+//! kv_type = "q8_0"                    # --kv-type ("k=q8_0,v=q4_0": -ctk/-ctv)
 //! pooling = "mean"                    # --pooling
 //! chat_template_file = "coder.jinja"  # --chat-template-file
 //! draft_model = "draft.gguf"          # --draft-model (with draft_max, --draft-max)

@@ -160,8 +160,8 @@ impl KvManager {
             .filter(|&il| !self.pool.in_window_group(il))
             .filter_map(|il| self.pool.layers[il].as_ref())
             .map(|l| {
-                let t = self.pool.kv_type;
-                t.bytes(n * l.k_dim).unwrap_or(0) + t.bytes(n * l.v_dim).unwrap_or(0)
+                let row = self.pool.kv_type.row_bytes(l.k_dim, l.v_dim);
+                row.unwrap_or(0) * n
             })
             .sum()
     }
@@ -220,7 +220,12 @@ impl KvManager {
             let Some(payload) = self.disk.as_mut().and_then(|d| d.read(key, len)) else {
                 break;
             };
-            if !frink_models::state_io::finite(self.pool.kv_type, &payload) {
+            let pool = &self.pool;
+            let rows = |il| match pool.in_window_group(il) {
+                true => 0,
+                false => frink_models::KV_BLOCK,
+            };
+            if !frink_models::state_io::finite(pool, rows, &payload) {
                 if let Some(d) = self.disk.as_mut() {
                     d.forget(key);
                 }
