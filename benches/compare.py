@@ -9,11 +9,14 @@ engines' t/s, the ratio frink / llama.cpp, for tg tests the fraction of the memo
 bound reached by each, and each engine's peak resident memory (the child process's
 maximum RSS, as `/usr/bin/time -v` reports it). Each round's figures go to stderr.
 
-    python3 benches/compare.py [-t 2] [-p 512] [-n 128] [-d 0] [-r 3] [--rounds 1] [MODEL ...]
+    python3 benches/compare.py [-t 2] [-p 512] [-n 128] [-d 0] [-r 3] [--rounds 1]
+                               [--cache-types f16,q8_0,q4_0/f16] [MODEL ...]
 
 MODEL is a catalog name or a .gguf path (default: the three catalog models);
 `python3 benches/real_shapes.py --list` prints the real-shape benchmark files.
-`-p`, `-n` and `-d` take llama-bench's comma lists. frink is target/release/frink (build
+`-p`, `-n` and `-d` take llama-bench's comma lists. `--cache-types` runs every test once
+per KV cache type (`T` for keys and values, `K/V` for each), both engines with `-ctk K -ctv
+V` and llama-bench with `-fa 1` (its quantized V cache needs flash attention). frink is target/release/frink (build
 it first: `cargo build --release`; $FRINK overrides); llama.cpp is installed as
 docs/speed.md says ("The llama.cpp beside it"); LLAMA_BENCH overrides its llama-bench.
 
@@ -130,6 +133,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=1,
                     help="alternating rounds per model; medians are reported")
     ap.add_argument("--no-bound", action="store_true", help="skip the bandwidth probe")
+    ap.add_argument("--cache-types", default="",
+                    help="KV cache types, comma list of T or K/V (default: none given)")
     ap.add_argument("models", nargs="*",
                     default=["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"])
     a = ap.parse_args()
@@ -141,12 +146,18 @@ def main():
     print("| model | test | frink t/s | llama.cpp t/s | ratio | % of bound (frink / llama.cpp) "
           "| peak RSS frink / llama.cpp |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
-    for m in a.models:
+    kinds = [t for t in a.cache_types.split(",") if t] or [None]
+    for m, kind in [(m, k) for m in a.models for k in kinds]:
         path = m if m.endswith(".gguf") else \
             subprocess.run([FRINK, "pull", m], capture_output=True, text=True).stdout.strip()
         common = ["-m", path, "-t", str(a.t), "-p", a.p, "-n", a.n, "-r", str(a.r)]
         if a.d != "0":
             common += ["-d", a.d]
+        llama_only = []
+        if kind:
+            k, v = (kind.split("/") + [kind])[:2]
+            common += ["-ctk", k, "-ctv", v]
+            llama_only = ["-fa", "1"]
         ours_rounds, ref_rounds, rss, bounds = [], [], ([], []), []
         # Probed around each engine's run (see the module doc): `last` is the probe that
         # ended the previous round, which also begins this one.
@@ -157,7 +168,8 @@ def main():
         for k in range(a.rounds):
             ours, our_rss = run_measured([FRINK, "bench", *common, "--json"])
             mid = bandwidth(path, a.t) if probe else None
-            ref, ref_rss = run_measured([llama_bench, *common, "-o", "json"], env=env)
+            ref, ref_rss = run_measured([llama_bench, *common, *llama_only, "-o", "json"],
+                                        env=env)
             ours_rounds.append({test_name(o): o["avg_ts"] for o in ours})
             ref_rounds.append({test_name(o): o["avg_ts"] for o in ref})
             rss[0].append(our_rss)
@@ -182,7 +194,8 @@ def main():
                 f_ref = statistics.median(r.get(test, float("nan")) / b[1]
                                           for r, b in zip(ref_rounds, bounds))
                 frac = f"{100 * f_ours:.0f}% / {100 * f_ref:.0f}%"
-            print(f"| {os.path.basename(m)} | {test} | {ours:.2f} | {ref:.2f} | {ours / ref:.2f}x "
+            label = f"{test} {kind}" if kind else test
+            print(f"| {os.path.basename(m)} | {label} | {ours:.2f} | {ref:.2f} | {ours / ref:.2f}x "
                   f"| {frac} | {max(rss[0]) / 2**20:.0f} / {max(rss[1]) / 2**20:.0f} MiB |")
         sys.stdout.flush()
 

@@ -183,12 +183,22 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             name += &format!(" @ d{n_depth}");
         }
         if !args.json {
+            // llama-bench's columns of the cache types, shown when not its default f16.
+            let kv = args.model.kv_type;
+            let (head, rule, cells) = match kv == frink_models::KvType::F16 {
+                true => (String::new(), String::new(), String::new()),
+                false => (
+                    " type_k | type_v |".into(),
+                    " --- | --- |".into(),
+                    format!(" {} | {} |", kv.k, kv.v),
+                ),
+            };
             if results.is_empty() {
-                outln!("| model | size | params | backend | threads | test | t/s |");
-                outln!("| --- | ---: | ---: | --- | ---: | ---: | ---: |");
+                outln!("| model | size | params | backend | threads |{head} test | t/s |");
+                outln!("| --- | ---: | ---: | --- | ---: |{rule} ---: | ---: |");
             }
             outln!(
-                "| {arch} | {:.2} MiB | {:.2} M | CPU | {threads} | {name} | {avg_ts:.2} ± {stddev_ts:.2} |",
+                "| {arch} | {:.2} MiB | {:.2} M | CPU | {threads} |{cells} {name} | {avg_ts:.2} ± {stddev_ts:.2} |",
                 model_size as f64 / (1 << 20) as f64,
                 n_params as f64 / 1e6
             );
@@ -251,7 +261,7 @@ fn speculation(args: &BenchArgs, model: &Model, file: &std::path::Path) -> Resul
     let prompt = tok.encode_chat(&rendered)?;
     let n_gen = args.n_gen.iter().copied().find(|&n| n > 0).unwrap_or(128);
     let n_ctx = prompt.len() + n_gen + 1;
-    let draft_model = args.spec.load_draft(&tok)?;
+    let draft_model = args.spec.load_draft(&tok, args.model.kv_type)?;
     let mut params = frink_engine::GenerateParams {
         ignore_eos: false,
         max_tokens: n_gen,

@@ -668,10 +668,11 @@ impl SpecArgs {
         d
     }
 
-    /// Loads the draft model, if one is asked for ([`frink_engine::load_draft_model`]).
-    pub fn load_draft(&self, tok: &Tokenizer) -> Result<Option<Model>> {
+    /// Loads the draft model, if one is asked for, for a cache of `kv_type`
+    /// ([`frink_engine::load_draft_model`]).
+    pub fn load_draft(&self, tok: &Tokenizer, kv_type: KvType) -> Result<Option<Model>> {
         self.draft_path()?
-            .map(|p| frink_engine::load_draft_model(&p, tok).map_err(anyhow::Error::msg))
+            .map(|p| frink_engine::load_draft_model(&p, tok, kv_type).map_err(anyhow::Error::msg))
             .transpose()
     }
 }

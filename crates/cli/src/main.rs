@@ -189,6 +189,20 @@ const LLAMA_CPP_FLAGS: &[(&str, &str)] = &[
     ("-ctv", "--cache-type-v"),
 ];
 
+/// `arg` with a [`LLAMA_CPP_FLAGS`] name (alone, or as `-ctk=VALUE`) spelled long.
+fn long_llama_cpp_flag(arg: std::ffi::OsString) -> std::ffi::OsString {
+    let text = arg.to_string_lossy();
+    for (short, long) in LLAMA_CPP_FLAGS {
+        if text == *short {
+            return (*long).into();
+        }
+        if let Some(value) = text.strip_prefix(short).and_then(|r| r.strip_prefix('=')) {
+            return format!("{long}={value}").into();
+        }
+    }
+    arg
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -200,13 +214,7 @@ fn main() -> ExitCode {
         .without_time()
         .with_target(false)
         .init();
-    let args =
-        std::env::args_os().map(
-            |a| match LLAMA_CPP_FLAGS.iter().find(|(short, _)| a == *short) {
-                Some((_, long)) => (*long).into(),
-                None => a,
-            },
-        );
+    let args = std::env::args_os().map(long_llama_cpp_flag);
     let matches = with_env(Cli::command())
         .mut_subcommand("serve", |c| {
             // Its default is not what `frink serve` without -m does: it serves the model

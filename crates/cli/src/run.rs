@@ -244,7 +244,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     frink_engine::check_kv_memory(&model.config, args.gen.ctx, 1, args.model.kv_type, "--ctx")
         .map_err(anyhow::Error::msg)?;
     let sampling = args.sampling.params(tok.n_vocab())?;
-    let draft = args.gen.spec.load_draft(&tok)?;
+    let draft = args.gen.spec.load_draft(&tok, args.model.kv_type)?;
     let config = crate::decode::config(&args.gen, args.model.kv_type)?;
     let ask = crate::decode::Ask {
         prompt: prompt.clone(),

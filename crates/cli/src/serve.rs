@@ -176,7 +176,7 @@ pub struct ServeArgs {
     #[arg(long = "keep-alive", default_value = "5m", value_parser = keep_alive, allow_hyphen_values = true)]
     pub keep_alive: frink_server::models::KeepAlive,
     /// Models with settings of their own (a TOML file of `[models.NAME]` tables: `model`,
-    /// `ctx`, `parallel`, `kv_size`, `kv_type`, `pooling`, `chat_template_file`,
+    /// `ctx`, `parallel`, `kv_size`, `kv_type`, `cache_type_k`, `cache_type_v`, `pooling`, `chat_template_file`,
     /// `draft_model`, `draft_max`, `lora`, `keep_alive`; docs/server.md).
     #[arg(long = "models-config")]
     pub models_config: Option<std::path::PathBuf>,

@@ -404,6 +404,41 @@ fn a_q8_0_cache_on_heads_of_16_is_refused() {
     );
 }
 
+/// The draft model's heads are checked against the KV cache type too (an attacker helper
+/// found `run` aborting in the scheduler): mistral's heads of 32 take a q4_0 cache, its
+/// llama draft's of 16 do not, and the error names the draft.
+#[test]
+fn a_draft_model_whose_heads_cannot_hold_the_cache_type_is_refused() {
+    let Some(root) = frink_testdata::require("fixtures/tiny", "draft KV refusal") else {
+        return;
+    };
+    let (m, d) = (
+        root.join("mistral/model.gguf"),
+        root.join("llama/model.gguf"),
+    );
+    let out = frink(&[
+        "run",
+        "-m",
+        m.to_str().unwrap(),
+        "-md",
+        d.to_str().unwrap(),
+        "--spec",
+        "draft",
+        "--kv-type",
+        "q4_0",
+        "--raw",
+        "-n",
+        "4",
+        "Hello world",
+    ]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("the draft model") && err.contains("multiples of 32 values"),
+        "{err}"
+    );
+}
+
 /// `--draft-model` (also llama.cpp's `-md`): `run` and `chat` with smollm2 drafting for
 /// itself give the tokens of `--spec off`, greedy and seeded, and its proposals are
 /// taken (`speculation` in `--json`), every one under `--spec-sampling rejection`; a

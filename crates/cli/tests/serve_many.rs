@@ -392,6 +392,45 @@ fn models_config_gives_a_model_its_own_settings() {
     );
 }
 
+/// A configured model's KV cache type is checked against its heads when it loads, as `-m`'s
+/// is at start (an attacker helper found the scheduler panicking on the first request and
+/// the model answering 503 ever after): every request gets the error naming the type and
+/// the head size, and the server's other models answer.
+#[test]
+fn a_configured_cache_type_the_heads_cannot_hold_is_refused_at_load() {
+    let Some(dir) = frink_testdata::require("fixtures/tiny/llama", "models-config KV type") else {
+        return;
+    };
+    let _l = lock();
+    let home = home();
+    let cfg = home.path().join("models.toml");
+    let model = dir.join("model.gguf");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[models.q4]\nmodel = {:?}\nctx = 64\nkv_type = \"q4_0\"\n",
+            model.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let srv = serve_without_m(home.path(), &["--models-config", cfg.to_str().unwrap()]);
+    for _ in 0..2 {
+        let r = srv.request(
+            "POST",
+            "/v1/completions",
+            Some(&json!({"model": "q4", "prompt": "Hello", "max_tokens": 4}).to_string()),
+        );
+        assert_ne!(r.status, 200, "{}", r.text());
+        assert!(
+            r.text()
+                .contains("KV cache type q4_0 for the keys needs heads that are multiples of 32"),
+            "{}",
+            r.text()
+        );
+    }
+    assert!(!greedy(&srv, "smollm2-135m", "Hello").is_empty());
+}
+
 /// What an attacker helper found, each refused or bounded: a created model may not take a
 /// stored model's `:latest` name or an empty one, nor hold parameters its requests would
 /// refuse (a wrong type, an unknown name, a value out of range); a body that is not JSON

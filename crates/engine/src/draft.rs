@@ -43,11 +43,18 @@ pub fn check_same_vocabulary(target: &Tokenizer, draft: &Tokenizer) -> Result<()
     }
 }
 
-/// Loads the draft model at `path` for a model of tokenizer `target`: its vocabulary must
-/// be the same ([`check_same_vocabulary`]) and its state cut back (no recurrent layers).
+/// Loads the draft model at `path` for a model of tokenizer `target` whose cache is of
+/// `kv_type` (the draft's is too): its vocabulary must be the same
+/// ([`check_same_vocabulary`]), its state cut back (no recurrent layers) and its heads
+/// fit for `kv_type` ([`KvType::check_heads`]).
 ///
-/// Errors: a message naming the file's error, the vocabulary difference or the layers.
-pub fn load_draft_model(path: &std::path::Path, target: &Tokenizer) -> Result<Model, String> {
+/// Errors: a message naming the file's error, the vocabulary difference, the layers or
+/// the head sizes.
+pub fn load_draft_model(
+    path: &std::path::Path,
+    target: &Tokenizer,
+    kv_type: KvType,
+) -> Result<Model, String> {
     let draft = Model::load(path)
         .map_err(|e| format!("cannot load the draft model {}: {e}", path.display()))?;
     let tok = Tokenizer::from_gguf(&draft.file)
@@ -56,6 +63,9 @@ pub fn load_draft_model(path: &std::path::Path, target: &Tokenizer) -> Result<Mo
     if draft.config.plan.is_recurrent() {
         return Err("the draft model has recurrent layers (its state cannot be cut back)".into());
     }
+    kv_type
+        .check_heads(&draft.config)
+        .map_err(|e| format!("the draft model {}: {e}", path.display()))?;
     Ok(draft)
 }
 

@@ -35,6 +35,10 @@ pub enum StateError {
     Damaged,
     #[error("the state file's header is invalid: {0}")]
     Header(String),
+    /// The saved keys and values do not fit the model they claim to be of (their size),
+    /// or hold values no model makes.
+    #[error("the state file's contents are invalid: {0}")]
+    Payload(String),
     #[error("the state was saved with {what} {saved}, not {here}")]
     Mismatch {
         what: &'static str,

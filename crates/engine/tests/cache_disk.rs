@@ -1,8 +1,9 @@
 //! The prefix cache's disk tier (`SchedulerConfig::cache_disk`) on the tiny llama
 //! fixture: blocks evicted from a small pool are read back from disk by a later prompt
 //! that starts with them (counted as cached), with the tokens of a cold evaluation; they
-//! survive a new scheduler on the same folder; damaged block files are misses, never
-//! wrong tokens; without the tier nothing is reused.
+//! survive a new scheduler on the same folder; damaged block files, and files copied into
+//! the folder of another KV type whose blocks have the same size, are misses, never wrong
+//! tokens; without the tier nothing is reused.
 
 mod common;
 
@@ -15,6 +16,10 @@ use frink_models::{KvType, Model};
 use frink_tokenizer::Tokenizer;
 
 fn start(path: &Path, disk: Option<&Path>) -> Scheduler {
+    start_with(path, disk, KvType::F16)
+}
+
+fn start_with(path: &Path, disk: Option<&Path>, kv_type: KvType) -> Scheduler {
     let model = Model::load(path).unwrap();
     let tok = Arc::new(Tokenizer::from_gguf(&model.file).unwrap());
     Scheduler::start(
@@ -25,7 +30,7 @@ fn start(path: &Path, disk: Option<&Path>) -> Scheduler {
             n_ctx: 96,
             kv_size: 96,
             queue: 4,
-            kv_type: KvType::F16,
+            kv_type,
             prompt_lookup: false,
             cache_disk: disk.map(|d| (d.to_path_buf(), 1 << 30)),
             ..SchedulerConfig::default()
@@ -73,6 +78,26 @@ fn evicted_blocks_come_back_from_disk() {
     run(&s, &b);
     let c = run(&s, &a);
     assert_eq!((c.ids, c.cached_tokens), (cold.clone(), 64));
+    drop(s);
+
+    // The f16 blocks copied into the bf16 cache's folder (the same bytes per block) are
+    // misses there, and deleted.
+    let f16_dir = walk(tmp.path())[0].parent().unwrap().to_path_buf();
+    let name = f16_dir.file_name().unwrap().to_str().unwrap();
+    let bf16_dir = f16_dir.with_file_name(name.replace("-f16", "-bf16"));
+    std::fs::create_dir_all(&bf16_dir).unwrap();
+    for f in walk(&f16_dir) {
+        std::fs::copy(&f, bf16_dir.join(f.file_name().unwrap())).unwrap();
+    }
+    let bf16 = KvType::both(frink_models::CacheType::BF16);
+    let cold_bf16 = run(&start_with(&path, None, bf16), &a).ids;
+    let s = start_with(&path, Some(tmp.path()), bf16);
+    let c = run(&s, &a);
+    assert_eq!((c.ids, c.cached_tokens), (cold_bf16, 0));
+    assert!(
+        walk(&bf16_dir).len() < walk(&f16_dir).len(),
+        "the copies were dropped"
+    );
     drop(s);
 
     // Damaged files are misses: the same tokens, evaluated again.

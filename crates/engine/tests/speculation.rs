@@ -253,7 +253,8 @@ fn run_together(
 ) {
     let model = Model::load(path).unwrap();
     let tok = Arc::new(Tokenizer::from_gguf(&model.file).unwrap());
-    let draft = draft.map(|p| frink_engine::load_draft_model(p, &tok).unwrap());
+    let draft =
+        draft.map(|p| frink_engine::load_draft_model(p, &tok, frink_models::KvType::F16).unwrap());
     let sched = Scheduler::start_with_draft(
         model,
         draft,

@@ -34,6 +34,11 @@ pub enum CacheType {
     IQ4_NL,
 }
 
+/// The largest magnitude of a key or value an f32 or bf16 cache may be restored with
+/// ([`CacheType::finite`]): 2^32, far past any activation (llama.cpp's default f16 cache
+/// holds at most 65504) and far below where a score overflows.
+pub const MAX_CACHED: f32 = 4_294_967_296.0;
+
 /// Values per block of every quantized [`CacheType`] (ggml's `QK8_0` … `QK4_NL`).
 pub const CACHE_BLOCK: usize = 32;
 
@@ -103,17 +108,24 @@ impl CacheType {
     }
 
     /// Whether every value stored in `bytes` (whole elements or blocks of this type) is
-    /// finite: each f32, f16 or bf16 element; each block's f16 scale, and its minimum for
-    /// Q4_1 and Q5_1 (the quants are finite by construction).
+    /// finite and of a size a model makes: each f16 element finite, each f32 or bf16 one
+    /// at most [`MAX_CACHED`] in magnitude; each block's f16 scale finite, and its minimum
+    /// for Q4_1 and Q5_1 (the quants are bounded by construction). A saved state passes
+    /// here before its blocks are reused: one huge key or value turns every later score
+    /// that reads it into infinity and the logits into NaN.
     pub fn finite(self, bytes: &[u8]) -> bool {
-        let half = |mask: u16| move |b: &[u8]| u16::from_le_bytes([b[0], b[1]]) & mask != mask;
-        let (f16_ok, bf16_ok) = (half(0x7c00), half(0x7f80));
+        let f16_ok = |b: &[u8]| u16::from_le_bytes([b[0], b[1]]) & 0x7c00 != 0x7c00;
+        let small = |v: f32| v.abs() <= MAX_CACHED;
         match self {
             CacheType::F32 => bytes
                 .chunks_exact(4)
-                .all(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite()),
+                .all(|b| small(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
             CacheType::F16 => bytes.chunks_exact(2).all(f16_ok),
-            CacheType::BF16 => bytes.chunks_exact(2).all(bf16_ok),
+            CacheType::BF16 => bytes.chunks_exact(2).all(|b| {
+                small(f32::from_bits(
+                    u32::from(u16::from_le_bytes([b[0], b[1]])) << 16,
+                ))
+            }),
             CacheType::Q4_1 | CacheType::Q5_1 => bytes
                 .chunks_exact(self.unit_bytes())
                 .all(|b| f16_ok(&b[..2]) && f16_ok(&b[2..4])),
@@ -251,7 +263,9 @@ impl std::str::FromStr for KvType {
                 v: v.parse()?,
             });
         }
-        s.parse().map(KvType::both)
+        s.parse().map(KvType::both).map_err(|e: String| {
+            format!("{e}, or k=TYPE,v=TYPE for keys and values of different types")
+        })
     }
 }
 
@@ -273,5 +287,24 @@ mod tests {
         }
         assert_eq!(KvType::Q8_0.name(), "q8_0");
         assert!("q4_k".parse::<CacheType>().unwrap_err().contains("iq4_nl"));
+    }
+
+    /// Saved values are refused when not finite or beyond [`MAX_CACHED`] (a forged state's
+    /// 3.4e38 keys made every later logit NaN), accepted otherwise.
+    #[test]
+    fn saved_values_must_be_finite_and_of_a_model_size() {
+        let f32s = |v: f32| v.to_le_bytes().to_vec();
+        assert!(CacheType::F32.finite(&f32s(1e3)));
+        assert!(!CacheType::F32.finite(&f32s(3e38)));
+        assert!(!CacheType::F32.finite(&f32s(f32::NAN)));
+        assert!(CacheType::BF16.finite(&0x4000u16.to_le_bytes()));
+        assert!(!CacheType::BF16.finite(&0x7f7fu16.to_le_bytes()));
+        assert!(CacheType::F16.finite(&0x7bffu16.to_le_bytes()));
+        assert!(!CacheType::F16.finite(&0x7c00u16.to_le_bytes()));
+        let mut block = [0u8; 20];
+        assert!(CacheType::Q4_1.finite(&block));
+        block[2..4].copy_from_slice(&0x7c00u16.to_le_bytes());
+        assert!(!CacheType::Q4_1.finite(&block));
+        assert!(CacheType::Q4_0.finite(&block[..18]), "Q4_0 has no minimum");
     }
 }

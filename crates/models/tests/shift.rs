@@ -106,7 +106,11 @@ fn shifted_first_layer_equals_a_fresh_evaluation() {
                 // (A 4-bit cache re-quantizes what it moves: a tenth to a fifth of the
                 // unshifted difference is left, measured 0.14 against 1.3 on gemma, 0.13
                 // against 0.62 on qwen2_moe_q256.)
-                let margin = if tol < 0.1 { 10.0 * tol.max(dk) } else { 3.0 * dk };
+                let margin = if tol < 0.1 {
+                    10.0 * tol.max(dk)
+                } else {
+                    3.0 * dk
+                };
                 assert!(moved > margin, "{name} {kv:?}: {moved}");
             }
             // The shifted sequence decodes on.

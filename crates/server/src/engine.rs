@@ -146,27 +146,32 @@ fn banner(config: &ServeConfig, path: &Path, eng: &Engine, template: Option<&str
     }
     format!(
         "model {} ({}), architecture {}, context {} tokens, {} slots, KV pool {} positions \
-         ({:?}), {} threads, device cpu, tool calls {tools}, reasoning {thinking}",
+         ({}), {} threads, device cpu, tool calls {tools}, reasoning {thinking}",
         config.model_name,
         path.display(),
         eng.tok.architecture(),
         config.ctx,
         config.parallel,
         eng.prompt_limit.kv_positions,
-        config.kv_type,
+        config.kv_type.name(),
         frink_models::pool::threads(),
     )
 }
 
-/// Refuses `--cache-disk` and `--context-shift` for a model whose cache cannot have them,
-/// naming why ([`frink_engine::scheduler::disk_tier_refusal`],
-/// [`frink_models::shift::shift_refusal`]); an encoder keeps no cache, so neither applies.
+/// Refuses KV cache types, `--cache-disk` and `--context-shift` for a model whose cache
+/// cannot have them, naming why ([`frink_models::KvType::check_heads`],
+/// [`frink_engine::scheduler::disk_tier_refusal`], [`frink_models::shift::shift_refusal`]);
+/// an encoder keeps no cache, so none applies.
 ///
 /// Errors: a flag the model cannot honour.
 pub fn check_model_flags(config: &ServeConfig, model: &frink_models::ModelConfig) -> Result<()> {
     if model.plan.encoder {
         return Ok(());
     }
+    config
+        .kv_type
+        .check_heads(model)
+        .map_err(anyhow::Error::msg)?;
     if config.cache_disk.is_some() {
         if let Some(why) = frink_engine::scheduler::disk_tier_refusal(model) {
             anyhow::bail!("--cache-disk: {why}");
@@ -295,7 +300,7 @@ fn start_engine(
     let draft = config
         .draft_model
         .as_deref()
-        .map(|p| frink_engine::load_draft_model(p, &tok))
+        .map(|p| frink_engine::load_draft_model(p, &tok, config.kv_type))
         .transpose()
         .map_err(anyhow::Error::msg)?;
     let sched = Scheduler::start_with_draft(model, draft, Arc::clone(&tok), sched_config);
@@ -416,7 +421,10 @@ impl Builder {
                 c.kv_size = s.kv_size.unwrap_or(0);
                 c.kv_mem = None;
             }
-            c.kv_type = s.kv_type.unwrap_or(c.kv_type);
+            c.kv_type = frink_models::KvType {
+                k: s.cache_types.0.unwrap_or(c.kv_type.k),
+                v: s.cache_types.1.unwrap_or(c.kv_type.v),
+            };
             c.pooling = s.pooling.or(c.pooling);
             c.chat_template = s.chat_template.clone().or(c.chat_template);
             c.draft_model = s.draft_model.clone();

@@ -298,7 +298,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
         verbose: false,
     };
     let info = describe(&model, &path, tok, args);
-    let draft = args.gen.spec.load_draft(tok)?;
+    let draft = args.gen.spec.load_draft(tok, args.model.kv_type)?;
     let config = crate::decode::config(&args.gen, args.model.kv_type)?;
     let (template, kwargs) = args.template.resolve()?;
     if template.is_none() {

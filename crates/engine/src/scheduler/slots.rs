@@ -256,7 +256,7 @@ impl Worker<'_> {
             .map_err(|e| match e {
                 // The pool is full: the server's condition, not the file's.
                 RestoreError::Pool(e) => SlotError::Pool(e),
-                RestoreError::State(e) => state(StateError::Header(e)),
+                RestoreError::State(e) => state(StateError::Payload(e)),
             })?;
         self.kv.publish_blocks(self.busy());
         Ok(SlotReply::Restored {

@@ -6,7 +6,8 @@
 //! ctx = 8192                          # --ctx
 //! parallel = 2                        # --parallel
 //! kv_size = 16384                     # --kv-size
-//! kv_type = "q8_0"                    # --kv-type ("k=q8_0,v=q4_0": -ctk/-ctv)
+//! kv_type = "q8_0"                    # --kv-type
+//! cache_type_v = "q4_0"               # -ctv (and cache_type_k, -ctk): over kv_type
 //! pooling = "mean"                    # --pooling
 //! chat_template_file = "coder.jinja"  # --chat-template-file
 //! draft_model = "draft.gguf"          # --draft-model (with draft_max, --draft-max)
@@ -22,10 +23,34 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use frink_models::{KvType, Pooling};
+use frink_models::{CacheType, KvType, Pooling};
 use serde::Deserialize;
 
 use super::KeepAlive;
+
+/// A table's `kv_type`, `cache_type_k` and `cache_type_v` as the keys' and values' types.
+fn cache_types(t: &Table) -> Result<(Option<CacheType>, Option<CacheType>)> {
+    let both = t
+        .kv_type
+        .as_ref()
+        .map(|s| {
+            s.parse::<KvType>()
+                .map_err(|e| anyhow::anyhow!("kv_type = {s:?}: {e}"))
+        })
+        .transpose()?;
+    let one = |key: &str, v: &Option<String>| {
+        v.as_ref()
+            .map(|s| {
+                s.parse::<CacheType>()
+                    .map_err(|e| anyhow::anyhow!("{key} = {s:?}: {e}"))
+            })
+            .transpose()
+    };
+    Ok((
+        one("cache_type_k", &t.cache_type_k)?.or(both.map(|b| b.k)),
+        one("cache_type_v", &t.cache_type_v)?.or(both.map(|b| b.v)),
+    ))
+}
 
 /// The most slots a configured model may ask for.
 const MAX_PARALLEL: usize = 4096;
@@ -39,6 +64,8 @@ struct Table {
     parallel: Option<usize>,
     kv_size: Option<usize>,
     kv_type: Option<String>,
+    cache_type_k: Option<String>,
+    cache_type_v: Option<String>,
     pooling: Option<String>,
     chat_template_file: Option<PathBuf>,
     draft_model: Option<PathBuf>,
@@ -63,7 +90,9 @@ pub struct ModelSettings {
     pub ctx: Option<usize>,
     pub parallel: Option<usize>,
     pub kv_size: Option<usize>,
-    pub kv_type: Option<KvType>,
+    /// The keys' and the values' cache types (`kv_type` sets both, `cache_type_k` /
+    /// `cache_type_v` each over it); `None`: the server's.
+    pub cache_types: (Option<CacheType>, Option<CacheType>),
     pub pooling: Option<Pooling>,
     /// The template's text (read from `chat_template_file`).
     pub chat_template: Option<String>,
@@ -122,6 +151,7 @@ fn settings(
             resolve(&t.model).with_context(|| format!("model = {:?}", t.model))?
         }
     };
+    let cache_types = cache_types(&t)?;
     let chat_template = t
         .chat_template_file
         .map(|p| {
@@ -154,13 +184,7 @@ fn settings(
             p => p,
         },
         kv_size: positive("kv_size", t.kv_size, 2)?,
-        kv_type: t
-            .kv_type
-            .map(|s| {
-                s.parse::<KvType>()
-                    .map_err(|e| anyhow::anyhow!("kv_type = {s:?}: {e}"))
-            })
-            .transpose()?,
+        cache_types,
         pooling: t
             .pooling
             .map(|s| match Pooling::from_name(&s) {

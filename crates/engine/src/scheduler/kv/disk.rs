@@ -6,8 +6,9 @@
 //! model's fingerprint and the KV type ([`crate::state_file::model_fingerprint`]), so a
 //! block is only ever read by the model and cache type that wrote it; files survive a
 //! restart. The oldest files go first past the size limit. A block file carries a magic,
-//! its key and a SHA-256: a damaged or foreign file is a miss (and is deleted), never a
-//! wrong answer.
+//! its key and a SHA-256 of the folder's name (the fingerprint and the KV types) and the
+//! rest: a damaged or foreign file, one copied from another model's or KV type's folder
+//! included, is a miss (and is deleted), never a wrong answer.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -21,6 +22,8 @@ const MAGIC: &[u8; 8] = b"FRINKBLK";
 /// The files of one model's disk tier and their use order.
 pub(crate) struct DiskTier {
     dir: PathBuf,
+    /// The folder's name, hashed into every file's checksum.
+    identity: String,
     max_bytes: u64,
     /// Key → (file bytes, use tick).
     index: HashMap<u64, (u64, u64)>,
@@ -51,6 +54,7 @@ impl DiskTier {
         found.sort();
         let mut tier = DiskTier {
             dir,
+            identity: identity.to_string(),
             max_bytes,
             index: HashMap::new(),
             lru: BTreeMap::new(),
@@ -103,6 +107,15 @@ impl DiskTier {
         self.index.contains_key(&key)
     }
 
+    /// The SHA-256 of this tier's identity, then `body` (magic, key, payload).
+    fn checksum(&self, body: &[u8]) -> [u8; 32] {
+        Sha256::new()
+            .chain_update(self.identity.as_bytes())
+            .chain_update(body)
+            .finalize()
+            .into()
+    }
+
     /// Bytes of its files.
     pub(crate) fn bytes(&self) -> u64 {
         self.bytes
@@ -119,7 +132,7 @@ impl DiskTier {
         bytes.extend_from_slice(MAGIC);
         bytes.extend_from_slice(&key.to_le_bytes());
         bytes.extend_from_slice(payload);
-        let sum = Sha256::digest(&bytes);
+        let sum = self.checksum(&bytes);
         bytes.extend_from_slice(&sum);
         let path = self.path(key);
         match crate::safe_fs::write_replacing(&path, &bytes) {
@@ -141,7 +154,7 @@ impl DiskTier {
             b.len() == len + 48
                 && &b[..8] == MAGIC
                 && b[8..16] == key.to_le_bytes()
-                && Sha256::digest(&b[..len + 16]).as_slice() == &b[len + 16..]
+                && self.checksum(&b[..len + 16]).as_slice() == &b[len + 16..]
         });
         if !ok {
             self.forget(key);
