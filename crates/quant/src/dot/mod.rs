@@ -86,7 +86,7 @@
 #[allow(unsafe_code)]
 mod aarch64;
 pub mod pack;
-mod quantize;
+pub(crate) mod quantize;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]

@@ -32,7 +32,7 @@ use crate::{GgmlType, QK_K};
 /// ggml's `nearest_int` (ggml-quants.c): round to nearest, ties to even, for
 /// `|v| <= 4194303`; computed with the same float trick so the bits agree.
 #[inline(always)]
-fn nearest_int(v: f32) -> i32 {
+pub(crate) fn nearest_int(v: f32) -> i32 {
     let t = v + 12_582_912.0;
     (t.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
 }

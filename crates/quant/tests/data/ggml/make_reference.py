@@ -24,9 +24,12 @@ import struct
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TYPES = {"f16": 1, "bf16": 30, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20}
+TYPES = {"f16": 1, "bf16": 30, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
+         "iq4_nl": 20, "q2_k": 10, "q3_k": 11, "q4_k": 12, "q5_k": 13, "q6_k": 14, "iq4_xs": 23}
 BLOCK = {"f16": (1, 2), "bf16": (1, 2), "q4_0": (32, 18), "q4_1": (32, 20), "q5_0": (32, 22),
-         "q5_1": (32, 24), "q8_0": (32, 34), "iq4_nl": (32, 18)}
+         "q5_1": (32, 24), "q8_0": (32, 34), "iq4_nl": (32, 18), "q2_k": (256, 84),
+         "q3_k": (256, 110), "q4_k": (256, 144), "q5_k": (256, 176), "q6_k": (256, 210),
+         "iq4_xs": (256, 136)}
 ROWS, COLS = 64, 256
 
 
@@ -74,7 +77,7 @@ def main():
             f.write(dst.raw)
         cache = ctypes.create_string_buffer(nbytes)
         fn = {"f16": "ggml_fp32_to_fp16_row", "bf16": "ggml_fp32_to_bf16_row_ref"}.get(
-            name, f"quantize_row_{name}_ref")
+            name, f"quantize_row_{name.replace('_k', '_K')}_ref")
         getattr(lib, fn)(src, cache, ctypes.c_int64(n))
         if cache.raw != dst.raw:
             with open(os.path.join(HERE, f"cache_{name}.bin"), "wb") as f:

@@ -10,6 +10,7 @@
 //! | Q5_1 | `d = (max - min) / 31`, `m = min`, `q = trunc((x - min) / d + 0.5)` | `quantize_row_q5_1_ref` |
 //! | Q8_0 | `d = amax / 127`, `q = round(x / d)` | `quantize_row_q8_0_ref` ([`crate::dot::quantize_row_q8_0`]) |
 //! | IQ4_NL | a scale search over the 16 levels of [`crate::grids::KVALUES_IQ4NL`], weighted by `x²` | `quantize_iq4_nl` / `quantize_row_iq4_nl_ref` |
+//! | Q2_K … Q6_K, IQ4_XS | per 256-value super-block: sub-block scales (and minimums) by ggml's searches, quantized against f16 super-block scales ([`kquants`]) | `quantize_row_q*_K_ref`, `quantize_iq4_xs` |
 //! | F16 | round to nearest even | `ggml_fp32_to_fp16_row` |
 //! | BF16 | round to nearest even, NaN kept quiet | `ggml_fp32_to_bf16_row_ref` |
 //!
@@ -31,6 +32,8 @@ use half::f16;
 use crate::grids::KVALUES_IQ4NL;
 use crate::{GgmlType, QuantError};
 
+mod kquants;
+
 /// Values per block of every type quantized here (`QK4_0` … `QK4_NL`).
 const QK: usize = 32;
 
@@ -45,6 +48,12 @@ pub const QUANTIZABLE: &[GgmlType] = &[
     GgmlType::Q5_1,
     GgmlType::Q8_0,
     GgmlType::IQ4_NL,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::IQ4_XS,
 ];
 
 /// Quantizes `x` (a whole number of blocks) to `ty` in `out` as `llama-quantize` does
@@ -83,6 +92,13 @@ fn quantize_with(ty: GgmlType, x: &[f32], out: &mut [u8], ntry: i32) -> Result<(
             crate::dot::quantize_row_q8_0(x, b).expect("one whole block");
         },
         T::IQ4_NL => iq4_nl,
+        T::Q2_K => kquants::q2_k,
+        T::Q3_K => kquants::q3_k,
+        T::Q4_K => kquants::q4_k,
+        T::Q5_K => kquants::q5_k,
+        T::Q6_K => kquants::q6_k,
+        // ggml's CPU row conversion searches as llama-quantize does here.
+        T::IQ4_XS => |x, b, _| kquants::iq4_xs(x, b, 7),
         _ => return Err(QuantError::Unsupported(ty)),
     };
     let (n, bytes) = (ty.block_size(), ty.type_size());
@@ -220,7 +236,7 @@ fn q5_1(x: &[f32], b: &mut [u8]) {
 /// ggml's `best_index_int8` over the 16 IQ4_NL levels: the index of the level nearest
 /// `x` (the upper one on ties), by bisection.
 #[inline(always)]
-fn nearest_level(x: f32) -> usize {
+pub(super) fn nearest_level(x: f32) -> usize {
     let v = |i: usize| f32::from(KVALUES_IQ4NL[i]);
     if x <= v(0) {
         return 0;
@@ -258,33 +274,40 @@ fn iq4_sums(x: &[f32], w: &[f32], id: f32, l: &mut [u8; QK]) -> (f32, f32) {
     (sumqx, sumq2)
 }
 
-/// IQ4_NL (18 bytes: `d` @0, nibbles @2), ggml-quants.c `quantize_row_iq4_nl_impl` for one
-/// 32-value block without an importance matrix (weights `x²`): a first scale from the
-/// value of largest magnitude, refined by least squares, then (`ntry > 0`) the scales
-/// that put that value on level `itry - 127` for `itry` in `-ntry..=ntry`, keeping the one
-/// of least weighted error; the quants are then the levels nearest `x / d` for the
-/// stored `d`.
-fn iq4_nl(x: &[f32], b: &mut [u8], ntry: i32) {
-    let w: [f32; QK] = std::array::from_fn(|j| x[j] * x[j]);
+/// ggml-quants.c `quantize_row_iq4_nl_impl`'s search for one 32-value block of weights
+/// `w`: a first scale from the value of largest magnitude, refined by least squares, then
+/// (`ntry > 0`) the scales that put that value on level `itry - 127` for `itry` in
+/// `-ntry..=ntry`, keeping the one of least weighted error. Returns the scale (0 for a
+/// block below 1e-15) and the levels of the first guess.
+pub(super) fn iq4_search(x: &[f32], w: &[f32], ntry: i32) -> (f32, [u8; QK]) {
     let (max, amax) = signed_max_strict(x);
     let v0 = f32::from(KVALUES_IQ4NL[0]);
     let mut l = [8u8; QK];
-    let mut d = 0.0f32;
-    if amax >= 1e-15 {
-        d = if ntry > 0 { -max / v0 } else { max / v0 };
-        let (sumqx, sumq2) = iq4_sums(x, &w, 1.0 / d, &mut l);
-        d = if sumq2 > 0.0 { sumqx / sumq2 } else { 0.0 };
-        let mut best = d * sumqx;
-        let mut scratch = [0u8; QK];
-        for itry in -ntry..=ntry {
-            let id = (itry + i32::from(KVALUES_IQ4NL[0])) as f32 / max;
-            let (sumqx, sumq2) = iq4_sums(x, &w, id, &mut scratch);
-            if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
-                d = sumqx / sumq2;
-                best = d * sumqx;
-            }
+    if amax < 1e-15 {
+        return (0.0, l);
+    }
+    let mut d = if ntry > 0 { -max / v0 } else { max / v0 };
+    let (sumqx, sumq2) = iq4_sums(x, w, 1.0 / d, &mut l);
+    d = if sumq2 > 0.0 { sumqx / sumq2 } else { 0.0 };
+    let mut best = d * sumqx;
+    let mut scratch = [0u8; QK];
+    for itry in -ntry..=ntry {
+        let id = (itry + i32::from(KVALUES_IQ4NL[0])) as f32 / max;
+        let (sumqx, sumq2) = iq4_sums(x, w, id, &mut scratch);
+        if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
+            d = sumqx / sumq2;
+            best = d * sumqx;
         }
     }
+    (d, l)
+}
+
+/// IQ4_NL (18 bytes: `d` @0, nibbles @2) without an importance matrix (weights `x²`): the
+/// scale of [`iq4_search`]; with `ntry > 0` the quants are then the levels nearest `x / d`
+/// for that scale, else the first guess's.
+fn iq4_nl(x: &[f32], b: &mut [u8], ntry: i32) {
+    let w: [f32; QK] = std::array::from_fn(|j| x[j] * x[j]);
+    let (d, mut l) = iq4_search(x, &w, ntry);
     b[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
     if ntry > 0 {
         let id = inverse(d);
@@ -338,13 +361,15 @@ mod tests {
                 GgmlType::Q8_0 => 0.03,
                 GgmlType::Q5_0 => 0.45,
                 GgmlType::Q5_1 => 0.25,
+                GgmlType::Q2_K => 2.5, // 4 levels over a 16-value sub-block's range
+                GgmlType::Q3_K => 1.5,
                 _ => 0.9, // Q4_0 loses the top of the range: 8 levels below, 7 above
             };
             assert!(err <= bound, "{ty}: max error {err} above {bound}");
-            let zeros = vec![0.0f32; 32];
-            let mut q = vec![0u8; ty.type_size() * 32 / ty.block_size()];
+            let zeros = vec![0.0f32; 256];
+            let mut q = vec![0u8; ty.type_size() * 256 / ty.block_size()];
             quantize_for_cache(ty, &zeros, &mut q).unwrap();
-            let mut y = vec![1.0; 32];
+            let mut y = vec![1.0; 256];
             crate::dequantize(ty, &q, &mut y).unwrap();
             assert!(y.iter().all(|&v| v == 0.0), "{ty}: zeros decode to {y:?}");
         }
@@ -362,8 +387,8 @@ mod tests {
             Err(QuantError::LengthMismatch { .. })
         ));
         assert_eq!(
-            quantize(GgmlType::Q4_K, &[0.0; 256], &mut [0u8; 144]),
-            Err(QuantError::Unsupported(GgmlType::Q4_K))
+            quantize(GgmlType::IQ2_XS, &[0.0; 256], &mut [0u8; 74]),
+            Err(QuantError::Unsupported(GgmlType::IQ2_XS))
         );
     }
 

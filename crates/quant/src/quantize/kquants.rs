@@ -1,0 +1,525 @@
+//! K-quant and IQ4_XS quantizers for one 256-value super-block, without an importance
+//! matrix: ggml-quants.c's `quantize_row_q{2,3,4,5,6}_K_ref` and `quantize_iq4_xs`
+//! (`quantize_row_iq4_nl_impl` over a super-block), what `llama-quantize` writes with no
+//! `--imatrix`. Each first fits every sub-block a scale (and for Q2_K, Q4_K and Q5_K a
+//! minimum) by ggml's searches (`make_qkx2_quants`, `make_q3_quants`, `make_qx_quants`),
+//! quantizes those to 4, 6 or 8 bits against the super-block's f16 scales, and then takes
+//! each value's quant against the scale as stored. The searches' floating-point operations
+//! are ggml's, in its order and without fused multiply-adds, so the bytes are its own.
+//!
+//! Layouts (ggml-common.h; byte offsets in a block): Q2_K `scales[16]` @0 (scale low
+//! nibble, min high), `qs[64]` @16, `d` @80, `dmin` @82; Q3_K `hmask[32]` @0, `qs[64]`
+//! @32, `scales[12]` @96, `d` @108; Q4_K `d` @0, `dmin` @2, `scales[12]` @4, `qs[128]`
+//! @16; Q5_K as Q4_K with `qh[32]` @16 and `qs` @48; Q6_K `ql[128]` @0, `qh[64]` @128,
+//! `scales: [i8; 16]` @192, `d` @208; IQ4_XS `d` @0, `scales_h: u16` @2, `scales_l[4]` @4,
+//! `qs[128]` @8.
+
+use half::f16;
+
+use super::iq4_search;
+use crate::dot::quantize::nearest_int;
+
+/// Values per super-block.
+const QK_K: usize = 256;
+
+/// ggml's `GROUP_MAX_EPS`: a group whose largest magnitude is below it is all zero.
+const GROUP_MAX_EPS: f32 = 1e-15;
+
+/// `v` rounded to f16 and back (`GGML_FP16_TO_FP32(GGML_FP32_TO_FP16(v))`).
+fn f16_round(v: f32) -> f32 {
+    f16::from_f32(v).to_f32()
+}
+
+fn put_f16(b: &mut [u8], at: usize, v: f32) {
+    b[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
+}
+
+/// ggml's `make_qkx2_quants`: the scale and minimum of `x` (`n` values, quants
+/// `0..=nmax`) of least weighted error (squared, or absolute with `use_mad`) over the
+/// first guess and `nstep + 1` scales around it, each refit by weighted least squares.
+/// Returns the scale; `l` gets the quants, `the_min` minus the minimum.
+#[allow(clippy::too_many_arguments)]
+fn make_qkx2_quants(
+    nmax: i32,
+    x: &[f32],
+    w: &[f32],
+    l: &mut [u8],
+    the_min: &mut f32,
+    (rmin, rdelta, nstep): (f32, f32, i32),
+    use_mad: bool,
+) -> f32 {
+    let n = x.len();
+    let (mut min, mut max) = (x[0], x[0]);
+    let mut sum_w = w[0];
+    let mut sum_x = sum_w * x[0];
+    for i in 1..n {
+        if x[i] < min {
+            min = x[i];
+        }
+        if x[i] > max {
+            max = x[i];
+        }
+        sum_w += w[i];
+        sum_x += w[i] * x[i];
+    }
+    if min > 0.0 {
+        min = 0.0;
+    }
+    if max == min {
+        l.fill(0);
+        *the_min = -min;
+        return 0.0;
+    }
+    let err = |d: f32| if use_mad { d.abs() } else { d * d };
+    let mut iscale = nmax as f32 / (max - min);
+    let mut scale = 1.0 / iscale;
+    let mut best_error = 0.0f32;
+    for i in 0..n {
+        l[i] = nearest_int(iscale * (x[i] - min)).clamp(0, nmax) as u8;
+        best_error += w[i] * err(scale * f32::from(l[i]) + min - x[i]);
+    }
+    if nstep < 1 {
+        *the_min = -min;
+        return scale;
+    }
+    let mut aux = [0u8; 32];
+    for is in 0..=nstep {
+        iscale = (rmin + rdelta * is as f32 + nmax as f32) / (max - min);
+        let (mut sum_l, mut sum_l2, mut sum_xl) = (0.0f32, 0.0f32, 0.0f32);
+        for i in 0..n {
+            let q = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
+            aux[i] = q as u8;
+            let q = q as f32;
+            sum_l += w[i] * q;
+            sum_l2 += w[i] * q * q;
+            sum_xl += w[i] * q * x[i];
+        }
+        let det = sum_w * sum_l2 - sum_l * sum_l;
+        if det > 0.0 {
+            let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
+            let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
+            if this_min > 0.0 {
+                this_min = 0.0;
+                this_scale = sum_xl / sum_l2;
+            }
+            let mut cur_error = 0.0f32;
+            for i in 0..n {
+                cur_error += w[i] * err(this_scale * f32::from(aux[i]) + this_min - x[i]);
+            }
+            if cur_error < best_error {
+                l[..n].copy_from_slice(&aux[..n]);
+                best_error = cur_error;
+                scale = this_scale;
+                min = this_min;
+            }
+        }
+    }
+    *the_min = -min;
+    scale
+}
+
+/// The value of largest magnitude (first on ties) and that magnitude.
+fn signed_max(x: &[f32]) -> (f32, f32) {
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    (max, amax)
+}
+
+/// ggml's `make_qx_quants` with `rmse_type` 1 and no importance weights (Q6_K's): a
+/// symmetric scale for quants `-nmax..nmax-1` (stored `+ nmax`), the least-squares refit of
+/// the first guess and of 18 scales around it (weights `x²`), keeping the best.
+fn make_qx_quants(nmax: i32, x: &[f32], l: &mut [u8]) -> f32 {
+    let (max, amax) = signed_max(x);
+    if amax < GROUP_MAX_EPS {
+        l.fill(0);
+        return 0.0;
+    }
+    let quant = |iscale: f32, v: f32| nearest_int(iscale * v).clamp(-nmax, nmax - 1);
+    let sums = |iscale: f32| {
+        let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
+        for &v in x {
+            let q = quant(iscale, v) as f32;
+            let w = v * v;
+            sumlx += w * v * q;
+            suml2 += w * q * q;
+        }
+        (sumlx, suml2)
+    };
+    let mut iscale = -(nmax as f32) / max;
+    for (l, &v) in l.iter_mut().zip(x) {
+        *l = (quant(iscale, v) + nmax) as u8;
+    }
+    let (sumlx, suml2) = sums(iscale);
+    let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
+    let mut best = scale * sumlx;
+    for is in -9..=9 {
+        if is == 0 {
+            continue;
+        }
+        iscale = -(nmax as f32 + 0.1 * is as f32) / max;
+        let (sumlx, suml2) = sums(iscale);
+        if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
+            for (l, &v) in l.iter_mut().zip(x) {
+                *l = (quant(iscale, v) + nmax) as u8;
+            }
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    scale
+}
+
+/// ggml's `make_q3_quants` with `do_rmse` (Q3_K's): a symmetric scale for quants `-4..3`
+/// (stored `+ 4`), then up to five passes that move single quants while that lowers the
+/// weighted (`x²`) error of the least-squares scale.
+fn make_q3_quants(x: &[f32], l: &mut [u8]) -> f32 {
+    const NMAX: i32 = 4;
+    let (max, amax) = signed_max(x);
+    if amax < GROUP_MAX_EPS {
+        l.fill(0);
+        return 0.0;
+    }
+    let iscale = -(NMAX as f32) / max;
+    let mut q = [0i32; 16];
+    let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
+    for (i, &v) in x.iter().enumerate() {
+        q[i] = nearest_int(iscale * v).clamp(-NMAX, NMAX - 1);
+        let w = v * v;
+        sumlx += w * v * q[i] as f32;
+        suml2 += w * q[i] as f32 * q[i] as f32;
+    }
+    for _ in 0..5 {
+        let mut changed = 0;
+        for (i, &v) in x.iter().enumerate() {
+            let w = v * v;
+            let mut slx = sumlx - w * v * q[i] as f32;
+            if slx > 0.0 {
+                let mut sl2 = suml2 - w * q[i] as f32 * q[i] as f32;
+                let new = nearest_int(v * sl2 / slx).clamp(-NMAX, NMAX - 1);
+                if new != q[i] {
+                    slx += w * v * new as f32;
+                    sl2 += w * new as f32 * new as f32;
+                    if sl2 > 0.0 && slx * slx * suml2 > sumlx * sumlx * sl2 {
+                        q[i] = new;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        changed += 1;
+                    }
+                }
+            }
+        }
+        if changed == 0 {
+            break;
+        }
+    }
+    for (l, q) in l.iter_mut().zip(q) {
+        *l = (q + NMAX) as u8;
+    }
+    if suml2 > 0.0 {
+        sumlx / suml2
+    } else {
+        0.0
+    }
+}
+
+/// Packs 256 2-bit quants four to a byte: byte `32 g + j` of each 128-value half holds
+/// values `j`, `j + 32`, `j + 64`, `j + 96` of it, from the low bits up.
+fn pack_2bit(l: &[u8; QK_K], qs: &mut [u8]) {
+    for (h, qs) in qs.chunks_exact_mut(32).enumerate() {
+        let l = &l[128 * h..];
+        for j in 0..32 {
+            qs[j] = l[j] | l[j + 32] << 2 | l[j + 64] << 4 | l[j + 96] << 6;
+        }
+    }
+}
+
+/// Q2_K: 16 sub-blocks of 16 with a 4-bit scale and minimum each (`make_qkx2_quants`,
+/// weights `|x|`, absolute error).
+pub(super) fn q2_k(x: &[f32], b: &mut [u8], _: i32) {
+    let mut l = [0u8; QK_K];
+    let (mut scales, mut mins) = ([0f32; 16], [0f32; 16]);
+    let (mut max_scale, mut max_min) = (0f32, 0f32);
+    for j in 0..16 {
+        let xs = &x[16 * j..16 * j + 16];
+        let w: [f32; 16] = std::array::from_fn(|i| xs[i].abs());
+        let search = (-0.5, 0.1, 15);
+        scales[j] = make_qkx2_quants(
+            3,
+            xs,
+            &w,
+            &mut l[16 * j..16 * j + 16],
+            &mut mins[j],
+            search,
+            true,
+        );
+        max_scale = if scales[j] > max_scale {
+            scales[j]
+        } else {
+            max_scale
+        };
+        max_min = if mins[j] > max_min { mins[j] } else { max_min };
+    }
+    let sc = &mut [0u8; 16];
+    if max_scale > 0.0 {
+        let iscale = 15.0 / max_scale;
+        for j in 0..16 {
+            sc[j] = nearest_int(iscale * scales[j]) as u8;
+        }
+    }
+    let d = if max_scale > 0.0 {
+        max_scale / 15.0
+    } else {
+        0.0
+    };
+    if max_min > 0.0 {
+        let iscale = 15.0 / max_min;
+        for j in 0..16 {
+            sc[j] |= (nearest_int(iscale * mins[j]) << 4) as u8;
+        }
+    }
+    let dmin = if max_min > 0.0 { max_min / 15.0 } else { 0.0 };
+    for j in 0..16 {
+        let d = f16_round(d) * f32::from(sc[j] & 0xF);
+        if d == 0.0 {
+            continue;
+        }
+        let dm = f16_round(dmin) * f32::from(sc[j] >> 4);
+        for i in 0..16 {
+            l[16 * j + i] = nearest_int((x[16 * j + i] + dm) / d).clamp(0, 3) as u8;
+        }
+    }
+    b[..16].copy_from_slice(sc);
+    pack_2bit(&l, &mut b[16..80]);
+    put_f16(b, 80, d);
+    put_f16(b, 82, dmin);
+}
+
+/// Q3_K: 16 sub-blocks of 16 with a 6-bit signed scale each (`make_q3_quants`), the third
+/// bit of each quant in `hmask`.
+pub(super) fn q3_k(x: &[f32], b: &mut [u8], _: i32) {
+    let mut l = [0u8; QK_K];
+    let mut scales = [0f32; 16];
+    let (mut amax, mut max_scale) = (0f32, 0f32);
+    for j in 0..16 {
+        scales[j] = make_q3_quants(&x[16 * j..16 * j + 16], &mut l[16 * j..16 * j + 16]);
+        if scales[j].abs() > amax {
+            amax = scales[j].abs();
+            max_scale = scales[j];
+        }
+    }
+    let mut sc = [0u8; 12];
+    let mut d = 0.0;
+    if max_scale != 0.0 {
+        let iscale = -32.0 / max_scale;
+        for j in 0..16 {
+            let q = (nearest_int(iscale * scales[j]) as i8).clamp(-32, 31) as i32 + 32;
+            match j < 8 {
+                true => sc[j] = (q & 0xF) as u8,
+                false => sc[j - 8] |= ((q & 0xF) << 4) as u8,
+            }
+            sc[j % 4 + 8] |= ((q >> 4) << (2 * (j / 4))) as u8;
+        }
+        d = 1.0 / iscale;
+    }
+    for j in 0..16 {
+        let low = if j < 8 { sc[j] & 0xF } else { sc[j - 8] >> 4 };
+        let s = i32::from(low | ((sc[8 + j % 4] >> (2 * (j / 4))) & 3) << 4) - 32;
+        let dj = f16_round(d) * s as f32;
+        if dj == 0.0 {
+            continue;
+        }
+        for i in 0..16 {
+            l[16 * j + i] = (nearest_int(x[16 * j + i] / dj).clamp(-4, 3) + 4) as u8;
+        }
+    }
+    let hmask = &mut b[..32];
+    hmask.fill(0);
+    for (j, q) in l.iter_mut().enumerate() {
+        if *q > 3 {
+            hmask[j % 32] |= 1 << (j / 32);
+            *q -= 4;
+        }
+    }
+    pack_2bit(&l, &mut b[32..96]);
+    b[96..108].copy_from_slice(&sc);
+    put_f16(b, 108, d);
+}
+
+/// The scales and minimums of Q4_K and Q5_K: 8 sub-blocks of 32 fitted by
+/// `make_qkx2_quants` (weights `rms(x) + |x|`, squared error) with quants `0..=nmax`,
+/// quantized to 6 bits against `d = max scale / 63` and `dmin = max min / 63` and packed
+/// as `get_scale_min_k4` reads them; then each value's quant against the stored ones.
+/// Writes `d`, `dmin` and the 12 scale bytes at 0..16; returns the quants.
+fn k4_scales(x: &[f32], b: &mut [u8], nmax: i32, search: (f32, f32, i32)) -> [u8; QK_K] {
+    let mut l = [0u8; QK_K];
+    let (mut scales, mut mins) = ([0f32; 8], [0f32; 8]);
+    let (mut max_scale, mut max_min) = (0f32, 0f32);
+    for j in 0..8 {
+        let xs = &x[32 * j..32 * j + 32];
+        let mut sum_x2 = 0.0f32;
+        for &v in xs {
+            sum_x2 += v * v;
+        }
+        let av_x = (sum_x2 / 32.0).sqrt();
+        let w: [f32; 32] = std::array::from_fn(|i| av_x + xs[i].abs());
+        let lj = &mut l[32 * j..32 * j + 32];
+        scales[j] = make_qkx2_quants(nmax, xs, &w, lj, &mut mins[j], search, false);
+        max_scale = if scales[j] > max_scale {
+            scales[j]
+        } else {
+            max_scale
+        };
+        max_min = if mins[j] > max_min { mins[j] } else { max_min };
+    }
+    let inv_scale = if max_scale > 0.0 {
+        63.0 / max_scale
+    } else {
+        0.0
+    };
+    let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
+    let sc = &mut b[4..16];
+    sc.fill(0);
+    for j in 0..8 {
+        let ls = (nearest_int(inv_scale * scales[j]) as u8).min(63);
+        let lm = (nearest_int(inv_min * mins[j]) as u8).min(63);
+        if j < 4 {
+            sc[j] = ls;
+            sc[j + 4] = lm;
+        } else {
+            sc[j + 4] = (ls & 0xF) | (lm & 0xF) << 4;
+            sc[j - 4] |= (ls >> 4) << 6;
+            sc[j] |= (lm >> 4) << 6;
+        }
+    }
+    let (d, dmin) = (max_scale / 63.0, max_min / 63.0);
+    put_f16(b, 0, d);
+    put_f16(b, 2, dmin);
+    for j in 0..8 {
+        let (s, m) = crate::kquants::scale_min_k4(j, &b[4..16]);
+        let dj = f16_round(d) * f32::from(s);
+        if dj == 0.0 {
+            continue;
+        }
+        let dm = f16_round(dmin) * f32::from(m);
+        for i in 0..32 {
+            l[32 * j + i] = nearest_int((x[32 * j + i] + dm) / dj).clamp(0, nmax) as u8;
+        }
+    }
+    l
+}
+
+/// Q4_K: 4-bit quants, byte `j` of each 32-byte group holding values `j` and `j + 32` of
+/// its 64.
+pub(super) fn q4_k(x: &[f32], b: &mut [u8], _: i32) {
+    let l = k4_scales(x, b, 15, (-1.0, 0.1, 20));
+    for (g, qs) in b[16..144].chunks_exact_mut(32).enumerate() {
+        for j in 0..32 {
+            qs[j] = l[64 * g + j] | l[64 * g + j + 32] << 4;
+        }
+    }
+}
+
+/// Q5_K: as Q4_K with 5-bit quants, the fifth bits of group `g`'s two halves in bits
+/// `2g` and `2g + 1` of `qh`.
+pub(super) fn q5_k(x: &[f32], b: &mut [u8], _: i32) {
+    let l = k4_scales(x, b, 31, (-0.5, 0.1, 15));
+    let (qh, qs) = b[16..176].split_at_mut(32);
+    qh.fill(0);
+    for (g, qs) in qs.chunks_exact_mut(32).enumerate() {
+        for j in 0..32 {
+            let (lo, hi) = (l[64 * g + j], l[64 * g + j + 32]);
+            qh[j] |= (lo >> 4) << (2 * g) | (hi >> 4) << (2 * g + 1);
+            qs[j] = (lo & 0xF) | (hi & 0xF) << 4;
+        }
+    }
+}
+
+/// Q6_K: 16 sub-blocks of 16 with an 8-bit signed scale each (`make_qx_quants`), 6-bit
+/// quants split into `ql` nibbles and `qh` pairs.
+pub(super) fn q6_k(x: &[f32], b: &mut [u8], _: i32) {
+    let mut l = [0u8; QK_K];
+    let mut scales = [0f32; 16];
+    let (mut max_abs, mut max_scale) = (0f32, 0f32);
+    for j in 0..16 {
+        scales[j] = make_qx_quants(32, &x[16 * j..16 * j + 16], &mut l[16 * j..16 * j + 16]);
+        if scales[j].abs() > max_abs {
+            max_abs = scales[j].abs();
+            max_scale = scales[j];
+        }
+    }
+    b[..210].fill(0);
+    if max_abs < GROUP_MAX_EPS {
+        return;
+    }
+    let iscale = -128.0 / max_scale;
+    put_f16(b, 208, 1.0 / iscale);
+    for j in 0..16 {
+        b[192 + j] = nearest_int(iscale * scales[j]).min(127) as i8 as u8;
+    }
+    let d = f16_round(1.0 / iscale);
+    for j in 0..16 {
+        let dj = d * f32::from(b[192 + j] as i8);
+        if dj == 0.0 {
+            continue;
+        }
+        for i in 0..16 {
+            l[16 * j + i] = (nearest_int(x[16 * j + i] / dj).clamp(-32, 31) + 32) as u8;
+        }
+    }
+    let (ql, rest) = b.split_at_mut(128);
+    let qh = &mut rest[..64];
+    for h in 0..2 {
+        let l = &l[128 * h..];
+        for j in 0..32 {
+            ql[64 * h + j] = (l[j] & 0xF) | (l[j + 64] & 0xF) << 4;
+            ql[64 * h + j + 32] = (l[j + 32] & 0xF) | (l[j + 96] & 0xF) << 4;
+            qh[32 * h + j] =
+                l[j] >> 4 | (l[j + 32] >> 4) << 2 | (l[j + 64] >> 4) << 4 | (l[j + 96] >> 4) << 6;
+        }
+    }
+}
+
+/// IQ4_XS: IQ4_NL's scale search per 32-value block (`ntry`), then the block scales as
+/// 6-bit signed multiples of `d = -max / 32` (the block scale of largest magnitude) and
+/// each value's level against its block's `d · l`.
+pub(super) fn iq4_xs(x: &[f32], b: &mut [u8], ntry: i32) {
+    let mut scales = [0f32; 8];
+    let (mut amax, mut max_scale) = (0f32, 0f32);
+    for j in 0..8 {
+        let xs = &x[32 * j..32 * j + 32];
+        let w: [f32; 32] = std::array::from_fn(|i| xs[i] * xs[i]);
+        scales[j] = iq4_search(xs, &w, ntry).0;
+        if scales[j].abs() > amax {
+            amax = scales[j].abs();
+            max_scale = scales[j];
+        }
+    }
+    let d = -max_scale / 32.0;
+    put_f16(b, 0, d);
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let (mut sh, mut sl) = (0u16, [0u8; 4]);
+    let mut l = [0u8; QK_K];
+    for j in 0..8 {
+        let q = nearest_int(id * scales[j]).clamp(-32, 31);
+        let dl = d * q as f32;
+        let idl = if dl != 0.0 { 1.0 / dl } else { 0.0 };
+        for i in 0..32 {
+            l[32 * j + i] = super::nearest_level(idl * x[32 * j + i]) as u8;
+        }
+        let q = (q + 32) as u8;
+        sl[j / 2] |= (q & 0xF) << (4 * (j % 2));
+        sh |= u16::from(q >> 4) << (2 * j);
+    }
+    b[2..4].copy_from_slice(&sh.to_le_bytes());
+    b[4..8].copy_from_slice(&sl);
+    for (g, qs) in b[8..136].chunks_exact_mut(16).enumerate() {
+        for j in 0..16 {
+            qs[j] = l[32 * g + j] | l[32 * g + 16 + j] << 4;
+        }
+    }
+}
