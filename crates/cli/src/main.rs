@@ -34,6 +34,7 @@ mod logits;
 mod overrides;
 mod perplexity;
 mod plan;
+mod quantize;
 mod rerank;
 mod run;
 mod serve;
@@ -69,6 +70,8 @@ enum Command {
     Perplexity(perplexity::PerplexityArgs),
     /// Print the embedding of each text (pooled hidden states, normalised).
     Embed(embed::EmbedArgs),
+    /// Quantize a GGUF model file to a llama-quantize mix (Q4_K_M, Q8_0, …).
+    Quantize(quantize::QuantizeArgs),
     /// Rank documents by relevance to a query with a reranker (a cross-encoder).
     Rerank(rerank::RerankArgs),
     /// Print the token ids of a text, as llama.cpp's tokenizer gives them.
@@ -293,6 +296,7 @@ fn run(mut cli: Cli) -> Result<()> {
     let store = Store::from_env()?;
     match cli.command {
         Command::Embed(args) => embed::run(&args),
+        Command::Quantize(args) => quantize::run(&args),
         Command::Rerank(args) => rerank::run(&args),
         Command::Tokenize(args) => tokenize::tokenize(&args),
         Command::Detokenize(args) => tokenize::detokenize(&args),

@@ -136,11 +136,36 @@ impl GgufWriter {
 
     /// The complete file image.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let infos: Vec<(&str, GgmlType, &[u64], u64)> = self
+            .tensors
+            .iter()
+            .map(|t| {
+                (
+                    t.name.as_str(),
+                    t.ggml_type,
+                    &t.shape[..],
+                    t.data.len() as u64,
+                )
+            })
+            .collect();
+        let mut out = self.header(&infos);
+        let alignment = self.alignment();
+        for t in &self.tensors {
+            out.extend_from_slice(&t.data);
+            pad(&mut out, alignment);
+        }
+        Ok(out)
+    }
+
+    /// The header of a file with this writer's metadata and the tensors `infos` (name,
+    /// type, shape, bytes; in order), padded to the alignment: where the first tensor's
+    /// data begins.
+    fn header(&self, infos: &[(&str, GgmlType, &[u64], u64)]) -> Vec<u8> {
         let alignment = self.alignment();
         let mut out = Vec::new();
         out.extend_from_slice(b"GGUF");
         out.extend_from_slice(&self.version.to_le_bytes());
-        out.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
+        out.extend_from_slice(&(infos.len() as u64).to_le_bytes());
         out.extend_from_slice(&(self.metadata.len() as u64).to_le_bytes());
         for (key, value) in &self.metadata {
             write_string(&mut out, key);
@@ -148,22 +173,67 @@ impl GgufWriter {
             write_value(&mut out, value);
         }
         let mut offset = 0u64;
-        for t in &self.tensors {
-            write_string(&mut out, &t.name);
-            out.extend_from_slice(&(t.shape.len() as u32).to_le_bytes());
-            for d in &t.shape {
+        for (name, ty, shape, bytes) in infos {
+            write_string(&mut out, name);
+            out.extend_from_slice(&(shape.len() as u32).to_le_bytes());
+            for d in *shape {
                 out.extend_from_slice(&d.to_le_bytes());
             }
-            out.extend_from_slice(&t.ggml_type.id().to_le_bytes());
+            out.extend_from_slice(&ty.id().to_le_bytes());
             out.extend_from_slice(&offset.to_le_bytes());
-            offset = (offset + t.data.len() as u64).div_ceil(alignment) * alignment;
+            offset = (offset + bytes).div_ceil(alignment) * alignment;
         }
         pad(&mut out, alignment);
-        for t in &self.tensors {
-            out.extend_from_slice(&t.data);
-            pad(&mut out, alignment);
+        out
+    }
+
+    /// Writes to `out` a file with this writer's metadata (its own tensors are not
+    /// written) and the tensors `infos` (name, type, shape; in order), asking
+    /// `data(i, sink)` for tensor `i`'s bytes in turn: a file larger than memory is
+    /// made one tensor (or one part of one) at a time.
+    ///
+    /// Errors: a shape that is not whole blocks of its type, a tensor whose `data` wrote
+    /// other than its size, or the writer's or `data`'s I/O error.
+    pub fn stream<W: std::io::Write>(
+        &self,
+        out: &mut W,
+        infos: &[(String, GgmlType, Vec<u64>)],
+        mut data: impl FnMut(usize, &mut dyn std::io::Write) -> std::io::Result<()>,
+    ) -> Result<()> {
+        let io = |source| GgufError::Io {
+            path: std::path::PathBuf::from("(output)"),
+            source,
+        };
+        let mut sized = Vec::with_capacity(infos.len());
+        for (name, ty, shape) in infos {
+            let n: u64 = shape.iter().product();
+            let bytes = shape
+                .first()
+                .and_then(|&r| ty.row_bytes(r))
+                .filter(|_| n > 0)
+                .map(|r| r * (n / shape[0]))
+                .ok_or_else(|| GgufError::Write(format!("tensor {name:?}: {ty} {shape:?}")))?;
+            sized.push((name.as_str(), *ty, &shape[..], bytes));
         }
-        Ok(out)
+        out.write_all(&self.header(&sized)).map_err(io)?;
+        let alignment = self.alignment();
+        for (i, &(name, _, _, bytes)) in sized.iter().enumerate() {
+            let mut counted = Counted {
+                inner: &mut *out,
+                n: 0,
+            };
+            data(i, &mut counted).map_err(io)?;
+            if counted.n != bytes {
+                return Err(GgufError::Write(format!(
+                    "tensor {name:?}: {} bytes written, {bytes} expected",
+                    counted.n
+                )));
+            }
+            let padded = bytes.div_ceil(alignment) * alignment;
+            out.write_all(&vec![0u8; (padded - bytes) as usize])
+                .map_err(io)?;
+        }
+        Ok(())
     }
 
     /// Writes the image to `path`.
@@ -173,6 +243,23 @@ impl GgufWriter {
             path: path.to_path_buf(),
             source,
         })
+    }
+}
+
+/// A writer that counts the bytes passed through it.
+struct Counted<'a, W: std::io::Write> {
+    inner: &'a mut W,
+    n: u64,
+}
+
+impl<W: std::io::Write> std::io::Write for Counted<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let k = self.inner.write(buf)?;
+        self.n += k as u64;
+        Ok(k)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
     }
 }
 

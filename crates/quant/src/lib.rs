@@ -32,12 +32,14 @@
 #![warn(missing_docs)]
 
 pub mod dot;
+pub mod file;
 mod float;
 #[rustfmt::skip]
 pub mod grids;
 mod iquants;
 mod kquants;
 mod legacy;
+pub mod mix;
 pub mod quantize;
 mod ternary;
 

@@ -1,0 +1,198 @@
+//! `frink quantize IN.gguf OUT.gguf TYPE [THREADS]`: llama-quantize's job, with its names,
+//! rules and options (frink-quant's `mix` and `file`): which type each tensor gets in the
+//! mix, the same bytes for the same input (tested against llama-quantize's), tensor by
+//! tensor in slabs of rows, with a progress bar.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use frink_gguf::{GgmlType, GgufFile};
+use frink_quant::file::{metadata, plan, write_tensor, Planned};
+use frink_quant::mix::{Mix, MixOptions};
+
+/// Flags of `frink quantize` (llama-quantize's).
+#[derive(Args, Debug)]
+pub struct QuantizeArgs {
+    /// The model to quantize (a GGUF file, or a catalog name).
+    pub input: String,
+    /// Where the quantized model goes (refused if it is the input).
+    pub output: PathBuf,
+    /// The mix: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K_S, Q3_K_M, Q3_K_L, Q4_K_S, Q4_K_M,
+    /// Q5_K_S, Q5_K_M, Q6_K, IQ4_NL, IQ4_XS, F16, BF16 or F32.
+    #[arg(value_name = "TYPE")]
+    pub mix: String,
+    /// Threads (llama-quantize's optional fourth argument; default: the cores).
+    #[arg(value_name = "THREADS")]
+    pub threads_arg: Option<usize>,
+    /// Threads (default: the cores).
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+    /// Quantize tensors that are already quantized (from their dequantized values).
+    #[arg(long)]
+    pub allow_requantize: bool,
+    /// Keep output.weight as it is.
+    #[arg(long)]
+    pub leave_output_tensor: bool,
+    /// Every quantizable tensor of the mix's type (no per-tensor rules).
+    #[arg(long)]
+    pub pure: bool,
+    /// The type of output.weight.
+    #[arg(long, value_name = "TYPE", value_parser = ggml_type)]
+    pub output_tensor_type: Option<GgmlType>,
+    /// The type of the token embeddings.
+    #[arg(long, value_name = "TYPE", value_parser = ggml_type)]
+    pub token_embedding_type: Option<GgmlType>,
+    /// PATTERN=TYPE: tensors whose name PATTERN (a regex) is found in get TYPE
+    /// (repeatable; the first that matches).
+    #[arg(long = "tensor-type", value_name = "PATTERN=TYPE")]
+    pub tensor_type: Vec<String>,
+    /// An importance matrix (not read yet: refused).
+    #[arg(long)]
+    pub imatrix: Option<PathBuf>,
+    /// llama-quantize's imatrix tensor filters (refused with --imatrix).
+    #[arg(long = "include-weights")]
+    pub include_weights: Vec<String>,
+    /// See --include-weights.
+    #[arg(long = "exclude-weights")]
+    pub exclude_weights: Vec<String>,
+    /// Write one output per input split (not made yet: refused).
+    #[arg(long)]
+    pub keep_split: bool,
+}
+
+/// A ggml type by llama.cpp's name (`q4_k`, `Q8_0`, `f16`).
+fn ggml_type(s: &str) -> Result<GgmlType, String> {
+    frink_quant::quantize::QUANTIZABLE
+        .iter()
+        .copied()
+        .find(|t| t.to_string().eq_ignore_ascii_case(s))
+        .ok_or_else(|| format!("{s:?} is not a tensor type frink writes"))
+}
+
+impl QuantizeArgs {
+    /// The options that choose tensor types.
+    fn mix_options(&self) -> Result<MixOptions> {
+        let mut tensor_types = Vec::new();
+        for spec in &self.tensor_type {
+            let (pat, ty) = spec
+                .rsplit_once('=')
+                .with_context(|| format!("--tensor-type {spec:?}: expected PATTERN=TYPE"))?;
+            let re = regex::Regex::new(pat)
+                .with_context(|| format!("--tensor-type {spec:?}: the pattern"))?;
+            let ty = ggml_type(ty).map_err(|e| anyhow::anyhow!("--tensor-type {spec:?}: {e}"))?;
+            let m: frink_quant::mix::NameMatcher = Box::new(move |n| re.is_match(n));
+            tensor_types.push((m, ty));
+        }
+        Ok(MixOptions {
+            pure: self.pure,
+            leave_output: self.leave_output_tensor,
+            output_type: self.output_tensor_type,
+            token_embedding_type: self.token_embedding_type,
+            tensor_types,
+        })
+    }
+}
+
+/// Runs `frink quantize`: plans every tensor's type, then writes the file.
+///
+/// Errors: a mix or option frink refuses, a tensor the rules refuse, or I/O.
+pub fn run(args: &QuantizeArgs) -> Result<()> {
+    if args.imatrix.is_some()
+        || !args.include_weights.is_empty()
+        || !args.exclude_weights.is_empty()
+    {
+        bail!("--imatrix (and --include-weights/--exclude-weights): frink quantize does not read importance matrices yet");
+    }
+    if args.keep_split {
+        bail!("--keep-split: frink quantize writes one file; split inputs are read whole");
+    }
+    let mix = Mix::parse(&args.mix).map_err(anyhow::Error::msg)?;
+    let input = frink_store::Store::from_env()?.resolve(&args.input)?;
+    let same = |a: &std::path::Path, b: &std::path::Path| {
+        a.canonicalize()
+            .ok()
+            .zip(b.canonicalize().ok())
+            .is_some_and(|(a, b)| a == b)
+    };
+    if same(&input, &args.output) {
+        bail!("the output {} is the input", args.output.display());
+    }
+    let file =
+        GgufFile::open(&input).with_context(|| format!("cannot read {}", input.display()))?;
+    let opts = args.mix_options()?;
+    let tensors = plan(&file, mix, &opts, args.allow_requantize).map_err(anyhow::Error::msg)?;
+    let threads = args
+        .threads
+        .or(args.threads_arg)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
+    write(&file, mix, &tensors, threads, &args.output)?;
+    let size = |t: &[Planned], to: bool| -> u64 {
+        t.iter()
+            .map(|p| {
+                let ty = if to { p.to } else { p.from };
+                let n: u64 = p.shape.iter().skip(1).product();
+                ty.row_bytes(p.shape[0]).unwrap_or(0) * n
+            })
+            .sum()
+    };
+    eprintln!(
+        "{}: {} → {} ({:.2} MiB → {:.2} MiB, {threads} threads)",
+        mix.name,
+        input.display(),
+        args.output.display(),
+        size(&tensors, false) as f64 / 1048576.0,
+        size(&tensors, true) as f64 / 1048576.0,
+    );
+    Ok(())
+}
+
+/// Writes the output to `OUT.part`, then renames it: an interrupted run leaves no file that
+/// looks whole.
+fn write(
+    file: &GgufFile,
+    mix: Mix,
+    tensors: &[Planned],
+    threads: usize,
+    out: &std::path::Path,
+) -> Result<()> {
+    let part = out.with_extension("gguf.part");
+    let infos: Vec<(String, GgmlType, Vec<u64>)> = tensors
+        .iter()
+        .map(|t| (t.name.clone(), t.to, t.shape.clone()))
+        .collect();
+    let rows: u64 = tensors
+        .iter()
+        .map(|t| t.shape.iter().skip(1).product::<u64>())
+        .sum();
+    let bar = indicatif::ProgressBar::new(rows);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg:>40} [{bar:30}] {percent}% {elapsed}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let result = (|| -> Result<()> {
+        let f = std::fs::File::create(&part)
+            .with_context(|| format!("cannot create {}", part.display()))?;
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+        let mut before = 0u64;
+        metadata(file, mix).stream(&mut w, &infos, |i, sink| {
+            let t = &tensors[i];
+            bar.set_message(format!("{} {}", t.name, t.to));
+            let base = before;
+            write_tensor(file, t, threads, sink, &mut |r| bar.set_position(base + r))?;
+            before += t.shape.iter().skip(1).product::<u64>();
+            Ok(())
+        })?;
+        use std::io::Write;
+        w.flush()?;
+        w.get_ref().sync_all()?;
+        std::fs::rename(&part, out).with_context(|| format!("cannot write {}", out.display()))?;
+        Ok(())
+    })();
+    bar.finish_and_clear();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&part);
+    }
+    result
+}

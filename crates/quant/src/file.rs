@@ -1,0 +1,209 @@
+//! Quantizing a GGUF model file, tensor by tensor (llama.cpp src/llama-quant.cpp
+//! `llama_model_quantize_impl`): the metadata copied with `general.file_type` and
+//! `general.quantization_version` set and split keys removed, the tensors in llama.cpp's
+//! order, each either copied or dequantized to f32 and quantized to its type
+//! ([`crate::mix`]) in slabs of rows, so memory holds one slab, not the model.
+
+use std::io::Write;
+
+use frink_gguf::{GgmlType, GgufFile, GgufWriter, MetaValue};
+
+use crate::mix::{tensor_order, Mix, MixModel, MixOptions, MixPlan, MixTensor};
+
+/// `GGML_QNT_VERSION`, written as `general.quantization_version`.
+pub const QUANTIZATION_VERSION: u32 = 2;
+
+/// Values dequantized at once: a slab of rows of at most this many f32 (64 MiB).
+const SLAB_VALUES: usize = 16 << 20;
+
+/// One tensor of the output: its name, its input and output types and its shape.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Planned {
+    /// The tensor's name.
+    pub name: String,
+    /// Its type in the input.
+    pub from: GgmlType,
+    /// Its type in the output.
+    pub to: GgmlType,
+    /// `ne0` first.
+    pub shape: Vec<u64>,
+}
+
+/// What the mix rules read of `file`'s metadata.
+pub fn mix_model(file: &GgufFile) -> MixModel {
+    let arch = file.architecture().unwrap_or("").to_string();
+    let key = |k: &str| file.get(&format!("{arch}.{k}"));
+    let first = |k: &str| -> u32 {
+        match key(k) {
+            Some(MetaValue::Array(a)) => a.get(0).and_then(|v| v.as_u32()).unwrap_or(0),
+            Some(v) => v.as_u32().unwrap_or(0),
+            None => 0,
+        }
+    };
+    let (n_head, n_head_kv) = (
+        first("attention.head_count"),
+        first("attention.head_count_kv"),
+    );
+    let n_head_kv = if key("attention.head_count_kv").is_none() {
+        n_head
+    } else {
+        n_head_kv
+    };
+    let n_layer = first("block_count");
+    MixModel {
+        is_70b: arch == "llama" && n_layer == 80 && n_head != n_head_kv,
+        n_gqa: n_head.checked_div(n_head_kv).unwrap_or(0),
+        n_expert: first("expert_count"),
+        n_layer,
+        arch,
+    }
+}
+
+/// The output's tensors in llama.cpp's order with the type each gets.
+///
+/// Errors: a tensor the rules refuse ([`MixPlan::type_of`]), or a quantized input tensor
+/// to be quantized again without `allow_requantize` (llama-quantize's
+/// `--allow-requantize`: the result is worse than from the original).
+pub fn plan(
+    file: &GgufFile,
+    mix: Mix,
+    opts: &MixOptions,
+    allow_requantize: bool,
+) -> Result<Vec<Planned>, String> {
+    let model = mix_model(file);
+    let mut infos: Vec<_> = file.tensor_infos().iter().collect();
+    infos.sort_by(|a, b| tensor_order(&a.name, &b.name));
+    let names: Vec<&str> = infos.iter().map(|t| t.name.as_str()).collect();
+    let mut rules = MixPlan::new(mix, opts, &model, &names);
+    let mut out = Vec::with_capacity(infos.len());
+    for t in infos {
+        let tensor = MixTensor {
+            name: &t.name,
+            ty: t.ggml_type,
+            shape: &t.shape,
+        };
+        let to = rules.type_of(&tensor)?;
+        if to != t.ggml_type {
+            if !crate::quantize::QUANTIZABLE.contains(&to) {
+                return Err(format!("{}: frink cannot write {to} tensors yet", t.name));
+            }
+            if !crate::is_supported(t.ggml_type) {
+                return Err(format!(
+                    "{}: frink cannot read {} tensors",
+                    t.name, t.ggml_type
+                ));
+            }
+            if !matches!(t.ggml_type, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+                && !allow_requantize
+            {
+                return Err(format!(
+                    "{}: requantizing from {} is refused without --allow-requantize",
+                    t.name, t.ggml_type
+                ));
+            }
+        }
+        out.push(Planned {
+            name: t.name.clone(),
+            from: t.ggml_type,
+            to,
+            shape: t.shape.clone(),
+        });
+    }
+    Ok(out)
+}
+
+/// The output's metadata: `file`'s, with the mix's `general.file_type`, the quantization
+/// version, and no split keys.
+pub fn metadata(file: &GgufFile, mix: Mix) -> GgufWriter {
+    let mut w = GgufWriter::new();
+    for (k, v) in file.metadata() {
+        if !k.starts_with("split.") {
+            w.add_metadata(k.clone(), v.clone());
+        }
+    }
+    w.add_metadata(
+        "general.quantization_version",
+        MetaValue::U32(QUANTIZATION_VERSION),
+    );
+    w.add_metadata("general.file_type", MetaValue::U32(mix.file_type));
+    w
+}
+
+/// Writes `t`'s output bytes to `sink`: its input bytes when the type stays, else slabs of
+/// rows dequantized and quantized on `threads` threads (whole rows each). `done(rows)`
+/// is told the rows written so far.
+pub fn write_tensor(
+    file: &GgufFile,
+    t: &Planned,
+    threads: usize,
+    sink: &mut dyn Write,
+    done: &mut dyn FnMut(u64),
+) -> std::io::Result<()> {
+    let other = |e: String| std::io::Error::other(e);
+    let data = file
+        .tensor(&t.name)
+        .ok_or_else(|| other(format!("{}: not in the file", t.name)))?
+        .data;
+    let n_rows: u64 = t.shape.iter().skip(1).product();
+    if t.from == t.to {
+        sink.write_all(data)?;
+        done(n_rows);
+        return Ok(());
+    }
+    let cols = t.shape[0] as usize;
+    let (src_row, dst_row) = (row_bytes(t.from, cols)?, row_bytes(t.to, cols)?);
+    let slab = (SLAB_VALUES / cols).max(1);
+    let mut x = Vec::new();
+    let mut q = Vec::new();
+    let mut r0 = 0usize;
+    while (r0 as u64) < n_rows {
+        let n = slab.min(n_rows as usize - r0);
+        x.resize(n * cols, 0f32);
+        q.resize(n * dst_row, 0u8);
+        let src = &data[r0 * src_row..(r0 + n) * src_row];
+        run_rows(threads, n, cols, src_row, dst_row, src, &mut x, &mut q, t).map_err(other)?;
+        sink.write_all(&q)?;
+        r0 += n;
+        done(r0 as u64);
+    }
+    Ok(())
+}
+
+fn row_bytes(ty: GgmlType, cols: usize) -> std::io::Result<usize> {
+    ty.row_bytes(cols as u64)
+        .map(|b| b as usize)
+        .ok_or_else(|| std::io::Error::other(format!("rows of {cols} are not whole {ty} blocks")))
+}
+
+/// Dequantizes and quantizes the `n` rows of `src` into `q`, `threads` row ranges at once.
+#[allow(clippy::too_many_arguments)]
+fn run_rows(
+    threads: usize,
+    n: usize,
+    cols: usize,
+    src_row: usize,
+    dst_row: usize,
+    src: &[u8],
+    x: &mut [f32],
+    q: &mut [u8],
+    t: &Planned,
+) -> Result<(), String> {
+    let per = n.div_ceil(threads.max(1)).max(1);
+    std::thread::scope(|s| {
+        let jobs: Vec<_> = x
+            .chunks_mut(per * cols)
+            .zip(q.chunks_mut(per * dst_row))
+            .zip(src.chunks(per * src_row))
+            .map(|((x, q), src)| {
+                s.spawn(move || -> Result<(), String> {
+                    crate::dequantize(t.from, src, x).map_err(|e| e.to_string())?;
+                    crate::quantize::quantize(t.to, x, q).map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        jobs.into_iter().try_for_each(|j| {
+            j.join()
+                .unwrap_or_else(|_| Err("a quantizer thread failed".into()))
+        })
+    })
+}

@@ -1,0 +1,559 @@
+//! Quantization mixes (llama.cpp's `llama_ftype`: `Q4_K_M`, `Q5_K_S`, …) and which ggml type
+//! each tensor of a model gets in one: llama.cpp src/llama-quant.cpp
+//! (`tensor_allows_quantization`, `llama_tensor_get_type`, `llama_tensor_get_type_impl`,
+//! `tensor_type_fallback`, `tensor_requires_imatrix`), followed rule for rule for the mixes
+//! frink can make. Tensors are visited in llama.cpp's order (by layer, then by name: its
+//! loader's `weight_name_comparer`), because some rules count the tensors seen so far
+//! (the first attention-V tensors of a `Q3_K_M` get more bits).
+
+use crate::GgmlType;
+
+/// A quantization mix: its `llama-quantize` name, its `general.file_type` (llama.h
+/// `LLAMA_FTYPE_MOSTLY_*`) and the type its tensors get by default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mix {
+    /// The name `llama-quantize` takes (`Q4_K_M`).
+    pub name: &'static str,
+    /// `general.file_type`.
+    pub file_type: u32,
+    /// The default tensor type (`llama_ftype_get_default_type`).
+    pub default: GgmlType,
+}
+
+const fn mix(name: &'static str, file_type: u32, default: GgmlType) -> Mix {
+    Mix {
+        name,
+        file_type,
+        default,
+    }
+}
+
+/// The mixes frink makes (llama.h's values; the others need quantizers frink lacks).
+pub const MIXES: &[Mix] = &[
+    mix("F32", 0, GgmlType::F32),
+    mix("F16", 1, GgmlType::F16),
+    mix("BF16", 32, GgmlType::BF16),
+    mix("Q4_0", 2, GgmlType::Q4_0),
+    mix("Q4_1", 3, GgmlType::Q4_1),
+    mix("Q5_0", 8, GgmlType::Q5_0),
+    mix("Q5_1", 9, GgmlType::Q5_1),
+    mix("Q8_0", 7, GgmlType::Q8_0),
+    mix("Q2_K", 10, GgmlType::Q2_K),
+    mix("Q2_K_S", 21, GgmlType::Q2_K),
+    mix("Q3_K_S", 11, GgmlType::Q3_K),
+    mix("Q3_K_M", 12, GgmlType::Q3_K),
+    mix("Q3_K_L", 13, GgmlType::Q3_K),
+    mix("Q4_K_S", 14, GgmlType::Q4_K),
+    mix("Q4_K_M", 15, GgmlType::Q4_K),
+    mix("Q5_K_S", 16, GgmlType::Q5_K),
+    mix("Q5_K_M", 17, GgmlType::Q5_K),
+    mix("Q6_K", 18, GgmlType::Q6_K),
+    mix("IQ4_NL", 25, GgmlType::IQ4_NL),
+    mix("IQ4_XS", 30, GgmlType::IQ4_XS),
+];
+
+/// llama-quantize's mixes frink does not make yet, each needing a quantizer it lacks.
+pub const NOT_YET: &[&str] = &[
+    "IQ1_S",
+    "IQ1_M",
+    "IQ2_XXS",
+    "IQ2_XS",
+    "IQ2_S",
+    "IQ2_M",
+    "IQ3_XXS",
+    "IQ3_XS",
+    "IQ3_S",
+    "IQ3_M",
+    "TQ1_0",
+    "TQ2_0",
+    "MXFP4_MOE",
+];
+
+impl Mix {
+    /// The mix named `name` (case-insensitive, as llama-quantize's names).
+    ///
+    /// Errors: a message naming the mixes frink makes, or saying that a llama.cpp mix is
+    /// not made yet.
+    pub fn parse(name: &str) -> Result<Mix, String> {
+        let upper = name.to_ascii_uppercase();
+        if let Some(m) = MIXES.iter().find(|m| m.name == upper) {
+            return Ok(*m);
+        }
+        if NOT_YET.contains(&upper.as_str()) {
+            return Err(format!(
+                "{upper}: frink cannot make this mix yet (its quantizer is not written)"
+            ));
+        }
+        let names: Vec<_> = MIXES.iter().map(|m| m.name).collect();
+        Err(format!(
+            "unknown quantization type {name:?} (one of {})",
+            names.join(", ")
+        ))
+    }
+
+    fn is(&self, name: &str) -> bool {
+        self.name == name
+    }
+}
+
+/// llama-quantize's options that change which type a tensor gets.
+#[derive(Default)]
+pub struct MixOptions {
+    /// `--pure`: every quantizable tensor of the default type (no per-tensor rules).
+    pub pure: bool,
+    /// `--leave-output-tensor`: `output.weight` as it is.
+    pub leave_output: bool,
+    /// `--output-tensor-type`.
+    pub output_type: Option<GgmlType>,
+    /// `--token-embedding-type`.
+    pub token_embedding_type: Option<GgmlType>,
+    /// `--tensor-type NAME=TYPE`, in order: the type of the first pattern found in a
+    /// tensor's name (llama.cpp's `std::regex_search`), given as a matcher.
+    pub tensor_types: Vec<(NameMatcher, GgmlType)>,
+}
+
+/// Whether a tensor name matches a `--tensor-type` pattern.
+pub type NameMatcher = Box<dyn Fn(&str) -> bool + Send + Sync>;
+
+/// What the rules read of a model (its GGUF metadata).
+#[derive(Clone, Debug, Default)]
+pub struct MixModel {
+    /// `general.architecture`.
+    pub arch: String,
+    /// `n_head / n_head_kv` of the first layer (0 without KV heads).
+    pub n_gqa: u32,
+    /// `{arch}.expert_count`.
+    pub n_expert: u32,
+    /// `{arch}.block_count`.
+    pub n_layer: u32,
+    /// llama.cpp's `LLM_TYPE_70B` (a llama of 80 layers with grouped KV heads).
+    pub is_70b: bool,
+}
+
+/// A tensor as the rules see it.
+pub struct MixTensor<'a> {
+    /// Its name.
+    pub name: &'a str,
+    /// Its type in the input.
+    pub ty: GgmlType,
+    /// `ne0` first.
+    pub shape: &'a [u64],
+}
+
+/// llama-quant.cpp's `tensor_category`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Category {
+    Output,
+    TokenEmbd,
+    AttnQkv,
+    AttnKvB,
+    AttnV,
+    AttnK,
+    AttnQ,
+    AttnOutput,
+    FfnUp,
+    FfnGate,
+    FfnDown,
+    Other,
+}
+
+fn category(name: &str) -> Category {
+    use Category::*;
+    if name == "output.weight" {
+        return Output;
+    }
+    if name == "token_embd.weight" || name == "per_layer_token_embd.weight" {
+        return TokenEmbd;
+    }
+    let table = [
+        ("attn_qkv.weight", AttnQkv),
+        ("attn_kv_b.weight", AttnKvB),
+        ("attn_v.weight", AttnV),
+        ("attn_k.weight", AttnK),
+        ("attn_q.weight", AttnQ),
+        ("attn_output.weight", AttnOutput),
+        ("ffn_up", FfnUp),
+        ("ffn_gate", FfnGate),
+        ("ffn_down", FfnDown),
+    ];
+    table
+        .into_iter()
+        .find(|(s, _)| name.contains(s))
+        .map_or(Other, |(_, c)| c)
+}
+
+fn is_attn_v(c: Category) -> bool {
+    matches!(c, Category::AttnV | Category::AttnQkv | Category::AttnKvB)
+}
+
+/// The layer of `blk.N.…` (llama.cpp's `sscanf(name, "blk.%d.")`).
+pub fn layer_of(name: &str) -> Option<i64> {
+    let rest = name.strip_prefix("blk.")?;
+    let end = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
+/// llama.cpp's tensor order (its loader's `weight_name_comparer`): by layer (tensors of no
+/// layer first), then by name.
+pub fn tensor_order(a: &str, b: &str) -> std::cmp::Ordering {
+    let layer = |n: &str| layer_of(n).unwrap_or(-1);
+    (layer(a), a).cmp(&(layer(b), b))
+}
+
+/// Dimensions counted as ggml counts them (`ggml_n_dims`: trailing 1s dropped).
+fn n_dims(shape: &[u64]) -> usize {
+    shape.iter().rposition(|&d| d != 1).map_or(1, |i| i + 1)
+}
+
+/// Whether `t` is quantized at all (llama-quant.cpp `tensor_allows_quantization`): 2-D
+/// and 3-D weights, except norms, the expert router, positional and token-type
+/// embeddings, convolutions and the other small tables named there.
+fn allows_quantization(arch: &str, t: &MixTensor<'_>, leave_output: bool) -> bool {
+    let name = t.name;
+    if n_dims(t.shape) < 2 || !name.ends_with("weight") {
+        return false;
+    }
+    let excluded = [
+        "_norm.weight",
+        "ffn_gate_inp.weight",
+        "ffn_gate_tid2eid.weight",
+        "altup",
+        "laurel",
+        "per_layer_model_proj",
+        "ssm_conv1d",
+        "shortconv.conv.weight",
+        "indexer.k_proj.weight",
+        "indexer.q_proj.weight",
+        "time_mix_first.weight",
+        "time_mix_w0.weight",
+        "time_mix_w1.weight",
+        "time_mix_w2.weight",
+        "time_mix_v0.weight",
+        "time_mix_v1.weight",
+        "time_mix_v2.weight",
+        "time_mix_a0.weight",
+        "time_mix_a1.weight",
+        "time_mix_a2.weight",
+        "time_mix_g1.weight",
+        "time_mix_g2.weight",
+        "time_mix_decay_w1.weight",
+        "time_mix_decay_w2.weight",
+        "time_mix_lerp_fused.weight",
+        "attn_rel_b.weight",
+        ".position_embd",
+        "sam.pos_embd",
+        "sam.neck.",
+        "sam.net_",
+        ".rel_pos",
+        ".patch_embd",
+        ".patch_merger",
+        "a.rvq.codebook",
+        "mm.a.code_embd",
+    ];
+    if excluded.iter().any(|s| name.contains(s)) {
+        return false;
+    }
+    let _ = arch; // (GLM5-next's exclusions: an architecture frink does not read)
+    !(leave_output && name == "output.weight")
+        && name != "position_embd.weight"
+        && name != "token_types.weight"
+}
+
+/// The type selection over one model's tensors: counts what the rules count as it goes.
+pub struct MixPlan<'a> {
+    mix: Mix,
+    opts: &'a MixOptions,
+    model: &'a MixModel,
+    tied: bool,
+    n_attention_wv: i64,
+    i_attention_wv: i64,
+    i_ffn_down: i64,
+    i_ffn_gate: i64,
+    i_ffn_up: i64,
+}
+
+/// Why a tensor cannot be made.
+pub type MixError = String;
+
+impl<'a> MixPlan<'a> {
+    /// The plan for a model whose tensors are named `names` (all of them: the rules count
+    /// the attention-V tensors and look for `output.weight`).
+    pub fn new(mix: Mix, opts: &'a MixOptions, model: &'a MixModel, names: &[&str]) -> Self {
+        MixPlan {
+            mix,
+            opts,
+            model,
+            tied: !names.contains(&"output.weight"),
+            n_attention_wv: names.iter().filter(|n| is_attn_v(category(n))).count() as i64,
+            i_attention_wv: 0,
+            i_ffn_down: 0,
+            i_ffn_gate: 0,
+            i_ffn_up: 0,
+        }
+    }
+
+    /// The type `t` gets (call in [`tensor_order`]).
+    ///
+    /// Errors: a tensor that would need an importance matrix (a `Q2_K_S` mix's Q2_K
+    /// tensors), or a layer the MoE rules cannot read from its name.
+    pub fn type_of(&mut self, t: &MixTensor<'_>) -> Result<GgmlType, MixError> {
+        if !allows_quantization(&self.model.arch, t, self.opts.leave_output) {
+            return Ok(t.ty);
+        }
+        let cat = category(t.name);
+        let manual = self
+            .opts
+            .tensor_types
+            .iter()
+            .find(|(m, _)| m(t.name))
+            .map(|(_, ty)| *ty);
+        if let (Some(ty), Category::TokenEmbd) = (self.opts.token_embedding_type, cat) {
+            if t.name != "per_layer_token_embd.weight" || manual.is_none() {
+                return Ok(ty);
+            }
+        }
+        if let (Some(ty), Category::Output) = (self.opts.output_type, cat) {
+            return Ok(ty);
+        }
+        let mut ty = self.mix.default;
+        if !is_quantized(ty) {
+            return Ok(ty);
+        }
+        match manual {
+            Some(m) => ty = m,
+            None if !self.opts.pure => ty = self.rules(ty, t, cat)?,
+            None => {}
+        }
+        let ty = fallback(t, ty);
+        if ty == GgmlType::Q2_K
+            && self.mix.is("Q2_K_S")
+            && !matches!(cat, Category::Output | Category::TokenEmbd)
+        {
+            return Err(format!(
+                "{}: a Q2_K_S mix's Q2_K tensors need an importance matrix (--imatrix), \
+                 which frink's quantize does not take yet",
+                t.name
+            ));
+        }
+        Ok(ty)
+    }
+
+    /// `(layer, layers)` for the FFN rules: the count so far, or for a mixture of experts
+    /// the layer in the name.
+    fn layer_info(&self, i: i64, name: &str) -> Result<(i64, i64), MixError> {
+        let n = i64::from(self.model.n_layer);
+        if self.model.n_expert > 1 {
+            let l = layer_of(name).ok_or_else(|| format!("cannot read the layer of {name}"))?;
+            if !(0..n).contains(&l) {
+                return Err(format!("layer {l} of {name} is not in 0..{n}"));
+            }
+            return Ok((l, n));
+        }
+        Ok((i, n))
+    }
+
+    /// llama-quant.cpp `llama_tensor_get_type_impl` for the mixes of [`MIXES`].
+    fn rules(
+        &mut self,
+        mut ty: GgmlType,
+        t: &MixTensor<'_>,
+        cat: Category,
+    ) -> Result<GgmlType, MixError> {
+        use Category::*;
+        use GgmlType as T;
+        let m = self.mix;
+        let model = self.model;
+        let falcon = model.arch == "falcon";
+        let more_bits = |i: i64, n: i64| i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
+        let gqa4 = model.n_gqa >= 4;
+        if cat == Output || (self.tied && cat == TokenEmbd) {
+            match self.opts.output_type {
+                Some(o) => ty = o,
+                None if falcon || !t.shape[0].is_multiple_of(ty.block_size() as u64) => {
+                    ty = T::Q8_0
+                }
+                None if ty != T::Q8_0 => ty = T::Q6_K,
+                None => {}
+            }
+        } else if cat == TokenEmbd {
+            if let Some(e) = self.opts.token_embedding_type {
+                ty = e;
+            }
+        } else if is_attn_v(cat) {
+            let i = self.i_attention_wv;
+            if m.is("Q2_K") {
+                ty = if gqa4 { T::Q4_K } else { T::Q3_K };
+            } else if m.is("Q2_K_S") && gqa4 {
+                ty = T::Q4_K;
+            } else if m.is("Q3_K_M") {
+                ty = if i < 2 { T::Q5_K } else { T::Q4_K };
+            } else if m.is("Q3_K_L") || ((m.is("IQ4_NL") || m.is("IQ4_XS")) && gqa4) {
+                ty = T::Q5_K;
+            } else if (m.is("Q4_K_M") || m.is("Q5_K_M")) && more_bits(i, self.n_attention_wv) {
+                ty = T::Q6_K;
+            } else if m.is("Q4_K_S") && i < 4 {
+                ty = T::Q5_K;
+            }
+            if model.is_70b && matches!(ty, T::Q3_K | T::Q4_K) {
+                ty = T::Q5_K;
+            }
+            if model.n_expert == 8 {
+                ty = T::Q8_0;
+            }
+            self.i_attention_wv += 1;
+        } else if cat == AttnK {
+            if model.n_expert == 8 {
+                ty = T::Q8_0;
+            }
+        } else if cat == FfnDown {
+            let (i, n) = self.layer_info(self.i_ffn_down, t.name)?;
+            if m.is("Q2_K") {
+                ty = T::Q3_K;
+            } else if m.is("Q2_K_S") {
+                if i < n / 8 {
+                    ty = T::Q4_K;
+                }
+            } else if m.is("Q3_K_M") {
+                ty = if i < n / 16 {
+                    T::Q5_K
+                } else if !falcon || more_bits(i, n) {
+                    T::Q4_K
+                } else {
+                    T::Q3_K
+                };
+            } else if m.is("Q3_K_L") {
+                ty = if falcon { T::Q4_K } else { T::Q5_K };
+            } else if m.is("Q4_K_M") {
+                if falcon {
+                    ty = if i < n / 16 {
+                        T::Q6_K
+                    } else if more_bits(i, n) {
+                        T::Q5_K
+                    } else {
+                        T::Q4_K
+                    };
+                } else if more_bits(i, n) {
+                    ty = T::Q6_K;
+                }
+            } else if i < n / 8 && (m.is("IQ4_NL") || m.is("IQ4_XS")) {
+                ty = T::Q5_K; // (without an importance matrix)
+            } else if m.is("Q5_K_M") && more_bits(i, n) {
+                ty = T::Q6_K;
+            } else if m.is("Q4_K_S") && !falcon && i < n / 8 {
+                ty = T::Q5_K;
+            }
+            self.i_ffn_down += 1;
+        } else if cat == AttnOutput {
+            if !falcon {
+                if model.n_expert == 8 {
+                    let five = [
+                        "Q2_K", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M", "IQ4_XS",
+                    ];
+                    if five.iter().any(|n| m.is(n)) {
+                        ty = T::Q5_K;
+                    }
+                } else if m.is("Q2_K") {
+                    ty = T::Q3_K;
+                } else if m.is("Q3_K_M") {
+                    ty = T::Q4_K;
+                } else if m.is("Q3_K_L") {
+                    ty = T::Q5_K;
+                }
+            } else if m.is("Q3_K_L") {
+                ty = T::Q4_K;
+            }
+        } else if cat == AttnQkv {
+            // (unreachable: attn_qkv is attention-V-like above, as in llama.cpp)
+        } else if cat == FfnGate {
+            self.layer_info(self.i_ffn_gate, t.name)?;
+            self.i_ffn_gate += 1;
+        } else if cat == FfnUp {
+            self.layer_info(self.i_ffn_up, t.name)?;
+            self.i_ffn_up += 1;
+        }
+        Ok(ty)
+    }
+}
+
+/// Whether `ty` is a block (quantized) type (`ggml_is_quantized`).
+fn is_quantized(ty: GgmlType) -> bool {
+    !matches!(
+        ty,
+        GgmlType::F32
+            | GgmlType::F16
+            | GgmlType::BF16
+            | GgmlType::F64
+            | GgmlType::I8
+            | GgmlType::I16
+            | GgmlType::I32
+            | GgmlType::I64
+    )
+}
+
+/// llama-quant.cpp `tensor_type_fallback`: a type whose blocks do not divide the rows
+/// gives way to one of 32-value blocks of about its size, and that to F16.
+fn fallback(t: &MixTensor<'_>, ty: GgmlType) -> GgmlType {
+    use GgmlType as T;
+    let cols = t.shape[0];
+    if cols.is_multiple_of(ty.block_size() as u64) {
+        return ty;
+    }
+    let to = match ty {
+        T::IQ1_S
+        | T::IQ1_M
+        | T::IQ2_XXS
+        | T::IQ2_XS
+        | T::IQ2_S
+        | T::IQ3_XXS
+        | T::IQ3_S
+        | T::IQ4_XS => T::IQ4_NL,
+        T::Q2_K | T::Q3_K | T::TQ1_0 | T::TQ2_0 => T::Q4_0,
+        T::Q4_K => T::Q5_0,
+        T::Q5_K => T::Q5_1,
+        T::Q6_K => T::Q8_0,
+        other => other,
+    };
+    if cols.is_multiple_of(to.block_size() as u64) {
+        to
+    } else {
+        T::F16
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_and_order_follows_llama_cpp() {
+        assert_eq!(Mix::parse("q4_k_m").unwrap().file_type, 15);
+        assert!(Mix::parse("IQ2_XS").unwrap_err().contains("cannot make"));
+        assert!(Mix::parse("Q9").unwrap_err().contains("Q4_K_M"));
+        let mut names = vec![
+            "blk.10.ffn_up.weight",
+            "output.weight",
+            "blk.2.attn_v.weight",
+            "blk.2.attn_k.weight",
+            "token_embd.weight",
+        ];
+        names.sort_by(|a, b| tensor_order(a, b));
+        assert_eq!(
+            names,
+            [
+                "output.weight",
+                "token_embd.weight",
+                "blk.2.attn_k.weight",
+                "blk.2.attn_v.weight",
+                "blk.10.ffn_up.weight"
+            ]
+        );
+        for m in MIXES {
+            assert_eq!(
+                frink_gguf::file_type_name(u64::from(m.file_type)),
+                Some(m.name)
+            );
+        }
+    }
+}
