@@ -7,8 +7,8 @@ A type may carry llama-quantize options after spaces ("Q4_K_M --pure"); both too
 For each input (an F32/F16/BF16 GGUF file) and each mix, runs llama-quantize (the anchor
 build, shared/ANCHOR.md; $LLAMA_QUANTIZE overrides) and `frink quantize` with the same
 thread count, then compares the two outputs tensor by tensor: the type each tensor got and
-the SHA-256 of its data. Prints one row per mix with both times, their ratio and the
-tensors that differ. `--digests` also writes llama-quantize's per-tensor types and digests
+the SHA-256 of its data, and the whole files. Prints one row per mix with both times, their
+ratio and what differs ("" is the whole file: the metadata or the layout). `--digests` also writes llama-quantize's per-tensor types and digests
 as JSON (the reference `crates/cli/tests/quantize.rs` checks frink against without the
 anchor).
 """
@@ -43,9 +43,10 @@ def llama_quantize():
 
 
 def digests(path):
-    """name -> (type id, sha256 of the data)."""
+    """name -> (type id, sha256 of the data); "" -> (-1, sha256 of the whole file)."""
     r = Reader(path)
-    out = {}
+    with open(path, "rb") as f:
+        out = {"": (-1, hashlib.sha256(f.read()).hexdigest())}
     with open(path, "rb") as f:
         for name, dims, ty, off in r.tensors:
             per, size = BLOCKS[ty]
@@ -89,7 +90,8 @@ def main():
                 bad = [n for n in dl if dl[n] != df.get(n)] + [n for n in df if n not in dl]
                 ref.setdefault(os.path.basename(os.path.dirname(m)), {})[mix] = dl
                 print(f"| {os.path.basename(os.path.dirname(m)) or m} | {mix} | {tl:.2f} | {tf:.2f} "
-                      f"| {tl / tf:.2f}x | {len(dl)} | {', '.join(bad[:4]) or 'none'} |", flush=True)
+                      f"| {tl / tf:.2f}x | {len(dl) - 1} "
+                      f"| {', '.join(n or '(file)' for n in bad[:4]) or 'none'} |", flush=True)
     if a.digests:
         with open(a.digests, "w") as f:
             json.dump(ref, f, indent=0, sort_keys=True)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Random-weight GGUF files with the exact shapes of real checkpoints, for speed benchmarks.
 
-    python3 benches/real_shapes.py [--out DIR] [--only NAME[,NAME]] [--list]
+    python3 benches/real_shapes.py [--out DIR] [--only NAME[,NAME]] [--types T[,T]] [--list]
 
 Each model is written once as Q8_0 (every matrix; norms and biases F32) with the
 architecture, metadata keys, tensor names and shapes of the real checkpoint, then
@@ -44,7 +44,8 @@ MODELS = {
         arch="qwen2", name="Qwen2.5-1.5B-Instruct (random weights)", vocab_from="qwen2.5-coder-0.5b",
         n_vocab=151936, n_layer=28, n_embd=1536, n_ff=8960, n_head=12, n_head_kv=2, head_dim=128,
         ctx=32768, rope_base=1000000.0, eps=1e-6, tied=True, qkv_bias=True,
-        types=["Q4_K_M", "Q4_0", "Q8_0"]),
+        # F16: the input of benches/quantize_compare.py's real-shape check (issue 56).
+        types=["Q4_K_M", "Q4_0", "Q8_0", "F16"]),
     "llama3.1-8b": dict(
         arch="llama", name="Llama-3.1-8B-Instruct (random weights)", vocab_from="smollm2-135m",
         n_vocab=128256, n_layer=32, n_embd=4096, n_ff=14336, n_head=32, n_head_kv=8, head_dim=128,
@@ -464,6 +465,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(home, "bench"))
     ap.add_argument("--only", default="", help="comma-separated names (default: all)")
     ap.add_argument("--list", action="store_true", help="print the file paths and exit")
+    ap.add_argument("--types", default="", help="comma-separated types (default: each model's)")
     a = ap.parse_args()
     names = [n for n in a.only.split(",") if n] or list(MODELS)
     for n in names:
@@ -477,7 +479,8 @@ def main():
     env["LD_LIBRARY_PATH"] = os.path.dirname(quantize) + ":" + env.get("LD_LIBRARY_PATH", "")
     for n in names:
         m = MODELS[n]
-        targets = {ty: os.path.join(a.out, f"{n}-{ty}.gguf") for ty in m["types"]}
+        types = [t for t in m["types"] if not a.types or t in a.types.split(",")]
+        targets = {ty: os.path.join(a.out, f"{n}-{ty}.gguf") for ty in types}
         if a.list:
             print("\n".join(targets.values()))
             continue

@@ -43,14 +43,14 @@ pub struct QuantizeArgs {
     /// The type of the token embeddings.
     #[arg(long, value_name = "TYPE", value_parser = ggml_type)]
     pub token_embedding_type: Option<GgmlType>,
-    /// PATTERN=TYPE: tensors whose name PATTERN (a regex) is found in get TYPE
-    /// (repeatable; the first that matches).
+    /// PATTERN=TYPE: a tensor in whose name the regex PATTERN is found gets TYPE
+    /// (repeatable; the first that matches wins).
     #[arg(long = "tensor-type", value_name = "PATTERN=TYPE")]
     pub tensor_type: Vec<String>,
     /// An importance matrix (not read yet: refused).
     #[arg(long)]
     pub imatrix: Option<PathBuf>,
-    /// llama-quantize's imatrix tensor filters (refused with --imatrix).
+    /// llama-quantize's importance-matrix tensor filters (refused, as --imatrix is).
     #[arg(long = "include-weights")]
     pub include_weights: Vec<String>,
     /// See --include-weights.

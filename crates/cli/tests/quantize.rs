@@ -3,8 +3,9 @@
 //! qwen2_moe_q256) and every mix frink makes (and four option sets: `--pure`,
 //! `--leave-output-tensor`, `--output-tensor-type`/`--token-embedding-type`,
 //! `--tensor-type`), the type and the SHA-256 of each tensor's data in the anchor's
-//! llama-quantize output (made by `benches/quantize_compare.py --digests`). frink's output
-//! must match every tensor; and what it refuses it refuses by name.
+//! llama-quantize output, and of the whole file (made by `benches/quantize_compare.py
+//! --digests`). frink's output must be that file, byte for byte; and what it refuses it
+//! refuses by name.
 
 mod common;
 
@@ -47,8 +48,15 @@ fn every_mix_gives_llama_quantizes_tensors() {
             let o = frink(&args);
             assert!(o.status.success(), "{fixture} {spec}: {}", stderr(&o));
             let got = digests(&out);
+            let whole = Sha256::digest(std::fs::read(&out).unwrap());
+            let whole: String = whole.iter().map(|b| format!("{b:02x}")).collect();
             assert_eq!(
-                got.len(),
+                whole,
+                tensors[""][1].as_str().unwrap(),
+                "{fixture} {spec}: the file"
+            );
+            assert_eq!(
+                got.len() + 1,
                 tensors.as_object().unwrap().len(),
                 "{fixture} {spec}"
             );

@@ -102,22 +102,30 @@ pub fn plan(
                 ));
             }
         }
+        // Written with ggml's dimensions (`ggml_n_dims`: trailing 1s dropped), as gguf.cpp
+        // writes a tensor's shape.
+        let mut shape = t.shape.clone();
+        while shape.len() > 1 && shape.last() == Some(&1) {
+            shape.pop();
+        }
         out.push(Planned {
             name: t.name.clone(),
             from: t.ggml_type,
             to,
-            shape: t.shape.clone(),
+            shape,
         });
     }
     Ok(out)
 }
 
-/// The output's metadata: `file`'s, with the mix's `general.file_type`, the quantization
-/// version, and no split keys.
+/// The output's metadata: `file`'s, without split keys, then the quantization version and
+/// the mix's `general.file_type` at the end (gguf.cpp's `gguf_set_val_*` removes a key it
+/// sets and appends it: the header comes out byte for byte as llama-quantize's).
 pub fn metadata(file: &GgufFile, mix: Mix) -> GgufWriter {
     let mut w = GgufWriter::new();
     for (k, v) in file.metadata() {
-        if !k.starts_with("split.") {
+        let set_below = k == "general.quantization_version" || k == "general.file_type";
+        if !k.starts_with("split.") && !set_below {
             w.add_metadata(k.clone(), v.clone());
         }
     }
