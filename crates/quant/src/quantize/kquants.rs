@@ -34,25 +34,24 @@ fn put_f16(b: &mut [u8], at: usize, v: f32) {
     b[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
 }
 
-/// ggml's `make_qkx2_quants`: the scale and minimum of `x` (`n` values, quants
-/// `0..=nmax`) of least weighted error (squared, or absolute with `use_mad`) over the
+/// ggml's `make_qkx2_quants`: the scale and minimum of `x` (`N` values, quants
+/// `0..=nmax`) of least weighted error (squared, or absolute with `MAD`) over the
 /// first guess and `nstep + 1` scales around it, each refit by weighted least squares.
-/// Returns the scale; `l` gets the quants, `the_min` minus the minimum.
-#[allow(clippy::too_many_arguments)]
-fn make_qkx2_quants(
+/// Returns the scale; `l` gets the quants, `the_min` minus the minimum. (Sizes and the
+/// error kind are constants so the loops carry no bounds checks or branches: Q4_K's file
+/// quantization spends most of its time here.)
+fn make_qkx2_quants<const N: usize, const MAD: bool>(
     nmax: i32,
-    x: &[f32],
-    w: &[f32],
-    l: &mut [u8],
+    x: &[f32; N],
+    w: &[f32; N],
+    l: &mut [u8; N],
     the_min: &mut f32,
     (rmin, rdelta, nstep): (f32, f32, i32),
-    use_mad: bool,
 ) -> f32 {
-    let n = x.len();
     let (mut min, mut max) = (x[0], x[0]);
     let mut sum_w = w[0];
     let mut sum_x = sum_w * x[0];
-    for i in 1..n {
+    for i in 1..N {
         if x[i] < min {
             min = x[i];
         }
@@ -70,11 +69,11 @@ fn make_qkx2_quants(
         *the_min = -min;
         return 0.0;
     }
-    let err = |d: f32| if use_mad { d.abs() } else { d * d };
+    let err = |d: f32| if MAD { d.abs() } else { d * d };
     let mut iscale = nmax as f32 / (max - min);
     let mut scale = 1.0 / iscale;
     let mut best_error = 0.0f32;
-    for i in 0..n {
+    for i in 0..N {
         l[i] = nearest_int(iscale * (x[i] - min)).clamp(0, nmax) as u8;
         best_error += w[i] * err(scale * f32::from(l[i]) + min - x[i]);
     }
@@ -82,11 +81,11 @@ fn make_qkx2_quants(
         *the_min = -min;
         return scale;
     }
-    let mut aux = [0u8; 32];
+    let mut aux = [0u8; N];
     for is in 0..=nstep {
         iscale = (rmin + rdelta * is as f32 + nmax as f32) / (max - min);
         let (mut sum_l, mut sum_l2, mut sum_xl) = (0.0f32, 0.0f32, 0.0f32);
-        for i in 0..n {
+        for i in 0..N {
             let q = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
             aux[i] = q as u8;
             let q = q as f32;
@@ -103,11 +102,11 @@ fn make_qkx2_quants(
                 this_scale = sum_xl / sum_l2;
             }
             let mut cur_error = 0.0f32;
-            for i in 0..n {
+            for i in 0..N {
                 cur_error += w[i] * err(this_scale * f32::from(aux[i]) + this_min - x[i]);
             }
             if cur_error < best_error {
-                l[..n].copy_from_slice(&aux[..n]);
+                *l = aux;
                 best_error = cur_error;
                 scale = this_scale;
                 min = this_min;
@@ -133,7 +132,7 @@ fn signed_max(x: &[f32]) -> (f32, f32) {
 /// ggml's `make_qx_quants` with `rmse_type` 1 and no importance weights (Q6_K's): a
 /// symmetric scale for quants `-nmax..nmax-1` (stored `+ nmax`), the least-squares refit of
 /// the first guess and of 18 scales around it (weights `x²`), keeping the best.
-fn make_qx_quants(nmax: i32, x: &[f32], l: &mut [u8]) -> f32 {
+fn make_qx_quants(nmax: i32, x: &[f32; 16], l: &mut [u8; 16]) -> f32 {
     let (max, amax) = signed_max(x);
     if amax < GROUP_MAX_EPS {
         l.fill(0);
@@ -245,18 +244,11 @@ pub(super) fn q2_k(x: &[f32], b: &mut [u8], _: i32) {
     let (mut scales, mut mins) = ([0f32; 16], [0f32; 16]);
     let (mut max_scale, mut max_min) = (0f32, 0f32);
     for j in 0..16 {
-        let xs = &x[16 * j..16 * j + 16];
+        let xs: &[f32; 16] = x[16 * j..16 * j + 16].try_into().expect("16 values");
         let w: [f32; 16] = std::array::from_fn(|i| xs[i].abs());
+        let lj: &mut [u8; 16] = (&mut l[16 * j..16 * j + 16]).try_into().expect("16 quants");
         let search = (-0.5, 0.1, 15);
-        scales[j] = make_qkx2_quants(
-            3,
-            xs,
-            &w,
-            &mut l[16 * j..16 * j + 16],
-            &mut mins[j],
-            search,
-            true,
-        );
+        scales[j] = make_qkx2_quants::<16, true>(3, xs, &w, lj, &mut mins[j], search);
         max_scale = if scales[j] > max_scale {
             scales[j]
         } else {
@@ -360,15 +352,15 @@ fn k4_scales(x: &[f32], b: &mut [u8], nmax: i32, search: (f32, f32, i32)) -> [u8
     let (mut scales, mut mins) = ([0f32; 8], [0f32; 8]);
     let (mut max_scale, mut max_min) = (0f32, 0f32);
     for j in 0..8 {
-        let xs = &x[32 * j..32 * j + 32];
+        let xs: &[f32; 32] = x[32 * j..32 * j + 32].try_into().expect("32 values");
         let mut sum_x2 = 0.0f32;
         for &v in xs {
             sum_x2 += v * v;
         }
         let av_x = (sum_x2 / 32.0).sqrt();
         let w: [f32; 32] = std::array::from_fn(|i| av_x + xs[i].abs());
-        let lj = &mut l[32 * j..32 * j + 32];
-        scales[j] = make_qkx2_quants(nmax, xs, &w, lj, &mut mins[j], search, false);
+        let lj: &mut [u8; 32] = (&mut l[32 * j..32 * j + 32]).try_into().expect("32 quants");
+        scales[j] = make_qkx2_quants::<32, false>(nmax, xs, &w, lj, &mut mins[j], search);
         max_scale = if scales[j] > max_scale {
             scales[j]
         } else {
@@ -446,7 +438,9 @@ pub(super) fn q6_k(x: &[f32], b: &mut [u8], _: i32) {
     let mut scales = [0f32; 16];
     let (mut max_abs, mut max_scale) = (0f32, 0f32);
     for j in 0..16 {
-        scales[j] = make_qx_quants(32, &x[16 * j..16 * j + 16], &mut l[16 * j..16 * j + 16]);
+        let xs: &[f32; 16] = x[16 * j..16 * j + 16].try_into().expect("16 values");
+        let lj: &mut [u8; 16] = (&mut l[16 * j..16 * j + 16]).try_into().expect("16 quants");
+        scales[j] = make_qx_quants(32, xs, lj);
         if scales[j].abs() > max_abs {
             max_abs = scales[j].abs();
             max_scale = scales[j];
