@@ -70,7 +70,7 @@ fn make_qkx2_quants<const N: usize, const MAD: bool>(
         return 0.0;
     }
     let err = |d: f32| if MAD { d.abs() } else { d * d };
-    let mut iscale = nmax as f32 / (max - min);
+    let iscale = nmax as f32 / (max - min);
     let mut scale = 1.0 / iscale;
     let mut best_error = 0.0f32;
     for i in 0..N {
@@ -81,37 +81,68 @@ fn make_qkx2_quants<const N: usize, const MAD: bool>(
         *the_min = -min;
         return scale;
     }
-    let mut aux = [0u8; N];
-    for is in 0..=nstep {
-        iscale = (rmin + rdelta * is as f32 + nmax as f32) / (max - min);
+    // Step `is`'s error and step `is + 1`'s sums are independent chains of adds: one
+    // loop runs both (the sums with the minimum as it stands, done again in the rare case
+    // that step `is` is taken and moves it), so each waits less on its own adds. Every
+    // value is still computed in ggml's order, from the same inputs.
+    let iscale_at = |is: i32, min: f32| (rmin + rdelta * is as f32 + nmax as f32) / (max - min);
+    let quant = |iscale: f32, min: f32, v: f32| nearest_int(iscale * (v - min)).clamp(0, nmax);
+    let sums_of = |iscale: f32, min: f32, aux: &mut [u8; N]| {
         let (mut sum_l, mut sum_l2, mut sum_xl) = (0.0f32, 0.0f32, 0.0f32);
         for i in 0..N {
-            let q = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
+            let q = quant(iscale, min, x[i]);
             aux[i] = q as u8;
             let q = q as f32;
             sum_l += w[i] * q;
             sum_l2 += w[i] * q * q;
             sum_xl += w[i] * q * x[i];
         }
+        (sum_l, sum_l2, sum_xl)
+    };
+    let (mut aux, mut next) = ([0u8; N], [0u8; N]);
+    let mut sums = sums_of(iscale_at(0, min), min, &mut aux);
+    for is in 0..=nstep {
+        let (sum_l, sum_l2, sum_xl) = sums;
+        let more = is < nstep;
         let det = sum_w * sum_l2 - sum_l * sum_l;
-        if det > 0.0 {
-            let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
-            let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
-            if this_min > 0.0 {
-                this_min = 0.0;
-                this_scale = sum_xl / sum_l2;
+        if det <= 0.0 {
+            if more {
+                sums = sums_of(iscale_at(is + 1, min), min, &mut next);
             }
-            let mut cur_error = 0.0f32;
-            for i in 0..N {
-                cur_error += w[i] * err(this_scale * f32::from(aux[i]) + this_min - x[i]);
-            }
-            if cur_error < best_error {
-                *l = aux;
-                best_error = cur_error;
-                scale = this_scale;
-                min = this_min;
+            std::mem::swap(&mut aux, &mut next);
+            continue;
+        }
+        let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
+        let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
+        if this_min > 0.0 {
+            this_min = 0.0;
+            this_scale = sum_xl / sum_l2;
+        }
+        let mut cur_error = 0.0f32;
+        let next_iscale = iscale_at(is + 1, min);
+        let (mut sum_l, mut sum_l2, mut sum_xl) = (0.0f32, 0.0f32, 0.0f32);
+        for i in 0..N {
+            cur_error += w[i] * err(this_scale * f32::from(aux[i]) + this_min - x[i]);
+            if more {
+                let q = quant(next_iscale, min, x[i]);
+                next[i] = q as u8;
+                let q = q as f32;
+                sum_l += w[i] * q;
+                sum_l2 += w[i] * q * q;
+                sum_xl += w[i] * q * x[i];
             }
         }
+        sums = (sum_l, sum_l2, sum_xl);
+        if cur_error < best_error {
+            *l = aux;
+            best_error = cur_error;
+            scale = this_scale;
+            if this_min.to_bits() != min.to_bits() && more {
+                sums = sums_of(iscale_at(is + 1, this_min), this_min, &mut next);
+            }
+            min = this_min;
+        }
+        std::mem::swap(&mut aux, &mut next);
     }
     *the_min = -min;
     scale
