@@ -63,10 +63,8 @@ pub struct QuantizeArgs {
 
 /// A ggml type by llama.cpp's name (`q4_k`, `Q8_0`, `f16`).
 fn ggml_type(s: &str) -> Result<GgmlType, String> {
-    frink_quant::quantize::QUANTIZABLE
-        .iter()
-        .copied()
-        .find(|t| t.to_string().eq_ignore_ascii_case(s))
+    GgmlType::from_name(s)
+        .filter(|t| frink_quant::quantize::QUANTIZABLE.contains(t))
         .ok_or_else(|| format!("{s:?} is not a tensor type frink writes"))
 }
 

@@ -89,7 +89,7 @@ impl CacheType {
     /// Whether elements are stored in quantized blocks (ggml's `ggml_is_quantized`: not
     /// f32, f16 or bf16).
     pub fn is_quantized(self) -> bool {
-        !matches!(self, CacheType::F16 | CacheType::F32 | CacheType::BF16)
+        self.ggml().is_quantized()
     }
 
     /// Bytes of one quantized block ([`CACHE_BLOCK`] values), or of one element of a float

@@ -318,7 +318,7 @@ impl<'a> MixPlan<'a> {
             return Ok(ty);
         }
         let mut ty = self.mix.default;
-        if !is_quantized(ty) {
+        if !ty.is_quantized() {
             return Ok(ty);
         }
         match manual {
@@ -475,21 +475,6 @@ impl<'a> MixPlan<'a> {
         }
         Ok(ty)
     }
-}
-
-/// Whether `ty` is a block (quantized) type (`ggml_is_quantized`).
-fn is_quantized(ty: GgmlType) -> bool {
-    !matches!(
-        ty,
-        GgmlType::F32
-            | GgmlType::F16
-            | GgmlType::BF16
-            | GgmlType::F64
-            | GgmlType::I8
-            | GgmlType::I16
-            | GgmlType::I32
-            | GgmlType::I64
-    )
 }
 
 /// llama-quant.cpp `tensor_type_fallback`: a type whose blocks do not divide the rows

@@ -16,7 +16,7 @@
 
 use half::f16;
 
-use super::iq4_search;
+use super::{inverse, iq4_search, put_f16, signed_max};
 use crate::dot::quantize::nearest_int;
 
 /// Values per super-block.
@@ -28,10 +28,6 @@ const GROUP_MAX_EPS: f32 = 1e-15;
 /// `v` rounded to f16 and back (`GGML_FP16_TO_FP32(GGML_FP32_TO_FP16(v))`).
 fn f16_round(v: f32) -> f32 {
     f16::from_f32(v).to_f32()
-}
-
-fn put_f16(b: &mut [u8], at: usize, v: f32) {
-    b[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
 }
 
 /// ggml's `make_qkx2_quants`: the scale and minimum of `x` (`N` values, quants
@@ -70,11 +66,12 @@ fn make_qkx2_quants<const N: usize, const MAD: bool>(
         return 0.0;
     }
     let err = |d: f32| if MAD { d.abs() } else { d * d };
+    let quant = |iscale: f32, min: f32, v: f32| nearest_int(iscale * (v - min)).clamp(0, nmax);
     let iscale = nmax as f32 / (max - min);
     let mut scale = 1.0 / iscale;
     let mut best_error = 0.0f32;
     for i in 0..N {
-        l[i] = nearest_int(iscale * (x[i] - min)).clamp(0, nmax) as u8;
+        l[i] = quant(iscale, min, x[i]) as u8;
         best_error += w[i] * err(scale * f32::from(l[i]) + min - x[i]);
     }
     if nstep < 1 {
@@ -86,18 +83,20 @@ fn make_qkx2_quants<const N: usize, const MAD: bool>(
     // that step `is` is taken and moves it), so each waits less on its own adds. Every
     // value is still computed in ggml's order, from the same inputs.
     let iscale_at = |is: i32, min: f32| (rmin + rdelta * is as f32 + nmax as f32) / (max - min);
-    let quant = |iscale: f32, min: f32, v: f32| nearest_int(iscale * (v - min)).clamp(0, nmax);
+    // `(Σ w l, Σ w l², Σ w l x)` grows by element `i`'s quant `q`, which it returns.
+    let accumulate = |s: &mut (f32, f32, f32), i: usize, q: i32| {
+        let qf = q as f32;
+        s.0 += w[i] * qf;
+        s.1 += w[i] * qf * qf;
+        s.2 += w[i] * qf * x[i];
+        q as u8
+    };
     let sums_of = |iscale: f32, min: f32, aux: &mut [u8; N]| {
-        let (mut sum_l, mut sum_l2, mut sum_xl) = (0.0f32, 0.0f32, 0.0f32);
+        let mut s = (0.0f32, 0.0f32, 0.0f32);
         for i in 0..N {
-            let q = quant(iscale, min, x[i]);
-            aux[i] = q as u8;
-            let q = q as f32;
-            sum_l += w[i] * q;
-            sum_l2 += w[i] * q * q;
-            sum_xl += w[i] * q * x[i];
+            aux[i] = accumulate(&mut s, i, quant(iscale, min, x[i]));
         }
-        (sum_l, sum_l2, sum_xl)
+        s
     };
     let (mut aux, mut next) = ([0u8; N], [0u8; N]);
     let mut sums = sums_of(iscale_at(0, min), min, &mut aux);
@@ -120,19 +119,14 @@ fn make_qkx2_quants<const N: usize, const MAD: bool>(
         }
         let mut cur_error = 0.0f32;
         let next_iscale = iscale_at(is + 1, min);
-        let (mut sum_l, mut sum_l2, mut sum_xl) = (0.0f32, 0.0f32, 0.0f32);
+        let mut s = (0.0f32, 0.0f32, 0.0f32);
         for i in 0..N {
             cur_error += w[i] * err(this_scale * f32::from(aux[i]) + this_min - x[i]);
             if more {
-                let q = quant(next_iscale, min, x[i]);
-                next[i] = q as u8;
-                let q = q as f32;
-                sum_l += w[i] * q;
-                sum_l2 += w[i] * q * q;
-                sum_xl += w[i] * q * x[i];
+                next[i] = accumulate(&mut s, i, quant(next_iscale, min, x[i]));
             }
         }
-        sums = (sum_l, sum_l2, sum_xl);
+        sums = s;
         if cur_error < best_error {
             *l = aux;
             best_error = cur_error;
@@ -146,18 +140,6 @@ fn make_qkx2_quants<const N: usize, const MAD: bool>(
     }
     *the_min = -min;
     scale
-}
-
-/// The value of largest magnitude (first on ties) and that magnitude.
-fn signed_max(x: &[f32]) -> (f32, f32) {
-    let (mut amax, mut max) = (0.0f32, 0.0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
-    (max, amax)
 }
 
 /// ggml's `make_qx_quants` with `rmse_type` 1 and no importance weights (Q6_K's): a
@@ -526,13 +508,13 @@ pub(super) fn iq4_xs(x: &[f32], b: &mut [u8], ntry: i32) {
     }
     let d = -max_scale / 32.0;
     put_f16(b, 0, d);
-    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let id = inverse(d);
     let (mut sh, mut sl) = (0u16, [0u8; 4]);
     let mut l = [0u8; QK_K];
     for j in 0..8 {
         let q = nearest_int(id * scales[j]).clamp(-32, 31);
         let dl = d * q as f32;
-        let idl = if dl != 0.0 { 1.0 / dl } else { 0.0 };
+        let idl = inverse(dl);
         for i in 0..32 {
             l[32 * j + i] = super::nearest_level(idl * x[32 * j + i]) as u8;
         }

@@ -134,9 +134,10 @@ fn trunc(v: f32) -> i32 {
     v as i32
 }
 
-/// The value of largest magnitude (the first on ties) and that magnitude.
+/// The value of largest magnitude (the first on ties) and that magnitude (ggml's loops,
+/// written `amax < fabsf(v)` in some quantizers and `ax > amax` in others: the same).
 #[inline(always)]
-fn signed_max(x: &[f32]) -> (f32, f32) {
+pub(super) fn signed_max(x: &[f32]) -> (f32, f32) {
     let (mut amax, mut max) = (0.0f32, 0.0f32);
     for &v in x {
         if amax < v.abs() {
@@ -163,9 +164,15 @@ fn min_max(x: &[f32]) -> (f32, f32) {
     (min, max)
 }
 
+/// Stores `v` rounded to f16 (`GGML_FP32_TO_FP16`) at byte `at` of `b`.
+#[inline(always)]
+pub(super) fn put_f16(b: &mut [u8], at: usize, v: f32) {
+    b[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
+}
+
 /// `1 / d`, or 0 for `d = 0`.
 #[inline(always)]
-fn inverse(d: f32) -> f32 {
+pub(super) fn inverse(d: f32) -> f32 {
     if d != 0.0 {
         1.0 / d
     } else {
@@ -177,7 +184,7 @@ fn inverse(d: f32) -> f32 {
 fn q4_0(x: &[f32], b: &mut [u8]) {
     let d = signed_max(x).0 / -8.0;
     let id = inverse(d);
-    b[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+    put_f16(b, 0, d);
     for j in 0..QK / 2 {
         let lo = trunc(x[j] * id + 8.5).min(15) as u8;
         let hi = trunc(x[j + QK / 2] * id + 8.5).min(15) as u8;
@@ -190,8 +197,8 @@ fn q4_1(x: &[f32], b: &mut [u8]) {
     let (min, max) = min_max(x);
     let d = (max - min) / 15.0;
     let id = inverse(d);
-    b[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
-    b[2..4].copy_from_slice(&f16::from_f32(min).to_le_bytes());
+    put_f16(b, 0, d);
+    put_f16(b, 2, min);
     for j in 0..QK / 2 {
         let lo = trunc((x[j] - min) * id + 0.5).min(15) as u8;
         let hi = trunc((x[j + QK / 2] - min) * id + 0.5).min(15) as u8;
@@ -214,7 +221,7 @@ fn five_bit_quants(q: &[u8; QK], qh: &mut [u8], qs: &mut [u8]) {
 fn q5_0(x: &[f32], b: &mut [u8]) {
     let d = signed_max(x).0 / -16.0;
     let id = inverse(d);
-    b[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+    put_f16(b, 0, d);
     let q = std::array::from_fn(|j| trunc(x[j] * id + 16.5).min(31) as u8);
     let (qh, qs) = b[2..].split_at_mut(4);
     five_bit_quants(&q, qh, qs);
@@ -226,8 +233,8 @@ fn q5_1(x: &[f32], b: &mut [u8]) {
     let (min, max) = min_max(x);
     let d = (max - min) / 31.0;
     let id = inverse(d);
-    b[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
-    b[2..4].copy_from_slice(&f16::from_f32(min).to_le_bytes());
+    put_f16(b, 0, d);
+    put_f16(b, 2, min);
     let q = std::array::from_fn(|j| trunc((x[j] - min) * id + 0.5) as u8);
     let (qh, qs) = b[4..].split_at_mut(4);
     five_bit_quants(&q, qh, qs);
@@ -280,7 +287,7 @@ fn iq4_sums(x: &[f32], w: &[f32], id: f32, l: &mut [u8; QK]) -> (f32, f32) {
 /// `-ntry..=ntry`, keeping the one of least weighted error. Returns the scale (0 for a
 /// block below 1e-15) and the levels of the first guess.
 pub(super) fn iq4_search(x: &[f32], w: &[f32], ntry: i32) -> (f32, [u8; QK]) {
-    let (max, amax) = signed_max_strict(x);
+    let (max, amax) = signed_max(x);
     let v0 = f32::from(KVALUES_IQ4NL[0]);
     let mut l = [8u8; QK];
     if amax < 1e-15 {
@@ -308,7 +315,7 @@ pub(super) fn iq4_search(x: &[f32], w: &[f32], ntry: i32) -> (f32, [u8; QK]) {
 fn iq4_nl(x: &[f32], b: &mut [u8], ntry: i32) {
     let w: [f32; QK] = std::array::from_fn(|j| x[j] * x[j]);
     let (d, mut l) = iq4_search(x, &w, ntry);
-    b[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+    put_f16(b, 0, d);
     if ntry > 0 {
         let id = inverse(d);
         for (l, &x) in l.iter_mut().zip(x) {
@@ -318,20 +325,6 @@ fn iq4_nl(x: &[f32], b: &mut [u8], ntry: i32) {
     for j in 0..QK / 2 {
         b[2 + j] = l[j] | l[j + QK / 2] << 4;
     }
-}
-
-/// As [`signed_max`] with ggml's `ax > amax` comparison (IQ4_NL's; the same result).
-#[inline(always)]
-fn signed_max_strict(x: &[f32]) -> (f32, f32) {
-    let (mut amax, mut max) = (0.0f32, 0.0f32);
-    for &v in x {
-        let ax = v.abs();
-        if ax > amax {
-            amax = ax;
-            max = v;
-        }
-    }
-    (max, amax)
 }
 
 #[cfg(test)]
