@@ -1,9 +1,12 @@
 //! The quantizers against ggml's own bytes (`tests/data/ggml/`, made by
 //! `make_reference.py` through ctypes from the anchor build's libggml-base.so): the same
 //! input gives byte-identical blocks to `ggml_quantize_chunk` (what llama-quantize writes
-//! without an importance matrix) and to the row conversion that stores a KV cache.
+//! without an importance matrix, and with one), and to the row conversion that stores a
+//! KV cache.
 
-use frink_quant::quantize::{quantize, quantize_for_cache, QUANTIZABLE};
+use frink_quant::quantize::{
+    quantize, quantize_for_cache, quantize_weighted, QUANTIZABLE, WEIGHTED,
+};
 use frink_quant::GgmlType;
 
 fn data(name: &str) -> Vec<u8> {
@@ -14,7 +17,11 @@ fn data(name: &str) -> Vec<u8> {
 }
 
 fn input() -> Vec<f32> {
-    data("input.f32")
+    floats("input.f32")
+}
+
+fn floats(name: &str) -> Vec<f32> {
+    data(name)
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         .collect()
@@ -76,5 +83,27 @@ fn cache_quantizers_give_ggmls_bytes() {
         if ty == GgmlType::IQ4_NL {
             assert_eq!(zero_scale, 2, "the zero and the tiny block");
         }
+    }
+}
+
+/// With importance weights (32 rows of 512 values, one weight per column, some 0 and one
+/// 1e4): every type whose quantizer reads them gives `ggml_quantize_chunk`'s bytes with
+/// that imatrix, and those bytes differ from the unweighted ones (so the weights are
+/// read at all).
+#[test]
+fn weighted_quantizers_give_ggmls_bytes() {
+    let x = input();
+    let qw = floats("imatrix.f32");
+    assert_eq!(qw.len(), 512);
+    for &ty in WEIGHTED {
+        let want = data(&format!("weighted_{}.bin", name(ty)));
+        let mut got = vec![0u8; want.len()];
+        quantize_weighted(ty, &x, &qw, &mut got).unwrap();
+        assert_eq!(
+            first_difference(ty, &got, &want),
+            None,
+            "{ty}: block differs from ggml_quantize_chunk's with an imatrix"
+        );
+        assert_ne!(want, data(&format!("file_{}.bin", name(ty))), "{ty}");
     }
 }

@@ -20,13 +20,13 @@ use super::{inverse, iq4_search, put_f16, signed_max};
 use crate::dot::quantize::nearest_int;
 
 /// Values per super-block.
-const QK_K: usize = 256;
+pub(super) const QK_K: usize = 256;
 
 /// ggml's `GROUP_MAX_EPS`: a group whose largest magnitude is below it is all zero.
-const GROUP_MAX_EPS: f32 = 1e-15;
+pub(super) const GROUP_MAX_EPS: f32 = 1e-15;
 
 /// `v` rounded to f16 and back (`GGML_FP16_TO_FP32(GGML_FP32_TO_FP16(v))`).
-fn f16_round(v: f32) -> f32 {
+pub(super) fn f16_round(v: f32) -> f32 {
     f16::from_f32(v).to_f32()
 }
 
@@ -36,7 +36,11 @@ fn f16_round(v: f32) -> f32 {
 /// Returns the scale; `l` gets the quants, `the_min` minus the minimum. (Sizes and the
 /// error kind are constants so the loops carry no bounds checks or branches: Q4_K's file
 /// quantization spends most of its time here.)
-fn make_qkx2_quants<const N: usize, const MAD: bool>(
+///
+/// With `V3` it is ggml's `make_qkx3_quants` (the importance-weighted quantizers'): the
+/// same except that a search step's quant is `nearest_int(min(v, nmax))` for `v > 0` and 0
+/// otherwise, `v = iscale · (x - min)` (no integer rounding of an infinite or huge `v`).
+pub(super) fn make_qkx2_quants<const N: usize, const MAD: bool, const V3: bool>(
     nmax: i32,
     x: &[f32; N],
     w: &[f32; N],
@@ -67,6 +71,18 @@ fn make_qkx2_quants<const N: usize, const MAD: bool>(
     }
     let err = |d: f32| if MAD { d.abs() } else { d * d };
     let quant = |iscale: f32, min: f32, v: f32| nearest_int(iscale * (v - min)).clamp(0, nmax);
+    let step_quant = |iscale: f32, min: f32, v: f32| {
+        if V3 {
+            let v = iscale * (v - min);
+            if v > 0.0 {
+                nearest_int(v.min(nmax as f32))
+            } else {
+                0
+            }
+        } else {
+            quant(iscale, min, v)
+        }
+    };
     let iscale = nmax as f32 / (max - min);
     let mut scale = 1.0 / iscale;
     let mut best_error = 0.0f32;
@@ -94,7 +110,7 @@ fn make_qkx2_quants<const N: usize, const MAD: bool>(
     let sums_of = |iscale: f32, min: f32, aux: &mut [u8; N]| {
         let mut s = (0.0f32, 0.0f32, 0.0f32);
         for i in 0..N {
-            aux[i] = accumulate(&mut s, i, quant(iscale, min, x[i]));
+            aux[i] = accumulate(&mut s, i, step_quant(iscale, min, x[i]));
         }
         s
     };
@@ -123,7 +139,7 @@ fn make_qkx2_quants<const N: usize, const MAD: bool>(
         for i in 0..N {
             cur_error += w[i] * err(this_scale * f32::from(aux[i]) + this_min - x[i]);
             if more {
-                next[i] = accumulate(&mut s, i, quant(next_iscale, min, x[i]));
+                next[i] = accumulate(&mut s, i, step_quant(next_iscale, min, x[i]));
             }
         }
         sums = s;
@@ -142,10 +158,16 @@ fn make_qkx2_quants<const N: usize, const MAD: bool>(
     scale
 }
 
-/// ggml's `make_qx_quants` with `rmse_type` 1 and no importance weights (Q6_K's): a
-/// symmetric scale for quants `-nmax..nmax-1` (stored `+ nmax`), the least-squares refit of
-/// the first guess and of 18 scales around it (weights `x²`), keeping the best.
-fn make_qx_quants(nmax: i32, x: &[f32; 16], l: &mut [u8; 16]) -> f32 {
+/// ggml's `make_qx_quants` with `rmse_type` 1: a symmetric scale for quants
+/// `-nmax..nmax-1` (stored `+ nmax`), the least-squares refit (weights `w`) of the first
+/// guess and of 18 scales around it, keeping the best. Without an importance matrix ggml
+/// weighs by `x²` (Q6_K's reference quantizer); with one, by the weights given.
+pub(super) fn make_qx_quants<const N: usize>(
+    nmax: i32,
+    x: &[f32; N],
+    w: &[f32; N],
+    l: &mut [u8; N],
+) -> f32 {
     let (max, amax) = signed_max(x);
     if amax < GROUP_MAX_EPS {
         l.fill(0);
@@ -154,9 +176,8 @@ fn make_qx_quants(nmax: i32, x: &[f32; 16], l: &mut [u8; 16]) -> f32 {
     let quant = |iscale: f32, v: f32| nearest_int(iscale * v).clamp(-nmax, nmax - 1);
     let sums = |iscale: f32| {
         let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
-        for &v in x {
+        for (&v, &w) in x.iter().zip(w) {
             let q = quant(iscale, v) as f32;
-            let w = v * v;
             sumlx += w * v * q;
             suml2 += w * q * q;
         }
@@ -184,6 +205,11 @@ fn make_qx_quants(nmax: i32, x: &[f32; 16], l: &mut [u8; 16]) -> f32 {
         }
     }
     scale
+}
+
+/// `x²` of each value: the weights ggml's searches use without an importance matrix.
+pub(super) fn squares<const N: usize>(x: &[f32; N]) -> [f32; N] {
+    std::array::from_fn(|i| x[i] * x[i])
 }
 
 /// ggml's `make_q3_quants` with `do_rmse` (Q3_K's): a symmetric scale for quants `-4..3`
@@ -261,7 +287,7 @@ pub(super) fn q2_k(x: &[f32], b: &mut [u8], _: i32) {
         let w: [f32; 16] = std::array::from_fn(|i| xs[i].abs());
         let lj: &mut [u8; 16] = (&mut l[16 * j..16 * j + 16]).try_into().expect("16 quants");
         let search = (-0.5, 0.1, 15);
-        scales[j] = make_qkx2_quants::<16, true>(3, xs, &w, lj, &mut mins[j], search);
+        scales[j] = make_qkx2_quants::<16, true, false>(3, xs, &w, lj, &mut mins[j], search);
         max_scale = if scales[j] > max_scale {
             scales[j]
         } else {
@@ -288,6 +314,21 @@ pub(super) fn q2_k(x: &[f32], b: &mut [u8], _: i32) {
         }
     }
     let dmin = if max_min > 0.0 { max_min / 15.0 } else { 0.0 };
+    q2_tail(x, b, &mut l, sc, d, dmin);
+}
+
+/// Q2_K's end, shared with the importance-weighted quantizer: each value's quant against
+/// its sub-block's stored scale and minimum (`sc`: scale low nibble, minimum high; `d`,
+/// `dmin` rounded to f16), then the block written. A sub-block whose stored scale is 0
+/// keeps the search's quants `l`, as ggml's do.
+pub(super) fn q2_tail(
+    x: &[f32],
+    b: &mut [u8],
+    l: &mut [u8; QK_K],
+    sc: &[u8; 16],
+    d: f32,
+    dmin: f32,
+) {
     for j in 0..16 {
         let d = f16_round(d) * f32::from(sc[j] & 0xF);
         if d == 0.0 {
@@ -299,7 +340,7 @@ pub(super) fn q2_k(x: &[f32], b: &mut [u8], _: i32) {
         }
     }
     b[..16].copy_from_slice(sc);
-    pack_2bit(&l, &mut b[16..80]);
+    pack_2bit(l, &mut b[16..80]);
     put_f16(b, 80, d);
     put_f16(b, 82, dmin);
 }
@@ -331,6 +372,13 @@ pub(super) fn q3_k(x: &[f32], b: &mut [u8], _: i32) {
         }
         d = 1.0 / iscale;
     }
+    q3_tail(x, b, &mut l, &sc, d);
+}
+
+/// Q3_K's end, shared with the importance-weighted quantizer: each value's quant against
+/// its sub-block's stored 6-bit scale (`sc`, packed) times `d` (rounded to f16), the third
+/// bits into `hmask`, the block written. A sub-block whose scale is 0 keeps `l`.
+pub(super) fn q3_tail(x: &[f32], b: &mut [u8], l: &mut [u8; QK_K], sc: &[u8; 12], d: f32) {
     for j in 0..16 {
         let low = if j < 8 { sc[j] & 0xF } else { sc[j - 8] >> 4 };
         let s = i32::from(low | ((sc[8 + j % 4] >> (2 * (j / 4))) & 3) << 4) - 32;
@@ -350,8 +398,8 @@ pub(super) fn q3_k(x: &[f32], b: &mut [u8], _: i32) {
             *q -= 4;
         }
     }
-    pack_2bit(&l, &mut b[32..96]);
-    b[96..108].copy_from_slice(&sc);
+    pack_2bit(l, &mut b[32..96]);
+    b[96..108].copy_from_slice(sc);
     put_f16(b, 108, d);
 }
 
@@ -373,7 +421,7 @@ fn k4_scales(x: &[f32], b: &mut [u8], nmax: i32, search: (f32, f32, i32)) -> [u8
         let av_x = (sum_x2 / 32.0).sqrt();
         let w: [f32; 32] = std::array::from_fn(|i| av_x + xs[i].abs());
         let lj: &mut [u8; 32] = (&mut l[32 * j..32 * j + 32]).try_into().expect("32 quants");
-        scales[j] = make_qkx2_quants::<32, false>(nmax, xs, &w, lj, &mut mins[j], search);
+        scales[j] = make_qkx2_quants::<32, false, false>(nmax, xs, &w, lj, &mut mins[j], search);
         max_scale = if scales[j] > max_scale {
             scales[j]
         } else {
@@ -387,11 +435,35 @@ fn k4_scales(x: &[f32], b: &mut [u8], nmax: i32, search: (f32, f32, i32)) -> [u8
         0.0
     };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
+    let ls = std::array::from_fn(|j| (nearest_int(inv_scale * scales[j]) as u8).min(63));
+    let lm = std::array::from_fn(|j| (nearest_int(inv_min * mins[j]) as u8).min(63));
+    k4_tail(
+        x,
+        b,
+        &mut l,
+        nmax,
+        (ls, lm),
+        (max_scale / 63.0, max_min / 63.0),
+    );
+    l
+}
+
+/// Q4_K's and Q5_K's end, shared with the importance-weighted quantizers: the sub-block
+/// scales and minimums `ls`, `lm` packed as `get_scale_min_k4` reads them (bytes 4..16),
+/// `d` and `dmin` at 0 and 2, and each value's quant `0..=nmax` against the stored ones
+/// into `l` (a sub-block whose scale is 0 keeps its quants).
+pub(super) fn k4_tail(
+    x: &[f32],
+    b: &mut [u8],
+    l: &mut [u8; QK_K],
+    nmax: i32,
+    (ls, lm): ([u8; 8], [u8; 8]),
+    (d, dmin): (f32, f32),
+) {
     let sc = &mut b[4..16];
     sc.fill(0);
     for j in 0..8 {
-        let ls = (nearest_int(inv_scale * scales[j]) as u8).min(63);
-        let lm = (nearest_int(inv_min * mins[j]) as u8).min(63);
+        let (ls, lm) = (ls[j], lm[j]);
         if j < 4 {
             sc[j] = ls;
             sc[j + 4] = lm;
@@ -401,7 +473,6 @@ fn k4_scales(x: &[f32], b: &mut [u8], nmax: i32, search: (f32, f32, i32)) -> [u8
             sc[j] |= (lm >> 4) << 6;
         }
     }
-    let (d, dmin) = (max_scale / 63.0, max_min / 63.0);
     put_f16(b, 0, d);
     put_f16(b, 2, dmin);
     for j in 0..8 {
@@ -415,13 +486,17 @@ fn k4_scales(x: &[f32], b: &mut [u8], nmax: i32, search: (f32, f32, i32)) -> [u8
             l[32 * j + i] = nearest_int((x[32 * j + i] + dm) / dj).clamp(0, nmax) as u8;
         }
     }
-    l
 }
 
 /// Q4_K: 4-bit quants, byte `j` of each 32-byte group holding values `j` and `j + 32` of
 /// its 64.
 pub(super) fn q4_k(x: &[f32], b: &mut [u8], _: i32) {
     let l = k4_scales(x, b, 15, (-1.0, 0.1, 20));
+    q4_pack(&l, b);
+}
+
+/// Q4_K's quants `l` into bytes 16..144.
+pub(super) fn q4_pack(l: &[u8; QK_K], b: &mut [u8]) {
     for (g, qs) in b[16..144].chunks_exact_mut(32).enumerate() {
         for j in 0..32 {
             qs[j] = l[64 * g + j] | l[64 * g + j + 32] << 4;
@@ -433,6 +508,11 @@ pub(super) fn q4_k(x: &[f32], b: &mut [u8], _: i32) {
 /// `2g` and `2g + 1` of `qh`.
 pub(super) fn q5_k(x: &[f32], b: &mut [u8], _: i32) {
     let l = k4_scales(x, b, 31, (-0.5, 0.1, 15));
+    q5_pack(&l, b);
+}
+
+/// Q5_K's quants `l` into `qh` (16..48) and `qs` (48..176).
+pub(super) fn q5_pack(l: &[u8; QK_K], b: &mut [u8]) {
     let (qh, qs) = b[16..176].split_at_mut(32);
     qh.fill(0);
     for (g, qs) in qs.chunks_exact_mut(32).enumerate() {
@@ -449,14 +529,24 @@ pub(super) fn q5_k(x: &[f32], b: &mut [u8], _: i32) {
 pub(super) fn q6_k(x: &[f32], b: &mut [u8], _: i32) {
     let mut l = [0u8; QK_K];
     let mut scales = [0f32; 16];
-    let (mut max_abs, mut max_scale) = (0f32, 0f32);
     for j in 0..16 {
         let xs: &[f32; 16] = x[16 * j..16 * j + 16].try_into().expect("16 values");
         let lj: &mut [u8; 16] = (&mut l[16 * j..16 * j + 16]).try_into().expect("16 quants");
-        scales[j] = make_qx_quants(32, xs, lj);
-        if scales[j].abs() > max_abs {
-            max_abs = scales[j].abs();
-            max_scale = scales[j];
+        scales[j] = make_qx_quants(32, xs, &squares(xs), lj);
+    }
+    q6_tail(x, b, &mut l, &scales);
+}
+
+/// Q6_K's end, shared with the importance-weighted quantizer: the sub-block `scales` as
+/// 8-bit multiples of `d = -max / 128` (the scale of largest magnitude), each value's
+/// quant against its stored scale into `l` (a sub-block whose scale is 0 keeps its
+/// quants), the block written; all zero when every scale is below 1e-15.
+pub(super) fn q6_tail(x: &[f32], b: &mut [u8], l: &mut [u8; QK_K], scales: &[f32; 16]) {
+    let (mut max_abs, mut max_scale) = (0f32, 0f32);
+    for &s in scales {
+        if s.abs() > max_abs {
+            max_abs = s.abs();
+            max_scale = s;
         }
     }
     b[..210].fill(0);
@@ -495,12 +585,18 @@ pub(super) fn q6_k(x: &[f32], b: &mut [u8], _: i32) {
 /// 6-bit signed multiples of `d = -max / 32` (the block scale of largest magnitude) and
 /// each value's level against its block's `d · l`.
 pub(super) fn iq4_xs(x: &[f32], b: &mut [u8], ntry: i32) {
+    let w: [f32; QK_K] = std::array::from_fn(|i| x[i] * x[i]);
+    iq4_xs_weighted(x, &w, b, ntry);
+}
+
+/// [`iq4_xs`] with the search's weights `w` (one per value): `x²` without an importance
+/// matrix, ggml's imatrix weights with one.
+pub(super) fn iq4_xs_weighted(x: &[f32], w: &[f32; QK_K], b: &mut [u8], ntry: i32) {
     let mut scales = [0f32; 8];
     let (mut amax, mut max_scale) = (0f32, 0f32);
     for j in 0..8 {
         let xs = &x[32 * j..32 * j + 32];
-        let w: [f32; 32] = std::array::from_fn(|i| xs[i] * xs[i]);
-        scales[j] = iq4_search(xs, &w, ntry).0;
+        scales[j] = iq4_search(xs, &w[32 * j..32 * j + 32], ntry).0;
         if scales[j].abs() > amax {
             amax = scales[j].abs();
             max_scale = scales[j];

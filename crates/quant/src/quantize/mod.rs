@@ -33,9 +33,12 @@ use crate::grids::KVALUES_IQ4NL;
 use crate::{GgmlType, QuantError};
 
 mod kquants;
+mod weighted;
+
+pub use weighted::{quantize_weighted, WEIGHTED};
 
 /// Values per block of every type quantized here (`QK4_0` … `QK4_NL`).
-const QK: usize = 32;
+pub(super) const QK: usize = 32;
 
 /// Types [`quantize`] and [`quantize_for_cache`] write.
 pub const QUANTIZABLE: &[GgmlType] = &[
@@ -207,7 +210,7 @@ fn q4_1(x: &[f32], b: &mut [u8]) {
 }
 
 /// Stores 32 5-bit quants: low nibbles at `qs`, fifth bits as bit `i` of the `u32` at `qh`.
-fn five_bit_quants(q: &[u8; QK], qh: &mut [u8], qs: &mut [u8]) {
+pub(super) fn five_bit_quants(q: &[u8; QK], qh: &mut [u8], qs: &mut [u8]) {
     let mut h = 0u32;
     for j in 0..QK / 2 {
         qs[j] = (q[j] & 0x0F) | (q[j + QK / 2] & 0x0F) << 4;

@@ -12,6 +12,10 @@ next to this script:
   blocks and values on rounding ties);
 - `file_<type>.bin`: `ggml_quantize_chunk(type, input, imatrix = NULL)`, what
   llama-quantize writes without an importance matrix;
+- `imatrix.f32`: 512 importance weights (one per column of a 512-value row: squared
+  normals at several scales, a few zeros, one huge);
+- `weighted_<type>.bin`: `ggml_quantize_chunk(type, input as 32 rows of 512, imatrix)`,
+  what llama-quantize writes with `--imatrix`;
 - `cache_<type>.bin`, where it differs from `file_<type>.bin` (IQ4_NL only): the row
   conversion ggml's CPU backend uses to store a KV cache of that type
   (`quantize_row_*_ref`; for Q8_0 the reference one, not the AVX2 one, which rounds ties
@@ -56,6 +60,15 @@ def make_input():
     return x
 
 
+def make_imatrix():
+    rnd = random.Random(0x1A7)
+    w = [f32(rnd.gauss(0.0, [0.1, 1.0, 4.0][i % 3]) ** 2) for i in range(2 * COLS)]
+    for i in (3, 100, 301):
+        w[i] = 0.0
+    w[77] = 1e4
+    return w
+
+
 def main():
     lib = ctypes.CDLL(sys.argv[1])
     x = make_input()
@@ -83,6 +96,20 @@ def main():
             with open(os.path.join(HERE, f"cache_{name}.bin"), "wb") as f:
                 f.write(cache.raw)
         print(name, nbytes, "bytes", "(cache path differs)" if cache.raw != dst.raw else "")
+    qw = make_imatrix()
+    with open(os.path.join(HERE, "imatrix.f32"), "wb") as f:
+        f.write(struct.pack(f"<{len(qw)}f", *qw))
+    imatrix = (ctypes.c_float * len(qw))(*qw)
+    for name, ty in TYPES.items():
+        if name in ("f16", "bf16", "q8_0"):
+            continue
+        per, size = BLOCK[name]
+        nbytes = n // per * size
+        dst = ctypes.create_string_buffer(nbytes)
+        got = lib.ggml_quantize_chunk(ty, src, dst, 0, ROWS // 2, 2 * COLS, imatrix)
+        assert got == nbytes, (name, got, nbytes)
+        with open(os.path.join(HERE, f"weighted_{name}.bin"), "wb") as f:
+            f.write(dst.raw)
 
 
 if __name__ == "__main__":
