@@ -3,7 +3,8 @@
 
     python3 benches/quantize_compare.py [-t 2] [--types Q4_K_M,Q8_0] [--digests OUT.json] MODEL.gguf ...
 
-A type may carry llama-quantize options after spaces ("Q4_K_M --pure"); both tools get them.
+A type may carry llama-quantize options after spaces ("Q4_K_M --pure"); both tools get them
+("Q4_K_M --imatrix imatrix.gguf" with `--cwd` the imatrix's folder).
 For each input (an F32/F16/BF16 GGUF file) and each mix, runs llama-quantize (the anchor
 build, shared/ANCHOR.md; $LLAMA_QUANTIZE overrides) and `frink quantize` with the same
 thread count, then compares the two outputs tensor by tensor: the type each tensor got and
@@ -71,9 +72,14 @@ def main():
     ap.add_argument("-t", type=int, default=2)
     ap.add_argument("--types", default=TYPES)
     ap.add_argument("--digests", help="write llama-quantize's digests here (JSON)")
+    ap.add_argument("--cwd", help="run both tools in this folder (where the --imatrix files of "
+                    "the types' options are: the path is written into the output)")
     ap.add_argument("models", nargs="+")
     a = ap.parse_args()
-    exe = llama_quantize()
+    exe = os.path.abspath(llama_quantize()) if os.path.sep in llama_quantize() else llama_quantize()
+    a.models = [os.path.abspath(m) for m in a.models]
+    if a.cwd:
+        os.chdir(a.cwd)
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = os.path.dirname(exe) + ":" + env.get("LD_LIBRARY_PATH", "")
     ref = {}

@@ -8,7 +8,10 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use frink_gguf::{GgmlType, GgufFile};
-use frink_quant::file::{metadata, plan, write_tensor, Planned};
+use std::collections::BTreeMap;
+
+use frink_quant::file::{imatrix_metadata, metadata, plan, write_tensor, Planned};
+use frink_quant::imatrix::Imatrix;
 use frink_quant::mix::{Mix, MixOptions};
 
 /// Flags of `frink quantize` (llama-quantize's).
@@ -47,14 +50,16 @@ pub struct QuantizeArgs {
     /// (repeatable; the first that matches wins).
     #[arg(long = "tensor-type", value_name = "PATTERN=TYPE")]
     pub tensor_type: Vec<String>,
-    /// An importance matrix (not read yet: refused).
+    /// An importance matrix (GGUF or legacy .dat, from `frink imatrix` or llama-imatrix):
+    /// the quantizers weigh each column by it.
     #[arg(long)]
-    pub imatrix: Option<PathBuf>,
-    /// llama-quantize's importance-matrix tensor filters (refused, as --imatrix is).
-    #[arg(long = "include-weights")]
+    pub imatrix: Option<String>,
+    /// Use the importance matrix only for tensors whose name contains this (repeatable).
+    #[arg(long = "include-weights", value_name = "NAME")]
     pub include_weights: Vec<String>,
-    /// See --include-weights.
-    #[arg(long = "exclude-weights")]
+    /// Do not use the importance matrix for tensors whose name contains this
+    /// (repeatable; applied before --include-weights).
+    #[arg(long = "exclude-weights", value_name = "NAME")]
     pub exclude_weights: Vec<String>,
     /// Write one output per input split (not made yet: refused).
     #[arg(long)]
@@ -70,7 +75,7 @@ fn ggml_type(s: &str) -> Result<GgmlType, String> {
 
 impl QuantizeArgs {
     /// The options that choose tensor types.
-    fn mix_options(&self) -> Result<MixOptions> {
+    fn mix_options(&self, has_imatrix: bool) -> Result<MixOptions> {
         let mut tensor_types = Vec::new();
         for spec in &self.tensor_type {
             let (pat, ty) = spec
@@ -88,20 +93,64 @@ impl QuantizeArgs {
             output_type: self.output_tensor_type,
             token_embedding_type: self.token_embedding_type,
             tensor_types,
+            has_imatrix,
         })
     }
+
+    /// The importance matrix, its per-tensor weights after `--exclude-weights` and
+    /// `--include-weights` (llama-quantize's `prepare_imatrix`: substrings of the names,
+    /// exclusions first), and the provenance keys for the output.
+    fn imatrix(&self) -> Result<Option<ImatrixUse>> {
+        let Some(path) = &self.imatrix else {
+            if !self.include_weights.is_empty() || !self.exclude_weights.is_empty() {
+                bail!("--include-weights/--exclude-weights filter an importance matrix: give --imatrix FILE");
+            }
+            return Ok(None);
+        };
+        let m = Imatrix::read(path)?;
+        let mut weights = m.weights().map_err(anyhow::Error::msg)?;
+        weights.retain(|name, _| {
+            !self
+                .exclude_weights
+                .iter()
+                .any(|x| name.contains(x.as_str()))
+        });
+        if !self.include_weights.is_empty() {
+            weights.retain(|name, _| {
+                self.include_weights
+                    .iter()
+                    .any(|x| name.contains(x.as_str()))
+            });
+        }
+        if weights.is_empty() {
+            return Ok(None);
+        }
+        let keys = imatrix_metadata(path, &m, weights.len());
+        eprintln!(
+            "importance matrix {path}: {} entries, {} chunks{}",
+            weights.len(),
+            m.chunk_count,
+            m.datasets
+                .first()
+                .map(|d| format!(" of {d}"))
+                .unwrap_or_default()
+        );
+        Ok(Some(ImatrixUse { weights, keys }))
+    }
+}
+
+/// An importance matrix as `frink quantize` uses it.
+struct ImatrixUse {
+    /// Per-column weights by tensor name.
+    weights: std::collections::BTreeMap<String, Vec<f32>>,
+    /// The provenance keys written to the output.
+    keys: Vec<(String, frink_gguf::MetaValue)>,
 }
 
 /// Runs `frink quantize`: plans every tensor's type, then writes the file.
 ///
 /// Errors: a mix or option frink refuses, a tensor the rules refuse, or I/O.
 pub fn run(args: &QuantizeArgs) -> Result<()> {
-    if args.imatrix.is_some()
-        || !args.include_weights.is_empty()
-        || !args.exclude_weights.is_empty()
-    {
-        bail!("--imatrix (and --include-weights/--exclude-weights): frink quantize does not read importance matrices yet");
-    }
     if args.keep_split {
         bail!("--keep-split: frink quantize writes one file; split inputs are read whole");
     }
@@ -118,14 +167,31 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
     }
     let file =
         GgufFile::open(&input).with_context(|| format!("cannot read {}", input.display()))?;
-    let opts = args.mix_options()?;
+    let imatrix = args.imatrix()?;
+    let opts = args.mix_options(imatrix.is_some())?;
     let tensors = plan(&file, mix, &opts, args.allow_requantize).map_err(anyhow::Error::msg)?;
+    let no_weights = BTreeMap::new();
+    let weights = imatrix.as_ref().map_or(&no_weights, |m| &m.weights);
+    let mut unweighted = Vec::new();
+    for t in tensors.iter().filter(|t| t.to != t.from) {
+        if t.weights(weights).map_err(anyhow::Error::msg)?.is_none() && imatrix.is_some() {
+            unweighted.push(t.name.as_str());
+        }
+    }
     let threads = args
         .threads
         .or(args.threads_arg)
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .max(1);
-    write(&file, mix, &tensors, threads, &args.output)?;
+    let keys = imatrix.as_ref().map_or(&[][..], |m| &m.keys[..]);
+    write(&file, (mix, keys), &tensors, weights, threads, &args.output)?;
+    if !unweighted.is_empty() {
+        eprintln!(
+            "no importance weights for {} tensors (quantized without): {}",
+            unweighted.len(),
+            unweighted.join(", ")
+        );
+    }
     let size = |t: &[Planned], to: bool| -> u64 {
         t.iter()
             .map(|p| {
@@ -150,8 +216,9 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
 /// looks whole.
 fn write(
     file: &GgufFile,
-    mix: Mix,
+    (mix, keys): (Mix, &[(String, frink_gguf::MetaValue)]),
     tensors: &[Planned],
+    weights: &BTreeMap<String, Vec<f32>>,
     threads: usize,
     out: &std::path::Path,
 ) -> Result<()> {
@@ -174,11 +241,18 @@ fn write(
             .with_context(|| format!("cannot create {}", part.display()))?;
         let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
         let mut before = 0u64;
-        metadata(file, mix).stream(&mut w, &infos, |i, sink| {
+        metadata(file, mix, keys).stream(&mut w, &infos, |i, sink| {
             let t = &tensors[i];
             bar.set_message(format!("{} {}", t.name, t.to));
             let base = before;
-            write_tensor(file, t, threads, sink, &mut |r| bar.set_position(base + r))?;
+            let qw = if t.to == t.from {
+                None
+            } else {
+                t.weights(weights).map_err(std::io::Error::other)?
+            };
+            write_tensor(file, t, qw, threads, sink, &mut |r| {
+                bar.set_position(base + r)
+            })?;
             before += t.shape.iter().skip(1).product::<u64>();
             Ok(())
         })?;

@@ -23,16 +23,18 @@ fn digests(path: &std::path::Path) -> Vec<(String, u32, String)> {
         .collect()
 }
 
-#[test]
-fn every_mix_gives_llama_quantizes_tensors() {
-    let want: serde_json::Value =
-        serde_json::from_str(include_str!("data/quantize/llama_quantize_digests.json")).unwrap();
+/// Runs `frink quantize` for every fixture and spec of the digest file `want` (in
+/// `cwd`, where the specs' `--imatrix` files are: their path is written into the file)
+/// and checks each output against llama-quantize's. Returns how many it checked (0 when
+/// the fixtures are absent).
+fn check_digests(want: &str, cwd: &std::path::Path) -> usize {
+    let want: serde_json::Value = serde_json::from_str(want).unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let mut checked = 0;
     for (fixture, mixes) in want.as_object().unwrap() {
         let Some(dir) = frink_testdata::require(&format!("fixtures/tiny/{fixture}"), "quantize")
         else {
-            return;
+            return 0;
         };
         let input = dir.join("model.gguf");
         for (spec, tensors) in mixes.as_object().unwrap() {
@@ -45,7 +47,11 @@ fn every_mix_gives_llama_quantizes_tensors() {
                 mix,
             ];
             args.extend(opts.split_whitespace());
-            let o = frink(&args);
+            let o = std::process::Command::new(env!("CARGO_BIN_EXE_frink"))
+                .args(&args)
+                .current_dir(cwd)
+                .output()
+                .unwrap();
             assert!(o.status.success(), "{fixture} {spec}: {}", stderr(&o));
             let got = digests(&out);
             let whole = Sha256::digest(std::fs::read(&out).unwrap());
@@ -83,7 +89,102 @@ fn every_mix_gives_llama_quantizes_tensors() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 44);
+    checked
+}
+
+fn data_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/quantize")
+}
+
+#[test]
+fn every_mix_gives_llama_quantizes_tensors() {
+    let n = check_digests(
+        include_str!("data/quantize/llama_quantize_digests.json"),
+        &data_dir(),
+    );
+    assert!(n == 44 || n == 0, "{n}");
+}
+
+/// With an importance matrix (llama-imatrix's, on the fixtures, 4 chunks of 128 tokens of
+/// the golden corpus; GGUF, and for llama_q256 also its legacy `.dat`): every mix's
+/// tensors and whole file (with the `quantize.imatrix.*` keys) are llama-quantize's,
+/// including `Q2_K_S`, which needs one, the mixes whose first FFN-down layers change with
+/// one (Q4_0, Q5_0, IQ4_NL, IQ4_XS), the MoE fixture's per-expert weights (some experts
+/// never routed to), and `--include-weights`/`--exclude-weights`.
+#[test]
+fn every_mix_with_an_imatrix_gives_llama_quantizes_tensors() {
+    let n = check_digests(
+        include_str!("data/quantize/llama_quantize_imatrix_digests.json"),
+        &data_dir(),
+    );
+    assert!(n == 35 || n == 0, "{n}");
+}
+
+/// A damaged or mismatched importance matrix is refused by name, before any output.
+#[test]
+fn damaged_importance_matrices_are_refused() {
+    let Some(dir) = frink_testdata::require("fixtures/tiny/llama_q256", "imatrix refusals") else {
+        return;
+    };
+    let input = dir.join("model.gguf");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out.gguf");
+    let good = std::fs::read(data_dir().join("imatrix-llama_q256.dat")).unwrap();
+    let mut cases: Vec<(Vec<u8>, &str)> = vec![
+        (good[..good.len() / 2].to_vec(), "cut short"),
+        (vec![0, 0, 0, 0], "entry count 0"),
+        (
+            b"GGUF\x03\0\0\0garbage".to_vec(),
+            "not an importance matrix",
+        ),
+    ];
+    let mut nan = good.clone();
+    // The first entry's first value (after count, name length, name, ncall and nval).
+    let len = i32::from_le_bytes(nan[4..8].try_into().unwrap()) as usize;
+    let at = 8 + len + 8;
+    nan[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    cases.push((nan, "holds NaN"));
+    let mut huge = good.clone();
+    huge[4..8].copy_from_slice(&i32::MAX.to_le_bytes());
+    cases.push((huge, "cut short"));
+    let bad = tmp.path().join("bad.dat");
+    for (bytes, want) in cases {
+        std::fs::write(&bad, &bytes).unwrap();
+        let r = frink(&[
+            "quantize",
+            "--imatrix",
+            bad.to_str().unwrap(),
+            input.to_str().unwrap(),
+            out.to_str().unwrap(),
+            "Q4_K_M",
+        ]);
+        assert_eq!(r.status.code(), Some(1), "{want}: {}", stderr(&r));
+        assert!(stderr(&r).contains(want), "{want}: {}", stderr(&r));
+        assert!(!out.exists());
+    }
+    // A matrix whose first entry has half its columns: refused by size, naming it.
+    let nval_at = 8 + len + 4;
+    let nval = i32::from_le_bytes(good[nval_at..nval_at + 4].try_into().unwrap()) as usize;
+    let mut half = good[..nval_at].to_vec();
+    half.extend((nval as i32 / 2).to_le_bytes());
+    half.extend(&good[nval_at + 4..nval_at + 4 + nval * 2]);
+    half.extend(&good[nval_at + 4 + nval * 4..]);
+    std::fs::write(&bad, &half).unwrap();
+    let r = frink(&[
+        "quantize",
+        "--imatrix",
+        bad.to_str().unwrap(),
+        input.to_str().unwrap(),
+        out.to_str().unwrap(),
+        "Q4_K_M",
+    ]);
+    assert_eq!(r.status.code(), Some(1), "{}", stderr(&r));
+    assert!(
+        stderr(&r).contains("the importance matrix has"),
+        "{}",
+        stderr(&r)
+    );
+    assert!(!out.exists());
 }
 
 #[test]
@@ -120,8 +221,8 @@ fn what_it_cannot_make_is_refused_by_name() {
         (vec![i, o, "Q9_K"], "unknown quantization type"),
         (vec![i, o, "Q2_K_S"], "need an importance matrix"),
         (
-            vec![i, o, "Q4_K_M", "--imatrix", "x.dat"],
-            "does not read importance matrices yet",
+            vec![i, o, "Q4_K_M", "--include-weights", "attn"],
+            "give --imatrix FILE",
         ),
         (vec![i, i, "Q4_K_M"], "is the input"),
     ] {

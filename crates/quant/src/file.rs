@@ -27,6 +27,44 @@ pub struct Planned {
     pub to: GgmlType,
     /// `ne0` first.
     pub shape: Vec<u64>,
+    /// Whether its quantizer needs an importance matrix (a `Q2_K_S` mix's Q2_K tensors).
+    pub needs_imatrix: bool,
+}
+
+impl Planned {
+    /// This tensor's importance weights in `weights` ([`crate::imatrix::Imatrix::weights`]),
+    /// as llama-quant.cpp looks them up: by name, `ne0 · ne2` values (one row of `ne0`
+    /// per expert). `None` when the matrix has none (llama-quantize goes on without).
+    ///
+    /// # Errors
+    /// Weights of another size (except for the token embeddings, where llama.cpp ignores
+    /// them), or none for a tensor that needs them ([`Planned::needs_imatrix`]).
+    pub fn weights<'a>(
+        &self,
+        weights: &'a std::collections::BTreeMap<String, Vec<f32>>,
+    ) -> Result<Option<&'a [f32]>, String> {
+        let want = self.shape[0] * self.shape.get(2).copied().unwrap_or(1);
+        let token_embd =
+            self.name == "token_embd.weight" || self.name == "per_layer_token_embd.weight";
+        let found = match weights.get(&self.name) {
+            Some(w) if w.len() as u64 == want => Some(w.as_slice()),
+            Some(w) if !token_embd => {
+                return Err(format!(
+                    "{}: the importance matrix has {} values, the tensor needs {want}",
+                    self.name,
+                    w.len()
+                ))
+            }
+            _ => None,
+        };
+        if found.is_none() && self.needs_imatrix {
+            return Err(format!(
+                "{}: no importance matrix entry, and its {} quantization needs one",
+                self.name, self.to
+            ));
+        }
+        Ok(found)
+    }
 }
 
 /// What the mix rules read of `file`'s metadata.
@@ -109,6 +147,7 @@ pub fn plan(
             shape.pop();
         }
         out.push(Planned {
+            needs_imatrix: to != t.ggml_type && rules.requires_imatrix(&t.name, to),
             name: t.name.clone(),
             from: t.ggml_type,
             to,
@@ -118,13 +157,16 @@ pub fn plan(
     Ok(out)
 }
 
-/// The output's metadata: `file`'s, without split keys, then the quantization version and
-/// the mix's `general.file_type` at the end (gguf.cpp's `gguf_set_val_*` removes a key it
-/// sets and appends it: the header comes out byte for byte as llama-quantize's).
-pub fn metadata(file: &GgufFile, mix: Mix) -> GgufWriter {
+/// The output's metadata: `file`'s, without split keys, then the quantization version,
+/// the mix's `general.file_type` and `extra` (the imatrix provenance,
+/// [`imatrix_metadata`]) at the end (gguf.cpp's `gguf_set_val_*` removes a key it sets
+/// and appends it: the header comes out byte for byte as llama-quantize's).
+pub fn metadata(file: &GgufFile, mix: Mix, extra: &[(String, MetaValue)]) -> GgufWriter {
     let mut w = GgufWriter::new();
     for (k, v) in file.metadata() {
-        let set_below = k == "general.quantization_version" || k == "general.file_type";
+        let set_below = k == "general.quantization_version"
+            || k == "general.file_type"
+            || extra.iter().any(|(e, _)| e == k);
         if !k.starts_with("split.") && !set_below {
             w.add_metadata(k.clone(), v.clone());
         }
@@ -134,15 +176,55 @@ pub fn metadata(file: &GgufFile, mix: Mix) -> GgufWriter {
         MetaValue::U32(QUANTIZATION_VERSION),
     );
     w.add_metadata("general.file_type", MetaValue::U32(mix.file_type));
+    for (k, v) in extra {
+        w.add_metadata(k.clone(), v.clone());
+    }
     w
 }
 
+/// The keys llama-quantize records when it quantizes with an importance matrix
+/// (tools/quantize/quantize.cpp): `quantize.imatrix.file` (the path as given),
+/// `quantize.imatrix.dataset` (the first dataset, when there is one), both cut to 127
+/// bytes as its fixed buffer does; `quantize.imatrix.entries_count` (entries used, after
+/// `--include-weights`/`--exclude-weights`) and `quantize.imatrix.chunks_count` (when
+/// positive), as u32.
+pub fn imatrix_metadata(
+    path: &str,
+    imatrix: &crate::imatrix::Imatrix,
+    entries: usize,
+) -> Vec<(String, MetaValue)> {
+    let cut = |s: &str| {
+        let mut end = s.len().min(127);
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        MetaValue::String(s[..end].to_string())
+    };
+    let mut out = vec![("quantize.imatrix.file".to_string(), cut(path))];
+    if let Some(d) = imatrix.datasets.first() {
+        out.push(("quantize.imatrix.dataset".into(), cut(d)));
+    }
+    out.push((
+        "quantize.imatrix.entries_count".into(),
+        MetaValue::U32(entries as u32),
+    ));
+    if imatrix.chunk_count > 0 {
+        out.push((
+            "quantize.imatrix.chunks_count".into(),
+            MetaValue::U32(imatrix.chunk_count),
+        ));
+    }
+    out
+}
+
 /// Writes `t`'s output bytes to `sink`: its input bytes when the type stays, else slabs of
-/// rows dequantized and quantized on `threads` threads (whole rows each). `done(rows)`
-/// is told the rows written so far.
+/// rows dequantized and quantized on `threads` threads (whole rows each), with the
+/// importance weights `qw` ([`Planned::weights`]: a row of the tensor's columns per
+/// expert) when given. `done(rows)` is told the rows written so far.
 pub fn write_tensor(
     file: &GgufFile,
     t: &Planned,
+    qw: Option<&[f32]>,
     threads: usize,
     sink: &mut dyn Write,
     done: &mut dyn FnMut(u64),
@@ -169,7 +251,15 @@ pub fn write_tensor(
         x.resize(n * cols, 0f32);
         q.resize(n * dst_row, 0u8);
         let src = &data[r0 * src_row..(r0 + n) * src_row];
-        run_rows(threads, n, cols, src_row, dst_row, src, &mut x, &mut q, t).map_err(other)?;
+        let job = Rows {
+            cols,
+            src_row,
+            dst_row,
+            first: r0,
+            per_expert: t.shape.get(1).map_or(1, |&r| r.max(1) as usize),
+            qw,
+        };
+        job.run(threads, src, &mut x, &mut q, t).map_err(other)?;
         sink.write_all(&q)?;
         r0 += n;
         done(r0 as u64);
@@ -199,35 +289,73 @@ fn row_bytes(ty: GgmlType, cols: usize) -> std::io::Result<usize> {
         .ok_or_else(|| std::io::Error::other(format!("rows of {cols} are not whole {ty} blocks")))
 }
 
-/// Dequantizes and quantizes the `n` rows of `src` into `q`, `threads` row ranges at once.
-#[allow(clippy::too_many_arguments)]
-fn run_rows(
-    threads: usize,
-    n: usize,
+/// A slab of rows to dequantize and quantize.
+struct Rows<'a> {
     cols: usize,
     src_row: usize,
     dst_row: usize,
-    src: &[u8],
-    x: &mut [f32],
-    q: &mut [u8],
-    t: &Planned,
-) -> Result<(), String> {
-    let per = n.div_ceil(threads.max(1)).max(1);
-    std::thread::scope(|s| {
-        let jobs: Vec<_> = x
-            .chunks_mut(per * cols)
-            .zip(q.chunks_mut(per * dst_row))
-            .zip(src.chunks(per * src_row))
-            .map(|((x, q), src)| {
-                s.spawn(move || -> Result<(), String> {
-                    widen(t.from, src, x).map_err(|e| e.to_string())?;
-                    crate::quantize::quantize(t.to, x, q).map_err(|e| e.to_string())
+    /// The slab's first row in the tensor.
+    first: usize,
+    /// Rows per expert (`ne1`): row `r`'s importance weights are expert `r / per_expert`'s.
+    per_expert: usize,
+    qw: Option<&'a [f32]>,
+}
+
+impl Rows<'_> {
+    /// Dequantizes and quantizes the rows of `src` into `q`, `threads` row ranges at once.
+    fn run(
+        &self,
+        threads: usize,
+        src: &[u8],
+        x: &mut [f32],
+        q: &mut [u8],
+        t: &Planned,
+    ) -> Result<(), String> {
+        let (cols, n) = (self.cols, x.len() / self.cols);
+        let per = n.div_ceil(threads.max(1)).max(1);
+        std::thread::scope(|s| {
+            let jobs: Vec<_> = x
+                .chunks_mut(per * cols)
+                .zip(q.chunks_mut(per * self.dst_row))
+                .zip(src.chunks(per * self.src_row))
+                .enumerate()
+                .map(|(i, ((x, q), src))| {
+                    s.spawn(move || -> Result<(), String> {
+                        widen(t.from, src, x).map_err(|e| e.to_string())?;
+                        self.quantize(t.to, self.first + i * per, x, q)
+                    })
                 })
+                .collect();
+            jobs.into_iter().try_for_each(|j| {
+                j.join()
+                    .unwrap_or_else(|_| Err("a quantizer thread failed".into()))
             })
-            .collect();
-        jobs.into_iter().try_for_each(|j| {
-            j.join()
-                .unwrap_or_else(|_| Err("a quantizer thread failed".into()))
         })
-    })
+    }
+
+    /// Quantizes rows `first..` (`x`) into `q`, each with its expert's weights.
+    fn quantize(&self, ty: GgmlType, first: usize, x: &[f32], q: &mut [u8]) -> Result<(), String> {
+        let Some(qw) = self.qw else {
+            return crate::quantize::quantize(ty, x, q).map_err(|e| e.to_string());
+        };
+        let rows = x.len() / self.cols;
+        let mut r = 0;
+        while r < rows {
+            let expert = (first + r) / self.per_expert;
+            // The rows of this expert in the range.
+            let end = rows.min((expert + 1) * self.per_expert - first);
+            let w = qw
+                .get(expert * self.cols..(expert + 1) * self.cols)
+                .ok_or_else(|| format!("no importance weights for expert {expert}"))?;
+            crate::quantize::quantize_weighted(
+                ty,
+                &x[r * self.cols..end * self.cols],
+                w,
+                &mut q[r * self.dst_row..end * self.dst_row],
+            )
+            .map_err(|e| e.to_string())?;
+            r = end;
+        }
+        Ok(())
+    }
 }

@@ -34,6 +34,7 @@
 pub mod dot;
 pub mod file;
 mod float;
+pub mod imatrix;
 #[rustfmt::skip]
 pub mod grids;
 mod iquants;

@@ -110,6 +110,10 @@ pub struct MixOptions {
     /// `--tensor-type NAME=TYPE`, in order: the type of the first pattern found in a
     /// tensor's name (llama.cpp's `std::regex_search`), given as a matcher.
     pub tensor_types: Vec<(NameMatcher, GgmlType)>,
+    /// Whether an importance matrix is given (`--imatrix`, after `--include-weights` /
+    /// `--exclude-weights`; llama-quant.cpp's `qs.has_imatrix`): it changes the first
+    /// FFN-down layers of IQ4_NL, IQ4_XS, Q4_0 and Q5_0, and a `Q2_K_S` needs it.
+    pub has_imatrix: bool,
 }
 
 /// Whether a tensor name matches a `--tensor-type` pattern.
@@ -327,17 +331,23 @@ impl<'a> MixPlan<'a> {
             None => {}
         }
         let ty = fallback(t, ty);
-        if ty == GgmlType::Q2_K
-            && self.mix.is("Q2_K_S")
-            && !matches!(cat, Category::Output | Category::TokenEmbd)
-        {
+        if self.requires_imatrix(t.name, ty) && !self.opts.has_imatrix {
             return Err(format!(
-                "{}: a Q2_K_S mix's Q2_K tensors need an importance matrix (--imatrix), \
-                 which frink's quantize does not take yet",
+                "{}: a Q2_K_S mix's Q2_K tensors need an importance matrix (--imatrix FILE, \
+                 made by frink imatrix or llama-imatrix)",
                 t.name
             ));
         }
         Ok(ty)
+    }
+
+    /// Whether tensor `name` quantized to `ty` needs an importance matrix
+    /// (llama-quant.cpp `tensor_requires_imatrix`: of the types frink writes, only a
+    /// `Q2_K_S` mix's Q2_K tensors other than the output and token embeddings).
+    pub fn requires_imatrix(&self, name: &str, ty: GgmlType) -> bool {
+        ty == GgmlType::Q2_K
+            && self.mix.is("Q2_K_S")
+            && !matches!(category(name), Category::Output | Category::TokenEmbd)
     }
 
     /// `(layer, layers)` for the FFN rules: the count so far, or for a mixture of experts
@@ -437,12 +447,14 @@ impl<'a> MixPlan<'a> {
                 } else if more_bits(i, n) {
                     ty = T::Q6_K;
                 }
-            } else if i < n / 8 && (m.is("IQ4_NL") || m.is("IQ4_XS")) {
-                ty = T::Q5_K; // (without an importance matrix)
+            } else if i < n / 8 && (m.is("IQ4_NL") || m.is("IQ4_XS")) && !self.opts.has_imatrix {
+                ty = T::Q5_K;
             } else if m.is("Q5_K_M") && more_bits(i, n) {
                 ty = T::Q6_K;
             } else if m.is("Q4_K_S") && !falcon && i < n / 8 {
                 ty = T::Q5_K;
+            } else if (m.is("Q4_0") || m.is("Q5_0")) && self.opts.has_imatrix && i < n / 8 {
+                ty = if m.is("Q4_0") { T::Q4_1 } else { T::Q5_1 };
             }
             self.i_ffn_down += 1;
         } else if cat == AttnOutput {
