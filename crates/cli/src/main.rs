@@ -27,6 +27,7 @@ mod decode;
 mod device;
 mod embed;
 mod images;
+mod imatrix;
 mod inspect;
 mod intermediates;
 mod interrupt;
@@ -72,6 +73,8 @@ enum Command {
     Embed(embed::EmbedArgs),
     /// Quantize a GGUF model file to a llama-quantize mix (Q4_K_M, Q8_0, …).
     Quantize(quantize::QuantizeArgs),
+    /// Compute an importance matrix over a text (llama-imatrix's), for quantize --imatrix.
+    Imatrix(imatrix::ImatrixArgs),
     /// Rank documents by relevance to a query with a reranker (a cross-encoder).
     Rerank(rerank::RerankArgs),
     /// Print the token ids of a text, as llama.cpp's tokenizer gives them.
@@ -173,6 +176,7 @@ impl Command {
             Command::Serve(a) => Some(&mut a.model),
             Command::Bench(a) => Some(&mut a.model),
             Command::Perplexity(a) => Some(&mut a.model),
+            Command::Imatrix(a) => Some(&mut a.model),
             Command::Embed(a) => Some(&mut a.model),
             Command::Rerank(a) => Some(&mut a.model),
             Command::InspectPlan(a) => Some(&mut a.model),
@@ -319,6 +323,7 @@ fn run(mut cli: Cli) -> Result<()> {
         Command::Chat(args) => chat::run(&args),
         Command::Serve(args) => serve::run(&args),
         Command::Perplexity(args) => perplexity::run(&args),
+        Command::Imatrix(args) => imatrix::run(&args),
         Command::Logits {
             model,
             ids,

@@ -21,6 +21,6 @@ pub use generate::{
     GenerateError, GenerateParams, Generation, NgramLookup, PredictionLookup, Propose, Speculation,
     StepCost, StopMatcher, Timings,
 };
-pub use perplexity::{perplexity, Perplexity};
+pub use perplexity::{perplexity, perplexity_with, Perplexity};
 pub use sampling::SpecSampling;
 pub use session::{check_kv_memory, meminfo_bytes, Session, DEFAULT_BATCH};

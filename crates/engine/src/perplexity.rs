@@ -34,6 +34,23 @@ pub fn perplexity(
     ctx: usize,
     bos: Option<u32>,
     kv_type: KvType,
+    on_chunk: impl FnMut(usize, f64),
+) -> Result<Perplexity, ModelError> {
+    perplexity_with(model, tokens, ctx, bos, kv_type, false, on_chunk)
+}
+
+/// [`perplexity`], with `all_rows`: the LM head over every position of each chunk, not
+/// only the scored half (llama-imatrix asks for all logits, so its `--process-output`
+/// records every row entering `output.weight`). The same numbers either way.
+///
+/// Errors: as [`perplexity`].
+pub fn perplexity_with(
+    model: &Model,
+    tokens: &[u32],
+    ctx: usize,
+    bos: Option<u32>,
+    kv_type: KvType,
+    all_rows: bool,
     mut on_chunk: impl FnMut(usize, f64),
 ) -> Result<Perplexity, ModelError> {
     let n_chunks = tokens.len() / ctx.max(1);
@@ -54,10 +71,17 @@ pub fn perplexity(
             chunk[0] = b;
         }
         cache.truncate(0);
-        let logits = model.forward(&mut cache, &chunk, Logits::From(first))?;
-        // Row r of `logits` is position first + r; it predicts chunk[first + r + 1].
+        let head = if all_rows {
+            Logits::All
+        } else {
+            Logits::From(first)
+        };
+        let logits = model.forward(&mut cache, &chunk, head)?;
+        let skip = if all_rows { first } else { 0 };
+        // Row r of the scored rows is position first + r; it predicts chunk[first + r + 1].
         for (r, row) in logits
             .chunks_exact(n_vocab)
+            .skip(skip)
             .take(ctx - first - 1)
             .enumerate()
         {

@@ -510,6 +510,9 @@ fn matmul_inputs<'a>(projs: &mut [Projection<'a>], xs: &[&[f32]], n: usize) -> R
     if n == 0 {
         return Ok(());
     }
+    for (pi, p) in projs.iter().enumerate() {
+        crate::imatrix::observe(p.w, xs[input(pi)], n);
+    }
     if projs.iter().any(|p| matches!(p.data, WeightData::Gemm(_))) {
         return matmul_gemm_first(projs, xs, n);
     }

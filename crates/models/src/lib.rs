@@ -9,6 +9,7 @@ pub mod config;
 mod error;
 pub mod experts;
 mod forward;
+pub mod imatrix;
 pub mod kernels;
 pub mod kv;
 mod kv_type;
