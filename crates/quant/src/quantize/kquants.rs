@@ -409,19 +409,20 @@ pub(super) fn q3_tail(x: &[f32], b: &mut [u8], l: &mut [u8; QK_K], sc: &[u8; 12]
 /// as `get_scale_min_k4` reads them; then each value's quant against the stored ones.
 /// Writes `d`, `dmin` and the 12 scale bytes at 0..16; returns the quants.
 fn k4_scales(x: &[f32], b: &mut [u8], nmax: i32, search: (f32, f32, i32)) -> [u8; QK_K] {
-    let mut l = [0u8; QK_K];
-    let (mut scales, mut mins) = ([0f32; 8], [0f32; 8]);
+    let xt = super::lanes::transpose(x);
+    let mut sum_x2 = [0f32; 8];
+    for row in &xt {
+        for k in 0..8 {
+            sum_x2[k] += row[k] * row[k];
+        }
+    }
+    let av_x: [f32; 8] = std::array::from_fn(|k| (sum_x2[k] / 32.0).sqrt());
+    let wt: [[f32; 8]; 32] =
+        std::array::from_fn(|i| std::array::from_fn(|k| av_x[k] + xt[i][k].abs()));
+    let (l, scales, mins) = k4_search::<false>(&xt, &wt, nmax, search);
+    let mut l = l;
     let (mut max_scale, mut max_min) = (0f32, 0f32);
     for j in 0..8 {
-        let xs: &[f32; 32] = x[32 * j..32 * j + 32].try_into().expect("32 values");
-        let mut sum_x2 = 0.0f32;
-        for &v in xs {
-            sum_x2 += v * v;
-        }
-        let av_x = (sum_x2 / 32.0).sqrt();
-        let w: [f32; 32] = std::array::from_fn(|i| av_x + xs[i].abs());
-        let lj: &mut [u8; 32] = (&mut l[32 * j..32 * j + 32]).try_into().expect("32 quants");
-        scales[j] = make_qkx2_quants::<32, false, false>(nmax, xs, &w, lj, &mut mins[j], search);
         max_scale = if scales[j] > max_scale {
             scales[j]
         } else {
@@ -446,6 +447,21 @@ fn k4_scales(x: &[f32], b: &mut [u8], nmax: i32, search: (f32, f32, i32)) -> [u8
         (max_scale / 63.0, max_min / 63.0),
     );
     l
+}
+
+/// The 8 sub-block searches of a Q4_K/Q5_K super-block (lanes of `x`, weights `w`; `V3`:
+/// the importance-weighted `make_qkx3_quants`): the quants in value order, the scales and
+/// minus the minimums.
+pub(super) fn k4_search<const V3: bool>(
+    x: &[[f32; 8]; 32],
+    w: &[[f32; 8]; 32],
+    nmax: i32,
+    search: (f32, f32, i32),
+) -> ([u8; QK_K], [f32; 8], [f32; 8]) {
+    let (mut lt, mut mins) = ([[0u8; 8]; 32], [0f32; 8]);
+    let scales = super::lanes::make_qkx_lanes::<false, V3>(nmax, x, w, &mut lt, &mut mins, search);
+    let l = std::array::from_fn(|j| lt[j % 32][j / 32]);
+    (l, scales, mins)
 }
 
 /// Q4_K's and Q5_K's end, shared with the importance-weighted quantizers: the sub-block

@@ -33,6 +33,7 @@ use crate::grids::KVALUES_IQ4NL;
 use crate::{GgmlType, QuantError};
 
 mod kquants;
+mod lanes;
 mod weighted;
 
 pub use weighted::{quantize_weighted, WEIGHTED};

@@ -337,12 +337,8 @@ fn q3_k(x: &[f32; QK_K], qw: &[f32; QK_K], b: &mut [u8]) {
 /// Q5_K caps the 6-bit scales at 63, Q4_K stores them as they come).
 fn k4(x: &[f32; QK_K], qw: &[f32; QK_K], b: &mut [u8], nmax: i32) {
     let (w, sw) = super_block_weights::<32, 8>(x, qw, 2.0);
-    let mut l = [0u8; QK_K];
-    let (mut scales, mut mins) = ([0f32; 8], [0f32; 8]);
-    for j in 0..8 {
-        let lj: &mut [u8; 32] = (&mut l[32 * j..32 * j + 32]).try_into().expect("32");
-        scales[j] = make_qkx3(nmax, piece(x, j), piece(&w, j), lj, &mut mins[j]);
-    }
+    let (xt, wt) = (super::lanes::transpose(x), super::lanes::transpose(&w));
+    let (mut l, scales, mins) = kquants::k4_search::<true>(&xt, &wt, nmax, (-0.9, 0.05, 36));
     let (mut ls, mut lm) = ([0u8; 8], [0u8; 8]);
     let d = make_qp_quants(63, &scales, &mut ls, &sw);
     let dmin = make_qp_quants(63, &mins, &mut lm, &sw);
