@@ -28,11 +28,12 @@ from gguf_min import Reader  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FRINK = os.environ.get("FRINK", os.path.join(ROOT, "target", "release", "frink"))
-TYPES = "Q4_0,Q4_1,Q5_0,Q5_1,Q8_0,Q2_K,Q3_K_S,Q3_K_M,Q3_K_L,Q4_K_S,Q4_K_M,Q5_K_S,Q5_K_M,Q6_K,IQ4_NL,IQ4_XS,F16,BF16"
+TYPES = "Q4_0,Q4_1,Q5_0,Q5_1,Q8_0,Q2_K,Q3_K_S,Q3_K_M,Q3_K_L,Q4_K_S,Q4_K_M,Q5_K_S,Q5_K_M,Q6_K,IQ4_NL,IQ4_XS,TQ1_0,TQ2_0,MXFP4_MOE,F16,BF16"
 # ggml type id -> (values per block, bytes per block), ggml.c type_traits.
 BLOCKS = {0: (1, 4), 1: (1, 2), 30: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24),
           8: (32, 34), 10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176),
-          14: (256, 210), 20: (32, 18), 23: (256, 136)}
+          14: (256, 210), 20: (32, 18), 23: (256, 136), 34: (256, 54), 35: (256, 66),
+          39: (32, 17)}
 
 
 def llama_quantize():

@@ -21,8 +21,9 @@ pub struct QuantizeArgs {
     pub input: String,
     /// Where the quantized model goes (refused if it is the input).
     pub output: PathBuf,
-    /// The mix: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K_S, Q3_K_M, Q3_K_L, Q4_K_S, Q4_K_M,
-    /// Q5_K_S, Q5_K_M, Q6_K, IQ4_NL, IQ4_XS, F16, BF16 or F32.
+    /// The mix: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q2_K_S (needs --imatrix), Q3_K_S,
+    /// Q3_K_M, Q3_K_L, Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M, Q6_K, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0,
+    /// MXFP4_MOE, F16, BF16 or F32.
     #[arg(value_name = "TYPE")]
     pub mix: String,
     /// Threads (llama-quantize's optional fourth argument; default: the cores).

@@ -50,23 +50,14 @@ pub const MIXES: &[Mix] = &[
     mix("Q6_K", 18, GgmlType::Q6_K),
     mix("IQ4_NL", 25, GgmlType::IQ4_NL),
     mix("IQ4_XS", 30, GgmlType::IQ4_XS),
+    mix("TQ1_0", 36, GgmlType::TQ1_0),
+    mix("TQ2_0", 37, GgmlType::TQ2_0),
+    mix("MXFP4_MOE", 38, GgmlType::MXFP4),
 ];
 
 /// llama-quantize's mixes frink does not make yet, each needing a quantizer it lacks.
 pub const NOT_YET: &[&str] = &[
-    "IQ1_S",
-    "IQ1_M",
-    "IQ2_XXS",
-    "IQ2_XS",
-    "IQ2_S",
-    "IQ2_M",
-    "IQ3_XXS",
-    "IQ3_XS",
-    "IQ3_S",
-    "IQ3_M",
-    "TQ1_0",
-    "TQ2_0",
-    "MXFP4_MOE",
+    "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "IQ3_XS", "IQ3_S", "IQ3_M",
 ];
 
 impl Mix {
@@ -381,15 +372,28 @@ impl<'a> MixPlan<'a> {
         if cat == Output || (self.tied && cat == TokenEmbd) {
             match self.opts.output_type {
                 Some(o) => ty = o,
+                None if m.is("MXFP4_MOE") => ty = T::Q8_0,
                 None if falcon || !t.shape[0].is_multiple_of(ty.block_size() as u64) => {
                     ty = T::Q8_0
                 }
                 None if ty != T::Q8_0 => ty = T::Q6_K,
                 None => {}
             }
+        } else if m.is("MXFP4_MOE") {
+            // Experts (stacked, `ne2 > 1`) in MXFP4, the rest in Q8_0; bailingmoe3's MLA
+            // projections are stacked too, so there only the FFN roles count.
+            let ffn = matches!(cat, FfnUp | FfnGate | FfnDown);
+            let experts = t.shape.get(2).is_some_and(|&n| n > 1);
+            ty = if experts && (model.arch != "bailingmoe3" || ffn) {
+                T::MXFP4
+            } else {
+                T::Q8_0
+            };
         } else if cat == TokenEmbd {
             if let Some(e) = self.opts.token_embedding_type {
                 ty = e;
+            } else if m.is("TQ1_0") || m.is("TQ2_0") {
+                ty = T::Q4_K;
             }
         } else if is_attn_v(cat) {
             let i = self.i_attention_wv;

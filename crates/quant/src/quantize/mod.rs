@@ -11,6 +11,8 @@
 //! | Q8_0 | `d = amax / 127`, `q = round(x / d)` | `quantize_row_q8_0_ref` ([`crate::dot::quantize_row_q8_0`]) |
 //! | IQ4_NL | a scale search over the 16 levels of [`crate::grids::KVALUES_IQ4NL`], weighted by `x²` | `quantize_iq4_nl` / `quantize_row_iq4_nl_ref` |
 //! | Q2_K … Q6_K, IQ4_XS | per 256-value super-block: sub-block scales (and minimums) by ggml's searches, quantized against f16 super-block scales ([`kquants`]) | `quantize_row_q*_K_ref`, `quantize_iq4_xs` |
+//! | TQ1_0, TQ2_0 | `d = amax`, each value the trit `round(x / d)` (half away from zero), packed base 3 or 2 bits ([`fp4_ternary`]) | `quantize_row_tq{1,2}_0_ref` |
+//! | MXFP4 | exponent `floor(log2 amax) - 2`, each value the nearest FP4 level | `quantize_row_mxfp4_ref` |
 //! | F16 | round to nearest even | `ggml_fp32_to_fp16_row` |
 //! | BF16 | round to nearest even, NaN kept quiet | `ggml_fp32_to_bf16_row_ref` |
 //!
@@ -32,6 +34,7 @@ use half::f16;
 use crate::grids::KVALUES_IQ4NL;
 use crate::{GgmlType, QuantError};
 
+mod fp4_ternary;
 mod kquants;
 mod lanes;
 mod weighted;
@@ -58,6 +61,9 @@ pub const QUANTIZABLE: &[GgmlType] = &[
     GgmlType::Q5_K,
     GgmlType::Q6_K,
     GgmlType::IQ4_XS,
+    GgmlType::TQ1_0,
+    GgmlType::TQ2_0,
+    GgmlType::MXFP4,
 ];
 
 /// Quantizes `x` (a whole number of blocks) to `ty` in `out` as `llama-quantize` does
@@ -103,6 +109,9 @@ fn quantize_with(ty: GgmlType, x: &[f32], out: &mut [u8], ntry: i32) -> Result<(
         T::Q6_K => kquants::q6_k,
         // ggml's CPU row conversion searches as llama-quantize does here.
         T::IQ4_XS => |x, b, _| kquants::iq4_xs(x, b, 7),
+        T::TQ1_0 => |x, b, _| fp4_ternary::tq1_0(x, b),
+        T::TQ2_0 => |x, b, _| fp4_ternary::tq2_0(x, b),
+        T::MXFP4 => |x, b, _| fp4_ternary::mxfp4(x, b),
         _ => return Err(QuantError::Unsupported(ty)),
     };
     let (n, bytes) = (ty.block_size(), ty.type_size());

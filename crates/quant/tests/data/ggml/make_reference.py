@@ -29,11 +29,12 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TYPES = {"f16": 1, "bf16": 30, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
-         "iq4_nl": 20, "q2_k": 10, "q3_k": 11, "q4_k": 12, "q5_k": 13, "q6_k": 14, "iq4_xs": 23}
+         "iq4_nl": 20, "q2_k": 10, "q3_k": 11, "q4_k": 12, "q5_k": 13, "q6_k": 14, "iq4_xs": 23,
+         "tq1_0": 34, "tq2_0": 35, "mxfp4": 39}
 BLOCK = {"f16": (1, 2), "bf16": (1, 2), "q4_0": (32, 18), "q4_1": (32, 20), "q5_0": (32, 22),
          "q5_1": (32, 24), "q8_0": (32, 34), "iq4_nl": (32, 18), "q2_k": (256, 84),
          "q3_k": (256, 110), "q4_k": (256, 144), "q5_k": (256, 176), "q6_k": (256, 210),
-         "iq4_xs": (256, 136)}
+         "iq4_xs": (256, 136), "tq1_0": (256, 54), "tq2_0": (256, 66), "mxfp4": (32, 17)}
 ROWS, COLS = 64, 256
 
 
@@ -101,7 +102,7 @@ def main():
         f.write(struct.pack(f"<{len(qw)}f", *qw))
     imatrix = (ctypes.c_float * len(qw))(*qw)
     for name, ty in TYPES.items():
-        if name in ("f16", "bf16", "q8_0"):
+        if name in ("f16", "bf16", "q8_0", "tq1_0", "tq2_0", "mxfp4"):
             continue
         per, size = BLOCK[name]
         nbytes = n // per * size
