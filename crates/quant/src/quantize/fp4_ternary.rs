@@ -23,7 +23,7 @@ fn trits(x: &[f32]) -> (f32, [u8; 256]) {
 /// 256/243 by ceiling division (ggml's packing, which `dequantize_row_tq1_0` inverts).
 fn pack_trits(t: impl Iterator<Item = u8>) -> u8 {
     let q = t.fold(0u8, |q, t| q * 3 + t);
-    ((u16::from(q) * 256 + 242) / 243) as u8
+    (u16::from(q) * 256).div_ceil(243) as u8
 }
 
 /// TQ1_0 (54 bytes: `qs[48]` 5 trits a byte, `qh[4]` 4 trits a byte, `d` @52).
