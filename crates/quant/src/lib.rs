@@ -86,6 +86,10 @@ pub enum QuantError {
         /// The size of its data in bytes.
         n_bytes: u64,
     },
+    /// The type is quantized only with an importance matrix
+    /// (`ggml_quantize_requires_imatrix`: IQ2_XXS, IQ2_XS, IQ1_S).
+    #[error("{0} quantization needs an importance matrix")]
+    NeedsImatrix(GgmlType),
 }
 
 /// Every type [`dequantize`] accepts, in ggml id order.

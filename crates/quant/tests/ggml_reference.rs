@@ -5,7 +5,7 @@
 //! KV cache.
 
 use frink_quant::quantize::{
-    quantize, quantize_for_cache, quantize_weighted, QUANTIZABLE, WEIGHTED,
+    quantize, quantize_for_cache, quantize_weighted, NEED_IMATRIX, QUANTIZABLE, WEIGHTED,
 };
 use frink_quant::GgmlType;
 
@@ -38,19 +38,93 @@ fn first_difference(ty: GgmlType, got: &[u8], want: &[u8]) -> Option<usize> {
         .position(|(a, b)| a != b)
 }
 
+/// The IQ1/IQ2/IQ3 grid types, checked by their own tests below.
+const GRID_TYPES: &[GgmlType] = &[
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
+];
+
+/// `ty` without weights against `file_<ty>.bin`.
+fn check_file(ty: GgmlType) {
+    let x = input();
+    let want = data(&format!("file_{}.bin", name(ty)));
+    let mut got = vec![0u8; want.len()];
+    quantize(ty, &x, &mut got).unwrap();
+    assert_eq!(
+        first_difference(ty, &got, &want),
+        None,
+        "{ty}: block differs from ggml_quantize_chunk's"
+    );
+}
+
+/// `ty` with the importance weights against `weighted_<ty>.bin`, and those bytes differ
+/// from the unweighted ones where there are any (so the weights are read at all).
+fn check_weighted(ty: GgmlType) {
+    let x = input();
+    let qw = floats("imatrix.f32");
+    assert_eq!(qw.len(), 512);
+    let want = data(&format!("weighted_{}.bin", name(ty)));
+    let mut got = vec![0u8; want.len()];
+    quantize_weighted(ty, &x, &qw, &mut got).unwrap();
+    assert_eq!(
+        first_difference(ty, &got, &want),
+        None,
+        "{ty}: block differs from ggml_quantize_chunk's with an imatrix"
+    );
+    if !NEED_IMATRIX.contains(&ty) {
+        assert_ne!(want, data(&format!("file_{}.bin", name(ty))), "{ty}");
+    }
+}
+
 #[test]
 fn file_quantizers_give_ggmls_bytes() {
+    for &ty in QUANTIZABLE
+        .iter()
+        .filter(|&&t| t != GgmlType::F32 && !GRID_TYPES.contains(&t))
+    {
+        check_file(ty);
+    }
+}
+
+/// The types ggml writes only with an importance matrix are refused without one.
+#[test]
+fn types_that_need_an_imatrix_are_refused_without() {
     let x = input();
-    for &ty in QUANTIZABLE.iter().filter(|&&t| t != GgmlType::F32) {
-        let want = data(&format!("file_{}.bin", name(ty)));
-        let mut got = vec![0u8; want.len()];
-        quantize(ty, &x, &mut got).unwrap();
+    for &ty in NEED_IMATRIX {
+        let mut out = vec![0u8; x.len() / 256 * ty.type_size()];
         assert_eq!(
-            first_difference(ty, &got, &want),
-            None,
-            "{ty}: block differs from ggml_quantize_chunk's"
+            quantize(ty, &x, &mut out),
+            Err(frink_quant::QuantError::NeedsImatrix(ty))
         );
     }
+}
+
+#[test]
+fn iq1_quantizers_give_ggmls_bytes() {
+    check_file(GgmlType::IQ1_M);
+    check_weighted(GgmlType::IQ1_S);
+    check_weighted(GgmlType::IQ1_M);
+}
+
+#[test]
+fn iq2_quantizers_give_ggmls_bytes() {
+    check_file(GgmlType::IQ2_S);
+    check_weighted(GgmlType::IQ2_XXS);
+    check_weighted(GgmlType::IQ2_XS);
+    check_weighted(GgmlType::IQ2_S);
+}
+
+#[test]
+fn iq3_quantizers_give_ggmls_bytes() {
+    check_file(GgmlType::IQ3_XXS);
+    check_file(GgmlType::IQ3_S);
+    check_weighted(GgmlType::IQ3_XXS);
+    check_weighted(GgmlType::IQ3_S);
 }
 
 /// The cache path equals the file path except for IQ4_NL, whose ggml row conversion
@@ -60,7 +134,10 @@ fn file_quantizers_give_ggmls_bytes() {
 #[test]
 fn cache_quantizers_give_ggmls_bytes() {
     let x = input();
-    for &ty in QUANTIZABLE.iter().filter(|&&t| t != GgmlType::F32) {
+    for &ty in QUANTIZABLE
+        .iter()
+        .filter(|&&t| t != GgmlType::F32 && !GRID_TYPES.contains(&t))
+    {
         let want = match ty {
             GgmlType::IQ4_NL => data("cache_iq4_nl.bin"),
             _ => data(&format!("file_{}.bin", name(ty))),
@@ -88,22 +165,10 @@ fn cache_quantizers_give_ggmls_bytes() {
 
 /// With importance weights (32 rows of 512 values, one weight per column, some 0 and one
 /// 1e4): every type whose quantizer reads them gives `ggml_quantize_chunk`'s bytes with
-/// that imatrix, and those bytes differ from the unweighted ones (so the weights are
-/// read at all).
+/// that imatrix.
 #[test]
 fn weighted_quantizers_give_ggmls_bytes() {
-    let x = input();
-    let qw = floats("imatrix.f32");
-    assert_eq!(qw.len(), 512);
-    for &ty in WEIGHTED {
-        let want = data(&format!("weighted_{}.bin", name(ty)));
-        let mut got = vec![0u8; want.len()];
-        quantize_weighted(ty, &x, &qw, &mut got).unwrap();
-        assert_eq!(
-            first_difference(ty, &got, &want),
-            None,
-            "{ty}: block differs from ggml_quantize_chunk's with an imatrix"
-        );
-        assert_ne!(want, data(&format!("file_{}.bin", name(ty))), "{ty}");
+    for &ty in WEIGHTED.iter().filter(|t| !GRID_TYPES.contains(t)) {
+        check_weighted(ty);
     }
 }

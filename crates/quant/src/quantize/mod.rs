@@ -35,6 +35,9 @@ use crate::grids::KVALUES_IQ4NL;
 use crate::{GgmlType, QuantError};
 
 mod fp4_ternary;
+mod iq1;
+mod iq2;
+mod iq3;
 mod kquants;
 mod lanes;
 mod weighted;
@@ -64,7 +67,19 @@ pub const QUANTIZABLE: &[GgmlType] = &[
     GgmlType::TQ1_0,
     GgmlType::TQ2_0,
     GgmlType::MXFP4,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
 ];
+
+/// Types quantized only with an importance matrix (ggml.c
+/// `ggml_quantize_requires_imatrix`): [`quantize`] refuses them with
+/// [`QuantError::NeedsImatrix`]; [`quantize_weighted`] writes them.
+pub const NEED_IMATRIX: &[GgmlType] = &[GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ1_S];
 
 /// Quantizes `x` (a whole number of blocks) to `ty` in `out` as `llama-quantize` does
 /// without an importance matrix (`ggml_quantize_chunk` with `imatrix = NULL`).
@@ -112,6 +127,11 @@ fn quantize_with(ty: GgmlType, x: &[f32], out: &mut [u8], ntry: i32) -> Result<(
         T::TQ1_0 => |x, b, _| fp4_ternary::tq1_0(x, b),
         T::TQ2_0 => |x, b, _| fp4_ternary::tq2_0(x, b),
         T::MXFP4 => |x, b, _| fp4_ternary::mxfp4(x, b),
+        T::IQ2_S => |x, b, _| iq2::iq2_s(x, None, b),
+        T::IQ3_XXS => |x, b, _| iq3::iq3_xxs(x, None, b),
+        T::IQ3_S => |x, b, _| iq3::iq3_s(x, None, b),
+        T::IQ1_M => |x, b, _| iq1::iq1_m(x, None, b),
+        T::IQ2_XXS | T::IQ2_XS | T::IQ1_S => return Err(QuantError::NeedsImatrix(ty)),
         _ => return Err(QuantError::Unsupported(ty)),
     };
     let (n, bytes) = (ty.block_size(), ty.type_size());
@@ -344,6 +364,17 @@ fn iq4_nl(x: &[f32], b: &mut [u8], ntry: i32) {
 mod tests {
     use super::*;
 
+    /// The grid types' error bounds on this row (set from their measured error).
+    const GRID_TYPES_BOUND: &[(GgmlType, f32)] = &[
+        (GgmlType::IQ2_XXS, 9.0),
+        (GgmlType::IQ2_XS, 9.0),
+        (GgmlType::IQ2_S, 9.0),
+        (GgmlType::IQ3_XXS, 9.0),
+        (GgmlType::IQ3_S, 9.0),
+        (GgmlType::IQ1_S, 9.0),
+        (GgmlType::IQ1_M, 9.0),
+    ];
+
     /// Every type round-trips through [`crate::dequantize`] within its step, and an
     /// all-zero block stays zero.
     #[test]
@@ -353,7 +384,11 @@ mod tests {
             .collect();
         for &ty in QUANTIZABLE {
             let mut q = vec![0u8; x.len() / ty.block_size() * ty.type_size()];
-            quantize(ty, &x, &mut q).unwrap();
+            if NEED_IMATRIX.contains(&ty) {
+                quantize_weighted(ty, &x, &[1.0; 256], &mut q).unwrap();
+            } else {
+                quantize(ty, &x, &mut q).unwrap();
+            }
             let mut y = vec![0.0; x.len()];
             crate::dequantize(ty, &q, &mut y).unwrap();
             let err = x
@@ -369,12 +404,24 @@ mod tests {
                 GgmlType::Q5_1 => 0.25,
                 GgmlType::Q2_K => 2.5, // 4 levels over a 16-value sub-block's range
                 GgmlType::Q3_K => 1.5,
+                // Three levels: half the step of amax = 7.1.
+                GgmlType::TQ1_0 | GgmlType::TQ2_0 => 3.6,
+                // Levels reach 6 of the exponent's 8: 7.14 becomes 6.
+                GgmlType::MXFP4 => 1.2,
+                _ if GRID_TYPES_BOUND.iter().any(|(t, _)| *t == ty) => GRID_TYPES_BOUND
+                    .iter()
+                    .find(|(t, _)| *t == ty)
+                    .map_or(0.0, |b| b.1),
                 _ => 0.9, // Q4_0 loses the top of the range: 8 levels below, 7 above
             };
             assert!(err <= bound, "{ty}: max error {err} above {bound}");
             let zeros = vec![0.0f32; 256];
             let mut q = vec![0u8; ty.type_size() * 256 / ty.block_size()];
-            quantize_for_cache(ty, &zeros, &mut q).unwrap();
+            if NEED_IMATRIX.contains(&ty) {
+                quantize_weighted(ty, &zeros, &[1.0; 256], &mut q).unwrap();
+            } else {
+                quantize_for_cache(ty, &zeros, &mut q).unwrap();
+            }
             let mut y = vec![1.0; 256];
             crate::dequantize(ty, &q, &mut y).unwrap();
             assert!(y.iter().all(|&v| v == 0.0), "{ty}: zeros decode to {y:?}");
@@ -394,7 +441,11 @@ mod tests {
         ));
         assert_eq!(
             quantize(GgmlType::IQ2_XS, &[0.0; 256], &mut [0u8; 74]),
-            Err(QuantError::Unsupported(GgmlType::IQ2_XS))
+            Err(QuantError::NeedsImatrix(GgmlType::IQ2_XS))
+        );
+        assert_eq!(
+            quantize(GgmlType::Q8_1, &[0.0; 32], &mut [0u8; 36]),
+            Err(QuantError::Unsupported(GgmlType::Q8_1))
         );
     }
 

@@ -36,6 +36,13 @@ pub const WEIGHTED: &[GgmlType] = &[
     GgmlType::Q6_K,
     GgmlType::IQ4_NL,
     GgmlType::IQ4_XS,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
 ];
 
 /// Quantizes the rows of `x` (each `qw.len()` values) to `ty` in `out` with the
@@ -120,6 +127,13 @@ fn row(ty: GgmlType, x: &[f32], qw: &[f32], b: &mut [u8]) {
                     T::Q4_K => k4(x, qw, b, 15),
                     T::Q5_K => k4(x, qw, b, 31),
                     T::Q6_K => q6_k(x, qw, b),
+                    T::IQ2_XXS => super::iq2::iq2_xxs(x, Some(qw), b),
+                    T::IQ2_XS => super::iq2::iq2_xs(x, Some(qw), b),
+                    T::IQ2_S => super::iq2::iq2_s(x, Some(qw), b),
+                    T::IQ3_XXS => super::iq3::iq3_xxs(x, Some(qw), b),
+                    T::IQ3_S => super::iq3::iq3_s(x, Some(qw), b),
+                    T::IQ1_S => super::iq1::iq1_s(x, Some(qw), b),
+                    T::IQ1_M => super::iq1::iq1_m(x, Some(qw), b),
                     _ => kquants::iq4_xs_weighted(x, &importance(x, qw, 2.0 / 256.0), b, 7),
                 }
             }
@@ -370,6 +384,17 @@ fn q6_k(x: &[f32; QK_K], qw: &[f32; QK_K], b: &mut [u8]) {
 mod tests {
     use super::*;
 
+    /// The IQ1/IQ2/IQ3 grid types, checked against ggml's bytes in tests/ggml_reference.rs.
+    const GRID: &[GgmlType] = &[
+        GgmlType::IQ2_XXS,
+        GgmlType::IQ2_XS,
+        GgmlType::IQ2_S,
+        GgmlType::IQ3_XXS,
+        GgmlType::IQ3_S,
+        GgmlType::IQ1_S,
+        GgmlType::IQ1_M,
+    ];
+
     /// Weights change the quants (a test that cannot pass if they were ignored), equal
     /// weights on a row of the reference path's kind give valid blocks that decode near
     /// the input, and the types that ignore weights give the unweighted bytes.
@@ -382,7 +407,7 @@ mod tests {
             .map(|i| if i % 5 == 0 { 50.0 } else { 0.01 })
             .collect();
         let flat = vec![1.0f32; 256];
-        for &ty in WEIGHTED {
+        for &ty in WEIGHTED.iter().filter(|t| !GRID.contains(t)) {
             let bytes = x.len() / ty.block_size() * ty.type_size();
             let (mut a, mut b) = (vec![0u8; bytes], vec![0u8; bytes]);
             quantize_weighted(ty, &x, &flat, &mut a).unwrap();

@@ -30,11 +30,19 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 TYPES = {"f16": 1, "bf16": 30, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
          "iq4_nl": 20, "q2_k": 10, "q3_k": 11, "q4_k": 12, "q5_k": 13, "q6_k": 14, "iq4_xs": 23,
-         "tq1_0": 34, "tq2_0": 35, "mxfp4": 39}
+         "tq1_0": 34, "tq2_0": 35, "mxfp4": 39,
+         "iq2_xxs": 16, "iq2_xs": 17, "iq2_s": 22, "iq3_xxs": 18, "iq3_s": 21, "iq1_s": 19,
+         "iq1_m": 29}
+# Types ggml quantizes only with an importance matrix (ggml_quantize_requires_imatrix).
+NEED_IMATRIX = ("iq2_xxs", "iq2_xs", "iq1_s")
+# Types whose CPU row conversion is not the file quantizer (no KV cache of these types).
+NO_ROW_REF = ("iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m")
 BLOCK = {"f16": (1, 2), "bf16": (1, 2), "q4_0": (32, 18), "q4_1": (32, 20), "q5_0": (32, 22),
          "q5_1": (32, 24), "q8_0": (32, 34), "iq4_nl": (32, 18), "q2_k": (256, 84),
          "q3_k": (256, 110), "q4_k": (256, 144), "q5_k": (256, 176), "q6_k": (256, 210),
-         "iq4_xs": (256, 136), "tq1_0": (256, 54), "tq2_0": (256, 66), "mxfp4": (32, 17)}
+         "iq4_xs": (256, 136), "tq1_0": (256, 54), "tq2_0": (256, 66), "mxfp4": (32, 17),
+         "iq2_xxs": (256, 66), "iq2_xs": (256, 74), "iq2_s": (256, 82), "iq3_xxs": (256, 98),
+         "iq3_s": (256, 110), "iq1_s": (256, 50), "iq1_m": (256, 56)}
 ROWS, COLS = 64, 256
 
 
@@ -82,6 +90,8 @@ def main():
                                         ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                         ctypes.c_void_p]
     for name, ty in TYPES.items():
+        if name in NEED_IMATRIX:
+            continue
         per, size = BLOCK[name]
         nbytes = n // per * size
         dst = ctypes.create_string_buffer(nbytes)
@@ -89,6 +99,9 @@ def main():
         assert got == nbytes, (name, got, nbytes)
         with open(os.path.join(HERE, f"file_{name}.bin"), "wb") as f:
             f.write(dst.raw)
+        if name in NO_ROW_REF:
+            print(name, nbytes, "bytes")
+            continue
         cache = ctypes.create_string_buffer(nbytes)
         fn = {"f16": "ggml_fp32_to_fp16_row", "bf16": "ggml_fp32_to_bf16_row_ref"}.get(
             name, f"quantize_row_{name.replace('_k', '_K')}_ref")
