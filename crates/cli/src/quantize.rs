@@ -21,9 +21,11 @@ pub struct QuantizeArgs {
     pub input: String,
     /// Where the quantized model goes (refused if it is the input).
     pub output: PathBuf,
-    /// The mix: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q2_K_S (needs --imatrix), Q3_K_S,
-    /// Q3_K_M, Q3_K_L, Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M, Q6_K, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0,
-    /// MXFP4_MOE, F16, BF16 or F32.
+    /// The mix (llama-quantize's names): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q2_K_S,
+    /// Q3_K_S, Q3_K_M, Q3_K_L, Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M, Q6_K, IQ1_S, IQ1_M, IQ2_XXS,
+    /// IQ2_XS, IQ2_S, IQ2_M, IQ3_XXS, IQ3_XS, IQ3_S, IQ3_M, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0,
+    /// MXFP4_MOE, F16, BF16 or F32. Q2_K_S and the IQ1/IQ2 mixes, IQ3_XXS and IQ3_XS need
+    /// --imatrix.
     #[arg(value_name = "TYPE")]
     pub mix: String,
     /// Threads (llama-quantize's optional fourth argument; default: the cores).
@@ -62,7 +64,8 @@ pub struct QuantizeArgs {
     /// (repeatable; applied before --include-weights).
     #[arg(long = "exclude-weights", value_name = "NAME")]
     pub exclude_weights: Vec<String>,
-    /// Write one output per input split (not made yet: refused).
+    /// With a split input, write one output shard per input shard
+    /// (`OUT-00001-of-0000N.gguf`), each tensor in its input's shard.
     #[arg(long)]
     pub keep_split: bool,
 }
@@ -152,9 +155,6 @@ struct ImatrixUse {
 ///
 /// Errors: a mix or option frink refuses, a tensor the rules refuse, or I/O.
 pub fn run(args: &QuantizeArgs) -> Result<()> {
-    if args.keep_split {
-        bail!("--keep-split: frink quantize writes one file; split inputs are read whole");
-    }
     let mix = Mix::parse(&args.mix).map_err(anyhow::Error::msg)?;
     let input = frink_store::Store::from_env()?.resolve(&args.input)?;
     let same = |a: &std::path::Path, b: &std::path::Path| {
@@ -170,7 +170,8 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
         GgufFile::open(&input).with_context(|| format!("cannot read {}", input.display()))?;
     let imatrix = args.imatrix()?;
     let opts = args.mix_options(imatrix.is_some())?;
-    let tensors = plan(&file, mix, &opts, args.allow_requantize).map_err(anyhow::Error::msg)?;
+    let tensors = plan(&file, mix, &opts, (args.allow_requantize, args.keep_split))
+        .map_err(anyhow::Error::msg)?;
     let no_weights = BTreeMap::new();
     let weights = imatrix.as_ref().map_or(&no_weights, |m| &m.weights);
     let mut unweighted = Vec::new();
@@ -185,7 +186,8 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .max(1);
     let keys = imatrix.as_ref().map_or(&[][..], |m| &m.keys[..]);
-    write(&file, (mix, keys), &tensors, weights, threads, &args.output)?;
+    let outputs = shards(&file, (mix, keys), &tensors, &args.output, args.keep_split);
+    write(&file, outputs, weights, threads)?;
     if !unweighted.is_empty() {
         eprintln!(
             "no importance weights for {} tensors (quantized without): {}",
@@ -213,59 +215,109 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
     Ok(())
 }
 
-/// Writes the output to `OUT.part`, then renames it: an interrupted run leaves no file that
-/// looks whole.
-fn write(
+/// One output file: where it goes, its header and its tensors.
+type Output<'a> = (PathBuf, frink_gguf::GgufWriter, Vec<&'a Planned>);
+
+/// The output files: one, or with `--keep-split` one per input shard named as
+/// llama-quantize names them (`OUT-00001-of-00003.gguf`, from the output as given), the
+/// first with the metadata and, when there are several, each with `split.no`,
+/// `split.count` and `split.tensors.count` (llama-quant.cpp).
+fn shards<'a>(
     file: &GgufFile,
     (mix, keys): (Mix, &[(String, frink_gguf::MetaValue)]),
-    tensors: &[Planned],
+    tensors: &'a [Planned],
+    out: &std::path::Path,
+    keep_split: bool,
+) -> Vec<Output<'a>> {
+    use frink_gguf::{GgufWriter, MetaValue};
+    if !keep_split {
+        return vec![(
+            out.to_path_buf(),
+            metadata(file, mix, keys),
+            tensors.iter().collect(),
+        )];
+    }
+    let n = tensors.iter().map(|t| t.shard + 1).max().unwrap_or(1);
+    (0..n)
+        .map(|i| {
+            let mut w = if i == 0 {
+                metadata(file, mix, keys)
+            } else {
+                GgufWriter::new()
+            };
+            if n > 1 {
+                w.add_metadata("split.no", MetaValue::U16(i as u16));
+                w.add_metadata("split.count", MetaValue::U16(n as u16));
+                w.add_metadata("split.tensors.count", MetaValue::I32(tensors.len() as i32));
+            }
+            let path = PathBuf::from(format!("{}-{:05}-of-{n:05}.gguf", out.display(), i + 1));
+            (path, w, tensors.iter().filter(|t| t.shard == i).collect())
+        })
+        .collect()
+}
+
+/// Writes each output to `PATH.part`, then renames it: an interrupted run leaves no file
+/// that looks whole.
+fn write(
+    file: &GgufFile,
+    outputs: Vec<Output<'_>>,
     weights: &BTreeMap<String, Vec<f32>>,
     threads: usize,
-    out: &std::path::Path,
 ) -> Result<()> {
-    let part = out.with_extension("gguf.part");
-    let infos: Vec<(String, GgmlType, Vec<u64>)> = tensors
-        .iter()
-        .map(|t| (t.name.clone(), t.to, t.shape.clone()))
-        .collect();
-    let rows: u64 = tensors
-        .iter()
-        .map(|t| t.shape.iter().skip(1).product::<u64>())
-        .sum();
+    let rows_of = |t: &Planned| t.shape.iter().skip(1).product::<u64>();
+    let rows: u64 = outputs.iter().flat_map(|o| &o.2).map(|t| rows_of(t)).sum();
     let bar = indicatif::ProgressBar::new(rows);
     bar.set_style(
         indicatif::ProgressStyle::with_template("{msg:>40} [{bar:30}] {percent}% {elapsed}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let result = (|| -> Result<()> {
-        let f = std::fs::File::create(&part)
-            .with_context(|| format!("cannot create {}", part.display()))?;
-        let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
-        let mut before = 0u64;
-        metadata(file, mix, keys).stream(&mut w, &infos, |i, sink| {
-            let t = &tensors[i];
-            bar.set_message(format!("{} {}", t.name, t.to));
-            let base = before;
-            let qw = if t.to == t.from {
-                None
-            } else {
-                t.weights(weights).map_err(std::io::Error::other)?
-            };
-            write_tensor(file, t, qw, threads, sink, &mut |r| {
-                bar.set_position(base + r)
+    let mut before = 0u64;
+    let mut written: Vec<PathBuf> = Vec::new();
+    let mut result = Ok(());
+    for (out, header, tensors) in outputs {
+        let part = out.with_extension("gguf.part");
+        let infos: Vec<(String, GgmlType, Vec<u64>)> = tensors
+            .iter()
+            .map(|t| (t.name.clone(), t.to, t.shape.clone()))
+            .collect();
+        result = (|| -> Result<()> {
+            let f = std::fs::File::create(&part)
+                .with_context(|| format!("cannot create {}", part.display()))?;
+            let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+            header.stream(&mut w, &infos, |i, sink| {
+                let t = tensors[i];
+                bar.set_message(format!("{} {}", t.name, t.to));
+                let base = before;
+                let qw = if t.to == t.from {
+                    None
+                } else {
+                    t.weights(weights).map_err(std::io::Error::other)?
+                };
+                write_tensor(file, t, qw, threads, sink, &mut |r| {
+                    bar.set_position(base + r)
+                })?;
+                before += rows_of(t);
+                Ok(())
             })?;
-            before += t.shape.iter().skip(1).product::<u64>();
+            use std::io::Write;
+            w.flush()?;
+            w.get_ref().sync_all()?;
+            std::fs::rename(&part, &out)
+                .with_context(|| format!("cannot write {}", out.display()))?;
             Ok(())
-        })?;
-        use std::io::Write;
-        w.flush()?;
-        w.get_ref().sync_all()?;
-        std::fs::rename(&part, out).with_context(|| format!("cannot write {}", out.display()))?;
-        Ok(())
-    })();
+        })();
+        if result.is_err() {
+            let _ = std::fs::remove_file(&part);
+            break;
+        }
+        written.push(out);
+    }
     bar.finish_and_clear();
     if result.is_err() {
-        let _ = std::fs::remove_file(&part);
+        // A split output is whole only with every shard.
+        written.iter().for_each(|p| {
+            let _ = std::fs::remove_file(p);
+        });
     }
     result
 }

@@ -218,10 +218,10 @@ fn what_it_cannot_make_is_refused_by_name() {
         ),
         (
             vec![i, o, "IQ2_XS"],
-            "IQ2_XS: frink cannot make this mix yet",
+            "quantization in the IQ2_XS mix needs an importance matrix",
         ),
         (vec![i, o, "Q9_K"], "unknown quantization type"),
-        (vec![i, o, "Q2_K_S"], "need an importance matrix"),
+        (vec![i, o, "Q2_K_S"], "needs an importance matrix"),
         (
             vec![i, o, "Q4_K_M", "--include-weights", "attn"],
             "give --imatrix FILE",
@@ -239,4 +239,112 @@ fn what_it_cannot_make_is_refused_by_name() {
     let r = frink(&["quantize", "--allow-requantize", q, o, "Q4_K_M"]);
     assert!(r.status.success(), "{}", stderr(&r));
     assert!(frink_gguf::GgufFile::open(&out).is_ok());
+}
+
+fn sha256_file(p: &std::path::Path) -> String {
+    let h = Sha256::digest(std::fs::read(p).unwrap());
+    h.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `--keep-split`: llama_q256 split as `llama-gguf-split --split --split-max-tensors 8`
+/// splits it (rebuilt here with frink's writer; the shards' SHA-256 are gguf-split's), then
+/// quantized shard by shard. Each output shard is llama-quantize's `--keep-split` one byte
+/// for byte (Q4_K_M, and Q3_K_M, whose attention-V rule counts tensors in the split
+/// order); without `--keep-split` the split input gives one file.
+#[test]
+fn keep_split_gives_llama_quantizes_shards() {
+    let Some(dir) = frink_testdata::require("fixtures/tiny/llama_q256", "keep-split") else {
+        return;
+    };
+    let whole = frink_gguf::GgufFile::open(dir.join("model.gguf")).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let infos = whole.tensor_infos();
+    let shards: Vec<&[frink_gguf::TensorInfo]> = infos.chunks(8).collect();
+    for (i, part) in shards.iter().enumerate() {
+        let mut w = frink_gguf::GgufWriter::new();
+        if i == 0 {
+            for (k, v) in whole.metadata() {
+                w.add_metadata(k.clone(), v.clone());
+            }
+        }
+        // gguf-split's order: it sets split.count last (a placeholder first, replaced).
+        w.add_metadata("split.no", frink_gguf::MetaValue::U16(i as u16));
+        w.add_metadata(
+            "split.tensors.count",
+            frink_gguf::MetaValue::I32(infos.len() as i32),
+        );
+        w.add_metadata(
+            "split.count",
+            frink_gguf::MetaValue::U16(shards.len() as u16),
+        );
+        for t in *part {
+            let data = whole.tensor(&t.name).unwrap().data.to_vec();
+            w.add_tensor(t.name.clone(), t.ggml_type, &t.shape, data)
+                .unwrap();
+        }
+        let p = tmp.path().join(format!("in-{:05}-of-00003.gguf", i + 1));
+        w.write_to_file(&p).unwrap();
+    }
+    let input_digests = [
+        "194bdf621883459a0968f23d8462dba4f1d61e9793e804dc19da2f1f92b94fec",
+        "c630efdee47c4d2fb3f684cb015b10bc29f9decb829e8b84ffe2ea5342996e0c",
+        "9290df91058bc4a30800bb4dc9ae6ccd18e29850130761d6266cbe8668bd7e46",
+    ];
+    for (i, want) in input_digests.iter().enumerate() {
+        let p = tmp.path().join(format!("in-{:05}-of-00003.gguf", i + 1));
+        assert_eq!(
+            &sha256_file(&p),
+            want,
+            "input shard {} is not gguf-split's",
+            i + 1
+        );
+    }
+    let first = tmp.path().join("in-00001-of-00003.gguf");
+    let want = [
+        (
+            "Q4_K_M",
+            [
+                "86ce9da4e9c392a0945a6b4450c951ff7f071ae7b390dbef35f4da9f99b0abb9",
+                "9b72d59d0a7c2b649f7f1ddac6720392fc358a1174c78ec2f97833e2c96d3d23",
+                "e604c20049ec1ccd2b647514f0f8fa6430948021078c7e8a8a28e24b1798b228",
+            ],
+        ),
+        (
+            "Q3_K_M",
+            [
+                "1c80c1c299e888c42580828b6b38a14dd26b55331bf374b0936e6bd575778ad0",
+                "4d9a8e3507a1c5ca074d9a996f3814b0f9e3faf50e25c333b3f34b10c1ea6b9b",
+                "e7c7d146826572faa00bf88b34227bec37fa1c0e4ca44148c113b08758bea317",
+            ],
+        ),
+    ];
+    for (mix, shards) in want {
+        let out = tmp.path().join(format!("out-{mix}"));
+        let r = frink(&[
+            "quantize",
+            "--keep-split",
+            first.to_str().unwrap(),
+            out.to_str().unwrap(),
+            mix,
+        ]);
+        assert!(r.status.success(), "{}", stderr(&r));
+        for (i, want) in shards.iter().enumerate() {
+            let p = tmp
+                .path()
+                .join(format!("out-{mix}-{:05}-of-00003.gguf", i + 1));
+            assert_eq!(&sha256_file(&p), want, "{mix} shard {}", i + 1);
+        }
+    }
+    // Without --keep-split: one file, the same as from the unsplit model.
+    let (a, b) = (tmp.path().join("a.gguf"), tmp.path().join("b.gguf"));
+    for (input, out) in [(first.as_path(), &a), (&dir.join("model.gguf"), &b)] {
+        let r = frink(&[
+            "quantize",
+            input.to_str().unwrap(),
+            out.to_str().unwrap(),
+            "Q4_K_M",
+        ]);
+        assert!(r.status.success(), "{}", stderr(&r));
+    }
+    assert_eq!(sha256_file(&a), sha256_file(&b));
 }

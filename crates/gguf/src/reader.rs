@@ -406,6 +406,12 @@ impl GgufFile {
         (0..self.tensors.len()).map(|i| self.tensor_at(i))
     }
 
+    /// The shard (0 = this file) holding the tensor at index `i` of
+    /// [`GgufFile::tensor_infos`]: 0 for every tensor of a file that is not split.
+    pub fn tensor_shard(&self, i: usize) -> usize {
+        self.tensor_shard.get(i).copied().unwrap_or(0)
+    }
+
     /// The tensor at index `i` of [`GgufFile::tensor_infos`] with its data.
     ///
     /// Panics if `i` is out of range (indices come from `tensor_infos`).

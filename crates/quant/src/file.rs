@@ -29,6 +29,8 @@ pub struct Planned {
     pub shape: Vec<u64>,
     /// Whether its quantizer needs an importance matrix (a `Q2_K_S` mix's Q2_K tensors).
     pub needs_imatrix: bool,
+    /// The input shard holding it (0 unless the input is split).
+    pub shard: usize,
 }
 
 impl Planned {
@@ -97,7 +99,8 @@ pub fn mix_model(file: &GgufFile) -> MixModel {
     }
 }
 
-/// The output's tensors in llama.cpp's order with the type each gets.
+/// The output's tensors in llama.cpp's order with the type each gets; with `keep_split`,
+/// by input shard and place in it, as llama-quantize's `--keep-split` orders them.
 ///
 /// Errors: a tensor the rules refuse ([`MixPlan::type_of`]), or a quantized input tensor
 /// to be quantized again without `allow_requantize` (llama-quantize's
@@ -106,15 +109,25 @@ pub fn plan(
     file: &GgufFile,
     mix: Mix,
     opts: &MixOptions,
-    allow_requantize: bool,
+    (allow_requantize, keep_split): (bool, bool),
 ) -> Result<Vec<Planned>, String> {
     let model = mix_model(file);
-    let mut infos: Vec<_> = file.tensor_infos().iter().collect();
-    infos.sort_by(|a, b| tensor_order(&a.name, &b.name));
-    let names: Vec<&str> = infos.iter().map(|t| t.name.as_str()).collect();
+    let mut infos: Vec<(usize, &frink_gguf::TensorInfo)> = file
+        .tensor_infos()
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (file.tensor_shard(i), t))
+        .collect();
+    infos.sort_by(|a, b| tensor_order(&a.1.name, &b.1.name));
+    if keep_split {
+        // llama-quant.cpp with `keep_split`: the tensors by shard, then by place in it,
+        // and the rules see them in that order.
+        infos.sort_by_key(|&(shard, t)| (shard, t.offset));
+    }
+    let names: Vec<&str> = infos.iter().map(|t| t.1.name.as_str()).collect();
     let mut rules = MixPlan::new(mix, opts, &model, &names);
     let mut out = Vec::with_capacity(infos.len());
-    for t in infos {
+    for (shard, t) in infos {
         let tensor = MixTensor {
             name: &t.name,
             ty: t.ggml_type,
@@ -147,6 +160,7 @@ pub fn plan(
             shape.pop();
         }
         out.push(Planned {
+            shard,
             needs_imatrix: to != t.ggml_type && rules.requires_imatrix(&t.name, to),
             name: t.name.clone(),
             from: t.ggml_type,

@@ -28,7 +28,7 @@ const fn mix(name: &'static str, file_type: u32, default: GgmlType) -> Mix {
     }
 }
 
-/// The mixes frink makes (llama.h's values; the others need quantizers frink lacks).
+/// The mixes frink makes: all of llama-quantize's (llama.h's `LLAMA_FTYPE_MOSTLY_*` values).
 pub const MIXES: &[Mix] = &[
     mix("F32", 0, GgmlType::F32),
     mix("F16", 1, GgmlType::F16),
@@ -50,30 +50,29 @@ pub const MIXES: &[Mix] = &[
     mix("Q6_K", 18, GgmlType::Q6_K),
     mix("IQ4_NL", 25, GgmlType::IQ4_NL),
     mix("IQ4_XS", 30, GgmlType::IQ4_XS),
+    mix("IQ2_XXS", 19, GgmlType::IQ2_XXS),
+    mix("IQ2_XS", 20, GgmlType::IQ2_XS),
+    mix("IQ2_S", 28, GgmlType::IQ2_XS),
+    mix("IQ2_M", 29, GgmlType::IQ2_S),
+    mix("IQ3_XXS", 23, GgmlType::IQ3_XXS),
+    mix("IQ3_XS", 22, GgmlType::IQ3_S),
+    mix("IQ3_S", 26, GgmlType::IQ3_S),
+    mix("IQ3_M", 27, GgmlType::IQ3_S),
+    mix("IQ1_S", 24, GgmlType::IQ1_S),
+    mix("IQ1_M", 31, GgmlType::IQ1_M),
     mix("TQ1_0", 36, GgmlType::TQ1_0),
     mix("TQ2_0", 37, GgmlType::TQ2_0),
     mix("MXFP4_MOE", 38, GgmlType::MXFP4),
 ];
 
-/// llama-quantize's mixes frink does not make yet, each needing a quantizer it lacks.
-pub const NOT_YET: &[&str] = &[
-    "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "IQ3_XS", "IQ3_S", "IQ3_M",
-];
-
 impl Mix {
     /// The mix named `name` (case-insensitive, as llama-quantize's names).
     ///
-    /// Errors: a message naming the mixes frink makes, or saying that a llama.cpp mix is
-    /// not made yet.
+    /// Errors: a message naming the mixes frink makes.
     pub fn parse(name: &str) -> Result<Mix, String> {
         let upper = name.to_ascii_uppercase();
         if let Some(m) = MIXES.iter().find(|m| m.name == upper) {
             return Ok(*m);
-        }
-        if NOT_YET.contains(&upper.as_str()) {
-            return Err(format!(
-                "{upper}: frink cannot make this mix yet (its quantizer is not written)"
-            ));
         }
         let names: Vec<_> = MIXES.iter().map(|m| m.name).collect();
         Err(format!(
@@ -175,6 +174,12 @@ fn category(name: &str) -> Category {
         .into_iter()
         .find(|(s, _)| name.contains(s))
         .map_or(Other, |(_, c)| c)
+}
+
+/// llama-quant.cpp's `use_more_bits`: the first and last eighth of `n` layers, and every
+/// third one between.
+fn more_bits(i: i64, n: i64) -> bool {
+    i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
 }
 
 fn is_attn_v(c: Category) -> bool {
@@ -324,21 +329,26 @@ impl<'a> MixPlan<'a> {
         let ty = fallback(t, ty);
         if self.requires_imatrix(t.name, ty) && !self.opts.has_imatrix {
             return Err(format!(
-                "{}: a Q2_K_S mix's Q2_K tensors need an importance matrix (--imatrix FILE, \
-                 made by frink imatrix or llama-imatrix)",
-                t.name
+                "{}: its {ty} quantization in the {} mix needs an importance matrix \
+                 (--imatrix FILE, made by frink imatrix or llama-imatrix)",
+                t.name, self.mix.name
             ));
         }
         Ok(ty)
     }
 
     /// Whether tensor `name` quantized to `ty` needs an importance matrix
-    /// (llama-quant.cpp `tensor_requires_imatrix`: of the types frink writes, only a
-    /// `Q2_K_S` mix's Q2_K tensors other than the output and token embeddings).
+    /// (llama-quant.cpp `tensor_requires_imatrix`: IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_M
+    /// and IQ1_S tensors, and a `Q2_K_S` mix's Q2_K tensors, other than the output and
+    /// token embeddings).
     pub fn requires_imatrix(&self, name: &str, ty: GgmlType) -> bool {
-        ty == GgmlType::Q2_K
-            && self.mix.is("Q2_K_S")
-            && !matches!(category(name), Category::Output | Category::TokenEmbd)
+        use GgmlType as T;
+        let needs = match ty {
+            T::IQ3_XXS | T::IQ2_XXS | T::IQ2_XS | T::IQ2_S | T::IQ1_M | T::IQ1_S => true,
+            T::Q2_K => self.mix.is("Q2_K_S"),
+            _ => false,
+        };
+        needs && !matches!(category(name), Category::Output | Category::TokenEmbd)
     }
 
     /// `(layer, layers)` for the FFN rules: the count so far, or for a mixture of experts
@@ -355,7 +365,8 @@ impl<'a> MixPlan<'a> {
         Ok((i, n))
     }
 
-    /// llama-quant.cpp `llama_tensor_get_type_impl` for the mixes of [`MIXES`].
+    /// llama-quant.cpp `llama_tensor_get_type_impl` for the mixes of [`MIXES`], branch by
+    /// branch in its order.
     fn rules(
         &mut self,
         mut ty: GgmlType,
@@ -367,15 +378,17 @@ impl<'a> MixPlan<'a> {
         let m = self.mix;
         let model = self.model;
         let falcon = model.arch == "falcon";
-        let more_bits = |i: i64, n: i64| i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
-        let gqa4 = model.n_gqa >= 4;
         if cat == Output || (self.tied && cat == TokenEmbd) {
+            let tiny = [
+                "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ2_S", "IQ2_M", "IQ1_M",
+            ];
             match self.opts.output_type {
                 Some(o) => ty = o,
                 None if m.is("MXFP4_MOE") => ty = T::Q8_0,
                 None if falcon || !t.shape[0].is_multiple_of(ty.block_size() as u64) => {
                     ty = T::Q8_0
                 }
+                None if tiny.iter().any(|n| m.is(n)) => ty = T::Q5_K,
                 None if ty != T::Q8_0 => ty = T::Q6_K,
                 None => {}
             }
@@ -392,104 +405,213 @@ impl<'a> MixPlan<'a> {
         } else if cat == TokenEmbd {
             if let Some(e) = self.opts.token_embedding_type {
                 ty = e;
+            } else if ["IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ1_M"]
+                .iter()
+                .any(|n| m.is(n))
+            {
+                ty = T::Q2_K;
+            } else if ["IQ2_S", "IQ2_M", "IQ3_XXS"].iter().any(|n| m.is(n)) {
+                ty = T::IQ3_S;
             } else if m.is("TQ1_0") || m.is("TQ2_0") {
                 ty = T::Q4_K;
             }
+        } else if ["IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ2_S", "IQ2_M", "IQ1_M"]
+            .iter()
+            .any(|n| m.is(n))
+        {
+            ty = self.two_bit_rules(ty, cat);
         } else if is_attn_v(cat) {
-            let i = self.i_attention_wv;
-            if m.is("Q2_K") {
-                ty = if gqa4 { T::Q4_K } else { T::Q3_K };
-            } else if m.is("Q2_K_S") && gqa4 {
-                ty = T::Q4_K;
-            } else if m.is("Q3_K_M") {
-                ty = if i < 2 { T::Q5_K } else { T::Q4_K };
-            } else if m.is("Q3_K_L") || ((m.is("IQ4_NL") || m.is("IQ4_XS")) && gqa4) {
-                ty = T::Q5_K;
-            } else if (m.is("Q4_K_M") || m.is("Q5_K_M")) && more_bits(i, self.n_attention_wv) {
-                ty = T::Q6_K;
-            } else if m.is("Q4_K_S") && i < 4 {
-                ty = T::Q5_K;
-            }
-            if model.is_70b && matches!(ty, T::Q3_K | T::Q4_K) {
-                ty = T::Q5_K;
-            }
-            if model.n_expert == 8 {
-                ty = T::Q8_0;
-            }
-            self.i_attention_wv += 1;
+            ty = self.attn_v_type(ty);
         } else if cat == AttnK {
             if model.n_expert == 8 {
                 ty = T::Q8_0;
+            } else if m.is("IQ3_XS") {
+                ty = T::IQ3_XXS;
+            } else if m.is("IQ3_XXS") {
+                ty = T::IQ2_S;
+            }
+        } else if cat == AttnQ {
+            if m.is("IQ3_XS") {
+                ty = T::IQ3_XXS;
+            } else if m.is("IQ3_XXS") {
+                ty = T::IQ2_S;
             }
         } else if cat == FfnDown {
             let (i, n) = self.layer_info(self.i_ffn_down, t.name)?;
-            if m.is("Q2_K") {
-                ty = T::Q3_K;
-            } else if m.is("Q2_K_S") {
-                if i < n / 8 {
-                    ty = T::Q4_K;
-                }
-            } else if m.is("Q3_K_M") {
-                ty = if i < n / 16 {
-                    T::Q5_K
-                } else if !falcon || more_bits(i, n) {
-                    T::Q4_K
-                } else {
-                    T::Q3_K
-                };
-            } else if m.is("Q3_K_L") {
-                ty = if falcon { T::Q4_K } else { T::Q5_K };
-            } else if m.is("Q4_K_M") {
-                if falcon {
-                    ty = if i < n / 16 {
-                        T::Q6_K
-                    } else if more_bits(i, n) {
-                        T::Q5_K
-                    } else {
-                        T::Q4_K
-                    };
-                } else if more_bits(i, n) {
-                    ty = T::Q6_K;
-                }
-            } else if i < n / 8 && (m.is("IQ4_NL") || m.is("IQ4_XS")) && !self.opts.has_imatrix {
-                ty = T::Q5_K;
-            } else if m.is("Q5_K_M") && more_bits(i, n) {
-                ty = T::Q6_K;
-            } else if m.is("Q4_K_S") && !falcon && i < n / 8 {
-                ty = T::Q5_K;
-            } else if (m.is("Q4_0") || m.is("Q5_0")) && self.opts.has_imatrix && i < n / 8 {
-                ty = if m.is("Q4_0") { T::Q4_1 } else { T::Q5_1 };
-            }
+            ty = self.ffn_down_type(ty, i, n);
             self.i_ffn_down += 1;
         } else if cat == AttnOutput {
-            if !falcon {
-                if model.n_expert == 8 {
-                    let five = [
-                        "Q2_K", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M", "IQ4_XS",
-                    ];
-                    if five.iter().any(|n| m.is(n)) {
-                        ty = T::Q5_K;
-                    }
-                } else if m.is("Q2_K") {
-                    ty = T::Q3_K;
-                } else if m.is("Q3_K_M") {
-                    ty = T::Q4_K;
-                } else if m.is("Q3_K_L") {
-                    ty = T::Q5_K;
-                }
-            } else if m.is("Q3_K_L") {
-                ty = T::Q4_K;
-            }
+            ty = self.attn_output_type(ty);
         } else if cat == AttnQkv {
             // (unreachable: attn_qkv is attention-V-like above, as in llama.cpp)
-        } else if cat == FfnGate {
-            self.layer_info(self.i_ffn_gate, t.name)?;
-            self.i_ffn_gate += 1;
-        } else if cat == FfnUp {
-            self.layer_info(self.i_ffn_up, t.name)?;
-            self.i_ffn_up += 1;
+        } else if cat == FfnGate || cat == FfnUp {
+            let counter = if cat == FfnGate {
+                self.i_ffn_gate
+            } else {
+                self.i_ffn_up
+            };
+            let (i, n) = self.layer_info(counter, t.name)?;
+            if m.is("IQ3_XS") && i >= n / 8 && i < 7 * n / 8 {
+                ty = T::IQ3_XXS;
+            }
+            match cat {
+                FfnGate => self.i_ffn_gate += 1,
+                _ => self.i_ffn_up += 1,
+            }
         }
         Ok(ty)
+    }
+
+    /// The 1- and 2-bit mixes' rules (IQ2_XXS, IQ2_XS, IQ2_S, IQ2_M, IQ1_S, IQ1_M): more
+    /// bits for attention V, the first eighth of the FFN-down tensors (counted, not by
+    /// layer) and the attention output.
+    fn two_bit_rules(&mut self, mut ty: GgmlType, cat: Category) -> GgmlType {
+        use GgmlType as T;
+        let (m, model) = (self.mix, self.model);
+        let s_or_m = m.is("IQ2_S") || m.is("IQ2_M");
+        if is_attn_v(cat) {
+            ty = if model.n_gqa >= 4 || model.n_expert >= 4 {
+                T::Q4_K
+            } else if s_or_m {
+                T::IQ3_S
+            } else {
+                T::Q2_K
+            };
+            self.i_attention_wv += 1;
+        } else if model.n_expert == 8 && cat == Category::AttnK {
+            ty = T::Q4_K;
+        } else if cat == Category::FfnDown {
+            if self.i_ffn_down < i64::from(model.n_layer) / 8 {
+                ty = if s_or_m { T::IQ3_S } else { T::Q2_K };
+            }
+            self.i_ffn_down += 1;
+        } else if cat == Category::AttnOutput {
+            if model.n_expert == 8 {
+                ty = T::Q5_K;
+            } else if m.is("IQ1_S") || m.is("IQ1_M") {
+                ty = T::IQ2_XXS;
+            } else if s_or_m {
+                ty = T::IQ3_S;
+            }
+        }
+        ty
+    }
+
+    /// Attention V (and the tensors llama.cpp counts with it).
+    fn attn_v_type(&mut self, mut ty: GgmlType) -> GgmlType {
+        use GgmlType as T;
+        let (m, model) = (self.mix, self.model);
+        let gqa4 = model.n_gqa >= 4;
+        let i = self.i_attention_wv;
+        if m.is("Q2_K") {
+            ty = if gqa4 { T::Q4_K } else { T::Q3_K };
+        } else if m.is("Q2_K_S") && gqa4 {
+            ty = T::Q4_K;
+        } else if m.is("IQ3_XXS") {
+            ty = if gqa4 {
+                T::Q4_K
+            } else if !self.opts.has_imatrix {
+                T::IQ3_S
+            } else {
+                T::IQ3_XXS
+            };
+        } else if ((m.is("IQ3_XS") || m.is("IQ3_S")) && gqa4) || m.is("IQ3_M") {
+            ty = T::Q4_K;
+        } else if m.is("Q3_K_M") {
+            ty = if i < 2 { T::Q5_K } else { T::Q4_K };
+        } else if m.is("Q3_K_L") || ((m.is("IQ4_NL") || m.is("IQ4_XS")) && gqa4) {
+            ty = T::Q5_K;
+        } else if (m.is("Q4_K_M") || m.is("Q5_K_M")) && more_bits(i, self.n_attention_wv) {
+            ty = T::Q6_K;
+        } else if m.is("Q4_K_S") && i < 4 {
+            ty = T::Q5_K;
+        }
+        if model.is_70b && matches!(ty, T::Q3_K | T::Q4_K) {
+            ty = T::Q5_K;
+        }
+        if model.n_expert == 8 {
+            ty = T::Q8_0;
+        }
+        self.i_attention_wv += 1;
+        ty
+    }
+
+    /// FFN down of layer `i` of `n`.
+    fn ffn_down_type(&self, mut ty: GgmlType, i: i64, n: i64) -> GgmlType {
+        use GgmlType as T;
+        let m = self.mix;
+        let falcon = self.model.arch == "falcon";
+        let imatrix = self.opts.has_imatrix;
+        if m.is("Q2_K") {
+            ty = T::Q3_K;
+        } else if m.is("Q2_K_S") {
+            if i < n / 8 {
+                ty = T::Q4_K;
+            }
+        } else if m.is("IQ3_XXS") && !imatrix {
+            ty = if i < n / 8 { T::Q4_K } else { T::Q3_K };
+        } else if m.is("Q3_K_M") {
+            ty = if i < n / 16 {
+                T::Q5_K
+            } else if !falcon || more_bits(i, n) {
+                T::Q4_K
+            } else {
+                T::Q3_K
+            };
+        } else if m.is("IQ3_M") && (i < n / 8 || (self.model.n_expert == 8 && more_bits(i, n))) {
+            ty = T::Q4_K;
+        } else if m.is("Q3_K_L") {
+            ty = if falcon { T::Q4_K } else { T::Q5_K };
+        } else if m.is("Q4_K_M") {
+            if falcon {
+                ty = if i < n / 16 {
+                    T::Q6_K
+                } else if more_bits(i, n) {
+                    T::Q5_K
+                } else {
+                    T::Q4_K
+                };
+            } else if more_bits(i, n) {
+                ty = T::Q6_K;
+            }
+        } else if i < n / 8 && (m.is("IQ4_NL") || m.is("IQ4_XS")) && !imatrix {
+            ty = T::Q5_K;
+        } else if m.is("Q5_K_M") && more_bits(i, n) {
+            ty = T::Q6_K;
+        } else if m.is("Q4_K_S") && !falcon && i < n / 8 {
+            ty = T::Q5_K;
+        } else if (m.is("Q4_0") || m.is("Q5_0")) && imatrix && i < n / 8 {
+            ty = if m.is("Q4_0") { T::Q4_1 } else { T::Q5_1 };
+        }
+        ty
+    }
+
+    /// The attention output projection.
+    fn attn_output_type(&self, mut ty: GgmlType) -> GgmlType {
+        use GgmlType as T;
+        let m = self.mix;
+        if self.model.arch == "falcon" {
+            if m.is("Q3_K_L") {
+                ty = T::Q4_K;
+            }
+        } else if self.model.n_expert == 8 {
+            let five = [
+                "Q2_K", "IQ3_XS", "IQ3_XXS", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M",
+                "IQ3_S", "IQ3_M", "IQ4_XS",
+            ];
+            if five.iter().any(|n| m.is(n)) {
+                ty = T::Q5_K;
+            }
+        } else if m.is("Q2_K") {
+            ty = T::Q3_K;
+        } else if m.is("IQ3_XXS") {
+            ty = T::IQ3_S;
+        } else if m.is("Q3_K_M") || m.is("IQ3_M") {
+            ty = T::Q4_K;
+        } else if m.is("Q3_K_L") {
+            ty = T::Q5_K;
+        }
+        ty
     }
 }
 
@@ -530,7 +652,7 @@ mod tests {
     #[test]
     fn names_parse_and_order_follows_llama_cpp() {
         assert_eq!(Mix::parse("q4_k_m").unwrap().file_type, 15);
-        assert!(Mix::parse("IQ2_XS").unwrap_err().contains("cannot make"));
+        assert_eq!(Mix::parse("iq2_m").unwrap().default, GgmlType::IQ2_S);
         assert!(Mix::parse("Q9").unwrap_err().contains("Q4_K_M"));
         let mut names = vec![
             "blk.10.ffn_up.weight",
