@@ -205,7 +205,12 @@ fn make_qkx3<const N: usize>(
 /// by weighted (`w`) squared error, then up to five passes moving single quants while
 /// that raises `(Σ w x l)² / Σ w l²`. Returns the least-squares scale; `l` gets the
 /// quants. (A negative `x` stores its quant modulo 256, as ggml's `uint8_t` does.)
-fn make_qp_quants<const N: usize>(nmax: i32, x: &[f32; N], l: &mut [u8; N], w: &[f32; N]) -> f32 {
+pub(super) fn make_qp_quants<const N: usize>(
+    nmax: i32,
+    x: &[f32; N],
+    l: &mut [u8; N],
+    w: &[f32; N],
+) -> f32 {
     let mut max = 0.0f32;
     for &v in x {
         max = if max > v { max } else { v };
