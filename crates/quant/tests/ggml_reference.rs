@@ -5,7 +5,8 @@
 //! KV cache.
 
 use frink_quant::quantize::{
-    quantize, quantize_for_cache, quantize_weighted, NEED_IMATRIX, QUANTIZABLE, WEIGHTED,
+    quantize, quantize_for_cache, quantize_weighted, GRID_TYPES, NEED_IMATRIX, QUANTIZABLE,
+    WEIGHTED,
 };
 use frink_quant::GgmlType;
 
@@ -37,17 +38,6 @@ fn first_difference(ty: GgmlType, got: &[u8], want: &[u8]) -> Option<usize> {
         .zip(want.chunks(ty.type_size()))
         .position(|(a, b)| a != b)
 }
-
-/// The IQ1/IQ2/IQ3 grid types, checked by their own tests below.
-const GRID_TYPES: &[GgmlType] = &[
-    GgmlType::IQ2_XXS,
-    GgmlType::IQ2_XS,
-    GgmlType::IQ2_S,
-    GgmlType::IQ3_XXS,
-    GgmlType::IQ3_S,
-    GgmlType::IQ1_S,
-    GgmlType::IQ1_M,
-];
 
 /// `ty` without weights against `file_<ty>.bin`.
 fn check_file(ty: GgmlType) {

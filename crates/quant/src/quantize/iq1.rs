@@ -31,7 +31,7 @@ use std::sync::OnceLock;
 use half::f16;
 
 use super::kquants::QK_K;
-use super::put_f16;
+use super::{c_max, importance, put_f16};
 use crate::dot::quantize::nearest_int;
 use crate::grids::{IQ1M_DELTA, IQ1S_DELTA, IQ1S_GRID};
 
@@ -245,33 +245,9 @@ fn split_levels<const N: usize>(order: &[usize; N], i1: usize, i2: usize) -> [u8
     levels
 }
 
-/// ggml's `MAX(a, b)`: `a > b ? a : b`.
-fn c_max(a: f32, b: f32) -> f32 {
-    if a > b {
-        a
-    } else {
-        b
-    }
-}
-
 /// The largest magnitude of `xb`, as ggml's loop `MAX(max, fabsf(x))` from `|xb[0]|`.
 fn max_abs(xb: &[f32]) -> f32 {
     xb[1..].iter().fold(xb[0].abs(), |m, &v| c_max(m, v.abs()))
-}
-
-/// The importance of each value of the super-block: `qw · sqrt(sigma2 + x²)` with
-/// `sigma2 = 2 · Σx² / 256`, or `x²` without weights (ggml computes them per sub-block,
-/// IQ1_M twice: the same values).
-fn importance(x: &[f32], qw: Option<&[f32]>) -> [f32; QK_K] {
-    let mut sumx2 = 0.0f32;
-    for &v in x {
-        sumx2 += v * v;
-    }
-    let sigma2 = 2.0 * sumx2 / QK_K as f32;
-    match qw {
-        Some(qw) => std::array::from_fn(|i| qw[i] * (sigma2 + x[i] * x[i]).sqrt()),
-        None => std::array::from_fn(|i| x[i] * x[i]),
-    }
 }
 
 /// A sub-block's result: codebook indices of its groups of 8, its scale and its shift
@@ -390,7 +366,7 @@ fn s_split(xb: &[f32], w: &[f32]) -> Option<([u8; S_BLOCK], (f32, i8))> {
 pub(super) fn iq1_s(x: &[f32], qw: Option<&[f32]>, b: &mut [u8]) {
     let qw = qw.expect("IQ1_S needs importance weights");
     b.fill(0);
-    let weights = importance(x, Some(qw));
+    let weights = importance(x, Some(qw), 2.0);
     let mut scales = [0.0f32; QK_K / S_BLOCK];
     let mut shifts = [1i8; QK_K / S_BLOCK];
     let mut max_scale = 0.0f32;
@@ -524,7 +500,7 @@ const M_MASKS: [u8; 4] = [0x00, 0x80, 0x08, 0x88];
 /// `quantize_row_iq1_m_impl`.
 pub(super) fn iq1_m(x: &[f32], qw: Option<&[f32]>, b: &mut [u8]) {
     b.fill(0);
-    let weights = importance(x, qw);
+    let weights = importance(x, qw, 2.0);
     let mut scales = [0.0f32; QK_K / M_BLOCK];
     let mut shifts = [0i8; QK_K / M_BLOCK];
     let mut max_scale = 0.0f32;

@@ -35,8 +35,8 @@
 use std::sync::OnceLock;
 
 use super::kquants::{GROUP_MAX_EPS, QK_K};
-use super::put_f16;
 use super::weighted::make_qp_quants;
+use super::{c_max, put_f16, sum_squares};
 use crate::dot::quantize::nearest_int;
 use crate::grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID};
 
@@ -388,28 +388,9 @@ struct Coded {
     signs: [u8; 4],
 }
 
-/// `Σ x²` over the super-block, summed in order.
-fn sum_squares(x: &[f32]) -> f32 {
-    let mut sumx2 = 0.0f32;
-    for &v in &x[..QK_K] {
-        sumx2 += v * v;
-    }
-    sumx2
-}
-
 /// `qw · sqrt(σ² + x²)` for the `N` values from `at`.
 fn weights<const N: usize>(x: &[f32], qw: &[f32], sigma2: f32, at: usize) -> [f32; N] {
     std::array::from_fn(|i| qw[at + i] * (sigma2 + x[at + i] * x[at + i]).sqrt())
-}
-
-/// ggml's `MAX(a, b)` (`a > b ? a : b`).
-#[inline(always)]
-fn max_of(a: f32, b: f32) -> f32 {
-    if a > b {
-        a
-    } else {
-        b
-    }
 }
 
 /// The super-block scale `d = max_scale / 31` and each sub-block scale coded in 4 bits as
@@ -467,7 +448,7 @@ fn sub16(grid: &Grid, xb: &[f32], weight: [f32; 16], even: bool, eps: f32) -> Op
 pub(super) fn iq2_xxs(x: &[f32], qw: Option<&[f32]>, b: &mut [u8]) {
     let qw = qw.expect("IQ2_XXS needs importance weights");
     let grid = xxs_grid();
-    let sigma2 = sum_squares(x) / QK_K as f32;
+    let sigma2 = sum_squares(&x[..QK_K]) / QK_K as f32;
     let mut words = [[0u32; 2]; QK_K / 32];
     let mut scales = [0.0f32; QK_K / 32];
     let mut max_scale = 0.0f32;
@@ -480,7 +461,7 @@ pub(super) fn iq2_xxs(x: &[f32], qw: Option<&[f32]>, b: &mut [u8]) {
             words[ib][1] |= u32::from(c.signs[k]) << (7 * k);
         }
         scales[ib] = c.scale;
-        max_scale = max_of(max_scale, c.scale);
+        max_scale = c_max(max_scale, c.scale);
     }
     b.fill(0);
     if max_scale == 0.0 {
@@ -504,7 +485,7 @@ pub(super) fn iq2_xxs(x: &[f32], qw: Option<&[f32]>, b: &mut [u8]) {
 pub(super) fn iq2_xs(x: &[f32], qw: Option<&[f32]>, b: &mut [u8]) {
     let qw = qw.expect("IQ2_XS needs importance weights");
     let grid = xs_grid();
-    let sigma2 = sum_squares(x) / QK_K as f32;
+    let sigma2 = sum_squares(&x[..QK_K]) / QK_K as f32;
     let mut q2 = [0u16; QK_K / 8];
     let mut scales = [0.0f32; QK_K / 16];
     let mut max_scale = 0.0f32;
@@ -517,7 +498,7 @@ pub(super) fn iq2_xs(x: &[f32], qw: Option<&[f32]>, b: &mut [u8]) {
             q2[2 * ib + k] = c.index[k] | u16::from(c.signs[k]) << 9;
         }
         scales[ib] = c.scale;
-        max_scale = max_of(max_scale, c.scale);
+        max_scale = c_max(max_scale, c.scale);
     }
     b.fill(0);
     if max_scale == 0.0 {
@@ -539,7 +520,7 @@ pub(super) fn iq2_xs(x: &[f32], qw: Option<&[f32]>, b: &mut [u8]) {
 /// zero keeps the grid indices and signs of its coded sub-blocks (with `d = 0`).
 pub(super) fn iq2_s(x: &[f32], qw: Option<&[f32]>, b: &mut [u8]) {
     let grid = s_grid();
-    let sigma2 = 2.0 * sum_squares(x) / QK_K as f32;
+    let sigma2 = 2.0 * sum_squares(&x[..QK_K]) / QK_K as f32;
     let mut scales = [0.0f32; QK_K / 16];
     let mut max_scale = 0.0f32;
     b.fill(0);
@@ -559,7 +540,7 @@ pub(super) fn iq2_s(x: &[f32], qw: Option<&[f32]>, b: &mut [u8]) {
             b[2 + QK_K / 8 + i8] = c.signs[k];
         }
         scales[ib] = c.scale;
-        max_scale = max_of(max_scale, c.scale);
+        max_scale = c_max(max_scale, c.scale);
     }
     if max_scale == 0.0 {
         return;

@@ -21,7 +21,7 @@
 use std::sync::OnceLock;
 
 use super::kquants::QK_K;
-use super::put_f16;
+use super::{c_max, importance, put_f16};
 use crate::dot::quantize::nearest_int;
 use crate::grids::{IQ3S_GRID, IQ3XXS_GRID};
 
@@ -314,31 +314,6 @@ impl Search {
     }
 }
 
-/// The weights of a super-block's values: `qw · sqrt(σ² + x²)` with `σ² = 2 Σ x² / 256`
-/// given importance weights `qw`, else `x²`.
-fn weights(x: &[f32], qw: Option<&[f32]>) -> [f32; QK_K] {
-    match qw {
-        Some(qw) => {
-            let mut sumx2 = 0.0f32;
-            for &v in &x[..QK_K] {
-                sumx2 += v * v;
-            }
-            let sigma2 = 2.0 * sumx2 / QK_K as f32;
-            std::array::from_fn(|i| qw[i] * (sigma2 + x[i] * x[i]).sqrt())
-        }
-        None => std::array::from_fn(|i| x[i] * x[i]),
-    }
-}
-
-/// ggml's `MAX(a, b)`: `a > b ? a : b`.
-fn c_max(a: f32, b: f32) -> f32 {
-    if a > b {
-        a
-    } else {
-        b
-    }
-}
-
 /// The magnitudes of a sub-block, their largest (`MAX` from the first), and each
 /// 8-value group's sign bits (bit `i` set for a negative value).
 fn magnitudes(x: &[f32]) -> ([f32; SUB], f32, [u8; SUB / 8]) {
@@ -395,7 +370,7 @@ pub(super) fn iq3_xxs(x: &[f32], qw: Option<&[f32]>, b: &mut [u8]) {
         steps: 15,
         redo_all: false,
     };
-    let w = weights(x, qw);
+    let w = importance(x, qw, 2.0);
     let mut indices = [0u8; QK_K / 4];
     let mut meta = [0u32; SUBS];
     let mut scales = [0.0f32; SUBS];
@@ -451,7 +426,7 @@ pub(super) fn iq3_s(x: &[f32], qw: Option<&[f32]>, b: &mut [u8]) {
         steps: 9,
         redo_all: true,
     };
-    let w = weights(x, qw);
+    let w = importance(x, qw, 2.0);
     b.fill(0);
     let mut scales = [0.0f32; SUBS];
     let mut max_scale = 0.0f32;

@@ -76,6 +76,18 @@ pub const QUANTIZABLE: &[GgmlType] = &[
     GgmlType::IQ1_M,
 ];
 
+/// The grid types (IQ1, IQ2, IQ3): codebook searches, slow without SIMD and coarse
+/// without an importance matrix.
+pub const GRID_TYPES: &[GgmlType] = &[
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
+];
+
 /// Types quantized only with an importance matrix (ggml.c
 /// `ggml_quantize_requires_imatrix`): [`quantize`] refuses them with
 /// [`QuantError::NeedsImatrix`]; [`quantize_weighted`] writes them.
@@ -195,6 +207,38 @@ fn min_max(x: &[f32]) -> (f32, f32) {
         }
     }
     (min, max)
+}
+
+/// ggml's `MAX(a, b)`: `a > b ? a : b` (so `b` when either is NaN).
+#[inline(always)]
+pub(super) fn c_max(a: f32, b: f32) -> f32 {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+/// `Σ x²`, summed in order.
+pub(super) fn sum_squares(x: &[f32]) -> f32 {
+    let mut sum = 0.0f32;
+    for &v in x {
+        sum += v * v;
+    }
+    sum
+}
+
+/// The search weights of a 256-value super-block: with importance weights,
+/// `qw · sqrt(σ² + x²)` with `σ² = factor · Σx² / 256` (ggml's `quantize_row_*_impl`:
+/// `factor` 1 or 2 by type); without, `x²`.
+pub(super) fn importance(x: &[f32], qw: Option<&[f32]>, factor: f32) -> [f32; kquants::QK_K] {
+    match qw {
+        Some(qw) => {
+            let sigma2 = factor * sum_squares(&x[..kquants::QK_K]) / kquants::QK_K as f32;
+            std::array::from_fn(|i| qw[i] * (sigma2 + x[i] * x[i]).sqrt())
+        }
+        None => std::array::from_fn(|i| x[i] * x[i]),
+    }
 }
 
 /// Stores `v` rounded to f16 (`GGML_FP32_TO_FP16`) at byte `at` of `b`.

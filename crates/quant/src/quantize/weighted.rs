@@ -292,12 +292,7 @@ fn super_block_weights<const B: usize, const S: usize>(
     qw: &[f32; QK_K],
     factor: f32,
 ) -> ([f32; QK_K], [f32; S]) {
-    let mut sum_x2 = 0.0f32;
-    for &v in x {
-        sum_x2 += v * v;
-    }
-    let sigma2 = factor * sum_x2 / QK_K as f32;
-    let w: [f32; QK_K] = std::array::from_fn(|j| qw[j] * (sigma2 + x[j] * x[j]).sqrt());
+    let w = super::importance(x, Some(qw), factor);
     let sw = std::array::from_fn(|j| {
         let mut s = 0.0f32;
         for &v in &w[B * j..B * j + B] {
@@ -389,17 +384,6 @@ fn q6_k(x: &[f32; QK_K], qw: &[f32; QK_K], b: &mut [u8]) {
 mod tests {
     use super::*;
 
-    /// The IQ1/IQ2/IQ3 grid types, checked against ggml's bytes in tests/ggml_reference.rs.
-    const GRID: &[GgmlType] = &[
-        GgmlType::IQ2_XXS,
-        GgmlType::IQ2_XS,
-        GgmlType::IQ2_S,
-        GgmlType::IQ3_XXS,
-        GgmlType::IQ3_S,
-        GgmlType::IQ1_S,
-        GgmlType::IQ1_M,
-    ];
-
     /// Weights change the quants (a test that cannot pass if they were ignored), equal
     /// weights on a row of the reference path's kind give valid blocks that decode near
     /// the input, and the types that ignore weights give the unweighted bytes.
@@ -412,7 +396,11 @@ mod tests {
             .map(|i| if i % 5 == 0 { 50.0 } else { 0.01 })
             .collect();
         let flat = vec![1.0f32; 256];
-        for &ty in WEIGHTED.iter().filter(|t| !GRID.contains(t)) {
+        // (The grid types are checked against ggml's bytes in tests/ggml_reference.rs.)
+        for &ty in WEIGHTED
+            .iter()
+            .filter(|t| !super::super::GRID_TYPES.contains(t))
+        {
             let bytes = x.len() / ty.block_size() * ty.type_size();
             let (mut a, mut b) = (vec![0u8; bytes], vec![0u8; bytes]);
             quantize_weighted(ty, &x, &flat, &mut a).unwrap();
