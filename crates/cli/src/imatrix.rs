@@ -104,7 +104,8 @@ pub fn run(args: &ImatrixArgs) -> Result<()> {
     if n_chunks == 0 {
         bail!("--chunks 0: nothing to evaluate");
     }
-    eprintln!("{} tokens, {n_chunks} chunks of {ctx}", tokens.len());
+    let plural = if n_chunks == 1 { "" } else { "s" };
+    eprintln!("{} tokens, {n_chunks} chunk{plural} of {ctx}", tokens.len());
     let bos = if tok.add_bos() { tok.bos_id() } else { None };
     let recorder = Recorder::new(&model.file, args.process_output);
     let no_ppl = args.no_ppl;
@@ -146,10 +147,13 @@ pub fn run(args: &ImatrixArgs) -> Result<()> {
         .and_then(|()| std::fs::rename(&part, &args.output))
         .with_context(|| format!("cannot write {}", args.output.display()))?;
     eprintln!(
-        "{}: {} matrices, {n_chunks} chunks of {ctx} ({:?})",
+        "{}: {} matrices, {n_chunks} chunk{plural} of {ctx} ({})",
         args.output.display(),
         m.entries.len(),
-        format
+        match format {
+            OutputFormat::Gguf => "GGUF",
+            OutputFormat::Dat => "legacy .dat",
+        }
     );
     Ok(())
 }

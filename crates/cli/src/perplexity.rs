@@ -19,7 +19,7 @@ pub struct PerplexityArgs {
     /// Chunk size in tokens.
     #[arg(short = 'c', long = "ctx", default_value_t = 512)]
     pub ctx: usize,
-    /// Print one JSON object {"ppl", "ppl_plus_minus", "n_chunks", "ctx"}.
+    /// Print one JSON object {"ppl", "ppl_plus_minus", "n_chunks", "ctx", "n_tokens"}.
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = ArgAction::Set, default_value_t = false)]
     pub json: bool,
 }

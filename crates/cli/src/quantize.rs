@@ -64,8 +64,9 @@ pub struct QuantizeArgs {
     /// (repeatable; applied before --include-weights).
     #[arg(long = "exclude-weights", value_name = "NAME")]
     pub exclude_weights: Vec<String>,
-    /// With a split input, write one output shard per input shard
-    /// (`OUT-00001-of-0000N.gguf`), each tensor in its input's shard.
+    /// Write one output shard per input shard, each tensor in its input's shard, named
+    /// `OUT-00001-of-0000N.gguf` (a `.gguf` ending of OUT dropped), as llama-quantize does;
+    /// the mix's rules then see the tensors in the shards' order.
     #[arg(long)]
     pub keep_split: bool,
 }
@@ -187,14 +188,16 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
         .max(1);
     let keys = imatrix.as_ref().map_or(&[][..], |m| &m.keys[..]);
     let outputs = shards(&file, (mix, keys), &tensors, &args.output, args.keep_split);
+    let names: Vec<String> = outputs.iter().map(|o| o.0.display().to_string()).collect();
     write(&file, outputs, weights, threads)?;
     if !unweighted.is_empty() {
         eprintln!(
             "no importance weights for {} tensors (quantized without): {}",
             unweighted.len(),
-            unweighted.join(", ")
+            few(&unweighted)
         );
     }
+    report_types(&tensors);
     let size = |t: &[Planned], to: bool| -> u64 {
         t.iter()
             .map(|p| {
@@ -208,11 +211,52 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
         "{}: {} → {} ({:.2} MiB → {:.2} MiB, {threads} threads)",
         mix.name,
         input.display(),
-        args.output.display(),
+        names.join(", "),
         size(&tensors, false) as f64 / 1048576.0,
         size(&tensors, true) as f64 / 1048576.0,
     );
     Ok(())
+}
+
+/// The first few of `names`, and how many more.
+fn few(names: &[&str]) -> String {
+    const SHOWN: usize = 6;
+    let mut s = names[..names.len().min(SHOWN)].join(", ");
+    if names.len() > SHOWN {
+        s += &format!(" and {} more", names.len() - SHOWN);
+    }
+    s
+}
+
+/// Prints how many tensors got each type, and the fallbacks: tensors whose rows are not
+/// whole blocks of the type the mix wanted (llama-quantize's "falling back" lines).
+fn report_types(tensors: &[Planned]) {
+    let mut by_type: BTreeMap<String, usize> = BTreeMap::new();
+    let mut fallbacks: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for t in tensors {
+        *by_type.entry(t.to.to_string()).or_default() += 1;
+        if let Some(from) = t.fallback_from {
+            *fallbacks
+                .entry((from.to_string(), t.to.to_string()))
+                .or_default() += 1;
+        }
+    }
+    let list = |m: Vec<String>| m.join(", ");
+    eprintln!(
+        "tensor types: {}",
+        list(by_type.iter().map(|(t, n)| format!("{n} {t}")).collect())
+    );
+    if !fallbacks.is_empty() {
+        eprintln!(
+            "fallbacks (rows that are not whole blocks of the mix's type): {}",
+            list(
+                fallbacks
+                    .iter()
+                    .map(|((a, b), n)| format!("{n} {a} → {b}"))
+                    .collect()
+            )
+        );
+    }
 }
 
 /// One output file: where it goes, its header and its tensors.
@@ -238,6 +282,9 @@ fn shards<'a>(
         )];
     }
     let n = tensors.iter().map(|t| t.shard + 1).max().unwrap_or(1);
+    // llama-quantize drops a `.gguf` ending before adding the shard suffix.
+    let out = out.display().to_string();
+    let prefix = out.strip_suffix(".gguf").unwrap_or(&out);
     (0..n)
         .map(|i| {
             let mut w = if i == 0 {
@@ -250,7 +297,7 @@ fn shards<'a>(
                 w.add_metadata("split.count", MetaValue::U16(n as u16));
                 w.add_metadata("split.tensors.count", MetaValue::I32(tensors.len() as i32));
             }
-            let path = PathBuf::from(format!("{}-{:05}-of-{n:05}.gguf", out.display(), i + 1));
+            let path = PathBuf::from(format!("{prefix}-{:05}-of-{n:05}.gguf", i + 1));
             (path, w, tensors.iter().filter(|t| t.shard == i).collect())
         })
         .collect()

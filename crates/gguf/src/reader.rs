@@ -158,9 +158,11 @@ impl GgufFile {
         };
         let no = |f: &GgufFile| f.get("split.no").and_then(MetaValue::as_u64);
         if no(&self) != Some(0) {
+            let which = no(&self).map_or("a shard without split.no".to_string(), |n| {
+                format!("shard {} of {count}", n.saturating_add(1))
+            });
             return Err(err(format!(
-                "this is shard {:?} of {count}; open the first (split.no 0)",
-                no(&self)
+                "this is {which}; open the first, named …-00001-of-{count:05}.gguf"
             )));
         }
         if count > 4096 {

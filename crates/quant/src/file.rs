@@ -31,6 +31,9 @@ pub struct Planned {
     pub needs_imatrix: bool,
     /// The input shard holding it (0 unless the input is split).
     pub shard: usize,
+    /// The type the mix's rules wanted, when its rows are not whole blocks of it and
+    /// llama.cpp's fallback gave [`Planned::to`] instead.
+    pub fallback_from: Option<GgmlType>,
 }
 
 impl Planned {
@@ -160,6 +163,7 @@ pub fn plan(
             shape.pop();
         }
         out.push(Planned {
+            fallback_from: rules.fallback_from,
             shard,
             needs_imatrix: to != t.ggml_type && rules.requires_imatrix(&t.name, to),
             name: t.name.clone(),

@@ -272,6 +272,9 @@ pub struct MixPlan<'a> {
     i_ffn_down: i64,
     i_ffn_gate: i64,
     i_ffn_up: i64,
+    /// The type the rules wanted for the tensor [`MixPlan::type_of`] last answered, when
+    /// its rows were not whole blocks of it and llama.cpp's fallback chose another.
+    pub fallback_from: Option<GgmlType>,
 }
 
 /// Why a tensor cannot be made.
@@ -291,6 +294,7 @@ impl<'a> MixPlan<'a> {
             i_ffn_down: 0,
             i_ffn_gate: 0,
             i_ffn_up: 0,
+            fallback_from: None,
         }
     }
 
@@ -299,6 +303,7 @@ impl<'a> MixPlan<'a> {
     /// Errors: a tensor that would need an importance matrix (a `Q2_K_S` mix's Q2_K
     /// tensors), or a layer the MoE rules cannot read from its name.
     pub fn type_of(&mut self, t: &MixTensor<'_>) -> Result<GgmlType, MixError> {
+        self.fallback_from = None;
         if !allows_quantization(&self.model.arch, t, self.opts.leave_output) {
             return Ok(t.ty);
         }
@@ -326,7 +331,9 @@ impl<'a> MixPlan<'a> {
             None if !self.opts.pure => ty = self.rules(ty, t, cat)?,
             None => {}
         }
+        let wanted = ty;
         let ty = fallback(t, ty);
+        self.fallback_from = (ty != wanted).then_some(wanted);
         if self.requires_imatrix(t.name, ty) && !self.opts.has_imatrix {
             return Err(format!(
                 "{}: its {ty} quantization in the {} mix needs an importance matrix \
