@@ -500,6 +500,13 @@ pub fn read_text(path: &std::path::Path) -> Result<String> {
         std::io::Read::read_to_end(&mut std::io::stdin(), &mut b).context("reading stdin")?;
         b
     } else {
+        let meta =
+            std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
+        anyhow::ensure!(
+            meta.is_file(),
+            "{}: not a regular file (give a text file, or - for standard input)",
+            path.display()
+        );
         std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?
     };
     String::from_utf8(bytes).with_context(|| format!("{} is not UTF-8 text", path.display()))

@@ -73,11 +73,24 @@ pub fn run(args: &ImatrixArgs) -> Result<()> {
     if !args.model.lora.is_empty() || !args.model.lora_scaled.is_empty() {
         bail!("--lora: an importance matrix is of the base model's weights, without adapters");
     }
+    let model_path = args.model.path()?;
+    let mut inputs = vec![model_path.clone(), args.file.clone()];
+    if let Ok(f) = frink_gguf::GgufFile::open(&model_path) {
+        let count = f
+            .get("split.count")
+            .and_then(frink_gguf::MetaValue::as_u64)
+            .unwrap_or(1) as usize;
+        inputs.extend(
+            (2..=count.min(4096)).filter_map(|k| frink_gguf::split_path(&model_path, k, count)),
+        );
+    }
+    // Before any evaluation: a bad output path fails now, not after the work.
+    crate::output::check(&args.output, &inputs)?;
     let mut model = ModelArgs {
         decode_seqs: 0,
         ..args.model.clone()
     }
-    .load()?;
+    .load_path(&model_path)?;
     crate::common::generative(&model, "imatrix")?;
     let tok =
         Tokenizer::from_gguf_releasing(&mut model.file).context("cannot build the tokenizer")?;
@@ -85,7 +98,11 @@ pub fn run(args: &ImatrixArgs) -> Result<()> {
     let mut tokens = tok.encode(&text, true, args.parse_special)?;
     let ctx = args.ctx;
     if args.skip_chunks > 0 {
-        if (args.skip_chunks + 2) * ctx >= tokens.len() {
+        let needed = args
+            .skip_chunks
+            .checked_add(2)
+            .and_then(|n| n.checked_mul(ctx));
+        if needed.is_none_or(|n| n >= tokens.len()) {
             bail!(
                 "--chunk {}: not enough tokens left after skipping that many chunks of {ctx}",
                 args.skip_chunks
@@ -93,11 +110,10 @@ pub fn run(args: &ImatrixArgs) -> Result<()> {
         }
         tokens.drain(..args.skip_chunks * ctx);
     }
-    if tokens.len() < 2 * ctx {
+    if tokens.len() / 2 < ctx {
         bail!(
-            "the text has {} tokens: at least {} (two chunks of {ctx}) are needed",
+            "the text has {} tokens: at least two chunks of {ctx} are needed",
             tokens.len(),
-            2 * ctx
         );
     }
     let n_chunks = (tokens.len() / ctx).min(args.chunks.unwrap_or(usize::MAX));
@@ -142,10 +158,7 @@ pub fn run(args: &ImatrixArgs) -> Result<()> {
             .context("cannot encode the matrix")?,
         OutputFormat::Dat => m.to_legacy(),
     };
-    let part = args.output.with_extension("part");
-    std::fs::write(&part, &bytes)
-        .and_then(|()| std::fs::rename(&part, &args.output))
-        .with_context(|| format!("cannot write {}", args.output.display()))?;
+    crate::output::write_all(&args.output, &bytes)?;
     eprintln!(
         "{}: {} matrices, {n_chunks} chunk{plural} of {ctx} ({})",
         args.output.display(),

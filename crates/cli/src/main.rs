@@ -32,6 +32,7 @@ mod inspect;
 mod intermediates;
 mod interrupt;
 mod logits;
+mod output;
 mod overrides;
 mod perplexity;
 mod plan;

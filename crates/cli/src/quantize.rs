@@ -71,6 +71,10 @@ pub struct QuantizeArgs {
     pub keep_split: bool,
 }
 
+/// Quantizer threads at most: more only adds thread starts (a slab is split in as many
+/// row ranges).
+const MAX_THREADS: usize = 256;
+
 /// A ggml type by llama.cpp's name (`q4_k`, `Q8_0`, `f16`).
 fn ggml_type(s: &str) -> Result<GgmlType, String> {
     GgmlType::from_name(s)
@@ -128,7 +132,10 @@ impl QuantizeArgs {
             });
         }
         if weights.is_empty() {
-            return Ok(None);
+            bail!(
+                "--include-weights/--exclude-weights left none of the {} entries of {path}",
+                m.entries.len()
+            );
         }
         let keys = imatrix_metadata(path, &m, weights.len());
         eprintln!(
@@ -137,7 +144,7 @@ impl QuantizeArgs {
             m.chunk_count,
             m.datasets
                 .first()
-                .map(|d| format!(" of {d}"))
+                .map(|d| format!(" of {}", d.escape_debug()))
                 .unwrap_or_default()
         );
         Ok(Some(ImatrixUse { weights, keys }))
@@ -158,17 +165,16 @@ struct ImatrixUse {
 pub fn run(args: &QuantizeArgs) -> Result<()> {
     let mix = Mix::parse(&args.mix).map_err(anyhow::Error::msg)?;
     let input = frink_store::Store::from_env()?.resolve(&args.input)?;
-    let same = |a: &std::path::Path, b: &std::path::Path| {
-        a.canonicalize()
-            .ok()
-            .zip(b.canonicalize().ok())
-            .is_some_and(|(a, b)| a == b)
-    };
-    if same(&input, &args.output) {
-        bail!("the output {} is the input", args.output.display());
-    }
     let file =
         GgufFile::open(&input).with_context(|| format!("cannot read {}", input.display()))?;
+    if file.architecture().is_none() {
+        bail!(
+            "{}: no general.architecture: not a model file (an importance matrix goes to --imatrix)",
+            input.display()
+        );
+    }
+    let mut inputs = input_paths(&input, &file);
+    inputs.extend(args.imatrix.iter().map(PathBuf::from));
     let imatrix = args.imatrix()?;
     let opts = args.mix_options(imatrix.is_some())?;
     let tensors = plan(&file, mix, &opts, (args.allow_requantize, args.keep_split))
@@ -177,17 +183,30 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
     let weights = imatrix.as_ref().map_or(&no_weights, |m| &m.weights);
     let mut unweighted = Vec::new();
     for t in tensors.iter().filter(|t| t.to != t.from) {
-        if t.weights(weights).map_err(anyhow::Error::msg)?.is_none() && imatrix.is_some() {
-            unweighted.push(t.name.as_str());
+        if t.weights(weights).map_err(anyhow::Error::msg)?.is_none() {
+            if frink_quant::quantize::NEED_IMATRIX.contains(&t.to) {
+                bail!(
+                    "{}: {} needs importance weights, and {} has none for it",
+                    t.name,
+                    t.to,
+                    args.imatrix.as_deref().unwrap_or("no --imatrix")
+                );
+            }
+            if imatrix.is_some() {
+                unweighted.push(t.name.as_str());
+            }
         }
     }
     let threads = args
         .threads
         .or(args.threads_arg)
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-        .max(1);
+        .clamp(1, MAX_THREADS);
     let keys = imatrix.as_ref().map_or(&[][..], |m| &m.keys[..]);
     let outputs = shards(&file, (mix, keys), &tensors, &args.output, args.keep_split);
+    for o in &outputs {
+        crate::output::check(&o.0, &inputs)?;
+    }
     let names: Vec<String> = outputs.iter().map(|o| o.0.display().to_string()).collect();
     write(&file, outputs, weights, threads)?;
     if !unweighted.is_empty() {
@@ -216,6 +235,17 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
         size(&tensors, true) as f64 / 1048576.0,
     );
     Ok(())
+}
+
+/// Every file of the input model: the first, and the other shards of a split one.
+fn input_paths(first: &std::path::Path, file: &GgufFile) -> Vec<PathBuf> {
+    let count = file
+        .get("split.count")
+        .and_then(frink_gguf::MetaValue::as_u64)
+        .unwrap_or(1) as usize;
+    let mut out = vec![first.to_path_buf()];
+    out.extend((2..=count.min(4096)).filter_map(|k| frink_gguf::split_path(first, k, count)));
+    out
 }
 
 /// The first few of `names`, and how many more.
@@ -303,8 +333,8 @@ fn shards<'a>(
         .collect()
 }
 
-/// Writes each output to `PATH.part`, then renames it: an interrupted run leaves no file
-/// that looks whole.
+/// Writes each output to a temporary file of its own beside it, then renames it
+/// ([`crate::output`]): an interrupted run leaves no file that looks whole.
 fn write(
     file: &GgufFile,
     outputs: Vec<Output<'_>>,
@@ -322,36 +352,44 @@ fn write(
     let mut written: Vec<PathBuf> = Vec::new();
     let mut result = Ok(());
     for (out, header, tensors) in outputs {
-        let part = out.with_extension("gguf.part");
+        let (f, part) = match crate::output::create_part(&out) {
+            Ok(x) => x,
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        };
         let infos: Vec<(String, GgmlType, Vec<u64>)> = tensors
             .iter()
             .map(|t| (t.name.clone(), t.to, t.shape.clone()))
             .collect();
         result = (|| -> Result<()> {
-            let f = std::fs::File::create(&part)
-                .with_context(|| format!("cannot create {}", part.display()))?;
             let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
-            header.stream(&mut w, &infos, |i, sink| {
-                let t = tensors[i];
-                bar.set_message(format!("{} {}", t.name, t.to));
-                let base = before;
-                let qw = if t.to == t.from {
-                    None
-                } else {
-                    t.weights(weights).map_err(std::io::Error::other)?
-                };
-                write_tensor(file, t, qw, threads, sink, &mut |r| {
-                    bar.set_position(base + r)
+            header
+                .stream(&mut w, &infos, |i, sink| {
+                    let t = tensors[i];
+                    bar.set_message(format!("{} {}", t.name, t.to));
+                    let base = before;
+                    let qw = if t.to == t.from {
+                        None
+                    } else {
+                        t.weights(weights).map_err(std::io::Error::other)?
+                    };
+                    write_tensor(file, t, qw, threads, sink, &mut |r| {
+                        bar.set_position(base + r)
+                    })?;
+                    before += rows_of(t);
+                    Ok(())
+                })
+                .map_err(|e| match e {
+                    // The writer names no file; the tensor's own error says what failed.
+                    frink_gguf::GgufError::Io { source, .. } => anyhow::anyhow!("{source}"),
+                    other => other.into(),
                 })?;
-                before += rows_of(t);
-                Ok(())
-            })?;
             use std::io::Write;
             w.flush()?;
             w.get_ref().sync_all()?;
-            std::fs::rename(&part, &out)
-                .with_context(|| format!("cannot write {}", out.display()))?;
-            Ok(())
+            crate::output::finish(&part, &out)
         })();
         if result.is_err() {
             let _ = std::fs::remove_file(&part);

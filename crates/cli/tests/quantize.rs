@@ -349,3 +349,114 @@ fn keep_split_gives_llama_quantizes_shards() {
     }
     assert_eq!(sha256_file(&a), sha256_file(&b));
 }
+
+/// Outputs that a rename would wrongly replace, outputs that are inputs, and inputs that
+/// are not models or hold values that are not finite: each refused by name, before any
+/// work, leaving every file as it was and no temporary file behind.
+#[test]
+fn hostile_paths_and_inputs_are_refused() {
+    let Some(dir) = frink_testdata::require("fixtures/tiny/llama_q256", "hostile quantize") else {
+        return;
+    };
+    let model = dir.join("model.gguf");
+    let m = model.to_str().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let t = |n: &str| tmp.path().join(n);
+    // A copy named like a temporary file, and a FIFO and a folder as outputs.
+    std::fs::copy(&model, t("in.gguf.part")).unwrap();
+    let fifo = t("fifo");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    std::fs::create_dir(t("dir")).unwrap();
+    // A model with one infinite weight.
+    let whole = frink_gguf::GgufFile::open(&model).unwrap();
+    let mut w = frink_gguf::GgufWriter::new();
+    for (k, v) in whole.metadata() {
+        w.add_metadata(k.clone(), v.clone());
+    }
+    for (i, ti) in whole.tensor_infos().iter().enumerate() {
+        let mut data = whole.tensor(&ti.name).unwrap().data.to_vec();
+        if i == 3 {
+            data[8..12].copy_from_slice(&f32::INFINITY.to_le_bytes());
+        }
+        w.add_tensor(ti.name.clone(), ti.ggml_type, &ti.shape, data)
+            .unwrap();
+    }
+    w.write_to_file(t("inf.gguf")).unwrap();
+    let imatrix = data_dir().join("imatrix-llama_q256.gguf");
+    let (part, inf, imx) = (
+        t("in.gguf.part"),
+        t("inf.gguf"),
+        imatrix.to_str().unwrap().to_string(),
+    );
+    let s = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    let o = s(&t("o.gguf"));
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec![m.into(), s(&fifo), "Q8_0".into()],
+            "not a regular file",
+        ),
+        (
+            vec![m.into(), s(&t("dir")), "Q8_0".into()],
+            "not a regular file",
+        ),
+        (vec![s(&part), s(&part), "Q8_0".into()], "is the input"),
+        (
+            vec![m.into(), s(&t("nodir/o.gguf")), "Q8_0".into()],
+            "does not exist",
+        ),
+        (vec![s(&inf), o.clone(), "Q8_0".into()], "holds inf"),
+        (
+            vec![imx.clone(), o.clone(), "Q8_0".into()],
+            "not a model file",
+        ),
+        (
+            vec![
+                "--imatrix".into(),
+                "/dev/zero".into(),
+                m.into(),
+                o.clone(),
+                "Q4_K_M".into(),
+            ],
+            "not a regular file",
+        ),
+    ];
+    for (args, want) in cases {
+        let mut a = vec!["quantize"];
+        a.extend(args.iter().map(String::as_str));
+        let r = frink(&a);
+        assert_eq!(r.status.code(), Some(1), "{a:?}: {}", stderr(&r));
+        assert!(stderr(&r).contains(want), "{a:?}: {}", stderr(&r));
+    }
+    // Quantizing the copy named *.gguf.part works and leaves it whole.
+    let r = frink(&["quantize", &s(&part), &s(&t("q8.gguf")), "Q8_0"]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    assert_eq!(
+        std::fs::metadata(&part).unwrap().len(),
+        std::fs::metadata(&model).unwrap().len()
+    );
+    // imatrix: its output may not be the model.
+    let corpus = frink_testdata::require("golden/corpus/gpl3.txt", "hostile imatrix").unwrap();
+    let r = frink(&[
+        "imatrix",
+        "-m",
+        &s(&part),
+        "-f",
+        corpus.to_str().unwrap(),
+        "-o",
+        &s(&part),
+    ]);
+    assert_eq!(r.status.code(), Some(1), "{}", stderr(&r));
+    assert!(stderr(&r).contains("is the input"), "{}", stderr(&r));
+    let leftovers: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".part") && n != "in.gguf.part")
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    assert!(!t("o.gguf").exists());
+}

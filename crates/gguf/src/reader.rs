@@ -104,9 +104,10 @@ pub struct GgufFile {
     looked_up: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
+/// Shard `no` (1-based) of `count` of the split model whose first shard is `first`:
 /// `prefix-NNNNN-of-MMMMM.gguf`, llama.cpp's split file names (`llama_split_path`,
-/// src/llama.cpp: `"%s-%05d-of-%05d.gguf"`, shards numbered from 1).
-fn split_path(first: &Path, no: usize, count: usize) -> Option<std::path::PathBuf> {
+/// src/llama.cpp: `"%s-%05d-of-%05d.gguf"`), or `None` when `first` is not named so.
+pub fn split_path(first: &Path, no: usize, count: usize) -> Option<std::path::PathBuf> {
     let name = first.file_name()?.to_str()?;
     let suffix = format!("-00001-of-{count:05}.gguf");
     let prefix = name.strip_suffix(&suffix)?;

@@ -338,13 +338,24 @@ impl Rows<'_> {
                 .zip(src.chunks(per * self.src_row))
                 .enumerate()
                 .map(|(i, ((x, q), src))| {
-                    s.spawn(move || -> Result<(), String> {
+                    std::thread::Builder::new().spawn_scoped(s, move || -> Result<(), String> {
                         widen(t.from, src, x).map_err(|e| e.to_string())?;
-                        self.quantize(t.to, self.first + i * per, x, q)
+                        let first = self.first + i * per;
+                        if let Some(bad) = x.iter().position(|v| !v.is_finite()) {
+                            return Err(format!(
+                                "{}: row {} holds {} (llama-quantize refuses rows that are \
+                                 not finite too)",
+                                t.name,
+                                first + bad / cols,
+                                x[bad]
+                            ));
+                        }
+                        self.quantize(t.to, first, x, q)
                     })
                 })
                 .collect();
             jobs.into_iter().try_for_each(|j| {
+                let j = j.map_err(|e| format!("cannot start a quantizer thread: {e}"))?;
                 j.join()
                     .unwrap_or_else(|_| Err("a quantizer thread failed".into()))
             })

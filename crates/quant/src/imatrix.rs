@@ -28,6 +28,11 @@ pub const KEY_CHUNK_COUNT: &str = "imatrix.chunk_count";
 /// `imatrix.chunk_size`: tokens per chunk.
 pub const KEY_CHUNK_SIZE: &str = "imatrix.chunk_size";
 
+/// The most matrices a file may describe (a model has some tens per layer: DeepSeek-V3's
+/// 61 layers about 600); more is a damaged or hostile file, refused before its entries
+/// are allocated.
+pub const MAX_ENTRIES: usize = 1 << 16;
+
 /// One matrix's statistics.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Entry {
@@ -115,22 +120,36 @@ impl Imatrix {
     /// # Errors
     /// [`ImatrixError::Io`], or [`ImatrixError::Format`] naming what is damaged: a GGUF
     /// that does not parse, a matrix with sums but no counts (or the reverse), non-f32
-    /// statistics, sums that are not whole matrices; a legacy file cut short or with
-    /// negative or oversized lengths. Nothing is allocated beyond the file's own size.
+    /// statistics, sums that are not whole matrices, counts other than one per matrix of
+    /// the sums' second dimension, more than [`MAX_ENTRIES`] matrices; a legacy file cut
+    /// short or with negative or oversized lengths; anything but a regular file. A GGUF
+    /// is mapped and its metadata checked first; a legacy file is read whole.
     pub fn read(path: impl AsRef<Path>) -> Result<Imatrix, ImatrixError> {
+        use std::io::Read;
         let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|source| ImatrixError::Io {
+        let io = |source| ImatrixError::Io {
             path: path.to_path_buf(),
             source,
-        })?;
+        };
         let format = |msg: String| ImatrixError::Format {
             path: path.to_path_buf(),
             msg,
         };
-        if bytes.starts_with(b"GGUF") {
-            let file = GgufFile::from_bytes(bytes).map_err(|e| format(e.to_string()))?;
+        let meta = std::fs::metadata(path).map_err(io)?;
+        if !meta.is_file() {
+            return Err(format("not a regular file".into()));
+        }
+        let mut magic = [0u8; 4];
+        let n = std::fs::File::open(path)
+            .and_then(|mut f| f.read(&mut magic))
+            .map_err(io)?;
+        if n == 4 && &magic == b"GGUF" {
+            // Mapped, not read: the metadata is checked before any tensor is touched (a
+            // model given by mistake costs no more than its header).
+            let file = GgufFile::open(path).map_err(|e| format(e.to_string()))?;
             Self::from_gguf(&file).map_err(format)
         } else {
+            let bytes = std::fs::read(path).map_err(io)?;
             Self::from_legacy(&bytes).map_err(format)
         }
     }
@@ -167,15 +186,21 @@ impl Imatrix {
                     .collect(),
             ))
         };
-        let mut names: Vec<&str> = Vec::new();
+        let mut names: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
         for t in file.tensor_infos() {
             let base = t
                 .name
                 .strip_suffix(".in_sum2")
                 .or_else(|| t.name.strip_suffix(".counts"));
-            if let Some(b) = base.filter(|b| !b.is_empty() && !names.contains(b)) {
-                names.push(b);
+            if let Some(b) = base.filter(|b| !b.is_empty()) {
+                names.insert(b);
             }
+        }
+        if names.len() > MAX_ENTRIES {
+            return Err(format!(
+                "{} matrices: more than the {MAX_ENTRIES} any model has",
+                names.len()
+            ));
         }
         for name in names {
             let sums = floats(&format!("{name}.in_sum2"))?;
@@ -185,7 +210,13 @@ impl Imatrix {
                     "{name}: sums (.in_sum2) and counts (.counts) do not pair"
                 ));
             };
-            if counts.is_empty() || !sums.len().is_multiple_of(counts.len()) {
+            let n_mat = file
+                .tensor(&format!("{name}.in_sum2"))
+                .map_or(1, |t| t.info.shape.get(1).copied().unwrap_or(1) as usize);
+            if counts.is_empty()
+                || counts.len() != n_mat
+                || !sums.len().is_multiple_of(counts.len())
+            {
                 return Err(format!(
                     "{name}: {} sums are not whole matrices for {} counts",
                     sums.len(),
@@ -226,8 +257,8 @@ impl Imatrix {
         };
         let int = |b: &[u8]| i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
         let n_entries = int(take(4, "the entry count")?);
-        if n_entries < 1 {
-            return Err(format!("entry count {n_entries}"));
+        if n_entries < 1 || n_entries as usize > MAX_ENTRIES {
+            return Err(format!("entry count {n_entries} (1 to {MAX_ENTRIES})"));
         }
         let mut m = Imatrix {
             legacy: true,
