@@ -495,22 +495,42 @@ impl SamplingArgs {
 /// Reads a text input byte for byte (CONTRACT.md: no trailing newline is stripped);
 /// `-` is standard input.
 pub fn read_text(path: &std::path::Path) -> Result<String> {
-    let bytes = if path.as_os_str() == "-" {
-        let mut b = Vec::new();
-        std::io::Read::read_to_end(&mut std::io::stdin(), &mut b).context("reading stdin")?;
-        b
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    let limit = MAX_TEXT_BYTES as u64 + 1;
+    if path.as_os_str() == "-" {
+        std::io::stdin()
+            .take(limit)
+            .read_to_end(&mut bytes)
+            .context("reading stdin")?;
     } else {
         let meta =
             std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
+        #[cfg(unix)]
+        let pipe = std::os::unix::fs::FileTypeExt::is_fifo(&meta.file_type());
+        #[cfg(not(unix))]
+        let pipe = false;
         anyhow::ensure!(
-            meta.is_file(),
-            "{}: not a regular file (give a text file, or - for standard input)",
+            meta.is_file() || pipe,
+            "{}: not a text file or a pipe (give a file, or - for standard input)",
             path.display()
         );
-        std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?
-    };
+        std::fs::File::open(path)
+            .and_then(|f| f.take(limit).read_to_end(&mut bytes))
+            .with_context(|| format!("cannot read {}", path.display()))?;
+    }
+    anyhow::ensure!(
+        bytes.len() <= MAX_TEXT_BYTES,
+        "{}: more than {} GiB of text",
+        path.display(),
+        MAX_TEXT_BYTES >> 30
+    );
     String::from_utf8(bytes).with_context(|| format!("{} is not UTF-8 text", path.display()))
 }
+
+/// The most text [`read_text`] reads (4 GiB): a larger input is refused rather than
+/// read until memory runs out (`/dev/zero` through a pipe).
+const MAX_TEXT_BYTES: usize = 4 << 30;
 
 /// Generation limits shared by `run` and `chat`: system message, token budget, context.
 #[derive(Args, Clone, Debug)]
