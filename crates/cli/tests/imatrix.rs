@@ -27,6 +27,26 @@ fn concordance(a: &[f32], b: &[f32]) -> f64 {
     agree as f64 / pairs.max(1) as f64
 }
 
+/// The fraction of columns whose place in the ranking by importance in `b` is within
+/// `slack` places of their place in `a` (0: the same place; ties broken by column).
+fn near_rank(a: &[f32], b: &[f32], slack: usize) -> f64 {
+    let place = |v: &[f32]| {
+        let mut i: Vec<usize> = (0..v.len()).collect();
+        i.sort_by(|&x, &y| v[y].total_cmp(&v[x]).then(x.cmp(&y)));
+        let mut at = vec![0usize; v.len()];
+        for (p, &c) in i.iter().enumerate() {
+            at[c] = p;
+        }
+        at
+    };
+    let (pa, pb) = (place(a), place(b));
+    pa.iter()
+        .zip(&pb)
+        .filter(|(x, y)| x.abs_diff(**y) <= slack)
+        .count() as f64
+        / a.len() as f64
+}
+
 /// The fraction of `a`'s columns whose place in the ranking by importance is the same in
 /// `b` (ties broken by column).
 fn same_rank(a: &[f32], b: &[f32]) -> f64 {
@@ -48,10 +68,11 @@ fn same_rank(a: &[f32], b: &[f32]) -> f64 {
 /// per column; deeper, the matrices differ as the two engines' activations drift apart
 /// (their perplexities differ by 1e-4 relative): `Σ|Δ| / Σ` per matrix at most 4.0e-4 in
 /// layer 0 and 5.6e-3 anywhere (bound 1e-2; the wrong input for a matrix, or rows counted
-/// twice, would be of order 1, and the row counts must be equal). Column pairs ordered
-/// alike: at least 99.59% in every matrix (bound 99%). Strictly the same rank position
-/// holds for only 44% of columns: many columns' importances are closer together than the
-/// engines' difference.
+/// twice, would be of order 1, and the row counts must be equal). The ranking of columns
+/// by importance: 99.36% of all columns sit within 1% of their matrix's width of
+/// llama-imatrix's place (bound 99%), and at least 99.59% of column pairs are ordered
+/// alike in every matrix (bound 99%); exactly the same place holds for only 44%, because
+/// many columns' importances are closer together than the engines' difference.
 #[test]
 fn agrees_with_llama_imatrix_on_smollm2() {
     let Some(corpus) = frink_testdata::require("golden/corpus/gpl3.txt", "imatrix vs llama") else {
@@ -82,6 +103,7 @@ fn agrees_with_llama_imatrix_on_smollm2() {
     let (wo, wt) = (ours.weights().unwrap(), theirs.weights().unwrap());
     let mut by_layer: BTreeMap<usize, (f64, f64)> = BTreeMap::new();
     let (mut worst_rel, mut worst_conc, mut ranked, mut cols) = (0f64, 1f64, 0f64, 0usize);
+    let mut near = 0f64;
     for (name, a) in &wo {
         assert_eq!(
             ours.entries[name].counts, theirs.entries[name].counts,
@@ -106,6 +128,7 @@ fn agrees_with_llama_imatrix_on_smollm2() {
         }
         let c = concordance(a, b);
         ranked += same_rank(a, b) * a.len() as f64;
+        near += near_rank(a, b, a.len() / 100) * a.len() as f64;
         cols += a.len();
         let layer: usize = name.split('.').nth(1).unwrap().parse().unwrap();
         let e = by_layer.entry(layer).or_insert((0.0, 1.0));
@@ -126,6 +149,12 @@ fn agrees_with_llama_imatrix_on_smollm2() {
     );
     assert!(worst_rel < 1e-2, "{worst_rel}");
     assert!(worst_conc >= 0.99, "{worst_conc}");
+    let near = near / cols as f64;
+    eprintln!(
+        "columns ranked within 1% of their matrix's columns of llama's place: {:.3}%",
+        100.0 * near
+    );
+    assert!(near >= 0.99, "{near}");
 }
 
 /// On the tiny fixtures (f32 weights, 4 chunks of 128 tokens): the dense llama and the
