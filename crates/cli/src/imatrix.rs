@@ -74,23 +74,15 @@ pub fn run(args: &ImatrixArgs) -> Result<()> {
         bail!("--lora: an importance matrix is of the base model's weights, without adapters");
     }
     let model_path = args.model.path()?;
-    let mut inputs = vec![model_path.clone(), args.file.clone()];
-    if let Ok(f) = frink_gguf::GgufFile::open(&model_path) {
-        let count = f
-            .get("split.count")
-            .and_then(frink_gguf::MetaValue::as_u64)
-            .unwrap_or(1) as usize;
-        inputs.extend(
-            (2..=count.min(4096)).filter_map(|k| frink_gguf::split_path(&model_path, k, count)),
-        );
-    }
-    // Before any evaluation: a bad output path fails now, not after the work.
-    crate::output::check(&args.output, &inputs)?;
     let mut model = ModelArgs {
         decode_seqs: 0,
         ..args.model.clone()
     }
     .load_path(&model_path)?;
+    // Before any evaluation: a bad output path fails now, not after the work.
+    let mut inputs = model.file.shard_paths(&model_path);
+    inputs.push(args.file.clone());
+    crate::output::check(&args.output, &inputs)?;
     crate::common::generative(&model, "imatrix")?;
     let tok =
         Tokenizer::from_gguf_releasing(&mut model.file).context("cannot build the tokenizer")?;

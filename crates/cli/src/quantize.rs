@@ -173,7 +173,7 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
             input.display()
         );
     }
-    let mut inputs = input_paths(&input, &file);
+    let mut inputs = file.shard_paths(&input);
     inputs.extend(args.imatrix.iter().map(PathBuf::from));
     let imatrix = args.imatrix()?;
     let opts = args.mix_options(imatrix.is_some())?;
@@ -235,17 +235,6 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
         size(&tensors, true) as f64 / 1048576.0,
     );
     Ok(())
-}
-
-/// Every file of the input model: the first, and the other shards of a split one.
-fn input_paths(first: &std::path::Path, file: &GgufFile) -> Vec<PathBuf> {
-    let count = file
-        .get("split.count")
-        .and_then(frink_gguf::MetaValue::as_u64)
-        .unwrap_or(1) as usize;
-    let mut out = vec![first.to_path_buf()];
-    out.extend((2..=count.min(4096)).filter_map(|k| frink_gguf::split_path(first, k, count)));
-    out
 }
 
 /// The first few of `names`, and how many more.

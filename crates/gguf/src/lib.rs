@@ -14,9 +14,7 @@ mod value;
 mod writer;
 
 pub use error::{GgufError, Result};
-pub use reader::{
-    split_path, GgufFile, Tensor, TensorInfo, DEFAULT_ALIGNMENT, MAX_ARRAY_DEPTH, MAX_DIMS,
-};
+pub use reader::{GgufFile, Tensor, TensorInfo, DEFAULT_ALIGNMENT, MAX_ARRAY_DEPTH, MAX_DIMS};
 pub use summary::{file_type_name, human_bytes, parameter_size};
 pub use types::{GgmlType, QK_K};
 pub use value::{MetaArray, MetaValue, ValueType};

@@ -104,10 +104,13 @@ pub struct GgufFile {
     looked_up: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
+/// The most shards a split model may have.
+const MAX_SHARDS: usize = 4096;
+
 /// Shard `no` (1-based) of `count` of the split model whose first shard is `first`:
 /// `prefix-NNNNN-of-MMMMM.gguf`, llama.cpp's split file names (`llama_split_path`,
 /// src/llama.cpp: `"%s-%05d-of-%05d.gguf"`), or `None` when `first` is not named so.
-pub fn split_path(first: &Path, no: usize, count: usize) -> Option<std::path::PathBuf> {
+fn split_path(first: &Path, no: usize, count: usize) -> Option<std::path::PathBuf> {
     let name = first.file_name()?.to_str()?;
     let suffix = format!("-00001-of-{count:05}.gguf");
     let prefix = name.strip_suffix(&suffix)?;
@@ -166,7 +169,7 @@ impl GgufFile {
                 "this is {which}; open the first, named …-00001-of-{count:05}.gguf"
             )));
         }
-        if count > 4096 {
+        if count > MAX_SHARDS {
             return Err(err(format!(
                 "split.count {count} is not a plausible shard count"
             )));
@@ -407,6 +410,19 @@ impl GgufFile {
     /// Every tensor with its data, in file order.
     pub fn tensors(&self) -> impl Iterator<Item = Tensor<'_>> + '_ {
         (0..self.tensors.len()).map(|i| self.tensor_at(i))
+    }
+
+    /// Every file of this model, opened from `first`: `first`, then the other shards of a
+    /// split model as [`split_path`] names them (a command that writes files must not
+    /// overwrite any of them).
+    pub fn shard_paths(&self, first: &Path) -> Vec<std::path::PathBuf> {
+        let count = self
+            .get("split.count")
+            .and_then(MetaValue::as_u64)
+            .unwrap_or(1) as usize;
+        let mut out = vec![first.to_path_buf()];
+        out.extend((2..=count.min(MAX_SHARDS)).filter_map(|k| split_path(first, k, count)));
+        out
     }
 
     /// The shard (0 = this file) holding the tensor at index `i` of

@@ -136,7 +136,7 @@ pub fn plan(
             ty: t.ggml_type,
             shape: &t.shape,
         };
-        let to = rules.type_of(&tensor)?;
+        let (to, fallback_from) = rules.type_of(&tensor)?;
         if to != t.ggml_type {
             if !crate::quantize::QUANTIZABLE.contains(&to) {
                 return Err(format!("{}: frink cannot write {to} tensors yet", t.name));
@@ -163,7 +163,7 @@ pub fn plan(
             shape.pop();
         }
         out.push(Planned {
-            fallback_from: rules.fallback_from,
+            fallback_from,
             shard,
             needs_imatrix: to != t.ggml_type && rules.requires_imatrix(&t.name, to),
             name: t.name.clone(),

@@ -272,9 +272,6 @@ pub struct MixPlan<'a> {
     i_ffn_down: i64,
     i_ffn_gate: i64,
     i_ffn_up: i64,
-    /// The type the rules wanted for the tensor [`MixPlan::type_of`] last answered, when
-    /// its rows were not whole blocks of it and llama.cpp's fallback chose another.
-    pub fallback_from: Option<GgmlType>,
 }
 
 /// Why a tensor cannot be made.
@@ -294,18 +291,17 @@ impl<'a> MixPlan<'a> {
             i_ffn_down: 0,
             i_ffn_gate: 0,
             i_ffn_up: 0,
-            fallback_from: None,
         }
     }
 
-    /// The type `t` gets (call in [`tensor_order`]).
+    /// The type `t` gets (call in [`tensor_order`]), and the type the rules wanted when
+    /// its rows are not whole blocks of that one and llama.cpp's fallback chose the first.
     ///
     /// Errors: a tensor that would need an importance matrix (a `Q2_K_S` mix's Q2_K
     /// tensors), or a layer the MoE rules cannot read from its name.
-    pub fn type_of(&mut self, t: &MixTensor<'_>) -> Result<GgmlType, MixError> {
-        self.fallback_from = None;
+    pub fn type_of(&mut self, t: &MixTensor<'_>) -> Result<(GgmlType, Option<GgmlType>), MixError> {
         if !allows_quantization(&self.model.arch, t, self.opts.leave_output) {
-            return Ok(t.ty);
+            return Ok((t.ty, None));
         }
         let cat = category(t.name);
         let manual = self
@@ -316,15 +312,15 @@ impl<'a> MixPlan<'a> {
             .map(|(_, ty)| *ty);
         if let (Some(ty), Category::TokenEmbd) = (self.opts.token_embedding_type, cat) {
             if t.name != "per_layer_token_embd.weight" || manual.is_none() {
-                return Ok(ty);
+                return Ok((ty, None));
             }
         }
         if let (Some(ty), Category::Output) = (self.opts.output_type, cat) {
-            return Ok(ty);
+            return Ok((ty, None));
         }
         let mut ty = self.mix.default;
         if !ty.is_quantized() {
-            return Ok(ty);
+            return Ok((ty, None));
         }
         match manual {
             Some(m) => ty = m,
@@ -333,7 +329,6 @@ impl<'a> MixPlan<'a> {
         }
         let wanted = ty;
         let ty = fallback(t, ty);
-        self.fallback_from = (ty != wanted).then_some(wanted);
         if self.requires_imatrix(t.name, ty) && !self.opts.has_imatrix {
             return Err(format!(
                 "{}: its {ty} quantization in the {} mix needs an importance matrix \
@@ -341,7 +336,7 @@ impl<'a> MixPlan<'a> {
                 t.name, self.mix.name
             ));
         }
-        Ok(ty)
+        Ok((ty, (ty != wanted).then_some(wanted)))
     }
 
     /// Whether tensor `name` quantized to `ty` needs an importance matrix

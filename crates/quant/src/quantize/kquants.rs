@@ -419,8 +419,7 @@ fn k4_scales(x: &[f32], b: &mut [u8], nmax: i32, search: (f32, f32, i32)) -> [u8
     let av_x: [f32; 8] = std::array::from_fn(|k| (sum_x2[k] / 32.0).sqrt());
     let wt: [[f32; 8]; 32] =
         std::array::from_fn(|i| std::array::from_fn(|k| av_x[k] + xt[i][k].abs()));
-    let (l, scales, mins) = k4_search::<false>(&xt, &wt, nmax, search);
-    let mut l = l;
+    let (mut l, scales, mins) = k4_search::<false>(&xt, &wt, nmax, search);
     let (mut max_scale, mut max_min) = (0f32, 0f32);
     for j in 0..8 {
         max_scale = if scales[j] > max_scale {
