@@ -7,6 +7,7 @@ pub mod embed;
 pub mod gbnf;
 mod generate;
 pub mod image;
+pub mod kld;
 pub mod kv_blocks;
 mod perplexity;
 pub mod safe_fs;

@@ -51,19 +51,101 @@ pub fn perplexity_with(
     bos: Option<u32>,
     kv_type: KvType,
     all_rows: bool,
-    mut on_chunk: impl FnMut(usize, f64),
+    on_chunk: impl FnMut(usize, f64),
 ) -> Result<Perplexity, ModelError> {
+    perplexity_rows(model, tokens, ctx, bos, kv_type, all_rows, on_chunk, |_| {
+        Ok(())
+    })
+}
+
+/// [`perplexity_with`] that also hands `on_rows` each chunk's scored rows (`n_vocab`
+/// logits each) before its perplexity is counted.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn perplexity_rows<E: From<ModelError>>(
+    model: &Model,
+    tokens: &[u32],
+    ctx: usize,
+    bos: Option<u32>,
+    kv_type: KvType,
+    all_rows: bool,
+    mut on_chunk: impl FnMut(usize, f64),
+    mut on_rows: impl FnMut(&[f32]) -> Result<(), E>,
+) -> Result<Perplexity, E> {
+    let n_chunks = tokens.len() / ctx.max(1);
+    let first = ctx / 2;
+    let (mut sum, mut sum2, mut count) = (0f64, 0f64, 0usize);
+    let mut running = Vec::with_capacity(n_chunks);
+    score_chunks(
+        model,
+        tokens,
+        ctx,
+        bos,
+        kv_type,
+        all_rows,
+        |ci, rows, targets| -> Result<(), E> {
+            on_rows(rows)?;
+            for (row, &target) in rows.chunks_exact(model.config.n_vocab).zip(targets) {
+                let nll = nll(row, target);
+                sum += nll;
+                sum2 += nll * nll;
+                count += 1;
+            }
+            let ppl = (sum / count as f64).exp();
+            running.push(ppl);
+            on_chunk(ci, ppl);
+            Ok(())
+        },
+    )?;
+    let mean = sum / count as f64;
+    let var = (sum2 / count as f64 - mean * mean).max(0.0);
+    let ppl = mean.exp();
+    Ok(Perplexity {
+        ppl,
+        ppl_plus_minus: ppl * (var / (count as f64 - 1.0).max(1.0)).sqrt(),
+        n_chunks,
+        ctx,
+        scored_per_chunk: ctx - first - 1,
+        running,
+    })
+}
+
+/// `−log softmax(row)[target]` in f64 (the max subtracted first).
+fn nll(row: &[f32], target: u32) -> f64 {
+    let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+    let log_sum: f64 = row
+        .iter()
+        .map(|&v| (v as f64 - max).exp())
+        .sum::<f64>()
+        .ln();
+    -(row[target as usize] as f64 - max - log_sum)
+}
+
+/// Evaluates `tokens` in `floor(n / ctx)` chunks as [`perplexity`] does and hands
+/// `on_chunk(chunk, rows, targets)` each chunk's scored rows: the logits at positions
+/// `ctx/2 .. ctx−2` (`n_vocab` each, row-major) and the tokens they predict. Shared by
+/// [`perplexity_with`] and [`crate::kld::kl_divergence`], so both score the same rows.
+///
+/// Errors: `ctx < 4` or fewer than `ctx` tokens ([`ModelError::ContextFull`]), evaluation
+/// errors, and whatever `on_chunk` returns.
+pub(crate) fn score_chunks<E: From<ModelError>>(
+    model: &Model,
+    tokens: &[u32],
+    ctx: usize,
+    bos: Option<u32>,
+    kv_type: KvType,
+    all_rows: bool,
+    mut on_chunk: impl FnMut(usize, &[f32], &[u32]) -> Result<(), E>,
+) -> Result<(), E> {
     let n_chunks = tokens.len() / ctx.max(1);
     if ctx < 4 || n_chunks == 0 {
         return Err(ModelError::ContextFull {
             needed: ctx.max(4),
             n_ctx: tokens.len(),
-        });
+        }
+        .into());
     }
     let n_vocab = model.config.n_vocab;
     let first = ctx / 2;
-    let (mut sum, mut sum2, mut count) = (0f64, 0f64, 0usize);
-    let mut running = Vec::with_capacity(n_chunks);
     let mut cache = SeqState::new(&model.config, ctx, kv_type);
     for ci in 0..n_chunks {
         let mut chunk = tokens[ci * ctx..(ci + 1) * ctx].to_vec();
@@ -77,39 +159,11 @@ pub fn perplexity_with(
             Logits::From(first)
         };
         let logits = model.forward(&mut cache, &chunk, head)?;
-        let skip = if all_rows { first } else { 0 };
+        let skip = if all_rows { first * n_vocab } else { 0 };
         // Row r of the scored rows is position first + r; it predicts chunk[first + r + 1].
-        for (r, row) in logits
-            .chunks_exact(n_vocab)
-            .skip(skip)
-            .take(ctx - first - 1)
-            .enumerate()
-        {
-            let target = chunk[first + r + 1] as usize;
-            let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
-            let log_sum: f64 = row
-                .iter()
-                .map(|&v| (v as f64 - max).exp())
-                .sum::<f64>()
-                .ln();
-            let nll = -(row[target] as f64 - max - log_sum);
-            sum += nll;
-            sum2 += nll * nll;
-            count += 1;
-        }
-        let ppl = (sum / count as f64).exp();
-        running.push(ppl);
-        on_chunk(ci, ppl);
+        let scored = &logits[skip..skip + (ctx - first - 1) * n_vocab];
+        // The targets are the corpus's tokens (a BOS put in place of the first is never one).
+        on_chunk(ci, scored, &tokens[ci * ctx + first + 1..(ci + 1) * ctx])?;
     }
-    let mean = sum / count as f64;
-    let var = (sum2 / count as f64 - mean * mean).max(0.0);
-    let ppl = mean.exp();
-    Ok(Perplexity {
-        ppl,
-        ppl_plus_minus: ppl * (var / (count as f64 - 1.0).max(1.0)).sqrt(),
-        n_chunks,
-        ctx,
-        scored_per_chunk: ctx - first - 1,
-        running,
-    })
+    Ok(())
 }
