@@ -7,9 +7,9 @@ use frink_gguf::GgmlType;
 /// `--cache-type-v` values, src/llama-context.cpp `kv_cache_types`).
 ///
 /// Floats are stored as such; the quantized types as ggml's 32-value blocks, written by
-/// [`frink_quant::quantize::quantize_for_cache`] (bit-exact with ggml's CPU row
-/// conversion, `from_float`) and read in place by the attention kernels: each element is
-/// exactly its block's dequantized value.
+/// [`frink_quant::quantize::quantize_for_cache`] (ggml's reference rounding refined by
+/// least squares for the 4- and 5-bit types; Q8_0 bit-exact with ggml's) and read in
+/// place by the attention kernels: each element is exactly its block's dequantized value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
 #[allow(non_camel_case_types)] // ggml's type names
 pub enum CacheType {

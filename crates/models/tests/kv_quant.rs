@@ -40,8 +40,8 @@ fn kv_types() -> Vec<KvType> {
 }
 
 /// Layer 0's keys and values depend only on the tokens, whatever the cache type: a
-/// quantized cache's bytes equal `quantize_for_cache` (bit-exact with ggml's CPU row
-/// conversion) of the f32 cache's rows rotated per head as llama.cpp rotates a quantized
+/// quantized cache's bytes equal `quantize_for_cache` (frink-quant's cache quantizer) of
+/// the f32 cache's rows rotated per head as llama.cpp rotates a quantized
 /// cache (keys by the largest power-of-two block from 64 dividing the head, values by
 /// 64, each only when its own type is quantized), every position; a bf16 cache's are
 /// the rows rounded to bf16. Each takes ggml's bytes per element (Q8_0: 34/64 of f16).

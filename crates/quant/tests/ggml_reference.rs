@@ -117,39 +117,61 @@ fn iq3_quantizers_give_ggmls_bytes() {
     check_weighted(GgmlType::IQ3_S);
 }
 
-/// The cache path equals the file path except for IQ4_NL, whose ggml row conversion
-/// keeps its first scale: there ggml leaves the quants of a block whose scale is 0 (the
-/// all-zero block and the one below 1e-15) as the previous block's, which frink does not
-/// copy; those blocks decode to zeros either way, so they are compared by value.
+/// The KV cache's quantizer: every type but Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL gives the
+/// file quantizer's bytes (ggml's); those five refine ggml's reference rounding (the
+/// file bytes, and for IQ4_NL the CPU backend's row conversion, `cache_iq4_nl.bin`, which
+/// llama.cpp stores), so they decode with no more squared error than ggml's blocks on
+/// any block, and less in all (measured 5.7% less for Q5_0 to 13.9% for Q4_1 on this
+/// input).
 #[test]
-fn cache_quantizers_give_ggmls_bytes() {
+fn cache_quantizers_fit_at_least_as_well_as_ggmls() {
     let x = input();
+    let refined = [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::IQ4_NL,
+    ];
     for &ty in QUANTIZABLE
         .iter()
         .filter(|&&t| t != GgmlType::F32 && !GRID_TYPES.contains(&t))
     {
-        let want = match ty {
+        let ggml = match ty {
             GgmlType::IQ4_NL => data("cache_iq4_nl.bin"),
             _ => data(&format!("file_{}.bin", name(ty))),
         };
-        let mut got = vec![0u8; want.len()];
+        let mut got = vec![0u8; ggml.len()];
         quantize_for_cache(ty, &x, &mut got).unwrap();
-        let mut zero_scale = 0;
-        for (i, (g, w)) in got
+        if !refined.contains(&ty) {
+            assert_eq!(got, ggml, "{ty}");
+            continue;
+        }
+        let n = ty.block_size();
+        let (mut ours, mut theirs) = (0f64, 0f64);
+        for (i, ((g, w), x)) in got
             .chunks(ty.type_size())
-            .zip(want.chunks(ty.type_size()))
+            .zip(ggml.chunks(ty.type_size()))
+            .zip(x.chunks(n))
             .enumerate()
         {
-            if ty == GgmlType::IQ4_NL && w[..2] == [0, 0] {
-                zero_scale += 1;
-                assert_eq!(g[..2], [0, 0], "{ty} block {i}: scale");
-                continue;
-            }
-            assert_eq!(g, w, "{ty} block {i}");
+            let err = |b: &[u8]| {
+                let mut y = vec![0f32; n];
+                frink_quant::dequantize(ty, b, &mut y).unwrap();
+                x.iter()
+                    .zip(&y)
+                    .map(|(a, b)| ((a - b) as f64).powi(2))
+                    .sum::<f64>()
+            };
+            let (eg, ew) = (err(g), err(w));
+            assert!(
+                eg <= ew * (1.0 + 1e-5) + 1e-30,
+                "{ty} block {i}: {eg} > {ew}"
+            );
+            ours += eg;
+            theirs += ew;
         }
-        if ty == GgmlType::IQ4_NL {
-            assert_eq!(zero_scale, 2, "the zero and the tiny block");
-        }
+        assert!(ours < 0.96 * theirs, "{ty}: {ours} vs {theirs}");
     }
 }
 
