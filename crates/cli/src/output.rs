@@ -9,14 +9,25 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-/// Refuses `out` unless it can be written whole: its folder exists, and it is either
-/// absent or a regular file (not a device, FIFO, socket or folder, which a rename would
-/// replace) that is none of `inputs` (the same file by device and inode, through any
-/// name or link).
+/// Refuses `out` unless it can be written whole: it names a file (no trailing `/`) that
+/// is not a symbolic link (the rename would replace the link), its folder exists, and it
+/// is either absent or a regular file (not a device, FIFO, socket or folder, which a
+/// rename would replace) that is none of `inputs` (the same file by device and inode,
+/// through any name or link; `-` is standard input).
 ///
 /// # Errors
 /// Which of those fails, naming `out`.
 pub fn check(out: &Path, inputs: &[PathBuf]) -> Result<()> {
+    if out.file_name().is_none() || out.as_os_str().to_string_lossy().ends_with('/') {
+        bail!("{}: names a folder, not a file", out.display());
+    }
+    if std::fs::symlink_metadata(out).is_ok_and(|m| m.file_type().is_symlink()) {
+        bail!(
+            "{}: is a symbolic link (the finished file would replace the link, not what it \
+             points to); name the file itself",
+            out.display()
+        );
+    }
     let parent = match out.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
@@ -38,7 +49,13 @@ pub fn check(out: &Path, inputs: &[PathBuf]) -> Result<()> {
         );
     }
     for input in inputs {
-        if same_file(out, input) {
+        // `-` is standard input: the file it reads, if it is one.
+        let named = if input.as_os_str() == "-" {
+            Path::new("/dev/stdin")
+        } else {
+            input.as_path()
+        };
+        if same_file(out, named) {
             bail!(
                 "the output {} is the input {}",
                 out.display(),

@@ -31,7 +31,9 @@ pub struct PerplexityArgs {
     /// `--kl-divergence`): KL divergence, the perplexity ratio, Δp and top-token agreement.
     #[arg(long = "kl-divergence", requires = "kl_divergence_base", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = ArgAction::Set, default_value_t = false)]
     pub kl_divergence: bool,
-    /// Print one JSON object {"ppl", "ppl_plus_minus", "n_chunks", "ctx", "n_tokens"}.
+    /// Print one JSON object {"ppl", "ppl_plus_minus", "n_chunks", "ctx", "n_tokens"} (with
+    /// `--kl-divergence`: {"n_tokens", "ppl", "ppl_base", "ln_ppl_ratio", "kld", "kld_max",
+    /// "rms_dp", "same_top", … and their `_unc` uncertainties}).
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = ArgAction::Set, default_value_t = false)]
     pub json: bool,
 }
@@ -59,6 +61,13 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
         // Before any evaluation: a bad output path fails now, not after the work.
         let mut inputs = model.file.shard_paths(&model_path);
         inputs.push(file.clone());
+        let m = &args.model;
+        inputs.extend(
+            m.lora
+                .iter()
+                .chain(m.lora_scaled.iter().map(|(p, _)| p))
+                .cloned(),
+        );
         crate::output::check(base, &inputs)?;
     }
     let text = read_text(file)?;

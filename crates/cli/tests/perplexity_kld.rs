@@ -177,3 +177,107 @@ fn writes_a_file_it_reads_back_and_refuses_damaged_ones() {
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// What an attacker tried (each refused with a message, promptly, no file replaced): a
+/// symbolic link as the output (the rename would have replaced the link), the text read
+/// from standard input as the output, a trailing `/`, a FIFO with no writer as the base
+/// (opening it would wait forever), rows whose scale is NaN or whose log-probabilities
+/// pass 0 (which gave a KL divergence of 0 or 1e26 with success), and chunks longer than
+/// the model's context (a sparse file claiming 2^20-token chunks took 5 GB).
+#[test]
+fn hostile_bases_and_outputs_are_refused() {
+    let (Some(dir), Some(corpus)) = (
+        frink_testdata::require("fixtures/tiny/llama_q256", "kl-divergence"),
+        frink_testdata::require("golden/corpus/gpl3.txt", "kl-divergence"),
+    ) else {
+        return;
+    };
+    let model = dir.join("model.gguf");
+    let model = model.to_str().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let text = tmp.path().join("short.txt");
+    std::fs::write(&text, &std::fs::read_to_string(&corpus).unwrap()[..4000]).unwrap();
+    let text = text.to_str().unwrap();
+    let write = |out: &str, says: &str| {
+        refused(
+            &[
+                "perplexity",
+                "-m",
+                model,
+                "-f",
+                text,
+                "-c",
+                "128",
+                "--kl-divergence-base",
+                out,
+            ],
+            says,
+        )
+    };
+    let real = tmp.path().join("real.kld");
+    std::fs::write(&real, b"keep").unwrap();
+    let link = tmp.path().join("link.kld");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    write(link.to_str().unwrap(), "symbolic link");
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(std::fs::read(&real).unwrap(), b"keep");
+    write(&format!("{}/", real.display()), "names a folder");
+    // Standard input redirected from the text itself.
+    let sh = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "\"$FRINK\" perplexity -m {model} -f - -c 128 --kl-divergence-base {text} < {text}"
+        ))
+        .env("FRINK", env!("CARGO_BIN_EXE_frink"))
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&sh.stderr);
+    assert!(!sh.status.success() && e.contains("is the input"), "{e}");
+    assert!(!std::fs::read(text).unwrap().starts_with(b"_logits_"));
+
+    let kl = |base: &str, says: &str| {
+        refused(
+            &[
+                "perplexity",
+                "-m",
+                model,
+                "--kl-divergence",
+                "--kl-divergence-base",
+                base,
+            ],
+            says,
+        )
+    };
+    let fifo = tmp.path().join("fifo");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    kl(fifo.to_str().unwrap(), "not a regular file");
+
+    let good = std::fs::read(llama_base()).unwrap();
+    // The first row's scale (after the header and 4 · 128 tokens).
+    let row0 = 20 + 4 * 128 * 4;
+    let bad = tmp.path().join("bad.kld");
+    let mut nan = good.clone();
+    nan[row0..row0 + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(&bad, &nan).unwrap();
+    kl(bad.to_str().unwrap(), "not a row of log-probabilities");
+    let mut high = good.clone();
+    high[row0 + 4..row0 + 8].copy_from_slice(&50f32.to_le_bytes());
+    std::fs::write(&bad, &high).unwrap();
+    kl(bad.to_str().unwrap(), "not a row of log-probabilities");
+    // Chunks of 2^20 tokens (the fixture's context is 256), as a sparse file.
+    let mut long = good[..20].to_vec();
+    long[8..12].copy_from_slice(&(1i32 << 20).to_le_bytes());
+    long[16..20].copy_from_slice(&1i32.to_le_bytes());
+    let f = std::fs::File::create(&bad).unwrap();
+    std::io::Write::write_all(&mut &f, &long).unwrap();
+    f.set_len(20 + (1 << 20) * 4 + ((1 << 19) - 1) * 516 * 2)
+        .unwrap();
+    kl(bad.to_str().unwrap(), "longer than this model's context");
+}

@@ -20,6 +20,10 @@ use crate::Perplexity;
 const MAGIC: &[u8; 8] = b"_logits_";
 const HEADER_BYTES: u64 = 8 + 3 * 4;
 
+/// The most tokens a base file may hold (2^26: 256 MiB of token ids; wikitext-2's test
+/// set, the usual corpus, is 330k).
+pub const MAX_TOKENS: usize = 1 << 26;
+
 /// Errors of the KL-divergence file and evaluation.
 #[derive(Debug, thiserror::Error)]
 pub enum KldError {
@@ -82,6 +86,21 @@ fn row_scale(row: &[u16]) -> (f32, f32) {
     (f(0), f(2))
 }
 
+/// Refuses a stored row whose scale or smallest log-probability could not have come from
+/// logits: not finite, a negative scale, or log-probabilities above 0 (a zero scale is a
+/// row of equal logits, which llama.cpp writes as such).
+fn check_row(row: &[u16]) -> Result<(), String> {
+    let (scale, min_log_prob) = row_scale(row);
+    let top = min_log_prob + 65535.0 * scale;
+    if !scale.is_finite() || scale < 0.0 || !min_log_prob.is_finite() || top > 1e-3 {
+        return Err(format!(
+            "scale {scale} and smallest log-probability {min_log_prob} are not a row of \
+             log-probabilities"
+        ));
+    }
+    Ok(())
+}
+
 /// The header and tokens of a log-probability file.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BaseHeader {
@@ -118,12 +137,18 @@ impl BaseHeader {
     }
 
     /// Reads and checks the header and tokens of a file of `file_len` bytes for a model of
-    /// `n_vocab` tokens: every size is checked against the file's length before anything
-    /// is allocated.
+    /// `n_vocab` tokens and a context of `max_ctx` (0: no bound): every size is checked
+    /// against the file's length, the context and [`MAX_TOKENS`] before anything is
+    /// allocated.
     ///
     /// Errors: [`KldError::Format`] naming the field that is wrong (magic, sizes, a token
     /// outside the vocabulary, a length that is not the one the header gives).
-    pub fn read(r: &mut impl Read, file_len: u64, n_vocab: usize) -> Result<Self, KldError> {
+    pub fn read(
+        r: &mut impl Read,
+        file_len: u64,
+        n_vocab: usize,
+        max_ctx: usize,
+    ) -> Result<Self, KldError> {
         let bad = |m: String| KldError::Format(m);
         let mut head = [0u8; HEADER_BYTES as usize];
         r.read_exact(&mut head).map_err(|_| {
@@ -147,6 +172,16 @@ impl BaseHeader {
         if file_vocab != n_vocab {
             return Err(bad(format!(
                 "saved with a vocabulary of {file_vocab} tokens; this model has {n_vocab}"
+            )));
+        }
+        if max_ctx > 0 && n_ctx > max_ctx {
+            return Err(bad(format!(
+                "chunks of {n_ctx} tokens, longer than this model's context of {max_ctx}"
+            )));
+        }
+        if n_ctx.saturating_mul(n_chunk) > MAX_TOKENS {
+            return Err(bad(format!(
+                "{n_chunk} chunks of {n_ctx}: more than {MAX_TOKENS} tokens"
             )));
         }
         let want = Self::file_bytes(n_ctx, n_vocab, n_chunk);
@@ -427,11 +462,14 @@ pub fn kl_divergence(
             for (v, b) in base.iter_mut().zip(bytes.chunks_exact(2)) {
                 *v = u16::from_le_bytes([b[0], b[1]]);
             }
-            for ((row, b), &t) in logits
+            for (r, ((row, b), &t)) in logits
                 .chunks_exact(header.n_vocab)
                 .zip(base.chunks_exact(nv))
                 .zip(targets)
+                .enumerate()
             {
+                check_row(b)
+                    .map_err(|m| KldError::Format(format!("chunk {}, row {r}: {m}", ci + 1)))?;
                 stats.add(row, b, t);
             }
             on_chunk(ci, &stats);
@@ -573,7 +611,7 @@ mod tests {
     fn damaged_headers_are_refused() {
         let toks: Vec<u32> = (0..16).collect();
         let good = file(8, 20, 2, &toks);
-        let read = |b: &[u8], vocab| BaseHeader::read(&mut &b[..], b.len() as u64, vocab);
+        let read = |b: &[u8], vocab| BaseHeader::read(&mut &b[..], b.len() as u64, vocab, 0);
         let h = read(&good, 20).unwrap();
         assert_eq!((h.n_ctx, h.n_chunk, h.tokens), (8, 2, toks.clone()));
         let err = |b: &[u8], vocab| read(b, vocab).unwrap_err().to_string();

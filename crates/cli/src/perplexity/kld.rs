@@ -55,14 +55,26 @@ pub(super) fn run(
         .kl_divergence_base
         .as_ref()
         .context("--kl-divergence needs --kl-divergence-base FILE")?;
+    // The type first: opening a FIFO with no writer would wait for one.
+    let is_file = std::fs::metadata(path)
+        .with_context(|| format!("cannot open {}", path.display()))?
+        .is_file();
+    if !is_file {
+        bail!("{}: not a regular file", path.display());
+    }
     let f = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let meta = f.metadata()?;
     if !meta.is_file() {
         bail!("{}: not a regular file", path.display());
     }
     let mut r = BufReader::new(f);
-    let header = BaseHeader::read(&mut r, meta.len(), model.config.n_vocab)
-        .with_context(|| path.display().to_string())?;
+    let header = BaseHeader::read(
+        &mut r,
+        meta.len(),
+        model.config.n_vocab,
+        model.config.n_ctx_train,
+    )
+    .with_context(|| path.display().to_string())?;
     if let Some(c) = args.ctx.filter(|&c| c != header.n_ctx) {
         bail!(
             "-c {c}: {} was saved with chunks of {}; drop -c or give that",
