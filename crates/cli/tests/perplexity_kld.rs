@@ -8,6 +8,29 @@ mod common;
 
 use common::{frink, last_json_line, stderr};
 
+/// The tiny llama fixture, and the corpus's first 4,000 bytes in a temporary folder.
+struct Setup {
+    model: String,
+    text: String,
+    corpus_text: String,
+    tmp: tempfile::TempDir,
+}
+
+fn setup() -> Option<Setup> {
+    let dir = frink_testdata::require("fixtures/tiny/llama_q256", "kl-divergence")?;
+    let corpus = frink_testdata::require("golden/corpus/gpl3.txt", "kl-divergence")?;
+    let tmp = tempfile::tempdir().unwrap();
+    let text = tmp.path().join("short.txt");
+    let corpus_text = std::fs::read_to_string(&corpus).unwrap();
+    std::fs::write(&text, &corpus_text[..4000]).unwrap();
+    Some(Setup {
+        model: dir.join("model.gguf").to_str().unwrap().to_string(),
+        text: text.to_str().unwrap().to_string(),
+        corpus_text,
+        tmp,
+    })
+}
+
 /// Asserts that `frink args` fails with a message containing `says`, without a panic.
 fn refused(args: &[&str], says: &str) {
     let o = frink(args);
@@ -72,18 +95,16 @@ fn reads_llama_perplexitys_file() {
 /// another model's file are refused with a message, and a failed write leaves no file.
 #[test]
 fn writes_a_file_it_reads_back_and_refuses_damaged_ones() {
-    let (Some(dir), Some(corpus)) = (
-        frink_testdata::require("fixtures/tiny/llama_q256", "kl-divergence"),
-        frink_testdata::require("golden/corpus/gpl3.txt", "kl-divergence"),
-    ) else {
+    let Some(Setup {
+        model,
+        text,
+        corpus_text,
+        tmp,
+    }) = setup()
+    else {
         return;
     };
-    let model = dir.join("model.gguf");
-    let model = model.to_str().unwrap();
-    let tmp = tempfile::tempdir().unwrap();
-    let text = tmp.path().join("short.txt");
-    let corpus_text = std::fs::read_to_string(&corpus).unwrap();
-    std::fs::write(&text, &corpus_text[..4000]).unwrap();
+    let (model, text) = (model.as_str(), std::path::Path::new(&text));
     let base = tmp.path().join("base.kld");
     let b = base.to_str().unwrap();
     let o = frink(&[
@@ -186,18 +207,13 @@ fn writes_a_file_it_reads_back_and_refuses_damaged_ones() {
 /// the model's context (a sparse file claiming 2^20-token chunks took 5 GB).
 #[test]
 fn hostile_bases_and_outputs_are_refused() {
-    let (Some(dir), Some(corpus)) = (
-        frink_testdata::require("fixtures/tiny/llama_q256", "kl-divergence"),
-        frink_testdata::require("golden/corpus/gpl3.txt", "kl-divergence"),
-    ) else {
+    let Some(Setup {
+        model, text, tmp, ..
+    }) = setup()
+    else {
         return;
     };
-    let model = dir.join("model.gguf");
-    let model = model.to_str().unwrap();
-    let tmp = tempfile::tempdir().unwrap();
-    let text = tmp.path().join("short.txt");
-    std::fs::write(&text, &std::fs::read_to_string(&corpus).unwrap()[..4000]).unwrap();
-    let text = text.to_str().unwrap();
+    let (model, text) = (model.as_str(), text.as_str());
     let write = |out: &str, says: &str| {
         refused(
             &[

@@ -7,7 +7,9 @@
 //! values enter sums through plain dot products, so every value counts alike (no
 //! importance weights). Each block depends on its 32 values alone.
 
-use super::{five_bit_quants, inverse, min_max, nearest_level, put_f16, signed_max, QK};
+use super::{
+    five_bit_quants, four_bit_quants, inverse, min_max, nearest_level, put_f16, signed_max, QK,
+};
 use crate::grids::KVALUES_IQ4NL;
 use crate::GgmlType;
 use half::f16;
@@ -49,9 +51,7 @@ pub(super) fn quantize_block(ty: GgmlType, x: &[f32], b: &mut [u8]) {
             );
             put_f16(b, 0, d);
             if ty == GgmlType::Q4_0 {
-                for j in 0..QK / 2 {
-                    b[2 + j] = l[j] | l[j + QK / 2] << 4;
-                }
+                four_bit_quants(&l, &mut b[2..]);
             } else {
                 let (qh, qs) = b[2..].split_at_mut(4);
                 five_bit_quants(&l, qh, qs);
@@ -66,9 +66,7 @@ pub(super) fn quantize_block(ty: GgmlType, x: &[f32], b: &mut [u8]) {
                 |q| f32::from(KVALUES_IQ4NL[q as usize]),
             );
             put_f16(b, 0, d);
-            for j in 0..QK / 2 {
-                b[2 + j] = l[j] | l[j + QK / 2] << 4;
-            }
+            four_bit_quants(&l, &mut b[2..]);
         }
         _ => {
             let top = if ty == GgmlType::Q4_1 { 15.0 } else { 31.0 };
@@ -76,9 +74,7 @@ pub(super) fn quantize_block(ty: GgmlType, x: &[f32], b: &mut [u8]) {
             put_f16(b, 0, d);
             put_f16(b, 2, m);
             if ty == GgmlType::Q4_1 {
-                for j in 0..QK / 2 {
-                    b[4 + j] = l[j] | l[j + QK / 2] << 4;
-                }
+                four_bit_quants(&l, &mut b[4..]);
             } else {
                 let (qh, qs) = b[4..].split_at_mut(4);
                 five_bit_quants(&l, qh, qs);

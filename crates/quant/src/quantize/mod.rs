@@ -317,6 +317,14 @@ fn q4_1(x: &[f32], b: &mut [u8]) {
     }
 }
 
+/// Stores 32 4-bit quants as ggml's 32-value blocks do: quant `j` in the low nibble of
+/// byte `j` of `qs`, quant `j + 16` in its high nibble.
+pub(super) fn four_bit_quants(q: &[u8; QK], qs: &mut [u8]) {
+    for j in 0..QK / 2 {
+        qs[j] = q[j] | q[j + QK / 2] << 4;
+    }
+}
+
 /// Stores 32 5-bit quants: low nibbles at `qs`, fifth bits as bit `i` of the `u32` at `qh`.
 pub(super) fn five_bit_quants(q: &[u8; QK], qh: &mut [u8], qs: &mut [u8]) {
     let mut h = 0u32;
@@ -433,9 +441,7 @@ fn iq4_nl(x: &[f32], b: &mut [u8], ntry: i32) {
             *l = nearest_level(id * x) as u8;
         }
     }
-    for j in 0..QK / 2 {
-        b[2 + j] = l[j] | l[j + QK / 2] << 4;
-    }
+    four_bit_quants(&l, &mut b[2..]);
 }
 
 #[cfg(test)]

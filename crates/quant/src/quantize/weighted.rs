@@ -19,7 +19,7 @@
 //! F32, F16, BF16 and Q8_0 ignore the weights, as ggml does.
 
 use super::kquants::{self, make_qkx2_quants, make_qx_quants, GROUP_MAX_EPS, QK_K};
-use super::{five_bit_quants, inverse, iq4_search, nearest_level, put_f16, QK};
+use super::{five_bit_quants, four_bit_quants, inverse, iq4_search, nearest_level, put_f16, QK};
 use crate::dot::quantize::nearest_int;
 use crate::{GgmlType, QuantError};
 
@@ -162,9 +162,7 @@ fn legacy(ty: GgmlType, x: &[f32; QK], w: &[f32; QK], b: &mut [u8]) {
             let d = make_qx_quants(nmax, x, w, &mut l);
             put_f16(b, 0, d);
             if ty == GgmlType::Q4_0 {
-                for j in 0..QK / 2 {
-                    b[2 + j] = l[j] | l[j + QK / 2] << 4;
-                }
+                four_bit_quants(&l, &mut b[2..]);
             } else {
                 let (qh, qs) = b[2..].split_at_mut(4);
                 five_bit_quants(&l, qh, qs);
@@ -177,9 +175,7 @@ fn legacy(ty: GgmlType, x: &[f32; QK], w: &[f32; QK], b: &mut [u8]) {
             put_f16(b, 0, d);
             put_f16(b, 2, -min);
             if ty == GgmlType::Q4_1 {
-                for j in 0..QK / 2 {
-                    b[4 + j] = l[j] | l[j + QK / 2] << 4;
-                }
+                four_bit_quants(&l, &mut b[4..]);
             } else {
                 let (qh, qs) = b[4..].split_at_mut(4);
                 five_bit_quants(&l, qh, qs);
