@@ -33,7 +33,8 @@ pub struct PerplexityArgs {
     pub kl_divergence: bool,
     /// Print one JSON object {"ppl", "ppl_plus_minus", "n_chunks", "ctx", "n_tokens"} (with
     /// `--kl-divergence`: {"n_tokens", "ppl", "ppl_base", "ln_ppl_ratio", "kld", "kld_max",
-    /// "rms_dp", "same_top", … and their `_unc` uncertainties}).
+    /// "kld_99_9", "kld_99", "kld_median", "rms_dp", "same_top" and the `_unc`
+    /// uncertainties; KL divergences in nats, `rms_dp` and `same_top` as fractions}).
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = ArgAction::Set, default_value_t = false)]
     pub json: bool,
 }
